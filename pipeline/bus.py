@@ -1,0 +1,209 @@
+"""The Kafka bus: topic names, topic creation, a keyed Arrow producer and consumer settings.
+
+A thin layer on kafka-python. Every component takes ``--bootstrap-servers HOST:PORT`` or
+``embedded``; :class:`Bus` resolves ``embedded`` by starting the bundled broker and owns
+it for its lifetime.
+
+Messages are keyed by instance (``RecordSchema.key_field``) so that one instance's records
+stay on one partition, in order, and ingesters can scale as one consumer group.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from pipeline.broker import EmbeddedBroker
+from pipeline.codec import encode_arrow, headers_for
+from pipeline.config import BusConfig, secret_from_env
+from pipeline.errors import BusError
+from pipeline.schema import RecordSchema, iter_schemas
+
+__all__ = [
+    "DEADLETTER_TOPIC",
+    "Bus",
+    "BusProducer",
+    "split_by_key",
+    "topic_names",
+]
+
+log = logging.getLogger(__name__)
+
+#: Topic (without prefix) for undecodable input, with the reason in a header.
+DEADLETTER_TOPIC = "deadletter"
+#: Largest message our producers send and our consumers fetch (Arrow batches can be big).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def topic_names(config: BusConfig) -> list[str]:
+    """Every topic llmslo uses, prefixed: one per schema plus the dead-letter topic."""
+    short = [schema.topic for schema in iter_schemas()] + [DEADLETTER_TOPIC]
+    return [config.topic_prefix + name for name in short]
+
+
+def split_by_key(schema: RecordSchema, table: pa.Table) -> Iterator[tuple[bytes, pa.Table]]:
+    """Split rows by the schema's key column, keeping row order within each key."""
+    if table.num_rows == 0:
+        return
+    column = table.column(schema.key_field).combine_chunks()
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    indices = column.indices.to_numpy(zero_copy_only=False)
+    if (indices == indices[0]).all():
+        yield str(column.dictionary[int(indices[0])]).encode(), table
+        return
+    order = np.argsort(indices, kind="stable")
+    sorted_keys = indices[order]
+    starts = np.flatnonzero(np.diff(sorted_keys)) + 1
+    for rows in np.split(order, starts):
+        key = column.dictionary[int(indices[rows[0]])].as_py()
+        yield str(key).encode(), table.take(pa.array(rows))
+
+
+class BusProducer:
+    """Publishes Arrow batches of a schema to its topic, one message per key."""
+
+    def __init__(self, producer: KafkaProducer, prefix: str) -> None:
+        self._producer = producer
+        self._prefix = prefix
+
+    def publish(self, schema: RecordSchema, table: pa.Table) -> int:
+        """Send ``table`` (any rows of ``schema``); returns the number of messages queued.
+
+        Sending is asynchronous: call :meth:`flush` to wait for the broker's acks.
+        """
+        messages = 0
+        for key, rows in split_by_key(schema, table):
+            self.send_raw(schema.topic, encode_arrow(schema, rows), key=key, headers=headers_for(schema))
+            messages += 1
+        return messages
+
+    def send_raw(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> Any:
+        """Send an already-encoded payload to ``topic`` (without prefix); returns the future."""
+        return self._producer.send(self._prefix + topic, value=value, key=key, headers=list(headers))
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        self._producer.flush(timeout=timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._producer.close(timeout=timeout_s)
+
+
+class Bus:
+    """Connection settings for one Kafka cluster (or the embedded broker), and factories.
+
+    ``Bus(config)`` with ``bootstrap_servers: embedded`` starts a broker when entered and
+    stops it when left; otherwise entering only checks that the cluster answers.
+    """
+
+    def __init__(self, config: BusConfig) -> None:
+        self.config = config
+        self._broker: EmbeddedBroker | None = None
+        self.bootstrap_servers = config.bootstrap_servers
+
+    @property
+    def prefix(self) -> str:
+        return self.config.topic_prefix
+
+    def start(self) -> Bus:
+        if self.config.bootstrap_servers == "embedded" and self._broker is None:
+            self._broker = EmbeddedBroker().start()
+            self.bootstrap_servers = self._broker.bootstrap_servers
+        return self
+
+    def stop(self) -> None:
+        if self._broker is not None:
+            self._broker.stop()
+            self._broker = None
+
+    def __enter__(self) -> Bus:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def client_settings(self) -> dict[str, Any]:
+        """kafka-python settings shared by producers, consumers and the admin client."""
+        if self.bootstrap_servers == "embedded":
+            raise BusError("Bus.start() must run before clients are made for the embedded broker")
+        settings: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "client_id": self.config.client_id,
+            "security_protocol": self.config.security_protocol,
+        }
+        if self.config.sasl_mechanism:
+            settings.update(
+                sasl_mechanism=self.config.sasl_mechanism,
+                sasl_plain_username=self.config.sasl_username,
+                sasl_plain_password=secret_from_env(self.config.sasl_password_env),
+            )
+        return settings
+
+    def ensure_topics(self, partitions: int | None = None) -> None:
+        """Create every llmslo topic that does not exist yet."""
+        count = partitions or self.config.partitions
+        try:
+            admin = KafkaAdminClient(**self.client_settings(), request_timeout_ms=15_000)
+        except KafkaError as exc:
+            raise BusError(f"cannot reach Kafka at {self.bootstrap_servers}: {exc}") from exc
+        try:
+            existing = set(admin.list_topics())
+            wanted = [name for name in topic_names(self.config) if name not in existing]
+            for name in wanted:
+                try:
+                    admin.create_topics([NewTopic(name, count, 1)])
+                    log.info("created topic %s with %d partitions", name, count)
+                except TopicAlreadyExistsError:
+                    pass  # another process won the race
+        except KafkaError as exc:
+            raise BusError(f"cannot create topics on {self.bootstrap_servers}: {exc}") from exc
+        finally:
+            admin.close()
+
+    def producer(self, **overrides: Any) -> BusProducer:
+        """A producer tuned for batched Arrow payloads (LZ4 inside the payload, acks=all)."""
+        settings = self.client_settings() | {
+            "acks": "all",
+            "linger_ms": 5,
+            "batch_size": 1024 * 1024,
+            "max_request_size": MAX_MESSAGE_BYTES,
+            "retries": 5,
+        }
+        try:
+            return BusProducer(KafkaProducer(**(settings | overrides)), self.prefix)
+        except KafkaError as exc:
+            raise BusError(f"cannot connect a producer to {self.bootstrap_servers}: {exc}") from exc
+
+    def consumer(self, group_id: str | None, **overrides: Any) -> KafkaConsumer:
+        """A consumer with manual offsets (llmslo stores offsets itself), not yet subscribed."""
+        settings = self.client_settings() | {
+            "group_id": group_id,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "fetch_max_wait_ms": 100,
+            "max_partition_fetch_bytes": MAX_MESSAGE_BYTES,
+            "fetch_max_bytes": 4 * MAX_MESSAGE_BYTES,
+            "max_poll_records": 2000,
+        }
+        try:
+            return KafkaConsumer(**(settings | overrides))
+        except KafkaError as exc:
+            raise BusError(f"cannot connect a consumer to {self.bootstrap_servers}: {exc}") from exc

@@ -1,0 +1,288 @@
+"""Kafka → DuckDB ingest with an exactly-once effect.
+
+The ingester is one member of a Kafka consumer group. It decodes each message
+(:mod:`pipeline.codec`), gathers rows per table, and every ``batch_max_rows`` rows or
+``batch_max_ms`` milliseconds commits rows, dead letters and the next offsets to DuckDB
+in one transaction (:meth:`pipeline.store.Store.commit_batch`). When partitions are
+assigned it seeks to the offsets stored in DuckDB, so a crash at any point neither loses
+nor repeats a row. Kafka's own committed offsets are written after DuckDB's, for lag
+monitoring and for handing a partition to another group member.
+
+Undecodable messages never stop the consumer: they go to the ``deadletter`` table and
+topic with the reason. SIGTERM finishes the batch in hand, commits it and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
+from kafka.structs import OffsetAndMetadata
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pipeline.bus import DEADLETTER_TOPIC, Bus, BusProducer
+from pipeline.codec import decode_message
+from pipeline.config import IngestConfig
+from pipeline.errors import DecodeError
+from pipeline.schema import iter_schemas
+from pipeline.store import DeadLetter, Store
+
+__all__ = ["IngestMetrics", "IngestStats", "Ingester"]
+
+log = logging.getLogger(__name__)
+
+
+class IngestMetrics:
+    """The ingester's own Prometheus metrics (served on ``/metrics``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.rows = Counter("llmslo_ingest_rows", "Rows committed to DuckDB", ["table"], registry=r)
+        self.messages = Counter("llmslo_ingest_messages", "Kafka messages consumed", ["topic"], registry=r)
+        self.deadletters = Counter(
+            "llmslo_ingest_deadletters", "Messages dead-lettered, by reason", ["reason"], registry=r
+        )
+        self.commit_seconds = Histogram(
+            "llmslo_ingest_commit_seconds", "Time to commit one batch to DuckDB",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r,
+        )
+        self.batch_rows = Histogram(
+            "llmslo_ingest_batch_rows", "Rows per committed batch",
+            buckets=(100, 1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000), registry=r,
+        )
+        self.lag = Gauge(
+            "llmslo_ingest_lag_messages", "High-water mark minus position (approximate on the "
+            "embedded broker, whose high-water marks can lag)", ["topic", "partition"], registry=r,
+        )
+        self.last_commit = Gauge(
+            "llmslo_ingest_last_commit_timestamp_seconds", "Wall time of the last DuckDB commit", registry=r
+        )
+
+
+@dataclass
+class IngestStats:
+    """What one :meth:`Ingester.run` did."""
+
+    messages: int = 0
+    rows: int = 0
+    deadletters: int = 0
+    commits: int = 0
+    rows_by_table: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class _Batch:
+    """Rows, dead letters and offsets consumed since the last commit."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[pa.Table]] = defaultdict(list)
+        self.deadletters: list[DeadLetter] = []
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.rows = 0
+        self.started_s: float | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.offsets)
+
+
+class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
+    """Commits before giving partitions away and seeks to stored offsets on receiving them.
+
+    kafka-python runs these hooks on its IO thread, where blocking Kafka calls are not
+    allowed, so the Kafka round trips await the coordinator's async variants (kafka-python
+    3.x API, hence the version pin in pyproject.toml).
+    """
+
+    def __init__(self, ingester: Ingester, consumer: KafkaConsumer) -> None:
+        self.ingester = ingester
+        self.coordinator = consumer._coordinator
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Hand partitions over with everything read so far committed, in DuckDB and then in
+        # Kafka, so the next owner starts exactly where we stopped.
+        offsets = self.ingester.flush(commit_to_kafka=False)
+        if offsets:
+            await self.coordinator._commit_offsets_sync_async(_kafka_offsets(offsets), timeout_ms=10_000)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        committed = await self.coordinator.fetch_committed_offsets_async(assigned, timeout_ms=10_000)
+        self.ingester.seek_to_stored(assigned, {tp: meta.offset for tp, meta in committed.items()})
+
+
+def _kafka_offsets(offsets: dict[tuple[str, int], int]) -> dict[TopicPartition, OffsetAndMetadata]:
+    return {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+
+
+class Ingester:
+    """Consumes llmslo's topics as one member of ``config.group_id`` into ``store``."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        store: Store,
+        config: IngestConfig,
+        *,
+        metrics: IngestMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        instance_id: str | None = None,
+    ) -> None:
+        self.bus = bus
+        self.store = store
+        self.config = config
+        self.metrics = metrics or IngestMetrics()
+        self.clock = clock
+        self.instance_id = instance_id
+        self.stats = IngestStats()
+        self._stop = threading.Event()
+        self._batch = _Batch()
+        self._consumer: KafkaConsumer | None = None
+        self._deadletter_producer: BusProducer | None = None
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics consumed: every record schema's (never the dead-letter topic)."""
+        return sorted({self.bus.prefix + schema.topic for schema in iter_schemas()})
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to commit what it holds and return (safe from a signal handler)."""
+        self._stop.set()
+
+    def run(self, *, max_idle_s: float | None = None) -> IngestStats:
+        """Consume until :meth:`stop` (or ``max_idle_s`` without a message); returns stats."""
+        extra = {"group_instance_id": self.instance_id} if self.instance_id else {}
+        consumer = self.bus.consumer(
+            self.config.group_id, session_timeout_ms=10_000, heartbeat_interval_ms=1_000, **extra
+        )
+        self._consumer = consumer
+        consumer.subscribe(self.topics, listener=_HandOverAtRebalance(self, consumer))
+        last_message_s = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                polled = consumer.poll(timeout_ms=100)
+                for tp, messages in polled.items():
+                    for message in messages:
+                        self._take(tp, message)
+                    last_message_s = time.monotonic()
+                if self._batch_due():
+                    self.flush()
+                if max_idle_s is not None and time.monotonic() - last_message_s > max_idle_s:
+                    break
+            self.flush()
+        finally:
+            self._consumer = None
+            consumer.close(autocommit=False)
+            if self._deadletter_producer is not None:
+                self._deadletter_producer.close()
+        return self.stats
+
+    def _take(self, tp: TopicPartition, message: object) -> None:
+        batch = self._batch
+        if batch.started_s is None:
+            batch.started_s = time.monotonic()
+        value: bytes | None = message.value  # type: ignore[attr-defined]
+        headers = message.headers or []  # type: ignore[attr-defined]
+        self.stats.messages += 1
+        self.metrics.messages.labels(tp.topic).inc()
+        try:
+            decoded = decode_message(value, headers, max_bytes=self.config.max_message_bytes)
+        except DecodeError as exc:
+            log.warning("dead-lettering %s[%d]@%d: %s", tp.topic, tp.partition, message.offset, exc)  # type: ignore[attr-defined]
+            batch.deadletters.append(
+                DeadLetter(
+                    received_ts_ms=int(self.clock() * 1000), topic=tp.topic, partition=tp.partition,
+                    offset=message.offset, key=message.key, reason=exc.reason, error=str(exc),  # type: ignore[attr-defined]
+                    headers=headers, payload=value,
+                )
+            )
+        else:
+            batch.tables[decoded.schema.table].append(decoded.table)
+            batch.rows += decoded.table.num_rows
+        batch.offsets[(tp.topic, tp.partition)] = message.offset + 1  # type: ignore[attr-defined]
+
+    def _batch_due(self) -> bool:
+        batch = self._batch
+        if not batch:
+            return False
+        age_ms = (time.monotonic() - (batch.started_s or 0.0)) * 1000
+        return batch.rows >= self.config.batch_max_rows or age_ms >= self.config.batch_max_ms
+
+    def flush(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], int]:
+        """Commit the batch in hand (rows + dead letters + offsets) in one DuckDB transaction.
+
+        Returns the offsets committed. Kafka's copy of them is committed afterwards, without
+        waiting, unless ``commit_to_kafka`` is false (the rebalance hook commits it itself).
+        """
+        batch, self._batch = self._batch, _Batch()
+        if not batch:
+            return {}
+        tables = {name: pa.concat_tables(parts) for name, parts in batch.tables.items()}
+        started = time.perf_counter()
+        self.store.commit_batch(
+            tables, group_id=self.config.group_id, offsets=batch.offsets,
+            deadletters=batch.deadletters, now_ts_ms=int(self.clock() * 1000),
+        )
+        self.metrics.commit_seconds.observe(time.perf_counter() - started)
+        self.metrics.last_commit.set(self.clock())
+        self.metrics.batch_rows.observe(batch.rows)
+        for name, table in tables.items():
+            self.metrics.rows.labels(name).inc(table.num_rows)
+            self.stats.rows_by_table[name] += table.num_rows
+        for letter in batch.deadletters:
+            self.metrics.deadletters.labels(letter.reason).inc()
+        self.stats.rows += batch.rows
+        self.stats.deadletters += len(batch.deadletters)
+        self.stats.commits += 1
+        self._publish_deadletters(batch.deadletters)
+        if commit_to_kafka:
+            self._commit_to_kafka(batch.offsets)
+        return batch.offsets
+
+    def _publish_deadletters(self, letters: list[DeadLetter]) -> None:
+        if not letters:
+            return
+        if self._deadletter_producer is None:
+            self._deadletter_producer = self.bus.producer(linger_ms=0)
+        for letter in letters:
+            headers = [(k, v or b"") for k, v in letter.headers]
+            headers += [("llmslo-deadletter-reason", letter.reason.encode()),
+                        ("llmslo-source", f"{letter.topic}/{letter.partition}/{letter.offset}".encode())]
+            self._deadletter_producer.send_raw(DEADLETTER_TOPIC, letter.payload or b"", key=letter.key, headers=headers)
+
+    def _commit_to_kafka(self, offsets: dict[tuple[str, int], int]) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        assigned = consumer.assignment()
+        owned = {tp: meta for tp, meta in _kafka_offsets(offsets).items() if tp in assigned}
+        if owned:
+            # Best effort: DuckDB already holds the truth; Kafka's copy serves lag and hand-over.
+            consumer.commit_async(owned)
+        for tp, meta in owned.items():
+            highwater = consumer.highwater(tp)
+            if highwater is not None:
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - meta.offset))
+
+    def seek_to_stored(self, assigned: set[TopicPartition], committed: dict[TopicPartition, int]) -> None:
+        """Position each newly assigned partition at the later of DuckDB's and Kafka's offset.
+
+        DuckDB's offset is ours and exact; Kafka's is newer when another group member owned
+        the partition since (it commits to Kafka on hand-over).
+        """
+        consumer = self._consumer
+        if consumer is None or not assigned:
+            return
+        stored = self.store.read_offsets(self.config.group_id)
+        for tp in assigned:
+            candidates = [o for o in (stored.get((tp.topic, tp.partition)), committed.get(tp)) if o is not None and o >= 0]
+            if candidates:
+                consumer.seek(tp, max(candidates))
+            else:
+                consumer.seek_to_beginning(tp)
+            log.info("partition %s[%d] starts at offset %s", tp.topic, tp.partition, max(candidates, default=0))

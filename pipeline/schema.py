@@ -1,0 +1,268 @@
+"""Canonical, versioned record schemas: the contract between every producer and the store.
+
+Each :class:`RecordSchema` names one kind of record, the Kafka topic it travels on, the
+DuckDB table it lands in and its Arrow schema. Column documentation (with units) lives in
+the Arrow field metadata, so ``docs/tables.md`` is generated from this module and cannot
+drift from it.
+
+Conventions: timestamps are ``*_ts_ms`` (int64, Unix epoch milliseconds, UTC); durations
+are ``*_s`` (float64 seconds); token counts are plain integers. Free-form label sets are a
+JSON object with sorted keys (``labels_json``), so identical label sets compare equal as
+strings and compress well.
+
+To change a schema, add a new version beside the old one (``version=2``) and keep decoding
+the old one: producers and ingesters are upgraded independently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from pipeline.errors import UnknownSchemaError
+
+__all__ = [
+    "ALERTS",
+    "ENGINE_SAMPLES",
+    "FLAG_TRANSITIONS",
+    "GPU_SAMPLES",
+    "OUTCOMES",
+    "REQUEST_RECORDS",
+    "SCHEMAS",
+    "RecordSchema",
+    "iter_schemas",
+    "lookup_schema",
+]
+
+#: Every value the ``outcome`` column of a request record may take (DESIGN §3).
+OUTCOMES = (
+    "ok",
+    "rejected",
+    "error_before_first_token",
+    "interrupted_after_first_token",
+    "client_cancelled",
+    "deadline_exceeded",
+    "upstream_timeout",
+)
+
+_DICT_STR = pa.dictionary(pa.int32(), pa.string())
+
+
+def _field(name: str, type_: pa.DataType, doc: str, *, nullable: bool = True) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class RecordSchema:
+    """One versioned record kind.
+
+    ``topic`` is the topic name without the configurable prefix (``engine`` becomes
+    ``llmslo.engine``); ``key_field`` is the column whose value keys Kafka messages, so
+    that all records of one instance land on one partition, in order.
+    """
+
+    name: str
+    version: int
+    topic: str
+    table: str
+    key_field: str
+    arrow: pa.Schema
+    doc: str
+    retention: str
+
+    @property
+    def header_value(self) -> bytes:
+        """The ``llmslo-schema`` header: ``name.vVERSION``, e.g. ``engine_sample.v1``."""
+        return f"{self.name}.v{self.version}".encode()
+
+    @property
+    def storage_arrow(self) -> pa.Schema:
+        """The Arrow schema as stored: dictionary columns decoded to plain strings."""
+        return pa.schema(
+            [
+                f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+                for f in self.arrow
+            ]
+        )
+
+
+ENGINE_SAMPLES = RecordSchema(
+    name="engine_sample",
+    version=1,
+    topic="engine",
+    table="engine_samples",
+    key_field="instance",
+    doc="One sample of an inference engine's /metrics scrape (or of the tap's own gauges), "
+    "with its canonical signal when the dialect maps it.",
+    retention="raw horizon (default 7 d); SLO rollups keep what long windows need",
+    arrow=pa.schema(
+        [
+            _field("ts_ms", pa.int64(), "scrape time, Unix epoch ms", nullable=False),
+            _field("instance", _DICT_STR, "scrape target / pod, e.g. 10.0.0.7:8000", nullable=False),
+            _field("pool", _DICT_STR, "serving pool the instance belongs to (often the model)"),
+            _field("dialect", _DICT_STR, "vllm, vllm-legacy, sglang, trtllm, llamacpp, tap"),
+            _field("model", _DICT_STR, "served model name (model_name label)"),
+            _field("engine", _DICT_STR, "engine core / DP rank within the instance, '' if none"),
+            _field("metric", _DICT_STR, "metric name exactly as exposed", nullable=False),
+            _field("signal", _DICT_STR, "canonical signal (running, kv_usage, ttft, …), null if unknown"),
+            _field("kind", _DICT_STR, "gauge, counter, bucket, sum, count, info, untyped", nullable=False),
+            _field("le", pa.float64(), "histogram bucket upper bound, numeric (+inf allowed); null otherwise"),
+            _field("labels_json", _DICT_STR, "remaining labels as a sorted-key JSON object"),
+            _field("value", pa.float64(), "sample value (counters cumulative as exposed)", nullable=False),
+        ]
+    ),
+)
+
+GPU_SAMPLES = RecordSchema(
+    name="gpu_sample",
+    version=1,
+    topic="gpu",
+    table="gpu_samples",
+    key_field="instance",
+    doc="One sample of an NVIDIA dcgm-exporter scrape, labels lifted into columns.",
+    retention="raw horizon (default 7 d)",
+    arrow=pa.schema(
+        [
+            _field("ts_ms", pa.int64(), "scrape time, Unix epoch ms", nullable=False),
+            _field("instance", _DICT_STR, "dcgm-exporter scrape target", nullable=False),
+            _field("hostname", _DICT_STR, "node name (Hostname / hostname label)"),
+            _field("gpu", pa.int32(), "GPU index on the node (gpu label)"),
+            _field("uuid", _DICT_STR, "GPU UUID (UUID / uuid label)"),
+            _field("device", _DICT_STR, "device name, e.g. nvidia0"),
+            _field("gpu_model", _DICT_STR, "GPU product name (modelName label)"),
+            _field("gpu_instance_id", _DICT_STR, "MIG GPU instance id (GPU_I_ID), null if not MIG"),
+            _field("pod", _DICT_STR, "pod the GPU is allocated to, null when unallocated"),
+            _field("namespace", _DICT_STR, "namespace of that pod"),
+            _field("container", _DICT_STR, "container of that pod"),
+            _field("metric", _DICT_STR, "DCGM field name as exposed, e.g. DCGM_FI_DEV_GPU_UTIL", nullable=False),
+            _field("signal", _DICT_STR, "canonical signal (gpu_util, engine_active, fb_used_mib, xid, …)"),
+            _field("labels_json", _DICT_STR, "remaining labels (err_code, err_msg, …) as sorted-key JSON"),
+            _field("value", pa.float64(), "sample value; DCGM blank sentinels are dropped, never stored", nullable=False),
+        ]
+    ),
+)
+
+REQUEST_RECORDS = RecordSchema(
+    name="request_record",
+    version=1,
+    topic="requests",
+    table="requests",
+    key_field="instance",
+    doc="One attempt of one client request as seen by the stream tap (DESIGN §3). Never holds "
+    "prompt or completion text.",
+    retention="raw horizon (default 7 d); per-minute SLO rollups beyond",
+    arrow=pa.schema(
+        [
+            _field("request_id", pa.string(), "id of this attempt (x-request-id or generated)", nullable=False),
+            _field("original_request_id", pa.string(), "id of the first attempt; equals request_id when attempt = 1"),
+            _field("attempt", pa.int16(), "1 for the first attempt, 2… for retries before the first token", nullable=False),
+            _field("tap_id", _DICT_STR, "the tap process that measured it"),
+            _field("instance", _DICT_STR, "upstream engine instance that served the attempt", nullable=False),
+            _field("pool", _DICT_STR, "serving pool (often the model)"),
+            _field("model", _DICT_STR, "requested model"),
+            _field("tenant", _DICT_STR, "tenant from the configured header, null if absent"),
+            _field("route", _DICT_STR, "API route, e.g. /v1/chat/completions"),
+            _field("streamed", pa.bool_(), "the client asked for an SSE stream"),
+            _field("received_ts_ms", pa.int64(), "t0: request received by the tap, Unix epoch ms", nullable=False),
+            _field("deadline_ts_ms", pa.int64(), "client deadline, Unix epoch ms; null if none"),
+            _field("http_status", pa.int16(), "status sent to the client; null if none was sent"),
+            _field("outcome", _DICT_STR, "one of: " + ", ".join(OUTCOMES), nullable=False),
+            _field("error_kind", _DICT_STR, "short machine reason for a bad outcome, null when ok"),
+            _field("finish_reason", _DICT_STR, "finish_reason of the last choice (stop, length, abort, error…)"),
+            _field("ttfb_s", pa.float64(), "first chunk of any kind (role-only included) minus t0"),
+            _field("ttft_s", pa.float64(), "first chunk with content, reasoning or tool-call delta minus t0"),
+            _field("tpot_s", pa.float64(), "(t_last_token − t_first_token)/(N − 1), N = completion_tokens; null if N ≤ 1"),
+            _field("e2e_s", pa.float64(), "last byte to the client minus t0"),
+            _field("prompt_tokens", pa.int32(), "usage.prompt_tokens"),
+            _field("completion_tokens", pa.int32(), "usage.completion_tokens"),
+            _field("token_chunks", pa.int32(), "number of token-bearing chunks"),
+            _field("itl_mean_s", pa.float64(), "mean gap between consecutive token-bearing chunks"),
+            _field("itl_p99_s", pa.float64(), "99th percentile of those gaps"),
+            _field("itl_max_s", pa.float64(), "largest of those gaps"),
+            _field("itl_gaps_s", pa.list_(pa.float32()), "every gap between token-bearing chunks, in order"),
+            _field("chunk_tokens", pa.list_(pa.int16()), "tokens carried by each token-bearing chunk (spec decode > 1)"),
+            _field("client_disconnected", pa.bool_(), "the client went away before the response ended"),
+            _field("disconnect_ts_ms", pa.int64(), "when the client disconnect was seen, Unix epoch ms"),
+            _field("upstream_closed_ts_ms", pa.int64(), "when the tap closed the upstream connection, Unix epoch ms"),
+            _field("tokens_after_disconnect", pa.int32(), "drain mode: tokens the engine generated after the disconnect"),
+        ]
+    ),
+)
+
+FLAG_TRANSITIONS = RecordSchema(
+    name="flag_transition",
+    version=1,
+    topic="flags",
+    table="flag_transitions",
+    key_field="scope_id",
+    doc="A change of degradation level (L0–L3) of a pool or an instance, with its evidence.",
+    retention="forever (small)",
+    arrow=pa.schema(
+        [
+            _field("ts_ms", pa.int64(), "event time of the transition, Unix epoch ms", nullable=False),
+            _field("scope", _DICT_STR, "pool or instance", nullable=False),
+            _field("scope_id", _DICT_STR, "the pool name or the instance address", nullable=False),
+            _field("pool", _DICT_STR, "pool of the scope"),
+            _field("from_level", pa.int8(), "level before, 0–3", nullable=False),
+            _field("to_level", pa.int8(), "level after, 0–3", nullable=False),
+            _field("kv_free_ratio", pa.float64(), "KV free ratio (1 − usage) that drove the change"),
+            _field("reason", _DICT_STR, "why, e.g. kv_free_below_l2, dwell_elapsed, oom_risk"),
+            _field("evidence_json", pa.string(), "supporting samples and thresholds as JSON"),
+        ]
+    ),
+)
+
+ALERTS = RecordSchema(
+    name="alert",
+    version=1,
+    topic="alerts",
+    table="alerts",
+    key_field="fingerprint",
+    doc="An alert state change the pipeline computed itself (and pushed to Alertmanager).",
+    retention="forever (small)",
+    arrow=pa.schema(
+        [
+            _field("ts_ms", pa.int64(), "evaluation time, Unix epoch ms", nullable=False),
+            _field("fingerprint", pa.string(), "stable hash of the alert's labels", nullable=False),
+            _field("alertname", _DICT_STR, "alert name", nullable=False),
+            _field("state", _DICT_STR, "firing or resolved", nullable=False),
+            _field("severity", _DICT_STR, "page, ticket or info"),
+            _field("labels_json", pa.string(), "all labels as sorted-key JSON"),
+            _field("annotations_json", pa.string(), "annotations (summary, description, runbook) as JSON"),
+            _field("starts_ts_ms", pa.int64(), "startsAt, Unix epoch ms"),
+            _field("ends_ts_ms", pa.int64(), "endsAt, Unix epoch ms; null while firing"),
+            _field("generator_url", pa.string(), "link back to the dashboard view"),
+        ]
+    ),
+)
+
+#: Every schema this build can decode, by (name, version).
+SCHEMAS: dict[tuple[str, int], RecordSchema] = {
+    (s.name, s.version): s
+    for s in (ENGINE_SAMPLES, GPU_SAMPLES, REQUEST_RECORDS, FLAG_TRANSITIONS, ALERTS)
+}
+
+
+def iter_schemas() -> Iterator[RecordSchema]:
+    """All known schemas in a stable order (the order tables are created and documented)."""
+    return iter(SCHEMAS.values())
+
+
+def lookup_schema(header_value: bytes | str | None) -> RecordSchema:
+    """Resolve an ``llmslo-schema`` header value such as ``b"engine_sample.v1"``.
+
+    Raises :class:`UnknownSchemaError` (reason ``unknown_schema``) for a missing,
+    malformed or unknown name or version.
+    """
+    if header_value is None:
+        raise UnknownSchemaError("unknown_schema", "message has no llmslo-schema header")
+    text = header_value.decode("utf-8", "replace") if isinstance(header_value, bytes) else header_value
+    name, sep, version = text.rpartition(".v")
+    if not sep or not version.isdigit():
+        raise UnknownSchemaError("unknown_schema", f"malformed schema header {text[:80]!r}")
+    schema = SCHEMAS.get((name, int(version)))
+    if schema is None:
+        raise UnknownSchemaError("unknown_schema", f"unknown schema {text[:80]!r}")
+    return schema

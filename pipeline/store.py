@@ -1,0 +1,226 @@
+"""The DuckDB store: one file holding the raw tables, the dead letters and ingest offsets.
+
+Tables are created from :mod:`pipeline.schema` (one per record schema) plus two of the
+store's own:
+
+* ``deadletter``: input that could not be decoded, with the reason and the payload;
+* ``ingest_offsets``: per consumer group and partition, the next Kafka offset to read.
+
+:meth:`Store.commit_batch` writes rows, dead letters and offsets in **one transaction**:
+after a crash at any point the file holds either all of a batch and its offsets or none
+of it, and the ingester resumes from the stored offsets: nothing lost, nothing doubled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import duckdb
+import pyarrow as pa
+
+from pipeline.errors import StoreError
+from pipeline.schema import RecordSchema, iter_schemas
+
+__all__ = [
+    "DEADLETTER_COLUMNS",
+    "OFFSET_COLUMNS",
+    "DeadLetter",
+    "Store",
+    "duckdb_type",
+]
+
+log = logging.getLogger(__name__)
+
+#: Payload bytes kept in the dead-letter table; the whole payload also goes to the
+#: dead-letter topic, and ``payload_bytes`` says how long it was.
+DEADLETTER_PAYLOAD_LIMIT = 1024 * 1024
+
+DEADLETTER_COLUMNS: Sequence[tuple[str, str, str]] = (
+    ("received_ts_ms", "BIGINT NOT NULL", "when the ingester saw the message, Unix epoch ms"),
+    ("topic", "VARCHAR NOT NULL", "Kafka topic"),
+    ("partition", "INTEGER NOT NULL", "Kafka partition"),
+    ('"offset"', "BIGINT NOT NULL", "Kafka offset"),
+    ("key", "BLOB", "message key"),
+    ("reason", "VARCHAR NOT NULL", "stable reason token: oversized, not_arrow, truncated_arrow, …"),
+    ("error", "VARCHAR NOT NULL", "what was wrong, in words"),
+    ("headers_json", "VARCHAR", "message headers as JSON (values as latin-1 text)"),
+    ("payload_bytes", "BIGINT NOT NULL", "length of the payload"),
+    ("payload", "BLOB", "the payload, cut to the first 1 MiB"),
+)
+
+OFFSET_COLUMNS: Sequence[tuple[str, str, str]] = (
+    ("group_id", "VARCHAR NOT NULL", "Kafka consumer group of the ingester"),
+    ("topic", "VARCHAR NOT NULL", "Kafka topic"),
+    ("partition", "INTEGER NOT NULL", "Kafka partition"),
+    ("next_offset", "BIGINT NOT NULL", "first offset not yet stored"),
+    ("updated_ts_ms", "BIGINT NOT NULL", "when it was written, Unix epoch ms"),
+)
+
+_ARROW_TO_DUCKDB = {
+    pa.int8(): "TINYINT",
+    pa.int16(): "SMALLINT",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    pa.string(): "VARCHAR",
+}
+
+
+def duckdb_type(arrow_type: pa.DataType) -> str:
+    """The DuckDB column type for an Arrow type used in our schemas."""
+    if pa.types.is_dictionary(arrow_type):
+        return duckdb_type(arrow_type.value_type)
+    if pa.types.is_list(arrow_type):
+        return duckdb_type(arrow_type.value_type) + "[]"
+    try:
+        return _ARROW_TO_DUCKDB[arrow_type]
+    except KeyError:
+        raise StoreError(f"no DuckDB type for Arrow type {arrow_type}") from None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One undecodable message, as stored and re-published."""
+
+    received_ts_ms: int
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    reason: str
+    error: str
+    headers: Sequence[tuple[str, bytes | None]] = field(default_factory=tuple)
+    payload: bytes | None = None
+
+    def as_row(self) -> tuple[object, ...]:
+        payload = self.payload or b""
+        headers = {k: (v or b"").decode("latin-1") for k, v in self.headers}
+        return (
+            self.received_ts_ms, self.topic, self.partition, self.offset, self.key, self.reason,
+            self.error, json.dumps(headers, sort_keys=True), len(payload),
+            payload[:DEADLETTER_PAYLOAD_LIMIT],
+        )
+
+
+def _table_ddl(name: str, columns: Iterable[tuple[str, str, str]], key: str = "") -> list[str]:
+    body = ",\n  ".join(f"{col} {type_}" for col, type_, _ in columns)
+    tail = f",\n  PRIMARY KEY ({key})" if key else ""
+    statements = [f"CREATE TABLE IF NOT EXISTS {name} (\n  {body}{tail}\n)"]
+    for col, _, doc in columns:
+        statements.append(f"COMMENT ON COLUMN {name}.{col} IS '{doc.replace(chr(39), chr(39) * 2)}'")
+    return statements
+
+
+def _schema_columns(schema: RecordSchema) -> list[tuple[str, str, str]]:
+    return [
+        (f.name, duckdb_type(f.type) + ("" if f.nullable else " NOT NULL"), f.metadata[b"doc"].decode())
+        for f in schema.arrow
+    ]
+
+
+class Store:
+    """A DuckDB file with llmslo's tables. Single writer: one ``Store`` per file and process.
+
+    ``read_only=True`` opens it for readers (jobs, dashboards) while no writer holds it.
+    """
+
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open DuckDB file {self.path}: {exc}") from exc
+        if not read_only:
+            self.migrate()
+
+    def migrate(self) -> None:
+        """Create every table that does not exist yet (idempotent)."""
+        statements: list[str] = []
+        for schema in iter_schemas():
+            statements += _table_ddl(schema.table, _schema_columns(schema))
+            statements.append(f"COMMENT ON TABLE {schema.table} IS '{schema.doc.replace(chr(39), chr(39) * 2)}'")
+        statements += _table_ddl("deadletter", DEADLETTER_COLUMNS)
+        statements += _table_ddl("ingest_offsets", OFFSET_COLUMNS, key="group_id, topic, partition")
+        try:
+            self.con.execute("BEGIN")
+            for statement in statements:
+                self.con.execute(statement)
+            self.con.execute("COMMIT")
+        except duckdb.Error as exc:
+            self.con.execute("ROLLBACK")
+            raise StoreError(f"cannot create tables in {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def read_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
+        """The stored next offset of every (topic, partition) of ``group_id``."""
+        rows = self.con.execute(
+            "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?", [group_id]
+        ).fetchall()
+        return {(topic, partition): offset for topic, partition, offset in rows}
+
+    def commit_batch(
+        self,
+        rows: Mapping[str, pa.Table],
+        *,
+        group_id: str,
+        offsets: Mapping[tuple[str, int], int],
+        deadletters: Sequence[DeadLetter] = (),
+        now_ts_ms: int,
+    ) -> None:
+        """Append ``rows`` (table name → Arrow rows), dead letters and the new offsets atomically."""
+        con = self.con
+        try:
+            con.execute("BEGIN")
+            for table_name, table in rows.items():
+                if table.num_rows:
+                    con.register("_llmslo_batch", table)
+                    con.execute(f"INSERT INTO {table_name} SELECT * FROM _llmslo_batch")
+                    con.unregister("_llmslo_batch")
+            if deadletters:
+                placeholders = ", ".join("?" * len(DEADLETTER_COLUMNS))
+                con.executemany(f"INSERT INTO deadletter VALUES ({placeholders})", [d.as_row() for d in deadletters])
+            if offsets:
+                con.executemany(
+                    "INSERT OR REPLACE INTO ingest_offsets VALUES (?, ?, ?, ?, ?)",
+                    [[group_id, topic, partition, offset, now_ts_ms] for (topic, partition), offset in offsets.items()],
+                )
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            con.execute("ROLLBACK")
+            raise StoreError(f"cannot commit a batch to {self.path}: {exc}") from exc
+
+    def prune(self, before_ts_ms: int) -> dict[str, int]:
+        """Delete raw rows older than ``before_ts_ms``; returns rows deleted per table."""
+        time_columns = {"engine_samples": "ts_ms", "gpu_samples": "ts_ms", "requests": "received_ts_ms"}
+        deleted = {}
+        for table_name, column in time_columns.items():
+            result = self.con.execute(f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]).fetchone()
+            deleted[table_name] = int(result[0]) if result else 0
+        return deleted
+
+    def count(self, table_name: str) -> int:
+        """Rows in ``table_name`` (one of our tables)."""
+        known = {s.table for s in iter_schemas()} | {"deadletter", "ingest_offsets"}
+        if table_name not in known:
+            raise StoreError(f"unknown table {table_name!r}")
+        result = self.con.execute(f"SELECT count(*) FROM {table_name}").fetchone()
+        return int(result[0]) if result else 0
