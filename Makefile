@@ -1,0 +1,35 @@
+# One entry point per job. Every target creates the venv and installs what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test check lint typecheck bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)          ## the whole pipeline on embedded defaults, then a summary
+	$(BIN)/llmslo demo
+
+test: $(STAMP)          ## the test suite (real broker, DuckDB files, binaries when installed)
+	$(BIN)/pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+	$(BIN)/mypy tests bench --ignore-missing-imports
+
+check: lint typecheck test  ## ruff (format + lint), mypy on the library and tests, then the tests
+
+bench-quick: $(STAMP)   ## every benchmark in --quick mode (each < 60 s)
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,73 @@
+"""The canonical signal vocabulary: the values of the ``signal`` column.
+
+Collectors map each engine dialect's metric names onto these (``vllm:kv_cache_usage_perc``
+and SGLang's ``sglang:token_usage`` both become ``kv_usage``); the SLO engine reads only
+these names, never a dialect's. This is data, not code: adding a signal is adding a row.
+
+Identity rules shared by every producer:
+
+* ``instance`` is the engine endpoint's ``host:port`` — the same string the collector
+  scrapes and the tap forwards to — so engine samples and request records join on it;
+* ``pool`` is the serving pool, by default the served model name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ENGINE_SIGNALS", "GPU_SIGNALS", "Signal"]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One canonical signal: how it is typed and what it means (with units)."""
+
+    name: str
+    kind: str  # gauge | counter | histogram | info
+    doc: str
+
+
+def _table(*rows: tuple[str, str, str]) -> dict[str, Signal]:
+    return {name: Signal(name, kind, doc) for name, kind, doc in rows}
+
+
+#: Signals found on the ``engine`` topic (engine exporters and the tap's own gauges).
+ENGINE_SIGNALS: dict[str, Signal] = _table(
+    ("running", "gauge", "requests in the running batch"),
+    ("waiting", "gauge", "requests waiting for admission"),
+    ("kv_usage", "gauge", "fraction 0–1 of KV cache in use (never summed across engines)"),
+    ("kv_free_blocks", "gauge", "free KV blocks, where the engine reports blocks"),
+    ("kv_largest_free_run", "gauge", "largest run of contiguous free KV blocks, where reported"),
+    ("kv_total_blocks", "gauge", "KV blocks in the pool (num_gpu_blocks)"),
+    ("preemptions", "counter", "preemptions / retractions, cumulative"),
+    ("prompt_tokens", "counter", "prompt tokens processed, cumulative"),
+    ("generation_tokens", "counter", "tokens generated, cumulative (stall: flat while running > 0)"),
+    ("requests_finished", "counter", "finished requests; label finished_reason (stop, length, abort, error)"),
+    ("requests_aborted", "counter", "requests aborted by the engine (client gone), cumulative"),
+    ("corrupted_requests", "counter", "requests with NaN / corrupted output, cumulative"),
+    ("admission_rejections", "counter", "requests rejected by engine queue limits, cumulative"),
+    ("ttft", "histogram", "time to first token, seconds (bucket / sum / count samples)"),
+    ("itl", "histogram", "inter-token latency per engine step, seconds"),
+    ("tpot", "histogram", "per-request time per output token, seconds"),
+    ("e2e", "histogram", "end-to-end request latency, seconds"),
+    ("queue_time", "histogram", "time waiting before first scheduled, seconds"),
+    ("ready", "gauge", "1 when the engine reports ready / healthy, else 0"),
+    ("process_start_time", "gauge", "Unix seconds the engine process started (restart marker)"),
+    ("tap_in_flight", "gauge", "tap: streams open to this upstream instance right now"),
+    ("tap_disconnects", "counter", "tap: client disconnects on streams to this instance, cumulative"),
+)
+
+#: Signals found on the ``gpu`` topic (dcgm-exporter).
+GPU_SIGNALS: dict[str, Signal] = _table(
+    ("gpu_util", "gauge", "DCGM_FI_DEV_GPU_UTIL, percent 0–100"),
+    ("engine_active", "gauge", "DCGM_FI_PROF_GR_ENGINE_ACTIVE, fraction 0–1"),
+    ("fb_used_mib", "gauge", "frame buffer used, MiB"),
+    ("fb_free_mib", "gauge", "frame buffer free, MiB"),
+    ("xid", "gauge", "last XID error code (DCGM_FI_DEV_XID_ERRORS); labels err_code, err_msg"),
+    ("temperature_c", "gauge", "GPU temperature, °C"),
+    ("power_w", "gauge", "power draw, W"),
+    ("sm_clock_mhz", "gauge", "SM clock, MHz"),
+    ("mem_copy_util", "gauge", "memory copy utilisation, percent"),
+    ("ecc_dbe", "counter", "double-bit ECC errors, cumulative"),
+    ("nvlink_errors", "counter", "NVLink CRC / recovery errors, cumulative"),
+)

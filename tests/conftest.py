@@ -1,0 +1,60 @@
+"""Shared fixtures: a real embedded Kafka-protocol broker, a Bus on it, a DuckDB file.
+
+``require_tool(name)`` is how tests that need an external binary (promtool,
+alertmanager, chromium, nginx) find it: they skip with a clear reason when it is missing,
+and fail instead when ``LLMSLO_REQUIRE_TOOLS=1`` (CI sets it and installs them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.broker import EmbeddedBroker
+from pipeline.bus import Bus
+from pipeline.config import BusConfig
+from pipeline.store import Store
+
+
+def require_tool(name: str, *candidates: str) -> str:
+    """Path of binary ``name`` (or one of ``candidates``); skip or fail when absent."""
+    for candidate in (name, *candidates):
+        path = shutil.which(candidate)
+        if path:
+            return path
+    message = f"{name} is not installed (apt-get install it, or run .ci/run)"
+    if os.environ.get("LLMSLO_REQUIRE_TOOLS") == "1":
+        pytest.fail(f"LLMSLO_REQUIRE_TOOLS=1 but {message}")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    """One embedded broker for the whole session (tests isolate themselves by topic prefix)."""
+    with EmbeddedBroker() as running:
+        yield running
+
+
+@pytest.fixture
+def bus(broker: EmbeddedBroker) -> Iterator[Bus]:
+    """A Bus on the session broker with a fresh topic prefix, topics created (2 partitions)."""
+    config = BusConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
+        partitions=2,
+    )
+    with Bus(config) as connected:
+        connected.ensure_topics()
+        yield connected
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A fresh DuckDB file with llmslo's tables."""
+    with Store(tmp_path / "llmslo.duckdb") as opened:
+        yield opened
