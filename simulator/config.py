@@ -1,0 +1,172 @@
+"""Fleet configuration: nodes with GPUs, engine pods placed on them, engine knobs.
+
+Validated once with pydantic at the boundary (YAML file or Python); a bad config raises
+:class:`pipeline.errors.ConfigError` whose message names the field path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.errors import ConfigError
+from simulator.perf import PROFILES
+
+__all__ = [
+    "DIALECTS",
+    "EngineConfig",
+    "FleetConfig",
+    "NodeConfig",
+    "PodConfig",
+    "load_fleet_config",
+    "simple_fleet",
+]
+
+#: Engine dialects a pod may speak on ``/metrics``.
+DIALECTS = ("vllm", "vllm-legacy", "sglang", "trtllm")
+
+Dialect = Literal["vllm", "vllm-legacy", "sglang", "trtllm"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Model):
+    """Continuous-batching engine knobs (vLLM names where they exist)."""
+
+    num_gpu_blocks: int = Field(default=2048, ge=16, description="KV blocks in the pool")
+    block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV block")
+    max_num_seqs: int = Field(default=64, ge=1, description="max requests in the running batch")
+    max_num_batched_tokens: int = Field(default=8192, ge=16, description="token budget of one engine step")
+    max_model_len: int = Field(default=32768, ge=16, description="max prompt + output tokens")
+    profile: str = Field(default="llama2-70b/h100/tp4", description="service-time profile (simulator.perf)")
+    mean_output_tokens: float = Field(
+        200.0, gt=0, description="mean natural output length when ignore_eos is not set"
+    )
+
+    @model_validator(mode="after")
+    def _known_profile(self) -> EngineConfig:
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; known: {sorted(PROFILES)}")
+        return self
+
+
+class NodeConfig(_Model):
+    """One GPU node; it gets one dcgm-exporter endpoint."""
+
+    name: str = Field(min_length=1, max_length=128)
+    gpus: int = Field(default=8, ge=1, le=64)
+    gpu_model: str = "NVIDIA H100 80GB HBM3"
+    fb_total_mib: int = Field(default=81559, ge=1024)
+
+
+class PodConfig(_Model):
+    """One engine pod: dialect, served model, placement on a node's GPUs."""
+
+    name: str = Field(min_length=1, max_length=128)
+    dialect: Dialect = "vllm"
+    model: str = Field(default="llama-3-8b", min_length=1, max_length=256)
+    node: str | None = None
+    gpus: list[int] = Field(default_factory=lambda: [0])
+    namespace: str = "default"
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    port: int | None = Field(default=None, ge=0, le=65535, description="fixed port; default a free one")
+
+
+class FleetConfig(_Model):
+    """The whole simulated fleet.
+
+    ``speed`` > 1 makes simulated service time run faster (service times are divided by
+    it) so tests finish quickly; ``seed`` makes output lengths and jitter reproducible.
+    """
+
+    nodes: list[NodeConfig] = Field(default_factory=list)
+    pods: list[PodConfig] = Field(default_factory=list)
+    speed: float = Field(default=1.0, gt=0, le=10000)
+    seed: int = 0
+    host: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _placement(self) -> FleetConfig:
+        nodes = {n.name: n for n in self.nodes}
+        if len(nodes) != len(self.nodes):
+            raise ValueError("node names must be unique")
+        if len({p.name for p in self.pods}) != len(self.pods):
+            raise ValueError("pod names must be unique")
+        for pod in self.pods:
+            if pod.node is None:
+                continue
+            node = nodes.get(pod.node)
+            if node is None:
+                raise ValueError(f"pod {pod.name!r} is on unknown node {pod.node!r}")
+            bad = [g for g in pod.gpus if not 0 <= g < node.gpus]
+            if bad:
+                raise ValueError(f"pod {pod.name!r} uses GPUs {bad} that node {node.name!r} lacks")
+        return self
+
+
+def _format_error(exc: ValidationError, prefix: str) -> str:
+    parts = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "<root>"
+        parts.append(f"{prefix}{path}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def load_fleet_config(source: Path | str | dict[str, Any]) -> FleetConfig:
+    """Validate a fleet config from a YAML file path or a dict.
+
+    Raises :class:`ConfigError` naming every bad field path.
+    """
+    if isinstance(source, dict):
+        data: Any = source
+    else:
+        try:
+            data = yaml.safe_load(Path(source).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{source}: cannot read fleet config: {exc}") from exc
+    if isinstance(data, dict) and "simulator" in data and "pods" not in data:
+        data = data["simulator"]
+    if not isinstance(data, dict):
+        raise ConfigError("fleet config: top level must be a mapping")
+    try:
+        return FleetConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, "")) from exc
+
+
+def simple_fleet(
+    pods: int,
+    dialects: list[str] | None = None,
+    *,
+    gpus_per_node: int = 8,
+    model: str = "llama-3-8b",
+    speed: float = 1.0,
+    seed: int = 0,
+    engine: EngineConfig | None = None,
+) -> FleetConfig:
+    """``pods`` pods, one GPU each, packed onto as many nodes as needed; dialects round-robin."""
+    if pods < 0:
+        raise ConfigError("pods: must be >= 0")
+    names = dialects or ["vllm"]
+    unknown = [d for d in names if d not in DIALECTS]
+    if unknown:
+        raise ConfigError(f"dialects: unknown {unknown}; known: {list(DIALECTS)}")
+    node_count = max(1, -(-pods // gpus_per_node))
+    nodes = [NodeConfig(name=f"node-{i}", gpus=gpus_per_node) for i in range(node_count)]
+    pod_list = [
+        PodConfig(
+            name=f"pod-{i}",
+            dialect=names[i % len(names)],  # type: ignore[arg-type]
+            model=model,
+            node=f"node-{i // gpus_per_node}",
+            gpus=[i % gpus_per_node],
+            engine=engine or EngineConfig(),
+        )
+        for i in range(pods)
+    ]
+    return FleetConfig(nodes=nodes, pods=pod_list, speed=speed, seed=seed)

@@ -1,0 +1,87 @@
+"""The dialect base: one prometheus-client registry per pod, fed by engine events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from simulator.engine import EngineModel, SimRequest
+
+__all__ = ["MetricsDialect", "token_buckets"]
+
+
+def token_buckets(max_model_len: int) -> list[float]:
+    """vLLM's 1-2-5 series capped at ``max_model_len``."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_model_len:
+                return out
+            out.append(float(value))
+        exponent += 1
+
+
+class MetricsDialect:
+    """Base of every engine dialect: a private registry and the observer hooks.
+
+    Subclasses declare their families in ``__init__`` and override the ``on_*`` hooks
+    (see :class:`simulator.engine.EngineObserver`) and :meth:`refresh` (gauges, read from
+    the engine right before each exposition).
+    """
+
+    name = "base"
+    content_type = "text/plain; version=0.0.4; charset=utf-8"
+
+    def __init__(self, model: str, max_model_len: int) -> None:
+        self.model = model
+        self.max_model_len = max_model_len
+        self.registry = CollectorRegistry(auto_describe=False)
+
+    # ---- family helpers ---------------------------------------------------------------
+    def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(name, doc, list(labels), registry=self.registry)
+
+    def gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(name, doc, list(labels), registry=self.registry)
+
+    def histogram(
+        self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ()
+    ) -> Histogram:
+        return Histogram(name, doc, list(labels), buckets=list(buckets), registry=self.registry)
+
+    # ---- observer hooks (no-ops by default) -------------------------------------------
+    def on_scheduled(self, req: SimRequest, queue_s: float) -> None:
+        pass
+
+    def on_first_token(self, req: SimRequest, ttft_s: float) -> None:
+        pass
+
+    def on_tokens(self, req: SimRequest, tokens: int, itl_s: float | None) -> None:
+        pass
+
+    def on_step(self, prefill_tokens: int, decode_tokens: int, duration_s: float) -> None:
+        pass
+
+    def on_preempt(self, req: SimRequest) -> None:
+        pass
+
+    def on_finish(self, req: SimRequest) -> None:
+        pass
+
+    # ---- exposition -------------------------------------------------------------------
+    def refresh(self, engine: EngineModel, now_s: float) -> None:
+        """Update gauges from the engine's state right before an exposition."""
+
+    def exposition(self, engine: EngineModel, now_s: float) -> bytes:
+        """The ``/metrics`` body: gauges refreshed, rendered by prometheus-client."""
+        self.refresh(engine, now_s)
+        return generate_latest(self.registry)
+
+    @staticmethod
+    def child(metric: Any, **labels: str) -> Any:
+        """A pre-bound labelled child (binding once keeps the hot path cheap)."""
+        return metric.labels(**labels) if labels else metric
