@@ -1,0 +1,40 @@
+"""The SLO engine: specs, SLIs, error budgets, burn rates, failure signals and L0–L3 flags.
+
+Owns the SLO spec format (:mod:`slo.spec`) and its validated model (:mod:`slo.model`), the
+alert-window catalogs (:mod:`slo.windows`, data in ``slo/windows/*.yaml``), the per-minute
+rollup tables in DuckDB (:mod:`slo.rollup`), the evaluator (:mod:`slo.evaluate`), the
+failure-signature detectors (:mod:`slo.detectors`), the degradation-flag state machine
+(:mod:`slo.flags`) and the ``llmslo jobs`` runner (:mod:`slo.jobs`). Data flows one way:
+spec → model → evaluators → writers (DuckDB tables, Kafka ``flags``, ``/metrics``).
+See ``slo/README.md`` for the tables and how to add a signal or a window catalog.
+"""
+
+from __future__ import annotations
+
+from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
+from slo.evaluate import PairState, SloStatus, evaluate
+from slo.model import Slo, SloModel, build_model
+from slo.rollup import Rollup
+from slo.spec import SloDocument, load_spec, parse_spec
+from slo.windows import AlertPair, WindowCatalog, load_catalog
+
+__all__ = [
+    "AlertPair",
+    "PairState",
+    "Rollup",
+    "Slo",
+    "SloDocument",
+    "SloModel",
+    "SloStatus",
+    "WindowCatalog",
+    "WindowCounts",
+    "budget_remaining",
+    "build_model",
+    "burn_rate",
+    "error_ratio",
+    "evaluate",
+    "load_catalog",
+    "load_spec",
+    "pair_alerting",
+    "parse_spec",
+]

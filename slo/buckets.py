@@ -1,0 +1,77 @@
+"""Histogram bucket bounds: a latency SLI from engine histograms needs its threshold to be one.
+
+Bounds are matched by numeric value, never by string (vLLM writes ``le="2.0"``, Prometheus
+3 writes ``le="2"``). The bounds seen in the data win; without data the documented defaults
+of the dialect apply (reference/engine-metrics.md §1.1, §2.1). The table is data: add a
+dialect by adding a row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import duckdb
+
+from slo.model import SloModel
+from slo.spec import LatencySpec
+
+__all__ = ["DEFAULT_BUCKETS", "check_bucket_bounds", "observed_bounds"]
+
+_VLLM_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+              10, 20, 40, 80, 160, 640, 2560)
+_VLLM_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10,
+             20, 40, 80)
+_VLLM_E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960,
+             1920, 7680)
+_SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+_SGLANG_ITL = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
+               0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1, 2, 4, 6, 8)
+_SGLANG_E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200,
+               1800, 2400)
+
+#: Default bucket bounds (seconds) per dialect and canonical histogram signal.
+DEFAULT_BUCKETS: Mapping[str, Mapping[str, tuple[float, ...]]] = {
+    "vllm": {"ttft": _VLLM_TTFT, "itl": _VLLM_ITL, "tpot": _VLLM_ITL, "e2e": _VLLM_E2E},
+    "vllm-legacy": {"ttft": _VLLM_TTFT, "itl": _VLLM_ITL, "tpot": _VLLM_ITL, "e2e": _VLLM_E2E},
+    "sglang": {"ttft": _SGLANG_TTFT, "itl": _SGLANG_ITL, "tpot": _SGLANG_ITL, "e2e": _SGLANG_E2E},
+}
+
+
+def observed_bounds(con: duckdb.DuckDBPyConnection) -> dict[str, set[float]]:
+    """Finite ``le`` values present in ``engine_samples`` per histogram signal."""
+    rows = con.execute(
+        "SELECT signal, list(DISTINCT le) FROM engine_samples "
+        "WHERE kind = 'bucket' AND signal IS NOT NULL AND isfinite(le) GROUP BY signal"
+    ).fetchall()
+    return {signal: {float(v) for v in values} for signal, values in rows}
+
+
+def _has_bound(bounds: Iterable[float], threshold: float) -> bool:
+    return any(math.isclose(bound, threshold, rel_tol=1e-9, abs_tol=1e-12) for bound in bounds)
+
+
+def check_bucket_bounds(model: SloModel, observed: Mapping[str, set[float]] | None = None) -> list[str]:
+    """Problems with engine-histogram thresholds, one message per SLO (empty when fine)."""
+    problems = []
+    for index, slo in enumerate(model.slos):
+        sli = slo.sli
+        if not isinstance(sli, LatencySpec) or sli.source != "engine":
+            continue
+        where = f"slos[{index}].sli.threshold_s"
+        seen = (observed or {}).get(sli.metric)
+        if seen:
+            bounds, origin = sorted(seen), "bucket bounds seen in engine_samples"
+        elif sli.dialect in DEFAULT_BUCKETS:
+            bounds, origin = list(DEFAULT_BUCKETS[sli.dialect][sli.metric]), f"default {sli.dialect} buckets"
+        else:
+            problems.append(f"{where}: no {sli.metric} bucket bounds known: set sli.dialect "
+                            f"({', '.join(DEFAULT_BUCKETS)}) or validate against a store with data")
+            continue
+        if not _has_bound(bounds, sli.threshold_s):
+            near = sorted(bounds, key=lambda b: abs(b - sli.threshold_s))[:2]
+            problems.append(
+                f"{where}: {sli.threshold_s:g} s is not a {sli.metric} bucket bound ({origin}); "
+                f"nearest: {', '.join(f'{b:g}' for b in sorted(near))}"
+            )
+    return problems

@@ -1,0 +1,168 @@
+"""Evaluate every SLO of a model at one instant: SLI, budget left, burn rates, pair states.
+
+Windows are whole minutes ending with the minute that holds ``now_ms``. A window's counts
+come from ``slo_hour`` for the whole hours it covers and from ``slo_minute`` for the
+partial hours at both ends, so a 30-day window reads ~720 hour rows plus ≤ 120 minute rows
+per rollup key, whatever the traffic.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import duckdb
+
+from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
+from slo.model import Slo, SloModel
+from slo.rollup import HOUR_MS, MINUTE_MS, create_rollup_tables, floor_to
+from slo.windows import AlertPair, format_duration
+
+__all__ = ["PairState", "SloStatus", "evaluate", "window_counts"]
+
+_KEY_COLUMNS = ("pool", "instance", "tenant", "route")
+RollupKey = tuple[str, str, str, str, str]  # slo_id, pool, instance, tenant, route
+
+
+@dataclass(frozen=True)
+class PairState:
+    """One alert pair at evaluation time."""
+
+    pair: AlertPair
+    short_burn: float
+    long_burn: float
+    long_events: int
+    alerting: bool
+    guarded: bool  # the min-events guard held it back although both burn rates were over
+
+
+@dataclass(frozen=True)
+class SloStatus:
+    """One SLO (or one group of it) evaluated at ``ts_ms``."""
+
+    slo: Slo
+    group: Mapping[str, str]
+    ts_ms: int
+    windows: Mapping[int, WindowCounts]  # window length ms → counts
+
+    @property
+    def period(self) -> WindowCounts:
+        return self.windows[self.slo.period_ms]
+
+    @property
+    def sli(self) -> float | None:
+        """Good fraction over the period, ``None`` without events."""
+        ratio = error_ratio(self.period)
+        return None if ratio is None else 1.0 - ratio
+
+    @property
+    def budget_remaining(self) -> float:
+        return budget_remaining(self.period, self.slo.objective)
+
+    def burn_rates(self) -> dict[int, float]:
+        return {w: burn_rate(c, self.slo.objective) for w, c in sorted(self.windows.items())}
+
+    def pairs(self) -> list[PairState]:
+        states = []
+        for pair in self.slo.pairs:
+            short, long = self.windows[pair.short_ms], self.windows[pair.long_ms]
+            over = pair_alerting(short, long, self.slo.objective, pair.factor)
+            alerting = pair_alerting(short, long, self.slo.objective, pair.factor, self.slo.min_events)
+            states.append(PairState(pair, burn_rate(short, self.slo.objective), burn_rate(long, self.slo.objective),
+                                    long.total, alerting, over and not alerting))
+        return states
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready view (used by ``slo report --json`` and the API)."""
+        return {
+            "slo": self.slo.id, "name": self.slo.name, "objective": self.slo.objective,
+            "group": dict(self.group), "ts_ms": self.ts_ms, "sli": self.sli,
+            "events": self.period.total, "bad": self.period.bad,
+            "budget_remaining": self.budget_remaining,
+            "burn_rates": {format_duration(w): b for w, b in self.burn_rates().items()},
+            "pairs": [
+                {"id": p.pair.id, "severity": p.pair.severity, "factor": p.pair.factor,
+                 "short_burn": p.short_burn, "long_burn": p.long_burn, "long_events": p.long_events,
+                 "alerting": p.alerting, "guarded": p.guarded}
+                for p in self.pairs()
+            ],
+        }
+
+
+def _ranges(window_ms: int, end_ms: int) -> tuple[tuple[int, int] | None, list[tuple[int, int]]]:
+    """(hour range or None, minute ranges) that exactly cover [end − window, end)."""
+    start = end_ms - window_ms
+    first_hour = -(-start // HOUR_MS) * HOUR_MS
+    last_hour = floor_to(end_ms, HOUR_MS)
+    if first_hour >= last_hour:
+        return None, [(start, end_ms)]
+    minutes = [(a, b) for a, b in ((start, first_hour), (last_hour, end_ms)) if a < b]
+    return (first_hour, last_hour), minutes
+
+
+def _sum_query(table: str, ranges: list[tuple[int, int]], slo_ids: list[str]) -> tuple[str, list[object]]:
+    aggregates = ", ".join(
+        f"sum(total) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b}), sum(bad) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b})"
+        for a, b in ranges
+    )
+    low, high = min(a for a, _ in ranges), max(b for _, b in ranges)
+    marks = ", ".join("?" * len(slo_ids))
+    sql = (f"SELECT slo_id, pool, instance, tenant, route, {aggregates} FROM {table} "
+           f"WHERE ts_ms >= {low} AND ts_ms < {high} AND slo_id IN ({marks}) GROUP BY ALL")
+    return sql, list(slo_ids)
+
+
+def window_counts(
+    con: duckdb.DuckDBPyConnection, slo_ids: list[str], windows_ms: Iterable[int], end_ms: int
+) -> dict[RollupKey, dict[int, WindowCounts]]:
+    """Counts per rollup key and window ending at ``end_ms`` (minute-aligned)."""
+    plan: list[tuple[str, int, tuple[int, int]]] = []  # (table, window, range)
+    for window in sorted(set(windows_ms)):
+        hours, minutes = _ranges(window, end_ms)
+        if hours:
+            plan.append(("slo_hour", window, hours))
+        plan += [("slo_minute", window, r) for r in minutes]
+    result: dict[RollupKey, dict[int, WindowCounts]] = defaultdict(dict)
+    # Hour ranges share one scan; minute ranges near `end` share one; far leading edges each get one.
+    batches: dict[tuple[str, int], list[tuple[int, tuple[int, int]]]] = defaultdict(list)
+    for table, window, (a, b) in plan:
+        near = table == "slo_hour" or b > end_ms - 2 * HOUR_MS
+        batches[(table, 0 if near else a)].append((window, (a, b)))
+    for (table, _), items in batches.items():
+        sql, params = _sum_query(table, [r for _, r in items], slo_ids)
+        for row in con.execute(sql, params).fetchall():
+            key: RollupKey = tuple(row[:5])  # type: ignore[assignment]
+            per = result[key]
+            for i, (window, _) in enumerate(items):
+                counts = WindowCounts(int(row[5 + 2 * i] or 0), int(row[6 + 2 * i] or 0))
+                per[window] = per.get(window, WindowCounts()) + counts
+    return result
+
+
+def evaluate(con: duckdb.DuckDBPyConnection, model: SloModel, now_ms: int) -> list[SloStatus]:
+    """Every SLO of ``model`` (per group when it has ``group_by``) at ``now_ms``.
+
+    An SLO (or group) without any event still gets a status: SLI ``None``, burn rates 0,
+    budget 1.0; nothing is NaN.
+    """
+    create_rollup_tables(con)
+    end_ms = floor_to(now_ms, MINUTE_MS) + MINUTE_MS
+    windows = sorted({w for slo in model.slos for w in slo.catalog.windows_ms})
+    counts = window_counts(con, [slo.id for slo in model.slos], windows, end_ms)
+    grouped: dict[str, dict[tuple[str, ...], dict[int, WindowCounts]]] = defaultdict(dict)
+    by_id = {slo.id: slo for slo in model.slos}
+    for key, per_window in counts.items():
+        slo = by_id[key[0]]
+        dims = dict(zip(_KEY_COLUMNS, key[1:], strict=True))
+        group = tuple(dims[d] for d in slo.group_by)
+        acc = grouped[slo.id].setdefault(group, {})
+        for window, c in per_window.items():
+            acc[window] = acc.get(window, WindowCounts()) + c
+    statuses = []
+    for slo in model.slos:
+        groups = grouped.get(slo.id) or {tuple("" for _ in slo.group_by): {}}
+        for group, per_window in sorted(groups.items()):
+            full = {w: per_window.get(w, WindowCounts()) for w in slo.catalog.windows_ms}
+            statuses.append(SloStatus(slo, dict(zip(slo.group_by, group, strict=True)), now_ms, full))
+    return statuses
