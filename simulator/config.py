@@ -41,9 +41,13 @@ class EngineConfig(_Model):
     num_gpu_blocks: int = Field(default=2048, ge=16, description="KV blocks in the pool")
     block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV block")
     max_num_seqs: int = Field(default=64, ge=1, description="max requests in the running batch")
-    max_num_batched_tokens: int = Field(default=8192, ge=16, description="token budget of one engine step")
+    max_num_batched_tokens: int = Field(
+        default=8192, ge=16, description="token budget of one engine step"
+    )
     max_model_len: int = Field(default=32768, ge=16, description="max prompt + output tokens")
-    profile: str = Field(default="llama2-70b/h100/tp4", description="service-time profile (simulator.perf)")
+    profile: str = Field(
+        default="llama2-70b/h100/tp4", description="service-time profile (simulator.perf)"
+    )
     mean_output_tokens: float = Field(
         200.0, gt=0, description="mean natural output length when ignore_eos is not set"
     )
@@ -74,7 +78,9 @@ class PodConfig(_Model):
     gpus: list[int] = Field(default_factory=lambda: [0])
     namespace: str = "default"
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    port: int | None = Field(default=None, ge=0, le=65535, description="fixed port; default a free one")
+    port: int | None = Field(
+        default=None, ge=0, le=65535, description="fixed port; default a free one"
+    )
 
 
 class FleetConfig(_Model):

@@ -42,11 +42,15 @@ class KvLeakParams(_Params):
     blocks_per_s: float = Field(
         50.0, gt=0, le=1e7, description="leaked KV blocks per simulated second"
     )
-    max_fraction: float = Field(default=1.0, gt=0, le=1, description="stop leaking at this pool fraction")
+    max_fraction: float = Field(
+        default=1.0, gt=0, le=1, description="stop leaking at this pool fraction"
+    )
 
 
 class FragmentationParams(_Params):
-    largest_free_run: int = Field(default=1, ge=0, description="largest contiguous free run (blocks)")
+    largest_free_run: int = Field(
+        default=1, ge=0, description="largest contiguous free run (blocks)"
+    )
     preempt_probability: float = Field(
         0.05, ge=0, le=1, description="per step, chance to preempt one"
     )

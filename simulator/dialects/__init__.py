@@ -7,6 +7,8 @@ see ``simulator/README.md`` for how to add one.
 from __future__ import annotations
 
 from simulator.dialects._base import MetricsDialect, token_buckets
+from simulator.dialects.sglang import SglangDialect
+from simulator.dialects.trtllm import TrtllmDialect
 from simulator.dialects.vllm import VllmDialect, VllmLegacyDialect
 
 __all__ = ["DIALECT_CLASSES", "MetricsDialect", "make_dialect", "token_buckets"]
@@ -15,6 +17,8 @@ __all__ = ["DIALECT_CLASSES", "MetricsDialect", "make_dialect", "token_buckets"]
 DIALECT_CLASSES: dict[str, type[MetricsDialect]] = {
     "vllm": VllmDialect,
     "vllm-legacy": VllmLegacyDialect,
+    "sglang": SglangDialect,
+    "trtllm": TrtllmDialect,
 }
 
 

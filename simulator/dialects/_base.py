@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from simulator.engine import EngineModel, SimRequest
 
@@ -23,6 +24,18 @@ def token_buckets(max_model_len: int) -> list[float]:
                 return out
             out.append(float(value))
         exponent += 1
+
+
+class _WithoutCreated:
+    """A registry view without ``*_created`` samples (what multiprocess exporters show)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
 
 
 class MetricsDialect:
@@ -76,10 +89,15 @@ class MetricsDialect:
     def refresh(self, engine: EngineModel, now_s: float) -> None:
         """Update gauges from the engine's state right before an exposition."""
 
+    #: multiprocess engines (SGLang) and Triton emit no ``*_created`` series
+    emit_created = True
+
     def exposition(self, engine: EngineModel, now_s: float) -> bytes:
         """The ``/metrics`` body: gauges refreshed, rendered by prometheus-client."""
         self.refresh(engine, now_s)
-        return generate_latest(self.registry)
+        if self.emit_created:
+            return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))  # type: ignore[arg-type]
 
     @staticmethod
     def child(metric: Any, **labels: str) -> Any:

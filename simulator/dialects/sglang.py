@@ -1,0 +1,264 @@
+"""SGLang 0.5.x dialect: ``sglang:`` scheduler and tokenizer families.
+
+Scheduler families carry ``model_name, engine_type, tp_rank, pp_rank``; tokenizer families
+``model_name, engine_type`` (+ ``is_streaming`` on TTFT/TPOT/e2e/token totals). Token
+totals are incremented at completion (not per step); ``realtime_tokens_total`` per step.
+Scheduler gauges freeze while the scheduler hangs (stall fault), as in real SGLang.
+Multiprocess exposition: no ``*_created`` series. Buckets: reference/engine-metrics.md §2.1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.dialects._base import MetricsDialect
+from simulator.engine import EngineModel, SimRequest
+
+__all__ = ["SglangDialect"]
+
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+ITL_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.060,
+    0.080,
+    0.100,
+    0.200,
+    0.400,
+    0.600,
+    0.800,
+    1,
+    2,
+    4,
+    6,
+    8,
+)
+E2E_BUCKETS = (
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1,
+    2,
+    4,
+    6,
+    8,
+    10,
+    20,
+    40,
+    60,
+    80,
+    100,
+    200,
+    400,
+    600,
+    1200,
+    1800,
+    2400,
+)
+QUEUE_BUCKETS = (
+    0.0,
+    0.001,
+    0.005,
+    0.010,
+    0.020,
+    0.030,
+    0.040,
+    0.050,
+    0.060,
+    0.070,
+    0.080,
+    0.090,
+    0.100,
+    0.150,
+    0.200,
+    0.300,
+    0.400,
+    0.500,
+    0.600,
+    0.700,
+    0.800,
+    0.900,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    100.0,
+    200.0,
+    300.0,
+    600.0,
+    1200.0,
+    3000.0,
+)
+
+
+class SglangDialect(MetricsDialect):
+    """SGLang 0.5.23 names and labels."""
+
+    name = "sglang"
+    emit_created = False
+
+    def __init__(self, model: str, max_model_len: int) -> None:
+        super().__init__(model, max_model_len)
+        sched = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+        tok = {"model_name": model, "engine_type": "unified"}
+        self._sched, self._tok = sched, tok
+        sn, tn = list(sched), list(tok)
+        g, c, h = self.gauge, self.counter, self.histogram
+
+        def s(metric: Any) -> Any:
+            return metric.labels(**sched)
+
+        self.running = s(g("sglang:num_running_reqs", "The number of running requests.", sn))
+        self.queue = s(
+            g("sglang:num_queue_reqs", "The number of requests in the waiting queue.", sn)
+        )
+        self.token_usage = s(g("sglang:token_usage", "The token usage.", sn))
+        self.used_tokens = s(g("sglang:num_used_tokens", "The number of used tokens.", sn))
+        self.available = s(
+            g("sglang:kv_available_tokens", "The number of available KV tokens.", sn)
+        )
+        self.max_total = s(
+            g("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV pool.", sn)
+        )
+        self.gen_throughput = s(
+            g("sglang:gen_throughput", "The generation throughput (token/s).", sn)
+        )
+        self.cache_hit_rate = s(g("sglang:cache_hit_rate", "The prefix cache hit rate.", sn))
+        self.retracted_now = s(
+            g("sglang:num_retracted_reqs", "The number of retracted requests.", sn)
+        )
+        self.retracted = s(
+            c("sglang:num_retracted_requests", "Total number of retracted requests.", sn)
+        )
+        realtime = c(
+            "sglang:realtime_tokens", "Tokens processed, updated each log interval.", [*sn, "mode"]
+        )
+        self.rt_prefill = realtime.labels(**sched, mode="prefill_compute")
+        realtime.labels(**sched, mode="prefill_cache")
+        self.rt_decode = realtime.labels(**sched, mode="decode")
+        self.queue_time = s(
+            h(
+                "sglang:queue_time_seconds",
+                "Histogram of queueing time in seconds.",
+                QUEUE_BUCKETS,
+                sn,
+            )
+        )
+        streaming = [*tn, "is_streaming"]
+        self.prompt_tokens = c(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", streaming
+        )
+        self.generation_tokens = c(
+            "sglang:generation_tokens", "Number of generation tokens processed.", streaming
+        )
+        self.requests = c("sglang:num_requests", "Number of requests processed.", streaming)
+        self.aborted = c("sglang:num_aborted_requests", "Number of requests aborted.", tn).labels(
+            **tok
+        )
+        self.ttft = h(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+            streaming,
+        )
+        self.itl = h(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            ITL_BUCKETS,
+            tn,
+        ).labels(**tok)
+        self.tpot = h(
+            "sglang:request_time_per_output_token_seconds",
+            "Histogram of time per output token per request in seconds.",
+            ITL_BUCKETS,
+            streaming,
+        )
+        self.e2e = h(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            E2E_BUCKETS,
+            streaming,
+        )
+        for flag in ("true", "false"):
+            for family in (
+                self.prompt_tokens,
+                self.generation_tokens,
+                self.requests,
+                self.ttft,
+                self.tpot,
+                self.e2e,
+            ):
+                family.labels(**tok, is_streaming=flag)
+        self._last_tokens = 0
+        self._last_s: float | None = None
+
+    def _flag(self, req: SimRequest) -> str:
+        return "true" if req.streaming else "false"
+
+    def on_scheduled(self, req: SimRequest, queue_s: float) -> None:
+        self.queue_time.observe(queue_s)
+
+    def on_first_token(self, req: SimRequest, ttft_s: float) -> None:
+        self.ttft.labels(**self._tok, is_streaming=self._flag(req)).observe(ttft_s)
+
+    def on_tokens(self, req: SimRequest, tokens: int, itl_s: float | None) -> None:
+        if itl_s is not None:
+            self.itl.observe(itl_s)
+
+    def on_step(self, prefill_tokens: int, decode_tokens: int, duration_s: float) -> None:
+        if prefill_tokens:
+            self.rt_prefill.inc(prefill_tokens)
+        if decode_tokens:
+            self.rt_decode.inc(decode_tokens)
+
+    def on_preempt(self, req: SimRequest) -> None:
+        self.retracted.inc()
+
+    def on_finish(self, req: SimRequest) -> None:
+        flag = self._flag(req)
+        if req.finish_reason == "abort":
+            self.aborted.inc()
+        self.requests.labels(**self._tok, is_streaming=flag).inc()
+        self.prompt_tokens.labels(**self._tok, is_streaming=flag).inc(req.prompt_tokens)
+        self.generation_tokens.labels(**self._tok, is_streaming=flag).inc(req.generated)
+        end = req.finished_s or req.arrival_s
+        self.e2e.labels(**self._tok, is_streaming=flag).observe(end - req.arrival_s)
+        if req.first_token_s is not None and req.generated > 1:
+            tpot = (end - req.first_token_s) / (req.generated - 1)
+            self.tpot.labels(**self._tok, is_streaming=flag).observe(tpot)
+
+    def refresh(self, engine: EngineModel, now_s: float) -> None:
+        if engine.stalled():
+            return  # the scheduler process hangs: the tokenizer keeps serving the last values
+        capacity = engine.total_blocks * engine.config.block_size
+        used = int(round(engine.kv_usage(now_s) * capacity))
+        self.running.set(len(engine.running))
+        self.queue.set(len(engine.waiting))
+        self.token_usage.set(engine.kv_usage(now_s))
+        self.used_tokens.set(used)
+        self.available.set(capacity - used)
+        self.max_total.set(capacity)
+        self.retracted_now.set(sum(1 for r in engine.waiting if r.preemptions))
+        if self._last_s is not None and now_s > self._last_s:
+            rate = (engine.tokens_generated - self._last_tokens) / (now_s - self._last_s)
+            self.gen_throughput.set(round(rate, 2))
+        self._last_s, self._last_tokens = now_s, engine.tokens_generated
