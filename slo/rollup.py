@@ -86,7 +86,8 @@ class Rollup:
         """Recompute every SLO's minutes from its watermark − settle up to ``now_ms`` (inclusive minute)."""
         stats = RollupStats()
         end = floor_to(now_ms, MINUTE_MS) + MINUTE_MS
-        state = dict(self.con.execute("SELECT slo_id, [fingerprint, watermark_ts_ms] FROM slo_rollup_state").fetchall())
+        rows = self.con.execute("SELECT slo_id, fingerprint, watermark_ts_ms FROM slo_rollup_state").fetchall()
+        state = {slo_id: (fp, watermark) for slo_id, fp, watermark in rows}
         for slo in self.model.slos:
             fp = fingerprint(slo)
             known = state.get(slo.id)
