@@ -55,6 +55,10 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
     ("process_start_time", "gauge", "Unix seconds the engine process started (restart marker)"),
     ("tap_in_flight", "gauge", "tap: streams open to this upstream instance right now"),
     ("tap_disconnects", "counter", "tap: client disconnects on streams to this instance, cumulative"),
+    ("counter_reset", "gauge", "collector: series of this instance whose cumulative counters reset in this "
+     "scrape (label reason: value_drop, created, process_start)"),
+    ("gauges_unchanged_s", "gauge", "collector: seconds the engine's scheduler gauges have been bit-identical "
+     "(SGLang freezes them when its scheduler hangs)"),
 )
 
 #: Signals found on the ``gpu`` topic (dcgm-exporter).

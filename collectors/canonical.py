@@ -1,0 +1,336 @@
+"""Turn parsed scrapes into rows of the spine schemas, with canonical signals.
+
+:class:`TargetCanonicalizer` keeps, per scrape target, one *template* per series: the row
+columns that do not change between scrapes (metric, signal, kind, ``le``, model, engine,
+remaining labels as JSON, or the dcgm-exporter label columns). A scrape then costs one
+dict lookup per sample; the Arrow columns come from ``take`` on the template table.
+
+Per target it also detects what a dashboard cannot see in one sample:
+
+* counter resets: a cumulative series (counter, bucket, count) whose value dropped, a
+  changed ``*_created`` timestamp, or a changed ``process_start_time_seconds`` — emitted
+  as ``counter_reset`` rows (label ``reason``) so rate logic can restart at the right scrape;
+* frozen scheduler gauges (SGLang): the dialect's ``frozen_gauges`` are fingerprinted and
+  ``gauges_unchanged_s`` says how long they have been bit-identical;
+* dcgm-exporter blank sentinels (values meaning "not available"): dropped and counted.
+
+Unknown metrics are kept with ``signal`` null; ``*_created`` series are kept with kind
+``created`` and no signal (they are timestamps, never gauges).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from collectors.dialects import DIALECT_NAMES, Detection, DialectMap, detect_dialect
+from collectors.exposition import Exposition, Series
+from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, RecordSchema
+
+__all__ = [
+    "RESET_METRIC",
+    "UNCHANGED_METRIC",
+    "CanonicalBatch",
+    "TargetCanonicalizer",
+    "is_dcgm_blank",
+]
+
+log = logging.getLogger(__name__)
+
+RESET_METRIC = "llmslo:counter_reset"
+UNCHANGED_METRIC = "llmslo:scheduler_gauges_unchanged_seconds"
+_ENGINE_TEMPLATE = ("pool", "model", "engine", "metric", "signal", "kind", "le", "labels_json")
+_GPU_TEMPLATE = ("hostname", "gpu", "uuid", "device", "gpu_model", "gpu_instance_id", "pod",
+                 "namespace", "container", "metric", "signal", "labels_json")
+_HISTOGRAM_SUFFIXES = (("_bucket", "bucket"), ("_sum", "sum"), ("_count", "count"),
+                       ("_gsum", "sum"), ("_gcount", "count"))
+_CUMULATIVE_KINDS = frozenset(("counter", "bucket", "count"))
+_PROCESS_START = "process_start_time_seconds"
+# DCGM "blank" values: int64 blanks ≥ 0x7ffffffffffffff0, fp64 blanks ≥ 1.4e14, int32 blanks.
+_FP64_BLANK = 1.4e14
+_INT32_BLANK = (2147483632.0, 2147483647.0)
+
+
+def is_dcgm_blank(values: np.ndarray) -> np.ndarray:
+    """Mask of DCGM blank sentinels (not-available values) in ``values``."""
+    return (values >= _FP64_BLANK) | ((values >= _INT32_BLANK[0]) & (values <= _INT32_BLANK[1]))
+
+
+@dataclass
+class CanonicalBatch:
+    """One target's scrape as rows of ``schema``, plus what was dropped or detected."""
+
+    schema: RecordSchema
+    table: pa.Table
+    dropped: dict[str, int] = field(default_factory=dict)
+    resets: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Template:
+    columns: tuple[object, ...]
+    scale: float
+    cumulative: bool
+    created: bool
+    process_start: bool
+    frozen_watch: bool
+
+
+def _kind_and_base(name: str, family_type: str) -> tuple[str, str]:
+    if family_type in ("histogram", "gaugehistogram", "summary"):
+        for suffix, kind in _HISTOGRAM_SUFFIXES:
+            if name.endswith(suffix):
+                return kind, name[: -len(suffix)]
+        if family_type == "summary":
+            return "gauge", name  # a quantile
+    if name.endswith("_created") and family_type != "counter":
+        return "created", name[: -len("_created")]
+    if family_type == "counter":
+        return "counter", name
+    if family_type == "info" or name.endswith("_info"):
+        return "info", name
+    if family_type == "gauge":
+        return "gauge", name
+    return "untyped", name
+
+
+class TargetCanonicalizer:
+    """Canonicalises the scrapes of one target (``instance`` = its ``host:port``).
+
+    ``dialect`` is ``auto`` or one of :data:`collectors.dialects.DIALECT_NAMES`;
+    ``pool`` overrides the pool (default: the series' model).
+    """
+
+    def __init__(
+        self, instance: str, *, dialect: str = "auto", pool: str | None = None,
+        model: str | None = None, max_templates: int = 500_000,
+    ) -> None:
+        if dialect != "auto" and dialect not in DIALECT_NAMES:
+            raise ValueError(f"unknown dialect {dialect!r}")
+        self.instance = instance
+        self.forced = None if dialect == "auto" else dialect
+        self.pool = pool
+        self.model = model
+        self.max_templates = max_templates
+        self.detection: Detection | None = None
+        self._names_seen: frozenset[str] = frozenset()
+        self._present: frozenset[str] = frozenset()
+        self._reset_templates()
+
+    # -- templates -------------------------------------------------------------------------
+    def _reset_templates(self) -> None:
+        self._lookup: dict[Series, tuple[int, str]] = {}
+        self._templates: list[_Template] = []
+        self._arrow: pa.Table | None = None
+        self._prev = np.empty(0)
+        self._frozen_fingerprint: bytes | None = None
+        self._frozen_since_ms: int | None = None
+
+    @property
+    def schema(self) -> RecordSchema:
+        engine = self.detection.engine if self.detection else None
+        return GPU_SAMPLES if engine is not None and engine.topic == "gpu" else ENGINE_SAMPLES
+
+    def _template(self, series: Series, family_type: str) -> _Template:
+        engine = self.detection.engine if self.detection else None
+        kind, base = _kind_and_base(series.name, family_type)
+        rule = None
+        if engine is not None and kind != "created":
+            rule = engine.metrics.get(series.name)
+            if rule is None and kind in ("bucket", "sum", "count", "untyped") and base != series.name:
+                rule = engine.metrics.get(base)
+                if rule is not None and kind == "untyped":
+                    kind = next(k for s, k in _HISTOGRAM_SUFFIXES if series.name.endswith(s))
+        signal = rule.resolve(series.labels, self._present) if rule is not None else None
+        scale = rule.scale if rule is not None else 1.0
+        labels = dict(series.labels)
+        lifted = self._lift(labels, engine)
+        le = None
+        if kind == "bucket" and "le" in labels:
+            try:
+                le = float(labels.pop("le")) * scale
+            except ValueError:
+                le = None
+        labels_json = json.dumps(labels, sort_keys=True)
+        if self.schema is GPU_SAMPLES:
+            columns: tuple[object, ...] = (*lifted, series.name, signal, labels_json)
+        else:
+            columns = (*lifted, series.name, signal, kind, le, labels_json)
+        return _Template(
+            columns=columns,
+            scale=scale if kind in ("gauge", "sum", "untyped") else 1.0,
+            cumulative=kind in _CUMULATIVE_KINDS,
+            created=kind == "created",
+            process_start=series.name == _PROCESS_START,
+            frozen_watch=engine is not None and series.name in engine.frozen_gauges,
+        )
+
+    def _lift(self, labels: dict[str, str], engine: DialectMap | None) -> tuple[object, ...]:
+        """Pop the labels that become columns; returns the template's leading columns."""
+        def take(column: str) -> str | None:
+            for label in engine.columns.get(column, ()) if engine else ():
+                if label in labels:
+                    return labels.pop(label) or None  # "" (unallocated pod) is missing
+            return None
+
+        if self.schema is GPU_SAMPLES:
+            values = {c: take(c) for c in _GPU_TEMPLATE[:9]}
+            gpu = values["gpu"]
+            values["gpu"] = int(gpu) if gpu is not None and gpu.isdigit() else None
+            return tuple(values.values())
+        model = take("model") or self.model
+        engine_id = take("engine") or ""
+        return (self.pool or model, model, engine_id)
+
+    def _add(self, series: Series, family_type: str) -> tuple[int, str]:
+        if len(self._templates) >= self.max_templates:
+            log.warning("%s: more than %d series, resetting the series cache", self.instance, self.max_templates)
+            self._reset_templates()
+        template = self._template(series, family_type)
+        hit = (len(self._templates), family_type)
+        self._templates.append(template)
+        self._lookup[series] = hit
+        self._arrow = None
+        return hit
+
+    def _template_table(self) -> pa.Table:
+        if self._arrow is None:
+            schema = self.schema
+            names = _GPU_TEMPLATE if schema is GPU_SAMPLES else _ENGINE_TEMPLATE
+            rows = [t.columns for t in self._templates]
+            arrays = []
+            for i, name in enumerate(names):
+                type_ = schema.arrow.field(name).type
+                arrays.append(pa.array([r[i] for r in rows], type=type_))
+            self._arrow = pa.Table.from_arrays(arrays, names=list(names))
+            self._scale = np.array([t.scale for t in self._templates])
+            self._cumulative = np.array([t.cumulative for t in self._templates], dtype=bool)
+            self._created = np.array([t.created for t in self._templates], dtype=bool)
+            self._process_start = np.array([t.process_start for t in self._templates], dtype=bool)
+            self._frozen = np.array([t.frozen_watch for t in self._templates], dtype=bool)
+            prev = np.full(len(self._templates), np.nan)
+            prev[: min(len(self._prev), len(prev))] = self._prev[: len(prev)]
+            self._prev = prev
+        return self._arrow
+
+    # -- detection ---------------------------------------------------------------------------
+    def _detect(self, exposition: Exposition) -> None:
+        names = frozenset(f.name for f in exposition.families)
+        if names == self._names_seen and (self.detection is not None or not names):
+            return
+        self._names_seen = names
+        sample_names = {s.name for s in exposition.series}
+        label_names = {k for s in exposition.series for k in s.labels}
+        detection = detect_dialect(names | sample_names, label_names, forced=self.forced)
+        present = frozenset(names | sample_names)
+        old = self.detection
+        changed = (old is None) != (detection is None) or (
+            old is not None and detection is not None
+            and (old.engine.engine, old.dialect) != (detection.engine.engine, detection.dialect)
+        )
+        relevant = {n for e in ([detection.engine] if detection else []) for r in e.metrics.values() for n in r.unless}
+        if changed or (present & relevant) != (self._present & relevant):
+            self._reset_templates()
+        if changed and detection is not None:
+            log.info("%s: dialect %s (%s)", self.instance, detection.dialect, detection.version_family)
+        self.detection = detection
+        self._present = present
+
+    # -- the scrape ---------------------------------------------------------------------------
+    def canonicalize(self, exposition: Exposition, ts_ms: int) -> CanonicalBatch:
+        """Rows of one scrape taken at ``ts_ms`` (Unix epoch ms)."""
+        self._detect(exposition)
+        types = [f.type for f in exposition.families]
+        lookup, add = self._lookup, self._add
+        indices: list[int] = []
+        append = indices.append
+        for series, family in zip(exposition.series, exposition.family_index, strict=True):
+            family_type = types[family]
+            hit = lookup.get(series)
+            if hit is None or hit[1] != family_type:
+                hit = add(series, family_type)
+            append(hit[0])
+        templates = self._template_table()
+        idx = np.asarray(indices, dtype=np.int64)
+        values = np.asarray(exposition.values, dtype=np.float64) * self._scale[idx]
+        batch = CanonicalBatch(self.schema, pa.table({}))
+        engine = self.detection.engine if self.detection else None
+        keep = None
+        if engine is not None and engine.blank_sentinels:
+            blank = is_dcgm_blank(values)
+            if blank.any():
+                batch.dropped["blank_sentinel"] = int(blank.sum())
+                keep = ~blank
+        extra = self._detect_resets(idx, values, ts_ms, batch)
+        extra += self._frozen_rows(idx, values, ts_ms)
+        if keep is not None:
+            idx, values = idx[keep], values[keep]
+        ts = np.full(len(idx), ts_ms, dtype=np.int64)
+        if exposition.timestamps_ms and keep is None:
+            for i, sample_ts in exposition.timestamps_ms.items():
+                ts[i] = sample_ts
+        batch.table = self._assemble(templates.take(pa.array(idx)), ts, values, extra)
+        return batch
+
+    def _assemble(self, taken: pa.Table, ts: np.ndarray, values: np.ndarray, extra: list[dict[str, object]]) -> pa.Table:
+        schema = self.schema
+        n = len(ts)
+        columns: dict[str, object] = {name: taken.column(name) for name in taken.column_names}
+        columns["ts_ms"] = pa.array(ts)
+        columns["instance"] = pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [self.instance])
+        if schema is ENGINE_SAMPLES:
+            dialect = self.detection.dialect if self.detection else None
+            columns["dialect"] = pa.DictionaryArray.from_arrays(
+                pa.array(np.zeros(n, np.int32), mask=np.full(n, dialect is None)), [dialect or ""]
+            )
+        columns["value"] = pa.array(values)
+        table = pa.Table.from_arrays([columns[f.name] for f in schema.arrow], schema=schema.arrow)
+        if extra:
+            rows = pa.Table.from_pylist(
+                [{**{"instance": self.instance, "value": 0.0}, **row} for row in extra], schema=schema.arrow
+            )
+            table = pa.concat_tables([table, rows]).unify_dictionaries().combine_chunks()
+        return table
+
+    def _derived(self, ts_ms: int, metric: str, signal: str, value: float, labels: Mapping[str, str]) -> dict[str, object]:
+        row: dict[str, object] = {"ts_ms": ts_ms, "metric": metric, "signal": signal, "value": value,
+                                  "labels_json": json.dumps(dict(labels), sort_keys=True)}
+        if self.schema is ENGINE_SAMPLES:
+            row.update(kind="gauge", engine="", pool=self.pool or self.model,
+                       dialect=self.detection.dialect if self.detection else None)
+        return row
+
+    def _detect_resets(self, idx: np.ndarray, values: np.ndarray, ts_ms: int, batch: CanonicalBatch) -> list[dict[str, object]]:
+        prev = self._prev[idx]
+        seen = ~np.isnan(prev)
+        checks = {
+            "value_drop": self._cumulative[idx] & seen & (values < prev),
+            "created": self._created[idx] & seen & (values != prev),
+            "process_start": self._process_start[idx] & seen & (values != prev),
+        }
+        self._prev[idx] = values
+        rows = []
+        for reason, mask in checks.items():
+            count = int(np.count_nonzero(mask))
+            if count:
+                batch.resets[reason] = count
+                rows.append(self._derived(ts_ms, RESET_METRIC, "counter_reset", float(count), {"reason": reason}))
+        if rows and self.schema is not ENGINE_SAMPLES:
+            return []  # GPU_SAMPLES has no counter_reset signal; the collector still counts them
+        return rows
+
+    def _frozen_rows(self, idx: np.ndarray, values: np.ndarray, ts_ms: int) -> list[dict[str, object]]:
+        watched = self._frozen[idx]
+        if not watched.any():
+            return []
+        fingerprint = values[watched].tobytes() + idx[watched].tobytes()
+        if fingerprint != self._frozen_fingerprint or self._frozen_since_ms is None:
+            self._frozen_fingerprint = fingerprint
+            self._frozen_since_ms = ts_ms
+        unchanged_s = (ts_ms - self._frozen_since_ms) / 1000.0
+        return [self._derived(ts_ms, UNCHANGED_METRIC, "gauges_unchanged_s", unchanged_s, {})]
