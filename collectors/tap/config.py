@@ -1,0 +1,108 @@
+"""The ``tap`` section of the llmslo config file (validated once, here)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["TapConfig"]
+
+
+class TapConfig(BaseModel):
+    """How the stream tap listens, forwards, measures, retries and reports.
+
+    Durations are seconds (``*_s``), sizes bytes (``*_bytes``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: str = Field(
+        "127.0.0.1:8100", pattern=r"^[^:]+:\d{1,5}$", description="HOST:PORT to serve on"
+    )
+    upstreams: list[str] = Field(
+        default_factory=list, description="engine base URLs, e.g. http://127.0.0.1:8000"
+    )
+    measured_routes: list[str] = ["/v1/chat/completions", "/v1/completions"]
+    tap_id: str | None = Field(
+        None, description="name of this tap in records (default: hostname:port)"
+    )
+    pool: str | None = Field(
+        None, description="pool of every upstream (default: the requested model)"
+    )
+    tenant_header: str = "x-tenant-id"
+    request_id_header: str = "x-request-id"
+    deadline_header: str = Field(
+        "x-request-deadline", description="absolute deadline, Unix s or ms"
+    )
+    timeout_header: str = Field(
+        "x-request-timeout-ms", description="relative timeout, milliseconds"
+    )
+    default_timeout_s: float | None = Field(
+        None, gt=0, description="deadline when the client sends none"
+    )
+    max_attempts: int = Field(
+        2, ge=1, le=10, description="attempts per request, retries only before the first token"
+    )
+    retry_on_status: list[int] = [429, 502, 503, 504]
+    retry_budget_ratio: float = Field(
+        0.2, ge=0, le=1, description="retries allowed per request, on average"
+    )
+    retry_budget_min_per_s: float = Field(
+        5.0, ge=0, description="retries always allowed per second"
+    )
+    connect_timeout_s: float = Field(5.0, gt=0)
+    read_timeout_s: float = Field(
+        60.0, gt=0, description="max upstream silence (first byte or between chunks)"
+    )
+    client_write_timeout_s: float = Field(
+        30.0, gt=0, description="a client that reads nothing this long is gone"
+    )
+    max_request_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_event_bytes: int = Field(
+        1024 * 1024, ge=1024, description="larger SSE events are forwarded unparsed"
+    )
+    hold_max_bytes: int = Field(
+        64 * 1024, ge=0, description="bytes held before the first token so a retry stays invisible"
+    )
+    max_json_response_bytes: int = Field(
+        4 * 1024 * 1024, ge=0, description="non-streamed bodies parsed up to this"
+    )
+    drain_max_s: float = Field(
+        0.0, ge=0, description="drain mode: keep reading upstream after a disconnect (0 = off)"
+    )
+    drain_max_bytes: int = Field(1024 * 1024, ge=0)
+    max_connections: int = Field(1024, ge=1, description="upstream connection pool size")
+    gauge_interval_s: float = Field(
+        5.0, gt=0, description="how often in-flight/disconnect samples are published"
+    )
+    kafka: bool = Field(True, description="publish records and gauges to the bus")
+    records_out: str | None = Field(
+        None, description="also write records as JSON lines to FILE or '-'"
+    )
+    batch_max_rows: int = Field(2000, gt=0)
+    flush_interval_s: float = Field(0.5, gt=0)
+    max_pending_records: int = Field(
+        100_000, gt=0, description="records buffered for the sink; beyond, dropped and counted"
+    )
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve the tap's /metrics (0 = free port)"
+    )
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/HTTP endpoint for GenAI metrics and spans"
+    )
+
+    @field_validator("upstreams")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream {url!r} must start with http:// or https://")
+        return [url.rstrip("/") for url in value]
+
+    @field_validator("retry_on_status")
+    @classmethod
+    def _statuses(cls, value: list[int]) -> list[int]:
+        for status in value:
+            if not 400 <= status <= 599:
+                raise ValueError(f"retry status {status} is not an HTTP error status")
+        return value

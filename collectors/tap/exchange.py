@@ -1,0 +1,357 @@
+"""One attempt of one client request against one upstream: forward, measure, classify.
+
+The response is held back (bounded by ``hold_max_bytes``) until the first token, so a
+failure before it can be retried invisibly; from the first token on, bytes flow through as
+they arrive and a failure terminates the client's stream (never a transparent replay).
+Every exit path leaves :attr:`Exchange.outcome` set to one of ``pipeline.schema.OUTCOMES``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+
+from collectors.tap.config import TapConfig
+from collectors.tap.contract import Upstream
+from collectors.tap.downstream import ClientGone, Downstream
+from collectors.tap.measure import Measurements, StreamMeter, measure_json_response
+from collectors.tap.sse import SseFramer
+
+__all__ = ["Exchange", "RequestContext"]
+
+log = logging.getLogger(__name__)
+
+_CUT_ERRORS = (
+    aiohttp.ClientPayloadError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    ConnectionError,
+)
+
+
+@dataclass
+class RequestContext:
+    """What the tap knows about a client request before the first attempt (no text kept)."""
+
+    route: str
+    method: str
+    path_qs: str
+    headers: CIMultiDict[str]
+    body: bytes
+    streamed: bool
+    strip_usage: bool
+    model: str | None
+    tenant: str | None
+    original_id: str
+    t0_s: float
+    received_wall_s: float
+    deadline_wall_s: float | None
+    problems: list[str] = field(default_factory=list)
+
+
+class Exchange:
+    """One attempt; :meth:`run` then (for the final attempt) :meth:`deliver`."""
+
+    def __init__(
+        self,
+        ctx: RequestContext,
+        upstream: Upstream,
+        attempt: int,
+        config: TapConfig,
+        session: aiohttp.ClientSession,
+        clock: Callable[[], float],
+        hooks: Any,
+    ) -> None:
+        self.ctx, self.upstream, self.attempt = ctx, upstream, attempt
+        self.request_id = ctx.original_id if attempt == 1 else f"{ctx.original_id}.{attempt}"
+        self._config, self._session, self._clock, self._hooks = config, session, clock, hooks
+        self.meter = StreamMeter(ctx.t0_s)
+        self.framer = SseFramer(config.max_event_bytes)
+        self.outcome: str | None = None
+        self.error_kind: str | None = None
+        self.retryable = False
+        self.cut = False  # the upstream stream broke; the client's stream must be cut too
+        self.upstream_status: int | None = None
+        self.upstream_headers: CIMultiDict[str] = CIMultiDict()
+        self.held: list[bytes] = []
+        self.held_bytes = 0
+        self.end_s: float | None = None
+        self.disconnect_wall_s: float | None = None
+        self.upstream_closed_wall_s: float | None = None
+        self.tokens_after_disconnect: int | None = None
+        self.measurements: Measurements | None = None
+        self.draining = False
+        self.emitted = False
+        self.http_status: int | None = None  # status the client got (final attempt only)
+        self._resp: aiohttp.ClientResponse | None = None
+        self._open = False
+
+    # ------------------------------------------------------------------ running
+    async def run(self, down: Downstream) -> None:
+        """Forward the request and the response; never raises except CancelledError."""
+        try:
+            await self._send()
+            assert self._resp is not None
+            if self.upstream_status != 200:
+                await self._error_status()
+            elif self.ctx.streamed:
+                await self._stream(down)
+            else:
+                await self._json_body(down)
+        except ClientGone as exc:
+            self.client_gone(exc.reason)
+        except aiohttp.ServerTimeoutError:
+            self._fail("upstream_timeout", "upstream_read_timeout", cut=self._resp is not None)
+        except aiohttp.ClientConnectorError:
+            self._fail("error_before_first_token", "connect_failed")
+        except _CUT_ERRORS as exc:
+            self._fail("error_before_first_token", "upstream_reset", cut=True)
+            log.debug(
+                "upstream %s reset request %s: %s", self.upstream.instance, self.request_id, exc
+            )
+        except asyncio.CancelledError:
+            if down.gone:
+                self.client_gone("client_disconnected")
+            raise
+        finally:
+            if not self.draining:
+                self.close_upstream()
+
+    async def _send(self) -> None:
+        headers = CIMultiDict(self.ctx.headers)
+        headers[self._config.request_id_header] = self.request_id
+        if self.ctx.deadline_wall_s is not None:
+            remaining_ms = max(int((self.ctx.deadline_wall_s - self._hooks.wall_s()) * 1000), 1)
+            headers[self._config.timeout_header] = str(remaining_ms)
+            headers[self._config.deadline_header] = str(int(self.ctx.deadline_wall_s * 1000))
+        self._hooks.opened(self)
+        self._open = True
+        self._resp = await self._session.request(
+            self.ctx.method,
+            self.upstream.url + self.ctx.path_qs,
+            data=self.ctx.body,
+            headers=headers,
+            allow_redirects=False,
+        )
+        self.upstream_status = self._resp.status
+        self.upstream_headers = CIMultiDict(self._resp.headers)
+
+    async def _error_status(self) -> None:
+        """A non-200 answer: keep a bounded copy of its body for the client, classify it."""
+        assert self._resp is not None and self.upstream_status is not None
+        self.meter.m.ttfb_s = self._clock() - self.ctx.t0_s
+        while self.held_bytes < self._config.hold_max_bytes:
+            chunk = await self._resp.content.readany()
+            if not chunk:
+                break
+            self.held.append(chunk)
+            self.held_bytes += len(chunk)
+        status = self.upstream_status
+        outcome = "rejected" if status in (429, 503) else "error_before_first_token"
+        self._fail(outcome, f"http_{status}", retryable=status in self._config.retry_on_status)
+
+    async def _stream(self, down: Downstream) -> None:
+        assert self._resp is not None
+        content = self._resp.content
+        hold_max = self._config.hold_max_bytes
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                break
+            out = self._frame(chunk, self._clock())
+            if down.committed:
+                await down.write(out)
+                continue
+            self.held.append(out)
+            self.held_bytes += len(out)
+            if self.meter.first_token_seen or self.held_bytes > hold_max:
+                await self._commit(down)
+        tail = self.framer.close()
+        if tail is not None:
+            self._hooks.dropped("unterminated_event")
+            await self._forward(down, tail.raw)
+        self._classify_end()
+        if self.outcome == "ok" or not self.retryable:
+            await self._commit(down)
+
+    def _frame(self, chunk: bytes, now_s: float) -> bytes:
+        """Frame ``chunk`` into events, measure them, and return the bytes to forward."""
+        self._hooks.bytes_in(len(chunk))
+        before = self.framer.oversized_events
+        parts = []
+        strip = self.ctx.strip_usage
+        meter = self.meter
+        for event in self.framer.feed(chunk):
+            if event.data is not None:
+                info = meter.on_data(event.data, now_s)
+                if strip and info.usage_only:
+                    continue
+            parts.append(event.raw)
+        if self.framer.oversized_events != before:
+            self._hooks.dropped("oversized_event")
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _forward(self, down: Downstream, data: bytes) -> None:
+        if down.committed:
+            await down.write(data)
+        else:
+            self.held.append(data)
+            self.held_bytes += len(data)
+
+    async def _commit(self, down: Downstream) -> None:
+        if down.committed:
+            return
+        await down.commit(self.upstream_status or 200, self.upstream_headers)
+        held, self.held, self.held_bytes = self.held, [], 0
+        await down.write(b"".join(held))
+
+    def _classify_end(self) -> None:
+        m = self.meter.m
+        first = self.meter.first_token_seen
+        if m.not_json_events:
+            self._hooks.dropped("not_json", m.not_json_events)
+        if m.error_event:
+            if first:
+                self._fail("interrupted_after_first_token", "upstream_error_event")
+            else:
+                self._fail("error_before_first_token", "upstream_error_event", retryable=True)
+        elif not m.saw_done and m.finish_reason is None:
+            if first:
+                self._fail("interrupted_after_first_token", "upstream_eof", cut=True)
+            else:
+                self._fail("error_before_first_token", "upstream_eof", retryable=True, cut=True)
+        else:
+            self.outcome = "ok"
+
+    async def _json_body(self, down: Downstream) -> None:
+        assert self._resp is not None
+        limit = self._config.max_json_response_bytes
+        kept = bytearray()
+        overflow = False
+        while True:
+            chunk = await self._resp.content.readany()
+            if not chunk:
+                break
+            self._hooks.bytes_in(len(chunk))
+            if self.meter.m.ttfb_s is None:
+                self.meter.m.ttfb_s = self._clock() - self.ctx.t0_s
+            if len(kept) + len(chunk) <= limit:
+                kept += chunk
+            else:
+                overflow = True
+            await self._forward(down, chunk)
+            await self._commit(down)
+        ttfb = self.meter.m.ttfb_s
+        self.meter.m = measure_json_response(b"" if overflow else bytes(kept), self.ctx.t0_s)
+        self.meter.m.ttfb_s = ttfb
+        if overflow:
+            self._hooks.dropped("json_response_too_large")
+        self.outcome = "ok"
+        await self._commit(down)
+
+    # ------------------------------------------------------------------ outcomes
+    def _fail(
+        self, outcome: str, kind: str, *, retryable: bool | None = None, cut: bool = False
+    ) -> None:
+        first = self.meter.first_token_seen
+        if outcome in ("error_before_first_token", "upstream_timeout") and first:
+            outcome = "interrupted_after_first_token"
+        self.outcome, self.error_kind, self.cut = outcome, kind, cut
+        self.retryable = (not first) if retryable is None else (retryable and not first)
+
+    def client_gone(self, reason: str) -> None:
+        """The client disconnected (or stopped reading): record it, close or drain upstream."""
+        if self.disconnect_wall_s is None:
+            self.disconnect_wall_s = self._hooks.wall_s()
+            self._hooks.disconnected(self)
+        self.outcome, self.error_kind, self.retryable = "client_cancelled", reason, False
+        if self._config.drain_max_s > 0 and self._resp is not None and self._open:
+            self.draining = True
+            self._hooks.spawn(self._drain())
+        else:
+            self.close_upstream()
+
+    def deadline_passed(self) -> None:
+        if self.outcome != "client_cancelled":
+            self.outcome, self.error_kind, self.retryable = "deadline_exceeded", "deadline", False
+        self.close_upstream()
+
+    def close_upstream(self) -> None:
+        """Close (or, after a clean end, release) the upstream connection, once."""
+        if not self._open:
+            return
+        self._open = False
+        if self._resp is not None:
+            if self.outcome == "ok" and self._resp.content.at_eof():
+                self._resp.release()
+            else:
+                self._resp.close()
+        self.upstream_closed_wall_s = self._hooks.wall_s()
+        self._hooks.closed(self)
+
+    async def _drain(self) -> None:
+        """Evidence (c): keep reading upstream for a bounded time, count tokens generated."""
+        assert self._resp is not None
+        counter = StreamMeter(self.ctx.t0_s)
+        budget = self._config.drain_max_bytes
+        try:
+            async with asyncio.timeout(self._config.drain_max_s):
+                while budget > 0:
+                    chunk = await self._resp.content.readany()
+                    if not chunk:
+                        break
+                    budget -= len(chunk)
+                    now = self._clock()
+                    for event in self.framer.feed(chunk):
+                        if event.data is not None:
+                            counter.on_data(event.data, now)
+        except (TimeoutError, *_CUT_ERRORS):
+            pass
+        finally:
+            self.tokens_after_disconnect = counter.m.tokens_seen
+            self.draining = False
+            self.close_upstream()
+            self._hooks.drained(self)
+
+    # ------------------------------------------------------------------ delivery
+    async def deliver(self, down: Downstream) -> None:
+        """Final attempt only: finish the client's response according to the outcome."""
+        try:
+            await self._deliver(down)
+        except ClientGone as exc:
+            self.client_gone(exc.reason)
+        self.end_s = self._clock()
+
+    async def _deliver(self, down: Downstream) -> None:
+        if self.outcome == "client_cancelled":
+            return
+        if self.outcome == "deadline_exceeded":
+            if down.committed:
+                down.abort()
+            else:
+                await down.send_error(504, "deadline_exceeded", "the request deadline passed")
+            return
+        if not down.committed and self.upstream_status is not None and (self.held or not self.cut):
+            await self._commit(down)
+        if down.committed:
+            if self.cut:
+                down.abort()
+            else:
+                await down.end()
+            return
+        status = 504 if self.outcome == "upstream_timeout" else 502
+        await down.send_error(
+            status, self.outcome or "error", f"upstream failed: {self.error_kind}"
+        )
+
+    def finish(self) -> Measurements:
+        """The measurements of this attempt (e2e only when the client got a response)."""
+        if self.measurements is None:
+            self.measurements = self.meter.finish(self.end_s)
+        return self.measurements

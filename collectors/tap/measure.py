@@ -1,0 +1,210 @@
+"""Per-request measurement of an OpenAI-compatible response, exactly per DESIGN §3.
+
+:class:`StreamMeter` is pure logic: it is told what arrived and when (seconds on a
+monotonic clock the caller owns) and never reads a clock itself, so tests drive it with
+plain numbers. It keeps token *counts and timings* only — never content text.
+
+Definitions (t₀ = request received by the tap):
+
+* ``ttfb_s``: first data event of any kind (the role-only chat chunk included) − t₀;
+* ``ttft_s``: first chunk carrying non-empty ``content``, ``reasoning_content`` /
+  ``reasoning``, a ``tool_calls`` delta, or completion ``text`` − t₀;
+* ``tpot_s``: (t_last_token_chunk − t_first_token_chunk) / (N − 1), N =
+  ``usage.completion_tokens``; ``None`` when N ≤ 1 or the engine sent no usage;
+* ITL gaps: every gap between consecutive token-bearing chunks, with the tokens each
+  chunk carried (from continuous usage stats or logprobs when present, else 1);
+* ``e2e_s`` is set by the proxy when the last byte has been written to the client.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ChunkInfo", "Measurements", "StreamMeter", "measure_json_response", "parse_json_body"]
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """What one data event was: ``usage_only`` chunks are candidates for stripping."""
+
+    is_done: bool = False
+    is_json: bool = True
+    token_bearing: bool = False
+    usage_only: bool = False
+    error: bool = False
+
+
+@dataclass
+class Measurements:
+    """Everything the tap learned about one response (timings in seconds since t₀)."""
+
+    ttfb_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    response_model: str | None = None
+    itl_gaps_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    saw_done: bool = False
+    error_event: bool = False
+    not_json_events: int = 0
+
+    @property
+    def token_chunks(self) -> int:
+        return len(self.chunk_tokens)
+
+    @property
+    def tokens_seen(self) -> int:
+        """Tokens counted from the chunks themselves (usage may be missing)."""
+        return sum(self.chunk_tokens)
+
+    def itl_stats(self) -> tuple[float | None, float | None, float | None]:
+        """(mean, p99 nearest-rank, max) of the ITL gaps; ``None`` when there are none."""
+        gaps = self.itl_gaps_s
+        if not gaps:
+            return None, None, None
+        ordered = sorted(gaps)
+        p99 = ordered[max(math.ceil(0.99 * len(ordered)) - 1, 0)]
+        return sum(gaps) / len(gaps), p99, ordered[-1]
+
+
+class StreamMeter:
+    """Accumulates :class:`Measurements` from SSE data events of one streamed response."""
+
+    def __init__(self, t0_s: float) -> None:
+        self.t0_s = t0_s
+        self.m = Measurements()
+        self._first_token_s: float | None = None
+        self._last_token_s: float | None = None
+        self._usage_seen = 0  # completion_tokens reported by continuous usage so far
+
+    @property
+    def first_token_seen(self) -> bool:
+        return self._first_token_s is not None
+
+    def on_data(self, data: bytes, now_s: float) -> ChunkInfo:
+        """One data event arrived at ``now_s``; returns what kind of chunk it was."""
+        m = self.m
+        if m.ttfb_s is None:
+            m.ttfb_s = now_s - self.t0_s
+        if data == b"[DONE]":
+            m.saw_done = True
+            return ChunkInfo(is_done=True)
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            m.not_json_events += 1
+            return ChunkInfo(is_json=False)
+        if not isinstance(obj, dict):
+            m.not_json_events += 1
+            return ChunkInfo(is_json=False)
+        return self._on_object(obj, now_s)
+
+    def _on_object(self, obj: dict[str, Any], now_s: float) -> ChunkInfo:
+        m = self.m
+        if "error" in obj and not obj.get("choices"):
+            m.error_event = True
+            return ChunkInfo(error=True)
+        model = obj.get("model")
+        if isinstance(model, str) and m.response_model is None:
+            m.response_model = model[:200]
+        choices = obj.get("choices")
+        tokens = 0
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict):
+                    tokens += self._choice(choice)
+        usage = obj.get("usage")
+        continuous = self._usage(usage)
+        if tokens:
+            if continuous is not None and continuous > self._usage_seen:
+                tokens, self._usage_seen = continuous - self._usage_seen, continuous
+            self._token_chunk(now_s, tokens)
+        usage_only = isinstance(usage, dict) and not choices
+        return ChunkInfo(token_bearing=tokens > 0, usage_only=usage_only)
+
+    def _choice(self, choice: dict[str, Any]) -> int:
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str):
+            self.m.finish_reason = reason[:64]
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            bearing = bool(
+                delta.get("content")
+                or delta.get("reasoning_content")
+                or delta.get("reasoning")
+                or delta.get("tool_calls")
+            )
+        else:
+            bearing = bool(choice.get("text"))
+        if not bearing:
+            return 0
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            content = logprobs.get("content") or logprobs.get("tokens")
+            if isinstance(content, list) and content:
+                return len(content)
+        return 1
+
+    def _usage(self, usage: Any) -> int | None:
+        if not isinstance(usage, dict):
+            return None
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt >= 0:
+            self.m.prompt_tokens = prompt
+        if isinstance(completion, int) and not isinstance(completion, bool) and completion >= 0:
+            self.m.completion_tokens = completion
+            return completion
+        return None
+
+    def _token_chunk(self, now_s: float, tokens: int) -> None:
+        m = self.m
+        if self._first_token_s is None:
+            self._first_token_s = now_s
+            m.ttft_s = now_s - self.t0_s
+        else:
+            assert self._last_token_s is not None
+            m.itl_gaps_s.append(now_s - self._last_token_s)
+        self._last_token_s = now_s
+        m.chunk_tokens.append(min(tokens, 32767))
+
+    def finish(self, end_s: float | None) -> Measurements:
+        """Close the measurement: ``end_s`` is when the last byte reached the client."""
+        m = self.m
+        if end_s is not None:
+            m.e2e_s = end_s - self.t0_s
+        n = m.completion_tokens
+        first, last = self._first_token_s, self._last_token_s
+        if n is not None and n > 1 and first is not None and last is not None:
+            m.tpot_s = (last - first) / (n - 1)
+        return m
+
+
+def parse_json_body(body: bytes) -> dict[str, Any] | None:
+    """The request or response body as a JSON object, or ``None`` if it is not one."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def measure_json_response(body: bytes, t0_s: float) -> Measurements:
+    """Measurements from a complete non-streamed response body (usage, finish reason)."""
+    meter = StreamMeter(t0_s)
+    obj = parse_json_body(body)
+    if obj is not None and "error" not in obj:
+        meter._usage(obj.get("usage"))
+        for choice in obj.get("choices") or ():
+            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+                meter.m.finish_reason = choice["finish_reason"][:64]
+        model = obj.get("model")
+        if isinstance(model, str):
+            meter.m.response_model = model[:200]
+    return meter.m

@@ -1,0 +1,56 @@
+"""One ``REQUEST_RECORDS`` row per attempt, from what the exchange measured (no text)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collectors.tap.exchange import Exchange, RequestContext
+
+__all__ = ["record_row"]
+
+
+def _ms(wall_s: float | None) -> int | None:
+    return None if wall_s is None else int(wall_s * 1000)
+
+
+def record_row(
+    ctx: RequestContext, ex: Exchange, *, tap_id: str, pool: str | None
+) -> dict[str, Any]:
+    """The row for attempt ``ex`` of request ``ctx`` (plain Python values, schema column names)."""
+    m = ex.finish()
+    itl_mean, itl_p99, itl_max = m.itl_stats()
+    return {
+        "request_id": ex.request_id,
+        "original_request_id": ctx.original_id,
+        "attempt": ex.attempt,
+        "tap_id": tap_id,
+        "instance": ex.upstream.instance,
+        "pool": pool or ctx.model,
+        "model": ctx.model,
+        "tenant": ctx.tenant,
+        "route": ctx.route,
+        "streamed": ctx.streamed,
+        "received_ts_ms": int(ctx.received_wall_s * 1000),
+        "deadline_ts_ms": _ms(ctx.deadline_wall_s),
+        "http_status": ex.http_status,
+        "outcome": ex.outcome or "error_before_first_token",
+        "error_kind": ex.error_kind if ex.outcome != "ok" else None,
+        "finish_reason": m.finish_reason,
+        "ttfb_s": m.ttfb_s,
+        "ttft_s": m.ttft_s,
+        "tpot_s": m.tpot_s,
+        "e2e_s": m.e2e_s if ex.http_status is not None else None,
+        "prompt_tokens": m.prompt_tokens,
+        "completion_tokens": m.completion_tokens,
+        "token_chunks": m.token_chunks,
+        "itl_mean_s": itl_mean,
+        "itl_p99_s": itl_p99,
+        "itl_max_s": itl_max,
+        "itl_gaps_s": list(m.itl_gaps_s),
+        "chunk_tokens": list(m.chunk_tokens),
+        "client_disconnected": ex.disconnect_wall_s is not None,
+        "disconnect_ts_ms": _ms(ex.disconnect_wall_s),
+        "upstream_closed_ts_ms": _ms(ex.upstream_closed_wall_s),
+        "tokens_after_disconnect": ex.tokens_after_disconnect,
+    }
