@@ -29,6 +29,7 @@ log = logging.getLogger("llmslo")
 #: Modules whose ``register(subparsers)`` adds subcommands, in help order.
 COMMAND_MODULES: list[str] = [
     "pipeline.commands",
+    "collectors.tap.cli",
 ]
 
 EPILOG = textwrap.dedent(
