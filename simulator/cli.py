@@ -1,0 +1,235 @@
+"""The simulator's subcommands: ``sim`` (+ ``sim history``) and ``load``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.bus import Bus
+from pipeline.cli import add_common_options, install_stop_handlers, print_json, resolve_config
+from pipeline.config import register_section
+from pipeline.errors import ConfigError
+from pipeline.store import Store
+from simulator.config import DIALECTS, FleetConfig, load_fleet_config, simple_fleet
+from simulator.fleet import Fleet
+from simulator.history import BusSink, HistoryConfig, HistoryGenerator, HistorySink, StoreSink
+from simulator.load import LoadConfig, run_load_sync
+from simulator.scenario import ScenarioRunner, load_scenario
+from simulator.traces import load_trace, poisson_arrivals
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+register_section("simulator", FleetConfig)
+
+
+def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=help_,
+        description=help_,
+        epilog="examples:\n" + textwrap.indent(examples, "  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sim`` (with ``sim history``) and ``load``."""
+    sim = _subparser(
+        subparsers,
+        "sim",
+        "Run a simulated fleet (engine pods + dcgm exporters) until SIGTERM.",
+        "llmslo sim --pods 8 --dialects vllm,sglang,trtllm,vllm-legacy\n"
+        "llmslo sim --config config/simulator.example.yaml --scenario config/simulator.scenario.example.yaml\n"
+        "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb",
+    )
+    sim.add_argument(
+        "--config",
+        type=Path,
+        help="fleet YAML (FleetConfig, or an llmslo config with a simulator: section)",
+    )
+    sim.add_argument("--pods", type=int, default=4, help="pods when no --config (default 4)")
+    sim.add_argument(
+        "--dialects",
+        default="vllm",
+        help=f"comma list, round-robin over pods ({','.join(DIALECTS)})",
+    )
+    sim.add_argument("--model", default="llama-3-8b", help="served model name (default llama-3-8b)")
+    sim.add_argument(
+        "--speed", type=float, default=1.0, help="service times divided by this (default 1)"
+    )
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--scenario", type=Path, help="fault timeline YAML to play")
+    sim.add_argument("--seconds", type=float, help="stop after this long (default: until SIGTERM)")
+    sim.set_defaults(handler=run_sim)
+    sim_sub = sim.add_subparsers(dest="sim_command", required=False, metavar="SUBCOMMAND")
+    history = sim_sub.add_parser(
+        "history",
+        help="write N days of synthetic engine/GPU/request rows (DuckDB or Kafka)",
+        description="Generate history with simulated timestamps ending now.",
+        epilog="examples:\n  llmslo sim history --days 30 --db var/llmslo.duckdb\n"
+        "  llmslo sim history --days 1 --bootstrap-servers embedded",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common_options(history, bus=True, db=True)
+    history.add_argument("--days", type=float, required=True, help="days of history")
+    history.add_argument("--pods", type=int, default=8, help="simulated pods (default 8)")
+    history.add_argument(
+        "--interval", type=int, default=60, help="scrape interval, seconds (default 60)"
+    )
+    history.add_argument("--model", default="llama-3-8b")
+    history.add_argument(
+        "--peak-rps", type=float, default=4.0, help="peak requests/s per pod (default 4)"
+    )
+    history.add_argument("--incidents-per-day", type=float, default=1.0)
+    history.add_argument("--end-ts-ms", type=int, help="last simulated timestamp (default now)")
+    history.add_argument("--seed", type=int, default=0)
+    history.set_defaults(handler=run_history)
+
+    load = _subparser(
+        subparsers,
+        "load",
+        "Drive load at pods: Poisson or trace replay; prints a client-side report.",
+        "llmslo load --targets http://127.0.0.1:8000 --rate 20 --duration 60\n"
+        "llmslo load --targets http://127.0.0.1:8000,http://127.0.0.1:8001 \\\n"
+        "    --trace ../shared/traces/azure2023_AzureLLMInferenceTrace_conv.csv --time-scale 10 --limit 500\n"
+        "llmslo load --targets URL --rate 50 --duration 30 --retries 3 --deadline 5 --cancel-after 2 --hot-share 0.5",
+    )
+    load.add_argument("--targets", required=True, help="comma-separated base URLs")
+    load.add_argument("--model", default="llama-3-8b")
+    load.add_argument("--rate", type=float, help="Poisson arrivals per second (when no --trace)")
+    load.add_argument("--duration", type=float, default=30.0, help="Poisson duration, seconds")
+    load.add_argument("--trace", type=Path, help="Azure CSV or Mooncake JSONL trace")
+    load.add_argument("--limit", type=int, help="first N trace requests")
+    load.add_argument("--time-scale", type=float, default=1.0, help="replay speed-up (default 1)")
+    load.add_argument("--concurrency", type=int, default=256)
+    load.add_argument("--cancel-after", type=float, help="client cancels after N s")
+    load.add_argument("--deadline", type=float, help="client deadline, seconds")
+    load.add_argument(
+        "--retries", type=int, default=0, help="extra attempts before the first token"
+    )
+    load.add_argument(
+        "--hot-share", type=float, default=0.0, help="extra share routed to the first target"
+    )
+    load.add_argument("--max-output-tokens", type=int)
+    load.add_argument("--max-prompt-tokens", type=int)
+    load.add_argument(
+        "--completions", action="store_true", help="use /v1/completions instead of chat"
+    )
+    load.add_argument("--no-stream", action="store_true")
+    load.set_defaults(handler=run_load_cmd)
+
+
+def _fleet_config(args: argparse.Namespace) -> FleetConfig:
+    if args.config:
+        return load_fleet_config(args.config)
+    return simple_fleet(
+        args.pods,
+        [d.strip() for d in args.dialects.split(",") if d.strip()],
+        model=args.model,
+        speed=args.speed,
+        seed=args.seed,
+    )
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    if getattr(args, "sim_command", None) == "history":
+        return run_history(args)
+    config = _fleet_config(args)
+    scenario = (
+        load_scenario(args.scenario, [p.name for p in config.pods]) if args.scenario else None
+    )
+    stopped = threading.Event()
+    install_stop_handlers(stopped.set)
+    with Fleet(config) as fleet:
+        print_json(fleet.describe())
+        runner = ScenarioRunner(fleet, scenario).start() if scenario else None
+        deadline = time.monotonic() + args.seconds if args.seconds else None
+        while not stopped.wait(0.2):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        if runner is not None:
+            runner.stop()
+    return 0
+
+
+def run_history(args: argparse.Namespace) -> int:
+    end = args.end_ts_ms if args.end_ts_ms is not None else int(time.time() * 1000)
+    if args.days <= 0 or args.pods < 1 or args.interval < 1:
+        raise ConfigError("--days, --pods and --interval must be positive")
+    generator = HistoryGenerator(
+        HistoryConfig(
+            days=args.days,
+            end_ts_ms=end,
+            pods=args.pods,
+            interval_s=args.interval,
+            model=args.model,
+            peak_req_per_s=args.peak_rps,
+            incidents_per_day=args.incidents_per_day,
+            seed=args.seed,
+        )
+    )
+    config = resolve_config(args)
+    rows: dict[str, int] = {}
+    if args.bootstrap_servers:
+        with Bus(config.bus) as bus:
+            bus.ensure_topics()
+            producer = bus.producer()
+            _drain(generator, BusSink(producer), rows)
+            producer.flush()
+            producer.close()
+        target = f"kafka {config.bus.bootstrap_servers}"
+    else:
+        with Store(config.store.path) as store:
+            _drain(generator, StoreSink(store), rows)
+        target = str(config.store.path)
+    print_json(
+        {
+            "history": target,
+            "days": args.days,
+            "pods": args.pods,
+            "rows": rows,
+            "incidents_ts_ms": generator.incidents,
+        }
+    )
+    return 0
+
+
+def _drain(generator: HistoryGenerator, sink: HistorySink, rows: dict[str, int]) -> None:
+    for schema, table in generator.chunks():
+        sink.write(schema, table)
+        rows[schema.table] = rows.get(schema.table, 0) + table.num_rows
+
+
+def run_load_cmd(args: argparse.Namespace) -> int:
+    targets = [t.strip().rstrip("/") for t in args.targets.split(",") if t.strip()]
+    config = LoadConfig(
+        targets=targets,
+        model=args.model,
+        chat=not args.completions,
+        stream=not args.no_stream,
+        time_scale=args.time_scale,
+        concurrency=args.concurrency,
+        cancel_after_s=args.cancel_after,
+        deadline_s=args.deadline,
+        max_attempts=1 + max(0, args.retries),
+        hot_share=args.hot_share,
+        max_output_tokens=args.max_output_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+    )
+    if args.trace:
+        requests = load_trace(args.trace)[: args.limit] if args.limit else load_trace(args.trace)
+    elif args.rate:
+        requests = list(poisson_arrivals(args.rate, args.duration))
+    else:
+        raise ConfigError("give --rate (Poisson) or --trace FILE")
+    report = run_load_sync(config, requests)
+    print_json(json.loads(json.dumps(report.summary(), default=float)))
+    return 0
