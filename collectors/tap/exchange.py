@@ -21,7 +21,7 @@ from collectors.tap.config import TapConfig
 from collectors.tap.contract import Upstream
 from collectors.tap.downstream import ClientGone, Downstream
 from collectors.tap.measure import Measurements, StreamMeter, measure_json_response
-from collectors.tap.sse import SseFramer
+from collectors.tap.sse import SseEvent, SseFramer
 
 __all__ = ["Exchange", "RequestContext"]
 
@@ -172,10 +172,15 @@ class Exchange:
             self.held_bytes += len(out)
             if self.meter.first_token_seen or self.held_bytes > hold_max:
                 await self._commit(down)
-        tail = self.framer.close()
-        if tail is not None:
+        events = self.framer.close()
+        if (
+            events
+            and events[-1].data is None
+            and not events[-1].oversized
+            and events[-1].raw.strip()
+        ):
             self._hooks.dropped("unterminated_event")
-            await self._forward(down, tail.raw)
+        await self._forward(down, self._measure(events, self._clock()))
         self._classify_end()
         if self.outcome == "ok" or not self.retryable:
             await self._commit(down)
@@ -184,17 +189,22 @@ class Exchange:
         """Frame ``chunk`` into events, measure them, and return the bytes to forward."""
         self._hooks.bytes_in(len(chunk))
         before = self.framer.oversized_events
+        out = self._measure(self.framer.feed(chunk), now_s)
+        if self.framer.oversized_events != before:
+            self._hooks.dropped("oversized_event")
+        return out
+
+    def _measure(self, events: list[SseEvent], now_s: float) -> bytes:
+        """Measure ``events``; return their bytes minus the usage chunk the tap asked for."""
         parts = []
         strip = self.ctx.strip_usage
         meter = self.meter
-        for event in self.framer.feed(chunk):
+        for event in events:
             if event.data is not None:
                 info = meter.on_data(event.data, now_s)
                 if strip and info.usage_only:
                     continue
             parts.append(event.raw)
-        if self.framer.oversized_events != before:
-            self._hooks.dropped("oversized_event")
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _forward(self, down: Downstream, data: bytes) -> None:

@@ -82,7 +82,7 @@ class StreamMeter:
         self.m = Measurements()
         self._first_token_s: float | None = None
         self._last_token_s: float | None = None
-        self._usage_seen = 0  # completion_tokens reported by continuous usage so far
+        self._tokens_counted = 0  # tokens attributed to chunks so far
 
     @property
     def first_token_seen(self) -> bool:
@@ -123,8 +123,9 @@ class StreamMeter:
         usage = obj.get("usage")
         continuous = self._usage(usage)
         if tokens:
-            if continuous is not None and continuous > self._usage_seen:
-                tokens, self._usage_seen = continuous - self._usage_seen, continuous
+            if continuous is not None and continuous > self._tokens_counted:
+                tokens = continuous - self._tokens_counted  # cumulative usage is exact
+            self._tokens_counted += tokens
             self._token_chunk(now_s, tokens)
         usage_only = isinstance(usage, dict) and not choices
         return ChunkInfo(token_bearing=tokens > 0, usage_only=usage_only)

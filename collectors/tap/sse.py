@@ -92,16 +92,24 @@ class SseFramer:
             events.append(self._spill())
         return events
 
-    def close(self) -> SseEvent | None:
-        """End of stream: the unterminated tail (never dispatched as an event), if any."""
-        if not self._buf:
-            return None
-        tail = SseEvent(bytes(self._buf), None, None, self._skipping)
+    def close(self) -> list[SseEvent]:
+        """End of stream: events a final CR completes, then the unterminated tail (if any).
+
+        The tail is never dispatched as an event (its ``data`` is ``None``), per the spec.
+        """
+        events: list[SseEvent] = []
+        if self._buf.endswith(b"\r"):
+            # At end of stream a trailing CR is a line terminator: decide it with a
+            # sentinel byte that is then taken back out of the tail.
+            events = self.feed(b"\x00")
+            del self._buf[-1:]
+        if self._buf:
+            events.append(SseEvent(bytes(self._buf), None, None, self._skipping))
         self._buf.clear()
         self._line = self._scan = 0
         self._data, self._name, self._skipping = [], None, False
         self._partial_line = False
-        return tail
+        return events
 
     def _field(self, line: bytes) -> None:
         if line[:1] == b":":
