@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -224,5 +225,5 @@ def test_any_rechunking_gives_identical_measurements(
         [(e, times[sum(map(len, events[: i + 1])) - 1]) for i, e in enumerate(events)]
     )
     points = sorted({c % (len(stream) + 1) for c in cuts} | boundaries | {0, len(stream)})
-    pieces = [(stream[a:b], times[b - 1]) for a, b in zip(points, points[1:], strict=False)]
+    pieces = [(stream[a:b], times[b - 1]) for a, b in itertools.pairwise(points)]
     assert measure_pieces(pieces) == reference
