@@ -1,0 +1,156 @@
+"""A read of the recent raw rows that every detector shares (one query per source per cycle).
+
+Engine samples are folded per instance and scrape: gauges ``running``/``waiting`` and every
+counter are summed over engine ranks, ``kv_usage`` takes the max (never summed, DESIGN §3);
+``requests_finished`` is split by its ``finished_reason`` label into
+``requests_finished:<reason>``. GPU samples are keyed by the pod they are allocated to.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+
+__all__ = ["RequestStats", "Series", "Snapshot", "load_snapshot"]
+
+_SUMMED = ("running", "waiting", "kv_free_blocks", "kv_largest_free_run", "kv_total_blocks", "preemptions",
+           "generation_tokens", "requests_aborted", "corrupted_requests", "tap_in_flight", "tap_disconnects")
+_MAXED = ("kv_usage", "ready")
+_GPU = ("gpu_util", "engine_active", "fb_used_mib", "fb_free_mib", "xid")
+
+
+@dataclass(frozen=True)
+class Series:
+    """Timestamps (ms, ascending) and values of one signal of one scope."""
+
+    ts_ms: np.ndarray
+    values: np.ndarray
+
+    def since(self, start_ms: int) -> Series:
+        keep = self.ts_ms >= start_ms
+        return Series(self.ts_ms[keep], self.values[keep])
+
+    def __len__(self) -> int:
+        return len(self.ts_ms)
+
+    def increase(self) -> float:
+        """Counter increase over the series, resets taken as restarts from 0."""
+        if len(self.values) < 2:
+            return 0.0
+        deltas = np.diff(self.values)
+        return float(np.where(deltas < 0, self.values[1:], deltas).sum())
+
+    def last(self) -> float:
+        return float(self.values[-1])
+
+
+@dataclass
+class RequestStats:
+    """Tap request records of one instance over the lookback."""
+
+    records: int = 0
+    retries: int = 0  # attempt > 1
+    finish_errors: int = 0
+    last_token_ts_ms: int | None = None  # latest end of a record that carried tokens
+    tokens_after_disconnect: int = 0
+    late_upstream_close: int = 0  # upstream closed > ghost grace after the client left
+
+
+@dataclass
+class Snapshot:
+    """Recent rows of every instance, pool and GPU, as of ``now_ms``."""
+
+    now_ms: int
+    engine: dict[str, dict[str, Series]] = field(default_factory=dict)  # instance → signal → series
+    pools: dict[str, str] = field(default_factory=dict)  # instance → pool
+    dialects: dict[str, str] = field(default_factory=dict)  # instance → dialect
+    gpu: dict[str, dict[str, Series]] = field(default_factory=dict)  # pod → signal → series
+    xids: dict[str, list[int]] = field(default_factory=dict)  # pod → non-zero XID codes seen
+    requests: dict[str, RequestStats] = field(default_factory=dict)  # instance → stats
+
+    def series(self, instance: str, signal: str) -> Series | None:
+        return self.engine.get(instance, {}).get(signal)
+
+
+def _engine(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
+    rows = con.execute(
+        f"""
+        SELECT instance, any_value(coalesce(pool, model, '')), any_value(dialect),
+               CASE WHEN signal = 'requests_finished'
+                    THEN 'requests_finished:' || coalesce(json_extract_string(labels_json, '$.finished_reason'), '')
+                    ELSE signal END AS sig,
+               ts_ms,
+               CASE WHEN signal IN ({", ".join(repr(s) for s in _MAXED)}) THEN max(value) ELSE sum(value) END
+        FROM engine_samples
+        WHERE ts_ms >= ? AND ts_ms <= ? AND kind IN ('gauge', 'counter')
+          AND signal IN ({", ".join(repr(s) for s in (*_SUMMED, *_MAXED, "requests_finished"))})
+        GROUP BY instance, sig, ts_ms, signal ORDER BY instance, sig, ts_ms
+        """,
+        [start_ms, snap.now_ms],
+    ).fetchall()
+    grouped: dict[tuple[str, str], tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+    for instance, pool, dialect, sig, ts, value in rows:
+        snap.pools.setdefault(instance, pool or "")
+        if dialect and dialect != "tap":
+            snap.dialects[instance] = dialect
+        ts_list, values = grouped[(instance, sig)]
+        ts_list.append(ts)
+        values.append(value)
+    for (instance, sig), (ts_list, values) in grouped.items():
+        snap.engine.setdefault(instance, {})[sig] = Series(np.array(ts_list, np.int64), np.array(values))
+
+
+def _gpu(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
+    rows = con.execute(
+        f"""
+        SELECT pod, signal, ts_ms, CASE WHEN signal = 'xid' THEN max(value) ELSE avg(value) END
+        FROM gpu_samples
+        WHERE ts_ms >= ? AND ts_ms <= ? AND pod IS NOT NULL AND signal IN ({", ".join(repr(s) for s in _GPU)})
+        GROUP BY pod, signal, ts_ms ORDER BY pod, signal, ts_ms
+        """,
+        [start_ms, snap.now_ms],
+    ).fetchall()
+    grouped: dict[tuple[str, str], tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+    for pod, signal, ts, value in rows:
+        grouped[(pod, signal)][0].append(ts)
+        grouped[(pod, signal)][1].append(value)
+    for (pod, signal), (ts_list, values) in grouped.items():
+        snap.gpu.setdefault(pod, {})[signal] = Series(np.array(ts_list, np.int64), np.array(values))
+        if signal == "xid":
+            snap.xids[pod] = sorted({int(v) for v in values if v > 0})
+
+
+def _requests(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int, ghost_grace_ms: int) -> None:
+    rows = con.execute(
+        """
+        SELECT instance, any_value(coalesce(pool, model, '')), count(*),
+               count(*) FILTER (WHERE attempt > 1),
+               count(*) FILTER (WHERE finish_reason = 'error'),
+               max(received_ts_ms + CAST(e2e_s * 1000 AS BIGINT)) FILTER (WHERE coalesce(token_chunks, 0) > 0),
+               coalesce(sum(tokens_after_disconnect), 0),
+               count(*) FILTER (WHERE upstream_closed_ts_ms - disconnect_ts_ms > ?)
+        FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ?
+        GROUP BY instance
+        """,
+        [ghost_grace_ms, start_ms, snap.now_ms],
+    ).fetchall()
+    for instance, pool, n, retries, errors, last_token, after, late in rows:
+        snap.pools.setdefault(instance, pool or "")
+        snap.requests[instance] = RequestStats(
+            n, retries, errors, None if last_token is None else int(last_token), int(after), late
+        )
+
+
+def load_snapshot(
+    con: duckdb.DuckDBPyConnection, now_ms: int, lookback_ms: int, ghost_grace_ms: int = 2_000
+) -> Snapshot:
+    """Everything detectors need from the last ``lookback_ms`` before ``now_ms``."""
+    snap = Snapshot(now_ms)
+    start = now_ms - lookback_ms
+    _engine(con, snap, start)
+    _gpu(con, snap, start)
+    _requests(con, snap, start, ghost_grace_ms)
+    return snap
