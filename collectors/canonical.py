@@ -45,10 +45,27 @@ log = logging.getLogger(__name__)
 RESET_METRIC = "llmslo:counter_reset"
 UNCHANGED_METRIC = "llmslo:scheduler_gauges_unchanged_seconds"
 _ENGINE_TEMPLATE = ("pool", "model", "engine", "metric", "signal", "kind", "le", "labels_json")
-_GPU_TEMPLATE = ("hostname", "gpu", "uuid", "device", "gpu_model", "gpu_instance_id", "pod",
-                 "namespace", "container", "metric", "signal", "labels_json")
-_HISTOGRAM_SUFFIXES = (("_bucket", "bucket"), ("_sum", "sum"), ("_count", "count"),
-                       ("_gsum", "sum"), ("_gcount", "count"))
+_GPU_TEMPLATE = (
+    "hostname",
+    "gpu",
+    "uuid",
+    "device",
+    "gpu_model",
+    "gpu_instance_id",
+    "pod",
+    "namespace",
+    "container",
+    "metric",
+    "signal",
+    "labels_json",
+)
+_HISTOGRAM_SUFFIXES = (
+    ("_bucket", "bucket"),
+    ("_sum", "sum"),
+    ("_count", "count"),
+    ("_gsum", "sum"),
+    ("_gcount", "count"),
+)
 _CUMULATIVE_KINDS = frozenset(("counter", "bucket", "count"))
 _PROCESS_START = "process_start_time_seconds"
 # DCGM "blank" values: int64 blanks ≥ 0x7ffffffffffffff0, fp64 blanks ≥ 1.4e14, int32 blanks.
@@ -107,8 +124,13 @@ class TargetCanonicalizer:
     """
 
     def __init__(
-        self, instance: str, *, dialect: str = "auto", pool: str | None = None,
-        model: str | None = None, max_templates: int = 500_000,
+        self,
+        instance: str,
+        *,
+        dialect: str = "auto",
+        pool: str | None = None,
+        model: str | None = None,
+        max_templates: int = 500_000,
     ) -> None:
         if dialect != "auto" and dialect not in DIALECT_NAMES:
             raise ValueError(f"unknown dialect {dialect!r}")
@@ -142,7 +164,11 @@ class TargetCanonicalizer:
         rule = None
         if engine is not None and kind != "created":
             rule = engine.metrics.get(series.name)
-            if rule is None and kind in ("bucket", "sum", "count", "untyped") and base != series.name:
+            if (
+                rule is None
+                and kind in ("bucket", "sum", "count", "untyped")
+                and base != series.name
+            ):
                 rule = engine.metrics.get(base)
                 if rule is not None and kind == "untyped":
                     kind = next(k for s, k in _HISTOGRAM_SUFFIXES if series.name.endswith(s))
@@ -172,6 +198,7 @@ class TargetCanonicalizer:
 
     def _lift(self, labels: dict[str, str], engine: DialectMap | None) -> tuple[object, ...]:
         """Pop the labels that become columns; returns the template's leading columns."""
+
         def take(column: str) -> str | None:
             for label in engine.columns.get(column, ()) if engine else ():
                 if label in labels:
@@ -179,9 +206,9 @@ class TargetCanonicalizer:
             return None
 
         if self.schema is GPU_SAMPLES:
-            values = {c: take(c) for c in _GPU_TEMPLATE[:9]}
+            values: dict[str, object] = {c: take(c) for c in _GPU_TEMPLATE[:9]}
             gpu = values["gpu"]
-            values["gpu"] = int(gpu) if gpu is not None and gpu.isdigit() else None
+            values["gpu"] = int(gpu) if isinstance(gpu, str) and gpu.isdigit() else None
             return tuple(values.values())
         model = take("model") or self.model
         engine_id = take("engine") or ""
@@ -189,7 +216,11 @@ class TargetCanonicalizer:
 
     def _add(self, series: Series, family_type: str) -> tuple[int, str]:
         if len(self._templates) >= self.max_templates:
-            log.warning("%s: more than %d series, resetting the series cache", self.instance, self.max_templates)
+            log.warning(
+                "%s: more than %d series, resetting the series cache",
+                self.instance,
+                self.max_templates,
+            )
             self._reset_templates()
         template = self._template(series, family_type)
         hit = (len(self._templates), family_type)
@@ -230,14 +261,22 @@ class TargetCanonicalizer:
         present = frozenset(names | sample_names)
         old = self.detection
         changed = (old is None) != (detection is None) or (
-            old is not None and detection is not None
+            old is not None
+            and detection is not None
             and (old.engine.engine, old.dialect) != (detection.engine.engine, detection.dialect)
         )
-        relevant = {n for e in ([detection.engine] if detection else []) for r in e.metrics.values() for n in r.unless}
+        relevant = {
+            n
+            for e in ([detection.engine] if detection else [])
+            for r in e.metrics.values()
+            for n in r.unless
+        }
         if changed or (present & relevant) != (self._present & relevant):
             self._reset_templates()
         if changed and detection is not None:
-            log.info("%s: dialect %s (%s)", self.instance, detection.dialect, detection.version_family)
+            log.info(
+                "%s: dialect %s (%s)", self.instance, detection.dialect, detection.version_family
+            )
         self.detection = detection
         self._present = present
 
@@ -277,7 +316,9 @@ class TargetCanonicalizer:
         batch.table = self._assemble(templates.take(pa.array(idx)), ts, values, extra)
         return batch
 
-    def _assemble(self, taken: pa.Table, ts: np.ndarray, values: np.ndarray, extra: list[dict[str, object]]) -> pa.Table:
+    def _assemble(
+        self, taken: pa.Table, ts: np.ndarray, values: np.ndarray, extra: list[dict[str, object]]
+    ) -> pa.Table:
         schema = self.schema
         n = len(ts)
         columns: dict[str, object] = {name: taken.column(name) for name in taken.column_names}
@@ -292,20 +333,34 @@ class TargetCanonicalizer:
         table = pa.Table.from_arrays([columns[f.name] for f in schema.arrow], schema=schema.arrow)
         if extra:
             rows = pa.Table.from_pylist(
-                [{**{"instance": self.instance, "value": 0.0}, **row} for row in extra], schema=schema.arrow
+                [{**{"instance": self.instance, "value": 0.0}, **row} for row in extra],
+                schema=schema.arrow,
             )
             table = pa.concat_tables([table, rows]).unify_dictionaries().combine_chunks()
         return table
 
-    def _derived(self, ts_ms: int, metric: str, signal: str, value: float, labels: Mapping[str, str]) -> dict[str, object]:
-        row: dict[str, object] = {"ts_ms": ts_ms, "metric": metric, "signal": signal, "value": value,
-                                  "labels_json": json.dumps(dict(labels), sort_keys=True)}
+    def _derived(
+        self, ts_ms: int, metric: str, signal: str, value: float, labels: Mapping[str, str]
+    ) -> dict[str, object]:
+        row: dict[str, object] = {
+            "ts_ms": ts_ms,
+            "metric": metric,
+            "signal": signal,
+            "value": value,
+            "labels_json": json.dumps(dict(labels), sort_keys=True),
+        }
         if self.schema is ENGINE_SAMPLES:
-            row.update(kind="gauge", engine="", pool=self.pool or self.model,
-                       dialect=self.detection.dialect if self.detection else None)
+            row.update(
+                kind="gauge",
+                engine="",
+                pool=self.pool or self.model,
+                dialect=self.detection.dialect if self.detection else None,
+            )
         return row
 
-    def _detect_resets(self, idx: np.ndarray, values: np.ndarray, ts_ms: int, batch: CanonicalBatch) -> list[dict[str, object]]:
+    def _detect_resets(
+        self, idx: np.ndarray, values: np.ndarray, ts_ms: int, batch: CanonicalBatch
+    ) -> list[dict[str, object]]:
         prev = self._prev[idx]
         seen = ~np.isnan(prev)
         checks = {
@@ -319,12 +374,18 @@ class TargetCanonicalizer:
             count = int(np.count_nonzero(mask))
             if count:
                 batch.resets[reason] = count
-                rows.append(self._derived(ts_ms, RESET_METRIC, "counter_reset", float(count), {"reason": reason}))
+                rows.append(
+                    self._derived(
+                        ts_ms, RESET_METRIC, "counter_reset", float(count), {"reason": reason}
+                    )
+                )
         if rows and self.schema is not ENGINE_SAMPLES:
             return []  # GPU_SAMPLES has no counter_reset signal; the collector still counts them
         return rows
 
-    def _frozen_rows(self, idx: np.ndarray, values: np.ndarray, ts_ms: int) -> list[dict[str, object]]:
+    def _frozen_rows(
+        self, idx: np.ndarray, values: np.ndarray, ts_ms: int
+    ) -> list[dict[str, object]]:
         watched = self._frozen[idx]
         if not watched.any():
             return []

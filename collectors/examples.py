@@ -23,26 +23,117 @@ __all__ = [
     "vllm_exposition",
 ]
 
-VLLM_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-             7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-VLLM_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0, 80.0)
-VLLM_LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+VLLM_TTFT = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+VLLM_ITL = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+VLLM_LATENCY = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 VLLM_TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-SGLANG_ITL = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
-              0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1, 2, 4, 6, 8)
+SGLANG_ITL = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.060,
+    0.080,
+    0.100,
+    0.200,
+    0.400,
+    0.600,
+    0.800,
+    1,
+    2,
+    4,
+    6,
+    8,
+)
 
 
-def _observe(hist: Histogram, labels: Sequence[str], rng: random.Random, scale: float, n: int) -> None:
+def _observe(
+    hist: Histogram, labels: Sequence[str], rng: random.Random, scale: float, n: int
+) -> None:
     child = hist.labels(*labels)
     for _ in range(n):
         child.observe(rng.expovariate(1 / scale))
 
 
 def vllm_exposition(
-    *, engines: int = 1, model: str = "llama-3-8b", legacy: bool = False, seed: int = 0,
+    *,
+    engines: int = 1,
+    model: str = "llama-3-8b",
+    legacy: bool = False,
+    seed: int = 0,
     observations: int = 20,
 ) -> str:
     """A vLLM pod's ``/metrics``: V1 current names, or ≤ 0.10 names with ``legacy=True``.
@@ -54,8 +145,18 @@ def vllm_exposition(
     rng = random.Random(seed)
     reg = CollectorRegistry()
     names = ["model_name"] if legacy else ["engine", "model_name"]
-    running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", names, registry=reg)
-    waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", names, registry=reg)
+    running = Gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        names,
+        registry=reg,
+    )
+    waiting = Gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        names,
+        registry=reg,
+    )
     kv_name = "vllm:gpu_cache_usage_perc" if legacy else "vllm:kv_cache_usage_perc"
     kv = Gauge(kv_name, "KV-cache usage. 1 means 100 percent usage.", names, registry=reg)
     counters = {
@@ -66,33 +167,119 @@ def vllm_exposition(
             ("vllm:generation_tokens", "Number of generation tokens processed."),
         )
     }
-    success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                      [*names, "finished_reason"], registry=reg)
+    success = Counter(
+        "vllm:request_success",
+        "Count of successfully processed requests.",
+        [*names, "finished_reason"],
+        registry=reg,
+    )
     hists = [
-        (Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                   names, buckets=VLLM_TTFT, registry=reg), 0.3),
-        (Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                   names, buckets=VLLM_LATENCY, registry=reg), 8.0),
-        (Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.",
-                   names, buckets=VLLM_LATENCY, registry=reg), 0.5),
-        (Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                   names, buckets=VLLM_TOKENS, registry=reg), 800.0),
-        (Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                   names, buckets=VLLM_TOKENS, registry=reg), 200.0),
+        (
+            Histogram(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                names,
+                buckets=VLLM_TTFT,
+                registry=reg,
+            ),
+            0.3,
+        ),
+        (
+            Histogram(
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                names,
+                buckets=VLLM_LATENCY,
+                registry=reg,
+            ),
+            8.0,
+        ),
+        (
+            Histogram(
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase.",
+                names,
+                buckets=VLLM_LATENCY,
+                registry=reg,
+            ),
+            0.5,
+        ),
+        (
+            Histogram(
+                "vllm:request_prompt_tokens",
+                "Number of prefill tokens processed.",
+                names,
+                buckets=VLLM_TOKENS,
+                registry=reg,
+            ),
+            800.0,
+        ),
+        (
+            Histogram(
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+                names,
+                buckets=VLLM_TOKENS,
+                registry=reg,
+            ),
+            200.0,
+        ),
     ]
     if legacy:
-        hists.append((Histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
-                                names, buckets=VLLM_ITL, registry=reg), 0.03))
+        hists.append(
+            (
+                Histogram(
+                    "vllm:time_per_output_token_seconds",
+                    "Histogram of time per output token in seconds.",
+                    names,
+                    buckets=VLLM_ITL,
+                    registry=reg,
+                ),
+                0.03,
+            )
+        )
     else:
         hists += [
-            (Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                       names, buckets=VLLM_ITL, registry=reg), 0.03),
-            (Histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
-                       names, buckets=VLLM_ITL, registry=reg), 0.03),
-            (Histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-                       names, buckets=VLLM_LATENCY, registry=reg), 0.2),
-            (Histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-                       names, buckets=VLLM_LATENCY, registry=reg), 6.0),
+            (
+                Histogram(
+                    "vllm:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.",
+                    names,
+                    buckets=VLLM_ITL,
+                    registry=reg,
+                ),
+                0.03,
+            ),
+            (
+                Histogram(
+                    "vllm:request_time_per_output_token_seconds",
+                    "Histogram of time_per_output_token_seconds per request.",
+                    names,
+                    buckets=VLLM_ITL,
+                    registry=reg,
+                ),
+                0.03,
+            ),
+            (
+                Histogram(
+                    "vllm:request_prefill_time_seconds",
+                    "Histogram of time spent in PREFILL phase for request.",
+                    names,
+                    buckets=VLLM_LATENCY,
+                    registry=reg,
+                ),
+                0.2,
+            ),
+            (
+                Histogram(
+                    "vllm:request_decode_time_seconds",
+                    "Histogram of time spent in DECODE phase for request.",
+                    names,
+                    buckets=VLLM_LATENCY,
+                    registry=reg,
+                ),
+                6.0,
+            ),
         ]
     for engine in range(engines):
         labels = [model] if legacy else [str(engine), model]
@@ -109,7 +296,11 @@ def vllm_exposition(
 
 
 def sglang_exposition(
-    *, model: str = "llama-3-8b", legacy_name_label: bool = False, dp_ranks: int = 1, seed: int = 0,
+    *,
+    model: str = "llama-3-8b",
+    legacy_name_label: bool = False,
+    dp_ranks: int = 1,
+    seed: int = 0,
 ) -> str:
     """An SGLang server's ``/metrics`` (0.5.x labels), or ~0.3 with the single ``name`` label."""
     rng = random.Random(seed)
@@ -119,20 +310,39 @@ def sglang_exposition(
     else:
         sched = ["model_name", "engine_type", "tp_rank", "pp_rank", "dp_rank"]
         tok = ["model_name", "engine_type"]
-    gauges = [Gauge(n, d, sched, registry=reg) for n, d in (
-        ("sglang:num_running_reqs", "The number of running requests."),
-        ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
-        ("sglang:token_usage", "The token usage."),
-        ("sglang:gen_throughput", "The generation throughput (token/s)."),
-        ("sglang:num_retracted_reqs", "The number of retracted requests."),
-    )]
-    realtime = Counter("sglang:realtime_tokens", "Tokens processed.", [*sched, "mode"], registry=reg)
-    prompt = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", tok, registry=reg)
-    gen = Counter("sglang:generation_tokens", "Number of generation tokens processed.", tok, registry=reg)
-    ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                     tok, buckets=SGLANG_TTFT, registry=reg)
-    itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                    tok, buckets=SGLANG_ITL, registry=reg)
+    gauges = [
+        Gauge(n, d, sched, registry=reg)
+        for n, d in (
+            ("sglang:num_running_reqs", "The number of running requests."),
+            ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+            ("sglang:token_usage", "The token usage."),
+            ("sglang:gen_throughput", "The generation throughput (token/s)."),
+            ("sglang:num_retracted_reqs", "The number of retracted requests."),
+        )
+    ]
+    realtime = Counter(
+        "sglang:realtime_tokens", "Tokens processed.", [*sched, "mode"], registry=reg
+    )
+    prompt = Counter(
+        "sglang:prompt_tokens", "Number of prefill tokens processed.", tok, registry=reg
+    )
+    gen = Counter(
+        "sglang:generation_tokens", "Number of generation tokens processed.", tok, registry=reg
+    )
+    ttft = Histogram(
+        "sglang:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        tok,
+        buckets=SGLANG_TTFT,
+        registry=reg,
+    )
+    itl = Histogram(
+        "sglang:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        tok,
+        buckets=SGLANG_ITL,
+        registry=reg,
+    )
     tok_values = [model] if legacy_name_label else [model, "unified"]
     for rank in range(dp_ranks):
         values = [model] if legacy_name_label else [model, "unified", "0", "0", str(rank)]
@@ -152,10 +362,26 @@ def triton_exposition(*, model: str = "tensorrt_llm", seed: int = 0) -> str:
     rng = random.Random(seed)
     reg = CollectorRegistry()
     families = {
-        ("nv_trt_llm_request_metrics", "request_type"): ("active", "max", "scheduled", "context", "waiting"),
-        ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type"): ("max", "free", "used", "tokens_per", "fraction"),
+        ("nv_trt_llm_request_metrics", "request_type"): (
+            "active",
+            "max",
+            "scheduled",
+            "context",
+            "waiting",
+        ),
+        ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type"): (
+            "max",
+            "free",
+            "used",
+            "tokens_per",
+            "fraction",
+        ),
         ("nv_trt_llm_inflight_batcher_metrics", "inflight_batcher_specific_metric"): (
-            "total_context_tokens", "generation_requests", "micro_batch_id", "paused_requests"),
+            "total_context_tokens",
+            "generation_requests",
+            "micro_batch_id",
+            "paused_requests",
+        ),
         ("nv_trt_llm_general_metrics", "general_type"): ("timestamp", "iteration_counter"),
     }
     for (name, category), values in families.items():
@@ -163,11 +389,20 @@ def triton_exposition(*, model: str = "tensorrt_llm", seed: int = 0) -> str:
         for value in values:
             number = rng.uniform(0, 1) if value == "fraction" else rng.randint(0, 4096)
             gauge.labels(model, "1", value).set(number)
-    success = Counter("nv_inference_request_success", "Number of successful inference requests",
-                      ["model", "version"], registry=reg)
+    success = Counter(
+        "nv_inference_request_success",
+        "Number of successful inference requests",
+        ["model", "version"],
+        registry=reg,
+    )
     success.labels(model, "1").inc(rng.randint(0, 10**5))
-    first = Histogram("nv_inference_first_response_histogram_ms", "Duration from request to first response in milliseconds",
-                      ["model", "version"], buckets=(100, 500, 2000, 5000), registry=reg)
+    first = Histogram(
+        "nv_inference_first_response_histogram_ms",
+        "Duration from request to first response in milliseconds",
+        ["model", "version"],
+        buckets=(100, 500, 2000, 5000),
+        registry=reg,
+    )
     _observe(first, [model, "1"], rng, 300.0, 20)
     text = generate_latest(reg).decode()
     return text.replace("nv_inference_request_success_total", "nv_inference_request_success")
@@ -178,8 +413,12 @@ def trtllm_serve_exposition(*, model: str = "llama-3-8b", seed: int = 0) -> str:
     rng = random.Random(seed)
     reg = CollectorRegistry()
     names = ["model_name", "engine_type"]
-    success = Counter("request_success", "Count of successfully processed requests.",
-                      [*names, "finished_reason"], registry=reg)
+    success = Counter(
+        "request_success",
+        "Count of successfully processed requests.",
+        [*names, "finished_reason"],
+        registry=reg,
+    )
     success.labels(model, "trtllm", "stop").inc(rng.randint(0, 1000))
     for name, buckets, scale in (
         ("time_to_first_token_seconds", VLLM_TTFT, 0.3),
@@ -196,37 +435,90 @@ def llamacpp_exposition(*, seed: int = 0) -> str:
     """llama.cpp ``llama-server --metrics``: no labels at all."""
     rng = random.Random(seed)
     reg = CollectorRegistry()
-    for name in ("prompt_tokens", "prompt_seconds", "tokens_predicted", "tokens_predicted_seconds", "n_decode"):
+    for name in (
+        "prompt_tokens",
+        "prompt_seconds",
+        "tokens_predicted",
+        "tokens_predicted_seconds",
+        "n_decode",
+    ):
         Counter(f"llamacpp:{name}", name, registry=reg).inc(rng.randint(0, 10**6))
-    for name in ("requests_processing", "requests_deferred", "prompt_tokens_seconds", "predicted_tokens_seconds"):
+    for name in (
+        "requests_processing",
+        "requests_deferred",
+        "prompt_tokens_seconds",
+        "predicted_tokens_seconds",
+    ):
         Gauge(f"llamacpp:{name}", name, registry=reg).set(rng.randint(0, 8))
     return generate_latest(reg).decode()
 
 
 _DCGM_FIELDS = (
-    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda r: r.randint(210, 1980)),
+    (
+        "DCGM_FI_DEV_SM_CLOCK",
+        "gauge",
+        "SM clock frequency (in MHz).",
+        lambda r: r.randint(210, 1980),
+    ),
     ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda r: r.randint(30, 80)),
     ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", lambda r: r.uniform(60, 700)),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).",
-     lambda r: r.randint(10**9, 10**12)),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+        lambda r: r.randint(10**9, 10**12),
+    ),
     ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda r: r.randint(0, 100)),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", lambda r: r.randint(0, 100)),
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "gauge",
+        "Memory utilization (in %).",
+        lambda r: r.randint(0, 100),
+    ),
     ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", lambda r: 0),
-    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", lambda r: r.randint(1000, 8000)),
-    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", lambda r: r.randint(70000, 79000)),
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
-     lambda r: r.uniform(0, 1)),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
-     lambda r: r.uniform(0, 1)),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active.",
-     lambda r: r.uniform(0, 1)),
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        "gauge",
+        "Framebuffer memory free (in MiB).",
+        lambda r: r.randint(1000, 8000),
+    ),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "gauge",
+        "Framebuffer memory used (in MiB).",
+        lambda r: r.randint(70000, 79000),
+    ),
+    (
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "gauge",
+        "Ratio of time the graphics engine is active.",
+        lambda r: r.uniform(0, 1),
+    ),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "gauge",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        lambda r: r.uniform(0, 1),
+    ),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gauge",
+        "Ratio of cycles the device memory interface is active.",
+        lambda r: r.uniform(0, 1),
+    ),
 )
 
 
 def dcgm_exposition(
-    *, gpus: int = 8, hostname: str = "node-0", lowercase: bool = False, mig: bool = False,
-    allocated: Mapping[int, tuple[str, str, str]] | None = None, xid: Mapping[int, int] | None = None,
-    blank_memory_temp: bool = False, seed: int = 0,
+    *,
+    gpus: int = 8,
+    hostname: str = "node-0",
+    lowercase: bool = False,
+    mig: bool = False,
+    allocated: Mapping[int, tuple[str, str, str]] | None = None,
+    xid: Mapping[int, int] | None = None,
+    blank_memory_temp: bool = False,
+    seed: int = 0,
 ) -> str:
     """A dcgm-exporter ``:9400/metrics`` page for one node.
 
@@ -244,21 +536,32 @@ def dcgm_exposition(
     entities: list[tuple[int, str]] = []
     for gpu in range(gpus):
         if mig and gpu == 0:
-            entities += [(0, ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="1"'), (0, ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="2"')]
+            entities += [
+                (0, ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="1"'),
+                (0, ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="2"'),
+            ]
         else:
             entities.append((gpu, ""))
     lines: list[str] = []
     fields = list(_DCGM_FIELDS)
     if blank_memory_temp:
-        fields.append(("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).",
-                       lambda r: 9223372036854775794))
+        fields.append(
+            (
+                "DCGM_FI_DEV_MEMORY_TEMP",
+                "gauge",
+                "Memory temperature (in C).",
+                lambda r: 9223372036854775794,
+            )
+        )
     for name, type_, doc, make in fields:
         lines += [f"# HELP {name} {doc}", f"# TYPE {name} {type_}"]
         for gpu, mig_labels in entities:
-            labels = (f'gpu="{gpu}",{uuid_label}="GPU-{gpu:08d}-aaaa-bbbb-cccc-{gpu:012d}",'
-                      f'pci_bus_id="00000000:{gpu + 0x10:02X}:00.0",device="nvidia{gpu}",'
-                      f'modelName="NVIDIA H100 80GB HBM3"{mig_labels},{host_label}="{hostname}",'
-                      f'DCGM_FI_DRIVER_VERSION="550.54.15"')
+            labels = (
+                f'gpu="{gpu}",{uuid_label}="GPU-{gpu:08d}-aaaa-bbbb-cccc-{gpu:012d}",'
+                f'pci_bus_id="00000000:{gpu + 0x10:02X}:00.0",device="nvidia{gpu}",'
+                f'modelName="NVIDIA H100 80GB HBM3"{mig_labels},{host_label}="{hostname}",'
+                f'DCGM_FI_DRIVER_VERSION="550.54.15"'
+            )
             if gpu in allocated:
                 pod, namespace, container = allocated[gpu]
                 labels += f',container="{container}",namespace="{namespace}",pod="{pod}"'

@@ -70,7 +70,9 @@ _NAME_RE = re.compile(_NAME)
 _LABEL_TEXT = r'(?:[^"}]|"(?:[^"\\]|\\.)*")*'
 # name, optional {labels}, then everything after (value, timestamp, exemplar)
 _SAMPLE_RE = re.compile(rf"({_NAME})[ \t]*(?:\{{({_LABEL_TEXT})\}})?(.*)\Z", re.DOTALL)
-_LABEL_PAIR_RE = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|\Z)')
+_LABEL_PAIR_RE = re.compile(
+    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|\Z)'
+)
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _HELP_ESCAPE_RE = re.compile(r"\\[\\n]")
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
@@ -274,8 +276,9 @@ class _ParseState:
         group = self.group
         if keyword == "HELP":
             if group is None or group.name != name:
-                group = self._start(name, "untyped" if not self.out.openmetrics else "unknown",
-                                    frozenset((name,)))
+                group = self._start(
+                    name, "untyped" if not self.out.openmetrics else "unknown", frozenset((name,))
+                )
             group.help = _unescape(parts[3], _HELP_ESCAPE_RE) if len(parts) == 4 else ""
         elif keyword == "TYPE":
             type_ = parts[3].strip() if len(parts) == 4 else ""
@@ -348,13 +351,12 @@ class _ParseState:
             key, sep, value_text = line.rpartition(" ")
             series = cache.get(key)
             value = 0.0
-            fast = series is not None and "_" not in value_text
-            if fast:
+            if series is not None and "_" not in value_text:
                 try:
                     value = float(value_text)
                 except ValueError:
-                    fast = False  # e.g. a tab-separated timestamp: the slow path decides
-            if not fast:
+                    series = None  # e.g. a tab-separated timestamp: the slow path decides
+            if series is None or "_" in value_text:
                 try:
                     series, value = self.sample_slow(line, key, sep)
                 except _Line as exc:

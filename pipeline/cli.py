@@ -30,6 +30,7 @@ log = logging.getLogger("llmslo")
 COMMAND_MODULES: list[str] = [
     "pipeline.commands",
     "collectors.tap.cli",
+    "collectors.cli",
     "simulator.cli",
 ]
 

@@ -138,7 +138,9 @@ def load_dialects(directory: Path = _DIR) -> dict[str, DialectMap]:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         except ValidationError as exc:
-            raise ConfigError(f"{path}: invalid dialect map\n" + format_validation_error(exc)) from exc
+            raise ConfigError(
+                f"{path}: invalid dialect map\n" + format_validation_error(exc)
+            ) from exc
         maps[dialect.engine] = dialect
     return maps
 

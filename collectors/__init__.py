@@ -1,0 +1,86 @@
+"""Engine and DCGM collectors: scrape exporter endpoints, understand every dialect, publish.
+
+This package owns everything between an exporter's ``/metrics`` text and the ``engine`` /
+``gpu`` Kafka topics:
+
+* :mod:`collectors.exposition` — a fast Prometheus 0.0.4 / OpenMetrics parser;
+* :mod:`collectors.dialects` — one YAML map per engine (vLLM, SGLang, TensorRT-LLM,
+  llama.cpp, dcgm-exporter) from exposed names to canonical signals, with detection;
+* :mod:`collectors.canonical` — rows of ``ENGINE_SAMPLES`` / ``GPU_SAMPLES``, counter
+  reset and frozen-gauge detection, DCGM blank sentinels;
+* :mod:`collectors.collector` / :mod:`collectors.discovery` — the scrape loop over static
+  and file_sd targets, with per-target health;
+* :mod:`collectors.publisher` — the bounded buffer and Kafka publisher thread;
+* :mod:`collectors.cli` — ``llmslo collect`` and ``llmslo scrape``;
+* :mod:`collectors.tap` — the sidecar stream tap (its own subpackage and README).
+
+See ``collectors/README.md`` for the dialect map format and how to add an engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CanonicalBatch": "canonical",
+    "TargetCanonicalizer": "canonical",
+    "Collector": "collector",
+    "RoundReport": "collector",
+    "TargetHealth": "collector",
+    "CollectConfig": "config",
+    "TargetConfig": "config",
+    "DIALECT_NAMES": "dialects",
+    "Detection": "dialects",
+    "DialectMap": "dialects",
+    "detect_dialect": "dialects",
+    "load_dialects": "dialects",
+    "TargetDiscovery": "discovery",
+    "parse_file_sd": "discovery",
+    "Exposition": "exposition",
+    "ExpositionParser": "exposition",
+    "Family": "exposition",
+    "Series": "exposition",
+    "parse_exposition": "exposition",
+    "inspect_exposition": "inspect",
+    "inspect_url": "inspect",
+    "CollectorMetrics": "metrics",
+    "KafkaPublisher": "publisher",
+    "PublishBuffer": "publisher",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import public names lazily, so ``collectors.tap`` does not pay for the scrape stack."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'collectors' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"collectors.{module}"), name)
+
+
+__all__ = [
+    "DIALECT_NAMES",
+    "CanonicalBatch",
+    "CollectConfig",
+    "Collector",
+    "CollectorMetrics",
+    "Detection",
+    "DialectMap",
+    "Exposition",
+    "ExpositionParser",
+    "Family",
+    "KafkaPublisher",
+    "PublishBuffer",
+    "RoundReport",
+    "Series",
+    "TargetCanonicalizer",
+    "TargetConfig",
+    "TargetDiscovery",
+    "TargetHealth",
+    "detect_dialect",
+    "inspect_exposition",
+    "inspect_url",
+    "load_dialects",
+    "parse_exposition",
+    "parse_file_sd",
+]

@@ -1,0 +1,154 @@
+"""The collectors' subcommands: ``collect`` (the scrape loop) and ``scrape`` (one-shot look)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import textwrap
+from typing import Any
+
+from prometheus_client import start_http_server
+
+from collectors.collector import Collector
+from collectors.config import CollectConfig, TargetConfig
+from collectors.inspect import inspect_url, render_report
+from collectors.metrics import CollectorMetrics
+from collectors.publisher import KafkaPublisher, PublishBuffer
+from pipeline.bus import Bus
+from pipeline.cli import add_common_options, print_json, resolve_config
+from pipeline.config import register_section
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+register_section("collect", CollectConfig)
+
+DIALECT_CHOICES = ("auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm")
+
+
+def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=help_,
+        description=help_,
+        epilog="examples:\n" + textwrap.indent(examples, "  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+def register(subparsers: Any) -> None:
+    """Add ``collect`` and ``scrape``."""
+    collect = _subparser(
+        subparsers,
+        "collect",
+        "Scrape engine and dcgm-exporter targets and publish them to Kafka.",
+        "llmslo collect -c config/collectors.example.yaml\n"
+        "llmslo collect --target 127.0.0.1:8000 --target 127.0.0.1:9400 --bootstrap-servers 127.0.0.1:9092\n"
+        "llmslo collect -c llmslo.yaml --rounds 1 --interval 1      # one round, then a JSON summary",
+    )
+    add_common_options(collect)
+    collect.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="extra target (http://host:port/metrics or host:port); repeatable",
+    )
+    collect.add_argument(
+        "--interval", type=float, help="seconds between rounds (overrides collect.interval_s)"
+    )
+    collect.add_argument(
+        "--rounds", type=int, help="stop after this many rounds (default: until SIGTERM)"
+    )
+    collect.add_argument(
+        "--metrics-port", type=int, help="serve the collector's /metrics on this loopback port"
+    )
+    collect.set_defaults(handler=run_collect)
+
+    scrape = _subparser(
+        subparsers,
+        "scrape",
+        "Scrape one endpoint once and show what llmslo sees: dialect, signals, unknown metrics.",
+        "llmslo scrape http://127.0.0.1:8000/metrics\n"
+        "llmslo scrape 10.0.0.9:9400 --dialect dcgm --json",
+    )
+    scrape.add_argument("url", help="http(s) URL of /metrics, or host:port")
+    scrape.add_argument(
+        "--dialect", choices=DIALECT_CHOICES, default="auto", help="force a dialect (default auto)"
+    )
+    scrape.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    scrape.add_argument("--json", action="store_true", help="print one JSON object")
+    scrape.set_defaults(handler=run_scrape)
+
+
+def run_scrape(args: argparse.Namespace) -> int:
+    report = inspect_url(args.url, dialect=args.dialect, timeout_s=args.timeout)
+    if args.json:
+        print_json(report)
+    else:
+        print(render_report(report), end="")
+    return 0
+
+
+def collect_config(args: argparse.Namespace) -> CollectConfig:
+    """The ``collect`` section with command-line overrides applied."""
+    config = resolve_config(args).section("collect", CollectConfig)
+    updates: dict[str, Any] = {}
+    if args.target:
+        updates["targets"] = [*config.targets, *(TargetConfig(url=url) for url in args.target)]
+    if args.interval is not None:
+        updates["interval_s"] = args.interval
+    if args.metrics_port is not None:
+        updates["metrics_port"] = args.metrics_port
+    return CollectConfig.model_validate(config.model_dump() | updates) if updates else config
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    collect = collect_config(args)
+    metrics = CollectorMetrics()
+    if collect.metrics_port is not None:
+        server, _ = start_http_server(
+            collect.metrics_port, collect.metrics_host, registry=metrics.registry
+        )
+        log.info("serving /metrics on %s:%d", collect.metrics_host, server.server_port)
+    timeout_ms = int(collect.publish_timeout_s * 1000)
+    with Bus(config.bus) as bus:
+        bus.ensure_topics()
+        producer = bus.producer(
+            max_block_ms=min(timeout_ms, 5000),
+            request_timeout_ms=min(timeout_ms, 5000),
+            delivery_timeout_ms=timeout_ms + 5000,
+            reconnect_backoff_max_ms=1000,
+        )
+        buffer = PublishBuffer(collect.buffer_max_rows, metrics)
+        publisher = KafkaPublisher(
+            producer, buffer, metrics=metrics, publish_timeout_s=collect.publish_timeout_s
+        ).start()
+        collector = Collector(collect, buffer.put, metrics=metrics)
+        try:
+            asyncio.run(_run_until_signal(collector, args.rounds))
+        finally:
+            publisher.stop(drain_timeout_s=collect.publish_timeout_s)
+            producer.close()
+    print_json(
+        {
+            "collect": "stopped",
+            "published_rows": publisher.published_rows,
+            "dropped_rows": buffer.dropped_rows,
+            "unpublished_rows": buffer.rows,
+            "targets": {url: h.as_dict() for url, h in collector.health.items()},
+        }
+    )
+    return 0
+
+
+async def _run_until_signal(collector: Collector, rounds: int | None) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, collector.stop)
+    await collector.run(rounds=rounds)

@@ -1,0 +1,245 @@
+"""The scrape loop: rounds over every target, one Arrow batch per topic per round.
+
+:class:`Collector` scrapes all targets of a round concurrently (aiohttp, at most
+``concurrency`` in flight, each within ``timeout_s`` and started after a random jitter so
+a fleet is not hit in lockstep), parses and canonicalises each response, and hands the
+round to ``sink(schema, table)`` — usually :meth:`collectors.publisher.PublishBuffer.put`.
+A target that hangs costs only its own timeout: the others are fetched in parallel and
+their rows carry their own scrape time. Per-target health (up, last error, duration,
+samples, bad lines, dialect) is kept in :attr:`Collector.health` and in the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import pyarrow as pa
+
+from collectors.canonical import CanonicalBatch, TargetCanonicalizer
+from collectors.config import CollectConfig, TargetConfig
+from collectors.discovery import TargetDiscovery
+from collectors.exposition import Exposition, ExpositionParser
+from collectors.metrics import CollectorMetrics
+from pipeline.errors import DecodeError
+from pipeline.schema import RecordSchema
+
+__all__ = ["ACCEPT", "Collector", "RoundReport", "TargetHealth", "fetch_exposition"]
+
+log = logging.getLogger(__name__)
+
+#: Prefer the classic text format (what every engine serves); OpenMetrics is understood too.
+ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+
+
+@dataclass
+class TargetHealth:
+    """What the last scrape of one target looked like."""
+
+    url: str
+    instance: str
+    up: bool = False
+    last_error: str | None = None
+    last_scrape_ts_ms: int | None = None
+    duration_s: float | None = None
+    samples: int = 0
+    bad_lines: int = 0
+    dialect: str | None = None
+    version_family: str | None = None
+    resets: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RoundReport:
+    """One scrape round: rows handed to the sink per topic, and target counts."""
+
+    started_ts_ms: int
+    duration_s: float = 0.0
+    targets: int = 0
+    up: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+
+
+async def fetch_exposition(
+    session: aiohttp.ClientSession, url: str, *, timeout_s: float, max_body_bytes: int
+) -> tuple[str, bool]:
+    """GET ``url``; returns ``(text, is_openmetrics)``. Raises :class:`DecodeError` with a reason."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url, headers={"Accept": ACCEPT}) as response:
+                if response.status != 200:
+                    raise DecodeError("http_status", f"HTTP {response.status}")
+                if response.content_length is not None and response.content_length > max_body_bytes:
+                    raise DecodeError("oversized", f"body of {response.content_length} bytes")
+                body = await response.content.read(max_body_bytes + 1)
+                if len(body) > max_body_bytes:
+                    raise DecodeError("oversized", f"body larger than {max_body_bytes} bytes")
+                openmetrics = "openmetrics" in response.headers.get("Content-Type", "")
+    except TimeoutError as exc:
+        raise DecodeError("timeout", f"no complete response within {timeout_s:g} s") from exc
+    except aiohttp.ClientError as exc:
+        raise DecodeError("connect", f"{type(exc).__name__}: {exc}"[:200]) from exc
+    return body.decode("utf-8", "replace"), openmetrics
+
+
+class _Target:
+    """Per-target state that survives between rounds: parser cache, templates, health."""
+
+    def __init__(self, config: TargetConfig) -> None:
+        self.config = config
+        self.parser = ExpositionParser()
+        self.canonicalizer = TargetCanonicalizer(
+            config.instance, dialect=config.dialect, pool=config.pool, model=config.model
+        )
+        self.health = TargetHealth(url=config.url, instance=config.instance)
+
+
+class Collector:
+    """Scrapes the configured and discovered targets in rounds; see the module docstring."""
+
+    def __init__(
+        self,
+        config: CollectConfig,
+        sink: Callable[[RecordSchema, pa.Table], object],
+        *,
+        metrics: CollectorMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        discovery: TargetDiscovery | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.config = config
+        self.sink = sink
+        self.metrics = metrics or CollectorMetrics()
+        self.clock = clock
+        self.discovery = discovery or TargetDiscovery(config)
+        self._targets: dict[str, _Target] = {}
+        self._rng = random.Random(seed)
+        self._stop = asyncio.Event()
+
+    @property
+    def health(self) -> dict[str, TargetHealth]:
+        """Health of every current target, by URL."""
+        return {url: t.health for url, t in self._targets.items()}
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the round in hand (call from the loop's thread)."""
+        self._stop.set()
+
+    def _sync_targets(self) -> list[_Target]:
+        wanted = {t.url: t for t in self.discovery.targets()}
+        for url in set(self._targets) - set(wanted):
+            del self._targets[url]
+        for url, config in wanted.items():
+            known = self._targets.get(url)
+            if known is None or known.config != config:
+                self._targets[url] = _Target(config)
+        self.metrics.targets.set(len(self._targets))
+        return list(self._targets.values())
+
+    async def run(self, *, rounds: int | None = None) -> None:
+        """Scrape every ``interval_s`` until :meth:`stop` (or ``rounds`` rounds)."""
+        done = 0
+        connector = aiohttp.TCPConnector(limit=self.config.concurrency)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            next_s = time.monotonic()
+            while not self._stop.is_set() and (rounds is None or done < rounds):
+                await self.scrape_round(session)
+                done += 1
+                next_s = max(next_s + self.config.interval_s, time.monotonic())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=next_s - time.monotonic())
+
+    async def scrape_round(self, session: aiohttp.ClientSession) -> RoundReport:
+        """Scrape every target once and hand one table per topic to the sink."""
+        started = time.monotonic()
+        report = RoundReport(started_ts_ms=int(self.clock() * 1000))
+        targets = self._sync_targets()
+        semaphore = asyncio.Semaphore(self.config.concurrency)
+        batches = await asyncio.gather(*(self._scrape(session, t, semaphore) for t in targets))
+        by_schema: dict[str, tuple[RecordSchema, list[pa.Table]]] = {}
+        for batch in batches:
+            if batch is not None and batch.table.num_rows:
+                by_schema.setdefault(batch.schema.name, (batch.schema, []))[1].append(batch.table)
+        for schema, tables in by_schema.values():
+            table = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+            report.rows[schema.topic] = table.num_rows
+            self.sink(schema, table)
+        report.targets = len(targets)
+        report.up = sum(1 for t in targets if t.health.up)
+        report.duration_s = time.monotonic() - started
+        self.metrics.rounds.inc()
+        self.metrics.round_seconds.observe(report.duration_s)
+        return report
+
+    async def _scrape(
+        self, session: aiohttp.ClientSession, target: _Target, semaphore: asyncio.Semaphore
+    ) -> CanonicalBatch | None:
+        if self.config.jitter_s:
+            await asyncio.sleep(self._rng.uniform(0, self.config.jitter_s))
+        async with semaphore:
+            name = target.config.instance
+            ts_ms = int(self.clock() * 1000)
+            started = time.monotonic()
+            self.metrics.scrapes.labels(name).inc()
+            try:
+                text, openmetrics = await fetch_exposition(
+                    session,
+                    target.config.url,
+                    timeout_s=self.config.timeout_s,
+                    max_body_bytes=self.config.max_body_bytes,
+                )
+                exposition = target.parser.parse(text, openmetrics=openmetrics or None)
+                batch = target.canonicalizer.canonicalize(exposition, ts_ms)
+            except DecodeError as exc:
+                self._record_failure(target, exc, ts_ms, time.monotonic() - started)
+                return None
+            self._record_success(target, exposition, batch, ts_ms, time.monotonic() - started)
+            return batch
+
+    def _record_failure(
+        self, target: _Target, exc: DecodeError, ts_ms: int, duration_s: float
+    ) -> None:
+        health = target.health
+        health.up, health.last_error = False, f"{exc.reason}: {exc}"
+        health.last_scrape_ts_ms, health.duration_s = ts_ms, duration_s
+        self.metrics.up.labels(target.config.instance).set(0)
+        self.metrics.scrape_errors.labels(target.config.instance, exc.reason).inc()
+        log.info("scrape %s failed: %s", target.config.url, health.last_error)
+
+    def _record_success(
+        self,
+        target: _Target,
+        exposition: Exposition,
+        batch: CanonicalBatch,
+        ts_ms: int,
+        duration_s: float,
+    ) -> None:
+        health, name, m = target.health, target.config.instance, self.metrics
+        detection = target.canonicalizer.detection
+        health.up, health.last_error = True, None
+        health.last_scrape_ts_ms, health.duration_s = ts_ms, duration_s
+        health.samples, health.bad_lines = len(exposition), exposition.bad_lines
+        health.dialect = detection.dialect if detection else None
+        health.version_family = detection.version_family if detection else None
+        health.resets += sum(batch.resets.values())
+        m.up.labels(name).set(1)
+        m.scrape_seconds.labels(name).observe(duration_s)
+        m.samples.labels(name).inc(len(exposition))
+        if exposition.bad_lines:
+            m.bad_lines.labels(name).inc(exposition.bad_lines)
+            log.info(
+                "%s: %d bad lines, first: %s", name, exposition.bad_lines, exposition.errors[:1]
+            )
+        for reason, count in batch.resets.items():
+            m.resets.labels(name, reason).inc(count)
+        for reason, count in batch.dropped.items():
+            m.dropped.labels(reason).inc(count)

@@ -1,0 +1,75 @@
+"""The collector's own Prometheus metrics (served on its ``/metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["CollectorMetrics"]
+
+
+class CollectorMetrics:
+    """Scrape errors by target, durations, samples, bad lines, resets and drops by reason."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.scrapes = Counter(
+            "llmslo_collect_scrapes", "Scrapes attempted", ["target"], registry=r
+        )
+        self.scrape_errors = Counter(
+            "llmslo_collect_scrape_errors",
+            "Failed scrapes, by target and reason",
+            ["target", "reason"],
+            registry=r,
+        )
+        self.scrape_seconds = Histogram(
+            "llmslo_collect_scrape_duration_seconds",
+            "Time to fetch and parse one target",
+            ["target"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.up = Gauge(
+            "llmslo_collect_target_up",
+            "1 if the last scrape of the target succeeded",
+            ["target"],
+            registry=r,
+        )
+        self.samples = Counter("llmslo_collect_samples", "Samples scraped", ["target"], registry=r)
+        self.bad_lines = Counter(
+            "llmslo_collect_bad_lines",
+            "Exposition lines that failed to parse",
+            ["target"],
+            registry=r,
+        )
+        self.resets = Counter(
+            "llmslo_collect_counter_resets",
+            "Counter resets detected, by reason",
+            ["target", "reason"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            "llmslo_collect_dropped",
+            "Samples dropped, by reason (blank_sentinel, buffer_full)",
+            ["reason"],
+            registry=r,
+        )
+        self.rounds = Counter("llmslo_collect_rounds", "Scrape rounds completed", registry=r)
+        self.round_seconds = Histogram(
+            "llmslo_collect_round_duration_seconds",
+            "Time of one whole scrape round",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.published_rows = Counter(
+            "llmslo_collect_published_rows", "Rows acknowledged by Kafka", ["topic"], registry=r
+        )
+        self.publish_errors = Counter(
+            "llmslo_collect_publish_errors", "Failed publish attempts (retried)", registry=r
+        )
+        self.buffered_rows = Gauge(
+            "llmslo_collect_buffered_rows", "Rows waiting for Kafka", registry=r
+        )
+        self.targets = Gauge(
+            "llmslo_collect_targets", "Targets currently configured or discovered", registry=r
+        )
