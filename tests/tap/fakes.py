@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from collectors.tap import ListSink, TapConfig, TapProxy
 
@@ -75,7 +76,7 @@ class ScriptedUpstream:
     def __init__(self, script_for: Callable[[dict[str, Any]], Script]) -> None:
         self.script_for = script_for
         self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
+        self.headers: list[CIMultiDict[str]] = []
         self.closed_by_peer: list[float] = []  # wall time the tap closed a stream early
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -103,7 +104,7 @@ class ScriptedUpstream:
         body = await request.read()
         parsed = json.loads(body) if body else {}
         self.requests.append(parsed)
-        self.headers.append(dict(request.headers))
+        self.headers.append(CIMultiDict(request.headers))
         script = self.script_for(parsed)
         wants_usage = bool((parsed.get("stream_options") or {}).get("include_usage"))
         resp = web.StreamResponse(status=script.status, headers=script.headers)
