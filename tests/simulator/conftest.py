@@ -1,0 +1,125 @@
+"""Fixtures for simulator tests: a real fleet on loopback and small HTTP helpers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
+
+MODEL = "llama-3-8b"
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 30) -> tuple[int, bytes]:
+    """POST JSON; returns (status, body) also for HTTP errors."""
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def get(url: str, timeout: float = 10) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float, str]]]:
+    """``sample name → [(labels, value, family type)]`` via prometheus-client's parser."""
+    status, body = get(url + "/metrics")
+    assert status == 200
+    out: dict[str, list[tuple[dict[str, str], float, str]]] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value, family.type))
+    return out
+
+
+def value(
+    samples: dict[str, list[tuple[dict[str, str], float, str]]], name: str, **labels: str
+) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    rows = [
+        v for lab, v, _ in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items())
+    ]
+    assert rows, f"{name}{labels} not exposed"
+    return sum(rows)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def open_stream(port: int, body: dict[str, Any], route: str = "/v1/completions") -> socket.socket:
+    """Start a streaming request on a raw socket and read the response head."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(
+        f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    head = sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    return sock
+
+
+def completion(
+    max_tokens: int = 8, *, stream: bool = False, prompt_chars: int = 40, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "prompt": "a" * prompt_chars,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        **extra,
+    }
+
+
+@pytest.fixture
+def make_fleet() -> Iterator[Callable[..., Fleet]]:
+    """Factory: ``make_fleet(dialects=[...], speed=..., engine=...)`` → running Fleet, closed after."""
+    fleets: list[Fleet] = []
+
+    def factory(dialects: list[str] | None = None, *, speed: float = 20.0, **engine: Any) -> Fleet:
+        names = dialects or ["vllm"]
+        node = NodeConfig(name="node-0", gpus=max(1, len(names)))
+        pods = [
+            PodConfig(
+                name=f"pod-{i}",
+                dialect=d,
+                model=MODEL,
+                node="node-0",
+                gpus=[i],  # type: ignore[arg-type]
+                engine=engine or {},
+            )  # type: ignore[arg-type]
+            for i, d in enumerate(names)
+        ]
+        fleet = Fleet(FleetConfig(nodes=[node], pods=pods, speed=speed, seed=7))
+        fleet.start()
+        fleets.append(fleet)
+        return fleet
+
+    yield factory
+    for fleet in fleets:
+        fleet.close()

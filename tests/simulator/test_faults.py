@@ -1,0 +1,338 @@
+"""Each fault produces its documented observable signal, switched at run time."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import ConfigError
+from simulator import FAULTS
+from tests.simulator.conftest import (
+    completion,
+    get,
+    open_stream,
+    post,
+    scrape,
+    value,
+    wait_for,
+)
+
+
+def _running(url: str) -> float:
+    return value(scrape(url), "vllm:num_requests_running")
+
+
+def _quiet_post(url: str, body: dict) -> None:
+    try:
+        post(url, body)
+    except OSError:
+        pass  # the fleet closed under us at teardown
+
+
+def _background(
+    url: str, n: int, max_tokens: int, prompt_chars: int = 40
+) -> list[threading.Thread]:
+    body = completion(max_tokens, prompt_chars=prompt_chars)
+    threads = [
+        threading.Thread(target=_quiet_post, args=(url + "/v1/completions", body), daemon=True)
+        for _ in range(n)
+    ]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _dcgm(fleet, field: str, gpu: str = "0") -> float:
+    return value(scrape(fleet.dcgm[0].url), field, gpu=gpu)
+
+
+def test_stall_running_without_tokens_and_gpu_idle(make_fleet):
+    fleet = make_fleet(["vllm"], speed=1.0)
+    pod = fleet.pods[0]
+    _background(pod.url, 3, 5000)
+    assert wait_for(lambda: _running(pod.url) == 3)
+    _dcgm(fleet, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")  # start a measurement window
+    time.sleep(0.3)
+    assert _dcgm(fleet, "DCGM_FI_PROF_GR_ENGINE_ACTIVE") > 0.3
+    fleet.set_fault("pod-0", "stall")
+    time.sleep(0.2)
+    before = value(scrape(pod.url), "vllm:generation_tokens_total")
+    _dcgm(fleet, "DCGM_FI_DEV_GPU_UTIL")
+    time.sleep(0.5)
+    after = scrape(pod.url)
+    assert value(after, "vllm:num_requests_running") == 3
+    assert value(after, "vllm:generation_tokens_total") == before
+    assert _dcgm(fleet, "DCGM_FI_DEV_GPU_UTIL") == 0
+    assert _dcgm(fleet, "DCGM_FI_PROF_GR_ENGINE_ACTIVE") == 0
+    fleet.clear_fault("pod-0", "stall")
+    assert wait_for(lambda: value(scrape(pod.url), "vllm:generation_tokens_total") > before)
+
+
+def test_sglang_gauges_freeze_during_stall(make_fleet):
+    fleet = make_fleet(["sglang"], speed=1.0)
+    pod = fleet.pods[0]
+    _background(pod.url, 2, 5000)
+    assert wait_for(lambda: value(scrape(pod.url), "sglang:num_running_reqs") == 2)
+    fleet.set_fault("pod-0", "stall")
+    time.sleep(0.1)
+    frozen = value(scrape(pod.url), "sglang:gen_throughput")
+    decode = value(scrape(pod.url), "sglang:realtime_tokens_total", mode="decode")
+    time.sleep(0.3)
+    s = scrape(pod.url)
+    assert value(s, "sglang:gen_throughput") == frozen
+    assert value(s, "sglang:realtime_tokens_total", mode="decode") == decode
+
+
+def test_client_disconnect_aborts_the_request(make_fleet):
+    fleet = make_fleet(["vllm"], speed=1.0)
+    pod = fleet.pods[0]
+    sock = open_stream(pod.port, completion(5000, stream=True))
+    assert wait_for(lambda: _running(pod.url) == 1)
+    sock.close()
+    assert wait_for(lambda: _running(pod.url) == 0)
+    assert value(scrape(pod.url), "vllm:request_success_total", finished_reason="abort") == 1
+
+
+def test_ghost_keeps_generating_after_disconnect(make_fleet):
+    fleet = make_fleet(["vllm"], speed=1.0)
+    pod = fleet.pods[0]
+    fleet.set_fault("pod-0", "ghost")
+    sock = open_stream(pod.port, completion(5000, stream=True))
+    assert wait_for(lambda: _running(pod.url) == 1)
+    sock.close()
+    before = value(scrape(pod.url), "vllm:generation_tokens_total")
+    time.sleep(0.5)
+    s = scrape(pod.url)
+    assert value(s, "vllm:num_requests_running") == 1
+    assert value(s, "vllm:generation_tokens_total") > before
+    assert value(s, "vllm:request_success_total", finished_reason="abort") == 0
+
+
+def test_kv_leak_crosses_l1_l2_l3_thresholds(make_fleet):
+    fleet = make_fleet(["vllm"], speed=1.0, num_gpu_blocks=1000)
+    pod = fleet.pods[0]
+    fleet.set_fault("pod-0", "kv_leak", blocks_per_s=2000)
+    seen: list[float] = []
+    assert wait_for(
+        lambda: seen.append(value(scrape(pod.url), "vllm:kv_cache_usage_perc")) or seen[-1] >= 0.99,
+        timeout=10,
+        interval=0.02,
+    )
+    assert seen[0] < 0.9 and seen[-1] >= 0.99
+    assert seen == sorted(seen), "a leak only grows"
+
+
+def test_fragmentation_stalls_admission_with_room_left(make_fleet):
+    fleet = make_fleet(["vllm"], speed=1.0)
+    pod = fleet.pods[0]
+    fleet.set_fault("pod-0", "fragmentation", largest_free_run=1)
+    _background(pod.url, 4, 20, prompt_chars=400)  # 100 tokens need 7 contiguous blocks
+    assert wait_for(lambda: value(scrape(pod.url), "vllm:num_requests_waiting") == 4)
+    s = scrape(pod.url)
+    assert value(s, "vllm:kv_cache_usage_perc") < 0.1
+    fleet.clear_fault("pod-0", "fragmentation")
+    assert wait_for(lambda: value(scrape(pod.url), "vllm:request_success_total") == 4)
+
+
+def test_preemption_cascade(make_fleet):
+    fleet = make_fleet(["vllm"], speed=5.0, num_gpu_blocks=400)
+    pod = fleet.pods[0]
+    fleet.set_fault("pod-0", "preemption_cascade", reserve_fraction=0.85, preempt_probability=0.5)
+    _background(pod.url, 12, 200)
+    assert wait_for(lambda: value(scrape(pod.url), "vllm:num_preemptions_total") >= 5)
+    s = scrape(pod.url)
+    assert value(s, "vllm:kv_cache_usage_perc") > 0.85
+
+
+def test_slow_decode_and_slow_prefill_stretch_latency(make_fleet):
+    fleet = make_fleet(["vllm"], speed=2.0)
+    pod = fleet.pods[0]
+
+    def itl_and_ttft() -> tuple[float, float]:
+        s = scrape(pod.url)
+        return (
+            value(s, "vllm:inter_token_latency_seconds_sum"),
+            value(s, "vllm:time_to_first_token_seconds_sum"),
+        )
+
+    post(pod.url + "/v1/completions", completion(6))
+    itl0, ttft0 = itl_and_ttft()
+    fleet.set_fault("pod-0", "slow_decode", factor=6)
+    fleet.set_fault("pod-0", "slow_prefill", factor=6)
+    post(pod.url + "/v1/completions", completion(6))
+    itl1, ttft1 = itl_and_ttft()
+    assert (itl1 - itl0) > 3 * itl0
+    assert (ttft1 - ttft0) > 3 * ttft0
+
+
+def test_itl_jitter_widens_the_tail(make_fleet):
+    fleet = make_fleet(["vllm"], speed=1.0)
+    pod = fleet.pods[0]
+    fleet.set_fault("pod-0", "itl_jitter", mean_ms=200)
+    post(pod.url + "/v1/completions", completion(8))
+    s = scrape(pod.url)
+    slow = value(s, "vllm:inter_token_latency_seconds_count") - value(
+        s, "vllm:inter_token_latency_seconds_bucket", le="0.1"
+    )
+    assert slow >= 2
+
+
+def test_nan_burst_errors_and_corrupted_counter(make_fleet):
+    fleet = make_fleet(["vllm"])
+    pod = fleet.pods[0]
+    fleet.set_fault("pod-0", "nan_burst", fraction=1.0)
+    status, body = post(pod.url + "/v1/completions", completion(5, stream=True))
+    assert (
+        status == 200 and b'"finish_reason": "error"' in body and body.endswith(b"data: [DONE]\n\n")
+    )
+    s = scrape(pod.url)
+    assert value(s, "vllm:request_success_total", finished_reason="error") == 1
+    assert value(s, "vllm:corrupted_requests_total") == 1
+
+
+@pytest.mark.parametrize("fault", ["not_ready", "model_load_failure"])
+def test_not_ready_and_model_load_failure_answer_503(make_fleet, fault):
+    fleet = make_fleet(["vllm"])
+    pod = fleet.pods[0]
+    assert get(pod.url + "/health")[0] == 200
+    fleet.set_fault("pod-0", fault)
+    assert get(pod.url + "/health")[0] == 503
+    assert post(pod.url + "/v1/completions", completion(3))[0] == 503
+    fleet.clear_fault("pod-0", fault)
+    assert get(pod.url + "/health")[0] == 200
+
+
+def test_crash_closes_the_port_and_restart_resets_counters(make_fleet):
+    fleet = make_fleet(["vllm"])
+    pod = fleet.pods[0]
+    post(pod.url + "/v1/completions", completion(3))
+    start = value(scrape(pod.url), "process_start_time_seconds")
+    status, _ = post(pod.url + "/admin/faults", {"fault": "crash"})
+    assert status == 200
+
+    def refused() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", pod.port), timeout=1).close()
+            return False
+        except OSError:
+            return True
+
+    assert wait_for(refused)
+    fleet.clear_fault("pod-0", "crash")
+    s = scrape(pod.url)
+    assert value(s, "vllm:request_success_total") == 0
+    assert value(s, "process_start_time_seconds") >= start
+
+
+def test_prefill_failure_is_an_error_before_the_first_token(make_fleet):
+    fleet = make_fleet(["vllm"])
+    pod = fleet.pods[0]
+    fleet.set_fault("pod-0", "prefill_failure")
+    status, body = post(pod.url + "/v1/completions", completion(5, stream=True))
+    assert status == 500 and "error" in json.loads(body)
+    assert value(scrape(pod.url), "vllm:request_success_total", finished_reason="error") == 1
+
+
+def test_failure_after_first_token_cuts_the_stream(make_fleet):
+    fleet = make_fleet(["vllm"])
+    pod = fleet.pods[0]
+    fleet.set_fault("pod-0", "failure_after_first_token", after_tokens=3)
+    sock = open_stream(pod.port, completion(50, stream=True))
+    data = b""
+    sock.settimeout(10)
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    assert data.count(b'"text": " ') >= 1
+    assert b"[DONE]" not in data
+
+
+def test_xid_appears_on_the_pods_gpus_only(make_fleet):
+    fleet = make_fleet(["vllm", "vllm"])
+    fleet.set_fault("pod-1", "xid", code=79)
+    s = scrape(fleet.dcgm[0].url)
+    rows = {lab["gpu"]: (lab, v) for lab, v, _ in s["DCGM_FI_DEV_XID_ERRORS"]}
+    assert rows["1"][1] == 79 and rows["1"][0]["err_code"] == "79"
+    assert rows["1"][0]["err_msg"] == "GPU has fallen off the bus"
+    assert rows["0"][1] == 0
+
+
+def test_admin_endpoint_lists_sets_and_clears(make_fleet):
+    fleet = make_fleet(["vllm"])
+    pod = fleet.pods[0]
+    assert (
+        post(pod.url + "/admin/faults", {"fault": "slow_decode", "params": {"factor": 2}})[0] == 200
+    )
+    assert json.loads(get(pod.url + "/admin/faults")[1])["active"] == {
+        "slow_decode": {"factor": 2.0}
+    }
+    import urllib.request
+
+    req = urllib.request.Request(pod.url + "/admin/faults/slow_decode", method="DELETE")
+    assert urllib.request.urlopen(req).status == 200
+    assert json.loads(get(pod.url + "/admin/faults")[1])["active"] == {}
+
+
+def test_unknown_fault_and_bad_params_are_refused(make_fleet):
+    fleet = make_fleet(["vllm"])
+    pod = fleet.pods[0]
+    assert post(pod.url + "/admin/faults", {"fault": "meteor"})[0] == 404
+    assert (
+        post(pod.url + "/admin/faults", {"fault": "slow_decode", "params": {"factor": -1}})[0]
+        == 400
+    )
+    with pytest.raises(ConfigError, match="params.factor"):
+        fleet.set_fault("pod-0", "slow_decode", factor="x")
+    assert fleet.active_faults("pod-0") == {}
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    body=st.one_of(
+        st.binary(max_size=200),
+        st.dictionaries(
+            st.sampled_from(["fault", "params", "x"]),
+            st.one_of(
+                st.text(max_size=20),
+                st.integers(),
+                st.none(),
+                st.dictionaries(st.text(max_size=10), st.integers(), max_size=3),
+            ),
+            max_size=3,
+        ).map(lambda d: json.dumps(d).encode()),
+    )
+)
+def test_hostile_admin_bodies_never_cause_a_500(make_fleet, body):
+    if not hasattr(test_hostile_admin_bodies_never_cause_a_500, "fleet"):
+        test_hostile_admin_bodies_never_cause_a_500.fleet = make_fleet(["vllm"])  # type: ignore[attr-defined]
+    pod = test_hostile_admin_bodies_never_cause_a_500.fleet.pods[0]  # type: ignore[attr-defined]
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        pod.url + "/admin/faults", body, {"Content-Type": "application/json"}
+    )
+    try:
+        status = urllib.request.urlopen(req, timeout=10).status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    assert status in (200, 400, 404)
+    for name in list(pod.faults.snapshot()):
+        if name != "crash":
+            test_hostile_admin_bodies_never_cause_a_500.fleet.clear_fault("pod-0", name)  # type: ignore[attr-defined]
+
+
+def test_every_catalogued_fault_is_tested_here():
+    source = open(__file__).read()
+    missing = [name for name in FAULTS if f'"{name}"' not in source]
+    assert not missing
