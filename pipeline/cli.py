@@ -32,6 +32,7 @@ COMMAND_MODULES: list[str] = [
     "collectors.tap.cli",
     "collectors.cli",
     "simulator.cli",
+    "slo.cli",
 ]
 
 EPILOG = textwrap.dedent(

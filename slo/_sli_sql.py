@@ -28,7 +28,8 @@ def _tap_value(metric: str, statistic: str = "p99") -> str:
 
 
 def _selector_sql(selector: Mapping[str, tuple[str, ...]]) -> tuple[str, list[object]]:
-    clauses, params = [], []
+    clauses: list[str] = []
+    params: list[object] = []
     for column in sorted(selector):
         values = selector[column]
         clauses.append(f"{column} IN ({', '.join('?' * len(values))})")

@@ -62,7 +62,7 @@ def check_bucket_bounds(model: SloModel, observed: Mapping[str, set[float]] | No
         seen = (observed or {}).get(sli.metric)
         if seen:
             bounds, origin = sorted(seen), "bucket bounds seen in engine_samples"
-        elif sli.dialect in DEFAULT_BUCKETS:
+        elif sli.dialect is not None and sli.dialect in DEFAULT_BUCKETS:
             bounds, origin = list(DEFAULT_BUCKETS[sli.dialect][sli.metric]), f"default {sli.dialect} buckets"
         else:
             problems.append(f"{where}: no {sli.metric} bucket bounds known: set sli.dialect "

@@ -9,7 +9,7 @@ row there (see ``slo/README.md``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,26 +26,26 @@ class DetectorConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lookback_s: float = Field(600, gt=0, description="raw rows read per cycle")
-    stall_for_s: float = Field(60, gt=0, description="running > 0 with flat tokens this long is a stall")
-    ghost_grace_s: float = Field(2, ge=0)
-    ghost_min: int = Field(1, ge=1, description="ghost requests needed to report")
-    preemptions_per_min: float = Field(5, gt=0)
-    preemption_kv_usage: float = Field(0.85, gt=0, le=1)
-    fragmentation_ratio: float = Field(0.25, gt=0, lt=1, description="1 − largest free run / free blocks")
-    fragmentation_for_s: float = Field(300, gt=0)
-    fragmentation_room: float = Field(0.3, gt=0, lt=1, description="KV free ratio that counts as room")
-    hot_max_over_mean: float = Field(1.5, gt=1)
-    hot_min_requests: int = Field(50, ge=1)
-    retry_share: float = Field(0.1, gt=0, lt=1)
-    retry_min_attempts: int = Field(20, ge=1)
-    numeric_min_events: int = Field(3, ge=1)
-    queue_for_s: float = Field(120, gt=0)
-    queue_min_waiting: float = Field(5, ge=0)
-    queue_growth_per_min: float = Field(3, gt=0)
-    oom_kv_usage: float = Field(0.99, gt=0, le=1)
-    oom_fb_used: float = Field(0.98, gt=0, le=1, description="frame-buffer used share (FB is ~90 % pre-allocated)")
-    gpu_pods: dict[str, str] = Field({}, description="dcgm pod label → engine instance, when they differ")
+    lookback_s: float = Field(default=600, gt=0, description="raw rows read per cycle")
+    stall_for_s: float = Field(default=60, gt=0, description="running > 0 with flat tokens this long is a stall")
+    ghost_grace_s: float = Field(default=2, ge=0)
+    ghost_min: int = Field(default=1, ge=1, description="ghost requests needed to report")
+    preemptions_per_min: float = Field(default=5, gt=0)
+    preemption_kv_usage: float = Field(default=0.85, gt=0, le=1)
+    fragmentation_ratio: float = Field(default=0.25, gt=0, lt=1, description="1 − largest free run / free blocks")
+    fragmentation_for_s: float = Field(default=300, gt=0)
+    fragmentation_room: float = Field(default=0.3, gt=0, lt=1, description="KV free ratio that counts as room")
+    hot_max_over_mean: float = Field(default=1.5, gt=1)
+    hot_min_requests: int = Field(default=50, ge=1)
+    retry_share: float = Field(default=0.1, gt=0, lt=1)
+    retry_min_attempts: int = Field(default=20, ge=1)
+    numeric_min_events: int = Field(default=3, ge=1)
+    queue_for_s: float = Field(default=120, gt=0)
+    queue_min_waiting: float = Field(default=5, ge=0)
+    queue_growth_per_min: float = Field(default=3, gt=0)
+    oom_kv_usage: float = Field(default=0.99, gt=0, le=1)
+    oom_fb_used: float = Field(default=0.98, gt=0, le=1, description="frame-buffer used share (FB is ~90 % pre-allocated)")
+    gpu_pods: dict[str, str] = Field(default={}, description="dcgm pod label → engine instance, when they differ")
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Finding:
 Detector = Callable[[Snapshot, DetectorConfig], list[Finding]]
 
 
-def gini(values: list[float]) -> float:
+def gini(values: Sequence[float]) -> float:
     """Gini coefficient of non-negative shares: 0 = even, → 1 = all on one."""
     x = np.sort(np.asarray(values, dtype=float))
     if len(x) == 0 or x.sum() == 0:

@@ -132,7 +132,7 @@ def window_counts(
     for (table, _), items in batches.items():
         sql, params = _sum_query(table, [r for _, r in items], slo_ids)
         for row in con.execute(sql, params).fetchall():
-            key: RollupKey = tuple(row[:5])  # type: ignore[assignment]
+            key: RollupKey = (row[0], row[1], row[2], row[3], row[4])
             per = result[key]
             for i, (window, _) in enumerate(items):
                 counts = WindowCounts(int(row[5 + 2 * i] or 0), int(row[6 + 2 * i] or 0))

@@ -31,11 +31,11 @@ class FlagPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    l1_free: float = Field(0.10, gt=0, lt=1)
-    l2_free: float = Field(0.05, gt=0, lt=1)
-    l3_free: float = Field(0.01, gt=0, lt=1)
-    hysteresis: float = Field(0.02, ge=0, lt=1, description="ratio margin above a threshold needed to leave it")
-    dwell_s: float = Field(120.0, ge=0, description="seconds a level is held and the recovery lasts before leaving")
+    l1_free: float = Field(default=0.10, gt=0, lt=1)
+    l2_free: float = Field(default=0.05, gt=0, lt=1)
+    l3_free: float = Field(default=0.01, gt=0, lt=1)
+    hysteresis: float = Field(default=0.02, ge=0, lt=1, description="ratio margin above a threshold needed to leave it")
+    dwell_s: float = Field(default=120.0, ge=0, description="seconds a level is held and the recovery lasts before leaving")
 
     @model_validator(mode="after")
     def _ordered(self) -> FlagPolicy:

@@ -72,7 +72,7 @@ class LatencySpec(_Spec):
     threshold_s: float = Field(gt=0, le=86_400)
     source: Literal["tap", "engine"] = "tap"
     statistic: Literal["p99", "max", "mean", "jitter"] = "p99"
-    dialect: str | None = Field(None, description="engine dialect whose default buckets apply")
+    dialect: str | None = Field(default=None, description="engine dialect whose default buckets apply")
 
     @model_validator(mode="after")
     def _statistic_only_for_itl(self) -> LatencySpec:
@@ -129,8 +129,8 @@ class AlertingSpec(_Spec):
 
     page: bool = True
     ticket: bool = True
-    min_events: int = Field(0, ge=0, description="a pair alerts only if its long window holds this many events")
-    name: str | None = Field(None, description="alert name (default: SLO name in CamelCase + 'BudgetBurn')")
+    min_events: int = Field(default=0, ge=0, description="a pair alerts only if its long window holds this many events")
+    name: str | None = Field(default=None, description="alert name (default: SLO name in CamelCase + 'BudgetBurn')")
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
 

@@ -1,0 +1,203 @@
+"""``llmslo jobs``: every interval, roll up, evaluate SLOs, detect signals, step flags, publish.
+
+One :meth:`SloJobs.run_once` is a cycle at one event time: the injected clock's, or (by
+default) the newest timestamp in the data, so replaying history gives the same answers.
+A failing step is logged and counted (``llmslo_job_errors_total{job}``) and the next
+cycle retries: the loop never dies on one bad cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import duckdb
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.errors import LlmsloError
+from slo.detectors import DetectorConfig, Finding, detect_all
+from slo.evaluate import SloStatus, evaluate
+from slo.flags import FlagBoard, FlagPolicy, FlagTransition
+from slo.metrics import JobMetrics
+from slo.model import SloModel
+from slo.rollup import MINUTE_MS, Rollup
+from slo.sinks import (
+    ListTransitionSink,
+    TransitionSink,
+    create_output_tables,
+    load_flag_states,
+    write_findings,
+    write_status,
+)
+from slo.snapshot import Snapshot, load_snapshot
+
+__all__ = ["CycleResult", "JobsConfig", "SloJobs", "data_clock"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+DAY_MS = 86_400_000
+
+
+class JobsConfig(BaseModel):
+    """The ``slo`` section of the llmslo config file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spec: Path | None = Field(default=None, description="SLO spec file (llmslo/v1)")
+    interval_s: float = Field(default=15.0, gt=0, description="seconds between cycles")
+    settle_s: float = Field(default=600.0, ge=0, description="how far back each cycle recomputes rollups (late records)")
+    rollup_horizon_days: float = Field(default=7.0, gt=0, description="raw data a first build or rebuild reads")
+    minute_retention_days: float = Field(default=35.0, gt=0, description="slo_minute rows kept (≥ the longest period)")
+    prune_raw: bool = Field(default=False, description="delete raw rows older than store.raw_retention_days each hour")
+    kv_stale_s: float = Field(default=60.0, gt=0, description="a KV sample older than this is no observation")
+    pool_kv: Literal["mean", "worst"] = Field(default="mean", description="pool KV free ratio from its instances")
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="serve /metrics here (0 = any free port)")
+    metrics_host: str = "127.0.0.1"
+    detectors: DetectorConfig = DetectorConfig()
+    flags: FlagPolicy = FlagPolicy()
+
+
+@dataclass
+class CycleResult:
+    """What one cycle computed."""
+
+    now_ms: int
+    statuses: list[SloStatus] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    transitions: list[FlagTransition] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def data_clock(con: duckdb.DuckDBPyConnection) -> Callable[[], int | None]:
+    """Event time = newest sample or request in the store (``None`` while it is empty)."""
+
+    def now() -> int | None:
+        row = con.execute(
+            "SELECT greatest((SELECT max(ts_ms) FROM engine_samples), (SELECT max(received_ts_ms) FROM requests))"
+        ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    return now
+
+
+class SloJobs:
+    """The SLO engine's periodic jobs over one DuckDB connection."""
+
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, model: SloModel, config: JobsConfig | None = None, *,
+        sink: TransitionSink | None = None, metrics: JobMetrics | None = None,
+        clock: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.con = con
+        self.model = model
+        self.config = config or JobsConfig()
+        self.sink: TransitionSink = sink if sink is not None else ListTransitionSink()
+        self.metrics = metrics or JobMetrics()
+        self.clock = clock or data_clock(con)
+        self.rollup = Rollup(con, model, settle_ms=int(self.config.settle_s * 1000),
+                             horizon_ms=int(self.config.rollup_horizon_days * DAY_MS))
+        create_output_tables(con)
+        self.board = FlagBoard(self.config.flags, load_flag_states(con))
+        self.active: dict[tuple[str, str, str], Finding] = {}
+        self._stop = threading.Event()
+        self._last_prune_ms = 0
+
+    def _timed(self, job: str, result: CycleResult, fn: Callable[[], T]) -> T | None:
+        started = time.perf_counter()
+        try:
+            return fn()
+        except (duckdb.Error, LlmsloError, ValueError) as exc:
+            log.exception("slo job %s failed at %d", job, result.now_ms)
+            self.metrics.errors.labels(job).inc()
+            result.errors.append(f"{job}: {exc}")
+            return None
+        finally:
+            self.metrics.duration.labels(job).observe(time.perf_counter() - started)
+
+    def run_once(self, now_ms: int | None = None) -> CycleResult | None:
+        """One cycle at ``now_ms`` (default: the clock). ``None`` when there is no data yet."""
+        now = now_ms if now_ms is not None else self.clock()
+        if now is None:
+            return None
+        result = CycleResult(now)
+        self._timed("rollup", result, lambda: self.rollup.update(now))
+        result.statuses = self._timed("evaluate", result, lambda: evaluate(self.con, self.model, now)) or []
+        snap = self._timed("snapshot", result, lambda: self._snapshot(now))
+        if snap is not None:
+            result.findings = self._timed("signals", result, lambda: detect_all(snap, self.config.detectors)) or []
+            result.transitions = self._timed("flags", result, lambda: self._step_flags(snap, result.findings)) or []
+        self._timed("write", result, lambda: self._write(result))
+        self._timed("prune", result, lambda: self._prune(now))
+        self.metrics.last_eval.set(now / 1000)
+        return result
+
+    def _snapshot(self, now: int) -> Snapshot:
+        cfg = self.config.detectors
+        return load_snapshot(self.con, now, int(cfg.lookback_s * 1000), int(cfg.ghost_grace_s * 1000))
+
+    def _step_flags(self, snap: Snapshot, findings: list[Finding]) -> list[FlagTransition]:
+        oom = {f.scope_id: f.evidence for f in findings if f.signal == "oom_risk"}
+        stale = snap.now_ms - int(self.config.kv_stale_s * 1000)
+        pools: dict[str, dict[str, float]] = {}
+        transitions = []
+        for instance in sorted(snap.engine):
+            kv = snap.series(instance, "kv_usage")
+            free = 1.0 - kv.last() if kv is not None and len(kv) and kv.ts_ms[-1] >= stale else None
+            pool = snap.pools.get(instance, "")
+            if free is not None:
+                pools.setdefault(pool, {})[instance] = free
+            evidence: dict[str, Any] = {"kv_usage": None if free is None else 1 - free}
+            if instance in oom:
+                evidence["oom_risk"] = oom[instance]
+            t = self.board.observe(snap.now_ms, "instance", instance, pool, free, instance in oom, evidence)
+            transitions += [t] if t else []
+        for pool, frees in sorted(pools.items()):
+            values = list(frees.values())
+            free = min(values) if self.config.pool_kv == "worst" else sum(values) / len(values)
+            all_oom = all(i in oom for i in frees)  # one bad GPU does not send a whole pool to L3
+            evidence = {"instances": len(values), "kv_free_by_instance": frees, "aggregate": self.config.pool_kv}
+            t = self.board.observe(snap.now_ms, "pool", pool, pool, free, all_oom, evidence)
+            transitions += [t] if t else []
+        return transitions
+
+    def _write(self, result: CycleResult) -> None:
+        current = {f.key: f for f in result.findings}
+        started = [f for k, f in current.items() if k not in self.active]
+        ended = [f for k, f in self.active.items() if k not in current]
+        write_findings(self.con, result.now_ms, "firing", started)
+        write_findings(self.con, result.now_ms, "resolved", ended)
+        self.active = current
+        write_status(self.con, result.statuses)
+        if result.transitions:
+            self.sink.write(result.transitions)
+            for t in result.transitions:
+                self.metrics.transitions.labels(str(t.to_level)).inc()
+                log.warning("degradation %s %s: L%d → L%d (%s)", t.scope, t.scope_id, t.from_level, t.to_level,
+                            t.reason)
+        self.metrics.record_statuses(result.statuses)
+        self.metrics.record_findings(result.findings)
+        levels = {key: (key[1] if key[0] == "pool" else "", state.level) for key, state in self.board.states.items()}
+        self.metrics.record_levels(levels)
+
+    def _prune(self, now: int) -> None:
+        if now - self._last_prune_ms < 3_600_000:
+            return
+        self._last_prune_ms = now
+        self.rollup.prune(now - int(self.config.minute_retention_days * DAY_MS) // MINUTE_MS * MINUTE_MS)
+
+    def run(self, max_cycles: int | None = None) -> int:
+        """Cycle every ``interval_s`` until :meth:`stop` (or ``max_cycles``); returns cycles run."""
+        cycles = 0
+        while not self._stop.is_set() and (max_cycles is None or cycles < max_cycles):
+            self.run_once()
+            cycles += 1
+            self._stop.wait(self.config.interval_s)
+        return cycles
+
+    def stop(self) -> None:
+        self._stop.set()

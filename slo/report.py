@@ -1,0 +1,40 @@
+"""``llmslo slo report``: the SLO table for humans, or JSON for machines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from slo.evaluate import SloStatus
+from slo.metrics import group_label
+from slo.windows import format_duration
+
+__all__ = ["render_json", "render_table"]
+
+
+def _pct(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value * 100:.{digits}f}%"
+
+
+def render_table(statuses: Iterable[SloStatus]) -> str:
+    """One block per SLO (and group): objective, SLI, budget left, burn rate per window, alerting pairs."""
+    lines = []
+    for status in statuses:
+        slo = status.slo
+        title = f"{slo.id}" + (f" [{group_label(status.group)}]" if status.group else "")
+        lines.append(title)
+        lines.append(f"  objective {_pct(slo.objective)} over {format_duration(slo.period_ms)}   "
+                     f"SLI {_pct(status.sli)}   events {status.period.total} (bad {status.period.bad})   "
+                     f"budget left {_pct(status.budget_remaining, 1)}")
+        burns = "  ".join(f"{format_duration(w)} {b:.2f}" for w, b in status.burn_rates().items())
+        lines.append(f"  burn rate  {burns}")
+        for pair in status.pairs():
+            state = "ALERTING" if pair.alerting else ("guarded (too few events)" if pair.guarded else "ok")
+            lines.append(f"  {pair.pair.id:<14} factor {pair.pair.factor:<6g} short {pair.short_burn:8.2f} "
+                         f"long {pair.long_burn:8.2f}  {state}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render_json(statuses: Iterable[SloStatus]) -> dict[str, object]:
+    """``{"slos": [...]}`` with one entry per SLO and group (see :meth:`SloStatus.as_dict`)."""
+    return {"slos": [s.as_dict() for s in statuses]}

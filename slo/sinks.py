@@ -1,0 +1,123 @@
+"""Writers of the jobs' outputs: flag transitions (Kafka or DuckDB), findings, current status.
+
+:class:`BusTransitionSink` publishes FLAG_TRANSITIONS rows to the Kafka ``flags`` topic
+(the ingester stores them); :class:`StoreTransitionSink` writes them straight into the
+``flag_transitions`` table when no bus is used; :class:`ListTransitionSink` keeps them in
+memory (tests). The jobs' own tables ``slo_findings`` and ``slo_status_current`` are
+written here too (documented in ``slo/README.md``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Protocol
+
+import duckdb
+
+from pipeline.bus import BusProducer
+from pipeline.schema import FLAG_TRANSITIONS
+from slo.detectors import Finding
+from slo.evaluate import SloStatus
+from slo.flags import FlagState, FlagTransition, transitions_table
+
+__all__ = [
+    "OUTPUT_TABLES",
+    "BusTransitionSink",
+    "ListTransitionSink",
+    "StoreTransitionSink",
+    "TransitionSink",
+    "create_output_tables",
+    "load_flag_states",
+    "write_findings",
+    "write_status",
+]
+
+#: DDL of the tables the jobs write (besides the rollups).
+OUTPUT_TABLES = {
+    "slo_findings": """CREATE TABLE IF NOT EXISTS slo_findings (
+        ts_ms BIGINT NOT NULL, state VARCHAR NOT NULL, signal VARCHAR NOT NULL, scope VARCHAR NOT NULL,
+        scope_id VARCHAR NOT NULL, pool VARCHAR, severity VARCHAR, basis VARCHAR, evidence_json VARCHAR)""",
+    "slo_status_current": """CREATE TABLE IF NOT EXISTS slo_status_current (
+        slo_id VARCHAR NOT NULL, group_json VARCHAR NOT NULL, ts_ms BIGINT NOT NULL, status_json VARCHAR NOT NULL)""",
+}
+
+
+def create_output_tables(con: duckdb.DuckDBPyConnection) -> None:
+    for ddl in OUTPUT_TABLES.values():
+        con.execute(ddl)
+
+
+class TransitionSink(Protocol):
+    """Where flag transitions go."""
+
+    def write(self, transitions: list[FlagTransition]) -> None: ...
+
+
+class ListTransitionSink:
+    """Keeps transitions in memory."""
+
+    def __init__(self) -> None:
+        self.transitions: list[FlagTransition] = []
+
+    def write(self, transitions: list[FlagTransition]) -> None:
+        self.transitions.extend(transitions)
+
+
+class StoreTransitionSink:
+    """Inserts FLAG_TRANSITIONS rows into the store's ``flag_transitions`` table."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+
+    def write(self, transitions: list[FlagTransition]) -> None:
+        if transitions:
+            self.con.register("_llmslo_flags", transitions_table(transitions))
+            try:
+                self.con.execute(f"INSERT INTO {FLAG_TRANSITIONS.table} SELECT * FROM _llmslo_flags")
+            finally:
+                self.con.unregister("_llmslo_flags")
+
+
+class BusTransitionSink:
+    """Publishes transitions to the Kafka ``flags`` topic (keyed by scope id) and waits for acks."""
+
+    def __init__(self, producer: BusProducer, flush_timeout_s: float = 30.0) -> None:
+        self.producer = producer
+        self.flush_timeout_s = flush_timeout_s
+
+    def write(self, transitions: list[FlagTransition]) -> None:
+        if transitions:
+            self.producer.publish(FLAG_TRANSITIONS, transitions_table(transitions))
+            self.producer.flush(self.flush_timeout_s)
+
+
+def load_flag_states(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], FlagState]:
+    """The last stored level of every scope, so a restart resumes instead of re-announcing."""
+    rows = con.execute(
+        f"SELECT scope, scope_id, arg_max(to_level, ts_ms), max(ts_ms) FROM {FLAG_TRANSITIONS.table} GROUP BY ALL"
+    ).fetchall()
+    return {(scope, scope_id): FlagState(int(level), int(ts)) for scope, scope_id, level, ts in rows}
+
+
+def write_findings(con: duckdb.DuckDBPyConnection, ts_ms: int, state: str, findings: Iterable[Finding]) -> None:
+    """Append findings that started (``firing``) or ended (``resolved``) at ``ts_ms``."""
+    rows = [[ts_ms, state, f.signal, f.scope, f.scope_id, f.pool, f.severity, f.basis,
+             json.dumps(f.evidence, sort_keys=True, default=str)] for f in findings]
+    if rows:
+        con.executemany("INSERT INTO slo_findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def write_status(con: duckdb.DuckDBPyConnection, statuses: Iterable[SloStatus]) -> None:
+    """Replace ``slo_status_current`` with this cycle's statuses."""
+    rows = [[s.slo.id, json.dumps(dict(s.group), sort_keys=True), s.ts_ms, json.dumps(s.as_dict(), sort_keys=True)]
+            for s in statuses]
+    con.execute("BEGIN")
+    try:
+        con.execute("DELETE FROM slo_status_current")
+        if rows:
+            con.executemany("INSERT INTO slo_status_current VALUES (?, ?, ?, ?)", rows)
+        con.execute("COMMIT")
+    except duckdb.Error:
+        con.execute("ROLLBACK")
+        raise
