@@ -1,4 +1,4 @@
-"""Client disconnects: the tap closes upstream at once, counts it, and (drain mode) measures ghosts."""
+"""Client disconnects: the tap closes upstream at once, counts it; drain mode measures ghosts."""
 
 from __future__ import annotations
 

@@ -119,8 +119,9 @@ def test_a_client_that_never_reads_is_dropped_and_pushes_back_on_the_engine() ->
             sock.connect((host, int(port)))
             body = b'{"model":"m","stream":true,"messages":[]}'
             sock.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body)
             )
             started = time.monotonic()
             while not sink.requests and time.monotonic() - started < 20:

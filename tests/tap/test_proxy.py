@@ -154,10 +154,13 @@ def test_completions_route_is_measured_too() -> None:
 def test_other_paths_pass_through_untouched_and_unrecorded() -> None:
     async def scenario() -> None:
         up = ScriptedUpstream(lambda req: Script())
-        async with tap_over([up]) as (url, sink, _), aiohttp.ClientSession() as session:
-            async with session.get(url + "/v1/models?limit=2") as resp:
-                body = await resp.json()
-                assert resp.status == 200 and resp.headers["X-Up"] == "1"
+        async with (
+            tap_over([up]) as (url, sink, _),
+            aiohttp.ClientSession() as session,
+            session.get(url + "/v1/models?limit=2") as resp,
+        ):
+            body = await resp.json()
+            assert resp.status == 200 and resp.headers["X-Up"] == "1"
         assert body == {"path": "/v1/models", "query": "limit=2"}
         assert sink.requests == []
 
