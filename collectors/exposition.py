@@ -73,6 +73,7 @@ _SAMPLE_RE = re.compile(rf"({_NAME})[ \t]*(?:\{{({_LABEL_TEXT})\}})?(.*)\Z", re.
 _LABEL_PAIR_RE = re.compile(
     r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|\Z)'
 )
+_ASCII_SPACE_RE = re.compile(r"[ \t\n\r\x0b\x0c]+")
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _HELP_ESCAPE_RE = re.compile(r"\\[\\n]")
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
@@ -261,7 +262,7 @@ class _ParseState:
     # -- lines -----------------------------------------------------------------------------
     def comment(self, line: str) -> bool:
         """Handle a ``#`` line; returns False at ``# EOF``."""
-        parts = line.split(None, 3)
+        parts = _ASCII_SPACE_RE.split(line, maxsplit=3)  # as prometheus_client: ASCII only
         if len(parts) < 2 or parts[0] != "#":
             return True  # a plain comment ("#foo" or "#")
         keyword = parts[1]
