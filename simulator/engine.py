@@ -159,7 +159,8 @@ class EngineModel:
         taken = 0.0
         leak = self.faults.get("kv_leak")
         if leak is not None:
-            since = self.faults.since("kv_leak") or now_s
+            since = self.faults.since("kv_leak")
+            since = now_s if since is None else since
             grown = leak.blocks_per_s * max(0.0, now_s - since) * self.speed
             taken += min(leak.max_fraction * self.total_blocks, grown)
         cascade = self.faults.get("preemption_cascade")

@@ -117,15 +117,10 @@ class HistoryGenerator:
         self.finished = np.zeros((n, 3))  # stop, length, error
         self.hist = [np.zeros((n, len(b) + 2)) for _, _, b in _HISTOGRAMS]  # buckets..., +Inf, sum
         self.start_ts_ms = config.end_ts_ms - int(config.days * 86_400_000)
-        day_count = max(1, math.ceil(config.days))
-        starts = self.rng.uniform(
-            0, 86_400 - 3600, int(self.rng.poisson(config.incidents_per_day * day_count))
-        )
-        days = self.rng.integers(0, day_count, len(starts))
-        self.incidents = [
-            (self.start_ts_ms + int((d * 86_400 + s) * 1000))
-            for d, s in zip(days, starts, strict=True)
-        ]
+        span_s = max(0.0, config.days * 86_400 - 3600)
+        count = int(round(config.incidents_per_day * config.days))
+        starts = np.sort(self.rng.uniform(0, span_s, count)) if span_s > 0 else np.zeros(0)
+        self.incidents = [self.start_ts_ms + int(s * 1000) for s in starts]
         self._req_seq = 0
 
     def _load(self, ts_ms: np.ndarray) -> np.ndarray:

@@ -253,11 +253,8 @@ class _Client:
             if b'"usage"' in line:
                 usage_tokens = json.loads(line[6:]).get("usage", {}).get("completion_tokens")
                 continue
-            if (
-                (b'"content": "' in line
-                and b'"content": ""' not in line)
-                or (b'"text": "' in line
-                and b'"text": ""' not in line)
+            if (b'"content": "' in line and b'"content": ""' not in line) or (
+                b'"text": "' in line and b'"text": ""' not in line
             ):
                 chunks += 1
                 if first is None:
