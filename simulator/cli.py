@@ -47,7 +47,8 @@ def register(subparsers: Any) -> None:
         "sim",
         "Run a simulated fleet (engine pods + dcgm exporters) until SIGTERM.",
         "llmslo sim --pods 8 --dialects vllm,sglang,trtllm,vllm-legacy\n"
-        "llmslo sim --config config/simulator.example.yaml --scenario config/simulator.scenario.example.yaml\n"
+        "llmslo sim --config config/simulator.example.yaml \\\n"
+        "    --scenario config/simulator.scenario.example.yaml\n"
         "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb",
     )
     sim.add_argument(
@@ -99,8 +100,10 @@ def register(subparsers: Any) -> None:
         "Drive load at pods: Poisson or trace replay; prints a client-side report.",
         "llmslo load --targets http://127.0.0.1:8000 --rate 20 --duration 60\n"
         "llmslo load --targets http://127.0.0.1:8000,http://127.0.0.1:8001 \\\n"
-        "    --trace ../shared/traces/azure2023_AzureLLMInferenceTrace_conv.csv --time-scale 10 --limit 500\n"
-        "llmslo load --targets URL --rate 50 --duration 30 --retries 3 --deadline 5 --cancel-after 2 --hot-share 0.5",
+        "    --trace ../shared/traces/azure2023_AzureLLMInferenceTrace_conv.csv \\\n"
+        "    --time-scale 10 --limit 500\n"
+        "llmslo load --targets URL --rate 50 --duration 30 --retries 3 --deadline 5 \\\n"
+        "    --cancel-after 2 --hot-share 0.5",
     )
     load.add_argument("--targets", required=True, help="comma-separated base URLs")
     load.add_argument("--model", default="llama-3-8b")

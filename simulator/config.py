@@ -77,7 +77,7 @@ class PodConfig(_Model):
     node: str | None = None
     gpus: list[int] = Field(default_factory=lambda: [0])
     namespace: str = "default"
-    engine: EngineConfig = Field(default_factory=EngineConfig)
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig.model_validate({}))
     port: int | None = Field(
         default=None, ge=0, le=65535, description="fixed port; default a free one"
     )
@@ -171,7 +171,7 @@ def simple_fleet(
             model=model,
             node=f"node-{i // gpus_per_node}",
             gpus=[i % gpus_per_node],
-            engine=engine or EngineConfig(),
+            engine=engine or EngineConfig.model_validate({}),
         )
         for i in range(pods)
     ]

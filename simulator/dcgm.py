@@ -79,12 +79,12 @@ DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
     (
         "DCGM_FI_PROF_PCIE_TX_BYTES",
         "gauge",
-        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",  # noqa: E501
     ),
     (
         "DCGM_FI_PROF_PCIE_RX_BYTES",
         "gauge",
-        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",  # noqa: E501
     ),
 )
 _INT_FIELDS = {
@@ -214,8 +214,8 @@ class DcgmExporter:
             "DCGM_FI_DEV_POWER_USAGE": power,
             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": int(gpu.energy_mj),
             "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
-            "DCGM_FI_DEV_GPU_UTIL": int(round(100 * activity)),
-            "DCGM_FI_DEV_MEM_COPY_UTIL": int(round(60 * activity)),
+            "DCGM_FI_DEV_GPU_UTIL": round(100 * activity),
+            "DCGM_FI_DEV_MEM_COPY_UTIL": round(60 * activity),
             "DCGM_FI_DEV_ENC_UTIL": 0,
             "DCGM_FI_DEV_DEC_UTIL": 0,
             "DCGM_FI_DEV_XID_ERRORS": xid_code,

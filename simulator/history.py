@@ -22,6 +22,7 @@ import pyarrow as pa
 from scipy.stats import lognorm
 
 from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, REQUEST_RECORDS, RecordSchema
+from pipeline.store import Store
 from simulator.dialects.vllm import ITL_BUCKETS, TTFT_BUCKETS
 
 __all__ = ["BusSink", "HistoryConfig", "HistoryGenerator", "HistorySink", "StoreSink"]
@@ -60,7 +61,7 @@ class HistorySink(Protocol):
 class StoreSink:
     """Straight into DuckDB via ``Store.commit_batch`` (one transaction per chunk)."""
 
-    def __init__(self, store: object) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
 
     def write(self, schema: RecordSchema, table: pa.Table) -> None:
@@ -68,7 +69,7 @@ class StoreSink:
         ts_ms = int(rows.column(0)[0].as_py()) if schema is not REQUEST_RECORDS else 0
         self.store.commit_batch(
             {schema.table: rows},
-            group_id="llmslo-sim-history",  # type: ignore[attr-defined]
+            group_id="llmslo-sim-history",
             offsets={},
             now_ts_ms=ts_ms,
         )
@@ -118,7 +119,7 @@ class HistoryGenerator:
         self.hist = [np.zeros((n, len(b) + 2)) for _, _, b in _HISTOGRAMS]  # buckets..., +Inf, sum
         self.start_ts_ms = config.end_ts_ms - int(config.days * 86_400_000)
         span_s = max(0.0, config.days * 86_400 - 3600)
-        count = int(round(config.incidents_per_day * config.days))
+        count = round(config.incidents_per_day * config.days)
         starts = np.sort(self.rng.uniform(0, span_s, count)) if span_s > 0 else np.zeros(0)
         self.incidents = [self.start_ts_ms + int(s * 1000) for s in starts]
         self._req_seq = 0

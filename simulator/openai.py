@@ -130,7 +130,10 @@ class StreamRenderer:
         if self.chat:
             body = f'"delta": {{"content": "{text}"}}, "logprobs": null, "finish_reason": {finish}'
         else:
-            body = f'"text": "{text}", "logprobs": null, "finish_reason": {finish}, "stop_reason": null'
+            body = (
+                f'"text": "{text}", "logprobs": null, "finish_reason": {finish}, '
+                '"stop_reason": null'
+            )
         return f"data: {self._head}{body}}}]}}\n\n".encode()
 
     def finish_chunk(self, finish_reason: str) -> bytes:
@@ -138,7 +141,10 @@ class StreamRenderer:
         if self.chat:
             body = f'"delta": {{}}, "logprobs": null, "finish_reason": "{finish_reason}"'
         else:
-            body = f'"text": "", "logprobs": null, "finish_reason": "{finish_reason}", "stop_reason": null'
+            body = (
+                f'"text": "", "logprobs": null, "finish_reason": "{finish_reason}", '
+                '"stop_reason": null'
+            )
         return f"data: {self._head}{body}}}]}}\n\n".encode()
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:

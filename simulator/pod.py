@@ -8,6 +8,7 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE or JSON),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -168,7 +169,8 @@ class EnginePod:
 
     async def _crash_soon(self) -> None:
         await asyncio.sleep(0.05)
-        await self.crash()
+        if "crash" in self.faults:  # not cleared in the meantime
+            await self.crash()
 
     async def restart(self) -> None:
         """Come back on the same port as a new process (counters reset)."""
@@ -219,10 +221,8 @@ class EnginePod:
                 self._wake.clear()
                 if engine.waiting and not engine.stalled():
                     # admission blocked (KV full / fragmented): poll slowly for room
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), 0.05)
-                    except TimeoutError:
-                        pass
                 else:
                     await self._wake.wait()
                 continue
@@ -260,7 +260,8 @@ class EnginePod:
             return web.json_response(error_body(msg, "NotFoundError", 404), status=404)
         prompt_tokens = count_prompt_tokens(body)
         if prompt_tokens >= self.engine.config.max_model_len:
-            msg = f"prompt of {prompt_tokens} tokens exceeds max_model_len {self.engine.config.max_model_len}"
+            limit = self.engine.config.max_model_len
+            msg = f"prompt of {prompt_tokens} tokens exceeds max_model_len {limit}"
             return web.json_response(error_body(msg, "BadRequestError", 400), status=400)
         max_tokens = (
             body.max_completion_tokens

@@ -97,7 +97,7 @@ class MetricsDialect:
         self.refresh(engine, now_s)
         if self.emit_created:
             return generate_latest(self.registry)
-        return generate_latest(_WithoutCreated(self.registry))  # type: ignore[arg-type]
+        return generate_latest(_WithoutCreated(self.registry))
 
     @staticmethod
     def child(metric: Any, **labels: str) -> Any:

@@ -250,7 +250,7 @@ class SglangDialect(MetricsDialect):
         if engine.stalled():
             return  # the scheduler process hangs: the tokenizer keeps serving the last values
         capacity = engine.total_blocks * engine.config.block_size
-        used = int(round(engine.kv_usage(now_s) * capacity))
+        used = round(engine.kv_usage(now_s) * capacity)
         self.running.set(len(engine.running))
         self.queue.set(len(engine.waiting))
         self.token_usage.set(engine.kv_usage(now_s))

@@ -90,13 +90,13 @@ class TrtllmDialect(MetricsDialect):
         )
         self.output_len = out.labels(**base, response_metric_type="total_output_tokens")
         docs = {
-            "nv_inference_request_success": "Number of successful inference requests, all batch sizes",
+            "nv_inference_request_success": "Number of successful inference requests, all batch sizes",  # noqa: E501
             "nv_inference_request_failure": "Number of failed inference requests, all batch sizes",
-            "nv_inference_count": "Number of inferences performed (does not include cached requests)",
-            "nv_inference_exec_count": "Number of model executions performed (does not include cached requests)",
-            "nv_inference_request_duration_us": "Cumulative inference request duration in microseconds (includes cached requests)",
-            "nv_inference_queue_duration_us": "Cumulative inference queuing duration in microseconds (includes cached requests)",
-            "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in microseconds (does not include cached requests)",
+            "nv_inference_count": "Number of inferences performed (does not include cached requests)",  # noqa: E501
+            "nv_inference_exec_count": "Number of model executions performed (does not include cached requests)",  # noqa: E501
+            "nv_inference_request_duration_us": "Cumulative inference request duration in microseconds (includes cached requests)",  # noqa: E501
+            "nv_inference_queue_duration_us": "Cumulative inference queuing duration in microseconds (includes cached requests)",  # noqa: E501
+            "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in microseconds (does not include cached requests)",  # noqa: E501
         }
         self.triton = {name: c(name, docs[name], bn).labels(**base) for name in _TRITON_COUNTERS}
         self.pending = g(
@@ -127,22 +127,23 @@ class TrtllmDialect(MetricsDialect):
         free = engine.free_blocks(now_s)
         used = cfg.num_gpu_blocks - free
         context = sum(1 for r in engine.running if r.first_token_s is None)
-        for key, value in (
+        for key, count in (
             ("active", len(engine.running)),
             ("max", cfg.max_num_seqs),
             ("scheduled", len(engine.running)),
             ("context", context),
             ("waiting", len(engine.waiting)),
         ):
-            self.request[key].set(value)
-        for key, value in (
+            self.request[key].set(count)
+        kv_values: tuple[tuple[str, float], ...] = (
             ("max", cfg.num_gpu_blocks),
             ("free", free),
             ("used", used),
             ("tokens_per", cfg.block_size),
             ("reused", 0),
             ("fraction", used / cfg.num_gpu_blocks),
-        ):
+        )
+        for key, value in kv_values:
             self.kv[key].set(value)
         self.memory["gpu"].set(72 * 2**30)
         self.memory["cpu"].set(2 * 2**30)

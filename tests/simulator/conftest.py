@@ -98,7 +98,7 @@ def completion(
 
 @pytest.fixture
 def make_fleet() -> Iterator[Callable[..., Fleet]]:
-    """Factory: ``make_fleet(dialects=[...], speed=..., engine=...)`` → running Fleet, closed after."""
+    """Factory: ``make_fleet(dialects, speed=..., **engine)`` → a running Fleet, closed after."""
     fleets: list[Fleet] = []
 
     def factory(dialects: list[str] | None = None, *, speed: float = 20.0, **engine: Any) -> Fleet:

@@ -50,7 +50,7 @@ def test_prefill_time_grows_with_prompt_tokens_and_decode_with_batch():
     perf = PROFILES["llama2-70b/h100/tp4"]
     assert perf.prefill_ms(4000) > perf.prefill_ms(500) > 0
     assert perf.decode_ms(64) > perf.decode_ms(1) > 0
-    engine, clock, _ = _engine()
+    engine, _, _ = _engine()
     sink: list = []
     _add(engine, 2000, 2, sink)
     plan = engine.plan_step()
@@ -70,7 +70,7 @@ def test_every_request_gets_exactly_its_tokens():
 
 
 def test_admission_respects_max_num_seqs():
-    engine, clock, _ = _engine(max_num_seqs=4)
+    engine, _, _ = _engine(max_num_seqs=4)
     sink: list = []
     for _ in range(10):
         _add(engine, 10, 50, sink)
@@ -91,6 +91,7 @@ def test_preemption_by_recompute_when_kv_runs_out():
 
 def test_stall_makes_no_progress_until_cleared():
     engine, clock, _ = _engine()
+    assert clock.now == 0.0
     sink: list = []
     _add(engine, 10, 5, sink)
     engine.faults.set("stall", None, 0.0)

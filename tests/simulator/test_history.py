@@ -41,14 +41,16 @@ def test_counters_and_buckets_are_monotone(store):
     _generate(store)
     bad = store.con.execute(
         """SELECT count(*) FROM (
-             SELECT value - lag(value) OVER (PARTITION BY instance, metric, labels_json, le ORDER BY ts_ms) AS d
+             SELECT value - lag(value) OVER (
+                 PARTITION BY instance, metric, labels_json, le ORDER BY ts_ms) AS d
              FROM engine_samples WHERE kind IN ('counter', 'bucket', 'count', 'sum')) WHERE d < 0"""
     ).fetchone()[0]
     assert bad == 0
     # _count equals the +Inf bucket, buckets cumulative in le
     mismatch = store.con.execute(
         """SELECT count(*) FROM engine_samples c JOIN engine_samples b
-             ON c.instance = b.instance AND c.ts_ms = b.ts_ms AND b.metric = replace(c.metric, '_count', '_bucket')
+             ON c.instance = b.instance AND c.ts_ms = b.ts_ms
+            AND b.metric = replace(c.metric, '_count', '_bucket')
            WHERE c.kind = 'count' AND b.le = 'inf'::DOUBLE AND b.value <> c.value"""
     ).fetchone()[0]
     assert mismatch == 0

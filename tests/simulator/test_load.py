@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def test_real_azure_trace_reads_whole_file():
     rows = load_trace(AZURE)
     assert len(rows) == 8819
     assert rows[-1].offset_s == pytest.approx(3436, abs=2)
-    assert all(b.offset_s >= a.offset_s for a, b in zip(rows, rows[1:]))
+    assert all(b.offset_s >= a.offset_s for a, b in itertools.pairwise(rows))
 
 
 @pytest.mark.skipif(not MOONCAKE.exists(), reason="shared traces not present")
