@@ -39,14 +39,21 @@ def bench_model(slos: int) -> SloModel:
         {"kind": "latency", "metric": "e2e", "threshold_s": 30.0},
     ]
     specs = [
-        {"name": f"slo-{i}", "objective": 0.99, "sli": kinds[i % len(kinds)], "group_by": ["instance"],
-         "alerting": {"min_events": 100}}
+        {
+            "name": f"slo-{i}",
+            "objective": 0.99,
+            "sli": kinds[i % len(kinds)],
+            "group_by": ["instance"],
+            "alerting": {"min_events": 100},
+        }
         for i in range(slos)
     ]
     return build_model(parse_spec({"version": "llmslo/v1", "service": "bench", "slos": specs}))
 
 
-def build_rollups(con: duckdb.DuckDBPyConnection, model: SloModel, instances: int, days: int) -> int:
+def build_rollups(
+    con: duckdb.DuckDBPyConnection, model: SloModel, instances: int, days: int
+) -> int:
     """Fill slo_minute with synthetic counts, then slo_hour through the rollup code."""
     create_rollup_tables(con)
     start = NOW_MS - days * DAY_MS
@@ -54,7 +61,8 @@ def build_rollups(con: duckdb.DuckDBPyConnection, model: SloModel, instances: in
     for slo in model.slos:
         con.execute(
             f"""INSERT INTO slo_minute
-                SELECT ?, {start} + m * {MINUTE_MS}, 'pool-' || (i % 4), '10.0.' || (i // 250) || '.' || (i % 250) || ':8000',
+                SELECT ?, {start} + m * {MINUTE_MS}, 'pool-' || (i % 4),
+                       '10.0.' || (i // 250) || '.' || (i % 250) || ':8000',
                        '', '', t, CAST(t * 0.002 * ((m * 7 + i) % 5) AS BIGINT)
                 FROM (SELECT m, i, CAST(20 + 10 * sin(m / 229.0) + (i % 3) AS BIGINT) AS t
                       FROM range({minutes}) r(m), range({instances}) s(i))
@@ -69,12 +77,16 @@ def build_rollups(con: duckdb.DuckDBPyConnection, model: SloModel, instances: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="32 instances instead of 256 (< 60 s)")
     parser.add_argument("--instances", type=int, default=None)
     parser.add_argument("--slos", type=int, default=6)
     parser.add_argument("--days", type=int, default=30)
-    parser.add_argument("--repeat", type=int, default=5, help="timed evaluations; the median is reported")
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="timed evaluations; the median is reported"
+    )
     parser.add_argument("--db", type=Path, help="DuckDB file (default: a temporary one)")
     args = parser.parse_args(argv)
     instances = args.instances or (32 if args.quick else 256)
@@ -94,10 +106,24 @@ def main(argv: list[str] | None = None) -> int:
     timings.sort()
     median = timings[len(timings) // 2]
     alerting = sum(any(p.alerting for p in s.pairs()) for s in statuses)
-    print(f"evaluations: {', '.join(f'{t:.3f}' for t in timings)} s; {len(statuses)} statuses, "
-          f"{alerting} alerting", file=sys.stderr)
-    print(json.dumps({"bench": "slo_eval", "seconds": round(median, 4), "instances": instances,
-                      "slos": args.slos, "days": args.days, "minute_rows": rows, "statuses": len(statuses)}))
+    print(
+        f"evaluations: {', '.join(f'{t:.3f}' for t in timings)} s; {len(statuses)} statuses, "
+        f"{alerting} alerting",
+        file=sys.stderr,
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "slo_eval",
+                "seconds": round(median, 4),
+                "instances": instances,
+                "slos": args.slos,
+                "days": args.days,
+                "minute_rows": rows,
+                "statuses": len(statuses),
+            }
+        )
+    )
     return 0
 
 

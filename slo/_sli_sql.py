@@ -18,7 +18,12 @@ MINUTE_MS = 60_000
 ENGINE_LOOKBACK_MS = 10 * MINUTE_MS
 
 _TAP_VALUE = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s"}
-_ITL_VALUE = {"p99": "itl_p99_s", "max": "itl_max_s", "mean": "itl_mean_s", "jitter": "(itl_p99_s - itl_mean_s)"}
+_ITL_VALUE = {
+    "p99": "itl_p99_s",
+    "max": "itl_max_s",
+    "mean": "itl_mean_s",
+    "jitter": "(itl_p99_s - itl_mean_s)",
+}
 #: A request that failed, was cut, or whose client left (ghost) is always a bad event.
 _FAILED = "(outcome <> 'ok' OR coalesce(client_disconnected, false))"
 
@@ -45,10 +50,14 @@ def _tap_good_eligible(slo: Slo) -> tuple[str, str]:
         value = _tap_value(sli.metric, sli.statistic)
         # A successful request without the value (TPOT with one token, TTFT of a
         # non-streamed response) is not an event of this SLI; a failed one always is.
-        return f"NOT {_FAILED} AND {value} <= {sli.threshold_s!r}", f"({_FAILED} OR {value} IS NOT NULL)"
+        return (
+            f"NOT {_FAILED} AND {value} <= {sli.threshold_s!r}",
+            f"({_FAILED} OR {value} IS NOT NULL)",
+        )
     assert isinstance(sli, GoodputSpec)
     met = " AND ".join(
-        f"coalesce({_tap_value(metric)} <= {threshold!r}, true)" for metric, threshold in sorted(sli.targets_s.items())
+        f"coalesce({_tap_value(metric)} <= {threshold!r}, true)"
+        for metric, threshold in sorted(sli.targets_s.items())
     )
     return f"NOT {_FAILED} AND {met}", "true"
 
@@ -92,7 +101,8 @@ def engine_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[
                    (ts_ms // {MINUTE_MS}) * {MINUTE_MS} AS minute, arg_max(value, ts_ms) AS v
             FROM engine_samples
             WHERE signal = ? AND ts_ms >= ? AND ts_ms < ?{where}
-              AND (kind = 'count' OR (kind = 'bucket' AND abs(le - {threshold!r}) <= {threshold * 1e-9!r}))
+              AND (kind = 'count'
+                   OR (kind = 'bucket' AND abs(le - {threshold!r}) <= {threshold * 1e-9!r}))
             GROUP BY ALL),
         d AS (
             SELECT *, lag(v) OVER (PARTITION BY {series} ORDER BY minute) AS pv FROM s),
@@ -106,6 +116,7 @@ def engine_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[
                    round(coalesce(sum(inc) FILTER (WHERE kind = 'bucket'), 0)) AS good
             FROM inc GROUP BY ALL)
         SELECT ? AS slo_id, minute AS ts_ms, pool, instance, '' AS tenant, '' AS route,
-               CAST(total AS BIGINT) AS total, CAST(least(total, greatest(0, total - good)) AS BIGINT) AS bad
+               CAST(total AS BIGINT) AS total,
+               CAST(least(total, greatest(0, total - good)) AS BIGINT) AS bad
         FROM per WHERE total > 0"""
     return sql, [sli.metric, start_ms - ENGINE_LOOKBACK_MS, end_ms, *params, start_ms, slo.id]

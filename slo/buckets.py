@@ -18,17 +18,124 @@ from slo.spec import LatencySpec
 
 __all__ = ["DEFAULT_BUCKETS", "check_bucket_bounds", "observed_bounds"]
 
-_VLLM_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-              10, 20, 40, 80, 160, 640, 2560)
-_VLLM_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10,
-             20, 40, 80)
-_VLLM_E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960,
-             1920, 7680)
+_VLLM_TTFT = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10,
+    20,
+    40,
+    80,
+    160,
+    640,
+    2560,
+)
+_VLLM_ITL = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10,
+    20,
+    40,
+    80,
+)
+_VLLM_E2E = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5,
+    10,
+    15,
+    20,
+    30,
+    40,
+    50,
+    60,
+    120,
+    240,
+    480,
+    960,
+    1920,
+    7680,
+)
 _SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-_SGLANG_ITL = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
-               0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1, 2, 4, 6, 8)
-_SGLANG_E2E = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200,
-               1800, 2400)
+_SGLANG_ITL = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.060,
+    0.080,
+    0.100,
+    0.200,
+    0.400,
+    0.600,
+    0.800,
+    1,
+    2,
+    4,
+    6,
+    8,
+)
+_SGLANG_E2E = (
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1,
+    2,
+    4,
+    6,
+    8,
+    10,
+    20,
+    40,
+    60,
+    80,
+    100,
+    200,
+    400,
+    600,
+    1200,
+    1800,
+    2400,
+)
 
 #: Default bucket bounds (seconds) per dialect and canonical histogram signal.
 DEFAULT_BUCKETS: Mapping[str, Mapping[str, tuple[float, ...]]] = {
@@ -51,7 +158,9 @@ def _has_bound(bounds: Iterable[float], threshold: float) -> bool:
     return any(math.isclose(bound, threshold, rel_tol=1e-9, abs_tol=1e-12) for bound in bounds)
 
 
-def check_bucket_bounds(model: SloModel, observed: Mapping[str, set[float]] | None = None) -> list[str]:
+def check_bucket_bounds(
+    model: SloModel, observed: Mapping[str, set[float]] | None = None
+) -> list[str]:
     """Problems with engine-histogram thresholds, one message per SLO (empty when fine)."""
     problems = []
     for index, slo in enumerate(model.slos):
@@ -63,10 +172,15 @@ def check_bucket_bounds(model: SloModel, observed: Mapping[str, set[float]] | No
         if seen:
             bounds, origin = sorted(seen), "bucket bounds seen in engine_samples"
         elif sli.dialect is not None and sli.dialect in DEFAULT_BUCKETS:
-            bounds, origin = list(DEFAULT_BUCKETS[sli.dialect][sli.metric]), f"default {sli.dialect} buckets"
+            bounds, origin = (
+                list(DEFAULT_BUCKETS[sli.dialect][sli.metric]),
+                f"default {sli.dialect} buckets",
+            )
         else:
-            problems.append(f"{where}: no {sli.metric} bucket bounds known: set sli.dialect "
-                            f"({', '.join(DEFAULT_BUCKETS)}) or validate against a store with data")
+            problems.append(
+                f"{where}: no {sli.metric} bucket bounds known: set sli.dialect "
+                f"({', '.join(DEFAULT_BUCKETS)}) or validate against a store with data"
+            )
             continue
         if not _has_bound(bounds, sli.threshold_s):
             near = sorted(bounds, key=lambda b: abs(b - sli.threshold_s))[:2]

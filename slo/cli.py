@@ -36,7 +36,10 @@ register_section("slo", JobsConfig)
 
 def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_, description=help_, epilog="examples:\n" + textwrap.indent(examples, "  "),
+        name,
+        help=help_,
+        description=help_,
+        epilog="examples:\n" + textwrap.indent(examples, "  "),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return parser
@@ -44,37 +47,63 @@ def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argpars
 
 def register(subparsers: Any) -> None:
     """Add ``slo`` (validate, report) and ``jobs``."""
-    slo = _subparser(subparsers, "slo", "Check SLO specs and report SLO status.",
-                     "llmslo slo validate config/slo.example.yaml\n"
-                     "llmslo slo report --spec config/slo.example.yaml --db var/llmslo.duckdb --json")
+    slo = _subparser(
+        subparsers,
+        "slo",
+        "Check SLO specs and report SLO status.",
+        "llmslo slo validate config/slo.example.yaml\n"
+        "llmslo slo report --spec config/slo.example.yaml --db var/llmslo.duckdb --json",
+    )
     sub = slo.add_subparsers(dest="slo_command", required=True)
-    validate = sub.add_parser("validate", help="validate FILE; report every error by field path",
-                              description="Validate an SLO spec; engine-histogram thresholds are checked "
-                              "against the bucket bounds in --db, or the dialect's defaults.")
+    validate = sub.add_parser(
+        "validate",
+        help="validate FILE; report every error by field path",
+        description="Validate an SLO spec; engine-histogram thresholds are checked "
+        "against the bucket bounds in --db, or the dialect's defaults.",
+    )
     validate.add_argument("file", type=Path)
-    validate.add_argument("--db", type=Path, help="check histogram thresholds against the bounds stored here")
+    validate.add_argument(
+        "--db", type=Path, help="check histogram thresholds against the bounds stored here"
+    )
     validate.set_defaults(handler=run_validate)
 
-    report = sub.add_parser("report", help="SLO table: objective, SLI, budget left, burn rates, alerting pairs")
+    report = sub.add_parser(
+        "report", help="SLO table: objective, SLI, budget left, burn rates, alerting pairs"
+    )
     add_common_options(report, bus=False, db=True)
     report.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
-    report.add_argument("--at", type=int, metavar="TS_MS", help="evaluate at this event time (default: newest data)")
+    report.add_argument(
+        "--at", type=int, metavar="TS_MS", help="evaluate at this event time (default: newest data)"
+    )
     report.add_argument("--json", action="store_true", help="one JSON object for machines")
-    report.add_argument("--no-update", action="store_true", help="use the stored rollups as they are (read-only)")
+    report.add_argument(
+        "--no-update", action="store_true", help="use the stored rollups as they are (read-only)"
+    )
     report.set_defaults(handler=run_report)
 
-    jobs = _subparser(subparsers, "jobs", "Evaluate SLOs, signals and degradation flags every interval.",
-                      "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --metrics-port 9466\n"
-                      "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --once\n"
-                      "llmslo jobs -c config/llmslo.yaml --publish --bootstrap-servers 127.0.0.1:9092")
+    jobs = _subparser(
+        subparsers,
+        "jobs",
+        "Evaluate SLOs, signals and degradation flags every interval.",
+        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --metrics-port 9466\n"
+        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --once\n"
+        "llmslo jobs -c config/llmslo.yaml --publish --bootstrap-servers 127.0.0.1:9092",
+    )
     add_common_options(jobs, db=True)
     jobs.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
-    jobs.add_argument("--interval", type=float, help="seconds between cycles (default: slo.interval_s, 15)")
+    jobs.add_argument(
+        "--interval", type=float, help="seconds between cycles (default: slo.interval_s, 15)"
+    )
     jobs.add_argument("--once", action="store_true", help="run one cycle, print a summary and exit")
-    jobs.add_argument("--at", type=int, metavar="TS_MS", help="with --once: event time (default: newest data)")
+    jobs.add_argument(
+        "--at", type=int, metavar="TS_MS", help="with --once: event time (default: newest data)"
+    )
     jobs.add_argument("--metrics-port", type=int, help="serve /metrics on this loopback port")
-    jobs.add_argument("--publish", action="store_true",
-                      help="publish flag transitions to Kafka (else write them to the flag_transitions table)")
+    jobs.add_argument(
+        "--publish",
+        action="store_true",
+        help="publish flag transitions to Kafka (else write them to the flag_transitions table)",
+    )
     jobs.set_defaults(handler=run_jobs)
 
 
@@ -106,7 +135,9 @@ def run_validate(args: argparse.Namespace) -> int:
 def _now(con: duckdb.DuckDBPyConnection, at: int | None) -> int:
     now = at if at is not None else data_clock(con)()
     if now is None:
-        raise ConfigError("the store holds no data yet: pass --at TS_MS to evaluate an empty period")
+        raise ConfigError(
+            "the store holds no data yet: pass --at TS_MS to evaluate an empty period"
+        )
     return now
 
 
@@ -117,8 +148,12 @@ def run_report(args: argparse.Namespace) -> int:
     with Store(config.store.path, read_only=args.no_update) as store:
         now = _now(store.con, args.at)
         if not args.no_update:
-            Rollup(store.con, model, settle_ms=int(jobs_config.settle_s * 1000),
-                   horizon_ms=int(jobs_config.rollup_horizon_days * 86_400_000)).update(now)
+            Rollup(
+                store.con,
+                model,
+                settle_ms=int(jobs_config.settle_s * 1000),
+                horizon_ms=int(jobs_config.rollup_horizon_days * 86_400_000),
+            ).update(now)
         statuses = evaluate(store.con, model, now)
     if args.json:
         print_json(render_json(statuses))
@@ -143,20 +178,38 @@ def run_jobs(args: argparse.Namespace) -> int:
     port = args.metrics_port if args.metrics_port is not None else jobs_config.metrics_port
     if port is not None:
         server, _ = start_http_server(port, jobs_config.metrics_host, registry=metrics.registry)
-        print(f"serving /metrics on http://{jobs_config.metrics_host}:{server.server_port}/metrics", flush=True)
+        print(
+            f"serving /metrics on http://{jobs_config.metrics_host}:{server.server_port}/metrics",
+            flush=True,
+        )
     bus = Bus(config.bus).start() if args.publish else None
     try:
         with Store(config.store.path) as store:
-            jobs = SloJobs(store.con, model, jobs_config, sink=_sink(args, store, bus), metrics=metrics)
+            jobs = SloJobs(
+                store.con, model, jobs_config, sink=_sink(args, store, bus), metrics=metrics
+            )
             if args.once:
                 result = jobs.run_once(args.at)
-                print_json({"jobs": "once", "ts_ms": result.now_ms if result else None,
-                            "slos": len(result.statuses) if result else 0,
-                            "alerting": sorted({s.slo.id for s in (result.statuses if result else [])
-                                                for p in s.pairs() if p.alerting}),
-                            "signals": [f"{f.signal}:{f.scope_id}" for f in (result.findings if result else [])],
-                            "transitions": len(result.transitions) if result else 0,
-                            "errors": result.errors if result else []})
+                print_json(
+                    {
+                        "jobs": "once",
+                        "ts_ms": result.now_ms if result else None,
+                        "slos": len(result.statuses) if result else 0,
+                        "alerting": sorted(
+                            {
+                                s.slo.id
+                                for s in (result.statuses if result else [])
+                                for p in s.pairs()
+                                if p.alerting
+                            }
+                        ),
+                        "signals": [
+                            f"{f.signal}:{f.scope_id}" for f in (result.findings if result else [])
+                        ],
+                        "transitions": len(result.transitions) if result else 0,
+                        "errors": result.errors if result else [],
+                    }
+                )
                 return 0
             install_stop_handlers(jobs.stop)
             cycles = jobs.run()

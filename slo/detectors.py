@@ -27,14 +27,20 @@ class DetectorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     lookback_s: float = Field(default=600, gt=0, description="raw rows read per cycle")
-    stall_for_s: float = Field(default=60, gt=0, description="running > 0 with flat tokens this long is a stall")
+    stall_for_s: float = Field(
+        default=60, gt=0, description="running > 0 with flat tokens this long is a stall"
+    )
     ghost_grace_s: float = Field(default=2, ge=0)
     ghost_min: int = Field(default=1, ge=1, description="ghost requests needed to report")
     preemptions_per_min: float = Field(default=5, gt=0)
     preemption_kv_usage: float = Field(default=0.85, gt=0, le=1)
-    fragmentation_ratio: float = Field(default=0.25, gt=0, lt=1, description="1 − largest free run / free blocks")
+    fragmentation_ratio: float = Field(
+        default=0.25, gt=0, lt=1, description="1 − largest free run / free blocks"
+    )
     fragmentation_for_s: float = Field(default=300, gt=0)
-    fragmentation_room: float = Field(default=0.3, gt=0, lt=1, description="KV free ratio that counts as room")
+    fragmentation_room: float = Field(
+        default=0.3, gt=0, lt=1, description="KV free ratio that counts as room"
+    )
     hot_max_over_mean: float = Field(default=1.5, gt=1)
     hot_min_requests: int = Field(default=50, ge=1)
     retry_share: float = Field(default=0.1, gt=0, lt=1)
@@ -44,8 +50,12 @@ class DetectorConfig(BaseModel):
     queue_min_waiting: float = Field(default=5, ge=0)
     queue_growth_per_min: float = Field(default=3, gt=0)
     oom_kv_usage: float = Field(default=0.99, gt=0, le=1)
-    oom_fb_used: float = Field(default=0.98, gt=0, le=1, description="frame-buffer used share (FB is ~90 % pre-allocated)")
-    gpu_pods: dict[str, str] = Field(default={}, description="dcgm pod label → engine instance, when they differ")
+    oom_fb_used: float = Field(
+        default=0.98, gt=0, le=1, description="frame-buffer used share (FB is ~90 % pre-allocated)"
+    )
+    gpu_pods: dict[str, str] = Field(
+        default={}, description="dcgm pod label → engine instance, when they differ"
+    )
 
 
 @dataclass(frozen=True)
@@ -103,16 +113,21 @@ def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         if len(running) < 2 or running.values.min() <= 0:
             continue
         tokens = snap.series(instance, "generation_tokens")
-        frozen = all(s is None or np.ptp(s.since(start).values) == 0
-                      for s in (running, snap.series(instance, "waiting"), snap.series(instance, "kv_usage")))
+        frozen = all(
+            s is None or np.ptp(s.since(start).values) == 0
+            for s in (running, snap.series(instance, "waiting"), snap.series(instance, "kv_usage"))
+        )
         if tokens is not None and _covers(tokens, start):
             flat, basis = tokens.since(start).increase() == 0, "generation_tokens_flat"
         else:
             flat, basis = frozen, "gauge_unchanged"
         if not flat:
             continue
-        evidence: dict[str, Any] = {"running_min": float(running.values.min()), "stall_for_s": cfg.stall_for_s,
-                                    "gauges_unchanged": frozen}
+        evidence: dict[str, Any] = {
+            "running_min": float(running.values.min()),
+            "stall_for_s": cfg.stall_for_s,
+            "gauges_unchanged": frozen,
+        }
         gpu = _gpu_of(snap, cfg, instance)
         for name in ("engine_active", "gpu_util"):
             if name in gpu and len(gpu[name].since(start)):
@@ -122,9 +137,21 @@ def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         if in_flight is not None and len(in_flight.since(start)):
             last_token = stats.last_token_ts_ms if stats else None
             evidence["tap_in_flight"] = in_flight.last()
-            evidence["tap_streams_silent"] = in_flight.last() > 0 and (last_token is None or last_token < start)
-        findings.append(Finding(snap.now_ms, "stall", "instance", instance, snap.pools.get(instance, ""),
-                                "page", basis, evidence))
+            evidence["tap_streams_silent"] = in_flight.last() > 0 and (
+                last_token is None or last_token < start
+            )
+        findings.append(
+            Finding(
+                snap.now_ms,
+                "stall",
+                "instance",
+                instance,
+                snap.pools.get(instance, ""),
+                "page",
+                basis,
+                evidence,
+            )
+        )
     return findings
 
 
@@ -134,7 +161,10 @@ def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     for instance in snap.engine:
         evidence: dict[str, Any] = {}
         count = 0
-        running, in_flight = snap.series(instance, "running"), snap.series(instance, "tap_in_flight")
+        running, in_flight = (
+            snap.series(instance, "running"),
+            snap.series(instance, "tap_in_flight"),
+        )
         if running is not None and in_flight is not None:
             common, ri, ti = np.intersect1d(running.ts_ms, in_flight.ts_ms, return_indices=True)
             excess = running.values[ri] - in_flight.values[ti]
@@ -146,9 +176,11 @@ def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
                     evidence["running_over_tap_in_flight"] = persistent
         disconnects = snap.series(instance, "tap_disconnects")
         if disconnects is not None and len(disconnects) >= 2:
-            aborts = sum(s.since(int(disconnects.ts_ms[0])).increase() for name in
-                         ("requests_finished:abort", "requests_aborted")
-                         if (s := snap.series(instance, name)) is not None)
+            aborts = sum(
+                s.since(int(disconnects.ts_ms[0])).increase()
+                for name in ("requests_finished:abort", "requests_aborted")
+                if (s := snap.series(instance, name)) is not None
+            )
             unmatched = disconnects.increase() - aborts
             evidence.update(tap_disconnects=disconnects.increase(), engine_aborts=aborts)
             if unmatched >= cfg.ghost_min and count:
@@ -159,8 +191,18 @@ def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             count = max(count, stats.late_upstream_close, 1)
         if count >= cfg.ghost_min:
             evidence["ghosts"] = count
-            findings.append(Finding(snap.now_ms, "ghost_requests", "instance", instance,
-                                    snap.pools.get(instance, ""), "ticket", "tap_vs_engine", evidence))
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "ghost_requests",
+                    "instance",
+                    instance,
+                    snap.pools.get(instance, ""),
+                    "ticket",
+                    "tap_vs_engine",
+                    evidence,
+                )
+            )
     return findings
 
 
@@ -169,7 +211,9 @@ def detect_preemption_cascade(snap: Snapshot, cfg: DetectorConfig) -> list[Findi
     findings = []
     start = snap.now_ms - 120_000
     for instance in snap.engine:
-        pre, kv, waiting = (snap.series(instance, s) for s in ("preemptions", "kv_usage", "waiting"))
+        pre, kv, waiting = (
+            snap.series(instance, s) for s in ("preemptions", "kv_usage", "waiting")
+        )
         if pre is None or kv is None or waiting is None:
             continue
         recent = pre.since(start)
@@ -179,11 +223,29 @@ def detect_preemption_cascade(snap: Snapshot, cfg: DetectorConfig) -> list[Findi
         rate = recent.increase() / minutes if minutes > 0 else 0.0
         w = waiting.since(start).values
         kv_max = float(kv.since(start).values.max()) if len(kv.since(start)) else 0.0
-        if rate > cfg.preemptions_per_min and kv_max >= cfg.preemption_kv_usage and len(w) >= 2 and w[-1] > w[0]:
-            findings.append(Finding(snap.now_ms, "preemption_cascade", "instance", instance,
-                                    snap.pools.get(instance, ""), "ticket", "engine_counters",
-                                    {"preemptions_per_min": rate, "kv_usage_max": kv_max,
-                                     "waiting_first": float(w[0]), "waiting_last": float(w[-1])}))
+        if (
+            rate > cfg.preemptions_per_min
+            and kv_max >= cfg.preemption_kv_usage
+            and len(w) >= 2
+            and w[-1] > w[0]
+        ):
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "preemption_cascade",
+                    "instance",
+                    instance,
+                    snap.pools.get(instance, ""),
+                    "ticket",
+                    "engine_counters",
+                    {
+                        "preemptions_per_min": rate,
+                        "kv_usage_max": kv_max,
+                        "waiting_first": float(w[0]),
+                        "waiting_last": float(w[-1]),
+                    },
+                )
+            )
     return findings
 
 
@@ -192,28 +254,59 @@ def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     findings = []
     start = snap.now_ms - int(cfg.fragmentation_for_s * 1000)
     for instance in snap.engine:
-        free, run = snap.series(instance, "kv_free_blocks"), snap.series(instance, "kv_largest_free_run")
+        free, run = (
+            snap.series(instance, "kv_free_blocks"),
+            snap.series(instance, "kv_largest_free_run"),
+        )
         pool = snap.pools.get(instance, "")
         if _covers(free, start) and run is not None and free is not None:
             f, r = free.since(start), run.since(start)
             common, fi, ri = np.intersect1d(f.ts_ms, r.ts_ms, return_indices=True)
             ratio = 1 - r.values[ri] / np.maximum(f.values[fi], 1)
             if len(common) >= 2 and ratio.min() > cfg.fragmentation_ratio:
-                findings.append(Finding(snap.now_ms, "fragmentation", "instance", instance, pool, "ticket",
-                                        "block_stats", {"external_fragmentation_min": float(ratio.min()),
-                                                        "threshold": cfg.fragmentation_ratio,
-                                                        "for_s": cfg.fragmentation_for_s}))
+                findings.append(
+                    Finding(
+                        snap.now_ms,
+                        "fragmentation",
+                        "instance",
+                        instance,
+                        pool,
+                        "ticket",
+                        "block_stats",
+                        {
+                            "external_fragmentation_min": float(ratio.min()),
+                            "threshold": cfg.fragmentation_ratio,
+                            "for_s": cfg.fragmentation_for_s,
+                        },
+                    )
+                )
             continue
-        kv, waiting, pre = (snap.series(instance, s) for s in ("kv_usage", "waiting", "preemptions"))
+        kv, waiting, pre = (
+            snap.series(instance, s) for s in ("kv_usage", "waiting", "preemptions")
+        )
         if not _covers(waiting, start) or kv is None or waiting is None:
             continue
         w, k = waiting.since(start).values, kv.since(start).values
         preempted = pre.since(start).increase() if pre is not None else 0.0
         room = float(1 - k.max()) if len(k) else 0.0
         if len(w) >= 2 and w[-1] > w[0] and w.min() > 0 and room >= cfg.fragmentation_room:
-            findings.append(Finding(snap.now_ms, "fragmentation", "instance", instance, pool, "ticket",
-                                    "admission_signature", {"waiting_first": float(w[0]), "waiting_last": float(w[-1]),
-                                                            "kv_free_ratio_min": room, "preemptions": preempted}))
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "fragmentation",
+                    "instance",
+                    instance,
+                    pool,
+                    "ticket",
+                    "admission_signature",
+                    {
+                        "waiting_first": float(w[0]),
+                        "waiting_last": float(w[-1]),
+                        "kv_free_ratio_min": room,
+                        "preemptions": preempted,
+                    },
+                )
+            )
     return findings
 
 
@@ -234,9 +327,22 @@ def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         mean = sum(counts) / len(counts)
         top = int(np.argmax(counts))
         if counts[top] / mean >= cfg.hot_max_over_mean:
-            findings.append(Finding(snap.now_ms, "hot_instance", "instance", instances[top], pool, "ticket",
-                                    "request_share", {"max_over_mean": counts[top] / mean, "gini": gini(counts),
-                                                      "requests": dict(zip(instances, counts, strict=True))}))
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "hot_instance",
+                    "instance",
+                    instances[top],
+                    pool,
+                    "ticket",
+                    "request_share",
+                    {
+                        "max_over_mean": counts[top] / mean,
+                        "gini": gini(counts),
+                        "requests": dict(zip(instances, counts, strict=True)),
+                    },
+                )
+            )
     return findings
 
 
@@ -247,8 +353,18 @@ def detect_retry_storm(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         attempts = sum(snap.requests[i].records for i in instances if i in snap.requests)
         retries = sum(snap.requests[i].retries for i in instances if i in snap.requests)
         if attempts >= cfg.retry_min_attempts and retries / attempts > cfg.retry_share:
-            findings.append(Finding(snap.now_ms, "retry_storm", "pool", pool, pool, "ticket", "tap_attempts",
-                                    {"retry_share": retries / attempts, "attempts": attempts, "retries": retries}))
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "retry_storm",
+                    "pool",
+                    pool,
+                    pool,
+                    "ticket",
+                    "tap_attempts",
+                    {"retry_share": retries / attempts, "attempts": attempts, "retries": retries},
+                )
+            )
     return findings
 
 
@@ -265,8 +381,18 @@ def detect_numeric_anomaly(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]
         if stats and stats.finish_errors:
             evidence["tap_finish_reason_error"] = stats.finish_errors
         if evidence and max(evidence.values()) >= cfg.numeric_min_events:
-            findings.append(Finding(snap.now_ms, "numeric_anomaly", "instance", instance,
-                                    snap.pools.get(instance, ""), "page", "error_counters", evidence))
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "numeric_anomaly",
+                    "instance",
+                    instance,
+                    snap.pools.get(instance, ""),
+                    "page",
+                    "error_counters",
+                    evidence,
+                )
+            )
     return findings
 
 
@@ -283,9 +409,18 @@ def detect_queue_growth(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             continue
         slope_per_min = float(np.polyfit((w.ts_ms - w.ts_ms[0]) / 60_000, w.values, 1)[0])
         if slope_per_min >= cfg.queue_growth_per_min and w.last() >= cfg.queue_min_waiting:
-            findings.append(Finding(snap.now_ms, "queue_growth", "instance", instance, snap.pools.get(instance, ""),
-                                    "ticket", "engine_gauges", {"waiting_per_min": slope_per_min,
-                                                                "waiting": w.last()}))
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "queue_growth",
+                    "instance",
+                    instance,
+                    snap.pools.get(instance, ""),
+                    "ticket",
+                    "engine_gauges",
+                    {"waiting_per_min": slope_per_min, "waiting": w.last()},
+                )
+            )
     return findings
 
 
@@ -308,8 +443,18 @@ def detect_oom_risk(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             evidence["xid"] = xids
         if evidence:
             basis = "+".join(k for k in ("kv_usage", "fb_used_share", "xid") if k in evidence)
-            findings.append(Finding(snap.now_ms, "oom_risk", "instance", instance, snap.pools.get(instance, ""),
-                                    "page", basis, evidence))
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "oom_risk",
+                    "instance",
+                    instance,
+                    snap.pools.get(instance, ""),
+                    "page",
+                    basis,
+                    evidence,
+                )
+            )
     return findings
 
 
@@ -329,4 +474,6 @@ DETECTORS: dict[str, Detector] = {
 
 def detect_all(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """Run every detector; findings sorted by (signal, scope, scope id)."""
-    return sorted((f for detector in DETECTORS.values() for f in detector(snap, cfg)), key=lambda f: f.key)
+    return sorted(
+        (f for detector in DETECTORS.values() for f in detector(snap, cfg)), key=lambda f: f.key
+    )

@@ -16,7 +16,7 @@ import duckdb
 
 from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
 from slo.model import Slo, SloModel
-from slo.rollup import HOUR_MS, MINUTE_MS, create_rollup_tables, floor_to
+from slo.rollup import HOUR_MS, MINUTE_MS, floor_to
 from slo.windows import AlertPair, format_duration
 
 __all__ = ["PairState", "SloStatus", "evaluate", "window_counts"]
@@ -68,23 +68,45 @@ class SloStatus:
         for pair in self.slo.pairs:
             short, long = self.windows[pair.short_ms], self.windows[pair.long_ms]
             over = pair_alerting(short, long, self.slo.objective, pair.factor)
-            alerting = pair_alerting(short, long, self.slo.objective, pair.factor, self.slo.min_events)
-            states.append(PairState(pair, burn_rate(short, self.slo.objective), burn_rate(long, self.slo.objective),
-                                    long.total, alerting, over and not alerting))
+            alerting = pair_alerting(
+                short, long, self.slo.objective, pair.factor, self.slo.min_events
+            )
+            states.append(
+                PairState(
+                    pair,
+                    burn_rate(short, self.slo.objective),
+                    burn_rate(long, self.slo.objective),
+                    long.total,
+                    alerting,
+                    over and not alerting,
+                )
+            )
         return states
 
     def as_dict(self) -> dict[str, object]:
         """JSON-ready view (used by ``slo report --json`` and the API)."""
         return {
-            "slo": self.slo.id, "name": self.slo.name, "objective": self.slo.objective,
-            "group": dict(self.group), "ts_ms": self.ts_ms, "sli": self.sli,
-            "events": self.period.total, "bad": self.period.bad,
+            "slo": self.slo.id,
+            "name": self.slo.name,
+            "objective": self.slo.objective,
+            "group": dict(self.group),
+            "ts_ms": self.ts_ms,
+            "sli": self.sli,
+            "events": self.period.total,
+            "bad": self.period.bad,
             "budget_remaining": self.budget_remaining,
             "burn_rates": {format_duration(w): b for w, b in self.burn_rates().items()},
             "pairs": [
-                {"id": p.pair.id, "severity": p.pair.severity, "factor": p.pair.factor,
-                 "short_burn": p.short_burn, "long_burn": p.long_burn, "long_events": p.long_events,
-                 "alerting": p.alerting, "guarded": p.guarded}
+                {
+                    "id": p.pair.id,
+                    "severity": p.pair.severity,
+                    "factor": p.pair.factor,
+                    "short_burn": p.short_burn,
+                    "long_burn": p.long_burn,
+                    "long_events": p.long_events,
+                    "alerting": p.alerting,
+                    "guarded": p.guarded,
+                }
                 for p in self.pairs()
             ],
         }
@@ -101,15 +123,20 @@ def _ranges(window_ms: int, end_ms: int) -> tuple[tuple[int, int] | None, list[t
     return (first_hour, last_hour), minutes
 
 
-def _sum_query(table: str, ranges: list[tuple[int, int]], slo_ids: list[str]) -> tuple[str, list[object]]:
+def _sum_query(
+    table: str, ranges: list[tuple[int, int]], slo_ids: list[str]
+) -> tuple[str, list[object]]:
     aggregates = ", ".join(
-        f"sum(total) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b}), sum(bad) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b})"
+        f"sum(total) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b}), "
+        f"sum(bad) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b})"
         for a, b in ranges
     )
     low, high = min(a for a, _ in ranges), max(b for _, b in ranges)
     marks = ", ".join("?" * len(slo_ids))
-    sql = (f"SELECT slo_id, pool, instance, tenant, route, {aggregates} FROM {table} "
-           f"WHERE ts_ms >= {low} AND ts_ms < {high} AND slo_id IN ({marks}) GROUP BY ALL")
+    sql = (
+        f"SELECT slo_id, pool, instance, tenant, route, {aggregates} FROM {table} "
+        f"WHERE ts_ms >= {low} AND ts_ms < {high} AND slo_id IN ({marks}) GROUP BY ALL"
+    )
     return sql, list(slo_ids)
 
 
@@ -124,7 +151,7 @@ def window_counts(
             plan.append(("slo_hour", window, hours))
         plan += [("slo_minute", window, r) for r in minutes]
     result: dict[RollupKey, dict[int, WindowCounts]] = defaultdict(dict)
-    # Hour ranges share one scan; minute ranges near `end` share one; far leading edges each get one.
+    # Hour ranges share one scan, minute ranges near `end` another; far leading edges one each.
     batches: dict[tuple[str, int], list[tuple[int, tuple[int, int]]]] = defaultdict(list)
     for table, window, (a, b) in plan:
         near = table == "slo_hour" or b > end_ms - 2 * HOUR_MS
@@ -140,16 +167,26 @@ def window_counts(
     return result
 
 
+def _has_rollups(con: duckdb.DuckDBPyConnection) -> bool:
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name IN ('slo_minute', 'slo_hour')"
+    ).fetchone()
+    return bool(row and row[0] == 2)
+
+
 def evaluate(con: duckdb.DuckDBPyConnection, model: SloModel, now_ms: int) -> list[SloStatus]:
     """Every SLO of ``model`` (per group when it has ``group_by``) at ``now_ms``.
 
     An SLO (or group) without any event still gets a status: SLI ``None``, burn rates 0,
     budget 1.0; nothing is NaN.
     """
-    create_rollup_tables(con)
     end_ms = floor_to(now_ms, MINUTE_MS) + MINUTE_MS
     windows = sorted({w for slo in model.slos for w in slo.catalog.windows_ms})
-    counts = window_counts(con, [slo.id for slo in model.slos], windows, end_ms)
+    counts = (
+        window_counts(con, [slo.id for slo in model.slos], windows, end_ms)
+        if _has_rollups(con)
+        else {}
+    )
     grouped: dict[str, dict[tuple[str, ...], dict[int, WindowCounts]]] = defaultdict(dict)
     by_id = {slo.id: slo for slo in model.slos}
     for key, per_window in counts.items():
@@ -164,5 +201,7 @@ def evaluate(con: duckdb.DuckDBPyConnection, model: SloModel, now_ms: int) -> li
         groups = grouped.get(slo.id) or {tuple("" for _ in slo.group_by): {}}
         for group, per_window in sorted(groups.items()):
             full = {w: per_window.get(w, WindowCounts()) for w in slo.catalog.windows_ms}
-            statuses.append(SloStatus(slo, dict(zip(slo.group_by, group, strict=True)), now_ms, full))
+            statuses.append(
+                SloStatus(slo, dict(zip(slo.group_by, group, strict=True)), now_ms, full)
+            )
     return statuses

@@ -23,7 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.schema import FLAG_TRANSITIONS
 
-__all__ = ["FlagBoard", "FlagPolicy", "FlagState", "FlagTransition", "step", "strict_level", "transitions_table"]
+__all__ = [
+    "FlagBoard",
+    "FlagPolicy",
+    "FlagState",
+    "FlagTransition",
+    "step",
+    "strict_level",
+    "transitions_table",
+]
 
 
 class FlagPolicy(BaseModel):
@@ -34,8 +42,14 @@ class FlagPolicy(BaseModel):
     l1_free: float = Field(default=0.10, gt=0, lt=1)
     l2_free: float = Field(default=0.05, gt=0, lt=1)
     l3_free: float = Field(default=0.01, gt=0, lt=1)
-    hysteresis: float = Field(default=0.02, ge=0, lt=1, description="ratio margin above a threshold needed to leave it")
-    dwell_s: float = Field(default=120.0, ge=0, description="seconds a level is held and the recovery lasts before leaving")
+    hysteresis: float = Field(
+        default=0.02, ge=0, lt=1, description="ratio margin above a threshold needed to leave it"
+    )
+    dwell_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="seconds a level is held and the recovery lasts before leaving",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> FlagPolicy:
@@ -44,7 +58,9 @@ class FlagPolicy(BaseModel):
         return self
 
 
-def strict_level(policy: FlagPolicy, kv_free: float, oom_risk: bool = False, margin: float = 0.0) -> int:
+def strict_level(
+    policy: FlagPolicy, kv_free: float, oom_risk: bool = False, margin: float = 0.0
+) -> int:
     """The level the ratio calls for (with ``margin`` added to every threshold)."""
     if oom_risk or kv_free < policy.l3_free + margin:
         return 3
@@ -88,7 +104,11 @@ def step(
     free = 1.0 if kv_free is None else kv_free
     wanted = strict_level(policy, free, oom_risk)
     if wanted > state.level:
-        reason = "oom_risk" if oom_risk and strict_level(policy, free) < 3 else f"kv_free_below_l{wanted}"
+        reason = (
+            "oom_risk"
+            if oom_risk and strict_level(policy, free) < 3
+            else f"kv_free_below_l{wanted}"
+        )
         return FlagState(wanted, ts_ms, None), (wanted, reason)
     relaxed = strict_level(policy, free, oom_risk, margin=policy.hysteresis)
     if relaxed >= state.level:
@@ -103,7 +123,9 @@ def step(
 class FlagBoard:
     """The states of every pool and instance; seeded from stored levels after a restart."""
 
-    def __init__(self, policy: FlagPolicy, initial: Mapping[tuple[str, str], FlagState] | None = None) -> None:
+    def __init__(
+        self, policy: FlagPolicy, initial: Mapping[tuple[str, str], FlagState] | None = None
+    ) -> None:
         self.policy = policy
         self.states: dict[tuple[str, str], FlagState] = dict(initial or {})
 
@@ -111,8 +133,14 @@ class FlagBoard:
         return self.states.get((scope, scope_id), FlagState()).level
 
     def observe(
-        self, ts_ms: int, scope: str, scope_id: str, pool: str | None, kv_free: float | None,
-        oom_risk: bool = False, evidence: Mapping[str, Any] | None = None,
+        self,
+        ts_ms: int,
+        scope: str,
+        scope_id: str,
+        pool: str | None,
+        kv_free: float | None,
+        oom_risk: bool = False,
+        evidence: Mapping[str, Any] | None = None,
     ) -> FlagTransition | None:
         """Feed one observation; returns the transition it caused, if any."""
         key = (scope, scope_id)
@@ -121,11 +149,17 @@ class FlagBoard:
         self.states[key] = after
         if change is None:
             return None
-        thresholds = {"l1_free": self.policy.l1_free, "l2_free": self.policy.l2_free,
-                      "l3_free": self.policy.l3_free, "hysteresis": self.policy.hysteresis,
-                      "dwell_s": self.policy.dwell_s}
+        thresholds = {
+            "l1_free": self.policy.l1_free,
+            "l2_free": self.policy.l2_free,
+            "l3_free": self.policy.l3_free,
+            "hysteresis": self.policy.hysteresis,
+            "dwell_s": self.policy.dwell_s,
+        }
         full = {"thresholds": thresholds, "oom_risk": oom_risk, **(evidence or {})}
-        return FlagTransition(ts_ms, scope, scope_id, pool, before.level, change[0], kv_free, change[1], full)
+        return FlagTransition(
+            ts_ms, scope, scope_id, pool, before.level, change[0], kv_free, change[1], full
+        )
 
 
 def transitions_table(transitions: list[FlagTransition]) -> pa.Table:

@@ -50,13 +50,27 @@ class JobsConfig(BaseModel):
 
     spec: Path | None = Field(default=None, description="SLO spec file (llmslo/v1)")
     interval_s: float = Field(default=15.0, gt=0, description="seconds between cycles")
-    settle_s: float = Field(default=600.0, ge=0, description="how far back each cycle recomputes rollups (late records)")
-    rollup_horizon_days: float = Field(default=7.0, gt=0, description="raw data a first build or rebuild reads")
-    minute_retention_days: float = Field(default=35.0, gt=0, description="slo_minute rows kept (≥ the longest period)")
-    prune_raw: bool = Field(default=False, description="delete raw rows older than store.raw_retention_days each hour")
-    kv_stale_s: float = Field(default=60.0, gt=0, description="a KV sample older than this is no observation")
-    pool_kv: Literal["mean", "worst"] = Field(default="mean", description="pool KV free ratio from its instances")
-    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="serve /metrics here (0 = any free port)")
+    settle_s: float = Field(
+        default=600.0, ge=0, description="how far back each cycle recomputes rollups (late records)"
+    )
+    rollup_horizon_days: float = Field(
+        default=7.0, gt=0, description="raw data a first build or rebuild reads"
+    )
+    minute_retention_days: float = Field(
+        default=35.0, gt=0, description="slo_minute rows kept (≥ the longest period)"
+    )
+    prune_raw: bool = Field(
+        default=False, description="delete raw rows older than store.raw_retention_days each hour"
+    )
+    kv_stale_s: float = Field(
+        default=60.0, gt=0, description="a KV sample older than this is no observation"
+    )
+    pool_kv: Literal["mean", "worst"] = Field(
+        default="mean", description="pool KV free ratio from its instances"
+    )
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="serve /metrics here (0 = any free port)"
+    )
     metrics_host: str = "127.0.0.1"
     detectors: DetectorConfig = DetectorConfig()
     flags: FlagPolicy = FlagPolicy()
@@ -78,7 +92,8 @@ def data_clock(con: duckdb.DuckDBPyConnection) -> Callable[[], int | None]:
 
     def now() -> int | None:
         row = con.execute(
-            "SELECT greatest((SELECT max(ts_ms) FROM engine_samples), (SELECT max(received_ts_ms) FROM requests))"
+            "SELECT greatest((SELECT max(ts_ms) FROM engine_samples), "
+            "(SELECT max(received_ts_ms) FROM requests))"
         ).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
@@ -89,8 +104,13 @@ class SloJobs:
     """The SLO engine's periodic jobs over one DuckDB connection."""
 
     def __init__(
-        self, con: duckdb.DuckDBPyConnection, model: SloModel, config: JobsConfig | None = None, *,
-        sink: TransitionSink | None = None, metrics: JobMetrics | None = None,
+        self,
+        con: duckdb.DuckDBPyConnection,
+        model: SloModel,
+        config: JobsConfig | None = None,
+        *,
+        sink: TransitionSink | None = None,
+        metrics: JobMetrics | None = None,
         clock: Callable[[], int | None] | None = None,
     ) -> None:
         self.con = con
@@ -99,8 +119,12 @@ class SloJobs:
         self.sink: TransitionSink = sink if sink is not None else ListTransitionSink()
         self.metrics = metrics or JobMetrics()
         self.clock = clock or data_clock(con)
-        self.rollup = Rollup(con, model, settle_ms=int(self.config.settle_s * 1000),
-                             horizon_ms=int(self.config.rollup_horizon_days * DAY_MS))
+        self.rollup = Rollup(
+            con,
+            model,
+            settle_ms=int(self.config.settle_s * 1000),
+            horizon_ms=int(self.config.rollup_horizon_days * DAY_MS),
+        )
         create_output_tables(con)
         self.board = FlagBoard(self.config.flags, load_flag_states(con))
         self.active: dict[tuple[str, str, str], Finding] = {}
@@ -126,11 +150,18 @@ class SloJobs:
             return None
         result = CycleResult(now)
         self._timed("rollup", result, lambda: self.rollup.update(now))
-        result.statuses = self._timed("evaluate", result, lambda: evaluate(self.con, self.model, now)) or []
+        result.statuses = (
+            self._timed("evaluate", result, lambda: evaluate(self.con, self.model, now)) or []
+        )
         snap = self._timed("snapshot", result, lambda: self._snapshot(now))
         if snap is not None:
-            result.findings = self._timed("signals", result, lambda: detect_all(snap, self.config.detectors)) or []
-            result.transitions = self._timed("flags", result, lambda: self._step_flags(snap, result.findings)) or []
+            result.findings = (
+                self._timed("signals", result, lambda: detect_all(snap, self.config.detectors))
+                or []
+            )
+            result.transitions = (
+                self._timed("flags", result, lambda: self._step_flags(snap, result.findings)) or []
+            )
         self._timed("write", result, lambda: self._write(result))
         self._timed("prune", result, lambda: self._prune(now))
         self.metrics.last_eval.set(now / 1000)
@@ -138,7 +169,9 @@ class SloJobs:
 
     def _snapshot(self, now: int) -> Snapshot:
         cfg = self.config.detectors
-        return load_snapshot(self.con, now, int(cfg.lookback_s * 1000), int(cfg.ghost_grace_s * 1000))
+        return load_snapshot(
+            self.con, now, int(cfg.lookback_s * 1000), int(cfg.ghost_grace_s * 1000)
+        )
 
     def _step_flags(self, snap: Snapshot, findings: list[Finding]) -> list[FlagTransition]:
         oom = {f.scope_id: f.evidence for f in findings if f.signal == "oom_risk"}
@@ -154,13 +187,19 @@ class SloJobs:
             evidence: dict[str, Any] = {"kv_usage": None if free is None else 1 - free}
             if instance in oom:
                 evidence["oom_risk"] = oom[instance]
-            t = self.board.observe(snap.now_ms, "instance", instance, pool, free, instance in oom, evidence)
+            t = self.board.observe(
+                snap.now_ms, "instance", instance, pool, free, instance in oom, evidence
+            )
             transitions += [t] if t else []
         for pool, frees in sorted(pools.items()):
             values = list(frees.values())
             free = min(values) if self.config.pool_kv == "worst" else sum(values) / len(values)
             all_oom = all(i in oom for i in frees)  # one bad GPU does not send a whole pool to L3
-            evidence = {"instances": len(values), "kv_free_by_instance": frees, "aggregate": self.config.pool_kv}
+            evidence = {
+                "instances": len(values),
+                "kv_free_by_instance": frees,
+                "aggregate": self.config.pool_kv,
+            }
             t = self.board.observe(snap.now_ms, "pool", pool, pool, free, all_oom, evidence)
             transitions += [t] if t else []
         return transitions
@@ -177,18 +216,29 @@ class SloJobs:
             self.sink.write(result.transitions)
             for t in result.transitions:
                 self.metrics.transitions.labels(str(t.to_level)).inc()
-                log.warning("degradation %s %s: L%d → L%d (%s)", t.scope, t.scope_id, t.from_level, t.to_level,
-                            t.reason)
+                log.warning(
+                    "degradation %s %s: L%d → L%d (%s)",
+                    t.scope,
+                    t.scope_id,
+                    t.from_level,
+                    t.to_level,
+                    t.reason,
+                )
         self.metrics.record_statuses(result.statuses)
         self.metrics.record_findings(result.findings)
-        levels = {key: (key[1] if key[0] == "pool" else "", state.level) for key, state in self.board.states.items()}
+        levels = {
+            key: (key[1] if key[0] == "pool" else "", state.level)
+            for key, state in self.board.states.items()
+        }
         self.metrics.record_levels(levels)
 
     def _prune(self, now: int) -> None:
         if now - self._last_prune_ms < 3_600_000:
             return
         self._last_prune_ms = now
-        self.rollup.prune(now - int(self.config.minute_retention_days * DAY_MS) // MINUTE_MS * MINUTE_MS)
+        self.rollup.prune(
+            now - int(self.config.minute_retention_days * DAY_MS) // MINUTE_MS * MINUTE_MS
+        )
 
     def run(self, max_cycles: int | None = None) -> int:
         """Cycle every ``interval_s`` until :meth:`stop` (or ``max_cycles``); returns cycles run."""

@@ -29,27 +29,66 @@ class JobMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.burn_rate = Gauge("llmslo_slo_burn_rate", "error ratio / (1 - objective) over a window",
-                               ["slo", "group", "window"], registry=r)
-        self.budget = Gauge("llmslo_slo_error_budget_remaining_ratio", "share of the period's budget left",
-                            ["slo", "group"], registry=r)
-        self.sli = Gauge("llmslo_slo_sli_ratio", "good / total over the period (absent without events)",
-                         ["slo", "group"], registry=r)
-        self.events = Gauge("llmslo_slo_period_events", "events in the period", ["slo", "group"], registry=r)
-        self.alert = Gauge("llmslo_slo_alert_active", "1 while a window pair burns over its factor",
-                           ["slo", "group", "pair", "severity"], registry=r)
-        self.level = Gauge("llmslo_degradation_level", "current L0-L3 level", ["scope", "scope_id", "pool"],
-                           registry=r)
-        self.signal = Gauge("llmslo_signal_active", "1 while a failure signature holds",
-                            ["signal", "scope", "scope_id", "pool", "basis"], registry=r)
-        self.transitions = Counter("llmslo_flag_transitions", "degradation level changes", ["to_level"],
-                                   registry=r)
-        self.duration = Histogram("llmslo_job_duration_seconds", "wall time of one job step", ["job"],
-                                  buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
-        self.errors = Counter("llmslo_job_errors", "job steps that failed (the next cycle retries)", ["job"],
-                              registry=r)
-        self.last_eval = Gauge("llmslo_job_last_evaluation_timestamp_seconds", "event time of the last cycle",
-                               registry=r)
+        self.burn_rate = Gauge(
+            "llmslo_slo_burn_rate",
+            "error ratio / (1 - objective) over a window",
+            ["slo", "group", "window"],
+            registry=r,
+        )
+        self.budget = Gauge(
+            "llmslo_slo_error_budget_remaining_ratio",
+            "share of the period's budget left",
+            ["slo", "group"],
+            registry=r,
+        )
+        self.sli = Gauge(
+            "llmslo_slo_sli_ratio",
+            "good / total over the period (absent without events)",
+            ["slo", "group"],
+            registry=r,
+        )
+        self.events = Gauge(
+            "llmslo_slo_period_events", "events in the period", ["slo", "group"], registry=r
+        )
+        self.alert = Gauge(
+            "llmslo_slo_alert_active",
+            "1 while a window pair burns over its factor",
+            ["slo", "group", "pair", "severity"],
+            registry=r,
+        )
+        self.level = Gauge(
+            "llmslo_degradation_level",
+            "current L0-L3 level",
+            ["scope", "scope_id", "pool"],
+            registry=r,
+        )
+        self.signal = Gauge(
+            "llmslo_signal_active",
+            "1 while a failure signature holds",
+            ["signal", "scope", "scope_id", "pool", "basis"],
+            registry=r,
+        )
+        self.transitions = Counter(
+            "llmslo_flag_transitions", "degradation level changes", ["to_level"], registry=r
+        )
+        self.duration = Histogram(
+            "llmslo_job_duration_seconds",
+            "wall time of one job step",
+            ["job"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.errors = Counter(
+            "llmslo_job_errors",
+            "job steps that failed (the next cycle retries)",
+            ["job"],
+            registry=r,
+        )
+        self.last_eval = Gauge(
+            "llmslo_job_last_evaluation_timestamp_seconds",
+            "event time of the last cycle",
+            registry=r,
+        )
 
     def record_statuses(self, statuses: Iterable[SloStatus]) -> None:
         for gauge in (self.burn_rate, self.budget, self.sli, self.events, self.alert):
@@ -63,7 +102,9 @@ class JobMetrics:
             if status.sli is not None:
                 self.sli.labels(slo, group).set(status.sli)
             for pair in status.pairs():
-                self.alert.labels(slo, group, pair.pair.id, pair.pair.severity).set(int(pair.alerting))
+                self.alert.labels(slo, group, pair.pair.id, pair.pair.severity).set(
+                    int(pair.alerting)
+                )
 
     def record_findings(self, findings: Iterable[Finding]) -> None:
         self.signal.clear()

@@ -66,7 +66,9 @@ class SloModel:
 
 
 def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.replace(".", "-").replace("_", "-").split("-"))
+    return "".join(
+        part[:1].upper() + part[1:] for part in name.replace(".", "-").replace("_", "-").split("-")
+    )
 
 
 def _build_slo(document: SloDocument, spec: SloSpec, index: int, warnings: list[str]) -> Slo:

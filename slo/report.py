@@ -16,21 +16,29 @@ def _pct(value: float | None, digits: int = 3) -> str:
 
 
 def render_table(statuses: Iterable[SloStatus]) -> str:
-    """One block per SLO (and group): objective, SLI, budget left, burn rate per window, alerting pairs."""
+    """One block per SLO and group: objective, SLI, budget left, burn rates, alerting pairs."""
     lines = []
     for status in statuses:
         slo = status.slo
         title = f"{slo.id}" + (f" [{group_label(status.group)}]" if status.group else "")
         lines.append(title)
-        lines.append(f"  objective {_pct(slo.objective)} over {format_duration(slo.period_ms)}   "
-                     f"SLI {_pct(status.sli)}   events {status.period.total} (bad {status.period.bad})   "
-                     f"budget left {_pct(status.budget_remaining, 1)}")
+        lines.append(
+            f"  objective {_pct(slo.objective)} over {format_duration(slo.period_ms)}   "
+            f"SLI {_pct(status.sli)}   events {status.period.total} (bad {status.period.bad})   "
+            f"budget left {_pct(status.budget_remaining, 1)}"
+        )
         burns = "  ".join(f"{format_duration(w)} {b:.2f}" for w, b in status.burn_rates().items())
         lines.append(f"  burn rate  {burns}")
         for pair in status.pairs():
-            state = "ALERTING" if pair.alerting else ("guarded (too few events)" if pair.guarded else "ok")
-            lines.append(f"  {pair.pair.id:<14} factor {pair.pair.factor:<6g} short {pair.short_burn:8.2f} "
-                         f"long {pair.long_burn:8.2f}  {state}")
+            state = (
+                "ALERTING"
+                if pair.alerting
+                else ("guarded (too few events)" if pair.guarded else "ok")
+            )
+            lines.append(
+                f"  {pair.pair.id:<14} factor {pair.pair.factor:<6g} short {pair.short_burn:8.2f} "
+                f"long {pair.long_burn:8.2f}  {state}"
+            )
         lines.append("")
     return "\n".join(lines)
 

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
 _COUNT_COLUMNS = """
-    slo_id VARCHAR NOT NULL, ts_ms BIGINT NOT NULL, pool VARCHAR NOT NULL, instance VARCHAR NOT NULL,
+    slo_id VARCHAR NOT NULL, ts_ms BIGINT NOT NULL, pool VARCHAR NOT NULL,
+    instance VARCHAR NOT NULL,
     tenant VARCHAR NOT NULL, route VARCHAR NOT NULL, total BIGINT NOT NULL, bad BIGINT NOT NULL"""
 
 #: DDL of the rollup tables, by name.
@@ -37,7 +38,8 @@ ROLLUP_TABLES: dict[str, str] = {
     "slo_minute": f"CREATE TABLE IF NOT EXISTS slo_minute ({_COUNT_COLUMNS})",
     "slo_hour": f"CREATE TABLE IF NOT EXISTS slo_hour ({_COUNT_COLUMNS})",
     "slo_rollup_state": """CREATE TABLE IF NOT EXISTS slo_rollup_state (
-        slo_id VARCHAR PRIMARY KEY, fingerprint VARCHAR NOT NULL, watermark_ts_ms BIGINT NOT NULL)""",
+        slo_id VARCHAR PRIMARY KEY, fingerprint VARCHAR NOT NULL,
+        watermark_ts_ms BIGINT NOT NULL)""",
 }
 
 
@@ -73,8 +75,12 @@ class Rollup:
     """
 
     def __init__(
-        self, con: duckdb.DuckDBPyConnection, model: SloModel, *,
-        settle_ms: int = 10 * MINUTE_MS, horizon_ms: int = 7 * 86_400_000,
+        self,
+        con: duckdb.DuckDBPyConnection,
+        model: SloModel,
+        *,
+        settle_ms: int = 10 * MINUTE_MS,
+        horizon_ms: int = 7 * 86_400_000,
     ) -> None:
         self.con = con
         self.model = model
@@ -83,10 +89,12 @@ class Rollup:
         create_rollup_tables(con)
 
     def update(self, now_ms: int) -> RollupStats:
-        """Recompute every SLO's minutes from its watermark − settle up to ``now_ms`` (inclusive minute)."""
+        """Recompute each SLO's minutes from watermark − settle to the minute of ``now_ms``."""
         stats = RollupStats()
         end = floor_to(now_ms, MINUTE_MS) + MINUTE_MS
-        rows = self.con.execute("SELECT slo_id, fingerprint, watermark_ts_ms FROM slo_rollup_state").fetchall()
+        rows = self.con.execute(
+            "SELECT slo_id, fingerprint, watermark_ts_ms FROM slo_rollup_state"
+        ).fetchall()
         state = {slo_id: (fp, watermark) for slo_id, fp, watermark in rows}
         for slo in self.model.slos:
             fp = fingerprint(slo)
@@ -101,18 +109,24 @@ class Rollup:
         return stats
 
     def recompute(self, slo: Slo, start_ms: int, end_ms: int, fp: str | None = None) -> int:
-        """Replace the SLO's minutes in [start, end) from raw rows, then its hours; returns minute rows."""
+        """Replace the SLO's minutes in [start, end) from raw rows, then its hours; returns rows."""
         build = engine_minutes_sql if slo.sli.source == "engine" else tap_minutes_sql
         sql, params = build(slo, start_ms, end_ms)
         con = self.con
         con.execute("BEGIN")
         try:
-            con.execute("DELETE FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?", [slo.id, start_ms, end_ms])
+            con.execute(
+                "DELETE FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
+                [slo.id, start_ms, end_ms],
+            )
             con.execute(f"INSERT INTO slo_minute {sql}", params)
             inserted = con.execute(
-                "SELECT count(*) FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?", [slo.id, start_ms, end_ms]
+                "SELECT count(*) FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
+                [slo.id, start_ms, end_ms],
             ).fetchone()
-            self._rebuild_hours(slo.id, floor_to(start_ms, HOUR_MS), floor_to(end_ms - 1, HOUR_MS) + HOUR_MS)
+            self._rebuild_hours(
+                slo.id, floor_to(start_ms, HOUR_MS), floor_to(end_ms - 1, HOUR_MS) + HOUR_MS
+            )
             con.execute(
                 "INSERT OR REPLACE INTO slo_rollup_state VALUES (?, ?, ?)",
                 [slo.id, fp or fingerprint(slo), max(end_ms - MINUTE_MS, start_ms)],
@@ -128,10 +142,14 @@ class Rollup:
         self._rebuild_hours(slo_id, start_ms, end_ms)
 
     def _rebuild_hours(self, slo_id: str, start_ms: int, end_ms: int) -> None:
-        self.con.execute("DELETE FROM slo_hour WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?", [slo_id, start_ms, end_ms])
+        self.con.execute(
+            "DELETE FROM slo_hour WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
+            [slo_id, start_ms, end_ms],
+        )
         self.con.execute(
             f"""INSERT INTO slo_hour
-                SELECT slo_id, (ts_ms // {HOUR_MS}) * {HOUR_MS} AS hour, pool, instance, tenant, route,
+                SELECT slo_id, (ts_ms // {HOUR_MS}) * {HOUR_MS} AS hour,
+                       pool, instance, tenant, route,
                        sum(total), sum(bad)
                 FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?
                 GROUP BY ALL ORDER BY hour""",
@@ -140,9 +158,14 @@ class Rollup:
 
     def _delete(self, slo_id: str, start_ms: int, end_ms: int) -> None:
         for table in ("slo_minute", "slo_hour"):
-            self.con.execute(f"DELETE FROM {table} WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?", [slo_id, start_ms, end_ms])
+            self.con.execute(
+                f"DELETE FROM {table} WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
+                [slo_id, start_ms, end_ms],
+            )
 
     def prune(self, before_ts_ms: int) -> int:
         """Drop minute rows older than ``before_ts_ms`` (keep ≥ the longest period); hours stay."""
-        result = self.con.execute("DELETE FROM slo_minute WHERE ts_ms < ?", [before_ts_ms]).fetchone()
+        result = self.con.execute(
+            "DELETE FROM slo_minute WHERE ts_ms < ?", [before_ts_ms]
+        ).fetchone()
         return int(result[0]) if result else 0

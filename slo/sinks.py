@@ -36,10 +36,12 @@ __all__ = [
 #: DDL of the tables the jobs write (besides the rollups).
 OUTPUT_TABLES = {
     "slo_findings": """CREATE TABLE IF NOT EXISTS slo_findings (
-        ts_ms BIGINT NOT NULL, state VARCHAR NOT NULL, signal VARCHAR NOT NULL, scope VARCHAR NOT NULL,
-        scope_id VARCHAR NOT NULL, pool VARCHAR, severity VARCHAR, basis VARCHAR, evidence_json VARCHAR)""",
+        ts_ms BIGINT NOT NULL, state VARCHAR NOT NULL, signal VARCHAR NOT NULL,
+        scope VARCHAR NOT NULL, scope_id VARCHAR NOT NULL, pool VARCHAR, severity VARCHAR,
+        basis VARCHAR, evidence_json VARCHAR)""",
     "slo_status_current": """CREATE TABLE IF NOT EXISTS slo_status_current (
-        slo_id VARCHAR NOT NULL, group_json VARCHAR NOT NULL, ts_ms BIGINT NOT NULL, status_json VARCHAR NOT NULL)""",
+        slo_id VARCHAR NOT NULL, group_json VARCHAR NOT NULL, ts_ms BIGINT NOT NULL,
+        status_json VARCHAR NOT NULL)""",
 }
 
 
@@ -74,7 +76,9 @@ class StoreTransitionSink:
         if transitions:
             self.con.register("_llmslo_flags", transitions_table(transitions))
             try:
-                self.con.execute(f"INSERT INTO {FLAG_TRANSITIONS.table} SELECT * FROM _llmslo_flags")
+                self.con.execute(
+                    f"INSERT INTO {FLAG_TRANSITIONS.table} SELECT * FROM _llmslo_flags"
+                )
             finally:
                 self.con.unregister("_llmslo_flags")
 
@@ -95,23 +99,47 @@ class BusTransitionSink:
 def load_flag_states(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], FlagState]:
     """The last stored level of every scope, so a restart resumes instead of re-announcing."""
     rows = con.execute(
-        f"SELECT scope, scope_id, arg_max(to_level, ts_ms), max(ts_ms) FROM {FLAG_TRANSITIONS.table} GROUP BY ALL"
+        "SELECT scope, scope_id, arg_max(to_level, ts_ms), max(ts_ms) "
+        f"FROM {FLAG_TRANSITIONS.table} GROUP BY ALL"
     ).fetchall()
-    return {(scope, scope_id): FlagState(int(level), int(ts)) for scope, scope_id, level, ts in rows}
+    return {
+        (scope, scope_id): FlagState(int(level), int(ts)) for scope, scope_id, level, ts in rows
+    }
 
 
-def write_findings(con: duckdb.DuckDBPyConnection, ts_ms: int, state: str, findings: Iterable[Finding]) -> None:
+def write_findings(
+    con: duckdb.DuckDBPyConnection, ts_ms: int, state: str, findings: Iterable[Finding]
+) -> None:
     """Append findings that started (``firing``) or ended (``resolved``) at ``ts_ms``."""
-    rows = [[ts_ms, state, f.signal, f.scope, f.scope_id, f.pool, f.severity, f.basis,
-             json.dumps(f.evidence, sort_keys=True, default=str)] for f in findings]
+    rows = [
+        [
+            ts_ms,
+            state,
+            f.signal,
+            f.scope,
+            f.scope_id,
+            f.pool,
+            f.severity,
+            f.basis,
+            json.dumps(f.evidence, sort_keys=True, default=str),
+        ]
+        for f in findings
+    ]
     if rows:
         con.executemany("INSERT INTO slo_findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
 
 def write_status(con: duckdb.DuckDBPyConnection, statuses: Iterable[SloStatus]) -> None:
     """Replace ``slo_status_current`` with this cycle's statuses."""
-    rows = [[s.slo.id, json.dumps(dict(s.group), sort_keys=True), s.ts_ms, json.dumps(s.as_dict(), sort_keys=True)]
-            for s in statuses]
+    rows = [
+        [
+            s.slo.id,
+            json.dumps(dict(s.group), sort_keys=True),
+            s.ts_ms,
+            json.dumps(s.as_dict(), sort_keys=True),
+        ]
+        for s in statuses
+    ]
     con.execute("BEGIN")
     try:
         con.execute("DELETE FROM slo_status_current")

@@ -16,8 +16,19 @@ import numpy as np
 
 __all__ = ["RequestStats", "Series", "Snapshot", "load_snapshot"]
 
-_SUMMED = ("running", "waiting", "kv_free_blocks", "kv_largest_free_run", "kv_total_blocks", "preemptions",
-           "generation_tokens", "requests_aborted", "corrupted_requests", "tap_in_flight", "tap_disconnects")
+_SUMMED = (
+    "running",
+    "waiting",
+    "kv_free_blocks",
+    "kv_largest_free_run",
+    "kv_total_blocks",
+    "preemptions",
+    "generation_tokens",
+    "requests_aborted",
+    "corrupted_requests",
+    "tap_in_flight",
+    "tap_disconnects",
+)
 _MAXED = ("kv_usage", "ready")
 _GPU = ("gpu_util", "engine_active", "fb_used_mib", "fb_free_mib", "xid")
 
@@ -80,10 +91,12 @@ def _engine(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> No
         f"""
         SELECT instance, any_value(coalesce(pool, model, '')), any_value(dialect),
                CASE WHEN signal = 'requests_finished'
-                    THEN 'requests_finished:' || coalesce(json_extract_string(labels_json, '$.finished_reason'), '')
+                    THEN 'requests_finished:'
+                         || coalesce(json_extract_string(labels_json, '$.finished_reason'), '')
                     ELSE signal END AS sig,
                ts_ms,
-               CASE WHEN signal IN ({", ".join(repr(s) for s in _MAXED)}) THEN max(value) ELSE sum(value) END
+               CASE WHEN signal IN ({", ".join(repr(s) for s in _MAXED)})
+                    THEN max(value) ELSE sum(value) END
         FROM engine_samples
         WHERE ts_ms >= ? AND ts_ms <= ? AND kind IN ('gauge', 'counter')
           AND signal IN ({", ".join(repr(s) for s in (*_SUMMED, *_MAXED, "requests_finished"))})
@@ -100,7 +113,9 @@ def _engine(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> No
         ts_list.append(ts)
         values.append(value)
     for (instance, sig), (ts_list, values) in grouped.items():
-        snap.engine.setdefault(instance, {})[sig] = Series(np.array(ts_list, np.int64), np.array(values))
+        snap.engine.setdefault(instance, {})[sig] = Series(
+            np.array(ts_list, np.int64), np.array(values)
+        )
 
 
 def _gpu(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
@@ -108,7 +123,8 @@ def _gpu(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
         f"""
         SELECT pod, signal, ts_ms, CASE WHEN signal = 'xid' THEN max(value) ELSE avg(value) END
         FROM gpu_samples
-        WHERE ts_ms >= ? AND ts_ms <= ? AND pod IS NOT NULL AND signal IN ({", ".join(repr(s) for s in _GPU)})
+        WHERE ts_ms >= ? AND ts_ms <= ? AND pod IS NOT NULL
+          AND signal IN ({", ".join(repr(s) for s in _GPU)})
         GROUP BY pod, signal, ts_ms ORDER BY pod, signal, ts_ms
         """,
         [start_ms, snap.now_ms],
@@ -123,13 +139,16 @@ def _gpu(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
             snap.xids[pod] = sorted({int(v) for v in values if v > 0})
 
 
-def _requests(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int, ghost_grace_ms: int) -> None:
+def _requests(
+    con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int, ghost_grace_ms: int
+) -> None:
     rows = con.execute(
         """
         SELECT instance, any_value(coalesce(pool, model, '')), count(*),
                count(*) FILTER (WHERE attempt > 1),
                count(*) FILTER (WHERE finish_reason = 'error'),
-               max(received_ts_ms + CAST(e2e_s * 1000 AS BIGINT)) FILTER (WHERE coalesce(token_chunks, 0) > 0),
+               max(received_ts_ms + CAST(e2e_s * 1000 AS BIGINT))
+                   FILTER (WHERE coalesce(token_chunks, 0) > 0),
                coalesce(sum(tokens_after_disconnect), 0),
                count(*) FILTER (WHERE upstream_closed_ts_ms - disconnect_ts_ms > ?)
         FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ?

@@ -72,7 +72,9 @@ class LatencySpec(_Spec):
     threshold_s: float = Field(gt=0, le=86_400)
     source: Literal["tap", "engine"] = "tap"
     statistic: Literal["p99", "max", "mean", "jitter"] = "p99"
-    dialect: str | None = Field(default=None, description="engine dialect whose default buckets apply")
+    dialect: str | None = Field(
+        default=None, description="engine dialect whose default buckets apply"
+    )
 
     @model_validator(mode="after")
     def _statistic_only_for_itl(self) -> LatencySpec:
@@ -129,8 +131,12 @@ class AlertingSpec(_Spec):
 
     page: bool = True
     ticket: bool = True
-    min_events: int = Field(default=0, ge=0, description="a pair alerts only if its long window holds this many events")
-    name: str | None = Field(default=None, description="alert name (default: SLO name in CamelCase + 'BudgetBurn')")
+    min_events: int = Field(
+        default=0, ge=0, description="a pair alerts only if its long window holds this many events"
+    )
+    name: str | None = Field(
+        default=None, description="alert name (default: SLO name in CamelCase + 'BudgetBurn')"
+    )
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
 
@@ -167,7 +173,9 @@ class SloSpec(_Spec):
     def _period(cls, value: str) -> str:
         parse_duration_ms(value)
         if value not in known_periods():
-            raise ValueError(f"no alert-window catalog for {value} (known: {', '.join(known_periods())})")
+            raise ValueError(
+                f"no alert-window catalog for {value} (known: {', '.join(known_periods())})"
+            )
         return value
 
     @field_validator("group_by")
@@ -184,8 +192,10 @@ class SloSpec(_Spec):
             used = {k for k in ("tenant", "route") if getattr(self.selector, k) is not None}
             used |= {k for k in self.group_by if k in ("tenant", "route")}
             if used:
-                raise ValueError(f"source engine has no {'/'.join(sorted(used))}: select or group by "
-                                 "model, pool or instance only")
+                raise ValueError(
+                    f"source engine has no {'/'.join(sorted(used))}: select or group by "
+                    "model, pool or instance only"
+                )
         return self
 
 

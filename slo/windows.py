@@ -106,9 +106,13 @@ def _parse_catalog(name: str, raw: object) -> WindowCatalog:
             short_ms, long_ms = parse_duration_ms(item["short"]), parse_duration_ms(item["long"])
             budget = float(item["budget_percent"])
             if not 0 < budget <= 100 or not short_ms < long_ms <= period_ms:
-                raise ValueError(f"pair {item} must have 0 < budget ≤ 100 and short < long ≤ period")
+                raise ValueError(
+                    f"pair {item} must have 0 < budget ≤ 100 and short < long ≤ period"
+                )
             factor = burn_rate_factor(budget, period_ms, long_ms)
-            pairs.append(AlertPair(item["severity"], item["name"], budget, short_ms, long_ms, factor))
+            pairs.append(
+                AlertPair(item["severity"], item["name"], budget, short_ms, long_ms, factor)
+            )
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"window catalog {name}: {exc}") from exc
     return WindowCatalog(name, period_ms, tuple(pairs))
@@ -125,5 +129,7 @@ def load_catalog(period: str, directory: Path = CATALOG_DIR) -> WindowCatalog:
     path = directory / f"google-{period}.yaml"
     if not path.is_file():
         known = sorted(p.stem.removeprefix("google-") for p in directory.glob("google-*.yaml"))
-        raise ConfigError(f"no alert-window catalog for period {period!r} (known: {', '.join(known)})")
+        raise ConfigError(
+            f"no alert-window catalog for period {period!r} (known: {', '.join(known)})"
+        )
     return _parse_catalog(path.name, yaml.safe_load(path.read_text(encoding="utf-8")))

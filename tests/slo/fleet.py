@@ -27,7 +27,9 @@ class FleetTimeline:
     pool: str = "llama-3-8b"
     seed: int = 0
     requests_per_scrape: int = 8
-    faults: dict[int, tuple[float, Fault]] = field(default_factory=dict)  # instance index → (start_s, fault)
+    faults: dict[int, tuple[float, Fault]] = field(
+        default_factory=dict
+    )  # instance index → (start_s, fault)
 
     def instance(self, index: int) -> str:
         return f"10.0.0.{index + 1}:8000"
@@ -55,18 +57,42 @@ class FleetTimeline:
                     start_fault[1](state, t - start_fault[0])
                 engine += self._engine_rows(ts, state)
                 gpu += self._gpu_rows(ts, state)
-                requests += [request(ts - rng.randrange(self.scrape_s * 1000), instance=state["instance"],
-                                     pool=self.pool, model=self.pool, **state["request"])
-                             for _ in range(state["requests"])]
+                requests += [
+                    request(
+                        ts - rng.randrange(self.scrape_s * 1000),
+                        instance=state["instance"],
+                        pool=self.pool,
+                        model=self.pool,
+                        **state["request"],
+                    )
+                    for _ in range(state["requests"])
+                ]
         return requests, engine, gpu
 
     def _initial(self, index: int) -> State:
-        return {"instance": self.instance(index), "running": 6.0, "waiting": 0.0, "kv_usage": 0.4,
-                "generation_tokens": 0.0, "preemptions": 0.0, "tap_in_flight": 6.0, "tap_disconnects": 0.0,
-                "aborts": 0.0, "corrupted": 0.0, "finished_error": 0.0, "gpu_util": 75.0, "engine_active": 0.7,
-                "fb_used": 72_000.0, "fb_free": 8_000.0, "xid": 0.0, "tokens_per_s": 180.0,
-                "requests": self.requests_per_scrape, "request": {}, "kv_free_blocks": None,
-                "kv_largest_free_run": None}
+        return {
+            "instance": self.instance(index),
+            "running": 6.0,
+            "waiting": 0.0,
+            "kv_usage": 0.4,
+            "generation_tokens": 0.0,
+            "preemptions": 0.0,
+            "tap_in_flight": 6.0,
+            "tap_disconnects": 0.0,
+            "aborts": 0.0,
+            "corrupted": 0.0,
+            "finished_error": 0.0,
+            "gpu_util": 75.0,
+            "engine_active": 0.7,
+            "fb_used": 72_000.0,
+            "fb_free": 8_000.0,
+            "xid": 0.0,
+            "tokens_per_s": 180.0,
+            "requests": self.requests_per_scrape,
+            "request": {},
+            "kv_free_blocks": None,
+            "kv_largest_free_run": None,
+        }
 
     def _advance(self, s: State, rng: random.Random) -> None:
         s["running"] = float(rng.randint(4, 8))
@@ -81,28 +107,75 @@ class FleetTimeline:
 
     def _engine_rows(self, ts: int, s: State) -> list[dict[str, Any]]:
         inst = {"instance": s["instance"], "pool": self.pool, "model": self.pool}
-        rows = [engine_sample(ts, name, s[key], **inst) for name, key in
-                (("running", "running"), ("waiting", "waiting"), ("kv_usage", "kv_usage"))]
-        rows += [engine_sample(ts, name, s[key], kind="counter", **inst) for name, key in
-                 (("generation_tokens", "generation_tokens"), ("preemptions", "preemptions"),
-                  ("corrupted_requests", "corrupted"))]
-        rows.append(engine_sample(ts, "requests_finished", s["aborts"], kind="counter",
-                                  labels_json=labels(finished_reason="abort"), **inst))
-        rows.append(engine_sample(ts, "requests_finished", s["finished_error"], kind="counter",
-                                  labels_json=labels(finished_reason="error"), **inst))
+        rows = [
+            engine_sample(ts, name, s[key], **inst)
+            for name, key in (
+                ("running", "running"),
+                ("waiting", "waiting"),
+                ("kv_usage", "kv_usage"),
+            )
+        ]
+        rows += [
+            engine_sample(ts, name, s[key], kind="counter", **inst)
+            for name, key in (
+                ("generation_tokens", "generation_tokens"),
+                ("preemptions", "preemptions"),
+                ("corrupted_requests", "corrupted"),
+            )
+        ]
+        rows.append(
+            engine_sample(
+                ts,
+                "requests_finished",
+                s["aborts"],
+                kind="counter",
+                labels_json=labels(finished_reason="abort"),
+                **inst,
+            )
+        )
+        rows.append(
+            engine_sample(
+                ts,
+                "requests_finished",
+                s["finished_error"],
+                kind="counter",
+                labels_json=labels(finished_reason="error"),
+                **inst,
+            )
+        )
         for name in ("kv_free_blocks", "kv_largest_free_run"):
             if s[name] is not None:
                 rows.append(engine_sample(ts, name, s[name], **inst))
         tap = {**inst, "dialect": "tap", "engine": ""}
-        rows.append(engine_sample(ts, "tap_in_flight", s["tap_in_flight"], metric="llmslo_tap_in_flight", **tap))
-        rows.append(engine_sample(ts, "tap_disconnects", s["tap_disconnects"], kind="counter",
-                                  metric="llmslo_tap_disconnects_total", **tap))
+        rows.append(
+            engine_sample(
+                ts, "tap_in_flight", s["tap_in_flight"], metric="llmslo_tap_in_flight", **tap
+            )
+        )
+        rows.append(
+            engine_sample(
+                ts,
+                "tap_disconnects",
+                s["tap_disconnects"],
+                kind="counter",
+                metric="llmslo_tap_disconnects_total",
+                **tap,
+            )
+        )
         return rows
 
     def _gpu_rows(self, ts: int, s: State) -> list[dict[str, Any]]:
         pod = {"pod": s["instance"]}
-        rows = [gpu_sample(ts, name, s[key], **pod) for name, key in
-                (("gpu_util", "gpu_util"), ("engine_active", "engine_active"), ("fb_used_mib", "fb_used"),
-                 ("fb_free_mib", "fb_free"))]
-        rows.append(gpu_sample(ts, "xid", s["xid"], labels_json=labels(err_code=str(int(s["xid"]))), **pod))
+        rows = [
+            gpu_sample(ts, name, s[key], **pod)
+            for name, key in (
+                ("gpu_util", "gpu_util"),
+                ("engine_active", "engine_active"),
+                ("fb_used_mib", "fb_used"),
+                ("fb_free_mib", "fb_free"),
+            )
+        ]
+        rows.append(
+            gpu_sample(ts, "xid", s["xid"], labels_json=labels(err_code=str(int(s["xid"]))), **pod)
+        )
         return rows

@@ -30,7 +30,9 @@ def test_burn_rate_is_error_ratio_over_the_budget(c: WindowCounts, objective: fl
 
 
 @given(counts(), objectives, st.integers(1, 10**6))
-def test_budget_never_increases_when_bad_events_are_added(c: WindowCounts, objective: float, extra: int) -> None:
+def test_budget_never_increases_when_bad_events_are_added(
+    c: WindowCounts, objective: float, extra: int
+) -> None:
     worse = c + WindowCounts(extra, extra)
     assert budget_remaining(worse, objective) <= budget_remaining(c, objective) + 1e-12
 
@@ -45,20 +47,26 @@ def test_empty_windows_give_no_nan(objective: float) -> None:
 
 
 @given(counts(), counts(), counts())
-def test_window_merges_are_associative_and_commutative(a: WindowCounts, b: WindowCounts, c: WindowCounts) -> None:
+def test_window_merges_are_associative_and_commutative(
+    a: WindowCounts, b: WindowCounts, c: WindowCounts
+) -> None:
     assert (a + b) + c == a + (b + c)
     assert a + b == b + a
     assert a + WindowCounts() == a
 
 
 @given(st.lists(counts(), min_size=1, max_size=20), objectives)
-def test_long_window_ratio_is_ratio_of_sums_not_mean_of_ratios(parts: list[WindowCounts], objective: float) -> None:
+def test_long_window_ratio_is_ratio_of_sums_not_mean_of_ratios(
+    parts: list[WindowCounts], objective: float
+) -> None:
     merged = sum(parts, WindowCounts())
     total = sum(p.total for p in parts)
     bad = sum(p.bad for p in parts)
     assert merged == WindowCounts(total, bad)
     if total:
-        assert math.isclose(burn_rate(merged, objective), bad / total / (1 - objective), rel_tol=1e-12)
+        assert math.isclose(
+            burn_rate(merged, objective), bad / total / (1 - objective), rel_tol=1e-12
+        )
 
 
 def test_min_events_guard_holds_back_a_low_traffic_page() -> None:

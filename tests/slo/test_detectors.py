@@ -19,7 +19,9 @@ CFG = DetectorConfig()
 def run(store: Store, fleet: FleetTimeline, cfg: DetectorConfig = CFG) -> list[Finding]:
     requests, engine, gpu = fleet.rows()
     insert(store, requests=requests, engine=engine, gpu=gpu)
-    snap = load_snapshot(store.con, fleet.end_ms, int(cfg.lookback_s * 1000), int(cfg.ghost_grace_s * 1000))
+    snap = load_snapshot(
+        store.con, fleet.end_ms, int(cfg.lookback_s * 1000), int(cfg.ghost_grace_s * 1000)
+    )
     return detect_all(snap, cfg)
 
 
@@ -84,7 +86,12 @@ CASES: list[tuple[str, Callable[[State, float], None], str, str]] = [
     ("ghost_requests", ghosts, "ghost_requests", "tap_vs_engine"),
     ("preemption_cascade", cascade, "preemption_cascade", "engine_counters"),
     ("fragmentation from block stats", fragmentation_blocks, "fragmentation", "block_stats"),
-    ("fragmentation from the admission signature", fragmentation_admission, "fragmentation", "admission_signature"),
+    (
+        "fragmentation from the admission signature",
+        fragmentation_admission,
+        "fragmentation",
+        "admission_signature",
+    ),
     ("numeric_anomaly", numeric, "numeric_anomaly", "error_counters"),
     ("queue_growth", queue, "queue_growth", "engine_gauges"),
     ("oom_risk from KV", oom_kv, "oom_risk", "kv_usage"),
@@ -99,7 +106,9 @@ def test_a_healthy_run_raises_no_signal(store: Store) -> None:
     assert run(store, FleetTimeline(instances=4, seconds=1800)) == []
 
 
-@pytest.mark.parametrize(("fault", "signal", "basis"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("fault", "signal", "basis"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_each_fault_pattern_raises_its_signal_on_that_instance(
     store: Store, fault: Callable[[State, float], None], signal: str, basis: str
 ) -> None:
@@ -143,8 +152,17 @@ def test_gini_and_the_detector_table() -> None:
     assert gini([1, 1, 1, 1]) == 0.0
     assert gini([0, 0, 0, 10]) == pytest.approx(0.75)
     assert gini([]) == 0.0
-    assert set(DETECTORS) == {"stall", "ghost_requests", "preemption_cascade", "fragmentation", "hot_instance",
-                              "retry_storm", "numeric_anomaly", "queue_growth", "oom_risk"}
+    assert set(DETECTORS) == {
+        "stall",
+        "ghost_requests",
+        "preemption_cascade",
+        "fragmentation",
+        "hot_instance",
+        "retry_storm",
+        "numeric_anomaly",
+        "queue_growth",
+        "oom_risk",
+    }
 
 
 def test_empty_store_gives_no_findings(store: Store) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,8 +14,11 @@ POLICY = FlagPolicy(dwell_s=60)
 S = 1000
 
 
-@pytest.mark.parametrize(("free", "level"), [(0.5, 0), (0.099, 1), (0.049, 2), (0.009, 3), (0.10, 0), (0.0, 3)],
-                         ids=["plenty", "below 10 %", "below 5 %", "below 1 %", "exactly 10 % is fine", "full"])
+@pytest.mark.parametrize(
+    ("free", "level"),
+    [(0.5, 0), (0.099, 1), (0.049, 2), (0.009, 3), (0.10, 0), (0.0, 3)],
+    ids=["plenty", "below 10 %", "below 5 %", "below 1 %", "exactly 10 % is fine", "full"],
+)
 def test_each_level_is_entered_on_the_first_observation(free: float, level: int) -> None:
     board = FlagBoard(POLICY)
     board.observe(0, "pool", "p", "p", 0.5)
@@ -44,7 +49,11 @@ def test_leaving_needs_the_margin_and_the_dwell_time() -> None:
     assert board.observe(400 * S, "pool", "p", "p", 0.08) is None
     assert board.observe(445 * S, "pool", "p", "p", 0.08) is None
     t = board.observe(460 * S, "pool", "p", "p", 0.08)
-    assert t is not None and (t.from_level, t.to_level, t.reason) == (2, 1, "recovered_dwell_elapsed")
+    assert t is not None and (t.from_level, t.to_level, t.reason) == (
+        2,
+        1,
+        "recovered_dwell_elapsed",
+    )
 
 
 def test_a_dip_during_the_calm_restarts_the_dwell() -> None:
@@ -63,7 +72,9 @@ def test_missing_data_changes_nothing() -> None:
 
 
 @given(st.lists(st.tuples(st.integers(1, 120), st.floats(0, 1), st.booleans()), max_size=80))
-def test_properties_of_any_observation_sequence(observations: list[tuple[int, float, bool]]) -> None:
+def test_properties_of_any_observation_sequence(
+    observations: list[tuple[int, float, bool]],
+) -> None:
     board = FlagBoard(POLICY)
     ts = 0
     last_change = None
@@ -87,13 +98,20 @@ def test_noise_smaller_than_the_margin_causes_at_most_one_transition_each_way(
     centre: float, noise: list[float]
 ) -> None:
     board = FlagBoard(POLICY)
-    changes = [t for i, n in enumerate(noise)
-               if (t := board.observe(i * 15 * S, "pool", "p", "p", min(1.0, max(0.0, centre + n)))) is not None]
+    changes = [
+        t
+        for i, n in enumerate(noise)
+        if (t := board.observe(i * 15 * S, "pool", "p", "p", min(1.0, max(0.0, centre + n))))
+        is not None
+    ]
     ups = [t for t in changes if t.to_level > t.from_level]
     downs = [t for t in changes if t.to_level < t.from_level]
     assert len(downs) <= len(ups) <= 3
-    assert all(later.ts_ms - earlier.ts_ms >= POLICY.dwell_s * S for earlier, later in zip(changes, changes[1:])
-               if later.to_level < later.from_level)
+    assert all(
+        later.ts_ms - earlier.ts_ms >= POLICY.dwell_s * S
+        for earlier, later in itertools.pairwise(changes)
+        if later.to_level < later.from_level
+    )
 
 
 def test_policy_must_be_ordered() -> None:
@@ -107,4 +125,8 @@ def test_transitions_become_flag_transition_rows() -> None:
     assert t is not None
     table = transitions_table([t])
     row = table.to_pylist()[0]
-    assert row["to_level"] == 3 and row["scope"] == "instance" and '"kv_usage": 0.996' in row["evidence_json"]
+    assert (
+        row["to_level"] == 3
+        and row["scope"] == "instance"
+        and '"kv_usage": 0.996' in row["evidence_json"]
+    )

@@ -26,7 +26,11 @@ def model(*slos: dict[str, Any]) -> SloModel:
     return build_model(parse_spec({"version": "llmslo/v1", "service": "svc", "slos": list(slos)}))
 
 
-TTFT = {"name": "ttft", "objective": 0.99, "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2.0}}
+TTFT = {
+    "name": "ttft",
+    "objective": 0.99,
+    "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2.0},
+}
 AVAIL = {"name": "avail", "objective": 0.999, "sli": {"kind": "availability"}}
 
 
@@ -39,9 +43,16 @@ def test_ghosts_aborts_and_errors_count_as_bad_never_dropped(store: Store) -> No
     rows = [request(T0_MS + i * 1000) for i in range(6)]
     rows += [
         request(T0_MS + 10_000, outcome="client_cancelled", client_disconnected=True, ttft_s=None),
-        request(T0_MS + 11_000, outcome="ok", client_disconnected=True),  # ghost: client left mid-stream
+        request(
+            T0_MS + 11_000, outcome="ok", client_disconnected=True
+        ),  # ghost: client left mid-stream
         request(T0_MS + 12_000, outcome="error_before_first_token", ttft_s=None, tpot_s=None),
-        request(T0_MS + 13_000, outcome="interrupted_after_first_token", ttft_s=0.1, finish_reason="abort"),
+        request(
+            T0_MS + 13_000,
+            outcome="interrupted_after_first_token",
+            ttft_s=0.1,
+            finish_reason="abort",
+        ),
     ]
     insert(store, requests=rows)
     m = model(TTFT, AVAIL)
@@ -51,38 +62,73 @@ def test_ghosts_aborts_and_errors_count_as_bad_never_dropped(store: Store) -> No
 
 
 def test_tpot_of_a_one_token_success_is_not_an_event_but_a_failure_is(store: Store) -> None:
-    insert(store, requests=[
-        request(T0_MS, tpot_s=None, completion_tokens=1),
-        request(T0_MS, tpot_s=0.2),
-        request(T0_MS, tpot_s=None, outcome="upstream_timeout"),
-        request(T0_MS),
-    ])
-    m = model({"name": "tpot", "objective": 0.99, "sli": {"kind": "latency", "metric": "tpot", "threshold_s": 0.08}})
+    insert(
+        store,
+        requests=[
+            request(T0_MS, tpot_s=None, completion_tokens=1),
+            request(T0_MS, tpot_s=0.2),
+            request(T0_MS, tpot_s=None, outcome="upstream_timeout"),
+            request(T0_MS),
+        ],
+    )
+    m = model(
+        {
+            "name": "tpot",
+            "objective": 0.99,
+            "sli": {"kind": "latency", "metric": "tpot", "threshold_s": 0.08},
+        }
+    )
     assert status(store, m, T0_MS, "tpot").period == WindowCounts(3, 2)
 
 
 def test_goodput_needs_every_target(store: Store) -> None:
-    insert(store, requests=[request(T0_MS), request(T0_MS, ttft_s=2.5), request(T0_MS, tpot_s=0.09),
-                            request(T0_MS, tpot_s=None)])
-    m = model({"name": "gp", "objective": 0.9, "sli": {"kind": "goodput", "targets_s": {"ttft": 2, "tpot": 0.08}}})
+    insert(
+        store,
+        requests=[
+            request(T0_MS),
+            request(T0_MS, ttft_s=2.5),
+            request(T0_MS, tpot_s=0.09),
+            request(T0_MS, tpot_s=None),
+        ],
+    )
+    m = model(
+        {
+            "name": "gp",
+            "objective": 0.9,
+            "sli": {"kind": "goodput", "targets_s": {"ttft": 2, "tpot": 0.08}},
+        }
+    )
     assert status(store, m, T0_MS, "gp").period == WindowCounts(4, 2)
 
 
 def test_itl_jitter_statistic(store: Store) -> None:
-    insert(store, requests=[request(T0_MS, itl_mean_s=0.03, itl_p99_s=0.05),
-                            request(T0_MS, itl_mean_s=0.03, itl_p99_s=0.09)])
-    m = model({"name": "jit", "objective": 0.99,
-               "sli": {"kind": "latency", "metric": "itl", "statistic": "jitter", "threshold_s": 0.03}})
+    insert(
+        store,
+        requests=[
+            request(T0_MS, itl_mean_s=0.03, itl_p99_s=0.05),
+            request(T0_MS, itl_mean_s=0.03, itl_p99_s=0.09),
+        ],
+    )
+    m = model(
+        {
+            "name": "jit",
+            "objective": 0.99,
+            "sli": {"kind": "latency", "metric": "itl", "statistic": "jitter", "threshold_s": 0.03},
+        }
+    )
     assert status(store, m, T0_MS, "jit").period == WindowCounts(2, 1)
 
 
 def test_selectors_and_groups(store: Store) -> None:
-    insert(store, requests=[
-        request(T0_MS, pool="a", instance="h1:1", outcome="rejected"),
-        request(T0_MS, pool="a", instance="h2:1"),
-        request(T0_MS, pool="b", instance="h3:1", outcome="rejected"),
-        request(T0_MS, pool="c", instance="h4:1", outcome="rejected"),
-    ])
+    insert(
+        store,
+        requests=[
+            request(T0_MS, pool="a", instance="h1:1", outcome="rejected"),
+            request(T0_MS, pool="a", instance="h2:1"),
+            request(T0_MS, pool="b", instance="h3:1", outcome="rejected"),
+            request(T0_MS, pool="c", instance="h4:1", outcome="rejected"),
+        ],
+    )
     m = model({**AVAIL, "selector": {"pool": ["a", "b"]}, "group_by": ["pool"]})
     Rollup(store.con, m).update(T0_MS)
     got = {s.group["pool"]: s.period for s in evaluate(store.con, m, T0_MS)}
@@ -99,7 +145,12 @@ def test_an_slo_without_traffic_has_a_status_without_nan(store: Store) -> None:
 
 def test_recomputing_a_minute_gives_the_same_rows(store: Store) -> None:
     rng = random.Random(1)
-    insert(store, requests=[request(T0_MS + rng.randrange(3 * HOUR), ttft_s=rng.uniform(0, 3)) for _ in range(500)])
+    insert(
+        store,
+        requests=[
+            request(T0_MS + rng.randrange(3 * HOUR), ttft_s=rng.uniform(0, 3)) for _ in range(500)
+        ],
+    )
     m = model(TTFT)
     rollup = Rollup(store.con, m)
     rollup.update(T0_MS + 3 * HOUR)
@@ -132,22 +183,33 @@ def test_changing_an_slo_definition_rebuilds_its_rollups(store: Store) -> None:
 
 def _reference(rows: list[dict[str, Any]], start: int, end: int) -> WindowCounts:
     sel = [r for r in rows if start <= r["received_ts_ms"] < end]
-    bad = sum(1 for r in sel if r["outcome"] != "ok" or (r["ttft_s"] is not None and r["ttft_s"] > 2.0))
+    bad = sum(
+        1 for r in sel if r["outcome"] != "ok" or (r["ttft_s"] is not None and r["ttft_s"] > 2.0)
+    )
     eligible = sum(1 for r in sel if r["outcome"] != "ok" or r["ttft_s"] is not None)
     return WindowCounts(eligible, bad)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     offsets=st.lists(st.integers(0, 80 * HOUR), min_size=0, max_size=60),
     seed=st.integers(0, 1000),
     now_offset=st.integers(0, 80 * HOUR),
 )
-def test_every_window_agrees_with_counting_raw_records(tmp_path: Path, offsets: list[int], seed: int,
-                                                       now_offset: int) -> None:
+def test_every_window_agrees_with_counting_raw_records(
+    tmp_path: Path, offsets: list[int], seed: int, now_offset: int
+) -> None:
     rng = random.Random(seed)
-    rows = [request(T0_MS + o, ttft_s=rng.choice([0.5, 1.9, 2.0, 2.1, None]),
-                    outcome=rng.choice(["ok", "ok", "ok", "rejected", "client_cancelled"])) for o in offsets]
+    rows = [
+        request(
+            T0_MS + o,
+            ttft_s=rng.choice([0.5, 1.9, 2.0, 2.1, None]),
+            outcome=rng.choice(["ok", "ok", "ok", "rejected", "client_cancelled"]),
+        )
+        for o in offsets
+    ]
     with Store(tmp_path / f"p{seed}-{len(offsets)}-{now_offset}.duckdb") as store:
         if rows:
             insert(store, requests=rows)
@@ -163,20 +225,37 @@ def test_every_window_agrees_with_counting_raw_records(tmp_path: Path, offsets: 
 def test_engine_histogram_source_counts_bucket_increases(store: Store) -> None:
     bounds = [0.5, 1.0, 2.0, 4.0]
     samples = []
-    # cumulative: minute 0 baseline, minute 1 +10 requests (8 ≤ 2 s), minute 2 counter reset then 5 (5 ≤ 2 s)
+    # cumulative: minute 0 baseline, minute 1 +10 requests (8 ≤ 2 s),
+    # minute 2 a counter reset, then 5 requests (5 ≤ 2 s)
     for minute, le2, count in [(0, 100, 100), (1, 108, 110), (2, 5, 5)]:
-        samples += histogram(T0_MS + minute * MIN + 5_000, "ttft", bounds, {0.5: 0, 1.0: 0, 2.0: le2, 4.0: le2},
-                             count, dialect="sglang")
+        samples += histogram(
+            T0_MS + minute * MIN + 5_000,
+            "ttft",
+            bounds,
+            {0.5: 0, 1.0: 0, 2.0: le2, 4.0: le2},
+            count,
+            dialect="sglang",
+        )
     insert(store, engine=samples)
-    m = model({"name": "ttft-engine", "objective": 0.99,
-               "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2, "source": "engine"}})
+    m = model(
+        {
+            "name": "ttft-engine",
+            "objective": 0.99,
+            "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2, "source": "engine"},
+        }
+    )
     st_ = status(store, m, T0_MS + 3 * MIN, "ttft-engine")
     assert st_.period == WindowCounts(15, 2)
 
 
-@pytest.mark.parametrize(("min_events", "pages"), [(0, True), (100, False)],
-                         ids=["without the guard one failure pages", "with the guard it does not"])
-def test_low_traffic_one_failure_at_ten_requests_per_hour(store: Store, min_events: int, pages: bool) -> None:
+@pytest.mark.parametrize(
+    ("min_events", "pages"),
+    [(0, True), (100, False)],
+    ids=["without the guard one failure pages", "with the guard it does not"],
+)
+def test_low_traffic_one_failure_at_ten_requests_per_hour(
+    store: Store, min_events: int, pages: bool
+) -> None:
     rows = [request(T0_MS + i * 6 * MIN) for i in range(60)]  # 10/h for 6 h
     rows[-1]["outcome"] = "error_before_first_token"
     insert(store, requests=rows)

@@ -24,9 +24,17 @@ def base() -> dict[str, Any]:
     return {
         "version": "llmslo/v1",
         "slos": [
-            {"name": "ttft", "objective": 0.99, "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2.0}},
+            {
+                "name": "ttft",
+                "objective": 0.99,
+                "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2.0},
+            },
             {"name": "avail", "objective": 0.999, "sli": {"kind": "availability"}},
-            {"name": "good", "objective": 0.95, "sli": {"kind": "goodput", "targets_s": {"ttft": 2, "tpot": 0.08}}},
+            {
+                "name": "good",
+                "objective": 0.95,
+                "sli": {"kind": "goodput", "targets_s": {"ttft": 2, "tpot": 0.08}},
+            },
         ],
     }
 
@@ -44,13 +52,28 @@ def test_the_example_spec_is_valid_and_carries_the_seed_targets() -> None:
 
 @pytest.mark.parametrize(
     ("period", "factors"),
-    [("30d", [14.4, 6.0, 3.0, 1.0]), ("28d", [13.44, 5.6, 2.8, 0.9333333333]), ("7d", [13.44, 3.5, 1.4, 0.98])],
-    ids=["30 days gives the workbook factors", "28 days scales them", "7 days uses its own budget shares"],
+    [
+        ("30d", [14.4, 6.0, 3.0, 1.0]),
+        ("28d", [13.44, 5.6, 2.8, 0.9333333333]),
+        ("7d", [13.44, 3.5, 1.4, 0.98]),
+    ],
+    ids=[
+        "30 days gives the workbook factors",
+        "28 days scales them",
+        "7 days uses its own budget shares",
+    ],
 )
-def test_burn_rate_factors_are_derived_from_the_budget_share(period: str, factors: list[float]) -> None:
+def test_burn_rate_factors_are_derived_from_the_budget_share(
+    period: str, factors: list[float]
+) -> None:
     catalog = load_catalog(period)
     assert [pair.factor for pair in catalog.pairs] == pytest.approx(factors)
-    assert [pair.id for pair in catalog.pairs] == ["page-1h-5m", "page-6h-30m", "ticket-1d-2h", "ticket-3d-6h"]
+    assert [pair.id for pair in catalog.pairs] == [
+        "page-1h-5m",
+        "page-6h-30m",
+        "ticket-1d-2h",
+        "ticket-3d-6h",
+    ]
 
 
 def _error(mutate: Any) -> str:
@@ -66,27 +89,67 @@ def _error(mutate: Any) -> str:
     [
         (lambda r: r["slos"][2].update(objective=1.5), "slos[2].objective: must be in (0, 1)"),
         (lambda r: r["slos"][0].update(objective=0), "slos[0].objective: must be in (0, 1)"),
-        (lambda r: r["slos"][0]["sli"].update(threshold_s=-1), "slos[0].sli.threshold_s: Input should be greater than 0"),
-        (lambda r: r["slos"][0]["sli"].update(metric="ttfb"), "slos[0].sli.metric: Input should be"),
-        (lambda r: r["slos"][1].update(period="13d"), "slos[1].period: no alert-window catalog for 13d"),
+        (
+            lambda r: r["slos"][0]["sli"].update(threshold_s=-1),
+            "slos[0].sli.threshold_s: Input should be greater than 0",
+        ),
+        (
+            lambda r: r["slos"][0]["sli"].update(metric="ttfb"),
+            "slos[0].sli.metric: Input should be",
+        ),
+        (
+            lambda r: r["slos"][1].update(period="13d"),
+            "slos[1].period: no alert-window catalog for 13d",
+        ),
         (lambda r: r["slos"][1].update(period="soon"), "slos[1].period: not a duration"),
-        (lambda r: r["slos"][1].update(selector={"gpu": "0"}), "slos[1].selector.gpu: Extra inputs are not permitted"),
+        (
+            lambda r: r["slos"][1].update(selector={"gpu": "0"}),
+            "slos[1].selector.gpu: Extra inputs are not permitted",
+        ),
         (lambda r: r["slos"][1].update(name="bad name!"), "slos[1].name: must be 2–63 characters"),
         (lambda r: r["slos"][1].update(name="ttft"), "'ttft' is used twice"),
-        (lambda r: r["slos"][2]["sli"].update(targets_s={}), "slos[2].sli.targets_s: needs at least one"),
-        (lambda r: r["slos"][1]["alerting"].update() if False else r["slos"][1].update(alerting={"min_events": -1}),
-         "slos[1].alerting.min_events: Input should be greater than or equal to 0"),
-        (lambda r: r["slos"][0]["sli"].update(source="engine") or r["slos"][0].update(group_by=["tenant"]),
-         "slos[0]: source engine has no tenant"),
-        (lambda r: r["slos"][0]["sli"].update(statistic="max"), "statistic applies only to metric itl"),
+        (
+            lambda r: r["slos"][2]["sli"].update(targets_s={}),
+            "slos[2].sli.targets_s: needs at least one",
+        ),
+        (
+            lambda r: (
+                r["slos"][1]["alerting"].update()
+                if False
+                else r["slos"][1].update(alerting={"min_events": -1})
+            ),
+            "slos[1].alerting.min_events: Input should be greater than or equal to 0",
+        ),
+        (
+            lambda r: (
+                r["slos"][0]["sli"].update(source="engine")
+                or r["slos"][0].update(group_by=["tenant"])
+            ),
+            "slos[0]: source engine has no tenant",
+        ),
+        (
+            lambda r: r["slos"][0]["sli"].update(statistic="max"),
+            "statistic applies only to metric itl",
+        ),
         (lambda r: r.update(version="sloth/v1"), "version: Input should be 'llmslo/v1'"),
         (lambda r: r.update(slos=[]), "slos: List should have at least 1 item"),
     ],
     ids=[
-        "objective above 1", "objective zero", "negative threshold", "unknown latency metric",
-        "period without a catalog", "period that is not a duration", "unknown selector key",
-        "name with spaces", "duplicate names", "goodput without targets", "negative min_events",
-        "engine source grouped by tenant", "statistic on ttft", "foreign version", "no slos",
+        "objective above 1",
+        "objective zero",
+        "negative threshold",
+        "unknown latency metric",
+        "period without a catalog",
+        "period that is not a duration",
+        "unknown selector key",
+        "name with spaces",
+        "duplicate names",
+        "goodput without targets",
+        "negative min_events",
+        "engine source grouped by tenant",
+        "statistic on ttft",
+        "foreign version",
+        "no slos",
     ],
 )
 def test_invalid_specs_name_the_field_path(mutate: Any, expected: str) -> None:
@@ -106,10 +169,14 @@ def test_all_errors_of_a_file_are_reported_at_once() -> None:
 
 def test_engine_thresholds_must_be_a_bucket_bound_matched_numerically() -> None:
     raw = base()
-    raw["slos"][0]["sli"].update(source="engine", dialect="vllm")  # vLLM TTFT has 1.0, 2.5 but no 2.0
+    raw["slos"][0]["sli"].update(
+        source="engine", dialect="vllm"
+    )  # vLLM TTFT has 1.0, 2.5 but no 2.0
     problems = check_bucket_bounds(build_model(parse_spec(raw)))
-    assert problems == ["slos[0].sli.threshold_s: 2 s is not a ttft bucket bound (default vllm buckets); "
-                        "nearest: 1, 2.5"]
+    assert problems == [
+        "slos[0].sli.threshold_s: 2 s is not a ttft bucket bound (default vllm buckets); "
+        "nearest: 1, 2.5"
+    ]
     raw["slos"][0]["sli"]["threshold_s"] = 2.5
     assert check_bucket_bounds(build_model(parse_spec(raw))) == []
     # bounds seen in the data win over the defaults, and match by value (2.0 == 2)
@@ -138,7 +205,9 @@ def test_disabled_tiers_have_no_pairs() -> None:
     assert {p.severity for p in slo.pairs} == {"page"}
 
 
-@pytest.mark.parametrize("text", ["", "- a\n- b\n", "version: [\n", "\x00\x01", "slos: 3\nversion: llmslo/v1\n"])
+@pytest.mark.parametrize(
+    "text", ["", "- a\n- b\n", "version: [\n", "\x00\x01", "slos: 3\nversion: llmslo/v1\n"]
+)
 def test_malformed_files_raise_config_error(tmp_path: Path, text: str) -> None:
     path = tmp_path / "spec.yaml"
     path.write_text(text)
@@ -148,13 +217,18 @@ def test_malformed_files_raise_config_error(tmp_path: Path, text: str) -> None:
 
 _json = st.recursive(
     st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
     max_leaves=12,
 )
 
 
 @settings(max_examples=150, deadline=None)
-@given(key=st.sampled_from(["name", "objective", "period", "sli", "selector", "group_by", "alerting"]), value=_json)
+@given(
+    key=st.sampled_from(["name", "objective", "period", "sli", "selector", "group_by", "alerting"]),
+    value=_json,
+)
 def test_hostile_values_raise_config_error_or_validate(key: str, value: Any) -> None:
     raw = copy.deepcopy(base())
     raw["slos"][1][key] = value
@@ -163,11 +237,16 @@ def test_hostile_values_raise_config_error_or_validate(key: str, value: Any) -> 
     except ConfigError as exc:
         assert "slos[1]" in str(exc)
     else:
-        assert model.slos[1].objective == raw["slos"][1].get("objective", 0.999) or key != "objective"
+        assert (
+            model.slos[1].objective == raw["slos"][1].get("objective", 0.999) or key != "objective"
+        )
 
 
 def test_round_trip_through_yaml(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(base()))
-    assert [s.id for s in build_model(load_spec(path)).slos] == ["llm-inference-ttft", "llm-inference-avail",
-                                                                   "llm-inference-good"]
+    assert [s.id for s in build_model(load_spec(path)).slos] == [
+        "llm-inference-ttft",
+        "llm-inference-avail",
+        "llm-inference-good",
+    ]

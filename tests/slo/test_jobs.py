@@ -1,0 +1,196 @@
+"""The jobs runner on fleet data: flags per level, Kafka publication, /metrics, restarts."""
+
+from __future__ import annotations
+
+import urllib.request
+from typing import Any
+
+import pytest
+from prometheus_client import start_http_server
+
+from pipeline.bus import Bus
+from pipeline.codec import decode_message
+from pipeline.schema import FLAG_TRANSITIONS
+from pipeline.store import Store
+from slo.flags import FlagPolicy, FlagTransition
+from slo.jobs import JobsConfig, SloJobs
+from slo.metrics import JobMetrics
+from slo.model import SloModel, build_model
+from slo.sinks import BusTransitionSink, ListTransitionSink, StoreTransitionSink
+from slo.spec import parse_spec
+from tests.slo.factories import T0_MS, insert
+from tests.slo.fleet import FleetTimeline, State
+
+MODEL: SloModel = build_model(
+    parse_spec(
+        {
+            "version": "llmslo/v1",
+            "service": "svc",
+            "slos": [
+                {
+                    "name": "avail",
+                    "objective": 0.99,
+                    "sli": {"kind": "availability"},
+                    "group_by": ["pool"],
+                },
+                {
+                    "name": "ttft",
+                    "objective": 0.99,
+                    "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2.0},
+                },
+            ],
+        }
+    )
+)
+CONFIG = JobsConfig(flags=FlagPolicy(dwell_s=60))
+
+
+def kv_leak(s: State, since: float) -> None:
+    s["kv_usage"] = min(
+        1.0, 0.5 + since / 600
+    )  # +0.1 per minute: L1 at 0.90, L2 at 0.95, L3 at 0.99
+
+
+def replay(
+    store: Store, fleet: FleetTimeline, sink: Any, metrics: JobMetrics | None = None
+) -> SloJobs:
+    requests, engine, gpu = fleet.rows()
+    insert(store, requests=requests, engine=engine, gpu=gpu)
+    jobs = SloJobs(store.con, MODEL, CONFIG, sink=sink, metrics=metrics)
+    for t in range(0, fleet.seconds + 1, fleet.scrape_s):
+        result = jobs.run_once(T0_MS + t * 1000)
+        assert result is not None and result.errors == []
+    return jobs
+
+
+def test_a_healthy_run_changes_no_flag(store: Store) -> None:
+    sink = ListTransitionSink()
+    replay(store, FleetTimeline(instances=3, seconds=1200), sink)
+    assert sink.transitions == []
+    assert store.count("flag_transitions") == 0
+
+
+def test_kv_leak_raises_l1_l2_l3_within_two_scrapes_of_each_crossing(store: Store) -> None:
+    sink = ListTransitionSink()
+    fleet = FleetTimeline(instances=3, seconds=900).add_fault(1, 300, kv_leak)
+    replay(store, fleet, sink)
+    mine = [t for t in sink.transitions if t.scope == "instance"]
+    assert [(t.from_level, t.to_level) for t in mine] == [(0, 1), (1, 2), (2, 3)]
+    assert all(t.scope_id == fleet.instance(1) for t in mine)
+    crossings_s = {1: 300 + 240, 2: 300 + 270, 3: 300 + 294}  # usage 0.90, 0.95, 0.99
+    for t in mine:
+        delay_s = (t.ts_ms - T0_MS) / 1000 - crossings_s[t.to_level]
+        assert 0 <= delay_s <= 2 * fleet.scrape_s, t
+        assert t.evidence["kv_usage"] == pytest.approx(1 - t.kv_free_ratio)  # type: ignore[operator]
+    # the pool's mean free ratio (two healthy instances) stays well above 10 %: no pool flag
+    assert not [t for t in sink.transitions if t.scope == "pool"]
+
+
+def test_xid_sends_the_instance_to_l3_with_oom_evidence(store: Store) -> None:
+    def xid(s: State, _: float) -> None:
+        s["xid"] = 79.0
+
+    sink = ListTransitionSink()
+    replay(store, FleetTimeline(instances=2, seconds=400).add_fault(0, 300, xid), sink)
+    (t,) = sink.transitions
+    assert (t.scope, t.to_level, t.reason) == ("instance", 3, "oom_risk")
+    assert t.evidence["oom_risk"]["xid"] == [79]
+
+
+def test_recovery_leaves_slowly_and_every_transition_is_stored(store: Store) -> None:
+    def blip(s: State, since: float) -> None:
+        s["kv_usage"] = 0.93 if since < 60 else 0.4
+
+    fleet = FleetTimeline(instances=1, seconds=700).add_fault(0, 300, blip)
+    replay(store, fleet, StoreTransitionSink(store.con))
+    rows = store.con.execute(
+        "SELECT scope, from_level, to_level, reason, ts_ms FROM flag_transitions "
+        "WHERE scope = 'instance' ORDER BY ts_ms"
+    ).fetchall()
+    assert [(r[1], r[2], r[3]) for r in rows] == [
+        (0, 1, "kv_free_below_l1"),
+        (1, 0, "recovered_dwell_elapsed"),
+    ]
+    assert rows[1][4] - rows[0][4] >= 60_000
+
+
+def test_a_restart_resumes_the_stored_level_instead_of_re_announcing(store: Store) -> None:
+    fleet = FleetTimeline(instances=1, seconds=600).add_fault(
+        0, 0, lambda s, _: s.update(kv_usage=0.93)
+    )
+    replay(store, fleet, StoreTransitionSink(store.con))
+    before = store.count("flag_transitions")
+    again = SloJobs(store.con, MODEL, CONFIG, sink=StoreTransitionSink(store.con))
+    again.run_once(fleet.end_ms)
+    assert store.count("flag_transitions") == before
+
+
+def test_transitions_are_published_to_the_flags_topic(store: Store, bus: Bus) -> None:
+    producer = bus.producer()
+    fleet = FleetTimeline(instances=2, seconds=700).add_fault(0, 300, kv_leak)
+    replay(store, fleet, BusTransitionSink(producer))
+    producer.close()
+    consumer = bus.consumer(None)
+    consumer.subscribe([bus.prefix + FLAG_TRANSITIONS.topic])
+    rows: list[dict[str, Any]] = []
+    for _ in range(60):
+        for records in consumer.poll(timeout_ms=1000).values():
+            for record in records:
+                rows += decode_message(record.value, record.headers).table.to_pylist()
+        if len(rows) >= 3:
+            break
+    consumer.close()
+    assert [(r["scope_id"], r["to_level"]) for r in rows] == [
+        (fleet.instance(0), level) for level in (1, 2, 3)
+    ]
+    assert all('"thresholds"' in r["evidence_json"] for r in rows)
+
+
+def test_findings_start_and_resolve_once(store: Store) -> None:
+    def stall(s: State, since: float) -> None:
+        if since < 120:
+            s["tokens_per_s"], s["requests"] = 0.0, 0
+        else:
+            s["tokens_per_s"], s["requests"] = 180.0, 8
+
+    replay(
+        store,
+        FleetTimeline(instances=2, seconds=900).add_fault(0, 300, stall),
+        ListTransitionSink(),
+    )
+    rows = store.con.execute("SELECT state, signal FROM slo_findings ORDER BY ts_ms").fetchall()
+    assert rows == [("firing", "stall"), ("resolved", "stall")]
+
+
+def test_metrics_endpoint_serves_burn_rates_budgets_flags_and_durations(store: Store) -> None:
+    metrics = JobMetrics()
+    server, _ = start_http_server(0, "127.0.0.1", registry=metrics.registry)
+    try:
+        fleet = FleetTimeline(instances=2, seconds=660).add_fault(0, 300, kv_leak)
+        replay(store, fleet, ListTransitionSink(), metrics)
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=30)
+            .read()
+            .decode()
+        )
+    finally:
+        server.shutdown()
+    assert 'llmslo_slo_burn_rate{group="pool=llama-3-8b",slo="svc-avail",window="1h"} 0.0' in body
+    assert 'llmslo_slo_error_budget_remaining_ratio{group="",slo="svc-ttft"} 1.0' in body
+    assert (
+        f'llmslo_degradation_level{{pool="",scope="instance",scope_id="{fleet.instance(0)}"}} 3.0'
+        in body
+    )
+    assert 'llmslo_job_duration_seconds_count{job="evaluate"}' in body
+    assert (
+        'llmslo_slo_alert_active{group="",pair="page-1h-5m",severity="page",slo="svc-ttft"} 0.0'
+        in body
+    )
+
+
+def test_a_run_without_data_does_nothing(store: Store) -> None:
+    assert SloJobs(store.con, MODEL, CONFIG).run_once() is None
+
+
+def _levels(transitions: list[FlagTransition]) -> list[int]:
+    return [t.to_level for t in transitions]
