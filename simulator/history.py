@@ -11,11 +11,12 @@ Output goes through a :class:`HistorySink`: straight into DuckDB or through Kafk
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -59,19 +60,23 @@ class HistorySink(Protocol):
 
 
 class StoreSink:
-    """Straight into DuckDB via ``Store.commit_batch`` (one transaction per chunk)."""
+    """Straight into DuckDB via ``Store.commit_batch`` (one transaction per chunk).
+
+    Passes the tables exactly as the ingester does (schema-shaped Arrow, a list per
+    table). Stores whose ``commit_batch`` still takes one storage-shaped table per name
+    (the spine before series normalisation) are detected and fed that shape.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        annotation = str(inspect.signature(type(store).commit_batch).parameters["rows"].annotation)
+        self._tables_as_lists = "Sequence" in annotation
 
     def write(self, schema: RecordSchema, table: pa.Table) -> None:
-        rows = table.cast(schema.storage_arrow)
-        ts_ms = int(rows.column(0)[0].as_py()) if schema is not REQUEST_RECORDS else 0
+        ts_ms = int(table.column(0)[0].as_py()) if schema is not REQUEST_RECORDS else 0
+        rows: Any = [table] if self._tables_as_lists else table.cast(schema.storage_arrow)
         self.store.commit_batch(
-            {schema.table: rows},
-            group_id="llmslo-sim-history",
-            offsets={},
-            now_ts_ms=ts_ms,
+            {schema.table: rows}, group_id="llmslo-sim-history", offsets={}, now_ts_ms=ts_ms
         )
 
 
