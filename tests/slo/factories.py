@@ -6,6 +6,7 @@ schema, then inserted into a real DuckDB store, so the SLO jobs read what ingest
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 from collections.abc import Iterable, Mapping
@@ -134,15 +135,20 @@ def insert(
     gpu: Iterable[dict[str, Any]] = (),
 ) -> None:
     """Insert rows the way the ingester does (Arrow append, one transaction)."""
-    tables = {}
+    tables: dict[str, Any] = {}
     for schema, rows in (
         (REQUEST_RECORDS, list(requests)),
         (ENGINE_SAMPLES, list(engine)),
         (GPU_SAMPLES, list(gpu)),
     ):
         if rows:
-            tables[schema.table] = to_table(schema, rows)
+            table = to_table(schema, rows)
+            tables[schema.table] = [table] if _BATCH_OF_TABLES else table
     store.commit_batch(tables, group_id="test", offsets={}, now_ts_ms=0)
+
+
+# The spine's commit_batch moved from one table per name to a sequence of tables per name.
+_BATCH_OF_TABLES = "Sequence" in str(inspect.signature(Store.commit_batch).parameters["rows"].annotation)
 
 
 def labels(**kv: str) -> str:
