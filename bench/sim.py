@@ -1,8 +1,9 @@
 """Benchmark: how many pods one simulator process sustains under streaming load.
 
-The fleet (all pods, one event loop) runs in this process; the load generator runs in a
-child process (Poisson arrivals, streaming chat, include_usage) so the two share the
-machine's 2 cores like a real drill. Throughput is what clients actually received.
+The fleet (all pods, one event loop, one thread) runs in this process; the load generator
+runs in ``--clients`` child processes (Poisson arrivals split round-robin, streaming chat
+with include_usage), sharing the machine's cores like a real drill. Throughput is what
+clients actually received during the steady window (after warm-up, until arrivals end).
 Last line: ``{"bench": "sim", "pods": …, "req_per_s": …, "tokens_per_s": …}``.
 """
 
@@ -15,6 +16,9 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -23,34 +27,43 @@ from simulator.load import LoadConfig, run_load_sync
 from simulator.traces import TraceRequest, poisson_arrivals
 
 
-def _client(
-    targets: list[str], rate: float, duration: float, out_tokens: int, queue: mp.Queue
-) -> None:
-    requests = [
+def _client(targets: list[str], args: dict[str, Any], part: int, queue: mp.Queue) -> None:
+    arrivals = poisson_arrivals(
+        args["rate"],
+        args["duration"],
+        seed=1,
+        mean_prompt_tokens=256,
+        mean_output_tokens=args["out_tokens"],
+    )
+    mine = [
         TraceRequest(
-            r.offset_s, min(r.prompt_tokens, 1024), max(10, min(r.output_tokens, 2 * out_tokens))
+            r.offset_s,
+            min(r.prompt_tokens, 1024),
+            max(10, min(r.output_tokens, 2 * args["out_tokens"])),
         )
-        for r in poisson_arrivals(
-            rate, duration, seed=1, mean_prompt_tokens=256, mean_output_tokens=out_tokens
-        )
+        for i, r in enumerate(arrivals)
+        if i % args["clients"] == part
     ]
-    config = LoadConfig(targets=targets, concurrency=4096, request_timeout_s=120)
-    report = run_load_sync(config, requests)
-    summary = report.summary()
-    # steady state: completions (and their tokens) inside [warmup, end of arrivals]
-    warmup = min(3.0, duration / 4)
+    config = LoadConfig(targets=targets, concurrency=4096, request_timeout_s=120, seed=part)
+    report = run_load_sync(config, mine)
+    duration, warmup = args["duration"], min(3.0, args["duration"] / 4)
     done = [
         r
         for r in report.results
         if r.outcome == "ok" and r.e2e_s is not None and warmup <= r.sent_s + r.e2e_s <= duration
     ]
-    window = duration - warmup
-    summary["steady"] = {
-        "window_s": window,
-        "req_per_s": len(done) / window,
-        "tokens_per_s": sum(r.completion_tokens for r in done) / window,
-    }
-    queue.put(summary)
+    queue.put(
+        {
+            "requests": len(report.results),
+            "ok": sum(r.outcome == "ok" for r in report.results),
+            "steady_requests": len(done),
+            "steady_tokens": sum(r.completion_tokens for r in done),
+            "window_s": duration - warmup,
+            "ttft": [r.ttft_s for r in report.results if r.ttft_s is not None],
+            "itl": [g for r in report.results for g in r.itl_s[::4]],
+            "lateness": [r.sent_s - r.scheduled_s for r in report.results],
+        }
+    )
 
 
 def main() -> int:
@@ -60,34 +73,50 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=280.0, help="offered requests/s")
     parser.add_argument("--out-tokens", type=int, default=65, help="mean output tokens")
     parser.add_argument("--duration", type=float, help="seconds of arrivals (default 15 quick, 60)")
+    parser.add_argument("--clients", type=int, default=2, help="load generator processes")
     args = parser.parse_args()
     duration = args.duration or (15.0 if args.quick else 60.0)
-    dialects = ["vllm", "sglang", "trtllm", "vllm-legacy"]
-    with Fleet(simple_fleet(args.pods, dialects, seed=0)) as fleet:
+    params = {
+        "rate": args.rate,
+        "duration": duration,
+        "out_tokens": args.out_tokens,
+        "clients": args.clients,
+    }
+    ctx = mp.get_context("spawn")
+    with Fleet(
+        simple_fleet(args.pods, ["vllm", "sglang", "trtllm", "vllm-legacy"], seed=0)
+    ) as fleet:
         targets = [p.url for p in fleet.pods]
-        queue: mp.Queue = mp.get_context("spawn").Queue()
-        child = mp.get_context("spawn").Process(
-            target=_client, args=(targets, args.rate, duration, args.out_tokens, queue)
-        )
-        cpu0 = time.process_time()
-        t0 = time.monotonic()
-        child.start()
-        summary = queue.get(timeout=duration + 300)
-        child.join(timeout=30)
-        wall = time.monotonic() - t0
-        sim_cpu = time.process_time() - cpu0
-    print(json.dumps({"client": summary}, default=float), flush=True)
-    ok = summary["outcomes"].get("ok", 0)
+        queue: mp.Queue = ctx.Queue()
+        children = [
+            ctx.Process(target=_client, args=(targets, params, k, queue))
+            for k in range(args.clients)
+        ]
+        cpu0, t0 = time.process_time(), time.monotonic()
+        for child in children:
+            child.start()
+        parts = [queue.get(timeout=duration + 300) for _ in children]
+        for child in children:
+            child.join(timeout=30)
+        wall, sim_cpu = time.monotonic() - t0, time.process_time() - cpu0
+    window = parts[0]["window_s"]
+    ttft = np.array([x for p in parts for x in p["ttft"]])
+    itl = np.array([x for p in parts for x in p["itl"]])
+    late = np.array([x for p in parts for x in p["lateness"]])
+    requests = sum(p["requests"] for p in parts)
     result = {
         "bench": "sim",
         "pods": args.pods,
-        "req_per_s": round(summary["steady"]["req_per_s"], 1),
-        "tokens_per_s": round(summary["steady"]["tokens_per_s"], 1),
-        "overall_req_per_s": round(ok / summary["wall_s"], 1),
+        "req_per_s": round(sum(p["steady_requests"] for p in parts) / window, 1),
+        "tokens_per_s": round(sum(p["steady_tokens"] for p in parts) / window, 1),
         "offered_req_per_s": args.rate,
-        "ok_fraction": round(ok / max(1, summary["requests"]), 4),
-        "ttft_p99_s": summary["ttft_s"]["p99"],
-        "itl_p99_s": summary["itl_s"]["p99"],
+        "requests": requests,
+        "ok_fraction": round(sum(p["ok"] for p in parts) / max(1, requests), 4),
+        "ttft_p50_s": round(float(np.percentile(ttft, 50)), 4),
+        "ttft_p99_s": round(float(np.percentile(ttft, 99)), 4),
+        "itl_p50_s": round(float(np.percentile(itl, 50)), 4),
+        "itl_p99_s": round(float(np.percentile(itl, 99)), 4),
+        "arrival_lateness_p99_s": round(float(np.percentile(late, 99)), 4),
         "sim_cpu_s_per_wall_s": round(sim_cpu / wall, 3),
         "sim_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }

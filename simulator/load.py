@@ -239,42 +239,68 @@ class _Client:
     async def _read_stream(
         self, resp: aiohttp.ClientResponse, result: RequestResult, start: float
     ) -> bool:
-        first = last = None
-        chunks = 0
-        done = False
-        usage_tokens = None
-        async for line in resp.content:
-            if not line.startswith(b"data: "):
-                continue
-            if line.startswith(b"data: [DONE]"):
-                done = True
-                break
+        """Read SSE events as they arrive (whole network reads, split on blank lines)."""
+        state = _StreamState()
+        pending = b""
+        async for data in resp.content.iter_any():
             now = time.monotonic()
-            if b'"usage"' in line:
-                usage_tokens = json.loads(line[6:]).get("usage", {}).get("completion_tokens")
-                continue
-            if (b'"content": "' in line and b'"content": ""' not in line) or (
-                b'"text": "' in line and b'"text": ""' not in line
-            ):
-                chunks += 1
-                if first is None:
-                    first = now
-                    result.ttft_s = now - start
-                elif last is not None:
-                    result.itl_s.append(now - last)
-                last = now
-        end = time.monotonic()
-        result.e2e_s = end - start
-        n = usage_tokens if usage_tokens is not None else chunks
+            events = (pending + data).split(b"\n\n")
+            pending = events.pop()
+            for event in events:
+                if state.feed(event, now, start, result):
+                    break
+            if state.done:
+                break
+        result.e2e_s = time.monotonic() - start
+        n = state.usage_tokens if state.usage_tokens is not None else state.chunks
         result.completion_tokens = int(n)
-        if first is not None and last is not None and n > 1:
-            result.tpot_s = (last - first) / (n - 1)
-        if not done:
+        if state.first is not None and state.last is not None and n > 1:
+            result.tpot_s = (state.last - state.first) / (n - 1)
+        if not state.done:
             result.outcome = (
-                "interrupted_after_first_token" if first is not None else "error_before_first_token"
+                "interrupted_after_first_token"
+                if state.first is not None
+                else "error_before_first_token"
             )
-            return first is None
+            return state.first is None
         result.outcome = "ok"
+        return False
+
+
+class _StreamState:
+    """Per-stream parse state; token-bearing = non-empty ``content`` or ``text`` (DESIGN §3)."""
+
+    __slots__ = ("chunks", "done", "first", "last", "usage_tokens")
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.chunks = 0
+        self.done = False
+        self.usage_tokens: int | None = None
+
+    def feed(self, event: bytes, now: float, start: float, result: RequestResult) -> bool:
+        """Account one SSE event; returns True at ``[DONE]``."""
+        if not event.startswith(b"data: "):
+            return False
+        if event.startswith(b"data: [DONE]"):
+            self.done = True
+            return True
+        if b'"usage"' in event and b'"choices": []' in event:
+            usage = json.loads(event[6:]).get("usage") or {}
+            self.usage_tokens = usage.get("completion_tokens")
+            return False
+        if (b'"content": "' in event and b'"content": ""' not in event) or (
+            b'"text": "' in event and b'"text": ""' not in event
+        ):
+            self.chunks += 1
+            result.completion_tokens = self.chunks  # so far; usage replaces it at the end
+            if self.first is None:
+                self.first = now
+                result.ttft_s = now - start
+            elif self.last is not None:
+                result.itl_s.append(now - self.last)
+            self.last = now
         return False
 
 
@@ -285,7 +311,13 @@ async def run_load(config: LoadConfig, requests: Iterable[TraceRequest]) -> Load
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t0 = time.monotonic() + 0.05
         client = _Client(config, session, t0)
-        tasks = [asyncio.create_task(client.one(r)) for r in requests]
+        tasks: list[asyncio.Task[RequestResult]] = []
+        for req in sorted(requests, key=lambda r: r.offset_s):
+            # open loop: spawn each request at its arrival time (few timers in flight)
+            delay = t0 + req.offset_s / config.time_scale - time.monotonic() - 0.002
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(client.one(req)))
         results = await asyncio.gather(*tasks)
         return LoadReport(list(results), time.monotonic() - t0)
 

@@ -300,17 +300,17 @@ class VllmDialect(MetricsDialect):
 
     def on_first_token(self, req: SimRequest, ttft_s: float) -> None:
         self.ttft.observe(ttft_s)
+        # vLLM counts a request's prompt once, when its prefill completes (not on recompute)
+        self.prompt_tokens.inc(req.prompt_tokens)
+        self.prefix_queries.inc(req.prompt_tokens)
+        if not self.legacy:
+            self.prompt_local.inc(req.prompt_tokens)
 
     def on_tokens(self, req: SimRequest, tokens: int, itl_s: float | None) -> None:
         if itl_s is not None:
             self.itl.observe(itl_s)
 
     def on_step(self, prefill_tokens: int, decode_tokens: int, duration_s: float) -> None:
-        if prefill_tokens:
-            self.prompt_tokens.inc(prefill_tokens)
-            self.prefix_queries.inc(prefill_tokens)
-            if not self.legacy:
-                self.prompt_local.inc(prefill_tokens)
         if decode_tokens:
             self.generation_tokens.inc(decode_tokens)
         self.iteration.observe(prefill_tokens + decode_tokens)
