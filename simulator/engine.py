@@ -112,6 +112,11 @@ class EngineModel:
         self.preemptions = 0
 
     # ---- requests -------------------------------------------------------------------
+    @property
+    def max_len(self) -> int:
+        """Longest prompt + output one request may reach: max_model_len, capped by the pool."""
+        return min(self.config.max_model_len, self.total_blocks * self.config.block_size - 1)
+
     def new_request(
         self,
         request_id: str,
@@ -124,7 +129,7 @@ class EngineModel:
     ) -> SimRequest:
         """A request with its output length decided (natural stop or ``max_tokens``)."""
         prompt_tokens = max(1, prompt_tokens)
-        room = max(1, self.config.max_model_len - prompt_tokens)
+        room = max(1, self.max_len - prompt_tokens)
         cap = min(max_tokens, room) if max_tokens else room
         natural = max(1, int(self.rng.expovariate(1.0 / self.config.mean_output_tokens)) + 1)
         target = cap if ignore_eos else min(cap, natural)

@@ -259,8 +259,8 @@ class EnginePod:
             msg = f"The model `{body.model[:128]}` does not exist."
             return web.json_response(error_body(msg, "NotFoundError", 404), status=404)
         prompt_tokens = count_prompt_tokens(body)
-        if prompt_tokens >= self.engine.config.max_model_len:
-            limit = self.engine.config.max_model_len
+        if prompt_tokens >= self.engine.max_len:
+            limit = self.engine.max_len
             msg = f"prompt of {prompt_tokens} tokens exceeds max_model_len {limit}"
             return web.json_response(error_body(msg, "BadRequestError", 400), status=400)
         max_tokens = (

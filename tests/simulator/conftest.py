@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -28,6 +29,12 @@ def post(url: str, body: dict[str, Any], timeout: float = 30) -> tuple[int, byte
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+def post_quietly(url: str, body: dict[str, Any]) -> None:
+    """``post`` for background threads: the fleet may close under them at teardown."""
+    with contextlib.suppress(OSError):
+        post(url, body)
 
 
 def get(url: str, timeout: float = 10) -> tuple[int, bytes]:

@@ -108,3 +108,13 @@ def test_kv_leak_grows_with_time_on_the_injected_clock():
     assert abs(engine.kv_usage() - 0.5) < 1e-9
     clock.now = 100.0
     assert engine.kv_usage() == 1.0
+
+
+def test_a_request_never_outgrows_the_pool():
+    engine, clock, _ = _engine(num_gpu_blocks=16, block_size=16, max_num_seqs=4)
+    sink: list = []
+    _add(engine, 200, 10_000, sink)  # would need far more than 16 blocks
+    _add(engine, 10, 5, sink)
+    _run(engine, clock)
+    assert [r for _, r in sink if r] == ["length", "length"]
+    assert sum(n for n, _ in sink) == (16 * 16 - 1 - 200) + 5

@@ -170,3 +170,25 @@ def test_triton_counters_have_no_total_suffix_on_the_wire(make_fleet):
     text = get(fleet.pods[0].url + "/metrics")[1].decode()
     assert "# TYPE nv_inference_count counter\n" in text
     assert "nv_inference_count{" in text and "nv_inference_count_total" not in text
+
+
+def test_counters_add_up_under_preemption(make_fleet):
+    """KV too small for the batch: requests are preempted and recomputed, yet every prompt is
+    counted once and every generated token once."""
+    import threading
+
+    fleet = make_fleet(["vllm"], speed=20, num_gpu_blocks=24, block_size=16)
+    pod = fleet.pods[0]
+    bodies = [completion(60, prompt_chars=400) for _ in range(6)]  # 100-token prompts
+    threads = [threading.Thread(target=post, args=(pod.url + "/v1/completions", b)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    s = scrape(pod.url)
+    assert value(s, "vllm:num_preemptions_total") > 0
+    assert value(s, "vllm:request_success_total", finished_reason="length") == 6
+    assert value(s, "vllm:generation_tokens_total") == 6 * 60
+    assert value(s, "vllm:prompt_tokens_total") == 6 * 100
+    assert value(s, "vllm:request_num_preemptions_sum") == value(s, "vllm:num_preemptions_total")
+    assert value(s, "vllm:kv_cache_usage_perc") == 0
