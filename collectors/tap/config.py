@@ -42,7 +42,10 @@ class TapConfig(BaseModel):
     max_attempts: int = Field(
         2, ge=1, le=10, description="attempts per request, retries only before the first token"
     )
-    retry_on_status: list[int] = [429, 502, 503, 504]
+    retry_on_status: list[int] = Field(
+        [408, 429, 500, 502, 503, 504],
+        description="upstream statuses retried before the first token",
+    )
     retry_budget_ratio: float = Field(
         0.2, ge=0, le=1, description="retries allowed per request, on average"
     )
