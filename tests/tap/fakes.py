@@ -131,7 +131,7 @@ class ScriptedUpstream:
 
 @asynccontextmanager
 async def tap_over(
-    upstreams: list[ScriptedUpstream] | list[str], **overrides: Any
+    upstreams: list[ScriptedUpstream] | list[str], *, genai: Any = None, **overrides: Any
 ) -> AsyncIterator[tuple[str, ListSink, TapProxy]]:
     """A started tap in front of ``upstreams``; yields (tap URL, in-memory sink, proxy)."""
     urls = [u if isinstance(u, str) else await u.start() for u in upstreams]
@@ -139,7 +139,7 @@ async def tap_over(
         listen="127.0.0.1:0", upstreams=urls, kafka=False, tap_id="tap-test", **overrides
     )
     sink = ListSink()
-    proxy = TapProxy(config, sink)
+    proxy = TapProxy(config, sink, genai=genai)
     port = await proxy.start()
     try:
         yield f"http://127.0.0.1:{port}", sink, proxy

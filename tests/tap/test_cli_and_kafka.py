@@ -1,0 +1,125 @@
+"""`llmslo tap` as a process, its config section, and records on the real Kafka bus."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kafka import TopicPartition
+
+import collectors.tap.cli  # noqa: F401  (registers the "tap" config section)
+from collectors.tap import KafkaSink, TapConfig, TapProxy
+from pipeline.bus import Bus
+from pipeline.cli import main
+from pipeline.codec import decode_message
+from pipeline.config import load_config
+from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS
+from tests.tap.fakes import CHAT, ScriptedUpstream, post, stream_script
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_example_config_is_valid() -> None:
+    config = load_config(ROOT / "config" / "tap.example.yaml")
+    assert config.section("tap", TapConfig).upstreams == ["http://127.0.0.1:8000"]
+
+
+def test_bad_tap_section_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("tap:\n  max_attempts: 0\n  upstreams: [ftp://x]\n  bogus: 1\n")
+    assert main(["config", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "tap.max_attempts" in err and "tap.upstreams" in err and "tap.bogus" in err
+
+
+def test_tap_command_without_upstream_fails_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tap", "--no-kafka"]) == 2
+    assert "tap.upstreams" in capsys.readouterr().err
+
+
+def test_tap_process_proxies_and_writes_records_to_stdout() -> None:
+    async def scenario() -> None:
+        up = ScriptedUpstream(lambda req: stream_script(3))
+        upstream = await up.start()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "from pipeline.cli import console_main; console_main()",
+            "tap",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+            "--no-kafka",
+            "--records-out",
+            "-",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            banner = json.loads(await asyncio.wait_for(proc.stderr.readline(), 30))
+            assert banner["tap"] == "listening" and banner["upstreams"] == [upstream]
+            status, body, _ = await post(banner["url"], CHAT)
+            assert status == 200 and body.endswith(b"[DONE]\n\n")
+            record = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+            assert record["outcome"] == "ok" and record["completion_tokens"] == 3
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+            await up.stop()
+
+    asyncio.run(scenario())
+
+
+def consume_all(bus: Bus, topic: str, want: int, timeout_s: float = 30.0) -> list:
+    consumer = bus.consumer(None)
+    partitions = [TopicPartition(bus.prefix + topic, p) for p in range(bus.config.partitions)]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(*partitions)
+    rows: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(rows) < want and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=200).values():
+            for message in records:
+                decoded = decode_message(message.value, message.headers)
+                rows += decoded.table.to_pylist()
+    consumer.close()
+    return rows
+
+
+def test_records_and_gauges_reach_the_bus(bus: Bus) -> None:
+    sink = KafkaSink(bus.producer(), flush_interval_s=0.1)
+
+    async def scenario() -> None:
+        up = ScriptedUpstream(lambda req: stream_script(4))
+        config = TapConfig(listen="127.0.0.1:0", upstreams=[await up.start()], tap_id="t1")
+        proxy = TapProxy(config, sink)
+        port = await proxy.start()
+        for i in range(3):
+            await post(f"http://127.0.0.1:{port}", CHAT, headers={"x-request-id": f"r{i}"})
+        await proxy.stop()
+        await up.stop()
+
+    asyncio.run(scenario())
+    sink.close()
+    rows = consume_all(bus, REQUEST_RECORDS.topic, 3)
+    assert sorted(r["request_id"] for r in rows) == ["r0", "r1", "r2"]
+    assert {r["outcome"] for r in rows} == {"ok"} and {r["tap_id"] for r in rows} == {"t1"}
+    assert all(r["chunk_tokens"] == [1, 1, 1, 1] and len(r["itl_gaps_s"]) == 3 for r in rows)
+    samples = consume_all(bus, ENGINE_SAMPLES.topic, 2)
+    assert {(s["signal"], s["dialect"]) for s in samples} == {
+        ("tap_in_flight", "tap"),
+        ("tap_disconnects", "tap"),
+    }
