@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import aiohttp
 import pytest
@@ -34,7 +35,7 @@ def test_metrics_endpoint_exposes_what_the_tap_measured() -> None:
         up = ScriptedUpstream(lambda req: stream_script(5, gap_s=0.002))
         async with tap_over([up]) as (url, _, proxy):
             await post(url, CHAT)
-            server, thread = start_http_server(0, "127.0.0.1", registry=proxy.metrics.registry)
+            server, _thread = start_http_server(0, "127.0.0.1", registry=proxy.metrics.registry)
             try:
                 async with (
                     aiohttp.ClientSession() as s,
@@ -103,7 +104,7 @@ def test_genai_semantic_convention_metrics_and_spans() -> None:
 
 
 class _Collector(BaseHTTPRequestHandler):
-    received: list[tuple[str, str, int]] = []
+    received: ClassVar[list[tuple[str, str, int]]] = []
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
