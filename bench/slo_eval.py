@@ -60,14 +60,20 @@ def build_rollups(
     minutes = days * 1440 + 1
     for slo in model.slos:
         con.execute(
+            """INSERT INTO slo_keys
+               SELECT ? * 100000 + i, ?, 'pool-' || (i % 4),
+                      '10.0.' || (i // 250) || '.' || (i % 250) || ':8000', '', ''
+               FROM range(?) r(i)""",
+            [model.slos.index(slo), slo.id, instances],
+        )
+        con.execute(
             f"""INSERT INTO slo_minute
-                SELECT ?, {start} + m * {MINUTE_MS}, 'pool-' || (i % 4),
-                       '10.0.' || (i // 250) || '.' || (i % 250) || ':8000',
-                       '', '', t, CAST(t * 0.002 * ((m * 7 + i) % 5) AS BIGINT)
+                SELECT ?, ? * 100000 + i, {start} + m * {MINUTE_MS},
+                       t, CAST(t * 0.002 * ((m * 7 + i) % 5) AS BIGINT)
                 FROM (SELECT m, i, CAST(20 + 10 * sin(m / 229.0) + (i % 3) AS BIGINT) AS t
                       FROM range({minutes}) r(m), range({instances}) s(i))
-                ORDER BY 2""",
-            [slo.id],
+                ORDER BY 3""",
+            [slo.id, model.slos.index(slo)],
         )
     rollup = Rollup(con, model)
     for slo in model.slos:

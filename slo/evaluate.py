@@ -123,21 +123,17 @@ def _ranges(window_ms: int, end_ms: int) -> tuple[tuple[int, int] | None, list[t
     return (first_hour, last_hour), minutes
 
 
-def _sum_query(
-    table: str, ranges: list[tuple[int, int]], slo_ids: list[str]
-) -> tuple[str, list[object]]:
+def _sum_query(table: str, ranges: list[tuple[int, int]]) -> str:
     aggregates = ", ".join(
         f"sum(total) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b}), "
         f"sum(bad) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b})"
         for a, b in ranges
     )
     low, high = min(a for a, _ in ranges), max(b for _, b in ranges)
-    marks = ", ".join("?" * len(slo_ids))
-    sql = (
-        f"SELECT slo_id, pool, instance, tenant, route, {aggregates} FROM {table} "
-        f"WHERE ts_ms >= {low} AND ts_ms < {high} AND slo_id IN ({marks}) GROUP BY ALL"
+    return (
+        f"SELECT key_id, {aggregates} FROM {table} "
+        f"WHERE ts_ms >= {low} AND ts_ms < {high} GROUP BY key_id"
     )
-    return sql, list(slo_ids)
 
 
 def window_counts(
@@ -150,6 +146,15 @@ def window_counts(
         if hours:
             plan.append(("slo_hour", window, hours))
         plan += [("slo_minute", window, r) for r in minutes]
+    marks = ", ".join("?" * len(slo_ids))
+    keys: dict[int, RollupKey] = {
+        row[0]: (row[1], row[2], row[3], row[4], row[5])
+        for row in con.execute(
+            "SELECT key_id, slo_id, pool, instance, tenant, route FROM slo_keys "
+            f"WHERE slo_id IN ({marks})",
+            slo_ids,
+        ).fetchall()
+    }
     result: dict[RollupKey, dict[int, WindowCounts]] = defaultdict(dict)
     # Hour ranges share one scan, minute ranges near `end` another; far leading edges one each.
     batches: dict[tuple[str, int], list[tuple[int, tuple[int, int]]]] = defaultdict(list)
@@ -157,21 +162,23 @@ def window_counts(
         near = table == "slo_hour" or b > end_ms - 2 * HOUR_MS
         batches[(table, 0 if near else a)].append((window, (a, b)))
     for (table, _), items in batches.items():
-        sql, params = _sum_query(table, [r for _, r in items], slo_ids)
-        for row in con.execute(sql, params).fetchall():
-            key: RollupKey = (row[0], row[1], row[2], row[3], row[4])
+        for row in con.execute(_sum_query(table, [r for _, r in items])).fetchall():
+            key = keys.get(row[0])
+            if key is None:  # another spec's SLO
+                continue
             per = result[key]
             for i, (window, _) in enumerate(items):
-                counts = WindowCounts(int(row[5 + 2 * i] or 0), int(row[6 + 2 * i] or 0))
+                counts = WindowCounts(int(row[1 + 2 * i] or 0), int(row[2 + 2 * i] or 0))
                 per[window] = per.get(window, WindowCounts()) + counts
     return result
 
 
 def _has_rollups(con: duckdb.DuckDBPyConnection) -> bool:
     row = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name IN ('slo_minute', 'slo_hour')"
+        "SELECT count(*) FROM duckdb_tables() "
+        "WHERE table_name IN ('slo_minute', 'slo_hour', 'slo_keys')"
     ).fetchone()
-    return bool(row and row[0] == 2)
+    return bool(row and row[0] == 3)
 
 
 def evaluate(con: duckdb.DuckDBPyConnection, model: SloModel, now_ms: int) -> list[SloStatus]:

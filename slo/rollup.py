@@ -2,7 +2,8 @@
 
 Tables (created here, documented in ``slo/README.md``):
 
-* ``slo_minute``: one row per SLO, minute and dimension set that had events;
+* ``slo_keys``: one row per SLO × (pool, instance, tenant, route), with its integer key;
+* ``slo_minute``: one row per key and minute that had events;
 * ``slo_hour``: the same summed per hour, so a 30-day window reads ~720 rows per key;
 * ``slo_rollup_state``: per SLO, the spec fingerprint and the watermark reached.
 
@@ -29,14 +30,20 @@ log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
 _COUNT_COLUMNS = """
-    slo_id VARCHAR NOT NULL, ts_ms BIGINT NOT NULL, pool VARCHAR NOT NULL,
-    instance VARCHAR NOT NULL,
-    tenant VARCHAR NOT NULL, route VARCHAR NOT NULL, total BIGINT NOT NULL, bad BIGINT NOT NULL"""
+    slo_id VARCHAR NOT NULL, key_id BIGINT NOT NULL, ts_ms BIGINT NOT NULL,
+    total BIGINT NOT NULL, bad BIGINT NOT NULL"""
+#: The integer key of one (SLO, pool, instance, tenant, route): evaluations group by an
+#: integer, not by four strings. Any key_id is fine as long as slo_keys maps it (the
+#: evaluator re-aggregates by the dimensions), so DuckDB's hash() may change across versions.
+_KEY_ID = "(hash(slo_id, pool, instance, tenant, route) >> 1)::BIGINT"
 
 #: DDL of the rollup tables, by name.
 ROLLUP_TABLES: dict[str, str] = {
     "slo_minute": f"CREATE TABLE IF NOT EXISTS slo_minute ({_COUNT_COLUMNS})",
     "slo_hour": f"CREATE TABLE IF NOT EXISTS slo_hour ({_COUNT_COLUMNS})",
+    "slo_keys": """CREATE TABLE IF NOT EXISTS slo_keys (
+        key_id BIGINT PRIMARY KEY, slo_id VARCHAR NOT NULL, pool VARCHAR NOT NULL,
+        instance VARCHAR NOT NULL, tenant VARCHAR NOT NULL, route VARCHAR NOT NULL)""",
     "slo_rollup_state": """CREATE TABLE IF NOT EXISTS slo_rollup_state (
         slo_id VARCHAR PRIMARY KEY, fingerprint VARCHAR NOT NULL,
         watermark_ts_ms BIGINT NOT NULL)""",
@@ -119,7 +126,21 @@ class Rollup:
                 "DELETE FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
                 [slo.id, start_ms, end_ms],
             )
-            con.execute(f"INSERT INTO slo_minute {sql}", params)
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE _slo_new AS "
+                f"SELECT *, {_KEY_ID} AS key_id FROM ({sql})",
+                params,
+            )
+            con.execute(
+                "INSERT INTO slo_keys "
+                "SELECT DISTINCT key_id, slo_id, pool, instance, tenant, route "
+                "FROM _slo_new ANTI JOIN slo_keys USING (key_id)"
+            )
+            con.execute(
+                "INSERT INTO slo_minute "
+                "SELECT slo_id, key_id, ts_ms, total, bad FROM _slo_new ORDER BY ts_ms"
+            )
+            con.execute("DROP TABLE _slo_new")
             inserted = con.execute(
                 "SELECT count(*) FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
                 [slo.id, start_ms, end_ms],
@@ -148,8 +169,7 @@ class Rollup:
         )
         self.con.execute(
             f"""INSERT INTO slo_hour
-                SELECT slo_id, (ts_ms // {HOUR_MS}) * {HOUR_MS} AS hour,
-                       pool, instance, tenant, route,
+                SELECT slo_id, key_id, (ts_ms // {HOUR_MS}) * {HOUR_MS} AS hour,
                        sum(total), sum(bad)
                 FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?
                 GROUP BY ALL ORDER BY hour""",

@@ -148,7 +148,9 @@ def insert(
 
 
 # The spine's commit_batch moved from one table per name to a sequence of tables per name.
-_BATCH_OF_TABLES = "Sequence" in str(inspect.signature(Store.commit_batch).parameters["rows"].annotation)
+_BATCH_OF_TABLES = "Sequence" in str(
+    inspect.signature(Store.commit_batch).parameters["rows"].annotation
+)
 
 
 def labels(**kv: str) -> str:
