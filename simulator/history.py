@@ -11,6 +11,7 @@ Output goes through a :class:`HistorySink`: straight into DuckDB or through Kafk
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import math
@@ -144,34 +145,37 @@ class HistoryGenerator:
         while ts <= cfg.end_ts_ms:
             hour_end = min(cfg.end_ts_ms, ts + 3_600_000 - step_ms)
             stamps = np.arange(ts, hour_end + 1, step_ms, dtype=np.int64)
-            engine, gpu, requests = self._hour(stamps)
-            yield ENGINE_SAMPLES, engine
-            yield GPU_SAMPLES, gpu
+            yield ENGINE_SAMPLES, self._engine_hour(stamps)
+            yield GPU_SAMPLES, self._gpu_hour(stamps)
+            requests = self._requests_hour(stamps)
             if requests.num_rows:
                 yield REQUEST_RECORDS, requests
             ts = int(stamps[-1]) + step_ms
 
-    # ---- one hour -----------------------------------------------------------------------
-    def _hour(self, stamps: np.ndarray) -> tuple[pa.Table, pa.Table, pa.Table]:
-        engine_parts: list[dict[str, list]] = []
-        gpu_parts: list[dict[str, list]] = []
-        request_rows: list[dict[str, object]] = []
-        for ts in stamps.tolist():
-            load = float(self._load(np.array([ts]))[0])
-            bad = self._incident(ts)
-            engine_parts.append(self._engine_scrape(ts, load, bad))
-            gpu_parts.append(self._gpu_scrape(ts, load))
-            request_rows.extend(self._requests(ts, load, bad))
-        engine = pa.concat_tables([self._engine_table(p) for p in engine_parts])
-        gpu = pa.concat_tables([self._gpu_table(p) for p in gpu_parts])
-        requests = (
-            pa.Table.from_pylist(request_rows, schema=REQUEST_RECORDS.arrow)
-            if request_rows
-            else REQUEST_RECORDS.arrow.empty_table()
-        )
-        return engine, gpu, requests
+    # ---- engine samples -------------------------------------------------------------------
+    def _engine_template(self) -> list[tuple[str, str, str, float | None, str]]:
+        """One pod's scrape layout: (metric, signal, kind, le, labels_json) per row."""
+        model = self.config.model
+        base = json.dumps({"engine": "0", "model_name": model}, sort_keys=True)
+        rows: list[tuple[str, str, str, float | None, str]] = []
+        rows += [(metric, signal, "gauge", None, base) for metric, signal in _GAUGES]
+        rows += [(metric, signal, "counter", None, base) for metric, signal in _COUNTERS]
+        for reason in ("stop", "length", "error"):
+            labels = json.dumps(
+                {"engine": "0", "finished_reason": reason, "model_name": model}, sort_keys=True
+            )
+            rows.append(
+                ("vllm:request_success_total", "requests_finished", "counter", None, labels)
+            )
+        for metric, signal, bounds in _HISTOGRAMS:
+            rows += [(f"{metric}_bucket", signal, "bucket", float(le), base) for le in bounds]
+            rows.append((f"{metric}_bucket", signal, "bucket", math.inf, base))
+            rows.append((f"{metric}_count", signal, "count", None, base))
+            rows.append((f"{metric}_sum", signal, "sum", None, base))
+        return rows
 
-    def _engine_scrape(self, ts: int, load: float, bad: bool) -> dict[str, list]:
+    def _engine_values(self, ts: int, load: float, bad: bool) -> np.ndarray:
+        """Advance the counters one interval; returns the (pods, rows) values of one scrape."""
         cfg, n, rng = self.config, self.config.pods, self.rng
         rate = cfg.peak_req_per_s * load * self.skew
         done = rng.poisson(rate * cfg.interval_s)
@@ -186,216 +190,208 @@ class HistoryGenerator:
         errors = rng.binomial(done, 0.05 if bad else 0.001)
         length = rng.binomial(done - errors, 0.1)
         self.finished += np.stack([done - errors - length, length, errors], axis=1)
-        rows: dict[str, list] = {
-            k: [] for k in ("instance", "metric", "signal", "kind", "le", "labels", "value")
-        }
-        base = json.dumps({"engine": "0", "model_name": cfg.model}, sort_keys=True)
-
-        def add(
-            i: int,
-            metric: str,
-            signal: str,
-            kind: str,
-            value: float,
-            le: float | None = None,
-            labels: str = base,
-        ) -> None:
-            for key, v in (
-                ("instance", self.instances[i]),
-                ("metric", metric),
-                ("signal", signal),
-                ("kind", kind),
-                ("le", le),
-                ("labels", labels),
-                ("value", float(value)),
-            ):
-                rows[key].append(v)
-
+        parts = [np.stack([running, waiting, kv], axis=1), self.counters, self.finished]
         ttft_median = 0.12 * (6.0 if bad else 1.0) * (1 + load)
-        for i in range(n):
-            for (metric, signal), value in zip(
-                _GAUGES, (running[i], waiting[i], kv[i]), strict=True
-            ):
-                add(i, metric, signal, "gauge", value)
-            for j, (metric, signal) in enumerate(_COUNTERS):
-                add(i, metric, signal, "counter", self.counters[i, j])
-            for j, reason in enumerate(("stop", "length", "error")):
-                labels = json.dumps(
-                    {"engine": "0", "finished_reason": reason, "model_name": cfg.model},
-                    sort_keys=True,
-                )
-                add(
-                    i,
-                    "vllm:request_success_total",
-                    "requests_finished",
-                    "counter",
-                    self.finished[i, j],
-                    labels=labels,
-                )
-        for h, (metric, signal, bounds) in enumerate(_HISTOGRAMS):
+        for h, (_, signal, bounds) in enumerate(_HISTOGRAMS):
             median = ttft_median if signal == "ttft" else 0.035 * (1.5 if bad else 1.0)
             cdf = lognorm.cdf(np.array(bounds), 0.6, scale=median)
-            inc = np.floor(np.outer(done, cdf) + 1e-9)
-            self.hist[h][:, : len(bounds)] += inc
-            self.hist[h][:, len(bounds)] += done
-            self.hist[h][:, -1] += done * median * math.exp(0.18)
-            for i in range(n):
-                for k, le in enumerate(bounds):
-                    add(i, f"{metric}_bucket", signal, "bucket", self.hist[h][i, k], le=float(le))
-                add(
-                    i,
-                    f"{metric}_bucket",
-                    signal,
-                    "bucket",
-                    self.hist[h][i, len(bounds)],
-                    le=math.inf,
-                )
-                add(i, f"{metric}_count", signal, "count", self.hist[h][i, len(bounds)])
-                add(i, f"{metric}_sum", signal, "sum", self.hist[h][i, -1])
-        rows["ts"] = [ts] * len(rows["value"])
-        return rows
+            hist = self.hist[h]
+            hist[:, : len(bounds)] += np.floor(np.outer(done, cdf) + 1e-9)
+            hist[:, len(bounds)] += done
+            hist[:, -1] += done * median * math.exp(0.18)
+            inf = hist[:, len(bounds) : len(bounds) + 1]
+            parts.append(np.concatenate([hist[:, : len(bounds)], inf, inf, hist[:, -1:]], axis=1))
+        return np.concatenate(parts, axis=1)
 
-    def _engine_table(self, rows: dict[str, list]) -> pa.Table:
-        cfg = self.config
-        count = len(rows["value"])
+    def _engine_hour(self, stamps: np.ndarray) -> pa.Table:
+        cfg, n = self.config, self.config.pods
+        template = self._engine_template()
+        r = len(template)
+        values = np.stack(
+            [
+                self._engine_values(int(t), self._load_at(int(t)), self._incident(int(t)))
+                for t in stamps
+            ]
+        )
+        total = len(stamps) * n * r
+        per_pod = [np.tile(_codes(col), n * len(stamps)) for col in zip(*template, strict=True)]
+        metric, signal, kind, labels = (
+            _dict_from(per_pod[i], [row[i] for row in template]) for i in (0, 1, 2, 4)
+        )
+        le_values = np.tile(
+            np.array([row[3] if row[3] is not None else np.nan for row in template]),
+            n * len(stamps),
+        )
+        le_mask = np.tile(np.array([row[3] is None for row in template]), n * len(stamps))
+        instance = pa.DictionaryArray.from_arrays(
+            np.tile(np.repeat(np.arange(n, dtype=np.int32), r), len(stamps)), self.instances
+        )
         return pa.Table.from_arrays(
             [
-                pa.array(rows["ts"], pa.int64()),
-                _dict(rows["instance"]),
-                _dict([cfg.model] * count),
-                _dict(["vllm"] * count),
-                _dict([cfg.model] * count),
-                _dict(["0"] * count),
-                _dict(rows["metric"]),
-                _dict(rows["signal"]),
-                _dict(rows["kind"]),
-                pa.array(rows["le"], pa.float64()),
-                _dict(rows["labels"]),
-                pa.array(rows["value"], pa.float64()),
+                pa.array(np.repeat(stamps, n * r)),
+                instance,
+                _const(cfg.model, total),
+                _const("vllm", total),
+                _const(cfg.model, total),
+                _const("0", total),
+                metric,
+                signal,
+                kind,
+                pa.array(le_values, pa.float64(), mask=le_mask),
+                labels,
+                pa.array(values.ravel()),
             ],
             schema=ENGINE_SAMPLES.arrow,
         )
 
-    def _gpu_scrape(self, ts: int, load: float) -> dict[str, list]:
-        cfg, rng = self.config, self.rng
-        rows: dict[str, list] = {
-            k: [] for k in ("instance", "host", "gpu", "pod", "metric", "signal", "value", "labels")
-        }
-        for i in range(cfg.pods):
-            node, gpu = divmod(i, cfg.gpus_per_node)
-            active = float(np.clip(load * self.skew[i] + rng.normal(0, 0.05), 0, 1))
-            values = (
-                round(100 * active),
+    # ---- GPU samples ----------------------------------------------------------------------
+    def _gpu_hour(self, stamps: np.ndarray) -> pa.Table:
+        cfg, n, rng = self.config, self.config.pods, self.rng
+        t, g = len(stamps), len(_GPU)
+        load = np.array([self._load_at(int(ts)) for ts in stamps])
+        active = np.clip(load[:, None] * self.skew[None, :] + rng.normal(0, 0.05, (t, n)), 0, 1)
+        values = np.stack(
+            [
+                np.round(100 * active),
                 active * 0.8,
-                73403.0,
-                7584.0,
-                0.0,
+                np.full((t, n), 73403.0),
+                np.full((t, n), 7584.0),
+                np.zeros((t, n)),
                 35 + 40 * active,
                 72 + 620 * active,
-            )
-            for (metric, signal), value in zip(_GPU, values, strict=True):
-                labels = '{"err_code": "0", "err_msg": "No Error"}' if signal == "xid" else "{}"
-                for key, v in (
-                    ("instance", f"10.43.0.{node + 1}:9400"),
-                    ("host", f"node-{node}"),
-                    ("gpu", gpu),
-                    ("pod", f"pod-{i}"),
-                    ("metric", metric),
-                    ("signal", signal),
-                    ("value", float(value)),
-                    ("labels", labels),
-                ):
-                    rows[key].append(v)
-        rows["ts"] = [ts] * len(rows["value"])
-        return rows
-
-    def _gpu_table(self, rows: dict[str, list]) -> pa.Table:
-        count = len(rows["value"])
-        uuids = [
-            f"GPU-{abs(hash((h, g))) % 16**8:08x}-sim"
-            for h, g in zip(rows["host"], rows["gpu"], strict=True)
+            ],
+            axis=2,
+        )
+        total = t * n * g
+        node, gpu = np.divmod(np.arange(n), cfg.gpus_per_node)
+        pod_rows = np.tile(np.repeat(np.arange(n, dtype=np.int32), g), t)
+        field_rows = np.tile(np.arange(g, dtype=np.int32), n * t)
+        labels = [
+            '{"err_code": "0", "err_msg": "No Error"}' if s == "xid" else "{}" for _, s in _GPU
         ]
+
+        def per_pod(values_: list[str]) -> pa.DictionaryArray:
+            return pa.DictionaryArray.from_arrays(pod_rows, values_)
+
         return pa.Table.from_arrays(
             [
-                pa.array(rows["ts"], pa.int64()),
-                _dict(rows["instance"]),
-                _dict(rows["host"]),
-                pa.array(rows["gpu"], pa.int32()),
-                _dict(uuids),
-                _dict([f"nvidia{g}" for g in rows["gpu"]]),
-                _dict(["NVIDIA H100 80GB HBM3"] * count),
-                pa.nulls(count, pa.dictionary(pa.int32(), pa.string())),
-                _dict(rows["pod"]),
-                _dict(["default"] * count),
-                _dict(["engine"] * count),
-                _dict(rows["metric"]),
-                _dict(rows["signal"]),
-                _dict(rows["labels"]),
-                pa.array(rows["value"], pa.float64()),
+                pa.array(np.repeat(stamps, n * g)),
+                per_pod([f"10.43.{k // 250}.{k % 250 + 1}:9400" for k in node]),
+                per_pod([f"node-{k}" for k in node]),
+                pa.array(gpu[pod_rows].astype(np.int32)),
+                per_pod([self._uuid(i) for i in range(n)]),
+                per_pod([f"nvidia{k}" for k in gpu]),
+                _const("NVIDIA H100 80GB HBM3", total),
+                pa.nulls(total, pa.dictionary(pa.int32(), pa.string())),
+                per_pod([f"pod-{i}" for i in range(n)]),
+                _const("default", total),
+                _const("engine", total),
+                pa.DictionaryArray.from_arrays(field_rows, [m for m, _ in _GPU]),
+                pa.DictionaryArray.from_arrays(field_rows, [s for _, s in _GPU]),
+                pa.DictionaryArray.from_arrays(field_rows, labels),
+                pa.array(values.ravel()),
             ],
             schema=GPU_SAMPLES.arrow,
         )
 
-    def _requests(self, ts: int, load: float, bad: bool) -> list[dict[str, object]]:
-        cfg, rng = self.config, self.rng
-        out: list[dict[str, object]] = []
-        for i in range(cfg.pods):
-            expected = (
-                cfg.peak_req_per_s * load * self.skew[i] * cfg.interval_s * cfg.request_sample
-            )
-            for _ in range(int(rng.poisson(expected))):
-                out.append(self._request(ts, i, load, bad))
-        return out
+    def _uuid(self, pod: int) -> str:
+        digest = hashlib.sha1(f"{self.config.seed}/{pod}".encode()).hexdigest()
+        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
-    def _request(self, ts: int, pod: int, load: float, bad: bool) -> dict[str, object]:
-        cfg, rng = self.config, self.rng
-        self._req_seq += 1
-        rid = f"hist-{cfg.seed}-{self._req_seq}"
-        received = ts - int(rng.uniform(0, cfg.interval_s * 1000))
-        ttft = float(rng.lognormal(math.log(0.12 * (6.0 if bad else 1.0) * (1 + load)), 0.6))
-        tpot = float(rng.lognormal(math.log(0.035 * (1.5 if bad else 1.0)), 0.3))
-        tokens = int(rng.integers(20, 400))
-        roll = rng.random()
-        outcome = "ok"
-        if roll < (0.05 if bad else 0.001):
-            outcome = "error_before_first_token"
-        elif roll < (0.07 if bad else 0.003):
-            outcome = "interrupted_after_first_token"
-        elif roll < (0.08 if bad else 0.005):
-            outcome = "client_cancelled"
+    # ---- request records ------------------------------------------------------------------
+    def _requests_hour(self, stamps: np.ndarray) -> pa.Table:
+        cfg, rng, n = self.config, self.rng, self.config.pods
+        load = np.array([self._load_at(int(ts)) for ts in stamps])
+        bad = np.array([self._incident(int(ts)) for ts in stamps])
+        expected = (
+            cfg.peak_req_per_s
+            * load[:, None]
+            * self.skew[None, :]
+            * cfg.interval_s
+            * cfg.request_sample
+        )
+        counts = rng.poisson(expected).ravel()  # (scrape, pod) flattened
+        m = int(counts.sum())
+        if m == 0:
+            return REQUEST_RECORDS.arrow.empty_table()
+        cell = np.repeat(np.arange(len(counts)), counts)
+        scrape, pod = np.divmod(cell, n)
+        is_bad, lo = bad[scrape], load[scrape]
+        received = stamps[scrape] - rng.integers(0, cfg.interval_s * 1000, m)
+        ttft = rng.lognormal(np.log(0.12 * np.where(is_bad, 6.0, 1.0) * (1 + lo)), 0.6)
+        tpot = rng.lognormal(np.log(0.035 * np.where(is_bad, 1.5, 1.0)), 0.3)
+        tokens = rng.integers(20, 400, m)
+        roll = rng.random(m)
+        outcome = np.full(m, "ok", dtype=object)
+        outcome[roll < np.where(is_bad, 0.08, 0.005)] = "client_cancelled"
+        outcome[roll < np.where(is_bad, 0.07, 0.003)] = "interrupted_after_first_token"
+        outcome[roll < np.where(is_bad, 0.05, 0.001)] = "error_before_first_token"
         failed = outcome == "error_before_first_token"
-        e2e = ttft + tpot * (tokens - 1)
-        return {
-            "request_id": rid,
-            "original_request_id": rid,
-            "attempt": 1,
+        ok_mask = outcome == "ok"
+        e2e = np.where(failed, 0.05, ttft + tpot * (tokens - 1))
+        first = self._req_seq + 1
+        self._req_seq += m
+        ids = [f"hist-{cfg.seed}-{i}" for i in range(first, first + m)]
+        const = {
             "tap_id": "history",
-            "instance": self.instances[pod],
             "pool": cfg.model,
             "model": cfg.model,
-            "tenant": None,
             "route": "/v1/chat/completions",
-            "streamed": True,
-            "received_ts_ms": received,
-            "deadline_ts_ms": None,
-            "http_status": 500 if failed else 200,
-            "outcome": outcome,
-            "error_kind": None if outcome == "ok" else outcome,
-            "finish_reason": None if failed else "stop",
-            "ttfb_s": None if failed else ttft,
-            "ttft_s": None if failed else ttft,
-            "tpot_s": None if failed else tpot,
-            "e2e_s": 0.05 if failed else e2e,
-            "prompt_tokens": int(rng.integers(50, 3000)),
-            "completion_tokens": 0 if failed else tokens,
-            "token_chunks": 0 if failed else tokens,
-            "itl_mean_s": None if failed else tpot,
-            "itl_p99_s": None if failed else tpot * 2.2,
-            "itl_max_s": None if failed else tpot * 3.5,
-            "itl_gaps_s": None,
-            "chunk_tokens": None,
-            "client_disconnected": outcome == "client_cancelled",
-            "disconnect_ts_ms": None,
-            "upstream_closed_ts_ms": None,
-            "tokens_after_disconnect": None,
         }
+        columns: dict[str, pa.Array] = {
+            "request_id": pa.array(ids),
+            "original_request_id": pa.array(ids),
+            "attempt": pa.array(np.ones(m, np.int16)),
+            "instance": pa.DictionaryArray.from_arrays(pod.astype(np.int32), self.instances),
+            "streamed": pa.array(np.ones(m, bool)),
+            "received_ts_ms": pa.array(received.astype(np.int64)),
+            "http_status": pa.array(np.where(failed, 500, 200).astype(np.int16)),
+            "outcome": pa.array(outcome.tolist()).dictionary_encode(),
+            "error_kind": pa.array(outcome, pa.string(), mask=ok_mask).dictionary_encode(),
+            "finish_reason": pa.array(
+                np.full(m, "stop", dtype=object), pa.string(), mask=failed
+            ).dictionary_encode(),
+            "ttfb_s": pa.array(ttft, mask=failed),
+            "ttft_s": pa.array(ttft, mask=failed),
+            "tpot_s": pa.array(tpot, mask=failed),
+            "e2e_s": pa.array(e2e),
+            "prompt_tokens": pa.array(rng.integers(50, 3000, m).astype(np.int32)),
+            "completion_tokens": pa.array(np.where(failed, 0, tokens).astype(np.int32)),
+            "token_chunks": pa.array(np.where(failed, 0, tokens).astype(np.int32)),
+            "itl_mean_s": pa.array(tpot, mask=failed),
+            "itl_p99_s": pa.array(tpot * 2.2, mask=failed),
+            "itl_max_s": pa.array(tpot * 3.5, mask=failed),
+            "client_disconnected": pa.array(outcome == "client_cancelled"),
+        }
+        arrays = []
+        for field in REQUEST_RECORDS.arrow:
+            if field.name in columns:
+                arrays.append(columns[field.name].cast(field.type))
+            elif field.name in const:
+                arrays.append(_const(const[field.name], m))
+            else:
+                arrays.append(pa.nulls(m, field.type))
+        return pa.Table.from_arrays(arrays, schema=REQUEST_RECORDS.arrow)
+
+    def _load_at(self, ts_ms: int) -> float:
+        return float(self._load(np.array([ts_ms]))[0])
+
+
+def _const(value: str, count: int) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(np.zeros(count, np.int32), [value])
+
+
+def _codes(column: tuple[object, ...]) -> np.ndarray:
+    """Dictionary codes of one template column (first occurrence order)."""
+    seen: dict[object, int] = {}
+    return np.array([seen.setdefault(_key(v), len(seen)) for v in column], dtype=np.int32)
+
+
+def _key(value: object) -> object:
+    return "\x00none" if value is None else value
+
+
+def _dict_from(codes: np.ndarray, column: list[object]) -> pa.DictionaryArray:
+    """A dictionary array of a string template column from its tiled codes."""
+    values = list(dict.fromkeys(_key(v) for v in column))
+    return pa.DictionaryArray.from_arrays(codes, [str(v) for v in values])
