@@ -14,6 +14,7 @@ from __future__ import annotations
 from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
 from slo.evaluate import PairState, SloStatus, evaluate
 from slo.model import Slo, SloModel, build_model
+from slo.openslo import openslo_to_spec
 from slo.rollup import Rollup
 from slo.spec import SloDocument, load_spec, parse_spec
 from slo.windows import AlertPair, WindowCatalog, load_catalog
@@ -35,6 +36,7 @@ __all__ = [
     "evaluate",
     "load_catalog",
     "load_spec",
+    "openslo_to_spec",
     "pair_alerting",
     "parse_spec",
 ]

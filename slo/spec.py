@@ -244,7 +244,10 @@ def parse_spec(raw: Any, source: str = "<spec>") -> SloDocument:
 
 
 def load_spec(path: str | Path) -> SloDocument:
-    """Read and validate an SLO spec file; raises :class:`ConfigError` naming field paths."""
+    """Read and validate an SLO spec file (llmslo/v1, or OpenSLO v1 documents).
+
+    Raises :class:`ConfigError` naming field paths.
+    """
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -252,7 +255,13 @@ def load_spec(path: str | Path) -> SloDocument:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text") from exc
     try:
-        raw = yaml.safe_load(text)
+        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_spec(raw, source=str(path))
+    from slo.openslo import is_openslo, openslo_to_spec  # the importer builds on this module
+
+    if docs and is_openslo(docs):
+        return openslo_to_spec(docs, source=str(path))
+    if len(docs) > 1:
+        raise ConfigError(f"{path}: one llmslo/v1 document expected, found {len(docs)}")
+    return parse_spec(docs[0] if docs else None, source=str(path))
