@@ -16,7 +16,7 @@ from collectors.config import CollectConfig, TargetConfig
 from collectors.inspect import inspect_url, render_report
 from collectors.metrics import CollectorMetrics
 from collectors.publisher import KafkaPublisher, PublishBuffer
-from pipeline.bus import Bus
+from pipeline.bus import Bus, BusProducer
 from pipeline.cli import add_common_options, print_json, resolve_config
 from pipeline.config import register_section
 
@@ -119,22 +119,24 @@ def run_collect(args: argparse.Namespace) -> int:
     timeout_ms = int(collect.publish_timeout_s * 1000)
     with Bus(config.bus) as bus:
         bus.ensure_topics()
-        producer = bus.producer(
-            max_block_ms=min(timeout_ms, 5000),
-            request_timeout_ms=min(timeout_ms, 5000),
-            delivery_timeout_ms=timeout_ms + 5000,
-            reconnect_backoff_max_ms=1000,
-        )
+        def make_producer() -> BusProducer:
+            return bus.producer(
+                max_block_ms=min(timeout_ms, 5000),
+                request_timeout_ms=min(timeout_ms, 5000),
+                delivery_timeout_ms=timeout_ms + 5000,
+                reconnect_backoff_max_ms=1000,
+            )
+
         buffer = PublishBuffer(collect.buffer_max_rows, metrics)
         publisher = KafkaPublisher(
-            producer, buffer, metrics=metrics, publish_timeout_s=collect.publish_timeout_s
+            make_producer, buffer, metrics=metrics, publish_timeout_s=collect.publish_timeout_s
         ).start()
         collector = Collector(collect, buffer.put, metrics=metrics)
         try:
             asyncio.run(_run_until_signal(collector, args.rounds))
         finally:
             publisher.stop(drain_timeout_s=collect.publish_timeout_s)
-            producer.close()
+            publisher.close()
     print_json(
         {
             "collect": "stopped",

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +25,7 @@ from kafka.errors import KafkaError
 from collectors.metrics import CollectorMetrics
 from pipeline.bus import BusProducer, split_by_key
 from pipeline.codec import encode_arrow, headers_for
+from pipeline.errors import BusError
 from pipeline.schema import RecordSchema
 
 __all__ = ["KafkaPublisher", "PendingBatch", "PublishBuffer"]
@@ -103,14 +105,15 @@ class KafkaPublisher:
 
     def __init__(
         self,
-        producer: BusProducer,
+        producer_factory: Callable[[], BusProducer],
         buffer: PublishBuffer,
         *,
         metrics: CollectorMetrics | None = None,
         publish_timeout_s: float = 10.0,
         backoff_s: float = 0.5,
     ) -> None:
-        self.producer = producer
+        self.producer_factory = producer_factory
+        self.producer: BusProducer | None = None
         self.buffer = buffer
         self.metrics = metrics or buffer.metrics or CollectorMetrics()
         self.publish_timeout_s = publish_timeout_s
@@ -154,7 +157,10 @@ class KafkaPublisher:
         while pieces and not self._abandon.is_set():
             pieces = self._send(batch.schema, pieces)
             if pieces:
+                # A producer that failed may be wedged for good (e.g. its idempotent producer
+                # id is unknown to a restarted broker): start over with a fresh one.
                 self.metrics.publish_errors.inc()
+                self._close_producer()
                 self._abandon.wait(self.backoff_s)
 
     def _send(
@@ -163,6 +169,12 @@ class KafkaPublisher:
         """Send every piece and wait for the acks; returns the pieces that failed."""
         sent: list[tuple[tuple[bytes, pa.Table], Any]] = []
         failed: list[tuple[bytes, pa.Table]] = []
+        if self.producer is None:
+            try:
+                self.producer = self.producer_factory()
+            except (KafkaError, BusError) as exc:
+                log.debug("cannot create a producer: %s", exc)
+                return pieces
         for piece in pieces:
             key, rows = piece
             try:

@@ -144,6 +144,8 @@ class Ingester:
         self._batch = _Batch()
         self._consumer: KafkaConsumer | None = None
         self._deadletter_producer: BusProducer | None = None
+        self._last_activity_s = time.monotonic()
+        self._joined = False  # idle time counts only once the group has assigned us partitions
 
     @property
     def topics(self) -> list[str]:
@@ -162,17 +164,19 @@ class Ingester:
         )
         self._consumer = consumer
         consumer.subscribe(self.topics, listener=_HandOverAtRebalance(self, consumer))
-        last_message_s = time.monotonic()
+        # Idle time counts from the last message or partition assignment: joining a group
+        # takes seconds (about 5 s on the embedded broker) and is not idleness.
         try:
             while not self._stop.is_set():
                 polled = consumer.poll(timeout_ms=100)
                 for tp, messages in polled.items():
                     for message in messages:
                         self._take(tp, message)
-                    last_message_s = time.monotonic()
+                    self._last_activity_s = time.monotonic()
                 if self._batch_due():
                     self.flush()
-                if max_idle_s is not None and time.monotonic() - last_message_s > max_idle_s:
+                idle_s = time.monotonic() - self._last_activity_s
+                if max_idle_s is not None and self._joined and idle_s > max_idle_s:
                     break
             self.flush()
         finally:
@@ -222,18 +226,18 @@ class Ingester:
         batch, self._batch = self._batch, _Batch()
         if not batch:
             return {}
-        tables = {name: pa.concat_tables(parts) for name, parts in batch.tables.items()}
         started = time.perf_counter()
         self.store.commit_batch(
-            tables, group_id=self.config.group_id, offsets=batch.offsets,
+            batch.tables, group_id=self.config.group_id, offsets=batch.offsets,
             deadletters=batch.deadletters, now_ts_ms=int(self.clock() * 1000),
         )
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         self.metrics.last_commit.set(self.clock())
         self.metrics.batch_rows.observe(batch.rows)
-        for name, table in tables.items():
-            self.metrics.rows.labels(name).inc(table.num_rows)
-            self.stats.rows_by_table[name] += table.num_rows
+        for name, parts in batch.tables.items():
+            rows = sum(part.num_rows for part in parts)
+            self.metrics.rows.labels(name).inc(rows)
+            self.stats.rows_by_table[name] += rows
         for letter in batch.deadletters:
             self.metrics.deadletters.labels(letter.reason).inc()
         self.stats.rows += batch.rows
@@ -275,6 +279,8 @@ class Ingester:
         DuckDB's offset is ours and exact; Kafka's is newer when another group member owned
         the partition since (it commits to Kafka on hand-over).
         """
+        self._last_activity_s = time.monotonic()
+        self._joined = True
         consumer = self._consumer
         if consumer is None or not assigned:
             return

@@ -71,6 +71,9 @@ class RecordSchema:
     arrow: pa.Schema
     doc: str
     retention: str
+    #: For high-volume sample schemas: the columns that identify a time series. The store
+    #: keeps each distinct series once and only (ts_ms, series_id, value) per sample.
+    series_columns: tuple[str, ...] = ()
 
     @property
     def header_value(self) -> bytes:
@@ -113,6 +116,7 @@ ENGINE_SAMPLES = RecordSchema(
             _field("value", pa.float64(), "sample value (counters cumulative as exposed)", nullable=False),
         ]
     ),
+    series_columns=("instance", "pool", "dialect", "model", "engine", "metric", "signal", "kind", "le", "labels_json"),
 )
 
 GPU_SAMPLES = RecordSchema(
@@ -142,6 +146,8 @@ GPU_SAMPLES = RecordSchema(
             _field("value", pa.float64(), "sample value; DCGM blank sentinels are dropped, never stored", nullable=False),
         ]
     ),
+    series_columns=("instance", "hostname", "gpu", "uuid", "device", "gpu_model", "gpu_instance_id", "pod",
+                    "namespace", "container", "metric", "signal", "labels_json"),
 )
 
 REQUEST_RECORDS = RecordSchema(

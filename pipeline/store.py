@@ -6,6 +6,10 @@ store's own:
 * ``deadletter``: input that could not be decoded, with the reason and the payload;
 * ``ingest_offsets``: per consumer group and partition, the next Kafka offset to read.
 
+High-volume sample schemas (``series_columns`` set) are stored normalised: each series once
+in ``<table>_series``, each sample as ``(ts_ms, series_id, value)`` in ``<table>_values``,
+and a view ``<table>`` joins them back into the schema's columns (:mod:`pipeline.series`).
+
 :meth:`Store.commit_batch` writes rows, dead letters and offsets in **one transaction**:
 after a crash at any point the file holds either all of a batch and its offsets or none
 of it, and the ingester resumes from the stored offsets: nothing lost, nothing doubled.
@@ -21,10 +25,12 @@ from pathlib import Path
 from types import TracebackType
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import StoreError
 from pipeline.schema import RecordSchema, iter_schemas
+from pipeline.series import SeriesIndex
 
 __all__ = [
     "DEADLETTER_COLUMNS",
@@ -109,13 +115,41 @@ class DeadLetter:
         )
 
 
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _table_ddl(name: str, columns: Iterable[tuple[str, str, str]], key: str = "") -> list[str]:
     body = ",\n  ".join(f"{col} {type_}" for col, type_, _ in columns)
     tail = f",\n  PRIMARY KEY ({key})" if key else ""
     statements = [f"CREATE TABLE IF NOT EXISTS {name} (\n  {body}{tail}\n)"]
-    for col, _, doc in columns:
-        statements.append(f"COMMENT ON COLUMN {name}.{col} IS '{doc.replace(chr(39), chr(39) * 2)}'")
+    statements += [f"COMMENT ON COLUMN {name}.{col} IS {_quote(doc)}" for col, _, doc in columns]
     return statements
+
+
+def _normalised_ddl(schema: RecordSchema) -> list[str]:
+    """``<table>_series`` + ``<table>_values`` and the view ``<table>`` that joins them."""
+    columns = {name: (name, type_, doc) for name, type_, doc in _schema_columns(schema)}
+    series = [("series_id", "BIGINT NOT NULL", "hash of the identifying columns (same in every file)")]
+    series += [columns[name] for name in schema.series_columns]
+    values = [columns["ts_ms"], ("series_id", "BIGINT NOT NULL", f"the series, see {schema.table}_series"), columns["value"]]
+    select = ", ".join(f"v.{n}" if n in ("ts_ms", "value") else f"s.{n}" for n in schema.arrow.names)
+    return [
+        *_table_ddl(f"{schema.table}_series", series),
+        f"COMMENT ON TABLE {schema.table}_series IS {_quote('each distinct series of ' + schema.table + ' once')}",
+        *_table_ddl(f"{schema.table}_values", values),
+        f"COMMENT ON TABLE {schema.table}_values IS {_quote('one row per sample of ' + schema.table)}",
+        f"CREATE OR REPLACE VIEW {schema.table} AS SELECT {select} FROM {schema.table}_values v "
+        f"JOIN {schema.table}_series s USING (series_id)",
+        f"COMMENT ON VIEW {schema.table} IS {_quote(schema.doc)}",
+    ]
+
+
+def _unique_series(series: pa.Table) -> pa.Table:
+    """Series first seen by several messages of one batch, once each."""
+    ids = series.column("series_id").to_numpy()
+    _, first = np.unique(ids, return_index=True)
+    return series if len(first) == len(ids) else series.take(pa.array(np.sort(first)))
 
 
 def _schema_columns(schema: RecordSchema) -> list[tuple[str, str, str]]:
@@ -139,15 +173,23 @@ class Store:
             self.con = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.Error as exc:
             raise StoreError(f"cannot open DuckDB file {self.path}: {exc}") from exc
+        self._series: dict[str, SeriesIndex] = {}
         if not read_only:
             self.migrate()
+            for schema in iter_schemas():
+                if schema.series_columns:
+                    known = self.con.execute(f"SELECT series_id FROM {schema.table}_series").fetchnumpy()["series_id"]
+                    self._series[schema.table] = SeriesIndex(schema, known)
 
     def migrate(self) -> None:
         """Create every table that does not exist yet (idempotent)."""
         statements: list[str] = []
         for schema in iter_schemas():
-            statements += _table_ddl(schema.table, _schema_columns(schema))
-            statements.append(f"COMMENT ON TABLE {schema.table} IS '{schema.doc.replace(chr(39), chr(39) * 2)}'")
+            if schema.series_columns:
+                statements += _normalised_ddl(schema)
+            else:
+                statements += _table_ddl(schema.table, _schema_columns(schema))
+                statements.append(f"COMMENT ON TABLE {schema.table} IS {_quote(schema.doc)}")
         statements += _table_ddl("deadletter", DEADLETTER_COLUMNS)
         statements += _table_ddl("ingest_offsets", OFFSET_COLUMNS, key="group_id, topic, partition")
         try:
@@ -179,22 +221,28 @@ class Store:
 
     def commit_batch(
         self,
-        rows: Mapping[str, pa.Table],
+        rows: Mapping[str, Sequence[pa.Table]],
         *,
         group_id: str,
         offsets: Mapping[tuple[str, int], int],
         deadletters: Sequence[DeadLetter] = (),
         now_ts_ms: int,
     ) -> None:
-        """Append ``rows`` (table name → Arrow rows), dead letters and the new offsets atomically."""
+        """Append ``rows`` (table name → Arrow tables of its schema), dead letters and offsets atomically."""
         con = self.con
+        new_series: dict[str, pa.Table] = {}
         try:
             con.execute("BEGIN")
-            for table_name, table in rows.items():
-                if table.num_rows:
-                    con.register("_llmslo_batch", table)
-                    con.execute(f"INSERT INTO {table_name} SELECT * FROM _llmslo_batch")
-                    con.unregister("_llmslo_batch")
+            for table_name, parts in rows.items():
+                index = self._series.get(table_name)
+                if index is None:
+                    self._append(table_name, pa.concat_tables(parts))
+                    continue
+                splits = [index.split(part) for part in parts]
+                series = _unique_series(pa.concat_tables([split.new_series for split in splits]))
+                self._append(f"{table_name}_series", series)
+                self._append(f"{table_name}_values", pa.concat_tables([split.values for split in splits]))
+                new_series[table_name] = series
             if deadletters:
                 placeholders = ", ".join("?" * len(DEADLETTER_COLUMNS))
                 con.executemany(f"INSERT INTO deadletter VALUES ({placeholders})", [d.as_row() for d in deadletters])
@@ -207,10 +255,18 @@ class Store:
         except duckdb.Error as exc:
             con.execute("ROLLBACK")
             raise StoreError(f"cannot commit a batch to {self.path}: {exc}") from exc
+        for table_name, series in new_series.items():
+            self._series[table_name].mark_stored(series.column("series_id").combine_chunks())
+
+    def _append(self, table_name: str, table: pa.Table) -> None:
+        if table.num_rows:
+            self.con.register("_llmslo_batch", table)
+            self.con.execute(f"INSERT INTO {table_name} SELECT * FROM _llmslo_batch")
+            self.con.unregister("_llmslo_batch")
 
     def prune(self, before_ts_ms: int) -> dict[str, int]:
         """Delete raw rows older than ``before_ts_ms``; returns rows deleted per table."""
-        time_columns = {"engine_samples": "ts_ms", "gpu_samples": "ts_ms", "requests": "received_ts_ms"}
+        time_columns = {"engine_samples_values": "ts_ms", "gpu_samples_values": "ts_ms", "requests": "received_ts_ms"}
         deleted = {}
         for table_name, column in time_columns.items():
             result = self.con.execute(f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]).fetchone()

@@ -40,6 +40,12 @@ def render_tables_doc() -> str:
             "key: none (append-only; the ingester's offsets make every message land exactly once)",
             f"retention: {schema.retention}",
         ]
+        if schema.series_columns:
+            facts.append(
+                f"a view over `{schema.table}_values` (`ts_ms`, `series_id`, `value`: one row per sample) joined with "
+                f"`{schema.table}_series` (`series_id` and {', '.join(f'`{c}`' for c in schema.series_columns)}: "
+                "one row per series); `series_id` is a hash of those columns, equal in every ingester's file"
+            )
         lines += _section(schema.table, schema.doc, facts, columns)
     lines += _section(
         "deadletter", "Input the ingester could not decode; the consumer kept going.",

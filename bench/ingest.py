@@ -1,0 +1,202 @@
+"""Ingest benchmark: samples/s from produce to committed in DuckDB, with the embedded broker.
+
+Measured side by side in one run:
+
+* **llmslo**: a producer process publishes Arrow batches (one message per pod scrape of a
+  64-engine-core vLLM pod, ~2,000 samples) while ``llmslo ingest`` runs as its own process;
+  the clock runs from the first send until the ingester's ``/metrics`` reports every row
+  committed. Peak RSS of the ingester process is sampled throughout.
+* **naive**: one JSON message per sample, consumed and inserted row by row.
+* **ceiling**: the same Arrow tables appended straight into DuckDB (no Kafka at all).
+
+The last line printed is one JSON object (see DESIGN §8 for the targets).
+Usage: ``python bench/ingest.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import psutil
+import pyarrow as pa
+import yaml
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from pipeline.broker import EmbeddedBroker, free_port
+from pipeline.bus import Bus
+from pipeline.config import BusConfig
+from pipeline.schema import ENGINE_SAMPLES
+from pipeline.store import Store
+
+ENGINES_PER_POD = 64
+METRICS = [
+    ("vllm:num_requests_running", "running", "gauge"),
+    ("vllm:num_requests_waiting", "waiting", "gauge"),
+    ("vllm:kv_cache_usage_perc", "kv_usage", "gauge"),
+    ("vllm:num_preemptions_total", "preemptions", "counter"),
+    ("vllm:prompt_tokens_total", "prompt_tokens", "counter"),
+    ("vllm:generation_tokens_total", "generation_tokens", "counter"),
+] + [("vllm:time_to_first_token_seconds_bucket", "ttft", "bucket")] * 25
+
+
+def pod_scrape(pod: int, ts_ms: int, rng: np.random.Generator) -> pa.Table:
+    """One scrape of a 64-engine-core vLLM pod as canonical engine samples (~2,000 rows)."""
+    n = ENGINES_PER_POD * len(METRICS)
+    metric_idx = np.tile(np.arange(len(METRICS), dtype=np.int32), ENGINES_PER_POD)
+    engine_idx = np.repeat(np.arange(ENGINES_PER_POD, dtype=np.int32), len(METRICS))
+    labels = [json.dumps({"engine": str(e), "model_name": "llama-3-70b"}) for e in range(ENGINES_PER_POD)]
+    le = np.where(metric_idx >= 6, 0.001 * 2.0 ** (metric_idx - 6), np.nan)
+
+    def one(value: str) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [value])
+
+    return pa.Table.from_arrays(
+        [
+            pa.array(np.full(n, ts_ms, np.int64)),
+            one(f"10.1.{pod // 250}.{pod % 250}:8000"),
+            one("llama-3-70b"),
+            one("vllm"),
+            one("llama-3-70b"),
+            pa.DictionaryArray.from_arrays(engine_idx, [str(e) for e in range(ENGINES_PER_POD)]),
+            pa.DictionaryArray.from_arrays(metric_idx, [m for m, _, _ in METRICS]),
+            pa.DictionaryArray.from_arrays(metric_idx, [s for _, s, _ in METRICS]),
+            pa.DictionaryArray.from_arrays(metric_idx, [k for _, _, k in METRICS]),
+            pa.array(le, mask=np.isnan(le)),
+            pa.DictionaryArray.from_arrays(engine_idx, labels),
+            pa.array(rng.random(n) * 1000),
+        ],
+        schema=ENGINE_SAMPLES.arrow,
+    )
+
+
+def produce_arrow(bootstrap: str, prefix: str, messages: int, pods: int) -> None:
+    bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix))
+    producer = bus.producer()
+    rng = np.random.default_rng(1)
+    for i in range(messages):
+        producer.publish(ENGINE_SAMPLES, pod_scrape(i % pods, 1_700_000_000_000 + i * 1000, rng))
+    producer.flush()
+    producer.close()
+
+
+def rows_committed(metrics_url: str) -> float:
+    try:
+        text = urllib.request.urlopen(metrics_url, timeout=1).read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("llmslo_ingest_rows_total{"))
+
+
+def run_llmslo(broker: EmbeddedBroker, workdir: Path, messages: int) -> tuple[float, float]:
+    """Returns (samples/s, ingester peak RSS MB)."""
+    prefix = f"b{int(time.time())}."
+    bus = Bus(BusConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix=prefix, partitions=8)).start()
+    bus.ensure_topics()
+    port = free_port()
+    config = workdir / "ingest.yaml"
+    config.write_text(yaml.safe_dump({"bus": {"bootstrap_servers": broker.bootstrap_servers, "topic_prefix": prefix},
+                                      "ingest": {"metrics_port": port}}))
+    log = (workdir / "ingest.log").open("wb")
+    ingester = subprocess.Popen([sys.executable, "-m", "pipeline", "-v", "ingest", "-c", str(config),
+                                 "--db", str(workdir / "bench.duckdb")], stderr=log, stdout=subprocess.DEVNULL)
+    proc = psutil.Process(ingester.pid)
+    while "starts at offset" not in (workdir / "ingest.log").read_text(errors="replace"):
+        time.sleep(0.05)
+    total = messages * ENGINES_PER_POD * len(METRICS)
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    started = time.perf_counter()
+    producer = multiprocessing.Process(target=produce_arrow, args=(broker.bootstrap_servers, prefix, messages, 256))
+    producer.start()
+    peak_rss = 0
+    while rows_committed(metrics_url) < total:
+        peak_rss = max(peak_rss, proc.memory_info().rss)
+        time.sleep(0.02)
+    elapsed = time.perf_counter() - started
+    producer.join()
+    ingester.terminate()
+    ingester.wait(timeout=60)
+    return total / elapsed, peak_rss / 2**20
+
+
+def run_naive(broker: EmbeddedBroker, workdir: Path, samples: int) -> float:
+    """One JSON message per sample, consumed and inserted one row at a time."""
+    topic = f"naive{int(time.time())}"
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=5)
+    table = pod_scrape(0, 1_700_000_000_000, np.random.default_rng(2))
+    rows = table.to_pylist()
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=100)
+    con = duckdb.connect(str(workdir / "naive.duckdb"))
+    con.execute("CREATE TABLE samples (ts_ms BIGINT, instance VARCHAR, metric VARCHAR, labels_json VARCHAR, value DOUBLE)")
+    started = time.perf_counter()
+    for i in range(samples):
+        row = rows[i % len(rows)]
+        producer.send(topic, json.dumps(row).encode(), key=row["instance"].encode())
+    producer.flush()
+    consumer.assign([TopicPartition(topic, 0)])
+    consumer.seek_to_beginning()
+    stored = 0
+    while stored < samples:
+        for records in consumer.poll(timeout_ms=200).values():
+            for record in records:
+                row = json.loads(record.value)
+                con.execute("INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
+                            [row["ts_ms"], row["instance"], row["metric"], row["labels_json"], row["value"]])
+                stored += 1
+    elapsed = time.perf_counter() - started
+    producer.close()
+    consumer.close()
+    return samples / elapsed
+
+
+def run_ceiling(workdir: Path, messages: int) -> float:
+    """Arrow tables appended straight into DuckDB through the store, batch by batch."""
+    rng = np.random.default_rng(3)
+    tables = [pod_scrape(i % 256, i, rng) for i in range(messages)]
+    batch = 120  # ~250k rows per commit, like the ingester's default
+    with Store(workdir / "ceiling.duckdb") as store:
+        started = time.perf_counter()
+        for first in range(0, messages, batch):
+            store.commit_batch({"engine_samples": tables[first:first + batch]},
+                               group_id="ceiling", offsets={}, now_ts_ms=0)
+        elapsed = time.perf_counter() - started
+    return sum(t.num_rows for t in tables) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small run (< 60 s)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs of each measurement (median reported)")
+    args = parser.parse_args()
+    messages = 1_000 if args.quick else 5_000
+    repeat = args.repeat or (1 if args.quick else 3)
+    naive_samples = 5_000 if args.quick else 20_000
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        workdir = Path(tmp)
+        runs = [run_llmslo(broker, workdir / f"run{i}", messages) for i in range(repeat) if (workdir / f"run{i}").mkdir() is None]
+        naive = statistics.median(run_naive(broker, workdir, naive_samples) for _ in range(1))
+        ceiling = statistics.median(run_ceiling(workdir, messages) for _ in range(repeat))
+    rates = [rate for rate, _ in runs]
+    samples_per_s = statistics.median(rates)
+    peak_rss = max(rss for _, rss in runs)
+    print(f"llmslo ingest   : {samples_per_s:>12,.0f} samples/s  (runs: {', '.join(f'{r:,.0f}' for r in rates)})")
+    print(f"naive baseline  : {naive:>12,.0f} samples/s  (JSON per sample, row inserts)")
+    print(f"DuckDB ceiling  : {ceiling:>12,.0f} rows/s     (Arrow append, no Kafka)")
+    print(f"ingester peak RSS: {peak_rss:,.0f} MB")
+    print(json.dumps({"bench": "ingest", "samples_per_s": round(samples_per_s), "naive_samples_per_s": round(naive),
+                      "ceiling_rows_per_s": round(ceiling), "ratio_vs_naive": round(samples_per_s / naive, 1),
+                      "peak_rss_mb": round(peak_rss)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""Benchmark of the stream tap: added TTFT vs a direct connection, chunks/s, memory per stream.
+
+Processes (so no two share a GIL): a fast OpenAI-style upstream, the tap, nginx as a plain
+reverse proxy (Debian package ``nginx``; skipped with nulls when absent), and the load
+generator. Phases, each with 256 concurrent streams in a closed loop:
+
+1. TTFT: streams of 40 tokens at 50 ms per token (a loaded engine), direct, via the tap and
+   via nginx; added TTFT = percentile(via) − percentile(direct) of client-side TTFT;
+   ``kib_per_stream`` = (tap RSS with 256 streams open − idle RSS) / 256.
+2. Throughput: streams of 256 tokens written back to back; chunks/s = token chunks the
+   clients received through the tap per second.
+
+Usage: ``python bench/tap.py [--quick] [--streams 256]``. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---------------------------------------------------------------- upstream process
+def _events(tokens: int) -> tuple[bytes, list[bytes], bytes]:
+    head = '{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"m","choices":['
+    role = f'data: {head}{{"index":0,"delta":{{"role":"assistant","content":""}},"finish_reason":null}}]}}\n\n'
+    toks = [
+        f'data: {head}{{"index":0,"delta":{{"content":"tok{i} "}},"finish_reason":'
+        f'{"null" if i < tokens - 1 else chr(34) + "length" + chr(34)}}}]}}\n\n'.encode()
+        for i in range(tokens)
+    ]
+    usage = (f'data: {{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"m",'
+             f'"choices":[],"usage":{{"prompt_tokens":5,"completion_tokens":{tokens},'
+             f'"total_tokens":{tokens + 5}}}}}\n\n').encode()
+    return role.encode(), toks, usage
+
+
+def serve_upstream(port: int) -> None:
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        tokens, gap_s = int(body.get("max_tokens", 16)), float(body.get("bench_gap_ms", 0)) / 1000
+        role, toks, usage = _events(tokens)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(role)
+        for event in toks:
+            if gap_s:
+                await asyncio.sleep(gap_s)
+            await resp.write(event)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(usage)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=2048)
+
+
+# ---------------------------------------------------------------- tap process
+class CountingSink:
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def add_request(self, row: dict[str, Any]) -> None:
+        self.requests += 1
+
+    def add_samples(self, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def serve_tap(port: int, upstream: str) -> None:
+    from collectors.tap import TapConfig, TapProxy
+
+    async def main() -> None:
+        config = TapConfig(listen=f"127.0.0.1:{port}", upstreams=[upstream], kafka=False,
+                           max_connections=4096, gauge_interval_s=60)
+        proxy = TapProxy(config, CountingSink())
+        await proxy.start()
+        await asyncio.Event().wait()
+
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- nginx
+def start_nginx(upstream_port: int, port: int, workdir: Path) -> subprocess.Popen[bytes] | None:
+    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if binary is None:
+        return None
+    workdir.chmod(0o755)
+    conf = workdir / "nginx.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  client_body_temp_path {workdir}/body;
+  proxy_temp_path {workdir}/proxy;
+  fastcgi_temp_path {workdir}/fastcgi;
+  uwsgi_temp_path {workdir}/uwsgi;
+  scgi_temp_path {workdir}/scgi;
+  upstream engine {{ server 127.0.0.1:{upstream_port}; keepalive 1024; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=2048;
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 300s;
+    }}
+  }}
+}}
+""")
+    return subprocess.Popen([binary, "-p", str(workdir), "-e", str(workdir / "error.log"), "-c", str(conf)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# ---------------------------------------------------------------- load generator process
+def run_load(url: str, streams: int, duration_s: float, tokens: int, gap_ms: float, out: Any) -> None:
+    import aiohttp
+
+    async def main() -> dict[str, Any]:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                           "max_tokens": tokens, "bench_gap_ms": gap_ms}).encode()
+        ttfts: list[float] = []
+        chunks = 0
+        errors = 0
+        connector = aiohttp.TCPConnector(limit=0)
+        start = time.perf_counter()
+        measure_from = start + min(1.0, duration_s / 4)
+        stop_at = start + duration_s
+
+        async def worker(session: aiohttp.ClientSession) -> None:
+            nonlocal chunks, errors
+            await asyncio.sleep(random.random() * (tokens * gap_ms / 1000 or 0.05))
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                first = None
+                try:
+                    async with session.post(url + "/v1/chat/completions", data=body,
+                                            headers={"Content-Type": "application/json"}) as resp:
+                        async for line in resp.content:
+                            if line.startswith(b"data: ") and b'"content":"tok' in line:
+                                if first is None:
+                                    first = time.perf_counter() - t0
+                                if t0 >= measure_from:
+                                    chunks += 1
+                except aiohttp.ClientError:
+                    errors += 1
+                    continue
+                if first is not None and t0 >= measure_from:
+                    ttfts.append(first)
+
+        async with aiohttp.ClientSession(connector=connector) as session:
+            await asyncio.gather(*(worker(session) for _ in range(streams)))
+        elapsed = time.perf_counter() - measure_from
+        return {"ttfts": ttfts, "chunks": chunks, "elapsed_s": elapsed, "errors": errors}
+
+    out.put(asyncio.run(main()))
+
+
+def load(ctx: Any, url: str, streams: int, duration_s: float, tokens: int, gap_ms: float,
+         during: Any = None) -> dict[str, Any]:
+    queue = ctx.Queue()
+    proc = ctx.Process(target=run_load, args=(url, streams, duration_s, tokens, gap_ms, queue))
+    proc.start()
+    sampled = during() if during else None
+    result = queue.get(timeout=duration_s + 120)
+    proc.join(timeout=30)
+    result["sampled"] = sampled
+    return result
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+def wait_port(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def main() -> None:
+    import psutil
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short phases (< 60 s in all)")
+    parser.add_argument("--streams", type=int, default=256)
+    args = parser.parse_args()
+    phase_s = 7.0 if args.quick else 30.0
+    ctx = mp.get_context("spawn")
+    up_port, tap_port, nginx_port = free_port(), free_port(), free_port()
+    upstream = ctx.Process(target=serve_upstream, args=(up_port,), daemon=True)
+    upstream.start()
+    tap = ctx.Process(target=serve_tap, args=(tap_port, f"http://127.0.0.1:{up_port}"), daemon=True)
+    tap.start()
+    workdir = Path(tempfile.mkdtemp(prefix="llmslo-bench-nginx-"))
+    nginx = start_nginx(up_port, nginx_port, workdir)
+    try:
+        wait_port(up_port)
+        wait_port(tap_port)
+        if nginx is not None:
+            wait_port(nginx_port)
+        direct, via_tap, via_nginx = (f"http://127.0.0.1:{p}" for p in (up_port, tap_port, nginx_port))
+        tap_proc = psutil.Process(tap.pid)
+        load(ctx, via_tap, 32, 1.5, 8, 5)  # warm up the tap's connection pool and code paths
+        idle_rss = tap_proc.memory_info().rss
+
+        def rss_mid_phase() -> int:
+            time.sleep(phase_s / 2)
+            return int(tap_proc.memory_info().rss)
+
+        results: dict[str, dict[str, Any]] = {}
+        results["direct"] = load(ctx, direct, args.streams, phase_s, 40, 50)
+        results["tap"] = load(ctx, via_tap, args.streams, phase_s, 40, 50, during=rss_mid_phase)
+        if nginx is not None:
+            results["nginx"] = load(ctx, via_nginx, args.streams, phase_s, 40, 50)
+        throughput = load(ctx, via_tap, args.streams, phase_s, 256, 0)
+        base = results["direct"]["ttfts"]
+        summary: dict[str, Any] = {"bench": "tap", "streams": args.streams, "phase_s": phase_s}
+        for name, res in results.items():
+            print(f"{name:>7}: {len(res['ttfts'])} streams, TTFT p50 {pct(res['ttfts'], 0.5) * 1e3:.2f} ms "
+                  f"p99 {pct(res['ttfts'], 0.99) * 1e3:.2f} ms, {res['chunks'] / res['elapsed_s']:.0f} chunks/s, "
+                  f"errors {res['errors']}", flush=True)
+        chunks_per_s = throughput["chunks"] / throughput["elapsed_s"]
+        print(f"throughput via tap: {chunks_per_s:.0f} chunks/s ({throughput['errors']} errors)", flush=True)
+        open_rss = results["tap"]["sampled"]
+        summary |= {
+            "added_ttft_p50_ms": round((pct(results["tap"]["ttfts"], 0.5) - pct(base, 0.5)) * 1e3, 3),
+            "added_ttft_p99_ms": round((pct(results["tap"]["ttfts"], 0.99) - pct(base, 0.99)) * 1e3, 3),
+            "chunks_per_s": round(chunks_per_s),
+            "nginx_added_ttft_p50_ms": (
+                round((pct(results["nginx"]["ttfts"], 0.5) - pct(base, 0.5)) * 1e3, 3) if "nginx" in results else None
+            ),
+            "nginx_added_ttft_p99_ms": (
+                round((pct(results["nginx"]["ttfts"], 0.99) - pct(base, 0.99)) * 1e3, 3) if "nginx" in results else None
+            ),
+            "direct_ttft_p50_ms": round(pct(base, 0.5) * 1e3, 3),
+            "kib_per_stream": round(max(open_rss - idle_rss, 0) / args.streams / 1024, 1),
+            "tap_rss_mib": round(open_rss / 2**20, 1),
+            "ttft_median_of_medians_ms": round(statistics.median(base) * 1e3, 3) if base else None,
+        }
+        print(json.dumps(summary), flush=True)
+    finally:
+        if nginx is not None:
+            nginx.terminate()
+            nginx.wait(timeout=10)
+        for proc in (tap, upstream):
+            proc.terminate()
+            proc.join(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The command line: help with examples everywhere, and the demo works on embedded defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import build_parser, main
+
+
+def _subcommands() -> list[str]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return sorted(action.choices)  # type: ignore[arg-type]
+
+
+def test_top_level_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and "llmslo demo" in out
+
+
+@pytest.mark.parametrize("command", _subcommands())
+def test_every_subcommand_has_help_with_examples(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    assert "examples:" in capsys.readouterr().out
+
+
+def test_demo_runs_the_pipeline_and_shows_stored_samples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "demo.duckdb"
+    assert main(["demo", "--seconds", "2", "--instances", "3", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "10.0.0.3:8000" in out
+    assert db.exists()
+
+
+def test_an_unreachable_broker_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["ingest", "--bootstrap-servers", "127.0.0.1:1", "--db", str(tmp_path / "x.duckdb")])
+    assert code == 2
+    assert "127.0.0.1:1" in capsys.readouterr().err
