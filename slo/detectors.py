@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slo.snapshot import Series, Snapshot
 
-__all__ = ["DETECTORS", "DetectorConfig", "Finding", "detect_all", "gini"]
+__all__ = ["DETECTORS", "DetectorConfig", "Finding", "detect_all", "gini", "pool_findings"]
 
 
 class DetectorConfig(BaseModel):
@@ -52,6 +52,12 @@ class DetectorConfig(BaseModel):
     oom_kv_usage: float = Field(default=0.99, gt=0, le=1)
     oom_fb_used: float = Field(
         default=0.98, gt=0, le=1, description="frame-buffer used share (FB is ~90 % pre-allocated)"
+    )
+    pool_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="share of a pool's instances with a signal that raises it on the pool",
     )
     gpu_pods: dict[str, str] = Field(
         default={}, description="dcgm pod label → engine instance, when they differ"
@@ -113,17 +119,26 @@ def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         if len(running) < 2 or running.values.min() <= 0:
             continue
         tokens = snap.series(instance, "generation_tokens")
+        unchanged = snap.series(instance, "gauges_unchanged_s")
         frozen = all(
             s is None or np.ptp(s.since(start).values) == 0
             for s in (running, snap.series(instance, "waiting"), snap.series(instance, "kv_usage"))
         )
-        if tokens is not None and _covers(tokens, start):
+        if unchanged is not None and len(unchanged) and unchanged.last() >= cfg.stall_for_s:
+            flat, basis = (
+                True,
+                "gauge_unchanged",
+            )  # the collector's clock (SGLang's frozen scheduler)
+        elif tokens is not None and _covers(tokens, start):
             flat, basis = tokens.since(start).increase() == 0, "generation_tokens_flat"
         else:
             flat, basis = frozen, "gauge_unchanged"
         if not flat:
             continue
         evidence: dict[str, Any] = {
+            "gauges_unchanged_s": unchanged.last()
+            if unchanged is not None and len(unchanged)
+            else None,
             "running_min": float(running.values.min()),
             "stall_for_s": cfg.stall_for_s,
             "gauges_unchanged": frozen,
@@ -472,8 +487,31 @@ DETECTORS: dict[str, Detector] = {
 }
 
 
+def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) -> list[Finding]:
+    """A per-instance signal held by ≥ ``pool_share`` of a pool's instances, raised on the pool."""
+    sizes = {pool: len(instances) for pool, instances in _by_pool(snap).items()}
+    hit: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for f in findings:
+        if f.scope == "instance" and f.signal != "hot_instance":
+            hit[(f.signal, f.pool)].append(f.scope_id)
+    out = []
+    for (signal, pool), instances in sorted(hit.items()):
+        size = sizes.get(pool, 0)
+        if size >= 2 and len(instances) / size >= cfg.pool_share:
+            severity = next(f.severity for f in findings if f.signal == signal)
+            evidence = {
+                "instances": sorted(instances),
+                "pool_instances": size,
+                "pool_share": cfg.pool_share,
+            }
+            out.append(
+                Finding(snap.now_ms, signal, "pool", pool, pool, severity, "instances", evidence)
+            )
+    return out
+
+
 def detect_all(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """Run every detector; findings sorted by (signal, scope, scope id)."""
-    return sorted(
-        (f for detector in DETECTORS.values() for f in detector(snap, cfg)), key=lambda f: f.key
-    )
+    """Run every detector, then the pool roll-up; sorted by (signal, scope, scope id)."""
+    findings = [f for detector in DETECTORS.values() for f in detector(snap, cfg)]
+    findings += pool_findings(snap, findings, cfg)
+    return sorted(findings, key=lambda f: f.key)

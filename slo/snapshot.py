@@ -29,7 +29,7 @@ _SUMMED = (
     "tap_in_flight",
     "tap_disconnects",
 )
-_MAXED = ("kv_usage", "ready")
+_MAXED = ("kv_usage", "ready", "gauges_unchanged_s")
 _GPU = ("gpu_util", "engine_active", "fb_used_mib", "fb_free_mib", "xid")
 
 

@@ -10,7 +10,7 @@ import pytest
 from pipeline.store import Store
 from slo.detectors import DETECTORS, DetectorConfig, Finding, detect_all, gini
 from slo.snapshot import load_snapshot
-from tests.slo.factories import insert
+from tests.slo.factories import T0_MS, engine_sample, insert
 from tests.slo.fleet import FleetTimeline, State
 
 CFG = DetectorConfig()
@@ -171,3 +171,45 @@ def test_empty_store_gives_no_findings(store: Store) -> None:
 
 def _evidence(findings: list[Finding]) -> dict[str, Any]:
     return {f.signal: f.evidence for f in findings}
+
+
+def test_a_signal_on_most_of_a_pool_is_raised_on_the_pool(store: Store) -> None:
+    fleet = FleetTimeline(instances=3, seconds=600)
+    for index in (0, 2):
+        fleet.add_fault(index, 300, queue)
+    findings = [f for f in run(store, fleet) if f.signal == "queue_growth"]
+    assert {(f.scope, f.scope_id) for f in findings} == {
+        ("instance", fleet.instance(0)),
+        ("instance", fleet.instance(2)),
+        ("pool", fleet.pool),
+    }
+    pool = next(f for f in findings if f.scope == "pool")
+    assert pool.evidence["instances"] == [fleet.instance(0), fleet.instance(2)]
+
+
+def test_the_collectors_frozen_gauge_clock_is_a_stall_basis(store: Store) -> None:
+    def frozen(s: State, since: float) -> None:
+        s["requests"] = 0
+
+    fleet = FleetTimeline(seconds=600).add_fault(0, 400, frozen)
+    requests, engine, gpu = fleet.rows()
+    # the collector's derived gauge: seconds the scheduler gauges have been bit-identical
+    engine += [
+        engine_sample(
+            T0_MS + t * 1000,
+            "gauges_unchanged_s",
+            max(0, t - 400),
+            metric="llmslo_gauges_unchanged_seconds",
+            engine="",
+            dialect="sglang",
+            instance=fleet.instance(0),
+        )
+        for t in range(0, 601, 15)
+    ]
+    insert(store, requests=requests, engine=engine, gpu=gpu)
+    (finding,) = [
+        f
+        for f in detect_all(load_snapshot(store.con, fleet.end_ms, 600_000), CFG)
+        if f.signal == "stall"
+    ]
+    assert finding.basis == "gauge_unchanged" and finding.evidence["gauges_unchanged_s"] == 200
