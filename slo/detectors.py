@@ -106,43 +106,48 @@ def _covers(series: Series | None, start_ms: int) -> bool:
     return series is not None and len(series) >= 2 and int(series.ts_ms[0]) <= start_ms
 
 
+def _stall_basis(
+    snap: Snapshot, instance: str, running: Series, start: int, cfg: DetectorConfig
+) -> tuple[str | None, dict[str, Any]]:
+    """Why tokens count as stopped (``None``: they did not), and the first evidence."""
+    tokens = snap.series(instance, "generation_tokens")
+    unchanged = snap.series(instance, "gauges_unchanged_s")
+    gauges = (running, snap.series(instance, "waiting"), snap.series(instance, "kv_usage"))
+    frozen = all(s is None or np.ptp(s.since(start).values) == 0 for s in gauges)
+    tokens_flat = None
+    if tokens is not None and _covers(tokens, start):
+        tokens_flat = tokens.since(start).increase() == 0
+    unchanged_s = unchanged.last() if unchanged is not None and len(unchanged) else None
+    if unchanged_s is not None and unchanged_s >= cfg.stall_for_s:
+        # the collector's frozen-gauge clock (SGLang's hung scheduler); tokens must agree
+        basis = "gauge_unchanged" if tokens_flat is not False else None
+    elif tokens_flat is not None:
+        basis = "generation_tokens_flat" if tokens_flat else None
+    else:
+        basis = "gauge_unchanged" if frozen else None
+    evidence = {
+        "running_min": float(running.values.min()),
+        "stall_for_s": cfg.stall_for_s,
+        "gauges_unchanged": frozen,
+        "gauges_unchanged_s": unchanged_s,
+    }
+    return basis, evidence
+
+
 def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """running > 0 and no generated token for ≥ stall_for (gauges frozen counts as flat)."""
     findings = []
     start = snap.now_ms - int(cfg.stall_for_s * 1000)
     for instance in snap.engine:
-        running = snap.series(instance, "running")
         full = snap.series(instance, "running")
-        if not _covers(full, start) or running is None:
+        if full is None or not _covers(full, start):
             continue
-        running = running.since(start)
+        running = full.since(start)
         if len(running) < 2 or running.values.min() <= 0:
             continue
-        tokens = snap.series(instance, "generation_tokens")
-        unchanged = snap.series(instance, "gauges_unchanged_s")
-        frozen = all(
-            s is None or np.ptp(s.since(start).values) == 0
-            for s in (running, snap.series(instance, "waiting"), snap.series(instance, "kv_usage"))
-        )
-        if unchanged is not None and len(unchanged) and unchanged.last() >= cfg.stall_for_s:
-            flat, basis = (
-                True,
-                "gauge_unchanged",
-            )  # the collector's clock (SGLang's frozen scheduler)
-        elif tokens is not None and _covers(tokens, start):
-            flat, basis = tokens.since(start).increase() == 0, "generation_tokens_flat"
-        else:
-            flat, basis = frozen, "gauge_unchanged"
-        if not flat:
+        basis, evidence = _stall_basis(snap, instance, running, start, cfg)
+        if basis is None:
             continue
-        evidence: dict[str, Any] = {
-            "gauges_unchanged_s": unchanged.last()
-            if unchanged is not None and len(unchanged)
-            else None,
-            "running_min": float(running.values.min()),
-            "stall_for_s": cfg.stall_for_s,
-            "gauges_unchanged": frozen,
-        }
         gpu = _gpu_of(snap, cfg, instance)
         for name in ("engine_active", "gpu_util"):
             if name in gpu and len(gpu[name].since(start)):
