@@ -189,7 +189,7 @@ def test_a_signal_on_most_of_a_pool_is_raised_on_the_pool(store: Store) -> None:
 
 def test_the_collectors_frozen_gauge_clock_is_a_stall_basis(store: Store) -> None:
     def frozen(s: State, since: float) -> None:
-        s["requests"] = 0
+        s["requests"], s["tokens_per_s"] = 0, 0.0
 
     fleet = FleetTimeline(seconds=600).add_fault(0, 400, frozen)
     requests, engine, gpu = fleet.rows()
