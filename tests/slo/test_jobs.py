@@ -194,3 +194,38 @@ def test_a_run_without_data_does_nothing(store: Store) -> None:
 
 def _levels(transitions: list[FlagTransition]) -> list[int]:
     return [t.to_level for t in transitions]
+
+
+def test_the_slo_config_section_is_validated_by_field_path(tmp_path: Any) -> None:
+    import slo.cli  # noqa: F401  (registers the section)
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+
+    path = tmp_path / "llmslo.yaml"
+    path.write_text(
+        "slo:\n  interval_s: 0\n  flags: {l1_free: 0.01, l2_free: 0.05}\n  detectors: {stall_for_s: -1}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "slo.interval_s: Input should be greater than 0" in message
+    assert "slo.flags: Value error, thresholds must satisfy l3_free < l2_free < l1_free" in message
+    assert "slo.detectors.stall_for_s: Input should be greater than 0" in message
+
+
+def test_the_loop_runs_every_interval_until_stopped(store: Store) -> None:
+    requests, engine, gpu = FleetTimeline(instances=1, seconds=60).rows()
+    insert(store, requests=requests, engine=engine, gpu=gpu)
+    metrics = JobMetrics()
+    jobs = SloJobs(
+        store.con, MODEL, CONFIG.model_copy(update={"interval_s": 0.01}), metrics=metrics
+    )
+    assert jobs.run(max_cycles=3) == 3
+    runs = metrics.registry.get_sample_value(
+        "llmslo_job_duration_seconds_count", {"job": "evaluate"}
+    )
+    assert runs == 3
+    assert (
+        metrics.registry.get_sample_value("llmslo_job_last_evaluation_timestamp_seconds")
+        == (T0_MS + 60_000) / 1000
+    )
