@@ -163,6 +163,18 @@ class KafkaPublisher:
                 self._close_producer()
                 self._abandon.wait(self.backoff_s)
 
+    def close(self) -> None:
+        """Close the current producer (after :meth:`stop`)."""
+        self._close_producer()
+
+    def _close_producer(self) -> None:
+        if self.producer is not None:
+            try:
+                self.producer.close(timeout_s=0)
+            except KafkaError as exc:  # closing a broken producer may complain; it is gone anyway
+                log.debug("closing producer: %s", exc)
+            self.producer = None
+
     def _send(
         self, schema: RecordSchema, pieces: list[tuple[bytes, pa.Table]]
     ) -> list[tuple[bytes, pa.Table]]:
