@@ -203,7 +203,8 @@ def test_the_slo_config_section_is_validated_by_field_path(tmp_path: Any) -> Non
 
     path = tmp_path / "llmslo.yaml"
     path.write_text(
-        "slo:\n  interval_s: 0\n  flags: {l1_free: 0.01, l2_free: 0.05}\n  detectors: {stall_for_s: -1}\n"
+        "slo:\n  interval_s: 0\n  flags: {l1_free: 0.01, l2_free: 0.05}\n"
+        "  detectors: {stall_for_s: -1}\n"
     )
     with pytest.raises(ConfigError) as info:
         load_config(path)
