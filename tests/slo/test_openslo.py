@@ -36,7 +36,7 @@ def test_an_inline_indicator_becomes_an_llmslo_slo(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(slo_doc()))
     (slo,) = build_model(load_spec(path)).slos
     assert (slo.id, slo.objective, slo.catalog.name) == ("chat-ttft", 0.99, "google-28d.yaml")
-    assert slo.sli.kind == "latency" and slo.sli.threshold_s == 2.0  # type: ignore[union-attr]
+    assert slo.sli.kind == "latency" and slo.sli.threshold_s == 2.0
 
 
 def test_indicator_refs_and_several_objectives(tmp_path: Path) -> None:
