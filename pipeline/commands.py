@@ -94,7 +94,7 @@ def run_ingest(args: argparse.Namespace) -> int:
     if ingest_config.metrics_port is not None:
         server, _ = start_http_server(ingest_config.metrics_port, ingest_config.metrics_host, registry=metrics.registry)
         log.info("serving /metrics on %s:%d", ingest_config.metrics_host, server.server_port)
-    with Bus(config.bus) as bus, Store(config.store.path) as store:
+    with Bus(config.bus) as bus, Store(config.store.path, memory_limit=ingest_config.duckdb_memory_limit) as store:
         bus.ensure_topics()
         ingester = Ingester(bus, store, ingest_config, metrics=metrics, instance_id=args.instance_id)
         install_stop_handlers(ingester.stop)

@@ -76,6 +76,8 @@ class IngestConfig(_Section):
     max_message_bytes: int = Field(16 * 1024 * 1024, gt=0, description="larger messages are dead-lettered")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="serve /metrics here (0 = any free port)")
     metrics_host: str = "127.0.0.1"
+    duckdb_memory_limit: str = Field("256MB", pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)$",
+                                     description="DuckDB buffer pool of the ingester (bounds its RSS)")
 
 
 class LlmsloConfig(_Section):

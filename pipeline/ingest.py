@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -142,6 +143,10 @@ class Ingester:
         self.stats = IngestStats()
         self._stop = threading.Event()
         self._batch = _Batch()
+        # DuckDB commits run on their own thread (DuckDB releases the GIL), so fetching and
+        # decoding the next batch overlaps the commit of this one. At most one is in flight.
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="duckdb-commit")
+        self._in_flight: tuple[_Batch, Future[float]] | None = None
         self._consumer: KafkaConsumer | None = None
         self._deadletter_producer: BusProducer | None = None
         self._last_activity_s = time.monotonic()
@@ -173,14 +178,14 @@ class Ingester:
                     for message in messages:
                         self._take(tp, message)
                     self._last_activity_s = time.monotonic()
-                if self._batch_due():
-                    self.flush()
+                self._advance_commits()
                 idle_s = time.monotonic() - self._last_activity_s
                 if max_idle_s is not None and self._joined and idle_s > max_idle_s:
                     break
             self.flush()
         finally:
             self._consumer = None
+            self._committer.shutdown(wait=True)
             consumer.close(autocommit=False)
             if self._deadletter_producer is not None:
                 self._deadletter_producer.close()
@@ -217,21 +222,38 @@ class Ingester:
         age_ms = (time.monotonic() - (batch.started_s or 0.0)) * 1000
         return batch.rows >= self.config.batch_max_rows or age_ms >= self.config.batch_max_ms
 
-    def flush(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], int]:
-        """Commit the batch in hand (rows + dead letters + offsets) in one DuckDB transaction.
+    def _advance_commits(self) -> None:
+        """Collect a finished commit; start the next one when the batch in hand is due."""
+        if self._in_flight is not None and self._in_flight[1].done():
+            self._collect()
+        if not self._batch_due():
+            return
+        if self._in_flight is not None and self._batch.rows >= 2 * self.config.batch_max_rows:
+            self._collect()  # backpressure: DuckDB is behind, so stop reading ahead
+        if self._in_flight is None:
+            self._submit()
 
-        Returns the offsets committed. Kafka's copy of them is committed afterwards, without
-        waiting, unless ``commit_to_kafka`` is false (the rebalance hook commits it itself).
-        """
+    def _submit(self) -> None:
         batch, self._batch = self._batch, _Batch()
-        if not batch:
-            return {}
+        if batch:
+            future = self._committer.submit(self._commit, batch)
+            self._in_flight = (batch, future)
+
+    def _commit(self, batch: _Batch) -> float:
         started = time.perf_counter()
         self.store.commit_batch(
             batch.tables, group_id=self.config.group_id, offsets=batch.offsets,
             deadletters=batch.deadletters, now_ts_ms=int(self.clock() * 1000),
         )
-        self.metrics.commit_seconds.observe(time.perf_counter() - started)
+        return time.perf_counter() - started
+
+    def _collect(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], int]:
+        """Wait for the commit in flight; then count it, dead-letter and tell Kafka."""
+        if self._in_flight is None:
+            return {}
+        batch, future = self._in_flight
+        self._in_flight = None
+        self.metrics.commit_seconds.observe(future.result())  # a failed commit raises StoreError here
         self.metrics.last_commit.set(self.clock())
         self.metrics.batch_rows.observe(batch.rows)
         for name, parts in batch.tables.items():
@@ -247,6 +269,16 @@ class Ingester:
         if commit_to_kafka:
             self._commit_to_kafka(batch.offsets)
         return batch.offsets
+
+    def flush(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], int]:
+        """Make everything read so far durable: rows + dead letters + offsets, in DuckDB.
+
+        Returns the offsets committed. Kafka's copy of them is committed afterwards, without
+        waiting, unless ``commit_to_kafka`` is false (the rebalance hook commits it itself).
+        """
+        offsets = self._collect(commit_to_kafka=commit_to_kafka)
+        self._submit()
+        return offsets | self._collect(commit_to_kafka=commit_to_kafka)
 
     def _publish_deadletters(self, letters: list[DeadLetter]) -> None:
         if not letters:

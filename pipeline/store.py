@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,7 @@ def _normalised_ddl(schema: RecordSchema) -> list[str]:
         f"CREATE OR REPLACE VIEW {schema.table} AS SELECT {select} FROM {schema.table}_values v "
         f"JOIN {schema.table}_series s USING (series_id)",
         f"COMMENT ON VIEW {schema.table} IS {_quote(schema.doc)}",
+        *(f"COMMENT ON COLUMN {schema.table}.{name} IS {_quote(doc)}" for name, _, doc in columns.values()),
     ]
 
 
@@ -162,18 +164,21 @@ def _schema_columns(schema: RecordSchema) -> list[tuple[str, str, str]]:
 class Store:
     """A DuckDB file with llmslo's tables. Single writer: one ``Store`` per file and process.
 
-    ``read_only=True`` opens it for readers (jobs, dashboards) while no writer holds it.
+    ``read_only=True`` opens it for readers (jobs, dashboards) while no writer holds it;
+    ``memory_limit`` (DuckDB syntax, e.g. ``"256MB"``) bounds DuckDB's buffer pool.
     """
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False, memory_limit: str | None = None) -> None:
         self.path = Path(path)
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        settings = {"memory_limit": memory_limit} if memory_limit else {}
         try:
-            self.con = duckdb.connect(str(self.path), read_only=read_only)
+            self.con = duckdb.connect(str(self.path), read_only=read_only, config=settings)
         except duckdb.Error as exc:
             raise StoreError(f"cannot open DuckDB file {self.path}: {exc}") from exc
         self._series: dict[str, SeriesIndex] = {}
+        self._lock = threading.Lock()  # one DuckDB connection, used by the ingester's two threads
         if not read_only:
             self.migrate()
             for schema in iter_schemas():
@@ -214,9 +219,10 @@ class Store:
 
     def read_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
         """The stored next offset of every (topic, partition) of ``group_id``."""
-        rows = self.con.execute(
-            "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?", [group_id]
-        ).fetchall()
+        with self._lock:
+            rows = self.con.execute(
+                "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?", [group_id]
+            ).fetchall()
         return {(topic, partition): offset for topic, partition, offset in rows}
 
     def commit_batch(
@@ -229,6 +235,17 @@ class Store:
         now_ts_ms: int,
     ) -> None:
         """Append ``rows`` (table name → Arrow tables of its schema), dead letters and offsets atomically."""
+        with self._lock:
+            self._commit_batch(rows, group_id, offsets, deadletters, now_ts_ms)
+
+    def _commit_batch(
+        self,
+        rows: Mapping[str, Sequence[pa.Table]],
+        group_id: str,
+        offsets: Mapping[tuple[str, int], int],
+        deadletters: Sequence[DeadLetter],
+        now_ts_ms: int,
+    ) -> None:
         con = self.con
         new_series: dict[str, pa.Table] = {}
         try:
