@@ -56,7 +56,9 @@ def pod_scrape(pod: int, ts_ms: int, rng: np.random.Generator) -> pa.Table:
     n = ENGINES_PER_POD * len(METRICS)
     metric_idx = np.tile(np.arange(len(METRICS), dtype=np.int32), ENGINES_PER_POD)
     engine_idx = np.repeat(np.arange(ENGINES_PER_POD, dtype=np.int32), len(METRICS))
-    labels = [json.dumps({"engine": str(e), "model_name": "llama-3-70b"}) for e in range(ENGINES_PER_POD)]
+    labels = [
+        json.dumps({"engine": str(e), "model_name": "llama-3-70b"}) for e in range(ENGINES_PER_POD)
+    ]
     le = np.where(metric_idx >= 6, 0.001 * 2.0 ** (metric_idx - 6), np.nan)
 
     def one(value: str) -> pa.DictionaryArray:
@@ -96,21 +98,46 @@ def rows_committed(metrics_url: str) -> float:
         text = urllib.request.urlopen(metrics_url, timeout=1).read().decode()
     except OSError:
         return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("llmslo_ingest_rows_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("llmslo_ingest_rows_total{")
+    )
 
 
 def run_llmslo(broker: EmbeddedBroker, workdir: Path, messages: int) -> tuple[float, float]:
     """Returns (samples/s, ingester peak RSS MB)."""
     prefix = f"b{int(time.time())}."
-    bus = Bus(BusConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix=prefix, partitions=8)).start()
+    bus = Bus(
+        BusConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix=prefix, partitions=8)
+    ).start()
     bus.ensure_topics()
     port = free_port()
     config = workdir / "ingest.yaml"
-    config.write_text(yaml.safe_dump({"bus": {"bootstrap_servers": broker.bootstrap_servers, "topic_prefix": prefix},
-                                      "ingest": {"metrics_port": port}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "bus": {"bootstrap_servers": broker.bootstrap_servers, "topic_prefix": prefix},
+                "ingest": {"metrics_port": port},
+            }
+        )
+    )
     log = (workdir / "ingest.log").open("wb")
-    ingester = subprocess.Popen([sys.executable, "-m", "pipeline", "-v", "ingest", "-c", str(config),
-                                 "--db", str(workdir / "bench.duckdb")], stderr=log, stdout=subprocess.DEVNULL)
+    ingester = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "-v",
+            "ingest",
+            "-c",
+            str(config),
+            "--db",
+            str(workdir / "bench.duckdb"),
+        ],
+        stderr=log,
+        stdout=subprocess.DEVNULL,
+    )
     proc = psutil.Process(ingester.pid)
     while "starts at offset" not in (workdir / "ingest.log").read_text(errors="replace"):
         time.sleep(0.05)
@@ -123,7 +150,9 @@ def run_llmslo(broker: EmbeddedBroker, workdir: Path, messages: int) -> tuple[fl
         time.sleep(0.05)
     total = warm + messages * ENGINES_PER_POD * len(METRICS)
     started = time.perf_counter()
-    producer = multiprocessing.Process(target=produce_arrow, args=(broker.bootstrap_servers, prefix, messages, PODS))
+    producer = multiprocessing.Process(
+        target=produce_arrow, args=(broker.bootstrap_servers, prefix, messages, PODS)
+    )
     producer.start()
     peak_rss = 0
     while rows_committed(metrics_url) < total:
@@ -142,9 +171,13 @@ def run_naive(broker: EmbeddedBroker, workdir: Path, samples: int) -> float:
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, linger_ms=5)
     table = pod_scrape(0, 1_700_000_000_000, np.random.default_rng(2))
     rows = table.to_pylist()
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=100)
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=100
+    )
     con = duckdb.connect(str(workdir / "naive.duckdb"))
-    con.execute("CREATE TABLE samples (ts_ms BIGINT, instance VARCHAR, metric VARCHAR, labels_json VARCHAR, value DOUBLE)")
+    con.execute(
+        "CREATE TABLE samples (ts_ms BIGINT, instance VARCHAR, metric VARCHAR, labels_json VARCHAR, value DOUBLE)"
+    )
     started = time.perf_counter()
     for i in range(samples):
         row = rows[i % len(rows)]
@@ -157,8 +190,16 @@ def run_naive(broker: EmbeddedBroker, workdir: Path, samples: int) -> float:
         for records in consumer.poll(timeout_ms=200).values():
             for record in records:
                 row = json.loads(record.value)
-                con.execute("INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
-                            [row["ts_ms"], row["instance"], row["metric"], row["labels_json"], row["value"]])
+                con.execute(
+                    "INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
+                    [
+                        row["ts_ms"],
+                        row["instance"],
+                        row["metric"],
+                        row["labels_json"],
+                        row["value"],
+                    ],
+                )
                 stored += 1
     elapsed = time.perf_counter() - started
     producer.close()
@@ -172,39 +213,63 @@ def run_ceiling(workdir: Path, messages: int) -> float:
     tables = [pod_scrape(i % PODS, i, rng) for i in range(PODS + messages)]
     batch = 120  # ~250k rows per commit, like the ingester's default
     with Store(workdir / "ceiling.duckdb", memory_limit="256MB") as store:
-        store.commit_batch({"engine_samples": tables[:PODS]}, group_id="ceiling", offsets={}, now_ts_ms=0)  # warm-up
+        store.commit_batch(
+            {"engine_samples": tables[:PODS]}, group_id="ceiling", offsets={}, now_ts_ms=0
+        )  # warm-up
         tables = tables[PODS:]
         started = time.perf_counter()
         for first in range(0, len(tables), batch):
-            store.commit_batch({"engine_samples": tables[first:first + batch]},
-                               group_id="ceiling", offsets={}, now_ts_ms=0)
+            store.commit_batch(
+                {"engine_samples": tables[first : first + batch]},
+                group_id="ceiling",
+                offsets={},
+                now_ts_ms=0,
+            )
         elapsed = time.perf_counter() - started
     return sum(t.num_rows for t in tables) / elapsed
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small run (< 60 s)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs of each measurement (median reported)")
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="runs of each measurement (median reported)"
+    )
     args = parser.parse_args()
     messages = 1_000 if args.quick else 5_000
     repeat = args.repeat or (1 if args.quick else 3)
     naive_samples = 5_000 if args.quick else 20_000
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         workdir = Path(tmp)
-        runs = [run_llmslo(broker, workdir / f"run{i}", messages) for i in range(repeat) if (workdir / f"run{i}").mkdir() is None]
+        runs = []
+        for attempt in range(repeat):
+            (workdir / f"run{attempt}").mkdir()
+            runs.append(run_llmslo(broker, workdir / f"run{attempt}", messages))
         naive = statistics.median(run_naive(broker, workdir, naive_samples) for _ in range(1))
         ceiling = statistics.median(run_ceiling(workdir, messages) for _ in range(repeat))
     rates = [rate for rate, _ in runs]
     samples_per_s = statistics.median(rates)
     peak_rss = max(rss for _, rss in runs)
-    print(f"llmslo ingest   : {samples_per_s:>12,.0f} samples/s  (runs: {', '.join(f'{r:,.0f}' for r in rates)})")
+    print(
+        f"llmslo ingest   : {samples_per_s:>12,.0f} samples/s  (runs: {', '.join(f'{r:,.0f}' for r in rates)})"
+    )
     print(f"naive baseline  : {naive:>12,.0f} samples/s  (JSON per sample, row inserts)")
     print(f"DuckDB ceiling  : {ceiling:>12,.0f} rows/s     (Arrow append, no Kafka)")
     print(f"ingester peak RSS: {peak_rss:,.0f} MB")
-    print(json.dumps({"bench": "ingest", "samples_per_s": round(samples_per_s), "naive_samples_per_s": round(naive),
-                      "ceiling_rows_per_s": round(ceiling), "ratio_vs_naive": round(samples_per_s / naive, 1),
-                      "peak_rss_mb": round(peak_rss)}))
+    print(
+        json.dumps(
+            {
+                "bench": "ingest",
+                "samples_per_s": round(samples_per_s),
+                "naive_samples_per_s": round(naive),
+                "ceiling_rows_per_s": round(ceiling),
+                "ratio_vs_naive": round(samples_per_s / naive, 1),
+                "peak_rss_mb": round(peak_rss),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,14 @@ from pipeline.broker import EmbeddedBroker
 from pipeline.bus import Bus, BusProducer
 from pipeline.codec import decode_message, encode_arrow, encode_json, headers_for
 from pipeline.config import LlmsloConfig, load_config, register_section
-from pipeline.errors import BusError, ConfigError, DecodeError, LlmsloError, StoreError, UnknownSchemaError
+from pipeline.errors import (
+    BusError,
+    ConfigError,
+    DecodeError,
+    LlmsloError,
+    StoreError,
+    UnknownSchemaError,
+)
 from pipeline.ingest import Ingester
 from pipeline.schema import (
     ALERTS,

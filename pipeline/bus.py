@@ -83,7 +83,9 @@ class BusProducer:
         """
         messages = 0
         for key, rows in split_by_key(schema, table):
-            self.send_raw(schema.topic, encode_arrow(schema, rows), key=key, headers=headers_for(schema))
+            self.send_raw(
+                schema.topic, encode_arrow(schema, rows), key=key, headers=headers_for(schema)
+            )
             messages += 1
         return messages
 
@@ -96,7 +98,9 @@ class BusProducer:
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> Any:
         """Send an already-encoded payload to ``topic`` (without prefix); returns the future."""
-        return self._producer.send(self._prefix + topic, value=value, key=key, headers=list(headers))
+        return self._producer.send(
+            self._prefix + topic, value=value, key=key, headers=list(headers)
+        )
 
     def flush(self, timeout_s: float | None = None) -> None:
         self._producer.flush(timeout=timeout_s)
@@ -136,7 +140,10 @@ class Bus:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 

@@ -57,19 +57,26 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
     return parser
 
 
-def add_common_options(parser: argparse.ArgumentParser, *, bus: bool = True, db: bool = False) -> None:
+def add_common_options(
+    parser: argparse.ArgumentParser, *, bus: bool = True, db: bool = False
+) -> None:
     """``--config``, and where relevant ``--bootstrap-servers`` and ``--db``, for a subcommand."""
-    parser.add_argument("-c", "--config", type=Path, help="llmslo YAML config (default: embedded defaults)")
+    parser.add_argument(
+        "-c", "--config", type=Path, help="llmslo YAML config (default: embedded defaults)"
+    )
     if bus:
         parser.add_argument(
-            "--bootstrap-servers", metavar="HOST:PORT|embedded",
+            "--bootstrap-servers",
+            metavar="HOST:PORT|embedded",
             help="Kafka bootstrap servers, or 'embedded' to start the bundled broker (overrides the config)",
         )
     if db:
@@ -79,7 +86,7 @@ def add_common_options(parser: argparse.ArgumentParser, *, bus: bool = True, db:
 def resolve_config(args: argparse.Namespace) -> LlmsloConfig:
     """The config file named by ``--config`` with command-line overrides applied."""
     config = load_config(getattr(args, "config", None))
-    updates = {}
+    updates: dict[str, object] = {}
     if getattr(args, "bootstrap_servers", None):
         updates["bus"] = config.bus.model_copy(update={"bootstrap_servers": args.bootstrap_servers})
     if getattr(args, "db", None):

@@ -54,7 +54,9 @@ class DecodedMessage:
     table: pa.Table
 
 
-def headers_for(schema: RecordSchema, content_type: str = ARROW_CONTENT_TYPE) -> list[tuple[str, bytes]]:
+def headers_for(
+    schema: RecordSchema, content_type: str = ARROW_CONTENT_TYPE
+) -> list[tuple[str, bytes]]:
     """Kafka headers naming the schema and the payload encoding."""
     return [(SCHEMA_HEADER, schema.header_value), (CONTENT_TYPE_HEADER, content_type.encode())]
 
@@ -137,7 +139,9 @@ def _decode_arrow(schema: RecordSchema, value: bytes) -> pa.Table:
     try:
         return reader.read_all()
     except (pa.ArrowInvalid, OSError) as exc:
-        raise DecodeError("truncated_arrow", f"Arrow IPC stream is truncated or corrupt: {exc}") from exc
+        raise DecodeError(
+            "truncated_arrow", f"Arrow IPC stream is truncated or corrupt: {exc}"
+        ) from exc
 
 
 def _decode_json(schema: RecordSchema, value: bytes) -> pa.Table:

@@ -17,7 +17,7 @@ from pipeline.broker import EmbeddedBroker
 from pipeline.bus import Bus
 from pipeline.cli import add_common_options, install_stop_handlers, print_json, resolve_config
 from pipeline.config import load_config
-from pipeline.ingest import IngestMetrics, Ingester
+from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.schema import ENGINE_SAMPLES
 from pipeline.store import Store
 from pipeline.synthetic import SyntheticScrapes
@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 
 def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_, description=help_, epilog="examples:\n" + textwrap.indent(examples, "  "),
+        name,
+        help=help_,
+        description=help_,
+        epilog="examples:\n" + textwrap.indent(examples, "  "),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     return parser
@@ -38,36 +41,73 @@ def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argpars
 
 def register(subparsers: Any) -> None:
     """Add the spine's subcommands."""
-    demo = _subparser(subparsers, "demo", "Run the pipeline end to end on embedded defaults and show the result.",
-                      "llmslo demo\nllmslo demo --seconds 30 --db var/demo.duckdb")
-    demo.add_argument("--seconds", type=float, default=10.0, help="how long to produce (default 10)")
+    demo = _subparser(
+        subparsers,
+        "demo",
+        "Run the pipeline end to end on embedded defaults and show the result.",
+        "llmslo demo\nllmslo demo --seconds 30 --db var/demo.duckdb",
+    )
+    demo.add_argument(
+        "--seconds", type=float, default=10.0, help="how long to produce (default 10)"
+    )
     demo.add_argument("--instances", type=int, default=8, help="simulated pods (default 8)")
-    demo.add_argument("--db", type=Path, default=Path("var/demo.duckdb"), help="DuckDB file (default var/demo.duckdb)")
+    demo.add_argument(
+        "--db",
+        type=Path,
+        default=Path("var/demo.duckdb"),
+        help="DuckDB file (default var/demo.duckdb)",
+    )
     demo.set_defaults(handler=run_demo)
 
-    broker = _subparser(subparsers, "broker", "Start the embedded Kafka-protocol broker and print its address.",
-                        "llmslo broker\nllmslo broker --port 19092")
+    broker = _subparser(
+        subparsers,
+        "broker",
+        "Start the embedded Kafka-protocol broker and print its address.",
+        "llmslo broker\nllmslo broker --port 19092",
+    )
     broker.add_argument("--port", type=int, help="loopback port (default: a free one)")
     broker.set_defaults(handler=run_broker)
 
-    ingest = _subparser(subparsers, "ingest", "Consume llmslo's Kafka topics into DuckDB, exactly once.",
-                        "llmslo ingest --bootstrap-servers 127.0.0.1:9092 --db var/llmslo.duckdb\n"
-                        "llmslo ingest -c config/llmslo.example.yaml --metrics-port 9465")
+    ingest = _subparser(
+        subparsers,
+        "ingest",
+        "Consume llmslo's Kafka topics into DuckDB, exactly once.",
+        "llmslo ingest --bootstrap-servers 127.0.0.1:9092 --db var/llmslo.duckdb\n"
+        "llmslo ingest -c config/llmslo.example.yaml --metrics-port 9465",
+    )
     add_common_options(ingest, db=True)
     ingest.add_argument("--group", help="consumer group (overrides ingest.group_id)")
-    ingest.add_argument("--instance-id", help="static group member id (restarts rejoin without a rebalance)")
+    ingest.add_argument(
+        "--instance-id", help="static group member id (restarts rejoin without a rebalance)"
+    )
     ingest.add_argument("--metrics-port", type=int, help="serve /metrics on this loopback port")
-    ingest.add_argument("--exit-when-idle", type=float, metavar="SECONDS",
-                        help="stop after this long without a message (batch jobs, tests)")
+    ingest.add_argument(
+        "--exit-when-idle",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this long without a message (batch jobs, tests)",
+    )
     ingest.set_defaults(handler=run_ingest)
 
-    config = _subparser(subparsers, "config", "Check a config file.", "llmslo config validate config/llmslo.example.yaml")
+    config = _subparser(
+        subparsers,
+        "config",
+        "Check a config file.",
+        "llmslo config validate config/llmslo.example.yaml",
+    )
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    validate = config_sub.add_parser("validate", help="validate FILE and report every error by field path")
+    validate = config_sub.add_parser(
+        "validate", help="validate FILE and report every error by field path"
+    )
     validate.add_argument("file", type=Path)
     validate.set_defaults(handler=run_config_validate)
 
-    tables = _subparser(subparsers, "tables", "Print the documented DuckDB tables (Markdown).", "llmslo tables > docs/tables.md")
+    tables = _subparser(
+        subparsers,
+        "tables",
+        "Print the documented DuckDB tables (Markdown).",
+        "llmslo tables > docs/tables.md",
+    )
     tables.set_defaults(handler=lambda args: sys.stdout.write(render_tables_doc()) and 0)
 
 
@@ -92,15 +132,29 @@ def run_ingest(args: argparse.Namespace) -> int:
     ingest_config = ingest_config.model_copy(update=overrides)
     metrics = IngestMetrics()
     if ingest_config.metrics_port is not None:
-        server, _ = start_http_server(ingest_config.metrics_port, ingest_config.metrics_host, registry=metrics.registry)
+        server, _ = start_http_server(
+            ingest_config.metrics_port, ingest_config.metrics_host, registry=metrics.registry
+        )
         log.info("serving /metrics on %s:%d", ingest_config.metrics_host, server.server_port)
-    with Bus(config.bus) as bus, Store(config.store.path, memory_limit=ingest_config.duckdb_memory_limit) as store:
+    with (
+        Bus(config.bus) as bus,
+        Store(config.store.path, memory_limit=ingest_config.duckdb_memory_limit) as store,
+    ):
         bus.ensure_topics()
-        ingester = Ingester(bus, store, ingest_config, metrics=metrics, instance_id=args.instance_id)
+        ingester = Ingester(
+            bus, store, ingest_config, metrics=metrics, instance_id=args.instance_id
+        )
         install_stop_handlers(ingester.stop)
         stats = ingester.run(max_idle_s=args.exit_when_idle)
-    print_json({"ingest": "stopped", "messages": stats.messages, "rows": stats.rows,
-                "deadletters": stats.deadletters, "commits": stats.commits})
+    print_json(
+        {
+            "ingest": "stopped",
+            "messages": stats.messages,
+            "rows": stats.rows,
+            "deadletters": stats.deadletters,
+            "commits": stats.commits,
+        }
+    )
     return 0
 
 
@@ -114,10 +168,15 @@ def run_demo(args: argparse.Namespace) -> int:
     """Broker + ingester + a synthetic fleet for ``--seconds``, then a summary from DuckDB."""
     config = load_config(None)
     scrapes = SyntheticScrapes(instances=args.instances)
-    print(f"starting the embedded broker and ingesting {args.instances} pods into {args.db} …", flush=True)
+    print(
+        f"starting the embedded broker and ingesting {args.instances} pods into {args.db} …",
+        flush=True,
+    )
     with Bus(config.bus) as bus, Store(args.db) as store:
         bus.ensure_topics()
-        ingester = Ingester(bus, store, config.ingest.model_copy(update={"group_id": "llmslo-demo"}))
+        ingester = Ingester(
+            bus, store, config.ingest.model_copy(update={"group_id": "llmslo-demo"})
+        )
         worker = threading.Thread(target=ingester.run, name="ingest", daemon=True)
         worker.start()
         producer = bus.producer()

@@ -73,11 +73,18 @@ class IngestConfig(_Section):
     group_id: str = "llmslo-ingest"
     batch_max_rows: int = Field(250_000, gt=0, description="commit once this many rows are pending")
     batch_max_ms: int = Field(500, gt=0, description="… or once the oldest pending row is this old")
-    max_message_bytes: int = Field(16 * 1024 * 1024, gt=0, description="larger messages are dead-lettered")
-    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve /metrics here (0 = any free port)")
+    max_message_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="larger messages are dead-lettered"
+    )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve /metrics here (0 = any free port)"
+    )
     metrics_host: str = "127.0.0.1"
-    duckdb_memory_limit: str = Field("256MB", pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)$",
-                                     description="DuckDB buffer pool of the ingester (bounds its RSS)")
+    duckdb_memory_limit: str = Field(
+        "256MB",
+        pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)$",
+        description="DuckDB buffer pool of the ingester (bounds its RSS)",
+    )
 
 
 class LlmsloConfig(_Section):

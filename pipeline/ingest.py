@@ -18,9 +18,10 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
@@ -47,24 +48,35 @@ class IngestMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.rows = Counter("llmslo_ingest_rows", "Rows committed to DuckDB", ["table"], registry=r)
-        self.messages = Counter("llmslo_ingest_messages", "Kafka messages consumed", ["topic"], registry=r)
+        self.messages = Counter(
+            "llmslo_ingest_messages", "Kafka messages consumed", ["topic"], registry=r
+        )
         self.deadletters = Counter(
             "llmslo_ingest_deadletters", "Messages dead-lettered, by reason", ["reason"], registry=r
         )
         self.commit_seconds = Histogram(
-            "llmslo_ingest_commit_seconds", "Time to commit one batch to DuckDB",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r,
+            "llmslo_ingest_commit_seconds",
+            "Time to commit one batch to DuckDB",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
         )
         self.batch_rows = Histogram(
-            "llmslo_ingest_batch_rows", "Rows per committed batch",
-            buckets=(100, 1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000), registry=r,
+            "llmslo_ingest_batch_rows",
+            "Rows per committed batch",
+            buckets=(100, 1_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000),
+            registry=r,
         )
         self.lag = Gauge(
-            "llmslo_ingest_lag_messages", "High-water mark minus position (approximate on the "
-            "embedded broker, whose high-water marks can lag)", ["topic", "partition"], registry=r,
+            "llmslo_ingest_lag_messages",
+            "High-water mark minus position (approximate on the "
+            "embedded broker, whose high-water marks can lag)",
+            ["topic", "partition"],
+            registry=r,
         )
         self.last_commit = Gauge(
-            "llmslo_ingest_last_commit_timestamp_seconds", "Wall time of the last DuckDB commit", registry=r
+            "llmslo_ingest_last_commit_timestamp_seconds",
+            "Wall time of the last DuckDB commit",
+            registry=r,
         )
 
 
@@ -110,10 +122,14 @@ class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
         # Kafka, so the next owner starts exactly where we stopped.
         offsets = self.ingester.flush(commit_to_kafka=False)
         if offsets:
-            await self.coordinator._commit_offsets_sync_async(_kafka_offsets(offsets), timeout_ms=10_000)
+            await self.coordinator._commit_offsets_sync_async(
+                _kafka_offsets(offsets), timeout_ms=10_000
+            )
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        committed = await self.coordinator.fetch_committed_offsets_async(assigned, timeout_ms=10_000)
+        committed = await self.coordinator.fetch_committed_offsets_async(
+            assigned, timeout_ms=10_000
+        )
         self.ingester.seek_to_stored(assigned, {tp: meta.offset for tp, meta in committed.items()})
 
 
@@ -191,29 +207,35 @@ class Ingester:
                 self._deadletter_producer.close()
         return self.stats
 
-    def _take(self, tp: TopicPartition, message: object) -> None:
+    def _take(self, tp: TopicPartition, message: Any) -> None:  # a kafka ConsumerRecord
         batch = self._batch
         if batch.started_s is None:
             batch.started_s = time.monotonic()
-        value: bytes | None = message.value  # type: ignore[attr-defined]
-        headers = message.headers or []  # type: ignore[attr-defined]
+        value: bytes | None = message.value
+        headers = message.headers or []
         self.stats.messages += 1
         self.metrics.messages.labels(tp.topic).inc()
         try:
             decoded = decode_message(value, headers, max_bytes=self.config.max_message_bytes)
         except DecodeError as exc:
-            log.warning("dead-lettering %s[%d]@%d: %s", tp.topic, tp.partition, message.offset, exc)  # type: ignore[attr-defined]
+            log.warning("dead-lettering %s[%d]@%d: %s", tp.topic, tp.partition, message.offset, exc)
             batch.deadletters.append(
                 DeadLetter(
-                    received_ts_ms=int(self.clock() * 1000), topic=tp.topic, partition=tp.partition,
-                    offset=message.offset, key=message.key, reason=exc.reason, error=str(exc),  # type: ignore[attr-defined]
-                    headers=headers, payload=value,
+                    received_ts_ms=int(self.clock() * 1000),
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=message.offset,
+                    key=message.key,
+                    reason=exc.reason,
+                    error=str(exc),
+                    headers=headers,
+                    payload=value,
                 )
             )
         else:
             batch.tables[decoded.schema.table].append(decoded.table)
             batch.rows += decoded.table.num_rows
-        batch.offsets[(tp.topic, tp.partition)] = message.offset + 1  # type: ignore[attr-defined]
+        batch.offsets[(tp.topic, tp.partition)] = message.offset + 1
 
     def _batch_due(self) -> bool:
         batch = self._batch
@@ -242,8 +264,11 @@ class Ingester:
     def _commit(self, batch: _Batch) -> float:
         started = time.perf_counter()
         self.store.commit_batch(
-            batch.tables, group_id=self.config.group_id, offsets=batch.offsets,
-            deadletters=batch.deadletters, now_ts_ms=int(self.clock() * 1000),
+            batch.tables,
+            group_id=self.config.group_id,
+            offsets=batch.offsets,
+            deadletters=batch.deadletters,
+            now_ts_ms=int(self.clock() * 1000),
         )
         return time.perf_counter() - started
 
@@ -253,7 +278,9 @@ class Ingester:
             return {}
         batch, future = self._in_flight
         self._in_flight = None
-        self.metrics.commit_seconds.observe(future.result())  # a failed commit raises StoreError here
+        self.metrics.commit_seconds.observe(
+            future.result()
+        )  # a failed commit raises StoreError here
         self.metrics.last_commit.set(self.clock())
         self.metrics.batch_rows.observe(batch.rows)
         for name, parts in batch.tables.items():
@@ -287,9 +314,13 @@ class Ingester:
             self._deadletter_producer = self.bus.producer(linger_ms=0)
         for letter in letters:
             headers = [(k, v or b"") for k, v in letter.headers]
-            headers += [("llmslo-deadletter-reason", letter.reason.encode()),
-                        ("llmslo-source", f"{letter.topic}/{letter.partition}/{letter.offset}".encode())]
-            self._deadletter_producer.send_raw(DEADLETTER_TOPIC, letter.payload or b"", key=letter.key, headers=headers)
+            headers += [
+                ("llmslo-deadletter-reason", letter.reason.encode()),
+                ("llmslo-source", f"{letter.topic}/{letter.partition}/{letter.offset}".encode()),
+            ]
+            self._deadletter_producer.send_raw(
+                DEADLETTER_TOPIC, letter.payload or b"", key=letter.key, headers=headers
+            )
 
     def _commit_to_kafka(self, offsets: dict[tuple[str, int], int]) -> None:
         consumer = self._consumer
@@ -303,9 +334,13 @@ class Ingester:
         for tp, meta in owned.items():
             highwater = consumer.highwater(tp)
             if highwater is not None:
-                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - meta.offset))
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(
+                    max(0, highwater - meta.offset)
+                )
 
-    def seek_to_stored(self, assigned: set[TopicPartition], committed: dict[TopicPartition, int]) -> None:
+    def seek_to_stored(
+        self, assigned: set[TopicPartition], committed: dict[TopicPartition, int]
+    ) -> None:
         """Position each newly assigned partition at the later of DuckDB's and Kafka's offset.
 
         DuckDB's offset is ours and exact; Kafka's is newer when another group member owned
@@ -318,9 +353,18 @@ class Ingester:
             return
         stored = self.store.read_offsets(self.config.group_id)
         for tp in assigned:
-            candidates = [o for o in (stored.get((tp.topic, tp.partition)), committed.get(tp)) if o is not None and o >= 0]
+            candidates = [
+                o
+                for o in (stored.get((tp.topic, tp.partition)), committed.get(tp))
+                if o is not None and o >= 0
+            ]
             if candidates:
                 consumer.seek(tp, max(candidates))
             else:
                 consumer.seek_to_beginning(tp)
-            log.info("partition %s[%d] starts at offset %s", tp.topic, tp.partition, max(candidates, default=0))
+            log.info(
+                "partition %s[%d] starts at offset %s",
+                tp.topic,
+                tp.partition,
+                max(candidates, default=0),
+            )

@@ -103,20 +103,51 @@ ENGINE_SAMPLES = RecordSchema(
     arrow=pa.schema(
         [
             _field("ts_ms", pa.int64(), "scrape time, Unix epoch ms", nullable=False),
-            _field("instance", _DICT_STR, "scrape target / pod, e.g. 10.0.0.7:8000", nullable=False),
+            _field(
+                "instance", _DICT_STR, "scrape target / pod, e.g. 10.0.0.7:8000", nullable=False
+            ),
             _field("pool", _DICT_STR, "serving pool the instance belongs to (often the model)"),
             _field("dialect", _DICT_STR, "vllm, vllm-legacy, sglang, trtllm, llamacpp, tap"),
             _field("model", _DICT_STR, "served model name (model_name label)"),
             _field("engine", _DICT_STR, "engine core / DP rank within the instance, '' if none"),
             _field("metric", _DICT_STR, "metric name exactly as exposed", nullable=False),
-            _field("signal", _DICT_STR, "canonical signal (running, kv_usage, ttft, …), null if unknown"),
-            _field("kind", _DICT_STR, "gauge, counter, bucket, sum, count, info, untyped", nullable=False),
-            _field("le", pa.float64(), "histogram bucket upper bound, numeric (+inf allowed); null otherwise"),
+            _field(
+                "signal",
+                _DICT_STR,
+                "canonical signal (running, kv_usage, ttft, …), null if unknown",
+            ),
+            _field(
+                "kind",
+                _DICT_STR,
+                "gauge, counter, bucket, sum, count, info, untyped",
+                nullable=False,
+            ),
+            _field(
+                "le",
+                pa.float64(),
+                "histogram bucket upper bound, numeric (+inf allowed); null otherwise",
+            ),
             _field("labels_json", _DICT_STR, "remaining labels as a sorted-key JSON object"),
-            _field("value", pa.float64(), "sample value (counters cumulative as exposed)", nullable=False),
+            _field(
+                "value",
+                pa.float64(),
+                "sample value (counters cumulative as exposed)",
+                nullable=False,
+            ),
         ]
     ),
-    series_columns=("instance", "pool", "dialect", "model", "engine", "metric", "signal", "kind", "le", "labels_json"),
+    series_columns=(
+        "instance",
+        "pool",
+        "dialect",
+        "model",
+        "engine",
+        "metric",
+        "signal",
+        "kind",
+        "le",
+        "labels_json",
+    ),
 )
 
 GPU_SAMPLES = RecordSchema(
@@ -140,14 +171,45 @@ GPU_SAMPLES = RecordSchema(
             _field("pod", _DICT_STR, "pod the GPU is allocated to, null when unallocated"),
             _field("namespace", _DICT_STR, "namespace of that pod"),
             _field("container", _DICT_STR, "container of that pod"),
-            _field("metric", _DICT_STR, "DCGM field name as exposed, e.g. DCGM_FI_DEV_GPU_UTIL", nullable=False),
-            _field("signal", _DICT_STR, "canonical signal (gpu_util, engine_active, fb_used_mib, xid, …)"),
-            _field("labels_json", _DICT_STR, "remaining labels (err_code, err_msg, …) as sorted-key JSON"),
-            _field("value", pa.float64(), "sample value; DCGM blank sentinels are dropped, never stored", nullable=False),
+            _field(
+                "metric",
+                _DICT_STR,
+                "DCGM field name as exposed, e.g. DCGM_FI_DEV_GPU_UTIL",
+                nullable=False,
+            ),
+            _field(
+                "signal",
+                _DICT_STR,
+                "canonical signal (gpu_util, engine_active, fb_used_mib, xid, …)",
+            ),
+            _field(
+                "labels_json",
+                _DICT_STR,
+                "remaining labels (err_code, err_msg, …) as sorted-key JSON",
+            ),
+            _field(
+                "value",
+                pa.float64(),
+                "sample value; DCGM blank sentinels are dropped, never stored",
+                nullable=False,
+            ),
         ]
     ),
-    series_columns=("instance", "hostname", "gpu", "uuid", "device", "gpu_model", "gpu_instance_id", "pod",
-                    "namespace", "container", "metric", "signal", "labels_json"),
+    series_columns=(
+        "instance",
+        "hostname",
+        "gpu",
+        "uuid",
+        "device",
+        "gpu_model",
+        "gpu_instance_id",
+        "pod",
+        "namespace",
+        "container",
+        "metric",
+        "signal",
+        "labels_json",
+    ),
 )
 
 REQUEST_RECORDS = RecordSchema(
@@ -161,25 +223,61 @@ REQUEST_RECORDS = RecordSchema(
     retention="raw horizon (default 7 d); per-minute SLO rollups beyond",
     arrow=pa.schema(
         [
-            _field("request_id", pa.string(), "id of this attempt (x-request-id or generated)", nullable=False),
-            _field("original_request_id", pa.string(), "id of the first attempt; equals request_id when attempt = 1"),
-            _field("attempt", pa.int16(), "1 for the first attempt, 2… for retries before the first token", nullable=False),
+            _field(
+                "request_id",
+                pa.string(),
+                "id of this attempt (x-request-id or generated)",
+                nullable=False,
+            ),
+            _field(
+                "original_request_id",
+                pa.string(),
+                "id of the first attempt; equals request_id when attempt = 1",
+            ),
+            _field(
+                "attempt",
+                pa.int16(),
+                "1 for the first attempt, 2… for retries before the first token",
+                nullable=False,
+            ),
             _field("tap_id", _DICT_STR, "the tap process that measured it"),
-            _field("instance", _DICT_STR, "upstream engine instance that served the attempt", nullable=False),
+            _field(
+                "instance",
+                _DICT_STR,
+                "upstream engine instance that served the attempt",
+                nullable=False,
+            ),
             _field("pool", _DICT_STR, "serving pool (often the model)"),
             _field("model", _DICT_STR, "requested model"),
             _field("tenant", _DICT_STR, "tenant from the configured header, null if absent"),
             _field("route", _DICT_STR, "API route, e.g. /v1/chat/completions"),
             _field("streamed", pa.bool_(), "the client asked for an SSE stream"),
-            _field("received_ts_ms", pa.int64(), "t0: request received by the tap, Unix epoch ms", nullable=False),
+            _field(
+                "received_ts_ms",
+                pa.int64(),
+                "t0: request received by the tap, Unix epoch ms",
+                nullable=False,
+            ),
             _field("deadline_ts_ms", pa.int64(), "client deadline, Unix epoch ms; null if none"),
             _field("http_status", pa.int16(), "status sent to the client; null if none was sent"),
             _field("outcome", _DICT_STR, "one of: " + ", ".join(OUTCOMES), nullable=False),
             _field("error_kind", _DICT_STR, "short machine reason for a bad outcome, null when ok"),
-            _field("finish_reason", _DICT_STR, "finish_reason of the last choice (stop, length, abort, error…)"),
+            _field(
+                "finish_reason",
+                _DICT_STR,
+                "finish_reason of the last choice (stop, length, abort, error…)",
+            ),
             _field("ttfb_s", pa.float64(), "first chunk of any kind (role-only included) minus t0"),
-            _field("ttft_s", pa.float64(), "first chunk with content, reasoning or tool-call delta minus t0"),
-            _field("tpot_s", pa.float64(), "(t_last_token − t_first_token)/(N − 1), N = completion_tokens; null if N ≤ 1"),
+            _field(
+                "ttft_s",
+                pa.float64(),
+                "first chunk with content, reasoning or tool-call delta minus t0",
+            ),
+            _field(
+                "tpot_s",
+                pa.float64(),
+                "(t_last_token − t_first_token)/(N − 1), N = completion_tokens; null if N ≤ 1",
+            ),
             _field("e2e_s", pa.float64(), "last byte to the client minus t0"),
             _field("prompt_tokens", pa.int32(), "usage.prompt_tokens"),
             _field("completion_tokens", pa.int32(), "usage.completion_tokens"),
@@ -187,12 +285,32 @@ REQUEST_RECORDS = RecordSchema(
             _field("itl_mean_s", pa.float64(), "mean gap between consecutive token-bearing chunks"),
             _field("itl_p99_s", pa.float64(), "99th percentile of those gaps"),
             _field("itl_max_s", pa.float64(), "largest of those gaps"),
-            _field("itl_gaps_s", pa.list_(pa.float32()), "every gap between token-bearing chunks, in order"),
-            _field("chunk_tokens", pa.list_(pa.int16()), "tokens carried by each token-bearing chunk (spec decode > 1)"),
-            _field("client_disconnected", pa.bool_(), "the client went away before the response ended"),
-            _field("disconnect_ts_ms", pa.int64(), "when the client disconnect was seen, Unix epoch ms"),
-            _field("upstream_closed_ts_ms", pa.int64(), "when the tap closed the upstream connection, Unix epoch ms"),
-            _field("tokens_after_disconnect", pa.int32(), "drain mode: tokens the engine generated after the disconnect"),
+            _field(
+                "itl_gaps_s",
+                pa.list_(pa.float32()),
+                "every gap between token-bearing chunks, in order",
+            ),
+            _field(
+                "chunk_tokens",
+                pa.list_(pa.int16()),
+                "tokens carried by each token-bearing chunk (spec decode > 1)",
+            ),
+            _field(
+                "client_disconnected", pa.bool_(), "the client went away before the response ended"
+            ),
+            _field(
+                "disconnect_ts_ms", pa.int64(), "when the client disconnect was seen, Unix epoch ms"
+            ),
+            _field(
+                "upstream_closed_ts_ms",
+                pa.int64(),
+                "when the tap closed the upstream connection, Unix epoch ms",
+            ),
+            _field(
+                "tokens_after_disconnect",
+                pa.int32(),
+                "drain mode: tokens the engine generated after the disconnect",
+            ),
         ]
     ),
 )
@@ -207,13 +325,17 @@ FLAG_TRANSITIONS = RecordSchema(
     retention="forever (small)",
     arrow=pa.schema(
         [
-            _field("ts_ms", pa.int64(), "event time of the transition, Unix epoch ms", nullable=False),
+            _field(
+                "ts_ms", pa.int64(), "event time of the transition, Unix epoch ms", nullable=False
+            ),
             _field("scope", _DICT_STR, "pool or instance", nullable=False),
             _field("scope_id", _DICT_STR, "the pool name or the instance address", nullable=False),
             _field("pool", _DICT_STR, "pool of the scope"),
             _field("from_level", pa.int8(), "level before, 0–3", nullable=False),
             _field("to_level", pa.int8(), "level after, 0–3", nullable=False),
-            _field("kv_free_ratio", pa.float64(), "KV free ratio (1 − usage) that drove the change"),
+            _field(
+                "kv_free_ratio", pa.float64(), "KV free ratio (1 − usage) that drove the change"
+            ),
             _field("reason", _DICT_STR, "why, e.g. kv_free_below_l2, dwell_elapsed, oom_risk"),
             _field("evidence_json", pa.string(), "supporting samples and thresholds as JSON"),
         ]
@@ -236,7 +358,11 @@ ALERTS = RecordSchema(
             _field("state", _DICT_STR, "firing or resolved", nullable=False),
             _field("severity", _DICT_STR, "page, ticket or info"),
             _field("labels_json", pa.string(), "all labels as sorted-key JSON"),
-            _field("annotations_json", pa.string(), "annotations (summary, description, runbook) as JSON"),
+            _field(
+                "annotations_json",
+                pa.string(),
+                "annotations (summary, description, runbook) as JSON",
+            ),
             _field("starts_ts_ms", pa.int64(), "startsAt, Unix epoch ms"),
             _field("ends_ts_ms", pa.int64(), "endsAt, Unix epoch ms; null while firing"),
             _field("generator_url", pa.string(), "link back to the dashboard view"),
@@ -264,7 +390,9 @@ def lookup_schema(header_value: bytes | str | None) -> RecordSchema:
     """
     if header_value is None:
         raise UnknownSchemaError("unknown_schema", "message has no llmslo-schema header")
-    text = header_value.decode("utf-8", "replace") if isinstance(header_value, bytes) else header_value
+    text = (
+        header_value.decode("utf-8", "replace") if isinstance(header_value, bytes) else header_value
+    )
     name, sep, version = text.rpartition(".v")
     if not sep or not version.isdigit():
         raise UnknownSchemaError("unknown_schema", f"malformed schema header {text[:80]!r}")

@@ -63,14 +63,20 @@ def _column_hashes(column: pa.ChunkedArray, hashes: _ValueHashes) -> np.ndarray:
         return per_value[indices.to_numpy(zero_copy_only=False)]
     if pa.types.is_floating(array.type) or pa.types.is_integer(array.type):
         # Numbers hash by their float64 bits: 2 and 2.0 are one bound, as Prometheus means.
-        bits = np.ascontiguousarray(array.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)).view(np.uint64)
+        bits = np.ascontiguousarray(
+            array.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        ).view(np.uint64)
         return np.where(array.is_null().to_numpy(zero_copy_only=False), _NULL_HASH, bits * _MIX)
     # Anything else (rare): by value.
     encoded = pc.dictionary_encode(array)
-    return hashes.of(encoded.dictionary.to_pylist())[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)]
+    return hashes.of(encoded.dictionary.to_pylist())[
+        encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    ]
 
 
-def series_ids(table: pa.Table, columns: tuple[str, ...], hashes: _ValueHashes | None = None) -> np.ndarray:
+def series_ids(
+    table: pa.Table, columns: tuple[str, ...], hashes: _ValueHashes | None = None
+) -> np.ndarray:
     """The series id (int64 ≥ 0) of every row, from its values in ``columns``."""
     hashes = hashes or _ValueHashes()
     combined = np.zeros(table.num_rows, np.uint64)

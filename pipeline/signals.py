@@ -41,8 +41,16 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
     ("kv_total_blocks", "gauge", "KV blocks in the pool (num_gpu_blocks)"),
     ("preemptions", "counter", "preemptions / retractions, cumulative"),
     ("prompt_tokens", "counter", "prompt tokens processed, cumulative"),
-    ("generation_tokens", "counter", "tokens generated, cumulative (stall: flat while running > 0)"),
-    ("requests_finished", "counter", "finished requests; label finished_reason (stop, length, abort, error)"),
+    (
+        "generation_tokens",
+        "counter",
+        "tokens generated, cumulative (stall: flat while running > 0)",
+    ),
+    (
+        "requests_finished",
+        "counter",
+        "finished requests; label finished_reason (stop, length, abort, error)",
+    ),
     ("requests_aborted", "counter", "requests aborted by the engine (client gone), cumulative"),
     ("corrupted_requests", "counter", "requests with NaN / corrupted output, cumulative"),
     ("admission_rejections", "counter", "requests rejected by engine queue limits, cumulative"),
@@ -54,11 +62,23 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
     ("ready", "gauge", "1 when the engine reports ready / healthy, else 0"),
     ("process_start_time", "gauge", "Unix seconds the engine process started (restart marker)"),
     ("tap_in_flight", "gauge", "tap: streams open to this upstream instance right now"),
-    ("tap_disconnects", "counter", "tap: client disconnects on streams to this instance, cumulative"),
-    ("counter_reset", "gauge", "collector: series of this instance whose cumulative counters reset in this "
-     "scrape (label reason: value_drop, created, process_start)"),
-    ("gauges_unchanged_s", "gauge", "collector: seconds the engine's scheduler gauges have been bit-identical "
-     "(SGLang freezes them when its scheduler hangs)"),
+    (
+        "tap_disconnects",
+        "counter",
+        "tap: client disconnects on streams to this instance, cumulative",
+    ),
+    (
+        "counter_reset",
+        "gauge",
+        "collector: series of this instance whose cumulative counters reset in this "
+        "scrape (label reason: value_drop, created, process_start)",
+    ),
+    (
+        "gauges_unchanged_s",
+        "gauge",
+        "collector: seconds the engine's scheduler gauges have been bit-identical "
+        "(SGLang freezes them when its scheduler hangs)",
+    ),
 )
 
 #: Signals found on the ``gpu`` topic (dcgm-exporter).

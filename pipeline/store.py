@@ -110,8 +110,15 @@ class DeadLetter:
         payload = self.payload or b""
         headers = {k: (v or b"").decode("latin-1") for k, v in self.headers}
         return (
-            self.received_ts_ms, self.topic, self.partition, self.offset, self.key, self.reason,
-            self.error, json.dumps(headers, sort_keys=True), len(payload),
+            self.received_ts_ms,
+            self.topic,
+            self.partition,
+            self.offset,
+            self.key,
+            self.reason,
+            self.error,
+            json.dumps(headers, sort_keys=True),
+            len(payload),
             payload[:DEADLETTER_PAYLOAD_LIMIT],
         )
 
@@ -131,10 +138,18 @@ def _table_ddl(name: str, columns: Iterable[tuple[str, str, str]], key: str = ""
 def _normalised_ddl(schema: RecordSchema) -> list[str]:
     """``<table>_series`` + ``<table>_values`` and the view ``<table>`` that joins them."""
     columns = {name: (name, type_, doc) for name, type_, doc in _schema_columns(schema)}
-    series = [("series_id", "BIGINT NOT NULL", "hash of the identifying columns (same in every file)")]
+    series = [
+        ("series_id", "BIGINT NOT NULL", "hash of the identifying columns (same in every file)")
+    ]
     series += [columns[name] for name in schema.series_columns]
-    values = [columns["ts_ms"], ("series_id", "BIGINT NOT NULL", f"the series, see {schema.table}_series"), columns["value"]]
-    select = ", ".join(f"v.{n}" if n in ("ts_ms", "value") else f"s.{n}" for n in schema.arrow.names)
+    values = [
+        columns["ts_ms"],
+        ("series_id", "BIGINT NOT NULL", f"the series, see {schema.table}_series"),
+        columns["value"],
+    ]
+    select = ", ".join(
+        f"v.{n}" if n in ("ts_ms", "value") else f"s.{n}" for n in schema.arrow.names
+    )
     return [
         *_table_ddl(f"{schema.table}_series", series),
         f"COMMENT ON TABLE {schema.table}_series IS {_quote('each distinct series of ' + schema.table + ' once')}",
@@ -143,7 +158,10 @@ def _normalised_ddl(schema: RecordSchema) -> list[str]:
         f"CREATE OR REPLACE VIEW {schema.table} AS SELECT {select} FROM {schema.table}_values v "
         f"JOIN {schema.table}_series s USING (series_id)",
         f"COMMENT ON VIEW {schema.table} IS {_quote(schema.doc)}",
-        *(f"COMMENT ON COLUMN {schema.table}.{name} IS {_quote(doc)}" for name, _, doc in columns.values()),
+        *(
+            f"COMMENT ON COLUMN {schema.table}.{name} IS {_quote(doc)}"
+            for name, _, doc in columns.values()
+        ),
     ]
 
 
@@ -156,7 +174,11 @@ def _unique_series(series: pa.Table) -> pa.Table:
 
 def _schema_columns(schema: RecordSchema) -> list[tuple[str, str, str]]:
     return [
-        (f.name, duckdb_type(f.type) + ("" if f.nullable else " NOT NULL"), f.metadata[b"doc"].decode())
+        (
+            f.name,
+            duckdb_type(f.type) + ("" if f.nullable else " NOT NULL"),
+            f.metadata[b"doc"].decode(),
+        )
         for f in schema.arrow
     ]
 
@@ -168,11 +190,15 @@ class Store:
     ``memory_limit`` (DuckDB syntax, e.g. ``"256MB"``) bounds DuckDB's buffer pool.
     """
 
-    def __init__(self, path: str | Path, *, read_only: bool = False, memory_limit: str | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, read_only: bool = False, memory_limit: str | None = None
+    ) -> None:
         self.path = Path(path)
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        settings = {"memory_limit": memory_limit} if memory_limit else {}
+        settings: dict[str, str | bool | int | float | list[str]] = {}
+        if memory_limit:
+            settings["memory_limit"] = memory_limit
         try:
             self.con = duckdb.connect(str(self.path), read_only=read_only, config=settings)
         except duckdb.Error as exc:
@@ -183,7 +209,9 @@ class Store:
             self.migrate()
             for schema in iter_schemas():
                 if schema.series_columns:
-                    known = self.con.execute(f"SELECT series_id FROM {schema.table}_series").fetchnumpy()["series_id"]
+                    known = self.con.execute(
+                        f"SELECT series_id FROM {schema.table}_series"
+                    ).fetchnumpy()["series_id"]
                     self._series[schema.table] = SeriesIndex(schema, known)
 
     def migrate(self) -> None:
@@ -213,7 +241,10 @@ class Store:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -221,7 +252,8 @@ class Store:
         """The stored next offset of every (topic, partition) of ``group_id``."""
         with self._lock:
             rows = self.con.execute(
-                "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?", [group_id]
+                "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?",
+                [group_id],
             ).fetchall()
         return {(topic, partition): offset for topic, partition, offset in rows}
 
@@ -258,15 +290,23 @@ class Store:
                 splits = [index.split(part) for part in parts]
                 series = _unique_series(pa.concat_tables([split.new_series for split in splits]))
                 self._append(f"{table_name}_series", series)
-                self._append(f"{table_name}_values", pa.concat_tables([split.values for split in splits]))
+                self._append(
+                    f"{table_name}_values", pa.concat_tables([split.values for split in splits])
+                )
                 new_series[table_name] = series
             if deadletters:
                 placeholders = ", ".join("?" * len(DEADLETTER_COLUMNS))
-                con.executemany(f"INSERT INTO deadletter VALUES ({placeholders})", [d.as_row() for d in deadletters])
+                con.executemany(
+                    f"INSERT INTO deadletter VALUES ({placeholders})",
+                    [d.as_row() for d in deadletters],
+                )
             if offsets:
                 con.executemany(
                     "INSERT OR REPLACE INTO ingest_offsets VALUES (?, ?, ?, ?, ?)",
-                    [[group_id, topic, partition, offset, now_ts_ms] for (topic, partition), offset in offsets.items()],
+                    [
+                        [group_id, topic, partition, offset, now_ts_ms]
+                        for (topic, partition), offset in offsets.items()
+                    ],
                 )
             con.execute("COMMIT")
         except duckdb.Error as exc:
@@ -283,10 +323,16 @@ class Store:
 
     def prune(self, before_ts_ms: int) -> dict[str, int]:
         """Delete raw rows older than ``before_ts_ms``; returns rows deleted per table."""
-        time_columns = {"engine_samples_values": "ts_ms", "gpu_samples_values": "ts_ms", "requests": "received_ts_ms"}
+        time_columns = {
+            "engine_samples_values": "ts_ms",
+            "gpu_samples_values": "ts_ms",
+            "requests": "received_ts_ms",
+        }
         deleted = {}
         for table_name, column in time_columns.items():
-            result = self.con.execute(f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]).fetchone()
+            result = self.con.execute(
+                f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]
+            ).fetchone()
             deleted[table_name] = int(result[0]) if result else 0
         return deleted
 

@@ -18,21 +18,41 @@ from pipeline.schema import ENGINE_SAMPLES
 
 __all__ = ["SyntheticScrapes"]
 
-_TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, float("inf"))
-_SERIES: list[tuple[str, str, str, float | None]] = (
-    [
-        ("vllm:num_requests_running", "running", "gauge", None),
-        ("vllm:num_requests_waiting", "waiting", "gauge", None),
-        ("vllm:kv_cache_usage_perc", "kv_usage", "gauge", None),
-        ("vllm:num_preemptions_total", "preemptions", "counter", None),
-        ("vllm:prompt_tokens_total", "prompt_tokens", "counter", None),
-        ("vllm:generation_tokens_total", "generation_tokens", "counter", None),
-        ("vllm:time_to_first_token_seconds_sum", "ttft", "sum", None),
-        ("vllm:time_to_first_token_seconds_count", "ttft", "count", None),
-    ]
-    + [("vllm:time_to_first_token_seconds_bucket", "ttft", "bucket", le) for le in _TTFT_BOUNDS]
+_TTFT_BOUNDS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+    float("inf"),
 )
+_SERIES: list[tuple[str, str, str, float | None]] = [
+    ("vllm:num_requests_running", "running", "gauge", None),
+    ("vllm:num_requests_waiting", "waiting", "gauge", None),
+    ("vllm:kv_cache_usage_perc", "kv_usage", "gauge", None),
+    ("vllm:num_preemptions_total", "preemptions", "counter", None),
+    ("vllm:prompt_tokens_total", "prompt_tokens", "counter", None),
+    ("vllm:generation_tokens_total", "generation_tokens", "counter", None),
+    ("vllm:time_to_first_token_seconds_sum", "ttft", "sum", None),
+    ("vllm:time_to_first_token_seconds_count", "ttft", "count", None),
+] + [("vllm:time_to_first_token_seconds_bucket", "ttft", "bucket", le) for le in _TTFT_BOUNDS]
 
 
 @dataclass

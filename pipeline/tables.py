@@ -13,11 +13,15 @@ from pipeline.store import DEADLETTER_COLUMNS, OFFSET_COLUMNS, duckdb_type
 __all__ = ["render_tables_doc"]
 
 
-def _section(title: str, doc: str, facts: list[str], columns: list[tuple[str, str, str]]) -> list[str]:
+def _section(
+    title: str, doc: str, facts: list[str], columns: list[tuple[str, str, str]]
+) -> list[str]:
     lines = [f"## `{title}`", "", doc, ""]
     lines += [f"- {fact}" for fact in facts]
     lines += ["", "| column | type | meaning (units) |", "|---|---|---|"]
-    lines += [f"| `{name.strip(chr(34))}` | {type_} | {meaning} |" for name, type_, meaning in columns]
+    lines += [
+        f"| `{name.strip(chr(34))}` | {type_} | {meaning} |" for name, type_, meaning in columns
+    ]
     return [*lines, ""]
 
 
@@ -32,7 +36,11 @@ def render_tables_doc() -> str:
     ]
     for schema in iter_schemas():
         columns = [
-            (f.name, duckdb_type(f.type) + ("" if f.nullable else " NOT NULL"), f.metadata[b"doc"].decode())
+            (
+                f.name,
+                duckdb_type(f.type) + ("" if f.nullable else " NOT NULL"),
+                f.metadata[b"doc"].decode(),
+            )
             for f in schema.arrow
         ]
         facts = [
@@ -48,13 +56,18 @@ def render_tables_doc() -> str:
             )
         lines += _section(schema.table, schema.doc, facts, columns)
     lines += _section(
-        "deadletter", "Input the ingester could not decode; the consumer kept going.",
-        ["also re-published whole to topic `<prefix>deadletter` with header `llmslo-deadletter-reason`",
-         "key: (`topic`, `partition`, `offset`)", "retention: forever (inspect, fix the producer, replay)"],
+        "deadletter",
+        "Input the ingester could not decode; the consumer kept going.",
+        [
+            "also re-published whole to topic `<prefix>deadletter` with header `llmslo-deadletter-reason`",
+            "key: (`topic`, `partition`, `offset`)",
+            "retention: forever (inspect, fix the producer, replay)",
+        ],
         list(DEADLETTER_COLUMNS),
     )
     lines += _section(
-        "ingest_offsets", "Next Kafka offset per consumer group and partition, written in the same "
+        "ingest_offsets",
+        "Next Kafka offset per consumer group and partition, written in the same "
         "transaction as the rows (exactly-once effect).",
         ["key: (`group_id`, `topic`, `partition`)", "retention: forever (one row per partition)"],
         list(OFFSET_COLUMNS),

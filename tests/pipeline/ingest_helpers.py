@@ -31,7 +31,9 @@ def numbered_samples(first: int, count: int, instance: str) -> pa.Table:
     )
 
 
-def produce_numbered(bus: Bus, total: int, per_message: int, instances: int = 8, first: int = 0) -> None:
+def produce_numbered(
+    bus: Bus, total: int, per_message: int, instances: int = 8, first: int = 0
+) -> None:
     """Produce samples numbered ``first`` … ``first + total - 1``, ``per_message`` per message."""
     producer = bus.producer()
     for start in range(first, first + total, per_message):
@@ -46,7 +48,11 @@ def write_config(path: Path, bus: Bus, **ingest: object) -> Path:
     # Each test gets its own consumer group: members of another test's group (even dead
     # ones, until their session times out) would otherwise join its rebalances.
     config = {
-        "bus": {"bootstrap_servers": bus.bootstrap_servers, "topic_prefix": bus.prefix, "partitions": bus.config.partitions},
+        "bus": {
+            "bootstrap_servers": bus.bootstrap_servers,
+            "topic_prefix": bus.prefix,
+            "partitions": bus.config.partitions,
+        },
         "ingest": {"group_id": f"group-{uuid.uuid4().hex[:8]}", **ingest},
     }
     path.write_text(yaml.safe_dump(config))
@@ -61,7 +67,18 @@ def start_ingest(config: Path, db: Path, log: Path, *extra: str) -> subprocess.P
     """``llmslo -v ingest`` as a child process, its INFO log written to ``log``."""
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "-v", "ingest", "-c", str(config), "--db", str(db), *extra],
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "-v",
+                "ingest",
+                "-c",
+                str(config),
+                "--db",
+                str(db),
+                *extra,
+            ],
             stdout=subprocess.PIPE,
             stderr=sink,
         )
@@ -69,7 +86,9 @@ def start_ingest(config: Path, db: Path, log: Path, *extra: str) -> subprocess.P
     return process
 
 
-def wait_for_log(process: subprocess.Popen[bytes], log: Path, needle: str, timeout_s: float = 120.0) -> None:
+def wait_for_log(
+    process: subprocess.Popen[bytes], log: Path, needle: str, timeout_s: float = 120.0
+) -> None:
     """Wait until the child's log holds ``needle``; fail if it exits or times out first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pipeline.schema import RecordSchema
 
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
 
 
 def value_strategy(type_: pa.DataType) -> st.SearchStrategy[Any]:

@@ -24,14 +24,18 @@ def test_top_level_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.parametrize("command", _subcommands())
-def test_every_subcommand_has_help_with_examples(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_subcommand_has_help_with_examples(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         main([command, "--help"])
     assert exited.value.code == 0
     assert "examples:" in capsys.readouterr().out
 
 
-def test_demo_runs_the_pipeline_and_shows_stored_samples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_runs_the_pipeline_and_shows_stored_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "demo.duckdb"
     assert main(["demo", "--seconds", "2", "--instances", "3", "--db", str(db)]) == 0
     out = capsys.readouterr().out
@@ -39,7 +43,11 @@ def test_demo_runs_the_pipeline_and_shows_stored_samples(tmp_path: Path, capsys:
     assert db.exists()
 
 
-def test_an_unreachable_broker_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code = main(["ingest", "--bootstrap-servers", "127.0.0.1:1", "--db", str(tmp_path / "x.duckdb")])
+def test_an_unreachable_broker_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(
+        ["ingest", "--bootstrap-servers", "127.0.0.1:1", "--db", str(tmp_path / "x.duckdb")]
+    )
     assert code == 2
     assert "127.0.0.1:1" in capsys.readouterr().err

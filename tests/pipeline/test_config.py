@@ -25,13 +25,23 @@ def test_the_example_config_is_valid_and_matches_the_defaults() -> None:
     ("raw", "expected"),
     [
         ({"bus": {"partitions": 0}}, "bus.partitions: Input should be greater than or equal to 1"),
-        ({"ingest": {"batch_max_rows": -5}}, "ingest.batch_max_rows: Input should be greater than 0"),
+        (
+            {"ingest": {"batch_max_rows": -5}},
+            "ingest.batch_max_rows: Input should be greater than 0",
+        ),
         ({"bus": {"topic_prefix": "a b"}}, "bus.topic_prefix: String should match pattern"),
         ({"bus": {"security_protocol": "TLS"}}, "bus.security_protocol: Input should be"),
         ({"store": {"pathh": "x"}}, "store.pathh: Extra inputs are not permitted"),
         ({"nonsense": {}}, "nonsense: unknown section"),
     ],
-    ids=["zero partitions", "negative batch", "prefix with a space", "unknown protocol", "typo in a key", "unknown section"],
+    ids=[
+        "zero partitions",
+        "negative batch",
+        "prefix with a space",
+        "unknown protocol",
+        "typo in a key",
+        "unknown section",
+    ],
 )
 def test_errors_name_the_field_path(raw: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -50,16 +60,21 @@ def test_registered_sections_are_validated_by_their_owner() -> None:
         size: int = Field(1, gt=0)
 
     register_section("widget_for_test", Widget)
-    assert parse_config({"widget_for_test": {"size": 3}}).section("widget_for_test", Widget).size == 3
+    assert (
+        parse_config({"widget_for_test": {"size": 3}}).section("widget_for_test", Widget).size == 3
+    )
     with pytest.raises(ConfigError, match=r"widget_for_test\.size"):
         parse_config({"widget_for_test": {"size": 0}})
 
 
 @pytest.mark.parametrize(
-    "text", ["bus: [unclosed", "- a list\n- at the top", "bus:\n  partitions: many"],
+    "text",
+    ["bus: [unclosed", "- a list\n- at the top", "bus:\n  partitions: many"],
     ids=["broken YAML", "a list at the top level", "a word where a number belongs"],
 )
-def test_config_validate_command_reports_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
+def test_config_validate_command_reports_bad_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     assert main(["config", "validate", str(path)]) == 2

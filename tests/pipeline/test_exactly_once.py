@@ -36,10 +36,14 @@ def _produce_slowly(bus: Bus, total: int, per_message: int, seconds: float) -> t
 
 def _stored_values(*dbs: Path) -> tuple[int, int, float, float]:
     con = duckdb.connect()
-    union = " UNION ALL ".join(f"SELECT value FROM read_db_{i}.engine_samples" for i in range(len(dbs)))
+    union = " UNION ALL ".join(
+        f"SELECT value FROM read_db_{i}.engine_samples" for i in range(len(dbs))
+    )
     for i, db in enumerate(dbs):
         con.execute(f"ATTACH '{db}' AS read_db_{i} (READ_ONLY)")
-    row = con.execute(f"SELECT count(*), count(DISTINCT value), min(value), max(value) FROM ({union})").fetchone()
+    row = con.execute(
+        f"SELECT count(*), count(DISTINCT value), min(value), max(value) FROM ({union})"
+    ).fetchone()
     assert row is not None
     return row
 

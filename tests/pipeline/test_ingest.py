@@ -17,7 +17,13 @@ from pipeline.config import IngestConfig
 from pipeline.ingest import Ingester
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS
 from pipeline.store import Store
-from tests.pipeline.ingest_helpers import numbered_samples, produce_numbered, start_ingest, wait_for_log, write_config
+from tests.pipeline.ingest_helpers import (
+    numbered_samples,
+    produce_numbered,
+    start_ingest,
+    wait_for_log,
+    write_config,
+)
 
 
 def _ingest_until_idle(bus: Bus, store: Store, idle_s: float = 2.0) -> Ingester:
@@ -36,7 +42,9 @@ def test_samples_land_in_duckdb_with_offsets_stored(bus: Bus, store: Store) -> N
     assert ingester.stats.deadletters == 0
 
 
-def test_poison_messages_are_dead_lettered_and_good_ones_around_them_kept(bus: Bus, store: Store) -> None:
+def test_poison_messages_are_dead_lettered_and_good_ones_around_them_kept(
+    bus: Bus, store: Store
+) -> None:
     producer = bus.producer()
     good = lambda first: encode_arrow(ENGINE_SAMPLES, numbered_samples(first, 10, "pod-0"))  # noqa: E731
     arrow = headers_for(ENGINE_SAMPLES)
@@ -54,15 +62,24 @@ def test_poison_messages_are_dead_lettered_and_good_ones_around_them_kept(bus: B
     producer.send_raw("engine", good(10), key=b"pod-0", headers=arrow)
     producer.flush()
 
-    ingester = Ingester(bus, store, IngestConfig(group_id=bus.prefix, batch_max_ms=100, max_message_bytes=2_000_000))
+    ingester = Ingester(
+        bus, store, IngestConfig(group_id=bus.prefix, batch_max_ms=100, max_message_bytes=2_000_000)
+    )
     ingester.run(max_idle_s=2.0)
 
-    values = [v for (v,) in store.con.execute("SELECT value FROM engine_samples ORDER BY value").fetchall()]
+    values = [
+        v
+        for (v,) in store.con.execute("SELECT value FROM engine_samples ORDER BY value").fetchall()
+    ]
     assert values == list(range(20))
-    letters = store.con.execute('SELECT reason, error, payload_bytes FROM deadletter ORDER BY "offset"').fetchall()
+    letters = store.con.execute(
+        'SELECT reason, error, payload_bytes FROM deadletter ORDER BY "offset"'
+    ).fetchall()
     assert [reason for reason, _, _ in letters] == [reason for _, _, reason in poison]
     assert all(error for _, error, _ in letters)
-    assert letters[3][2] == 3_000_000  # the oversized payload's length is kept even though its bytes are cut
+    assert (
+        letters[3][2] == 3_000_000
+    )  # the oversized payload's length is kept even though its bytes are cut
 
     consumer = bus.consumer(None)
     parts = [TopicPartition(bus.prefix + DEADLETTER_TOPIC, p) for p in range(bus.config.partitions)]
@@ -79,20 +96,35 @@ def test_poison_messages_are_dead_lettered_and_good_ones_around_them_kept(bus: B
 
 
 def test_third_party_json_records_are_ingested(bus: Bus, store: Store) -> None:
-    record = {"request_id": "r-1", "attempt": 1, "instance": "10.0.0.1:8000", "received_ts_ms": 1_700_000_000_000,
-              "outcome": "ok", "ttft_s": 0.08, "itl_gaps_s": [0.01, 0.02]}
+    record = {
+        "request_id": "r-1",
+        "attempt": 1,
+        "instance": "10.0.0.1:8000",
+        "received_ts_ms": 1_700_000_000_000,
+        "outcome": "ok",
+        "ttft_s": 0.08,
+        "itl_gaps_s": [0.01, 0.02],
+    }
     producer = bus.producer()
-    producer.send_raw("requests", json.dumps(record).encode(), key=b"10.0.0.1:8000",
-                      headers=headers_for(REQUEST_RECORDS, JSON_CONTENT_TYPE))
+    producer.send_raw(
+        "requests",
+        json.dumps(record).encode(),
+        key=b"10.0.0.1:8000",
+        headers=headers_for(REQUEST_RECORDS, JSON_CONTENT_TYPE),
+    )
     producer.flush()
     _ingest_until_idle(bus, store)
-    row = store.con.execute("SELECT request_id, outcome, ttft_s, itl_gaps_s FROM requests").fetchall()
+    row = store.con.execute(
+        "SELECT request_id, outcome, ttft_s, itl_gaps_s FROM requests"
+    ).fetchall()
     assert row == [("r-1", "ok", 0.08, [pytest.approx(0.01), pytest.approx(0.02)])]
 
 
 def test_stop_commits_the_batch_in_hand(bus: Bus, store: Store) -> None:
     produce_numbered(bus, total=2_000, per_message=100)
-    ingester = Ingester(bus, store, IngestConfig(group_id=bus.prefix, batch_max_rows=10**9, batch_max_ms=10**9))
+    ingester = Ingester(
+        bus, store, IngestConfig(group_id=bus.prefix, batch_max_rows=10**9, batch_max_ms=10**9)
+    )
     worker = threading.Thread(target=ingester.run)
     worker.start()
     # Batches never become due by size or age here: only stop() makes the rows durable.

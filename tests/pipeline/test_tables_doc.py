@@ -23,7 +23,12 @@ def test_every_duckdb_column_is_documented_with_a_comment(store: Store) -> None:
     for table, column, comment in rows:
         assert comment, f"{table}.{column} has no comment"
         assert f"`{table}`" in doc and f"`{column}`" in doc
-    views = {name for (name,) in store.con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    views = {
+        name
+        for (name,) in store.con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE NOT internal"
+        ).fetchall()
+    }
     assert views == {"engine_samples", "gpu_samples"}
     for view in views:
         assert f"## `{view}`" in doc
