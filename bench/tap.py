@@ -24,7 +24,6 @@ import random
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,15 +44,18 @@ def free_port() -> int:
 # ---------------------------------------------------------------- upstream process
 def _events(tokens: int) -> tuple[bytes, list[bytes], bytes]:
     head = '{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"m","choices":['
-    role = f'data: {head}{{"index":0,"delta":{{"role":"assistant","content":""}},"finish_reason":null}}]}}\n\n'
+    role_choice = '{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}'
+    role = f"data: {head}{role_choice}]}}\n\n"
     toks = [
         f'data: {head}{{"index":0,"delta":{{"content":"tok{i} "}},"finish_reason":'
-        f'{"null" if i < tokens - 1 else chr(34) + "length" + chr(34)}}}]}}\n\n'.encode()
+        f"{'null' if i < tokens - 1 else chr(34) + 'length' + chr(34)}}}]}}\n\n".encode()
         for i in range(tokens)
     ]
-    usage = (f'data: {{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"m",'
-             f'"choices":[],"usage":{{"prompt_tokens":5,"completion_tokens":{tokens},'
-             f'"total_tokens":{tokens + 5}}}}}\n\n').encode()
+    usage = (
+        f'data: {{"id":"chatcmpl-b","object":"chat.completion.chunk","created":1,"model":"m",'
+        f'"choices":[],"usage":{{"prompt_tokens":5,"completion_tokens":{tokens},'
+        f'"total_tokens":{tokens + 5}}}}}\n\n'
+    ).encode()
     return role.encode(), toks, usage
 
 
@@ -101,19 +103,40 @@ def serve_tap(port: int, upstream: str) -> None:
     from collectors.tap import TapConfig, TapProxy
 
     async def main() -> None:
-        config = TapConfig(listen=f"127.0.0.1:{port}", upstreams=[upstream], kafka=False,
-                           max_connections=4096, gauge_interval_s=60)
+        config = TapConfig(
+            listen=f"127.0.0.1:{port}",
+            upstreams=[upstream],
+            kafka=False,
+            max_connections=4096,
+            gauge_interval_s=60,
+        )
         proxy = TapProxy(config, CountingSink())
         await proxy.start()
         await asyncio.Event().wait()
 
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    profile_to = os.environ.get("LLMSLO_BENCH_PROFILE")  # write cProfile stats of the tap here
+    if profile_to:
+        import cProfile
+
+        profiler = cProfile.Profile()
+
+        def dump(*_: object) -> None:
+            profiler.disable()
+            profiler.dump_stats(profile_to)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, dump)
+        profiler.enable()
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     asyncio.run(main())
 
 
 # ---------------------------------------------------------------- nginx
 def start_nginx(upstream_port: int, port: int, workdir: Path) -> subprocess.Popen[bytes] | None:
-    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    binary = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
     if binary is None:
         return None
     workdir.chmod(0o755)
@@ -144,17 +167,29 @@ http {{
   }}
 }}
 """)
-    return subprocess.Popen([binary, "-p", str(workdir), "-e", str(workdir / "error.log"), "-c", str(conf)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [binary, "-p", str(workdir), "-e", str(workdir / "error.log"), "-c", str(conf)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 # ---------------------------------------------------------------- load generator process
-def run_load(url: str, streams: int, duration_s: float, tokens: int, gap_ms: float, out: Any) -> None:
+def run_load(
+    url: str, streams: int, duration_s: float, tokens: int, gap_ms: float, out: Any
+) -> None:
     import aiohttp
 
     async def main() -> dict[str, Any]:
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-                           "max_tokens": tokens, "bench_gap_ms": gap_ms}).encode()
+        body = json.dumps(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+                "max_tokens": tokens,
+                "bench_gap_ms": gap_ms,
+            }
+        ).encode()
         ttfts: list[float] = []
         chunks = 0
         errors = 0
@@ -170,8 +205,11 @@ def run_load(url: str, streams: int, duration_s: float, tokens: int, gap_ms: flo
                 t0 = time.perf_counter()
                 first = None
                 try:
-                    async with session.post(url + "/v1/chat/completions", data=body,
-                                            headers={"Content-Type": "application/json"}) as resp:
+                    async with session.post(
+                        url + "/v1/chat/completions",
+                        data=body,
+                        headers={"Content-Type": "application/json"},
+                    ) as resp:
                         async for line in resp.content:
                             if line.startswith(b"data: ") and b'"content":"tok' in line:
                                 if first is None:
@@ -192,8 +230,15 @@ def run_load(url: str, streams: int, duration_s: float, tokens: int, gap_ms: flo
     out.put(asyncio.run(main()))
 
 
-def load(ctx: Any, url: str, streams: int, duration_s: float, tokens: int, gap_ms: float,
-         during: Any = None) -> dict[str, Any]:
+def load(
+    ctx: Any,
+    url: str,
+    streams: int,
+    duration_s: float,
+    tokens: int,
+    gap_ms: float,
+    during: Any = None,
+) -> dict[str, Any]:
     queue = ctx.Queue()
     proc = ctx.Process(target=run_load, args=(url, streams, duration_s, tokens, gap_ms, queue))
     proc.start()
@@ -222,7 +267,9 @@ def wait_port(port: int, timeout_s: float = 20.0) -> None:
 def main() -> None:
     import psutil
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="short phases (< 60 s in all)")
     parser.add_argument("--streams", type=int, default=256)
     args = parser.parse_args()
@@ -240,7 +287,9 @@ def main() -> None:
         wait_port(tap_port)
         if nginx is not None:
             wait_port(nginx_port)
-        direct, via_tap, via_nginx = (f"http://127.0.0.1:{p}" for p in (up_port, tap_port, nginx_port))
+        direct, via_tap, via_nginx = (
+            f"http://127.0.0.1:{p}" for p in (up_port, tap_port, nginx_port)
+        )
         tap_proc = psutil.Process(tap.pid)
         load(ctx, via_tap, 32, 1.5, 8, 5)  # warm up the tap's connection pool and code paths
         idle_rss = tap_proc.memory_info().rss
@@ -258,26 +307,41 @@ def main() -> None:
         base = results["direct"]["ttfts"]
         summary: dict[str, Any] = {"bench": "tap", "streams": args.streams, "phase_s": phase_s}
         for name, res in results.items():
-            print(f"{name:>7}: {len(res['ttfts'])} streams, TTFT p50 {pct(res['ttfts'], 0.5) * 1e3:.2f} ms "
-                  f"p99 {pct(res['ttfts'], 0.99) * 1e3:.2f} ms, {res['chunks'] / res['elapsed_s']:.0f} chunks/s, "
-                  f"errors {res['errors']}", flush=True)
+            p50, p99 = pct(res["ttfts"], 0.5) * 1e3, pct(res["ttfts"], 0.99) * 1e3
+            rate = res["chunks"] / res["elapsed_s"]
+            print(
+                f"{name:>7}: {len(res['ttfts'])} streams, TTFT p50 {p50:.2f} ms p99 {p99:.2f} ms, "
+                f"{rate:.0f} chunks/s, errors {res['errors']}",
+                flush=True,
+            )
         chunks_per_s = throughput["chunks"] / throughput["elapsed_s"]
-        print(f"throughput via tap: {chunks_per_s:.0f} chunks/s ({throughput['errors']} errors)", flush=True)
+        print(
+            f"throughput via tap: {chunks_per_s:.0f} chunks/s ({throughput['errors']} errors)",
+            flush=True,
+        )
         open_rss = results["tap"]["sampled"]
         summary |= {
-            "added_ttft_p50_ms": round((pct(results["tap"]["ttfts"], 0.5) - pct(base, 0.5)) * 1e3, 3),
-            "added_ttft_p99_ms": round((pct(results["tap"]["ttfts"], 0.99) - pct(base, 0.99)) * 1e3, 3),
+            "added_ttft_p50_ms": round(
+                (pct(results["tap"]["ttfts"], 0.5) - pct(base, 0.5)) * 1e3, 3
+            ),
+            "added_ttft_p99_ms": round(
+                (pct(results["tap"]["ttfts"], 0.99) - pct(base, 0.99)) * 1e3, 3
+            ),
             "chunks_per_s": round(chunks_per_s),
             "nginx_added_ttft_p50_ms": (
-                round((pct(results["nginx"]["ttfts"], 0.5) - pct(base, 0.5)) * 1e3, 3) if "nginx" in results else None
+                round((pct(results["nginx"]["ttfts"], 0.5) - pct(base, 0.5)) * 1e3, 3)
+                if "nginx" in results
+                else None
             ),
             "nginx_added_ttft_p99_ms": (
-                round((pct(results["nginx"]["ttfts"], 0.99) - pct(base, 0.99)) * 1e3, 3) if "nginx" in results else None
+                round((pct(results["nginx"]["ttfts"], 0.99) - pct(base, 0.99)) * 1e3, 3)
+                if "nginx" in results
+                else None
             ),
             "direct_ttft_p50_ms": round(pct(base, 0.5) * 1e3, 3),
             "kib_per_stream": round(max(open_rss - idle_rss, 0) / args.streams / 1024, 1),
             "tap_rss_mib": round(open_rss / 2**20, 1),
-            "ttft_median_of_medians_ms": round(statistics.median(base) * 1e3, 3) if base else None,
+            "load_average_1m": round(os.getloadavg()[0], 2),
         }
         print(json.dumps(summary), flush=True)
     finally:

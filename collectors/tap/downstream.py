@@ -36,6 +36,11 @@ HOP_BY_HOP = frozenset(
 )
 
 
+#: Writes that leave less than this in the transport buffer never wait (asyncio's default
+#: high-water mark is 64 KiB; aiohttp drains only above it).
+_NO_WAIT_BYTES = 32 * 1024
+
+
 class ClientGone(LlmsloError):
     """The client disconnected, or stopped reading for longer than the write timeout."""
 
@@ -92,11 +97,17 @@ class Downstream:
         assert self.response is not None
         if not data:
             return
-        if self.gone:
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
             raise ClientGone("client_disconnected")
         try:
-            async with asyncio.timeout(self.write_timeout_s):
+            if transport.get_write_buffer_size() + len(data) < _NO_WAIT_BYTES:
+                # Below the high-water mark the write cannot wait for the client: skip the
+                # timer (it costs more than the write on the hot path).
                 await self.response.write(data)
+            else:
+                async with asyncio.timeout(self.write_timeout_s):
+                    await self.response.write(data)
         except TimeoutError as exc:
             raise ClientGone("client_write_timeout") from exc
         except ConnectionError as exc:

@@ -74,6 +74,13 @@ class Measurements:
         return sum(gaps) / len(gaps), p99, ordered[-1]
 
 
+_decode = json.JSONDecoder().decode
+_NOT_JSON = ChunkInfo(is_json=False)
+_DONE = ChunkInfo(is_done=True)
+_TOKEN = ChunkInfo(token_bearing=True)
+_PLAIN = ChunkInfo()
+
+
 class StreamMeter:
     """Accumulates :class:`Measurements` from SSE data events of one streamed response."""
 
@@ -95,47 +102,50 @@ class StreamMeter:
             m.ttfb_s = now_s - self.t0_s
         if data == b"[DONE]":
             m.saw_done = True
-            return ChunkInfo(is_done=True)
+            return _DONE
         try:
-            obj = json.loads(data)
-        except ValueError:
+            obj = _decode(data.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             m.not_json_events += 1
-            return ChunkInfo(is_json=False)
-        if not isinstance(obj, dict):
+            return _NOT_JSON
+        if type(obj) is not dict:
             m.not_json_events += 1
-            return ChunkInfo(is_json=False)
+            return _NOT_JSON
         return self._on_object(obj, now_s)
 
     def _on_object(self, obj: dict[str, Any], now_s: float) -> ChunkInfo:
         m = self.m
-        if "error" in obj and not obj.get("choices"):
+        choices = obj.get("choices")
+        if "error" in obj and not choices:
             m.error_event = True
             return ChunkInfo(error=True)
-        model = obj.get("model")
-        if isinstance(model, str) and m.response_model is None:
-            m.response_model = model[:200]
-        choices = obj.get("choices")
+        if m.response_model is None:
+            model = obj.get("model")
+            if isinstance(model, str):
+                m.response_model = model[:200]
         tokens = 0
-        if isinstance(choices, list):
+        if type(choices) is list:
             for choice in choices:
-                if isinstance(choice, dict):
+                if type(choice) is dict:
                     tokens += self._choice(choice)
         usage = obj.get("usage")
-        continuous = self._usage(usage)
+        continuous = self._usage(usage) if usage is not None else None
         if tokens:
             if continuous is not None and continuous > self._tokens_counted:
                 tokens = continuous - self._tokens_counted  # cumulative usage is exact
             self._tokens_counted += tokens
             self._token_chunk(now_s, tokens)
-        usage_only = isinstance(usage, dict) and not choices
-        return ChunkInfo(token_bearing=tokens > 0, usage_only=usage_only)
+            return _TOKEN
+        if isinstance(usage, dict) and not choices:
+            return ChunkInfo(usage_only=True)
+        return _PLAIN
 
     def _choice(self, choice: dict[str, Any]) -> int:
         reason = choice.get("finish_reason")
-        if isinstance(reason, str):
+        if reason is not None and isinstance(reason, str):
             self.m.finish_reason = reason[:64]
         delta = choice.get("delta")
-        if isinstance(delta, dict):
+        if type(delta) is dict:
             bearing = bool(
                 delta.get("content")
                 or delta.get("reasoning_content")
@@ -147,7 +157,7 @@ class StreamMeter:
         if not bearing:
             return 0
         logprobs = choice.get("logprobs")
-        if isinstance(logprobs, dict):
+        if logprobs is not None and type(logprobs) is dict:
             content = logprobs.get("content") or logprobs.get("tokens")
             if isinstance(content, list) and content:
                 return len(content)

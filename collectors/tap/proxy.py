@@ -81,6 +81,8 @@ class TapProxy:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gauges: asyncio.Task[None] | None = None
         self._measured = set(config.measured_routes)
+        self._bytes_upstream = self.metrics.bytes.labels("upstream")
+        self._bytes_client = self.metrics.bytes.labels("client")
 
     # ------------------------------------------------------------------ lifecycle
     def make_app(self) -> web.Application:
@@ -154,7 +156,7 @@ class TapProxy:
         self.metrics.dropped.labels(reason).inc(count)
 
     def bytes_in(self, count: int) -> None:
-        self.metrics.bytes.labels("upstream").inc(count)
+        self._bytes_upstream.inc(count)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -185,7 +187,7 @@ class TapProxy:
             self._emit(ctx, exchanges, down)
             raise
         self._emit(ctx, exchanges, down)
-        self.metrics.bytes.labels("client").inc(down.bytes_sent)
+        self._bytes_client.inc(down.bytes_sent)
         return down.response or web.Response(status=500)
 
     async def _attempts(

@@ -61,6 +61,33 @@ class SseFramer:
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """Append ``chunk``; return every event it completed (possibly none)."""
+        if not self._buf and not self._skipping and b"\r" not in chunk:
+            events, rest = self._fast(chunk)
+            if not rest:
+                return events
+            return events + self._general(rest)
+        return self._general(chunk)
+
+    def _fast(self, chunk: bytes) -> tuple[list[SseEvent], bytes]:
+        """The common shape, ``data: …\n\n`` events, without per-line work.
+
+        Stops at the first event of any other shape (or the incomplete tail) and returns the
+        bytes from there on for the general parser; the framer state is clean at that point.
+        """
+        events: list[SseEvent] = []
+        start = 0
+        end = chunk.find(b"\n\n")
+        while end >= 0:
+            if chunk.startswith(b"data: ", start) and chunk.find(b"\n", start, end) < 0:
+                piece = chunk[start : end + 2]
+                events.append(SseEvent(piece, piece[6:-2], None))
+                start = end + 2
+                end = chunk.find(b"\n\n", start)
+            else:
+                break
+        return events, chunk[start:]
+
+    def _general(self, chunk: bytes) -> list[SseEvent]:
         self._buf += chunk
         events: list[SseEvent] = []
         buf = self._buf
