@@ -24,7 +24,6 @@ from simulator.dialects import MetricsDialect, make_dialect
 from simulator.engine import EngineModel, SimRequest
 from simulator.faults import FaultBoard, UnknownFaultError
 from simulator.openai import (
-    DONE,
     ChatRequest,
     RequestError,
     StreamRenderer,
@@ -32,41 +31,19 @@ from simulator.openai import (
     error_body,
     parse_request,
 )
+from simulator.stream import SseWriter, TokenStream
 
-__all__ = ["EnginePod", "TokenStream"]
+__all__ = ["EnginePod"]
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
+#: Longest event-loop lag (s) the scheduler makes up by stepping back to back.
+MAX_CATCH_UP_S = 0.5
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-class TokenStream:
-    """Tokens the engine emitted for one request, waiting to be written (no per-token timers)."""
-
-    __slots__ = ("_waiter", "finish_reason", "pending")
-
-    def __init__(self) -> None:
-        self.pending = 0
-        self.finish_reason: str | None = None
-        self._waiter: asyncio.Future[None] | None = None
-
-    def emit(self, tokens: int, finish_reason: str | None) -> None:
-        self.pending += tokens
-        if finish_reason is not None:
-            self.finish_reason = finish_reason
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def wait(self) -> None:
-        """Return once there are tokens to write or the request finished."""
-        if self.pending or self.finish_reason is not None:
-            return
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
+def _discard(tokens: int, finish_reason: str | None) -> None:
+    """A writer for non-streaming responses: the body is rendered once at the end."""
 
 
 class EnginePod:
@@ -214,7 +191,15 @@ class EnginePod:
 
     # ---- scheduler ----------------------------------------------------------------------
     async def _run_scheduler(self) -> None:
+        """Step the engine on a schedule: each step ends ``duration_s`` after the previous one.
+
+        Steps are due on a running schedule rather than ``now + duration``, so event-loop lag
+        (a busy or CPU-starved process) is caught up (bounded by ``MAX_CATCH_UP_S``) instead
+        of silently slowing the modelled engine down.
+        """
         engine = self.engine
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         while True:
             plan = engine.plan_step()
             if plan is None:
@@ -225,8 +210,10 @@ class EnginePod:
                         await asyncio.wait_for(self._wake.wait(), 0.05)
                 else:
                     await self._wake.wait()
+                due = loop.time()
                 continue
-            await asyncio.sleep(plan.duration_s)
+            due = max(due, loop.time() - MAX_CATCH_UP_S) + plan.duration_s
+            await asyncio.sleep(max(0.0, due - loop.time()))
             engine.finish_step(plan)
 
     # ---- HTTP: inference ----------------------------------------------------------------
@@ -295,8 +282,8 @@ class EnginePod:
     async def _unary(
         self, req: SimRequest, stream: TokenStream, renderer: StreamRenderer
     ) -> web.Response:
+        stream.writer = _discard  # only the finish wakes this handler
         while stream.finish_reason is None:
-            stream.pending = 0
             await stream.wait()
         if (
             req.error_before_first_token
@@ -326,34 +313,26 @@ class EnginePod:
                 status=status,
             )
         resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
+        resp.enable_chunked_encoding()
         await resp.prepare(request)
-        written = 0
-        head = renderer.role_chunk() if renderer.chat else b""
-        while True:
-            n, reason = stream.pending, stream.finish_reason
-            stream.pending = 0
-            parts = [head] if head else []
-            head = b""
-            for i in range(n):
-                last = reason is not None and i == n - 1
-                parts.append(renderer.token_chunk(written + i, reason if last else None))
-            written += n
-            if reason is not None:
-                if n == 0:
-                    parts.append(renderer.finish_chunk(reason))
-                if req.cut_after is not None or reason == "abort":
-                    await resp.write(b"".join(parts[:-1]) if n else b"".join(parts))
-                    self._cut(request)
-                    return resp
-                if include_usage:
-                    parts.append(renderer.usage_chunk(req.prompt_tokens, written))
-                parts.append(DONE)
-                await resp.write(b"".join(parts))
-                await resp.write_eof()
-                return resp
-            if parts:
-                await resp.write(b"".join(parts))
-            await stream.wait()
+        transport = request.transport
+        assert transport is not None
+        sse = SseWriter(transport, renderer, req, include_usage=include_usage)
+        sse.write(
+            stream.pending,
+            stream.finish_reason,
+            head=renderer.role_chunk() if renderer.chat else b"",
+        )
+        stream.pending = 0
+        if stream.finish_reason is None:
+            stream.writer = sse.write  # from now on the engine writes each step itself
+            while stream.finish_reason is None:
+                await stream.wait()
+        if sse.cut:
+            self._cut(request)
+            return resp
+        await resp.write_eof()
+        return resp
 
     @staticmethod
     def _cut(request: web.Request) -> None:
