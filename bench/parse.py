@@ -14,7 +14,8 @@ process's CPU time per round as a share of one core at a 5 s interval.
     python bench/parse.py            # full
     python bench/parse.py --quick    # < 60 s
 
-The last line is JSON: {"bench": "parse", "samples_per_s": …, "prometheus_client_samples_per_s": …, "ratio": …}
+The last line is JSON: {"bench": "parse", "samples_per_s": …,
+"prometheus_client_samples_per_s": …, "ratio": …, …}
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.collector import Collector  # noqa: E402
-from collectors.config import CollectConfig, TargetConfig  # noqa: E402
-from collectors.examples import dcgm_exposition, vllm_exposition  # noqa: E402
-from collectors.exposition import ExpositionParser  # noqa: E402
-from pipeline.bus import split_by_key  # noqa: E402
-from pipeline.codec import encode_arrow  # noqa: E402
+from collectors.collector import Collector
+from collectors.config import CollectConfig, TargetConfig
+from collectors.examples import dcgm_exposition, vllm_exposition
+from collectors.exposition import ExpositionParser
+from pipeline.bus import split_by_key
+from pipeline.codec import encode_arrow
 
 INTERVAL_S = 5.0
 
@@ -54,7 +55,10 @@ def _rate(fn: object, samples: int, min_s: float) -> float:
 
 
 def bench_parse(min_s: float) -> dict[str, float]:
-    scrapes = {"vllm_64_engines": vllm_exposition(engines=64), "dcgm_8_gpus": dcgm_exposition(gpus=8)}
+    scrapes = {
+        "vllm_64_engines": vllm_exposition(engines=64),
+        "dcgm_8_gpus": dcgm_exposition(gpus=8),
+    }
     ours_total = pc_total = cold_total = samples_total = 0.0
     results: dict[str, float] = {}
     for name, text in scrapes.items():
@@ -63,8 +67,11 @@ def bench_parse(min_s: float) -> dict[str, float]:
         ours = _rate(lambda t=text, p=parser: p.parse(t), samples, min_s)
         cold = _rate(lambda t=text: ExpositionParser().parse(t), samples, min_s)
         theirs = _rate(lambda t=text: list(text_string_to_metric_families(t)), samples, min_s)
-        print(f"{name:<16} {samples:>6} samples  ours warm {ours:>12,.0f}/s  cold {cold:>12,.0f}/s  "
-              f"prometheus_client {theirs:>10,.0f}/s  ratio {ours / theirs:5.1f}x (cold {cold / theirs:4.1f}x)")
+        print(
+            f"{name:<16} {samples:>6} samples  ours warm {ours:>12,.0f}/s  cold {cold:>12,.0f}/s  "
+            f"prometheus_client {theirs:>10,.0f}/s  "
+            f"ratio {ours / theirs:5.1f}x (cold {cold / theirs:4.1f}x)"
+        )
         # weight by time: total samples / total seconds over one scrape of each
         samples_total += samples
         ours_total += samples / ours
@@ -79,8 +86,12 @@ def bench_parse(min_s: float) -> dict[str, float]:
 def _serve(port: int, ready: object) -> None:
     from aiohttp import web
 
-    bodies = {f"/t{i}": (vllm_exposition(engines=2, seed=i) if i < 170 else dcgm_exposition(gpus=8, seed=i))
-              for i in range(200)}
+    bodies = {
+        f"/t{i}": (
+            vllm_exposition(engines=2, seed=i) if i < 170 else dcgm_exposition(gpus=8, seed=i)
+        )
+        for i in range(200)
+    }
 
     async def handler(request: web.Request) -> web.Response:
         return web.Response(text=bodies[request.path], content_type="text/plain")
@@ -106,8 +117,13 @@ def bench_scrape_loop(rounds: int) -> dict[str, float]:
         for _, rows in split_by_key(schema, table):  # type: ignore[arg-type]
             encoded[0] += len(encode_arrow(schema, rows))  # type: ignore[arg-type]
 
-    config = CollectConfig(targets=[TargetConfig(url=f"127.0.0.1:{port}/t{i}") for i in range(200)],
-                           interval_s=0.01, jitter_s=0.0, timeout_s=10, concurrency=64)
+    config = CollectConfig(
+        targets=[TargetConfig(url=f"127.0.0.1:{port}/t{i}") for i in range(200)],
+        interval_s=0.01,
+        jitter_s=0.0,
+        timeout_s=10,
+        concurrency=64,
+    )
     collector = Collector(config, sink)
 
     async def run() -> tuple[float, float, int]:
@@ -130,15 +146,23 @@ def bench_scrape_loop(rounds: int) -> dict[str, float]:
     up = sum(1 for h in collector.health.values() if h.up)
     cpu_per_round = cpu_s / rounds
     share = cpu_per_round / INTERVAL_S
-    print(f"scrape loop: 200 targets ({up} up), {rows / rounds:,.0f} rows/round, "
-          f"CPU {cpu_per_round * 1000:.0f} ms/round (wall {wall_s / rounds * 1000:.0f} ms) "
-          f"= {share * 100:.1f} % of one core at one round every {INTERVAL_S:g} s (target <= 25 %)")
-    return {"scrape_cpu_share_of_core": round(share, 4), "scrape_cpu_ms_per_round": round(cpu_per_round * 1000, 1),
-            "scrape_rows_per_round": rows / rounds, "targets_up": up}
+    print(
+        f"scrape loop: 200 targets ({up} up), {rows / rounds:,.0f} rows/round, "
+        f"CPU {cpu_per_round * 1000:.0f} ms/round (wall {wall_s / rounds * 1000:.0f} ms) "
+        f"= {share * 100:.1f} % of one core at one round every {INTERVAL_S:g} s (target <= 25 %)"
+    )
+    return {
+        "scrape_cpu_share_of_core": round(share, 4),
+        "scrape_cpu_ms_per_round": round(cpu_per_round * 1000, 1),
+        "scrape_rows_per_round": rows / rounds,
+        "targets_up": up,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="short run (< 60 s)")
     args = parser.parse_args()
     parse = bench_parse(min_s=1.0 if args.quick else 5.0)
@@ -148,7 +172,9 @@ def main() -> None:
         "samples_per_s": round(parse["samples_per_s"]),
         "prometheus_client_samples_per_s": round(parse["prometheus_client_samples_per_s"]),
         "ratio": round(parse["samples_per_s"] / parse["prometheus_client_samples_per_s"], 2),
-        "cold_ratio": round(parse["cold_samples_per_s"] / parse["prometheus_client_samples_per_s"], 2),
+        "cold_ratio": round(
+            parse["cold_samples_per_s"] / parse["prometheus_client_samples_per_s"], 2
+        ),
         **loop,
     }
     print(json.dumps(result))

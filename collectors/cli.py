@@ -47,8 +47,9 @@ def register(subparsers: Any) -> None:
         "collect",
         "Scrape engine and dcgm-exporter targets and publish them to Kafka.",
         "llmslo collect -c config/collectors.example.yaml\n"
-        "llmslo collect --target 127.0.0.1:8000 --target 127.0.0.1:9400 --bootstrap-servers 127.0.0.1:9092\n"
-        "llmslo collect -c llmslo.yaml --rounds 1 --interval 1      # one round, then a JSON summary",
+        "llmslo collect --target 127.0.0.1:8000 --target 127.0.0.1:9400 \\\n"
+        "    --bootstrap-servers 127.0.0.1:9092\n"
+        "llmslo collect -c llmslo.yaml --rounds 1    # one round, then a JSON summary",
     )
     add_common_options(collect)
     collect.add_argument(
@@ -119,6 +120,7 @@ def run_collect(args: argparse.Namespace) -> int:
     timeout_ms = int(collect.publish_timeout_s * 1000)
     with Bus(config.bus) as bus:
         bus.ensure_topics()
+
         def make_producer() -> BusProducer:
             return bus.producer(
                 max_block_ms=min(timeout_ms, 5000),

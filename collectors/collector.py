@@ -72,7 +72,10 @@ class RoundReport:
 async def fetch_exposition(
     session: aiohttp.ClientSession, url: str, *, timeout_s: float, max_body_bytes: int
 ) -> tuple[str, bool]:
-    """GET ``url``; returns ``(text, is_openmetrics)``. Raises :class:`DecodeError` with a reason."""
+    """GET ``url``; returns ``(text, is_openmetrics)``.
+
+    Raises :class:`DecodeError` with a reason (http_status, oversized, timeout, connect).
+    """
     try:
         async with asyncio.timeout(timeout_s):
             async with session.get(url, headers={"Accept": ACCEPT}) as response:

@@ -247,7 +247,10 @@ class _ParseState:
         return group
 
     def _singleton(self, name: str) -> int:
-        """A sample outside the current family: an untyped family of its own (as prometheus_client)."""
+        """A sample outside the current family: an untyped family of its own.
+
+        (prometheus_client does the same.)
+        """
         self._finish()
         families = self.out.families
         families.append(Family(name, "untyped" if not self.out.openmetrics else "unknown", ""))

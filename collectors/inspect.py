@@ -96,8 +96,10 @@ def render_report(report: dict[str, Any]) -> str:
     """Human-readable form of an :func:`inspect_exposition` report."""
     lines = [
         f"{report.get('url', report['instance'])}",
-        f"  dialect: {report['dialect'] or 'unknown'}  ({report['version_family'] or 'no map matched'})",
-        f"  samples: {report['samples']}  bad lines: {report['bad_lines']}  topic: {report['topic']}",
+        f"  dialect: {report['dialect'] or 'unknown'}"
+        f"  ({report['version_family'] or 'no map matched'})",
+        f"  samples: {report['samples']}  bad lines: {report['bad_lines']}"
+        f"  topic: {report['topic']}",
         "  signals:",
     ]
     for signal, entry in report["signals"].items():

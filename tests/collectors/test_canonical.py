@@ -21,10 +21,17 @@ from collectors.exposition import ExpositionParser
 from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS
 
 
-def rows_of(text: str, *, ts_ms: int = 1000, canonicalizer: TargetCanonicalizer | None = None,
-            parser: ExpositionParser | None = None) -> list[dict[str, Any]]:
+def rows_of(
+    text: str,
+    *,
+    ts_ms: int = 1000,
+    canonicalizer: TargetCanonicalizer | None = None,
+    parser: ExpositionParser | None = None,
+) -> list[dict[str, Any]]:
     canonicalizer = canonicalizer or TargetCanonicalizer("10.0.0.7:8000")
-    return canonicalizer.canonicalize((parser or ExpositionParser()).parse(text), ts_ms).table.to_pylist()
+    return canonicalizer.canonicalize(
+        (parser or ExpositionParser()).parse(text), ts_ms
+    ).table.to_pylist()
 
 
 def signal_rows(rows: list[dict[str, Any]], signal: str) -> list[dict[str, Any]]:
@@ -34,19 +41,59 @@ def signal_rows(rows: list[dict[str, Any]], signal: str) -> list[dict[str, Any]]
 @pytest.mark.parametrize(
     ("text", "dialect", "family_word", "expected"),
     [
-        (vllm_exposition(), "vllm", "current", {"running", "waiting", "kv_usage", "ttft", "itl", "tpot", "generation_tokens"}),
-        (vllm_exposition(legacy=True), "vllm-legacy", "<=0.10", {"kv_usage", "itl", "ttft", "preemptions"}),
-        (sglang_exposition(), "sglang", "0.5", {"running", "waiting", "kv_usage", "ttft", "itl", "generation_tokens"}),
-        (sglang_exposition(legacy_name_label=True), "sglang", "name", {"running", "kv_usage", "ttft"}),
-        (triton_exposition(), "trtllm", "triton", {"running", "waiting", "kv_usage", "ttft", "requests_finished"}),
+        (
+            vllm_exposition(),
+            "vllm",
+            "current",
+            {"running", "waiting", "kv_usage", "ttft", "itl", "tpot", "generation_tokens"},
+        ),
+        (
+            vllm_exposition(legacy=True),
+            "vllm-legacy",
+            "<=0.10",
+            {"kv_usage", "itl", "ttft", "preemptions"},
+        ),
+        (
+            sglang_exposition(),
+            "sglang",
+            "0.5",
+            {"running", "waiting", "kv_usage", "ttft", "itl", "generation_tokens"},
+        ),
+        (
+            sglang_exposition(legacy_name_label=True),
+            "sglang",
+            "name",
+            {"running", "kv_usage", "ttft"},
+        ),
+        (
+            triton_exposition(),
+            "trtllm",
+            "triton",
+            {"running", "waiting", "kv_usage", "ttft", "requests_finished"},
+        ),
         (trtllm_serve_exposition(), "trtllm", "serve", {"ttft", "tpot", "e2e", "queue_time"}),
         (llamacpp_exposition(), "llamacpp", "llama", {"running", "waiting", "generation_tokens"}),
-        (dcgm_exposition(), "dcgm", "Hostname", {"gpu_util", "engine_active", "fb_used_mib", "xid"}),
+        (
+            dcgm_exposition(),
+            "dcgm",
+            "Hostname",
+            {"gpu_util", "engine_active", "fb_used_mib", "xid"},
+        ),
     ],
-    ids=["vllm current", "vllm legacy", "sglang 0.5", "sglang name label", "triton", "trtllm-serve",
-         "llama.cpp", "dcgm"],
+    ids=[
+        "vllm current",
+        "vllm legacy",
+        "sglang 0.5",
+        "sglang name label",
+        "triton",
+        "trtllm-serve",
+        "llama.cpp",
+        "dcgm",
+    ],
 )
-def test_each_dialect_is_detected_and_mapped(text: str, dialect: str, family_word: str, expected: set[str]) -> None:
+def test_each_dialect_is_detected_and_mapped(
+    text: str, dialect: str, family_word: str, expected: set[str]
+) -> None:
     canonicalizer = TargetCanonicalizer("10.0.0.7:8000")
     rows = rows_of(text, canonicalizer=canonicalizer)
     assert canonicalizer.detection is not None
@@ -71,8 +118,10 @@ def test_vllm_data_parallel_engines_and_model_become_columns() -> None:
 def test_vllm_legacy_per_step_tpot_is_itl_and_gpu_cache_is_kv_usage() -> None:
     rows = rows_of(vllm_exposition(legacy=True))
     assert {r["metric"] for r in signal_rows(rows, "itl")} == {
-        "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_sum",
-        "vllm:time_per_output_token_seconds_count"}
+        "vllm:time_per_output_token_seconds_bucket",
+        "vllm:time_per_output_token_seconds_sum",
+        "vllm:time_per_output_token_seconds_count",
+    }
     assert not signal_rows(rows, "tpot")
     assert {r["metric"] for r in signal_rows(rows, "kv_usage")} == {"vllm:gpu_cache_usage_perc"}
 
@@ -85,10 +134,14 @@ def test_deprecated_alias_yields_to_the_new_name_when_both_are_exposed() -> None
     canonicalizer = TargetCanonicalizer("x:1")
     rows = rows_of(text, canonicalizer=canonicalizer)
     assert {r["metric"] for r in signal_rows(rows, "kv_usage")} == {"vllm:kv_cache_usage_perc"}
-    assert canonicalizer.detection is not None and "0.9-0.10" in canonicalizer.detection.version_family
+    assert (
+        canonicalizer.detection is not None and "0.9-0.10" in canonicalizer.detection.version_family
+    )
 
 
-def test_histogram_bounds_are_read_from_the_scrape_as_numbers_and_sum_before_buckets_works() -> None:
+def test_histogram_bounds_are_read_from_the_scrape_as_numbers_and_sum_before_buckets_works() -> (
+    None
+):
     text = (
         "# TYPE sglang:time_to_first_token_seconds histogram\n"
         'sglang:time_to_first_token_seconds_sum{name="m"} 8.128902e+06\n'
@@ -97,10 +150,16 @@ def test_histogram_bounds_are_read_from_the_scrape_as_numbers_and_sum_before_buc
         'sglang:time_to_first_token_seconds_bucket{le="+Inf",name="m"} 5\n'
         'sglang:time_to_first_token_seconds_count{name="m"} 5\n'
     )
-    rows = signal_rows(rows_of(text, canonicalizer=TargetCanonicalizer("x:1", dialect="sglang")), "ttft")
+    rows = signal_rows(
+        rows_of(text, canonicalizer=TargetCanonicalizer("x:1", dialect="sglang")), "ttft"
+    )
     assert [(r["kind"], r["le"], r["value"]) for r in rows] == [
-        ("sum", None, 8128902.0), ("bucket", 2.0, 3.0), ("bucket", 7.0, 4.0),
-        ("bucket", float("inf"), 5.0), ("count", None, 5.0)]
+        ("sum", None, 8128902.0),
+        ("bucket", 2.0, 3.0),
+        ("bucket", 7.0, 4.0),
+        ("bucket", float("inf"), 5.0),
+        ("count", None, 5.0),
+    ]
     assert {r["model"] for r in rows} == {"m"} and {r["labels_json"] for r in rows} == {"{}"}
 
 
@@ -110,17 +169,27 @@ def test_triton_category_labels_and_millisecond_histogram_are_converted() -> Non
     assert len(running) == 1 and json.loads(running[0]["labels_json"])["request_type"] == "active"
     ttft_bounds = sorted(r["le"] for r in signal_rows(rows, "ttft") if r["kind"] == "bucket")
     assert ttft_bounds == [0.1, 0.5, 2.0, 5.0, float("inf")]
-    unmapped = [r for r in rows if r["metric"] == "nv_trt_llm_request_metrics" and r["signal"] is None]
-    assert {json.loads(r["labels_json"])["request_type"] for r in unmapped} == {"max", "scheduled", "context"}
+    unmapped = [
+        r for r in rows if r["metric"] == "nv_trt_llm_request_metrics" and r["signal"] is None
+    ]
+    assert {json.loads(r["labels_json"])["request_type"] for r in unmapped} == {
+        "max",
+        "scheduled",
+        "context",
+    }
 
 
 def test_dcgm_mig_lowercase_hostname_pods_only_on_allocated_gpus_and_xid() -> None:
-    text = dcgm_exposition(gpus=2, lowercase=True, mig=True, allocated={1: ("pod-1", "serving", "vllm")},
-                           xid={1: 79})
+    text = dcgm_exposition(
+        gpus=2, lowercase=True, mig=True, allocated={1: ("pod-1", "serving", "vllm")}, xid={1: 79}
+    )
     rows = rows_of(text, canonicalizer=TargetCanonicalizer("10.0.0.9:9400"))
     util = signal_rows(rows, "gpu_util")
     assert [(r["gpu"], r["gpu_instance_id"], r["pod"]) for r in util] == [
-        (0, "1", None), (0, "2", None), (1, None, "pod-1")]
+        (0, "1", None),
+        (0, "2", None),
+        (1, None, "pod-1"),
+    ]
     assert {r["hostname"] for r in rows} == {"node-0"} and all(r["uuid"] for r in rows)
     xid = [r for r in signal_rows(rows, "xid") if r["gpu"] == 1]
     assert xid[0]["value"] == 79.0 and json.loads(xid[0]["labels_json"])["err_code"] == "79"
@@ -128,7 +197,9 @@ def test_dcgm_mig_lowercase_hostname_pods_only_on_allocated_gpus_and_xid() -> No
 
 def test_dcgm_blank_sentinels_are_dropped_and_counted() -> None:
     canonicalizer = TargetCanonicalizer("10.0.0.9:9400")
-    batch = canonicalizer.canonicalize(ExpositionParser().parse(dcgm_exposition(gpus=2, blank_memory_temp=True)), 1)
+    batch = canonicalizer.canonicalize(
+        ExpositionParser().parse(dcgm_exposition(gpus=2, blank_memory_temp=True)), 1
+    )
     assert batch.dropped == {"blank_sentinel": 2}
     assert "DCGM_FI_DEV_MEMORY_TEMP" not in batch.table.column("metric").to_pylist()
 
@@ -158,11 +229,17 @@ def test_counter_resets_by_value_drop_created_and_process_start() -> None:
     assert scrape(200, 1.0, 1.0, 2) == {}
     assert scrape(50, 1.0, 1.0, 3) == {"value_drop": 1}
     assert scrape(900, 2.0, 2.0, 4) == {"created": 1, "process_start": 1}
-    batch = canonicalizer.canonicalize(parser.parse(
-        '# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{engine="0",model_name="m"} 1\n'
-    ), 5)
+    batch = canonicalizer.canonicalize(
+        parser.parse(
+            "# TYPE vllm:generation_tokens_total counter\n"
+            'vllm:generation_tokens_total{engine="0",model_name="m"} 1\n'
+        ),
+        5,
+    )
     reset_rows = [r for r in batch.table.to_pylist() if r["signal"] == "counter_reset"]
-    assert [(json.loads(r["labels_json"])["reason"], r["value"]) for r in reset_rows] == [("value_drop", 1.0)]
+    assert [(json.loads(r["labels_json"])["reason"], r["value"]) for r in reset_rows] == [
+        ("value_drop", 1.0)
+    ]
 
 
 def test_sglang_frozen_gauges_report_how_long_they_have_been_unchanged() -> None:

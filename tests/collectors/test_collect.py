@@ -50,7 +50,9 @@ def ingest_until(bus: Bus, store: Store, rows: dict[str, int], timeout_s: float 
         ingester.stop()
         worker.join(30)
     for table, expected in rows.items():
-        assert store.count(table) == expected, f"{table}: {store.count(table)} rows, expected {expected}"
+        assert store.count(table) == expected, (
+            f"{table}: {store.count(table)} rows, expected {expected}"
+        )
 
 
 def served_samples(url: str) -> list[tuple[str, float | None, float]]:
@@ -70,7 +72,9 @@ def fleet() -> Iterator[Any]:
     config = simulator.FleetConfig(
         nodes=[simulator.NodeConfig(name="node-0", gpus=4)],
         pods=[
-            simulator.PodConfig(name=f"pod-{i}", dialect=d, model="llama-3-8b", node="node-0", gpus=[i])
+            simulator.PodConfig(
+                name=f"pod-{i}", dialect=d, model="llama-3-8b", node="node-0", gpus=[i]
+            )
             for i, d in enumerate(["vllm", "vllm-legacy", "sglang", "trtllm"])
         ],
         speed=20.0,
@@ -82,16 +86,22 @@ def fleet() -> Iterator[Any]:
 
 def _complete(url: str) -> None:
     body = json.dumps({"model": "llama-3-8b", "prompt": "hello", "max_tokens": 8}).encode()
-    request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     urllib.request.urlopen(request, timeout=30).read()
 
 
-def test_every_simulator_dialect_reaches_duckdb_with_the_served_values(fleet: Any, bus: Bus, store: Store) -> None:
+def test_every_simulator_dialect_reaches_duckdb_with_the_served_values(
+    fleet: Any, bus: Bus, store: Store
+) -> None:
     for pod in fleet.pods:
         for _ in range(3):
             _complete(pod.url)
     time.sleep(1.0)  # let the pods go idle so the scrape and the reference read agree
-    targets = [TargetConfig(url=p.url + "/metrics") for p in fleet.pods] + [TargetConfig(url=fleet.dcgm[0].url + "/metrics")]
+    targets = [TargetConfig(url=p.url + "/metrics") for p in fleet.pods] + [
+        TargetConfig(url=fleet.dcgm[0].url + "/metrics")
+    ]
     config = CollectConfig(targets=targets, interval_s=0.5, jitter_s=0.05, timeout_s=10)
     rounds: list[tuple[RecordSchema, pa.Table]] = []
     producer = bus.producer()
@@ -102,7 +112,13 @@ def test_every_simulator_dialect_reaches_duckdb_with_the_served_values(fleet: An
     producer.flush(30)
     producer.close()
     engine_rows = sum(t.num_rows for s, t in rounds if s is ENGINE_SAMPLES)
-    assert {h.dialect for h in collector.health.values()} == {"vllm", "vllm-legacy", "sglang", "trtllm", "dcgm"}
+    assert {h.dialect for h in collector.health.values()} == {
+        "vllm",
+        "vllm-legacy",
+        "sglang",
+        "trtllm",
+        "dcgm",
+    }
     assert all(h.up and h.bad_lines == 0 for h in collector.health.values())
     gpu_rows = sum(t.num_rows for s, t in rounds if s is not ENGINE_SAMPLES)
     ingest_until(bus, store, {"engine_samples": engine_rows, "gpu_samples": gpu_rows})
@@ -114,22 +130,28 @@ def test_every_simulator_dialect_reaches_duckdb_with_the_served_values(fleet: An
     }
     for pod in fleet.pods:
         stored = store.con.execute(
-            "SELECT metric, engine, le, value, signal, dialect FROM engine_samples WHERE instance = ? AND signal IS NOT NULL",
+            "SELECT metric, engine, le, value, signal, dialect FROM engine_samples"
+            " WHERE instance = ? AND signal IS NOT NULL",
             [pod.instance],
         ).fetchall()
         dialect = stored[0][5]
         assert expected_signals[dialect] <= {row[4] for row in stored}, dialect
         derived = ("gauges_unchanged_s", "counter_reset")
-        ours = Counter((m, le, round(v, 9)) for m, _, le, v, signal, _ in stored if signal not in derived)
+        ours = Counter(
+            (m, le, round(v, 9)) for m, _, le, v, signal, _ in stored if signal not in derived
+        )
         names = {key[0] for key in ours}
         served = served_samples(pod.url + "/metrics")
-        # prometheus-client appends _total to counters exposed without it (Triton's); we keep raw names
+        # prometheus-client appends _total to counters exposed without it (Triton's);
+        # we keep raw names
         raw = [(m if m in names else m.removesuffix("_total"), le, v) for m, le, v in served]
         theirs = Counter((m, le, round(v, 9)) for m, le, v in raw if m in names)
         not_served = ours - theirs  # every canonical value stored was served, with its le
         assert not not_served, (dialect, list(not_served)[:5])
         assert sum(ours.values()) >= 5, dialect
-    gpu = store.con.execute("SELECT DISTINCT signal FROM gpu_samples WHERE signal IS NOT NULL").fetchall()
+    gpu = store.con.execute(
+        "SELECT DISTINCT signal FROM gpu_samples WHERE signal IS NOT NULL"
+    ).fetchall()
     assert {"gpu_util", "fb_used_mib", "xid"} <= {row[0] for row in gpu}
 
 
@@ -137,10 +159,11 @@ def test_every_simulator_dialect_reaches_duckdb_with_the_served_values(fleet: An
 def test_a_hanging_target_does_not_delay_the_others() -> None:
     async def scenario() -> tuple[Collector, list[pa.Table]]:
         fast_text = vllm_exposition()
+        release = asyncio.Event()
 
         async def handler(request: web.Request) -> web.Response:
             if request.path == "/hang":
-                await asyncio.sleep(60)
+                await release.wait()
             return web.Response(text=fast_text)
 
         app = web.Application()
@@ -153,10 +176,13 @@ def test_a_hanging_target_does_not_delay_the_others() -> None:
             TargetConfig(url=f"127.0.0.1:{port}/fast{i}") for i in range(5)
         ]
         tables: list[pa.Table] = []
-        collector = Collector(CollectConfig(targets=targets, timeout_s=2.0, jitter_s=0),
-                              lambda schema, table: tables.append(table))
+        collector = Collector(
+            CollectConfig(targets=targets, timeout_s=2.0, jitter_s=0),
+            lambda schema, table: tables.append(table),
+        )
         async with __import__("aiohttp").ClientSession() as session:
             await collector.scrape_round(session)
+        release.set()
         await runner.cleanup()
         return collector, tables
 
@@ -166,27 +192,44 @@ def test_a_hanging_target_does_not_delay_the_others() -> None:
     assert not hung.up and hung.last_error is not None and hung.last_error.startswith("timeout")
     fast = [h for url, h in health.items() if not url.endswith("/hang")]
     assert all(h.up and h.duration_s is not None and h.duration_s < 1.5 for h in fast)
-    assert len(tables) == 1 and tables[0].num_rows == 5 * len(ExpositionParser().parse(vllm_exposition()))
+    assert len(tables) == 1 and tables[0].num_rows == 5 * len(
+        ExpositionParser().parse(vllm_exposition())
+    )
 
 
 # -- file discovery -----------------------------------------------------------------------------
-def test_file_sd_is_reloaded_when_it_changes_and_a_broken_file_keeps_its_targets(tmp_path: Path) -> None:
+def test_file_sd_is_reloaded_when_it_changes_and_a_broken_file_keeps_its_targets(
+    tmp_path: Path,
+) -> None:
     sd = tmp_path / "targets.json"
-    sd.write_text(json.dumps([{"targets": ["10.0.0.1:8000"], "labels": {"dialect": "vllm", "pool": "p"}}]))
+    sd.write_text(
+        json.dumps([{"targets": ["10.0.0.1:8000"], "labels": {"dialect": "vllm", "pool": "p"}}])
+    )
     now = [0.0]
     discovery = TargetDiscovery(
-        CollectConfig(targets=[TargetConfig(url="10.0.0.9:9400")], file_sd=[str(tmp_path / "*.json")],
-                      file_sd_refresh_s=5),
+        CollectConfig(
+            targets=[TargetConfig(url="10.0.0.9:9400")],
+            file_sd=[str(tmp_path / "*.json")],
+            file_sd_refresh_s=5,
+        ),
         clock=lambda: now[0],
     )
     first = discovery.targets()
-    assert [t.url for t in first] == ["http://10.0.0.9:9400/metrics", "http://10.0.0.1:8000/metrics"]
+    assert [t.url for t in first] == [
+        "http://10.0.0.9:9400/metrics",
+        "http://10.0.0.1:8000/metrics",
+    ]
     assert first[1].dialect == "vllm" and first[1].pool == "p"
-    sd.write_text("- targets: ['10.0.0.1:8000', '10.0.0.2:8000']\n  labels: {__metrics_path__: /prometheus/metrics}\n")
+    sd.write_text(
+        "- targets: ['10.0.0.1:8000', '10.0.0.2:8000']\n"
+        "  labels: {__metrics_path__: /prometheus/metrics}\n"
+    )
     assert len(discovery.targets()) == 2  # not re-read before file_sd_refresh_s
     now[0] = 10.0
     assert [t.url for t in discovery.targets()][1:] == [
-        "http://10.0.0.1:8000/prometheus/metrics", "http://10.0.0.2:8000/prometheus/metrics"]
+        "http://10.0.0.1:8000/prometheus/metrics",
+        "http://10.0.0.2:8000/prometheus/metrics",
+    ]
     sd.write_text('[{"targets": [')
     now[0] = 20.0
     assert len(discovery.targets()) == 3 and str(sd) in discovery.errors
@@ -200,21 +243,32 @@ def _batch(canonicalizer: TargetCanonicalizer, parser: ExpositionParser, ts_ms: 
     return canonicalizer.canonicalize(parser.parse(_ROUND_TEXT), ts_ms).table
 
 
-def test_broker_outage_loses_nothing_within_the_buffer_bound_and_counts_overflow(store: Store) -> None:
+def test_broker_outage_loses_nothing_within_the_buffer_bound_and_counts_overflow(
+    store: Store,
+) -> None:
     port = free_port()
     canonicalizer, parser = TargetCanonicalizer("10.0.0.7:8000"), ExpositionParser()
     rows_per_round = _batch(canonicalizer, parser, 1).num_rows
     metrics = CollectorMetrics()
     buffer = PublishBuffer(max_rows=3 * rows_per_round, metrics=metrics)
     broker = EmbeddedBroker(port=port).start()
-    config = BusConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix="outage.", partitions=1)
+    config = BusConfig(
+        bootstrap_servers=broker.bootstrap_servers, topic_prefix="outage.", partitions=1
+    )
     bus = Bus(config).start()
     try:
         bus.ensure_topics()
         publisher = KafkaPublisher(
-            lambda: bus.producer(max_block_ms=2000, request_timeout_ms=2000, delivery_timeout_ms=4000,
-                                 reconnect_backoff_max_ms=500),
-            buffer, metrics=metrics, publish_timeout_s=2.0, backoff_s=0.2,
+            lambda: bus.producer(
+                max_block_ms=2000,
+                request_timeout_ms=2000,
+                delivery_timeout_ms=4000,
+                reconnect_backoff_max_ms=500,
+            ),
+            buffer,
+            metrics=metrics,
+            publish_timeout_s=2.0,
+            backoff_s=0.2,
         ).start()
         buffer.put(ENGINE_SAMPLES, _batch(canonicalizer, parser, 1000))
         _wait(lambda: publisher.published_rows == rows_per_round, "first round published")
@@ -225,16 +279,29 @@ def test_broker_outage_loses_nothing_within_the_buffer_bound_and_counts_overflow
         for ts in range(3000, 8000, 1000):  # five more rounds: two of them overflow the bound
             buffer.put(ENGINE_SAMPLES, _batch(canonicalizer, parser, ts))
         assert buffer.dropped_rows == 2 * rows_per_round
-        assert metrics.registry.get_sample_value("llmslo_collect_dropped_total", {"reason": "buffer_full"}) == 2 * rows_per_round
+        assert (
+            metrics.registry.get_sample_value(
+                "llmslo_collect_dropped_total", {"reason": "buffer_full"}
+            )
+            == 2 * rows_per_round
+        )
 
         broker = EmbeddedBroker(port=port).start()  # memory storage: a fresh, empty broker
         bus.ensure_topics()
-        _wait(lambda: len(buffer) == 0 and publisher.in_flight_rows == 0, "buffer drained", timeout_s=90)
+        _wait(
+            lambda: len(buffer) == 0 and publisher.in_flight_rows == 0,
+            "buffer drained",
+            timeout_s=90,
+        )
         publisher.stop()
         publisher.close()
         ingest_until(bus, store, {"engine_samples": 4 * rows_per_round})
-        kept = [row[0] for row in store.con.execute(
-            "SELECT DISTINCT ts_ms FROM engine_samples ORDER BY ts_ms").fetchall()]
+        kept = [
+            row[0]
+            for row in store.con.execute(
+                "SELECT DISTINCT ts_ms FROM engine_samples ORDER BY ts_ms"
+            ).fetchall()
+        ]
         assert kept == [2000, 5000, 6000, 7000]  # the in-flight round and the newest three
         assert store.count("engine_samples") == 4 * rows_per_round  # nothing doubled
     finally:

@@ -1,0 +1,94 @@
+"""``llmslo scrape`` and ``llmslo collect`` through ``pipeline.cli.main``."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from collectors.examples import dcgm_exposition, vllm_exposition
+from pipeline.bus import Bus
+from pipeline.cli import main
+
+PAGES = {
+    "/metrics": vllm_exposition(engines=2) + "garbage line\n",
+    "/dcgm": dcgm_exposition(gpus=2, lowercase=True),
+}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = PAGES.get(self.path)
+        self.send_response(200 if body else 404)
+        self.end_headers()
+        self.wfile.write((body or "").encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def exporter() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_scrape_json_shows_dialect_signals_bounds_and_bad_lines(
+    exporter: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["scrape", exporter, "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    report = json.loads(lines[0])
+    assert (report["dialect"], report["bad_lines"]) == ("vllm", 1)
+    assert report["signals"]["ttft"]["bounds"][:3] == [0.001, 0.005, 0.01]
+    assert report["signals"]["ttft"]["bounds"][-1] == "+Inf"
+    assert report["signals"]["kv_usage"]["series"] == 2
+    assert "vllm:request_prompt_tokens_bucket" in report["unknown_metrics"]
+
+
+def test_scrape_text_for_dcgm(exporter: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scrape", f"http://{exporter}/dcgm"]) == 0
+    out = capsys.readouterr().out
+    assert "dialect: dcgm" in out and "xid" in out and "fb_used_mib" in out
+
+
+def test_scrape_of_a_missing_endpoint_fails_cleanly(
+    exporter: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["scrape", f"http://{exporter}/nope"]) == 2
+    assert "HTTP 404" in capsys.readouterr().err
+
+
+def test_collect_rounds_publish_and_report_health(
+    exporter: str, bus: Bus, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "llmslo.yaml"
+    config.write_text(
+        f"bus: {{bootstrap_servers: '{bus.bootstrap_servers}', "
+        f"topic_prefix: '{bus.prefix}', partitions: 2}}\n"
+        f"collect: {{interval_s: 0.2, jitter_s: 0, targets: [{{url: '{exporter}'}}, {{url: 'http://{exporter}/dcgm'}}]}}\n"
+    )
+    assert main(["collect", "-c", str(config), "--rounds", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["dropped_rows"] == 0 and summary["unpublished_rows"] == 0
+    assert summary["published_rows"] > 0
+    health = summary["targets"]
+    assert {h["dialect"] for h in health.values()} == {"vllm", "dcgm"}
+    assert all(h["up"] for h in health.values())
+
+
+def test_collect_config_errors_name_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("collect: {interval_s: -1, targets: [{url: 'ftp://x'}]}\n")
+    assert main(["config", "validate", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "collect.interval_s" in err and "collect.targets[0].url" in err
