@@ -106,6 +106,8 @@ class Exchange:
                 await self._json_body(down)
         except ClientGone as exc:
             self.client_gone(exc.reason)
+        except aiohttp.ConnectionTimeoutError:
+            self._fail("upstream_timeout", "connect_timeout")
         except aiohttp.ServerTimeoutError:
             self._fail("upstream_timeout", "upstream_read_timeout", cut=self._resp is not None)
         except aiohttp.ClientConnectorError:

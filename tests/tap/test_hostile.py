@@ -199,3 +199,17 @@ def test_many_concurrent_streams_all_get_records() -> None:
         assert len(sink.requests) == 64 and {r["outcome"] for r in sink.requests} == {"ok"}
 
     run(scenario())
+
+
+def test_an_oversized_request_body_is_refused_before_reaching_the_engine() -> None:
+    async def scenario() -> None:
+        up = ScriptedUpstream(lambda req: stream_script(1))
+        async with tap_over([up], max_request_bytes=1024) as (url, sink, _):
+            status, _, _ = await post(
+                url, {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}
+            )
+            ok, _, _ = await post(url, CHAT)
+        assert status == 413 and ok == 200
+        assert len(up.requests) == 1
+
+    run(scenario())
