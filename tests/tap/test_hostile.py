@@ -204,7 +204,7 @@ def test_many_concurrent_streams_all_get_records() -> None:
 def test_an_oversized_request_body_is_refused_before_reaching_the_engine() -> None:
     async def scenario() -> None:
         up = ScriptedUpstream(lambda req: stream_script(1))
-        async with tap_over([up], max_request_bytes=1024) as (url, sink, _):
+        async with tap_over([up], max_request_bytes=1024) as (url, _, _):
             status, _, _ = await post(
                 url, {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}
             )
