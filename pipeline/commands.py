@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
 import textwrap
 import threading
@@ -17,6 +19,7 @@ from pipeline.broker import EmbeddedBroker
 from pipeline.bus import Bus
 from pipeline.cli import add_common_options, install_stop_handlers, print_json, resolve_config
 from pipeline.config import load_config
+from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.schema import ENGINE_SAMPLES
 from pipeline.store import Store
@@ -156,6 +159,39 @@ def run_ingest(args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+def run_lake_export(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    lake_dir = args.lake or config.store.lake_dir
+    if lake_dir is None:
+        raise ConfigError("no lake directory: pass --lake or set store.lake_dir")
+    with Store(config.store.path) as store:
+        written = export_hours(store, lake_dir, args.ingester, now_ts_ms=int(time.time() * 1000))
+    print_json(
+        {
+            "exported": [
+                {
+                    "table": w.table,
+                    "hour_start_ms": w.hour_start_ms,
+                    "rows": w.rows,
+                    "path": str(w.path),
+                }
+                for w in written
+            ]
+        }
+    )
+    return 0
+
+
+def _export_lake_periodically(
+    store: Store, lake_dir: Path, ingester_id: str, stop: threading.Event
+) -> None:
+    while not stop.wait(60.0):
+        try:
+            export_hours(store, lake_dir, ingester_id, now_ts_ms=int(time.time() * 1000))
+        except LlmsloError as exc:  # keep ingesting; the next round retries the hour
+            log.error("lake export failed: %s", exc)
 
 
 def run_config_validate(args: argparse.Namespace) -> int:

@@ -204,7 +204,8 @@ class Store:
         except duckdb.Error as exc:
             raise StoreError(f"cannot open DuckDB file {self.path}: {exc}") from exc
         self._series: dict[str, SeriesIndex] = {}
-        self._lock = threading.Lock()  # one DuckDB connection, used by the ingester's two threads
+        #: Held while using ``con`` from a thread other than the owner's (ingest commits, lake export).
+        self.lock = threading.RLock()
         if not read_only:
             self.migrate()
             for schema in iter_schemas():
@@ -250,7 +251,7 @@ class Store:
 
     def read_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
         """The stored next offset of every (topic, partition) of ``group_id``."""
-        with self._lock:
+        with self.lock:
             rows = self.con.execute(
                 "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?",
                 [group_id],
@@ -267,7 +268,7 @@ class Store:
         now_ts_ms: int,
     ) -> None:
         """Append ``rows`` (table name → Arrow tables of its schema), dead letters and offsets atomically."""
-        with self._lock:
+        with self.lock:
             self._commit_batch(rows, group_id, offsets, deadletters, now_ts_ms)
 
     def _commit_batch(

@@ -1,0 +1,108 @@
+"""Hourly Parquet export: how several ingesters' DuckDB files become one queryable lake.
+
+Each ingester owns its DuckDB file (DuckDB has one writer per file). Completed hours are
+exported as Hive-partitioned Parquet::
+
+    <lake>/<table>/date=2026-11-29/hour=14/<ingester>.parquet
+
+so that SLO jobs and dashboards read every ingester's rows with one DuckDB query
+(:func:`lake_view_sql`). The ``lake_exports`` table records what was exported; running
+the export again writes only hours not exported before, and rewrites nothing.
+Ingesters in one group own disjoint partitions, so their files never hold the same row.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.store import Store
+
+__all__ = ["LAKE_TABLES", "ExportedHour", "export_hours", "lake_view_sql"]
+
+log = logging.getLogger(__name__)
+
+HOUR_MS = 3_600_000
+#: Exported tables and their event-time column.
+LAKE_TABLES = {"engine_samples": "ts_ms", "gpu_samples": "ts_ms", "requests": "received_ts_ms"}
+
+
+@dataclass(frozen=True)
+class ExportedHour:
+    """One Parquet file written."""
+
+    table: str
+    hour_start_ms: int
+    rows: int
+    path: Path
+
+
+def _ensure_ledger(store: Store) -> None:
+    store.con.execute(
+        "CREATE TABLE IF NOT EXISTS lake_exports (table_name VARCHAR NOT NULL, hour_start_ms BIGINT NOT NULL, "
+        "rows BIGINT NOT NULL, path VARCHAR NOT NULL, PRIMARY KEY (table_name, hour_start_ms))"
+    )
+
+
+def export_hours(
+    store: Store, lake_dir: Path, ingester_id: str, *, now_ts_ms: int
+) -> list[ExportedHour]:
+    """Export every complete hour (ended before ``now_ts_ms``) not exported yet."""
+    current_hour = now_ts_ms // HOUR_MS * HOUR_MS
+    written = []
+    with store.lock:  # the ingester commits on another thread through the same connection
+        _ensure_ledger(store)
+        for table, column in LAKE_TABLES.items():
+            written += _export_table(store, lake_dir, ingester_id, table, column, current_hour)
+    return written
+
+
+def _export_table(
+    store: Store, lake_dir: Path, ingester_id: str, table: str, column: str, current_hour: int
+) -> list[ExportedHour]:
+    hours = store.con.execute(
+        f"SELECT DISTINCT {column} // {HOUR_MS} * {HOUR_MS} AS hour FROM {table} "
+        f"WHERE {column} < ? AND hour NOT IN "
+        "(SELECT hour_start_ms FROM lake_exports WHERE table_name = ?) ORDER BY hour",
+        [current_hour, table],
+    ).fetchall()
+    return [_export_hour(store, lake_dir, ingester_id, table, column, hour) for (hour,) in hours]
+
+
+def _export_hour(
+    store: Store, lake_dir: Path, ingester_id: str, table: str, column: str, hour: int
+) -> ExportedHour:
+    stamp = store.con.execute(
+        "SELECT strftime(make_timestamp(? * 1000), '%Y-%m-%d|%H')", [hour]
+    ).fetchone()
+    assert stamp is not None
+    date, hour_of_day = stamp[0].split("|")
+    path = lake_dir / table / f"date={date}" / f"hour={hour_of_day}" / f"{ingester_id}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store.con.execute("BEGIN")
+    try:
+        store.con.execute(
+            f"COPY (SELECT * FROM {table} WHERE {column} >= ? AND {column} < ? ORDER BY {column}) "
+            f"TO '{path}' (FORMAT PARQUET, COMPRESSION ZSTD)",
+            [hour, hour + HOUR_MS],
+        )
+        row = store.con.execute(f"SELECT count(*) FROM read_parquet('{path}')").fetchone()
+        rows = int(row[0]) if row else 0
+        store.con.execute(
+            "INSERT INTO lake_exports VALUES (?, ?, ?, ?)", [table, hour, rows, str(path)]
+        )
+        store.con.execute("COMMIT")
+    except Exception:
+        store.con.execute("ROLLBACK")
+        raise
+    log.info("exported %d rows of %s for hour %s %s to %s", rows, table, date, hour_of_day, path)
+    return ExportedHour(table, hour, rows, path)
+
+
+def lake_view_sql(lake_dir: Path, table: str) -> str:
+    """A SELECT over every ingester's exported hours of ``table``."""
+    pattern = str(lake_dir / table / "**" / "*.parquet")
+    return (
+        f"SELECT * FROM read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
+    )
