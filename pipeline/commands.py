@@ -21,6 +21,7 @@ from pipeline.cli import add_common_options, install_stop_handlers, print_json, 
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
+from pipeline.lake import export_hours
 from pipeline.schema import ENGINE_SAMPLES
 from pipeline.store import Store
 from pipeline.synthetic import SyntheticScrapes
@@ -92,6 +93,23 @@ def register(subparsers: Any) -> None:
     )
     ingest.set_defaults(handler=run_ingest)
 
+    lake = _subparser(
+        subparsers,
+        "lake",
+        "Export complete hours of a DuckDB file to the Parquet lake.",
+        "llmslo lake export --db var/llmslo.duckdb --lake /srv/llmslo-lake --ingester ingest-0",
+    )
+    lake_sub = lake.add_subparsers(dest="lake_command", required=True)
+    export = lake_sub.add_parser(
+        "export", help="write hours not exported yet as Hive-partitioned Parquet"
+    )
+    add_common_options(export, bus=False, db=True)
+    export.add_argument("--lake", type=Path, help="lake directory (overrides store.lake_dir)")
+    export.add_argument(
+        "--ingester", default=socket.gethostname(), help="file name of this ingester's parts"
+    )
+    export.set_defaults(handler=run_lake_export)
+
     config = _subparser(
         subparsers,
         "config",
@@ -148,7 +166,17 @@ def run_ingest(args: argparse.Namespace) -> int:
             bus, store, ingest_config, metrics=metrics, instance_id=args.instance_id
         )
         install_stop_handlers(ingester.stop)
+        exporting = threading.Event()
+        if config.store.lake_dir is not None:
+            ingester_id = args.instance_id or f"{socket.gethostname()}-{os.getpid()}"
+            threading.Thread(
+                target=_export_lake_periodically,
+                name="lake-export",
+                daemon=True,
+                args=(store, config.store.lake_dir, ingester_id, exporting),
+            ).start()
         stats = ingester.run(max_idle_s=args.exit_when_idle)
+        exporting.set()
     print_json(
         {
             "ingest": "stopped",
