@@ -493,7 +493,7 @@ DETECTORS: dict[str, Detector] = {
 
 
 def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) -> list[Finding]:
-    """A per-instance signal held by ≥ ``pool_share`` of a pool's instances, raised on the pool."""
+    """A per-instance signal held by more than ``pool_share`` of a pool's instances, on the pool."""
     sizes = {pool: len(instances) for pool, instances in _by_pool(snap).items()}
     hit: dict[tuple[str, str], list[str]] = defaultdict(list)
     for f in findings:
@@ -502,7 +502,7 @@ def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) 
     out = []
     for (signal, pool), instances in sorted(hit.items()):
         size = sizes.get(pool, 0)
-        if size >= 2 and len(instances) / size >= cfg.pool_share:
+        if size >= 2 and len(instances) / size > cfg.pool_share:
             severity = next(f.severity for f in findings if f.signal == signal)
             evidence = {
                 "instances": sorted(instances),

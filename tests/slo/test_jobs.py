@@ -52,12 +52,18 @@ def kv_leak(s: State, since: float) -> None:
 
 
 def replay(
-    store: Store, fleet: FleetTimeline, sink: Any, metrics: JobMetrics | None = None
+    store: Store,
+    fleet: FleetTimeline,
+    sink: Any,
+    metrics: JobMetrics | None = None,
+    step_s: int = 0,
+    start_s: int = 0,
 ) -> SloJobs:
+    """Insert the fleet's rows, then run one cycle per ``step_s`` (default: every scrape)."""
     requests, engine, gpu = fleet.rows()
     insert(store, requests=requests, engine=engine, gpu=gpu)
     jobs = SloJobs(store.con, MODEL, CONFIG, sink=sink, metrics=metrics)
-    for t in range(0, fleet.seconds + 1, fleet.scrape_s):
+    for t in range(start_s, fleet.seconds + 1, step_s or fleet.scrape_s):
         result = jobs.run_once(T0_MS + t * 1000)
         assert result is not None and result.errors == []
     return jobs
@@ -65,7 +71,7 @@ def replay(
 
 def test_a_healthy_run_changes_no_flag(store: Store) -> None:
     sink = ListTransitionSink()
-    replay(store, FleetTimeline(instances=3, seconds=1200), sink)
+    replay(store, FleetTimeline(instances=3, seconds=1200), sink, step_s=30)
     assert sink.transitions == []
     assert store.count("flag_transitions") == 0
 
@@ -73,7 +79,7 @@ def test_a_healthy_run_changes_no_flag(store: Store) -> None:
 def test_kv_leak_raises_l1_l2_l3_within_two_scrapes_of_each_crossing(store: Store) -> None:
     sink = ListTransitionSink()
     fleet = FleetTimeline(instances=3, seconds=900).add_fault(1, 300, kv_leak)
-    replay(store, fleet, sink)
+    replay(store, fleet, sink, start_s=480)
     mine = [t for t in sink.transitions if t.scope == "instance"]
     assert [(t.from_level, t.to_level) for t in mine] == [(0, 1), (1, 2), (2, 3)]
     assert all(t.scope_id == fleet.instance(1) for t in mine)
@@ -91,7 +97,7 @@ def test_xid_sends_the_instance_to_l3_with_oom_evidence(store: Store) -> None:
         s["xid"] = 79.0
 
     sink = ListTransitionSink()
-    replay(store, FleetTimeline(instances=2, seconds=400).add_fault(0, 300, xid), sink)
+    replay(store, FleetTimeline(instances=2, seconds=400).add_fault(0, 300, xid), sink, start_s=240)
     (t,) = sink.transitions
     assert (t.scope, t.to_level, t.reason) == ("instance", 3, "oom_risk")
     assert t.evidence["oom_risk"]["xid"] == [79]
@@ -102,7 +108,7 @@ def test_recovery_leaves_slowly_and_every_transition_is_stored(store: Store) -> 
         s["kv_usage"] = 0.93 if since < 60 else 0.4
 
     fleet = FleetTimeline(instances=1, seconds=700).add_fault(0, 300, blip)
-    replay(store, fleet, StoreTransitionSink(store.con))
+    replay(store, fleet, StoreTransitionSink(store.con), start_s=240)
     rows = store.con.execute(
         "SELECT scope, from_level, to_level, reason, ts_ms FROM flag_transitions "
         "WHERE scope = 'instance' ORDER BY ts_ms"
@@ -118,7 +124,7 @@ def test_a_restart_resumes_the_stored_level_instead_of_re_announcing(store: Stor
     fleet = FleetTimeline(instances=1, seconds=600).add_fault(
         0, 0, lambda s, _: s.update(kv_usage=0.93)
     )
-    replay(store, fleet, StoreTransitionSink(store.con))
+    replay(store, fleet, StoreTransitionSink(store.con), step_s=60)
     before = store.count("flag_transitions")
     again = SloJobs(store.con, MODEL, CONFIG, sink=StoreTransitionSink(store.con))
     again.run_once(fleet.end_ms)
@@ -128,7 +134,7 @@ def test_a_restart_resumes_the_stored_level_instead_of_re_announcing(store: Stor
 def test_transitions_are_published_to_the_flags_topic(store: Store, bus: Bus) -> None:
     producer = bus.producer()
     fleet = FleetTimeline(instances=2, seconds=700).add_fault(0, 300, kv_leak)
-    replay(store, fleet, BusTransitionSink(producer))
+    replay(store, fleet, BusTransitionSink(producer), start_s=480)
     producer.close()
     consumer = bus.consumer(None)
     consumer.subscribe([bus.prefix + FLAG_TRANSITIONS.topic])
@@ -153,11 +159,8 @@ def test_findings_start_and_resolve_once(store: Store) -> None:
         else:
             s["tokens_per_s"], s["requests"] = 180.0, 8
 
-    replay(
-        store,
-        FleetTimeline(instances=2, seconds=900).add_fault(0, 300, stall),
-        ListTransitionSink(),
-    )
+    fleet = FleetTimeline(instances=2, seconds=900).add_fault(0, 300, stall)
+    replay(store, fleet, ListTransitionSink(), step_s=30)
     rows = store.con.execute("SELECT state, signal FROM slo_findings ORDER BY ts_ms").fetchall()
     assert rows == [("firing", "stall"), ("resolved", "stall")]
 
@@ -167,7 +170,7 @@ def test_metrics_endpoint_serves_burn_rates_budgets_flags_and_durations(store: S
     server, _ = start_http_server(0, "127.0.0.1", registry=metrics.registry)
     try:
         fleet = FleetTimeline(instances=2, seconds=660).add_fault(0, 300, kv_leak)
-        replay(store, fleet, ListTransitionSink(), metrics)
+        replay(store, fleet, ListTransitionSink(), metrics, step_s=30, start_s=480)
         body = (
             urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=30)
             .read()

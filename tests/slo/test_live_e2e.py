@@ -103,7 +103,13 @@ def test_stall_and_kv_leak_on_a_live_fleet(tmp_path: Any) -> None:
         for ts in stamps:
             result = jobs.run_once(ts)
             assert result is not None and result.errors == []
-            stalls.update({f.scope_id: f.evidence for f in result.findings if f.signal == "stall"})
+            stalls.update(
+                {
+                    f.scope_id: f.evidence
+                    for f in result.findings
+                    if f.signal == "stall" and f.scope == "instance"
+                }
+            )
     assert set(stalls) == {pod0}
     assert stalls[pod0]["running_min"] > 0
     mine = [t for t in sink.transitions if t.scope == "instance" and t.scope_id == pod1]
