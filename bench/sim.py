@@ -153,8 +153,7 @@ def main() -> int:
         ports = [p.port for p in fleet.pods]
         queue: mp.Queue = ctx.Queue()
         children = [
-            ctx.Process(target=_client, args=(ports, params, k, queue))
-            for k in range(args.clients)
+            ctx.Process(target=_client, args=(ports, params, k, queue)) for k in range(args.clients)
         ]
         cpu0, t0 = time.process_time(), time.monotonic()
         for child in children:

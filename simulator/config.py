@@ -167,7 +167,7 @@ def simple_fleet(
     pod_list = [
         PodConfig(
             name=f"pod-{i}",
-            dialect=names[i % len(names)],  # type: ignore[arg-type]
+            dialect=names[i % len(names)],
             model=model,
             node=f"node-{i // gpus_per_node}",
             gpus=[i % gpus_per_node],

@@ -22,11 +22,14 @@ from aiohttp import web
 from simulator.config import NodeConfig
 
 if TYPE_CHECKING:
+    from simulator.engine import EngineModel
     from simulator.pod import EnginePod
 
 __all__ = ["DCGM_FIELDS", "DcgmExporter"]
 
 DRIVER_VERSION = "550.127.05"
+#: Shortest window (s) over which GPU activity is re-measured.
+MIN_WINDOW_S = 0.25
 #: (field, type, help) of the enabled default counters (reference/dcgm-default-counters.csv).
 DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
@@ -79,12 +82,12 @@ DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
     (
         "DCGM_FI_PROF_PCIE_TX_BYTES",
         "gauge",
-        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",  # noqa: E501
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
     ),
     (
         "DCGM_FI_PROF_PCIE_RX_BYTES",
         "gauge",
-        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",  # noqa: E501
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
     ),
 )
 _INT_FIELDS = {
@@ -121,6 +124,8 @@ class _GpuState:
     energy_mj: float = 0.0
     nvlink: float = 0.0
     activity: float = 0.0
+    window_start_s: float = 0.0
+    engine: EngineModel | None = None
 
 
 class DcgmExporter:
@@ -179,22 +184,37 @@ class DcgmExporter:
         )
 
     # ---- values -----------------------------------------------------------------------
+    def _activity(self, gpu: _GpuState, now: float) -> float:
+        """Share of wall time the GPU's engine spent stepping, over windows of >= 0.25 s.
+
+        Short windows (several scrapers hitting the exporter at once) reuse the last value,
+        as dcgm's own sampling interval would.
+        """
+        pod = gpu.pod
+        if pod is None or not pod.listening:
+            gpu.engine = None
+            gpu.activity = 0.0
+            return 0.0
+        stall = pod.faults.get("stall")
+        if stall is not None:
+            return float(stall.engine_active)
+        engine = pod.engine
+        if gpu.engine is not engine:  # first look, or the pod restarted
+            gpu.engine, gpu.last_busy_s, gpu.window_start_s = engine, engine.busy_s, now
+            return gpu.activity
+        window = now - gpu.window_start_s
+        if window >= MIN_WINDOW_S:
+            gpu.activity = min(1.0, max(0.0, (engine.busy_s - gpu.last_busy_s) / window))
+            gpu.last_busy_s, gpu.window_start_s = engine.busy_s, now
+        return gpu.activity
+
     def _values(self, gpu: _GpuState, now: float) -> tuple[dict[str, float], int, str]:
         pod = gpu.pod
         alive = pod is not None and pod.listening
-        activity = 0.0
+        activity = self._activity(gpu, now)
         occupancy = 0.0
         if pod is not None and alive:
-            engine = pod.engine
-            wall = max(1e-6, now - gpu.last_wall_s)
-            activity = min(1.0, max(0.0, (engine.busy_s - gpu.last_busy_s) / wall))
-            gpu.last_busy_s = engine.busy_s
-            stall = pod.faults.get("stall")
-            if stall is not None:
-                activity = stall.engine_active
-            occupancy = len(engine.running) / engine.config.max_num_seqs
-        elif pod is not None:
-            gpu.last_busy_s = 0.0
+            occupancy = len(pod.engine.running) / pod.engine.config.max_num_seqs
         dt = max(0.0, now - gpu.last_wall_s)
         gpu.last_wall_s = now
         power = 72.0 + 620.0 * activity

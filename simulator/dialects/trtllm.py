@@ -90,13 +90,13 @@ class TrtllmDialect(MetricsDialect):
         )
         self.output_len = out.labels(**base, response_metric_type="total_output_tokens")
         docs = {
-            "nv_inference_request_success": "Number of successful inference requests, all batch sizes",  # noqa: E501
+            "nv_inference_request_success": "Number of successful inference requests, all batch sizes",
             "nv_inference_request_failure": "Number of failed inference requests, all batch sizes",
-            "nv_inference_count": "Number of inferences performed (does not include cached requests)",  # noqa: E501
-            "nv_inference_exec_count": "Number of model executions performed (does not include cached requests)",  # noqa: E501
-            "nv_inference_request_duration_us": "Cumulative inference request duration in microseconds (includes cached requests)",  # noqa: E501
-            "nv_inference_queue_duration_us": "Cumulative inference queuing duration in microseconds (includes cached requests)",  # noqa: E501
-            "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in microseconds (does not include cached requests)",  # noqa: E501
+            "nv_inference_count": "Number of inferences performed (does not include cached requests)",
+            "nv_inference_exec_count": "Number of model executions performed (does not include cached requests)",
+            "nv_inference_request_duration_us": "Cumulative inference request duration in microseconds (includes cached requests)",
+            "nv_inference_queue_duration_us": "Cumulative inference queuing duration in microseconds (includes cached requests)",
+            "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in microseconds (does not include cached requests)",
         }
         self.triton = {name: c(name, docs[name], bn).labels(**base) for name in _TRITON_COUNTERS}
         self.pending = g(
