@@ -98,14 +98,15 @@ class _Template:
     frozen_watch: bool
 
 
-def _kind_and_base(name: str, family_type: str) -> tuple[str, str]:
+def _kind_and_base(name: str, family_type: str, family_name: str) -> tuple[str, str]:
     if family_type in ("histogram", "gaugehistogram", "summary"):
         for suffix, kind in _HISTOGRAM_SUFFIXES:
             if name.endswith(suffix):
                 return kind, name[: -len(suffix)]
         if family_type == "summary":
             return "gauge", name  # a quantile
-    if name.endswith("_created") and family_type != "counter":
+    # 0.0.4: X_created is its own gauge family; OpenMetrics: a sample of the counter family X
+    if name.endswith("_created") and (family_type != "counter" or name != family_name):
         return "created", name[: -len("_created")]
     if family_type == "counter":
         return "counter", name
@@ -140,7 +141,7 @@ class TargetCanonicalizer:
         self.model = model
         self.max_templates = max_templates
         self.detection: Detection | None = None
-        self._names_seen: frozenset[str] = frozenset()
+        self._names_seen: frozenset[str] | None = None
         self._present: frozenset[str] = frozenset()
         self._reset_templates()
 
@@ -150,17 +151,16 @@ class TargetCanonicalizer:
         self._templates: list[_Template] = []
         self._arrow: pa.Table | None = None
         self._prev = np.empty(0)
-        self._frozen_fingerprint: bytes | None = None
-        self._frozen_since_ms: int | None = None
+        self._frozen_state: dict[tuple[object, object], tuple[bytes, int]] = {}
 
     @property
     def schema(self) -> RecordSchema:
         engine = self.detection.engine if self.detection else None
         return GPU_SAMPLES if engine is not None and engine.topic == "gpu" else ENGINE_SAMPLES
 
-    def _template(self, series: Series, family_type: str) -> _Template:
+    def _template(self, series: Series, family_type: str, family_name: str) -> _Template:
         engine = self.detection.engine if self.detection else None
-        kind, base = _kind_and_base(series.name, family_type)
+        kind, base = _kind_and_base(series.name, family_type, family_name)
         rule = None
         if engine is not None and kind != "created":
             rule = engine.metrics.get(series.name)
@@ -214,7 +214,7 @@ class TargetCanonicalizer:
         engine_id = take("engine") or ""
         return (self.pool or model, model, engine_id)
 
-    def _add(self, series: Series, family_type: str) -> tuple[int, str]:
+    def _add(self, series: Series, family_type: str, family_name: str) -> tuple[int, str]:
         if len(self._templates) >= self.max_templates:
             log.warning(
                 "%s: more than %d series, resetting the series cache",
@@ -222,7 +222,7 @@ class TargetCanonicalizer:
                 self.max_templates,
             )
             self._reset_templates()
-        template = self._template(series, family_type)
+        template = self._template(series, family_type, family_name)
         hit = (len(self._templates), family_type)
         self._templates.append(template)
         self._lookup[series] = hit
@@ -252,7 +252,7 @@ class TargetCanonicalizer:
     # -- detection ---------------------------------------------------------------------------
     def _detect(self, exposition: Exposition) -> None:
         names = frozenset(f.name for f in exposition.families)
-        if names == self._names_seen and (self.detection is not None or not names):
+        if names == self._names_seen:
             return
         self._names_seen = names
         sample_names = {s.name for s in exposition.series}
@@ -285,6 +285,7 @@ class TargetCanonicalizer:
         """Rows of one scrape taken at ``ts_ms`` (Unix epoch ms)."""
         self._detect(exposition)
         types = [f.type for f in exposition.families]
+        family_names = [f.name for f in exposition.families]
         lookup, add = self._lookup, self._add
         indices: list[int] = []
         append = indices.append
@@ -292,7 +293,7 @@ class TargetCanonicalizer:
             family_type = types[family]
             hit = lookup.get(series)
             if hit is None or hit[1] != family_type:
-                hit = add(series, family_type)
+                hit = add(series, family_type, family_names[family])
             append(hit[0])
         templates = self._template_table()
         idx = np.asarray(indices, dtype=np.int64)
@@ -386,12 +387,23 @@ class TargetCanonicalizer:
     def _frozen_rows(
         self, idx: np.ndarray, values: np.ndarray, ts_ms: int
     ) -> list[dict[str, object]]:
-        watched = self._frozen[idx]
-        if not watched.any():
+        """One ``gauges_unchanged_s`` row per engine (DP rank) whose gauges are watched."""
+        watched = np.flatnonzero(self._frozen[idx])
+        if not len(watched):
             return []
-        fingerprint = values[watched].tobytes() + idx[watched].tobytes()
-        if fingerprint != self._frozen_fingerprint or self._frozen_since_ms is None:
-            self._frozen_fingerprint = fingerprint
-            self._frozen_since_ms = ts_ms
-        unchanged_s = (ts_ms - self._frozen_since_ms) / 1000.0
-        return [self._derived(ts_ms, UNCHANGED_METRIC, "gauges_unchanged_s", unchanged_s, {})]
+        by_engine: dict[tuple[object, object], list[int]] = {}
+        for position in watched.tolist():
+            columns = self._templates[int(idx[position])].columns
+            by_engine.setdefault((columns[1], columns[2]), []).append(position)  # (model, engine)
+        rows = []
+        for (model, engine), positions in sorted(by_engine.items(), key=str):
+            fingerprint = values[positions].tobytes() + idx[positions].tobytes()
+            known = self._frozen_state.get((model, engine))
+            since_ms = ts_ms if known is None or known[0] != fingerprint else known[1]
+            self._frozen_state[(model, engine)] = (fingerprint, since_ms)
+            row = self._derived(
+                ts_ms, UNCHANGED_METRIC, "gauges_unchanged_s", (ts_ms - since_ms) / 1000.0, {}
+            )
+            row.update(model=model, engine=engine, pool=self.pool or model)
+            rows.append(row)
+        return rows

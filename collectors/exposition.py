@@ -67,11 +67,13 @@ OPENMETRICS_TYPES: dict[str, tuple[str, ...]] = {
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _NAME_RE = re.compile(_NAME)
-_LABEL_TEXT = r'(?:[^"}]|"(?:[^"\\]|\\.)*")*'
+# possessive quantifiers: linear time on hostile input (no catastrophic backtracking)
+_QUOTED = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_LABEL_TEXT = rf'(?:[^"}}]++|{_QUOTED})*+'
 # name, optional {labels}, then everything after (value, timestamp, exemplar)
 _SAMPLE_RE = re.compile(rf"({_NAME})[ \t]*(?:\{{({_LABEL_TEXT})\}})?(.*)\Z", re.DOTALL)
 _LABEL_PAIR_RE = re.compile(
-    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(,|\Z)'
+    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\]*+(?:\\.[^"\\]*+)*+)"[ \t]*(,|\Z)'
 )
 _ASCII_SPACE_RE = re.compile(r"[ \t\n\r\x0b\x0c]+")
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
@@ -298,8 +300,33 @@ class _ParseState:
             group.unit = parts[3].strip()
         return True
 
+    def _simple_series(self, key: str, value_text: str) -> Series | None:
+        """Parse ``name{labels}`` / ``name`` without the full regex (the common new line)."""
+        if not value_text or "\t" in value_text or key[-1:] in ("\t", " "):
+            return None
+        brace = key.find("{")
+        if brace < 0:
+            name, label_text = key, ""
+        elif key[-1] == "}":
+            name, label_text = key[:brace], key[brace + 1 : -1]
+        else:
+            return None
+        if not _NAME_RE.fullmatch(name):
+            return None
+        try:
+            return self.parser._series_for(name, label_text)
+        except _Line:
+            return None  # let the full parse decide and explain
+
     def sample_slow(self, line: str, key: str, sep: str) -> tuple[Series, float]:
         """Full parse of a sample line; caches its series when the line is plain ``key value``."""
+        value_text = line[len(key) + 1 :]
+        if sep and not (self.out.openmetrics and " # " in line):
+            series = self._simple_series(key, value_text)
+            if series is not None:
+                value = _parse_number(value_text)
+                self.parser._remember(key, series)
+                return series, value
         exemplar_text = ""
         body = line
         if self.out.openmetrics and " # " in line:

@@ -254,3 +254,39 @@ def test_sglang_frozen_gauges_report_how_long_they_have_been_unchanged() -> None
     assert unchanged(frozen, 5000) == 5.0
     assert unchanged(frozen, 65000) == 65.0
     assert unchanged(sglang_exposition(seed=2), 70000) == 0.0
+
+
+def test_frozen_gauges_are_tracked_per_dp_rank() -> None:
+    canonicalizer, parser = TargetCanonicalizer("x:1"), ExpositionParser()
+    text = sglang_exposition(dp_ranks=2, seed=1)
+    canonicalizer.canonicalize(parser.parse(text), 0)
+    changed = text.replace(
+        'sglang:num_running_reqs{dp_rank="1"', 'sglang:num_running_reqs{dp_rank="1"', 1
+    )
+    lines = changed.splitlines()
+    rank1 = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("sglang:num_running_reqs{") and 'dp_rank="1"' in line
+    )
+    lines[rank1] = lines[rank1].rsplit(" ", 1)[0] + " 999.0"
+    rows = canonicalizer.canonicalize(
+        parser.parse("\n".join(lines) + "\n"), 10_000
+    ).table.to_pylist()
+    unchanged = {r["engine"]: r["value"] for r in signal_rows(rows, "gauges_unchanged_s")}
+    assert unchanged == {"0": 10.0, "1": 0.0}
+    assert {r["model"] for r in signal_rows(rows, "gauges_unchanged_s")} == {"llama-3-8b"}
+
+
+def test_openmetrics_counter_created_samples_are_created_not_counters() -> None:
+    text = (
+        "# TYPE vllm:generation_tokens counter\n"
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 5.0\n'
+        'vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9\n'
+        "# EOF\n"
+    )
+    rows = rows_of(text)
+    assert [(r["metric"], r["kind"], r["signal"]) for r in rows] == [
+        ("vllm:generation_tokens_total", "counter", "generation_tokens"),
+        ("vllm:generation_tokens_created", "created", None),
+    ]

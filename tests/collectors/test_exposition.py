@@ -211,3 +211,14 @@ def test_openmetrics_matches_the_openmetrics_parser() -> None:
     assert got == expected
     assert exposition.timestamps_ms == {len(exposition) - 1: 1700000000500}
     assert exposition.exemplars[2][1] == 0.25
+
+
+def test_hostile_lines_are_rejected_in_linear_time() -> None:
+    hostile = [
+        "a{" + "x" * 50_000 + " 1",
+        'a{b="' + "\\x" * 50_000 + " 1",
+        "a{" + 'b="c",' * 20_000 + " 1",
+        'a{b="' + "x" * 200_000,
+    ]
+    exposition = parse_exposition("\n".join(hostile) + "\nok 1\n")
+    assert exposition.bad_lines == 4 and [s.name for s in exposition.series] == ["ok"]
