@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
+from simulator import EngineConfig, Fleet, FleetConfig, NodeConfig, PodConfig
 
 MODEL = "llama-3-8b"
 
@@ -117,9 +117,9 @@ def make_fleet() -> Iterator[Callable[..., Fleet]]:
                 dialect=d,
                 model=MODEL,
                 node="node-0",
-                gpus=[i],  # type: ignore[arg-type]
-                engine=engine or {},
-            )  # type: ignore[arg-type]
+                gpus=[i],
+                engine=EngineConfig.model_validate(engine),
+            )
             for i, d in enumerate(names)
         ]
         fleet = Fleet(FleetConfig(nodes=[node], pods=pods, speed=speed, seed=7))

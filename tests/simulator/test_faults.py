@@ -121,11 +121,12 @@ def test_kv_leak_crosses_l1_l2_l3_thresholds(make_fleet):
     pod = fleet.pods[0]
     fleet.set_fault("pod-0", "kv_leak", blocks_per_s=2000)
     seen: list[float] = []
-    assert wait_for(
-        lambda: seen.append(value(scrape(pod.url), "vllm:kv_cache_usage_perc")) or seen[-1] >= 0.99,
-        timeout=10,
-        interval=0.02,
-    )
+
+    def usage_at_l3() -> bool:
+        seen.append(value(scrape(pod.url), "vllm:kv_cache_usage_perc"))
+        return seen[-1] >= 0.99
+
+    assert wait_for(usage_at_l3, timeout=10, interval=0.02)
     assert seen[0] < 0.9 and seen[-1] >= 0.99
     assert seen == sorted(seen), "a leak only grows"
 
