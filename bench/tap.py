@@ -4,11 +4,14 @@ Processes (so no two share a GIL): a fast OpenAI-style upstream, the tap, nginx 
 reverse proxy (Debian package ``nginx``; skipped with nulls when absent), and the load
 generator. Phases, each with 256 concurrent streams in a closed loop:
 
-1. TTFT: streams of 40 tokens at 50 ms per token (a loaded engine), direct, via the tap and
-   via nginx; added TTFT = percentile(via) − percentile(direct) of client-side TTFT;
+1. TTFT: streams of 20 tokens at 100 ms per token (a busy engine), direct, via the tap and
+   via nginx, in interleaved rounds; added TTFT = median over rounds of percentile(via) −
+   percentile(direct) of client-side TTFT (first token-bearing chunk);
    ``kib_per_stream`` = (tap RSS with 256 streams open − idle RSS) / 256.
 2. Throughput: streams of 256 tokens written back to back; chunks/s = token chunks the
-   clients received through the tap per second.
+   clients received through the tap per second; ``tap_cpu_us_per_chunk`` = CPU time the tap
+   process used per chunk (independent of how busy the machine is; 1e6 / it = chunks/s one
+   free core could carry).
 
 Usage: ``python bench/tap.py [--quick] [--streams 256]``. The last line is JSON.
 """
@@ -24,6 +27,7 @@ import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: TTFT phases: 256 streams of 20 tokens at 100 ms per token (a busy engine), 2,560 chunks/s.
+TTFT_TOKENS, TTFT_GAP_MS = 20, 100
 sys.path.insert(0, str(ROOT))
 
 
@@ -118,7 +124,7 @@ def serve_tap(port: int, upstream: str) -> None:
     if profile_to:
         import cProfile
 
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.process_time)  # CPU time, not wall time
 
         def dump(*_: object) -> None:
             profiler.disable()
@@ -192,6 +198,7 @@ def run_load(
         ).encode()
         ttfts: list[float] = []
         chunks = 0
+        chunks_total = 0
         errors = 0
         connector = aiohttp.TCPConnector(limit=0)
         start = time.perf_counter()
@@ -199,7 +206,7 @@ def run_load(
         stop_at = start + duration_s
 
         async def worker(session: aiohttp.ClientSession) -> None:
-            nonlocal chunks, errors
+            nonlocal chunks, chunks_total, errors
             await asyncio.sleep(random.random() * (tokens * gap_ms / 1000 or 0.05))
             while time.perf_counter() < stop_at:
                 t0 = time.perf_counter()
@@ -212,6 +219,7 @@ def run_load(
                     ) as resp:
                         async for line in resp.content:
                             if line.startswith(b"data: ") and b'"content":"tok' in line:
+                                chunks_total += 1
                                 if first is None:
                                     first = time.perf_counter() - t0
                                 if t0 >= measure_from:
@@ -225,7 +233,13 @@ def run_load(
         async with aiohttp.ClientSession(connector=connector) as session:
             await asyncio.gather(*(worker(session) for _ in range(streams)))
         elapsed = time.perf_counter() - measure_from
-        return {"ttfts": ttfts, "chunks": chunks, "elapsed_s": elapsed, "errors": errors}
+        return {
+            "ttfts": ttfts,
+            "chunks": chunks,
+            "chunks_total": chunks_total,
+            "elapsed_s": elapsed,
+            "errors": errors,
+        }
 
     out.put(asyncio.run(main()))
 
@@ -247,6 +261,16 @@ def load(
     proc.join(timeout=30)
     result["sampled"] = sampled
     return result
+
+
+def report(name: str, res: dict[str, Any]) -> None:
+    p50, p99 = pct(res["ttfts"], 0.5) * 1e3, pct(res["ttfts"], 0.99) * 1e3
+    rate = res["chunks"] / res["elapsed_s"]
+    print(
+        f"{name:>7}: {len(res['ttfts'])} streams, TTFT p50 {p50:.2f} ms p99 {p99:.2f} ms, "
+        f"{rate:.0f} chunks/s, errors {res['errors']}",
+        flush=True,
+    )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -272,8 +296,10 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="short phases (< 60 s in all)")
     parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 2 quick, 5 full)")
     args = parser.parse_args()
-    phase_s = 7.0 if args.quick else 30.0
+    args.rounds = args.rounds or (2 if args.quick else 5)
+    phase_s = 4.0 if args.quick else 12.0
     ctx = mp.get_context("spawn")
     up_port, tap_port, nginx_port = free_port(), free_port(), free_port()
     upstream = ctx.Process(target=serve_upstream, args=(up_port,), daemon=True)
@@ -298,50 +324,53 @@ def main() -> None:
             time.sleep(phase_s / 2)
             return int(tap_proc.memory_info().rss)
 
-        results: dict[str, dict[str, Any]] = {}
-        results["direct"] = load(ctx, direct, args.streams, phase_s, 40, 50)
-        results["tap"] = load(ctx, via_tap, args.streams, phase_s, 40, 50, during=rss_mid_phase)
-        if nginx is not None:
-            results["nginx"] = load(ctx, via_nginx, args.streams, phase_s, 40, 50)
+        # Rounds interleave direct / tap / nginx so a busy machine hurts each mode alike;
+        # figures are medians over rounds of the per-round percentile differences.
+        modes = {"direct": direct, "tap": via_tap} | ({"nginx": via_nginx} if nginx else {})
+        rounds: list[dict[str, dict[str, Any]]] = []
+        open_rss = idle_rss
+        for _ in range(args.rounds):
+            this: dict[str, dict[str, Any]] = {}
+            for name, url in modes.items():
+                during = rss_mid_phase if name == "tap" else None
+                this[name] = load(
+                    ctx, url, args.streams, phase_s, TTFT_TOKENS, TTFT_GAP_MS, during=during
+                )
+                if name == "tap":
+                    open_rss = max(open_rss, this[name]["sampled"])
+                report(name, this[name])
+            rounds.append(this)
+        cpu_before = sum(tap_proc.cpu_times()[:2])
         throughput = load(ctx, via_tap, args.streams, phase_s, 256, 0)
-        base = results["direct"]["ttfts"]
-        summary: dict[str, Any] = {"bench": "tap", "streams": args.streams, "phase_s": phase_s}
-        for name, res in results.items():
-            p50, p99 = pct(res["ttfts"], 0.5) * 1e3, pct(res["ttfts"], 0.99) * 1e3
-            rate = res["chunks"] / res["elapsed_s"]
-            print(
-                f"{name:>7}: {len(res['ttfts'])} streams, TTFT p50 {p50:.2f} ms p99 {p99:.2f} ms, "
-                f"{rate:.0f} chunks/s, errors {res['errors']}",
-                flush=True,
-            )
+        cpu_s = sum(tap_proc.cpu_times()[:2]) - cpu_before
         chunks_per_s = throughput["chunks"] / throughput["elapsed_s"]
         print(
             f"throughput via tap: {chunks_per_s:.0f} chunks/s ({throughput['errors']} errors)",
             flush=True,
         )
-        open_rss = results["tap"]["sampled"]
-        summary |= {
-            "added_ttft_p50_ms": round(
-                (pct(results["tap"]["ttfts"], 0.5) - pct(base, 0.5)) * 1e3, 3
-            ),
-            "added_ttft_p99_ms": round(
-                (pct(results["tap"]["ttfts"], 0.99) - pct(base, 0.99)) * 1e3, 3
-            ),
-            "chunks_per_s": round(chunks_per_s),
-            "nginx_added_ttft_p50_ms": (
-                round((pct(results["nginx"]["ttfts"], 0.5) - pct(base, 0.5)) * 1e3, 3)
-                if "nginx" in results
-                else None
-            ),
-            "nginx_added_ttft_p99_ms": (
-                round((pct(results["nginx"]["ttfts"], 0.99) - pct(base, 0.99)) * 1e3, 3)
-                if "nginx" in results
-                else None
-            ),
-            "direct_ttft_p50_ms": round(pct(base, 0.5) * 1e3, 3),
-            "kib_per_stream": round(max(open_rss - idle_rss, 0) / args.streams / 1024, 1),
+
+        def added(mode: str, q: float) -> float | None:
+            if mode not in modes:
+                return None
+            diffs = [pct(r[mode]["ttfts"], q) - pct(r["direct"]["ttfts"], q) for r in rounds]
+            return round(statistics.median(diffs) * 1e3, 3)
+
+        direct_p50 = statistics.median(pct(r["direct"]["ttfts"], 0.5) for r in rounds)
+        summary: dict[str, Any] = {
+            "bench": "tap",
+            "streams": args.streams,
+            "rounds": args.rounds,
+            "phase_s": phase_s,
+            "direct_ttft_p50_ms": round(direct_p50 * 1e3, 3),
+            "nginx_added_ttft_p99_ms": added("nginx", 0.99),
             "tap_rss_mib": round(open_rss / 2**20, 1),
+            "tap_cpu_us_per_chunk": round(cpu_s / max(throughput["chunks_total"], 1) * 1e6, 1),
             "load_average_1m": round(os.getloadavg()[0], 2),
+            "added_ttft_p50_ms": added("tap", 0.5),
+            "added_ttft_p99_ms": added("tap", 0.99),
+            "chunks_per_s": round(chunks_per_s),
+            "nginx_added_ttft_p50_ms": added("nginx", 0.5),
+            "kib_per_stream": round(max(open_rss - idle_rss, 0) / args.streams / 1024, 1),
         }
         print(json.dumps(summary), flush=True)
     finally:
