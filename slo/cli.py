@@ -186,7 +186,13 @@ def run_jobs(args: argparse.Namespace) -> int:
     try:
         with Store(config.store.path) as store:
             jobs = SloJobs(
-                store.con, model, jobs_config, sink=_sink(args, store, bus), metrics=metrics
+                store.con,
+                model,
+                jobs_config,
+                sink=_sink(args, store, bus),
+                metrics=metrics,
+                raw_pruner=store.prune,
+                raw_retention_ms=int(config.store.raw_retention_days * 86_400_000),
             )
             if args.once:
                 result = jobs.run_once(args.at)

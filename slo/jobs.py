@@ -112,8 +112,15 @@ class SloJobs:
         sink: TransitionSink | None = None,
         metrics: JobMetrics | None = None,
         clock: Callable[[], int | None] | None = None,
+        raw_pruner: Callable[[int], object] | None = None,
+        raw_retention_ms: int | None = None,
     ) -> None:
+        """``raw_pruner(before_ts_ms)`` (e.g. ``Store.prune``) runs hourly when
+        ``config.prune_raw`` is set, keeping ``raw_retention_ms`` of raw rows (never less than
+        ``settle_s``, so rollups are never recomputed from pruned minutes)."""
         self.con = con
+        self.raw_pruner = raw_pruner
+        self.raw_retention_ms = raw_retention_ms
         self.model = model
         self.config = config or JobsConfig()
         self.sink: TransitionSink = sink if sink is not None else ListTransitionSink()
@@ -239,6 +246,9 @@ class SloJobs:
         self.rollup.prune(
             now - int(self.config.minute_retention_days * DAY_MS) // MINUTE_MS * MINUTE_MS
         )
+        if self.config.prune_raw and self.raw_pruner is not None and self.raw_retention_ms:
+            keep_ms = max(self.raw_retention_ms, int(self.config.settle_s * 1000) + 2 * MINUTE_MS)
+            self.raw_pruner(now - keep_ms)
 
     def run(self, max_cycles: int | None = None) -> int:
         """Cycle every ``interval_s`` until :meth:`stop` (or ``max_cycles``); returns cycles run."""

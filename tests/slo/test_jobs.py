@@ -233,3 +233,18 @@ def test_the_loop_runs_every_interval_until_stopped(store: Store) -> None:
         metrics.registry.get_sample_value("llmslo_job_last_evaluation_timestamp_seconds")
         == (T0_MS + 60_000) / 1000
     )
+
+
+def test_raw_rows_are_pruned_hourly_but_never_inside_the_settle_window(store: Store) -> None:
+    from tests.slo.factories import request
+
+    insert(store, requests=[request(T0_MS + m * 60_000) for m in range(0, 180, 5)])
+    config = CONFIG.model_copy(update={"prune_raw": True})
+    jobs = SloJobs(store.con, MODEL, config, raw_pruner=store.prune, raw_retention_ms=60_000)
+    jobs.run_once(T0_MS + 180 * 60_000)
+    oldest = store.con.execute("SELECT min(received_ts_ms) FROM requests").fetchone()
+    assert oldest is not None
+    # retention 1 min is raised to settle (10 min) + 2 min: rows from 168 min on are kept
+    assert oldest[0] == T0_MS + 170 * 60_000
+    status = next(s for s in jobs.run_once(T0_MS + 181 * 60_000).statuses if s.slo.name == "avail")  # type: ignore[union-attr]
+    assert status.period.total == 36  # the rollups still hold the pruned minutes
