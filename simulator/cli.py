@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import textwrap
 import threading
 import time
@@ -47,6 +48,7 @@ def register(subparsers: Any) -> None:
         "sim",
         "Run a simulated fleet (engine pods + dcgm exporters) until SIGTERM.",
         "llmslo sim --pods 8 --dialects vllm,sglang,trtllm,vllm-legacy\n"
+        "llmslo sim --pods 8 --load-rate 20        # with background Poisson load\n"
         "llmslo sim --config config/simulator.example.yaml \\\n"
         "    --scenario config/simulator.scenario.example.yaml\n"
         "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb",
@@ -69,6 +71,18 @@ def register(subparsers: Any) -> None:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--scenario", type=Path, help="fault timeline YAML to play")
     sim.add_argument("--seconds", type=float, help="stop after this long (default: until SIGTERM)")
+    sim.add_argument(
+        "--load-rate",
+        type=float,
+        default=0.0,
+        help="also drive Poisson load at the fleet, requests/s in total (default none)",
+    )
+    sim.add_argument(
+        "--load-output-tokens",
+        type=int,
+        default=128,
+        help="mean output tokens of that load (default 128)",
+    )
     sim.set_defaults(handler=run_sim)
     sim_sub = sim.add_subparsers(dest="sim_command", required=False, metavar="SUBCOMMAND")
     history = sim_sub.add_parser(
@@ -154,13 +168,43 @@ def run_sim(args: argparse.Namespace) -> int:
     with Fleet(config) as fleet:
         print_json(fleet.describe())
         runner = ScenarioRunner(fleet, scenario).start() if scenario else None
+        loaders = _start_background_load(fleet, args, stopped) if args.load_rate > 0 else []
         deadline = time.monotonic() + args.seconds if args.seconds else None
         while not stopped.wait(0.2):
             if deadline is not None and time.monotonic() >= deadline:
                 break
+        stopped.set()
+        for loader in loaders:
+            loader.join(timeout=60)
         if runner is not None:
             runner.stop()
     return 0
+
+
+def _start_background_load(
+    fleet: Fleet, args: argparse.Namespace, stop: threading.Event
+) -> list[threading.Thread]:
+    """Poisson load at every pod, one client thread per served model, rate split by pod count."""
+    by_model: dict[str, list[str]] = {}
+    for pod in fleet.pods:
+        by_model.setdefault(pod.model, []).append(pod.url)
+    threads = []
+    for i, (model, urls) in enumerate(sorted(by_model.items())):
+        rate = args.load_rate * len(urls) / len(fleet.pods)
+        config = LoadConfig(targets=urls, model=model, max_prompt_tokens=8192, seed=args.seed + i)
+        arrivals = poisson_arrivals(
+            rate, math.inf, seed=args.seed + i, mean_output_tokens=args.load_output_tokens
+        )
+        thread = threading.Thread(
+            target=run_load_sync,
+            args=(config, arrivals),
+            kwargs={"stop": stop, "keep_results": False},
+            name=f"load-{model}",
+            daemon=True,
+        )
+        thread.start()
+        threads.append(thread)
+    return threads
 
 
 def run_history(args: argparse.Namespace) -> int:

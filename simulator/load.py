@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -84,6 +85,7 @@ class LoadReport:
 
     results: list[RequestResult]
     wall_s: float
+    outcome_counts: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         ok = [r for r in self.results if r.outcome == "ok"]
@@ -304,24 +306,63 @@ class _StreamState:
         return False
 
 
-async def run_load(config: LoadConfig, requests: Iterable[TraceRequest]) -> LoadReport:
-    """Replay ``requests`` against ``config.targets``; returns the client-side report."""
+async def run_load(
+    config: LoadConfig,
+    requests: Iterable[TraceRequest],
+    *,
+    stop: threading.Event | None = None,
+    keep_results: bool = True,
+) -> LoadReport:
+    """Replay ``requests`` (in arrival order) against ``config.targets``; returns the report.
+
+    ``requests`` may be an endless iterator (background load); ``stop`` ends the arrivals
+    and waits for the requests in flight. With ``keep_results=False`` only outcome counts
+    are kept (long runs), and the report's ``results`` list is empty.
+    """
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         t0 = time.monotonic() + 0.05
         client = _Client(config, session, t0)
-        tasks: list[asyncio.Task[RequestResult]] = []
-        for req in sorted(requests, key=lambda r: r.offset_s):
+        in_flight: set[asyncio.Task[RequestResult]] = set()
+        results: list[RequestResult] = []
+        outcomes: Counter[str] = Counter()
+
+        def collect(task: asyncio.Task[RequestResult]) -> None:
+            in_flight.discard(task)
+            if not task.cancelled() and task.exception() is None:
+                result = task.result()
+                outcomes[result.outcome] += 1
+                if keep_results:
+                    results.append(result)
+
+        if isinstance(requests, list):
+            requests = sorted(requests, key=lambda r: r.offset_s)
+        for req in requests:
+            if stop is not None and stop.is_set():
+                break
             # open loop: spawn each request at its arrival time (few timers in flight)
             delay = t0 + req.offset_s / config.time_scale - time.monotonic() - 0.002
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(client.one(req)))
-        results = await asyncio.gather(*tasks)
-        return LoadReport(list(results), time.monotonic() - t0)
+            while delay > 0 and not (stop is not None and stop.is_set()):
+                await asyncio.sleep(min(delay, 0.5))
+                delay = t0 + req.offset_s / config.time_scale - time.monotonic() - 0.002
+            task = asyncio.create_task(client.one(req))
+            in_flight.add(task)
+            task.add_done_callback(collect)
+        while in_flight:
+            await asyncio.wait(set(in_flight))
+        results.sort(key=lambda r: r.scheduled_s)
+        report = LoadReport(results, time.monotonic() - t0)
+        report.outcome_counts = dict(outcomes)
+        return report
 
 
-def run_load_sync(config: LoadConfig, requests: Iterable[TraceRequest]) -> LoadReport:
-    """:func:`run_load` on a fresh event loop (for CLIs and tests)."""
-    return asyncio.run(run_load(config, requests))
+def run_load_sync(
+    config: LoadConfig,
+    requests: Iterable[TraceRequest],
+    *,
+    stop: threading.Event | None = None,
+    keep_results: bool = True,
+) -> LoadReport:
+    """:func:`run_load` on a fresh event loop (for CLIs, threads and tests)."""
+    return asyncio.run(run_load(config, requests, stop=stop, keep_results=keep_results))

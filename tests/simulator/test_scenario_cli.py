@@ -15,7 +15,7 @@ from pipeline.cli import main
 from pipeline.errors import ConfigError
 from simulator import load_fleet_config
 from simulator.scenario import ScenarioRunner, load_scenario
-from tests.simulator.conftest import get, wait_for
+from tests.simulator.conftest import get, scrape, value, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,3 +143,40 @@ def test_llmslo_load_reports_client_latencies(make_fleet, capsys):
 def test_llmslo_load_needs_rate_or_trace(capsys):
     assert main(["load", "--targets", "http://127.0.0.1:9"]) == 2
     assert "--rate" in capsys.readouterr().err
+
+
+def test_llmslo_sim_with_background_load_keeps_pods_busy():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from pipeline.cli import main; raise SystemExit(main())",
+            "sim",
+            "--pods",
+            "2",
+            "--speed",
+            "10",
+            "--load-rate",
+            "20",
+            "--load-output-tokens",
+            "8",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        info = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+        urls = [p["url"] for p in info["pods"]]
+
+        def served(url: str) -> float:
+            return value(scrape(url), "vllm:request_success_total")
+
+        assert wait_for(lambda: all(served(u) >= 3 for u in urls), timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
