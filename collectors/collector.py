@@ -141,6 +141,8 @@ class Collector:
         wanted = {t.url: t for t in self.discovery.targets()}
         for url in set(self._targets) - set(wanted):
             del self._targets[url]
+            with contextlib.suppress(KeyError):
+                self.metrics.up.remove(url)  # a target that is gone is not "down"
         for url, config in wanted.items():
             known = self._targets.get(url)
             if known is None or known.config != config:
@@ -189,7 +191,7 @@ class Collector:
         if self.config.jitter_s:
             await asyncio.sleep(self._rng.uniform(0, self.config.jitter_s))
         async with semaphore:
-            name = target.config.instance
+            name = target.config.url
             ts_ms = int(self.clock() * 1000)
             started = time.monotonic()
             self.metrics.scrapes.labels(name).inc()
@@ -214,8 +216,8 @@ class Collector:
         health = target.health
         health.up, health.last_error = False, f"{exc.reason}: {exc}"
         health.last_scrape_ts_ms, health.duration_s = ts_ms, duration_s
-        self.metrics.up.labels(target.config.instance).set(0)
-        self.metrics.scrape_errors.labels(target.config.instance, exc.reason).inc()
+        self.metrics.up.labels(target.config.url).set(0)
+        self.metrics.scrape_errors.labels(target.config.url, exc.reason).inc()
         log.info("scrape %s failed: %s", target.config.url, health.last_error)
 
     def _record_success(
@@ -226,7 +228,7 @@ class Collector:
         ts_ms: int,
         duration_s: float,
     ) -> None:
-        health, name, m = target.health, target.config.instance, self.metrics
+        health, name, m = target.health, target.config.url, self.metrics
         detection = target.canonicalizer.detection
         health.up, health.last_error = True, None
         health.last_scrape_ts_ms, health.duration_s = ts_ms, duration_s

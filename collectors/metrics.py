@@ -14,7 +14,7 @@ class CollectorMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.scrapes = Counter(
-            "llmslo_collect_scrapes", "Scrapes attempted", ["target"], registry=r
+            "llmslo_collect_scrapes", "Scrapes attempted, by target URL", ["target"], registry=r
         )
         self.scrape_errors = Counter(
             "llmslo_collect_scrape_errors",

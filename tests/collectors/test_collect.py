@@ -190,6 +190,14 @@ def test_a_hanging_target_does_not_delay_the_others() -> None:
     health = collector.health
     hung = next(h for url, h in health.items() if url.endswith("/hang"))
     assert not hung.up and hung.last_error is not None and hung.last_error.startswith("timeout")
+    registry = collector.metrics.registry
+    hung_target = hung.url
+    assert (
+        registry.get_sample_value(
+            "llmslo_collect_scrape_errors_total", {"target": hung_target, "reason": "timeout"}
+        )
+        == 1.0
+    )
     fast = [h for url, h in health.items() if not url.endswith("/hang")]
     assert all(h.up and h.duration_s is not None and h.duration_s < 1.5 for h in fast)
     assert len(tables) == 1 and tables[0].num_rows == 5 * len(
