@@ -26,6 +26,13 @@ def _number(value: float) -> float | str:
     return value
 
 
+def _family_of(row: dict[str, Any]) -> str:
+    """A histogram's base name for its bucket/sum/count rows, else the metric."""
+    metric: str = row["metric"]
+    suffix = {"bucket": "_bucket", "sum": "_sum", "count": "_count"}.get(row.get("kind") or "")
+    return metric.removesuffix(suffix) if suffix else metric
+
+
 def inspect_exposition(
     text: str, *, instance: str = "-", dialect: str = "auto", ts_ms: int = 0
 ) -> dict[str, Any]:
@@ -44,8 +51,9 @@ def inspect_exposition(
                 unknown.add(row["metric"])
             continue
         grouped[row["signal"]].append(row)
+    unknown -= {r["metric"] for members in grouped.values() for r in members}  # partly mapped
     for signal, members in sorted(grouped.items()):
-        entry: dict[str, Any] = {"metrics": sorted({r["metric"] for r in members})}
+        entry: dict[str, Any] = {"metrics": sorted({_family_of(r) for r in members})}
         kinds = {r.get("kind", "gauge") for r in members}
         if "bucket" in kinds:
             bounds = sorted({r["le"] for r in members if r.get("le") is not None})
