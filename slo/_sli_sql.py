@@ -87,7 +87,9 @@ def engine_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[
 
     Increases are per series and per minute of scrape time; a counter reset takes the new
     value as the increase; a series' first sample counts 0. bad is clamped to [0, total]
-    because bucket and count may be scraped a moment apart.
+    because bucket and count may be scraped a moment apart. An instance whose histogram has
+    no bucket at the threshold (another dialect in the same pool) is left out, never counted
+    as all bad; ``slo validate --db`` and the jobs' start-up report such thresholds.
     """
     sli = slo.sli
     assert isinstance(sli, LatencySpec)
@@ -114,7 +116,8 @@ def engine_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[
             SELECT minute, pool, instance,
                    round(coalesce(sum(inc) FILTER (WHERE kind = 'count'), 0)) AS total,
                    round(coalesce(sum(inc) FILTER (WHERE kind = 'bucket'), 0)) AS good
-            FROM inc GROUP BY ALL)
+            FROM inc WHERE instance IN (SELECT instance FROM s WHERE kind = 'bucket')
+            GROUP BY ALL)
         SELECT ? AS slo_id, minute AS ts_ms, pool, instance, '' AS tenant, '' AS route,
                CAST(total AS BIGINT) AS total,
                CAST(least(total, greatest(0, total - good)) AS BIGINT) AS bad

@@ -20,6 +20,7 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import LlmsloError
+from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.detectors import DetectorConfig, Finding, detect_all
 from slo.evaluate import SloStatus, evaluate
 from slo.flags import FlagBoard, FlagPolicy, FlagTransition
@@ -133,6 +134,8 @@ class SloJobs:
             horizon_ms=int(self.config.rollup_horizon_days * DAY_MS),
         )
         create_output_tables(con)
+        for problem in check_bucket_bounds(model, observed_bounds(con)):
+            log.warning("SLO spec vs stored histograms: %s", problem)
         self.board = FlagBoard(self.config.flags, load_flag_states(con))
         self.active: dict[tuple[str, str, str], Finding] = {}
         self._stop = threading.Event()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +211,7 @@ def test_every_window_agrees_with_counting_raw_records(
         )
         for o in offsets
     ]
-    with Store(tmp_path / f"p{seed}-{len(offsets)}-{now_offset}.duckdb") as store:
+    with Store(tmp_path / f"{uuid.uuid4().hex}.duckdb") as store:
         if rows:
             insert(store, requests=rows)
         m = model(TTFT)
@@ -264,3 +265,27 @@ def test_low_traffic_one_failure_at_ten_requests_per_hour(
     page = next(p for p in st_.pairs() if p.pair.id == "page-1h-5m")
     assert page.alerting is pages
     assert page.guarded is not pages
+
+
+def test_engine_instances_without_the_threshold_bucket_are_left_out(store: Store) -> None:
+    samples = []
+    for minute, count in [(0, 10), (1, 20)]:
+        ts = T0_MS + minute * MIN + 5_000
+        samples += histogram(
+            ts, "ttft", [1.0, 2.0], {1.0: count, 2.0: count}, count, instance="a:1"
+        )
+        samples += histogram(
+            ts, "ttft", [1.0, 2.5], {1.0: 0, 2.5: 0}, count, instance="b:1"
+        )  # vLLM bounds
+    insert(store, engine=samples)
+    m = model(
+        {
+            "name": "eng",
+            "objective": 0.99,
+            "group_by": ["instance"],
+            "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2, "source": "engine"},
+        }
+    )
+    Rollup(store.con, m).update(T0_MS + 2 * MIN)
+    got = {s.group["instance"]: s.period for s in evaluate(store.con, m, T0_MS + 2 * MIN)}
+    assert got == {"a:1": WindowCounts(10, 0)}
