@@ -45,6 +45,12 @@ class DetectorConfig(BaseModel):
     hot_min_requests: int = Field(default=50, ge=1)
     retry_share: float = Field(default=0.1, gt=0, lt=1)
     retry_min_attempts: int = Field(default=20, ge=1)
+    numeric_error_share: float = Field(
+        default=0.02,
+        gt=0,
+        le=1,
+        description="finish_reason=error share of finished requests that is a burst",
+    )
     numeric_min_events: int = Field(default=3, ge=1)
     queue_for_s: float = Field(default=120, gt=0)
     queue_min_waiting: float = Field(default=5, ge=0)
@@ -388,19 +394,38 @@ def detect_retry_storm(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     return findings
 
 
+def _finished(snap: Snapshot, instance: str) -> float:
+    return sum(
+        series.increase()
+        for name, series in snap.engine.get(instance, {}).items()
+        if name.startswith("requests_finished:")
+    )
+
+
 def detect_numeric_anomaly(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """Corrupted-output counters or finish_reason=error bursting on one instance."""
+    """Corrupted outputs (never normal), or finish_reason=error bursting above its usual share."""
     findings = []
     for instance in sorted(set(snap.engine) | set(snap.requests)):
-        evidence: dict[str, Any] = {}
-        for name in ("corrupted_requests", "requests_finished:error"):
-            series = snap.series(instance, name)
-            if series is not None and series.increase() > 0:
-                evidence[name] = series.increase()
+        corrupted = snap.series(instance, "corrupted_requests")
+        errors = snap.series(instance, "requests_finished:error")
         stats = snap.requests.get(instance)
-        if stats and stats.finish_errors:
-            evidence["tap_finish_reason_error"] = stats.finish_errors
-        if evidence and max(evidence.values()) >= cfg.numeric_min_events:
+        evidence: dict[str, Any] = {
+            "corrupted_requests": corrupted.increase() if corrupted is not None else 0.0,
+            "engine_errors": errors.increase() if errors is not None else 0.0,
+            "engine_finished": _finished(snap, instance),
+            "tap_finish_reason_error": stats.finish_errors if stats else 0,
+            "tap_records": stats.records if stats else 0,
+        }
+        burst = evidence["corrupted_requests"] >= cfg.numeric_min_events
+        for bad, total in (
+            ("engine_errors", "engine_finished"),
+            ("tap_finish_reason_error", "tap_records"),
+        ):
+            count, of = evidence[bad], evidence[total]
+            burst |= (
+                count >= cfg.numeric_min_events and of > 0 and count / of >= cfg.numeric_error_share
+            )
+        if burst:
             findings.append(
                 Finding(
                     snap.now_ms,

@@ -213,3 +213,12 @@ def test_the_collectors_frozen_gauge_clock_is_a_stall_basis(store: Store) -> Non
         if f.signal == "stall"
     ]
     assert finding.basis == "gauge_unchanged" and finding.evidence["gauges_unchanged_s"] == 200
+
+
+def test_a_steady_trickle_of_errors_is_not_a_numeric_anomaly(store: Store) -> None:
+    def trickle(s: State, since: float) -> None:
+        s["finished_error"] += 0.25  # 1 error a minute against ~1,900 finished requests
+        s["aborts"] += 30
+
+    fleet = FleetTimeline(instances=2, seconds=900).add_fault(0, 0, trickle)
+    assert [f for f in run(store, fleet) if f.signal == "numeric_anomaly"] == []
