@@ -1,4 +1,4 @@
-"""The spine's subcommands: ``broker``, ``ingest``, ``config validate``, ``tables``, ``demo``."""
+"""The spine's subcommands: ``broker``, ``ingest``, ``lake export``, ``config validate``, ``tables``."""
 
 from __future__ import annotations
 
@@ -22,9 +22,7 @@ from pipeline.config import load_config
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
-from pipeline.schema import ENGINE_SAMPLES
 from pipeline.store import Store
-from pipeline.synthetic import SyntheticScrapes
 from pipeline.tables import render_tables_doc
 
 __all__ = ["register"]
@@ -45,24 +43,6 @@ def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argpars
 
 def register(subparsers: Any) -> None:
     """Add the spine's subcommands."""
-    demo = _subparser(
-        subparsers,
-        "demo",
-        "Run the pipeline end to end on embedded defaults and show the result.",
-        "llmslo demo\nllmslo demo --seconds 30 --db var/demo.duckdb",
-    )
-    demo.add_argument(
-        "--seconds", type=float, default=10.0, help="how long to produce (default 10)"
-    )
-    demo.add_argument("--instances", type=int, default=8, help="simulated pods (default 8)")
-    demo.add_argument(
-        "--db",
-        type=Path,
-        default=Path("var/demo.duckdb"),
-        help="DuckDB file (default var/demo.duckdb)",
-    )
-    demo.set_defaults(handler=run_demo)
-
     broker = _subparser(
         subparsers,
         "broker",
@@ -226,52 +206,3 @@ def run_config_validate(args: argparse.Namespace) -> int:
     load_config(args.file)  # raises ConfigError listing every problem by field path
     print(f"{args.file}: valid")
     return 0
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    """Broker + ingester + a synthetic fleet for ``--seconds``, then a summary from DuckDB."""
-    config = load_config(None)
-    scrapes = SyntheticScrapes(instances=args.instances)
-    print(
-        f"starting the embedded broker and ingesting {args.instances} pods into {args.db} …",
-        flush=True,
-    )
-    with Bus(config.bus) as bus, Store(args.db) as store:
-        bus.ensure_topics()
-        ingester = Ingester(
-            bus, store, config.ingest.model_copy(update={"group_id": "llmslo-demo"})
-        )
-        worker = threading.Thread(target=ingester.run, name="ingest", daemon=True)
-        worker.start()
-        producer = bus.producer()
-        produced = 0
-        deadline = time.monotonic() + args.seconds
-        while time.monotonic() < deadline:
-            table = scrapes.round(int(time.time() * 1000))
-            producer.publish(ENGINE_SAMPLES, table)
-            produced += table.num_rows
-            time.sleep(1.0)
-        producer.flush()
-        while store_rows(ingester) < produced and time.monotonic() < deadline + 30:
-            time.sleep(0.2)
-        ingester.stop()
-        worker.join(timeout=30)
-        producer.close()
-        summary = store.con.execute(
-            """
-            SELECT instance,
-                   count(*) AS samples,
-                   max(value) FILTER (signal = 'generation_tokens') AS generation_tokens,
-                   round(avg(value) FILTER (signal = 'kv_usage'), 3) AS kv_usage_avg
-            FROM engine_samples GROUP BY instance ORDER BY instance
-            """
-        ).fetchall()
-    print(f"\nproduced {produced} samples; DuckDB {args.db} holds:")
-    print(f"{'instance':<18} {'samples':>8} {'gen tokens':>11} {'kv usage':>9}")
-    for instance, samples, tokens, kv in summary:
-        print(f"{instance:<18} {samples:>8} {tokens:>11.0f} {kv:>9.3f}")
-    return 0
-
-
-def store_rows(ingester: Ingester) -> int:
-    return ingester.stats.rows
