@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import textwrap
+import threading
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -19,6 +20,7 @@ from collectors.publisher import KafkaPublisher, PublishBuffer
 from pipeline.bus import Bus, BusProducer
 from pipeline.cli import add_common_options, print_json, resolve_config
 from pipeline.config import register_section
+from pipeline.errors import BusError
 
 __all__ = ["register"]
 
@@ -119,7 +121,10 @@ def run_collect(args: argparse.Namespace) -> int:
         log.info("serving /metrics on %s:%d", collect.metrics_host, server.server_port)
     timeout_ms = int(collect.publish_timeout_s * 1000)
     with Bus(config.bus) as bus:
-        bus.ensure_topics()
+        # Kafka may be down at start: ride it out like any outage (the buffer holds the rounds).
+        threading.Thread(
+            target=_ensure_topics, args=(bus,), name="llmslo-collect-topics", daemon=True
+        ).start()
 
         def make_producer() -> BusProducer:
             return bus.producer(
@@ -127,6 +132,7 @@ def run_collect(args: argparse.Namespace) -> int:
                 request_timeout_ms=min(timeout_ms, 5000),
                 delivery_timeout_ms=timeout_ms + 5000,
                 reconnect_backoff_max_ms=1000,
+                bootstrap_timeout_ms=min(timeout_ms, 5000),
             )
 
         buffer = PublishBuffer(collect.buffer_max_rows, metrics)
@@ -144,11 +150,18 @@ def run_collect(args: argparse.Namespace) -> int:
             "collect": "stopped",
             "published_rows": publisher.published_rows,
             "dropped_rows": buffer.dropped_rows,
-            "unpublished_rows": buffer.rows,
+            "unpublished_rows": buffer.rows + publisher.in_flight_rows,
             "targets": {url: h.as_dict() for url, h in collector.health.items()},
         }
     )
     return 0
+
+
+def _ensure_topics(bus: Bus) -> None:
+    try:
+        bus.ensure_topics()
+    except BusError as exc:
+        log.error("cannot create topics yet (%s); publishing will retry", exc)
 
 
 async def _run_until_signal(collector: Collector, rounds: int | None) -> None:

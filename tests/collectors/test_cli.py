@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from collectors.examples import dcgm_exposition, vllm_exposition
+from pipeline.broker import free_port
 from pipeline.bus import Bus
 from pipeline.cli import main
 
@@ -92,3 +93,19 @@ def test_collect_config_errors_name_the_field(
     assert main(["config", "validate", str(config)]) == 2
     err = capsys.readouterr().err
     assert "collect.interval_s" in err and "collect.targets[0].url" in err
+
+
+def test_collect_starts_and_stops_cleanly_while_kafka_is_down(
+    exporter: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = free_port()
+    config = tmp_path / "llmslo.yaml"
+    config.write_text(
+        f"bus: {{bootstrap_servers: '127.0.0.1:{dead}'}}\n"
+        f"collect: {{interval_s: 0.2, jitter_s: 0, publish_timeout_s: 1, targets: [{{url: '{exporter}'}}]}}\n"
+    )
+    assert main(["collect", "-c", str(config), "--rounds", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["published_rows"] == 0
+    assert summary["unpublished_rows"] + summary["dropped_rows"] > 0
+    assert all(h["up"] for h in summary["targets"].values())
