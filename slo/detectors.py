@@ -42,6 +42,14 @@ class DetectorConfig(BaseModel):
         default=0.3, gt=0, lt=1, description="KV free ratio that counts as room"
     )
     hot_max_over_mean: float = Field(default=1.5, gt=1)
+    hot_min_sigma: float = Field(
+        default=3.0, gt=0, description="excess over the mean in Poisson standard deviations"
+    )
+    fragmentation_min_growth: float = Field(
+        default=3.0,
+        gt=0,
+        description="waiting requests added over the window (admission signature)",
+    )
     hot_min_requests: int = Field(default=50, ge=1)
     retry_share: float = Field(default=0.1, gt=0, lt=1)
     retry_min_attempts: int = Field(default=20, ge=1)
@@ -315,7 +323,13 @@ def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         w, k = waiting.since(start).values, kv.since(start).values
         preempted = pre.since(start).increase() if pre is not None else 0.0
         room = float(1 - k.max()) if len(k) else 0.0
-        if len(w) >= 2 and w[-1] > w[0] and w.min() > 0 and room >= cfg.fragmentation_room:
+        # admission stalls: the queue only grows (never drains) while KV has room
+        growing = (
+            len(w) >= 3
+            and bool(np.all(np.diff(w) >= 0))
+            and w[-1] - w[0] >= cfg.fragmentation_min_growth
+        )
+        if growing and w.min() > 0 and room >= cfg.fragmentation_room:
             findings.append(
                 Finding(
                     snap.now_ms,
@@ -352,7 +366,9 @@ def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             continue
         mean = sum(counts) / len(counts)
         top = int(np.argmax(counts))
-        if counts[top] / mean >= cfg.hot_max_over_mean:
+        # far above the mean *and* beyond Poisson noise of a sampled count
+        sigma = (counts[top] - mean) / max(mean, 1.0) ** 0.5
+        if counts[top] / mean >= cfg.hot_max_over_mean and sigma >= cfg.hot_min_sigma:
             findings.append(
                 Finding(
                     snap.now_ms,
@@ -364,6 +380,7 @@ def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
                     "request_share",
                     {
                         "max_over_mean": counts[top] / mean,
+                        "sigma": sigma,
                         "gini": gini(counts),
                         "requests": dict(zip(instances, counts, strict=True)),
                     },
