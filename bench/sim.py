@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import resource
 import sys
 import time
@@ -155,6 +156,7 @@ def main() -> int:
         children = [
             ctx.Process(target=_client, args=(ports, params, k, queue)) for k in range(args.clients)
         ]
+        load_start = os.getloadavg()[0]
         cpu0, t0 = time.process_time(), time.monotonic()
         for child in children:
             child.start()
@@ -182,6 +184,9 @@ def main() -> int:
         "arrival_lateness_p99_s": round(float(np.percentile(late, 99)), 4),
         "sim_cpu_s_per_wall_s": round(sim_cpu / wall, 3),
         "sim_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        # the machine is shared: a 1-min load average above the core count starves the sim
+        "loadavg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        "cores": os.cpu_count(),
     }
     print(json.dumps(result), flush=True)
     return 0
