@@ -121,10 +121,13 @@ def run_collect(args: argparse.Namespace) -> int:
         log.info("serving /metrics on %s:%d", collect.metrics_host, server.server_port)
     timeout_ms = int(collect.publish_timeout_s * 1000)
     with Bus(config.bus) as bus:
-        # Kafka may be down at start: ride it out like any outage (the buffer holds the rounds).
-        threading.Thread(
+        # Kafka may be down at start: ride it out like any outage (the buffer holds the rounds),
+        # but give a healthy cluster a moment so topics get our partition count first.
+        topics = threading.Thread(
             target=_ensure_topics, args=(bus,), name="llmslo-collect-topics", daemon=True
-        ).start()
+        )
+        topics.start()
+        topics.join(5.0)
 
         def make_producer() -> BusProducer:
             return bus.producer(
