@@ -107,6 +107,7 @@ class CountingSink:
 
 def serve_tap(port: int, upstream: str) -> None:
     from collectors.tap import TapConfig, TapProxy
+    from collectors.tap.proxy import run_event_loop
 
     async def main() -> None:
         config = TapConfig(
@@ -135,7 +136,7 @@ def serve_tap(port: int, upstream: str) -> None:
         profiler.enable()
     else:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    asyncio.run(main())
+    run_event_loop(main())  # as `llmslo tap` runs it: uvloop when installed
 
 
 # ---------------------------------------------------------------- nginx

@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from collectors.tap.config import TapConfig
-from collectors.tap.proxy import TapProxy
+from collectors.tap.proxy import TapProxy, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
 from pipeline.bus import Bus
@@ -159,7 +159,7 @@ def run_tap(args: argparse.Namespace) -> int:
             )
             metrics_port = server.server_port
         proxy = TapProxy(tap, MultiSink(sinks), metrics=metrics, genai=genai)
-        asyncio.run(_serve(proxy, tap, metrics_port))
+        run_event_loop(_serve(proxy, tap, metrics_port))
         for provider in providers:
             provider.shutdown()
     return 0

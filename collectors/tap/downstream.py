@@ -88,6 +88,7 @@ class Downstream:
             async with asyncio.timeout(self.write_timeout_s):
                 await response.prepare(self.request)
         except TimeoutError as exc:
+            self.abort(hard=True)  # its buffer would never drain: drop the connection now
             raise ClientGone("client_write_timeout") from exc
         except ConnectionError as exc:
             raise ClientGone("client_disconnected") from exc
@@ -109,6 +110,7 @@ class Downstream:
                 async with asyncio.timeout(self.write_timeout_s):
                     await self.response.write(data)
         except TimeoutError as exc:
+            self.abort(hard=True)  # its buffer would never drain: drop the connection now
             raise ClientGone("client_write_timeout") from exc
         except ConnectionError as exc:
             raise ClientGone("client_disconnected") from exc
@@ -121,15 +123,23 @@ class Downstream:
             async with asyncio.timeout(self.write_timeout_s):
                 await self.response.write_eof()
         except TimeoutError as exc:
+            self.abort(hard=True)  # its buffer would never drain: drop the connection now
             raise ClientGone("client_write_timeout") from exc
         except ConnectionError as exc:
             raise ClientGone("client_disconnected") from exc
 
-    def abort(self) -> None:
-        """Terminate the response without its last chunk: the client sees a cut stream."""
+    def abort(self, *, hard: bool = False) -> None:
+        """Terminate the response without its last chunk: the client sees a cut stream.
+
+        ``hard`` discards what is still buffered (for a client that stopped reading);
+        otherwise the bytes already written are flushed before the connection closes.
+        """
         transport = self.request.transport
         if transport is not None:
-            transport.close()
+            if hard:
+                transport.abort()
+            else:
+                transport.close()
 
     async def send_error(self, status: int, kind: str, message: str) -> None:
         """An OpenAI-style JSON error, when nothing has been sent yet."""

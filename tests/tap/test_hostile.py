@@ -18,6 +18,7 @@ from tests.tap.fakes import (
     post,
     stream_script,
     tap_over,
+    wait_for,
 )
 
 
@@ -126,6 +127,8 @@ def test_a_client_that_never_reads_is_dropped_and_pushes_back_on_the_engine() ->
             started = time.monotonic()
             while not sink.requests and time.monotonic() - started < 20:
                 await asyncio.sleep(0.05)
+            server = proxy._runner.server  # the tap dropped the connection it could not drain
+            await wait_for(lambda: not server.connections, timeout_s=10)
             sock.close()
             assert up.closed_by_peer, "the tap closed the engine's stream"
             assert dropped(proxy, "client_write_timeout") == 0  # reported as an outcome instead
