@@ -167,3 +167,23 @@ def test_load_config_rejects_nonsense():
         LoadConfig(targets=[], time_scale=1)
     with pytest.raises(ValidationError):
         LoadConfig(targets=["http://x"], time_scale=0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.text(max_size=30), st.text(max_size=6), st.text(max_size=6)), max_size=4
+    ),
+    crlf=st.booleans(),
+)
+def test_fuzzed_azure_csv_raises_config_error_or_parses(tmp_path_factory, rows, crlf):
+    eol = "\r\n" if crlf else "\n"
+    path = tmp_path_factory.mktemp("az") / "t.csv"
+    path.write_text(
+        eol.join(["TIMESTAMP,ContextTokens,GeneratedTokens", *(",".join(r) for r in rows)])
+    )
+    try:
+        parsed = read_azure_csv(path)
+    except ConfigError:
+        return
+    assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in parsed)

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.cli import main
 from pipeline.errors import ConfigError
@@ -180,3 +182,75 @@ def test_llmslo_sim_with_background_load_keeps_pods_busy():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+_JSONISH = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-5, 70000),
+        st.floats(allow_nan=True),
+        st.text(max_size=12),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_FLEETISH = st.fixed_dictionaries(
+    {},
+    optional={
+        "speed": _JSONISH,
+        "seed": _JSONISH,
+        "nodes": st.lists(
+            st.fixed_dictionaries({"name": st.text(max_size=5)}, optional={"gpus": _JSONISH}),
+            max_size=2,
+        ),
+        "pods": st.lists(
+            st.fixed_dictionaries(
+                {"name": st.text(max_size=5)},
+                optional={
+                    "dialect": st.sampled_from(["vllm", "sglang", "x"]),
+                    "node": _JSONISH,
+                    "gpus": _JSONISH,
+                    "engine": st.dictionaries(
+                        st.sampled_from(["num_gpu_blocks", "block_size", "profile", "z"]),
+                        _JSONISH,
+                        max_size=2,
+                    ),
+                },
+            ),
+            max_size=3,
+        ),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.one_of(_FLEETISH, _JSONISH))
+def test_fuzzed_fleet_configs_validate_or_raise_config_error(data):
+    try:
+        config = (
+            load_fleet_config(data) if isinstance(data, dict) else load_fleet_config({"pods": data})
+        )
+    except ConfigError as exc:
+        assert str(exc)
+        return
+    assert len({p.name for p in config.pods}) == len(config.pods)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    events=st.lists(
+        st.dictionaries(
+            st.sampled_from(["at_s", "pod", "fault", "action", "params"]), _JSONISH, max_size=5
+        ),
+        max_size=3,
+    )
+)
+def test_fuzzed_scenarios_validate_or_raise_config_error(events):
+    try:
+        scenario = load_scenario({"events": events}, ["pod-0"])
+    except ConfigError:
+        return
+    assert all(e.pod == "pod-0" for e in scenario.events)
