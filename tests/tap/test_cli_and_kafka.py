@@ -123,3 +123,57 @@ def test_records_and_gauges_reach_the_bus(bus: Bus) -> None:
         ("tap_in_flight", "tap"),
         ("tap_disconnects", "tap"),
     }
+
+
+def test_tap_process_publishes_to_kafka_by_default(broker, tmp_path: Path) -> None:
+    prefix = f"cli{int(time.time() * 1000) % 10**9}."
+    config = tmp_path / "llmslo.yaml"
+    config.write_text(
+        f"bus:\n  bootstrap_servers: {broker.bootstrap_servers}\n  topic_prefix: '{prefix}'\n"
+        "  partitions: 2\ntap:\n  flush_interval_s: 0.1\n  gauge_interval_s: 0.2\n"
+    )
+
+    async def scenario() -> None:
+        up = ScriptedUpstream(lambda req: stream_script(2))
+        upstream = await up.start()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "from pipeline.cli import console_main; console_main()",
+            "tap",
+            "-c",
+            str(config),
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+            "--metrics-port",
+            "0",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+        )
+        assert proc.stdout is not None
+        try:
+            banner = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+            assert banner["kafka"] is True and banner["metrics_port"] > 0
+            for i in range(2):
+                await post(banner["url"], CHAT, headers={"x-request-id": f"k{i}"})
+            await asyncio.sleep(0.5)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 60) == 0
+            await up.stop()
+
+    asyncio.run(scenario())
+    from pipeline.config import BusConfig
+
+    with Bus(
+        BusConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix=prefix, partitions=2)
+    ) as bus:
+        rows = consume_all(bus, REQUEST_RECORDS.topic, 2)
+        samples = consume_all(bus, ENGINE_SAMPLES.topic, 2)
+    assert sorted(r["request_id"] for r in rows) == ["k0", "k1"]
+    assert {s["signal"] for s in samples} == {"tap_in_flight", "tap_disconnects"}
