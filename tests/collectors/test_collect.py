@@ -153,6 +153,14 @@ def test_every_simulator_dialect_reaches_duckdb_with_the_served_values(
         "SELECT DISTINCT signal FROM gpu_samples WHERE signal IS NOT NULL"
     ).fetchall()
     assert {"gpu_util", "fb_used_mib", "xid"} <= {row[0] for row in gpu}
+    dcgm_rows = store.con.execute(
+        "SELECT metric, value FROM gpu_samples WHERE signal IS NOT NULL"
+    ).fetchall()
+    served_dcgm = Counter(
+        (m, round(v, 6)) for m, _, v in served_samples(fleet.dcgm[0].url + "/metrics")
+    )
+    stored_dcgm = Counter((m, round(v, 6)) for m, v in dcgm_rows)
+    assert not stored_dcgm - served_dcgm and len(dcgm_rows) >= 8
 
 
 # -- a hanging target -------------------------------------------------------------------------
