@@ -50,7 +50,7 @@ class DetectorConfig(BaseModel):
         gt=0,
         description="waiting requests added over the window (admission signature)",
     )
-    hot_min_requests: int = Field(default=50, ge=1)
+    hot_min_requests: int = Field(default=100, ge=1)
     retry_share: float = Field(default=0.1, gt=0, lt=1)
     retry_min_attempts: int = Field(default=20, ge=1)
     numeric_error_share: float = Field(
@@ -357,35 +357,47 @@ def _by_pool(snap: Snapshot) -> dict[str, list[str]]:
     return pools
 
 
+def _hot(counts: list[int], cfg: DetectorConfig) -> tuple[int, float, float] | None:
+    """(index, max/mean, sigma) of an instance far above the mean and beyond Poisson noise."""
+    if len(counts) < 2 or sum(counts) < cfg.hot_min_requests / 2:
+        return None
+    mean = sum(counts) / len(counts)
+    top = int(np.argmax(counts))
+    sigma = (counts[top] - mean) / max(mean, 1.0) ** 0.5
+    if counts[top] / mean >= cfg.hot_max_over_mean and sigma >= cfg.hot_min_sigma:
+        return top, counts[top] / mean, sigma
+    return None
+
+
 def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """Per pool: the instance whose share of requests is far above the mean (max/mean, Gini)."""
+    """Per pool: one instance far above the mean share of requests, in *both* halves of the
+    lookback (a sustained skew, not a burst of a sampled count); with max/mean and Gini."""
     findings = []
     for pool, instances in _by_pool(snap).items():
-        counts = [snap.requests[i].records if i in snap.requests else 0 for i in instances]
-        if len(instances) < 2 or sum(counts) < cfg.hot_min_requests:
+        stats = [snap.requests.get(i) for i in instances]
+        recent = [s.recent_records if s else 0 for s in stats]
+        earlier = [(s.records - s.recent_records) if s else 0 for s in stats]
+        first, second = _hot(earlier, cfg), _hot(recent, cfg)
+        if first is None or second is None or first[0] != second[0]:
             continue
-        mean = sum(counts) / len(counts)
-        top = int(np.argmax(counts))
-        # far above the mean *and* beyond Poisson noise of a sampled count
-        sigma = (counts[top] - mean) / max(mean, 1.0) ** 0.5
-        if counts[top] / mean >= cfg.hot_max_over_mean and sigma >= cfg.hot_min_sigma:
-            findings.append(
-                Finding(
-                    snap.now_ms,
-                    "hot_instance",
-                    "instance",
-                    instances[top],
-                    pool,
-                    "ticket",
-                    "request_share",
-                    {
-                        "max_over_mean": counts[top] / mean,
-                        "sigma": sigma,
-                        "gini": gini(counts),
-                        "requests": dict(zip(instances, counts, strict=True)),
-                    },
-                )
+        counts = [a + b for a, b in zip(earlier, recent, strict=True)]
+        findings.append(
+            Finding(
+                snap.now_ms,
+                "hot_instance",
+                "instance",
+                instances[second[0]],
+                pool,
+                "ticket",
+                "request_share",
+                {
+                    "max_over_mean": [first[1], second[1]],
+                    "sigma": [first[2], second[2]],
+                    "gini": gini(counts),
+                    "requests": dict(zip(instances, counts, strict=True)),
+                },
             )
+        )
     return findings
 
 

@@ -63,6 +63,7 @@ class RequestStats:
     """Tap request records of one instance over the lookback."""
 
     records: int = 0
+    recent_records: int = 0  # received in the second half of the lookback
     retries: int = 0  # attempt > 1
     finish_errors: int = 0
     last_token_ts_ms: int | None = None  # latest end of a record that carried tokens
@@ -145,6 +146,7 @@ def _requests(
     rows = con.execute(
         """
         SELECT instance, any_value(coalesce(pool, model, '')), count(*),
+               count(*) FILTER (WHERE received_ts_ms >= ?),
                count(*) FILTER (WHERE attempt > 1),
                count(*) FILTER (WHERE finish_reason = 'error'),
                max(received_ts_ms + CAST(e2e_s * 1000 AS BIGINT))
@@ -154,12 +156,18 @@ def _requests(
         FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ?
         GROUP BY instance
         """,
-        [ghost_grace_ms, start_ms, snap.now_ms],
+        [(start_ms + snap.now_ms) // 2, ghost_grace_ms, start_ms, snap.now_ms],
     ).fetchall()
-    for instance, pool, n, retries, errors, last_token, after, late in rows:
+    for instance, pool, n, recent, retries, errors, last_token, after, late in rows:
         snap.pools.setdefault(instance, pool or "")
         snap.requests[instance] = RequestStats(
-            n, retries, errors, None if last_token is None else int(last_token), int(after), late
+            n,
+            recent,
+            retries,
+            errors,
+            None if last_token is None else int(last_token),
+            int(after),
+            late,
         )
 
 

@@ -85,3 +85,29 @@ def test_the_incident_pages_and_a_quiet_hour_does_not(generated: Any, name: str)
     assert not any(p.alerting and p.pair.severity == "page" for s in quiet for p in s.pairs())
     if name == "ttft-engine":
         assert len(during) == 4  # grouped by instance
+
+
+def test_quiet_hours_of_history_raise_no_signal_and_no_flag(generated: Any, tmp_path: Any) -> None:
+    import shutil
+
+    from slo.jobs import JobsConfig, SloJobs
+    from slo.sinks import ListTransitionSink
+
+    path, incidents = generated
+    copy = tmp_path / "copy.duckdb"
+    shutil.copy(path, copy)
+    sink = ListTransitionSink()
+    with Store(copy) as store:
+        jobs = SloJobs(store.con, MODEL, JobsConfig(), sink=sink)
+        quiet = [
+            t
+            for t in range(END_MS - 22 * 3_600_000, END_MS, 30 * 60_000)
+            if all(not -600_000 <= t - start <= 3 * 3_600_000 for start in incidents)
+        ]
+        assert len(quiet) > 20
+        findings = []
+        for t in quiet:
+            result = jobs.run_once(t)
+            assert result is not None
+            findings += result.findings
+    assert findings == [] and sink.transitions == []
