@@ -143,6 +143,7 @@ class TargetCanonicalizer:
         self.detection: Detection | None = None
         self._names_seen: frozenset[str] | None = None
         self._present: frozenset[str] = frozenset()
+        self._header_start_s: float | None = None
         self._reset_templates()
 
     # -- templates -------------------------------------------------------------------------
@@ -281,8 +282,14 @@ class TargetCanonicalizer:
         self._present = present
 
     # -- the scrape ---------------------------------------------------------------------------
-    def canonicalize(self, exposition: Exposition, ts_ms: int) -> CanonicalBatch:
-        """Rows of one scrape taken at ``ts_ms`` (Unix epoch ms)."""
+    def canonicalize(
+        self, exposition: Exposition, ts_ms: int, *, process_start_s: float | None = None
+    ) -> CanonicalBatch:
+        """Rows of one scrape taken at ``ts_ms`` (Unix epoch ms).
+
+        ``process_start_s``: a process start time the transport reported (llama.cpp's
+        ``Process-Start-Time-Unix`` header); a change is a ``process_start`` reset.
+        """
         self._detect(exposition)
         types = [f.type for f in exposition.families]
         family_names = [f.name for f in exposition.families]
@@ -307,6 +314,13 @@ class TargetCanonicalizer:
                 batch.dropped["blank_sentinel"] = int(blank.sum())
                 keep = ~blank
         extra = self._detect_resets(idx, values, ts_ms, batch)
+        if process_start_s is not None:
+            if self._header_start_s is not None and process_start_s != self._header_start_s:
+                batch.resets["process_start"] = batch.resets.get("process_start", 0) + 1
+                if self.schema is ENGINE_SAMPLES:
+                    reason = {"reason": "process_start"}
+                    extra.append(self._derived(ts_ms, RESET_METRIC, "counter_reset", 1.0, reason))
+            self._header_start_s = process_start_s
         extra += self._frozen_rows(idx, values, ts_ms)
         if keep is not None:
             idx, values = idx[keep], values[keep]

@@ -30,7 +30,7 @@ from collectors.metrics import CollectorMetrics
 from pipeline.errors import DecodeError
 from pipeline.schema import RecordSchema
 
-__all__ = ["ACCEPT", "Collector", "RoundReport", "TargetHealth", "fetch_exposition"]
+__all__ = ["ACCEPT", "Collector", "Fetched", "RoundReport", "TargetHealth", "fetch_exposition"]
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,22 @@ class RoundReport:
     rows: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """One HTTP response: the exposition text and what the headers said about it.
+
+    ``process_start_s`` is llama.cpp's ``Process-Start-Time-Unix`` header (a restart marker).
+    """
+
+    text: str
+    openmetrics: bool
+    process_start_s: float | None = None
+
+
 async def fetch_exposition(
     session: aiohttp.ClientSession, url: str, *, timeout_s: float, max_body_bytes: int
-) -> tuple[str, bool]:
-    """GET ``url``; returns ``(text, is_openmetrics)``.
+) -> Fetched:
+    """GET ``url``; returns the body and its format.
 
     Raises :class:`DecodeError` with a reason (http_status, oversized, timeout, connect).
     """
@@ -87,11 +99,19 @@ async def fetch_exposition(
                 if len(body) > max_body_bytes:
                     raise DecodeError("oversized", f"body larger than {max_body_bytes} bytes")
                 openmetrics = "openmetrics" in response.headers.get("Content-Type", "")
+                start = _header_number(response.headers.get("Process-Start-Time-Unix"))
     except TimeoutError as exc:
         raise DecodeError("timeout", f"no complete response within {timeout_s:g} s") from exc
     except aiohttp.ClientError as exc:
         raise DecodeError("connect", f"{type(exc).__name__}: {exc}"[:200]) from exc
-    return body.decode("utf-8", "replace"), openmetrics
+    return Fetched(body.decode("utf-8", "replace"), openmetrics, start)
+
+
+def _header_number(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 class _Target:
@@ -196,14 +216,18 @@ class Collector:
             started = time.monotonic()
             self.metrics.scrapes.labels(name).inc()
             try:
-                text, openmetrics = await fetch_exposition(
+                fetched = await fetch_exposition(
                     session,
                     target.config.url,
                     timeout_s=self.config.timeout_s,
                     max_body_bytes=self.config.max_body_bytes,
                 )
-                exposition = target.parser.parse(text, openmetrics=openmetrics or None)
-                batch = target.canonicalizer.canonicalize(exposition, ts_ms)
+                exposition = target.parser.parse(
+                    fetched.text, openmetrics=fetched.openmetrics or None
+                )
+                batch = target.canonicalizer.canonicalize(
+                    exposition, ts_ms, process_start_s=fetched.process_start_s
+                )
             except DecodeError as exc:
                 self._record_failure(target, exc, ts_ms, time.monotonic() - started)
                 return None

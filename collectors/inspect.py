@@ -80,10 +80,10 @@ def inspect_exposition(
 
 async def _fetch(url: str, timeout_s: float) -> str:
     async with aiohttp.ClientSession() as session:
-        text, _ = await fetch_exposition(
+        fetched = await fetch_exposition(
             session, url, timeout_s=timeout_s, max_body_bytes=256 * 1024 * 1024
         )
-        return text
+        return fetched.text
 
 
 def inspect_url(

@@ -290,3 +290,17 @@ def test_openmetrics_counter_created_samples_are_created_not_counters() -> None:
         ("vllm:generation_tokens_total", "counter", "generation_tokens"),
         ("vllm:generation_tokens_created", "created", None),
     ]
+
+
+def test_llamacpp_process_start_header_marks_a_restart() -> None:
+    canonicalizer, parser = TargetCanonicalizer("x:1", model="tiny"), ExpositionParser()
+    text = llamacpp_exposition()
+    assert canonicalizer.canonicalize(parser.parse(text), 1, process_start_s=100.0).resets == {}
+    assert canonicalizer.canonicalize(parser.parse(text), 2, process_start_s=100.0).resets == {}
+    batch = canonicalizer.canonicalize(parser.parse(text), 3, process_start_s=250.0)
+    assert batch.resets == {"process_start": 1}
+    rows = batch.table.to_pylist()
+    assert {r["model"] for r in rows if r["signal"] == "running"} == {"tiny"}
+    assert [r["labels_json"] for r in rows if r["signal"] == "counter_reset"] == [
+        '{"reason": "process_start"}'
+    ]
