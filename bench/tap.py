@@ -318,8 +318,13 @@ def main() -> None:
             f"http://127.0.0.1:{p}" for p in (up_port, tap_port, nginx_port)
         )
         tap_proc = psutil.Process(tap.pid)
-        load(ctx, via_tap, 32, 1.5, 8, 5)  # warm up the tap's connection pool and code paths
+        # Before any stream: kib_per_stream then also carries one-time costs (connection pool,
+        # first-use allocations), so it errs high.
         idle_rss = tap_proc.memory_info().rss
+        for url in (direct, via_tap, *([via_nginx] if nginx else [])):
+            # Steady state, not cold start: open the proxies' upstream connection pools to
+            # the full concurrency and run every code path once before measuring.
+            load(ctx, url, args.streams, 2.0, 8, 20)
 
         def rss_mid_phase() -> int:
             time.sleep(phase_s / 2)
