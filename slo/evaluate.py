@@ -13,13 +13,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import duckdb
+import numpy as np
 
 from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
 from slo.model import Slo, SloModel
 from slo.rollup import HOUR_MS, MINUTE_MS, floor_to
 from slo.windows import AlertPair, format_duration
 
-__all__ = ["PairState", "SloStatus", "evaluate", "window_counts"]
+__all__ = ["PairState", "SloStatus", "count_matrix", "evaluate", "window_counts"]
 
 _KEY_COLUMNS = ("pool", "instance", "tenant", "route")
 RollupKey = tuple[str, str, str, str, str]  # slo_id, pool, instance, tenant, route
@@ -125,9 +126,9 @@ def _ranges(window_ms: int, end_ms: int) -> tuple[tuple[int, int] | None, list[t
 
 def _sum_query(table: str, ranges: list[tuple[int, int]]) -> str:
     aggregates = ", ".join(
-        f"sum(total) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b}), "
-        f"sum(bad) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b})"
-        for a, b in ranges
+        f"CAST(coalesce(sum(total) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b}), 0) AS BIGINT) AS t{i}, "
+        f"CAST(coalesce(sum(bad) FILTER (WHERE ts_ms >= {a} AND ts_ms < {b}), 0) AS BIGINT) AS b{i}"
+        for i, (a, b) in enumerate(ranges)
     )
     low, high = min(a for a, _ in ranges), max(b for _, b in ranges)
     return (
@@ -136,41 +137,60 @@ def _sum_query(table: str, ranges: list[tuple[int, int]]) -> str:
     )
 
 
+def _plan(
+    windows: list[int], end_ms: int
+) -> dict[tuple[str, int], list[tuple[int, tuple[int, int]]]]:
+    """Queries to run: hour ranges share one scan, minute ranges near ``end`` another, and
+    each far leading edge (of the 1 d, 3 d, 30 d windows) gets its own narrow scan."""
+    batches: dict[tuple[str, int], list[tuple[int, tuple[int, int]]]] = defaultdict(list)
+    for index, window in enumerate(windows):
+        hours, minutes = _ranges(window, end_ms)
+        parts = ([("slo_hour", hours)] if hours else []) + [("slo_minute", r) for r in minutes]
+        for table, (a, b) in parts:
+            near = table == "slo_hour" or b > end_ms - 2 * HOUR_MS
+            batches[(table, 0 if near else a)].append((index, (a, b)))
+    return batches
+
+
+def count_matrix(
+    con: duckdb.DuckDBPyConnection, slo_ids: list[str], windows: list[int], end_ms: int
+) -> tuple[list[RollupKey], np.ndarray]:
+    """Rollup keys of ``slo_ids`` and their counts: array[key, window, (total, bad)]."""
+    marks = ", ".join("?" * len(slo_ids))
+    rows = con.execute(
+        f"SELECT key_id, slo_id, pool, instance, tenant, route FROM slo_keys "
+        f"WHERE slo_id IN ({marks}) ORDER BY key_id",
+        slo_ids,
+    ).fetchall()
+    key_ids = np.array([r[0] for r in rows], dtype=np.int64)
+    keys: list[RollupKey] = [(r[1], r[2], r[3], r[4], r[5]) for r in rows]
+    matrix = np.zeros((len(keys), len(windows), 2), dtype=np.int64)
+    if not keys:
+        return keys, matrix
+    for (table, _), items in _plan(windows, end_ms).items():
+        got = con.execute(_sum_query(table, [r for _, r in items])).fetchnumpy()
+        ids = np.asarray(got["key_id"], dtype=np.int64)
+        pos = np.clip(np.searchsorted(key_ids, ids), 0, len(key_ids) - 1)
+        known = key_ids[pos] == ids  # rows of another spec's SLOs are ignored
+        for i, (window_index, _) in enumerate(items):
+            matrix[pos[known], window_index, 0] += np.asarray(got[f"t{i}"], dtype=np.int64)[known]
+            matrix[pos[known], window_index, 1] += np.asarray(got[f"b{i}"], dtype=np.int64)[known]
+    return keys, matrix
+
+
 def window_counts(
     con: duckdb.DuckDBPyConnection, slo_ids: list[str], windows_ms: Iterable[int], end_ms: int
 ) -> dict[RollupKey, dict[int, WindowCounts]]:
     """Counts per rollup key and window ending at ``end_ms`` (minute-aligned)."""
-    plan: list[tuple[str, int, tuple[int, int]]] = []  # (table, window, range)
-    for window in sorted(set(windows_ms)):
-        hours, minutes = _ranges(window, end_ms)
-        if hours:
-            plan.append(("slo_hour", window, hours))
-        plan += [("slo_minute", window, r) for r in minutes]
-    marks = ", ".join("?" * len(slo_ids))
-    keys: dict[int, RollupKey] = {
-        row[0]: (row[1], row[2], row[3], row[4], row[5])
-        for row in con.execute(
-            "SELECT key_id, slo_id, pool, instance, tenant, route FROM slo_keys "
-            f"WHERE slo_id IN ({marks})",
-            slo_ids,
-        ).fetchall()
+    windows = sorted(set(windows_ms))
+    keys, matrix = count_matrix(con, slo_ids, windows, end_ms)
+    return {
+        key: {
+            w: WindowCounts(int(matrix[k, i, 0]), int(matrix[k, i, 1]))
+            for i, w in enumerate(windows)
+        }
+        for k, key in enumerate(keys)
     }
-    result: dict[RollupKey, dict[int, WindowCounts]] = defaultdict(dict)
-    # Hour ranges share one scan, minute ranges near `end` another; far leading edges one each.
-    batches: dict[tuple[str, int], list[tuple[int, tuple[int, int]]]] = defaultdict(list)
-    for table, window, (a, b) in plan:
-        near = table == "slo_hour" or b > end_ms - 2 * HOUR_MS
-        batches[(table, 0 if near else a)].append((window, (a, b)))
-    for (table, _), items in batches.items():
-        for row in con.execute(_sum_query(table, [r for _, r in items])).fetchall():
-            key = keys.get(row[0])
-            if key is None:  # another spec's SLO
-                continue
-            per = result[key]
-            for i, (window, _) in enumerate(items):
-                counts = WindowCounts(int(row[1 + 2 * i] or 0), int(row[2 + 2 * i] or 0))
-                per[window] = per.get(window, WindowCounts()) + counts
-    return result
 
 
 def _has_rollups(con: duckdb.DuckDBPyConnection) -> bool:
@@ -189,25 +209,29 @@ def evaluate(con: duckdb.DuckDBPyConnection, model: SloModel, now_ms: int) -> li
     """
     end_ms = floor_to(now_ms, MINUTE_MS) + MINUTE_MS
     windows = sorted({w for slo in model.slos for w in slo.catalog.windows_ms})
-    counts = (
-        window_counts(con, [slo.id for slo in model.slos], windows, end_ms)
+    keys, matrix = (
+        count_matrix(con, [slo.id for slo in model.slos], windows, end_ms)
         if _has_rollups(con)
-        else {}
+        else ([], np.zeros((0, len(windows), 2), dtype=np.int64))
     )
-    grouped: dict[str, dict[tuple[str, ...], dict[int, WindowCounts]]] = defaultdict(dict)
+    grouped: dict[str, dict[tuple[str, ...], np.ndarray]] = defaultdict(dict)
     by_id = {slo.id: slo for slo in model.slos}
-    for key, per_window in counts.items():
+    for k, key in enumerate(keys):
         slo = by_id[key[0]]
         dims = dict(zip(_KEY_COLUMNS, key[1:], strict=True))
         group = tuple(dims[d] for d in slo.group_by)
-        acc = grouped[slo.id].setdefault(group, {})
-        for window, c in per_window.items():
-            acc[window] = acc.get(window, WindowCounts()) + c
+        acc = grouped[slo.id]
+        acc[group] = acc[group] + matrix[k] if group in acc else matrix[k].copy()
+    index = {w: i for i, w in enumerate(windows)}
     statuses = []
     for slo in model.slos:
-        groups = grouped.get(slo.id) or {tuple("" for _ in slo.group_by): {}}
-        for group, per_window in sorted(groups.items()):
-            full = {w: per_window.get(w, WindowCounts()) for w in slo.catalog.windows_ms}
+        empty = np.zeros((len(windows), 2), dtype=np.int64)
+        groups = grouped.get(slo.id) or {tuple("" for _ in slo.group_by): empty}
+        for group, counts in sorted(groups.items()):
+            full = {
+                w: WindowCounts(int(counts[index[w], 0]), int(counts[index[w], 1]))
+                for w in slo.catalog.windows_ms
+            }
             statuses.append(
                 SloStatus(slo, dict(zip(slo.group_by, group, strict=True)), now_ms, full)
             )
