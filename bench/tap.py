@@ -13,7 +13,14 @@ generator. Phases, each with 256 concurrent streams in a closed loop:
    process used per chunk (independent of how busy the machine is; 1e6 / it = chunks/s one
    free core could carry).
 
-Usage: ``python bench/tap.py [--quick] [--streams 256]``. The last line is JSON.
+Every path is first warmed at full concurrency (steady state, not cold start). Quick: 2
+rounds of 3 s phases (< 60 s in all); full: 5 rounds of 12 s. The tap runs as ``llmslo tap``
+does (uvloop when installed); ``LLMSLO_BENCH_PROFILE=FILE`` writes its CPU profile.
+
+The 2-core machine is shared, so figures move with its load (``load_average_1m`` is in the
+output); ``tap_cpu_us_per_chunk`` is the steadiest figure.
+
+Usage: ``python bench/tap.py [--quick] [--streams 256] [--rounds N]``. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -300,7 +307,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 2 quick, 5 full)")
     args = parser.parse_args()
     args.rounds = args.rounds or (2 if args.quick else 5)
-    phase_s = 4.0 if args.quick else 12.0
+    phase_s = 3.0 if args.quick else 12.0
     ctx = mp.get_context("spawn")
     up_port, tap_port, nginx_port = free_port(), free_port(), free_port()
     upstream = ctx.Process(target=serve_upstream, args=(up_port,), daemon=True)
@@ -324,7 +331,7 @@ def main() -> None:
         for url in (direct, via_tap, *([via_nginx] if nginx else [])):
             # Steady state, not cold start: open the proxies' upstream connection pools to
             # the full concurrency and run every code path once before measuring.
-            load(ctx, url, args.streams, 2.0, 8, 20)
+            load(ctx, url, args.streams, 1.0 if args.quick else 2.0, 8, 20)
 
         def rss_mid_phase() -> int:
             time.sleep(phase_s / 2)
