@@ -177,3 +177,32 @@ def test_tap_process_publishes_to_kafka_by_default(broker, tmp_path: Path) -> No
         samples = consume_all(bus, ENGINE_SAMPLES.topic, 2)
     assert sorted(r["request_id"] for r in rows) == ["k0", "k1"]
     assert {s["signal"] for s in samples} == {"tap_in_flight", "tap_disconnects"}
+
+
+def test_tap_records_land_in_the_duckdb_requests_table(store) -> None:  # noqa: ANN001
+    """Rows go through the same encode → decode → commit path the ingester uses."""
+    from collectors.tap import ListSink
+    from collectors.tap.sinks import rows_to_table
+    from pipeline.codec import encode_arrow, headers_for
+
+    sink = ListSink()
+
+    async def scenario() -> None:
+        up = ScriptedUpstream(lambda req: stream_script(5, gap_s=0.002))
+        config = TapConfig(listen="127.0.0.1:0", upstreams=[await up.start()], kafka=False)
+        proxy = TapProxy(config, sink)
+        port = await proxy.start()
+        await post(f"http://127.0.0.1:{port}", CHAT, headers={"x-tenant-id": "acme"})
+        await proxy.stop()
+        await up.stop()
+
+    asyncio.run(scenario())
+    for schema, rows in ((REQUEST_RECORDS, sink.requests), (ENGINE_SAMPLES, sink.samples)):
+        payload = encode_arrow(schema, rows_to_table(schema, rows))
+        decoded = decode_message(payload, headers_for(schema))
+        store.commit_batch({schema.table: [decoded.table]}, group_id="g", offsets={}, now_ts_ms=0)
+    got = store.con.execute(
+        "SELECT outcome, tenant, completion_tokens, len(itl_gaps_s), chunk_tokens FROM requests"
+    ).fetchall()
+    assert got == [("ok", "acme", 5, 4, [1, 1, 1, 1, 1])]
+    assert store.count("requests") == 1
