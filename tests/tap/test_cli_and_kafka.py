@@ -179,7 +179,7 @@ def test_tap_process_publishes_to_kafka_by_default(broker, tmp_path: Path) -> No
     assert {s["signal"] for s in samples} == {"tap_in_flight", "tap_disconnects"}
 
 
-def test_tap_records_land_in_the_duckdb_requests_table(store) -> None:  # noqa: ANN001
+def test_tap_records_land_in_the_duckdb_requests_table(store) -> None:
     """Rows go through the same encode → decode → commit path the ingester uses."""
     from collectors.tap import ListSink
     from collectors.tap.sinks import rows_to_table
