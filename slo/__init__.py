@@ -3,7 +3,7 @@
 Owns the SLO spec format (:mod:`slo.spec`) and its validated model (:mod:`slo.model`), the
 alert-window catalogs (:mod:`slo.windows`, data in ``slo/windows/*.yaml``), the per-minute
 rollup tables in DuckDB (:mod:`slo.rollup`), the evaluator (:mod:`slo.evaluate`), the
-failure-signature detectors (:mod:`slo.detectors`), the degradation-flag state machine
+failure-signature detectors (:mod:`slo.detectors`, findings in :mod:`slo.findings`), the degradation-flag state machine
 (:mod:`slo.flags`) and the ``llmslo jobs`` runner (:mod:`slo.jobs`). Data flows one way:
 spec → model → evaluators → writers (DuckDB tables, Kafka ``flags``, ``/metrics``).
 See ``slo/README.md`` for the tables and how to add a signal or a window catalog.

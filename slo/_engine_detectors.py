@@ -1,0 +1,317 @@
+"""Detectors that read one instance's engine, GPU and tap series (DESIGN §3).
+
+Stall, ghost requests, preemption cascade, fragmentation, queue growth and OOM risk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from slo.findings import DetectorConfig, Finding, covers, gpu_of
+from slo.snapshot import Series, Snapshot
+
+__all__ = [
+    "detect_fragmentation",
+    "detect_ghosts",
+    "detect_oom_risk",
+    "detect_preemption_cascade",
+    "detect_queue_growth",
+    "detect_stall",
+]
+
+
+def _stall_basis(
+    snap: Snapshot, instance: str, running: Series, start: int, cfg: DetectorConfig
+) -> tuple[str | None, dict[str, Any]]:
+    """Why tokens count as stopped (``None``: they did not), and the first evidence."""
+    tokens = snap.series(instance, "generation_tokens")
+    unchanged = snap.series(instance, "gauges_unchanged_s")
+    gauges = (running, snap.series(instance, "waiting"), snap.series(instance, "kv_usage"))
+    frozen = all(s is None or np.ptp(s.since(start).values) == 0 for s in gauges)
+    tokens_flat = None
+    if tokens is not None and covers(tokens, start):
+        tokens_flat = tokens.since(start).increase() == 0
+    unchanged_s = unchanged.last() if unchanged is not None and len(unchanged) else None
+    if unchanged_s is not None and unchanged_s >= cfg.stall_for_s:
+        # the collector's frozen-gauge clock (SGLang's hung scheduler); tokens must agree
+        basis = "gauge_unchanged" if tokens_flat is not False else None
+    elif tokens_flat is not None:
+        basis = "generation_tokens_flat" if tokens_flat else None
+    else:
+        basis = "gauge_unchanged" if frozen else None
+    evidence = {
+        "running_min": float(running.values.min()),
+        "stall_for_s": cfg.stall_for_s,
+        "gauges_unchanged": frozen,
+        "gauges_unchanged_s": unchanged_s,
+    }
+    return basis, evidence
+
+
+def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """running > 0 and no generated token for ≥ stall_for (gauges frozen counts as flat)."""
+    findings = []
+    start = snap.now_ms - int(cfg.stall_for_s * 1000)
+    for instance in snap.engine:
+        full = snap.series(instance, "running")
+        if full is None or not covers(full, start):
+            continue
+        running = full.since(start)
+        if len(running) < 2 or running.values.min() <= 0:
+            continue
+        basis, evidence = _stall_basis(snap, instance, running, start, cfg)
+        if basis is None:
+            continue
+        gpu = gpu_of(snap, cfg, instance)
+        for name in ("engine_active", "gpu_util"):
+            if name in gpu and len(gpu[name].since(start)):
+                evidence[f"gpu_{name}_mean"] = float(gpu[name].since(start).values.mean())
+        in_flight = snap.series(instance, "tap_in_flight")
+        stats = snap.requests.get(instance)
+        if in_flight is not None and len(in_flight.since(start)):
+            last_token = stats.last_token_ts_ms if stats else None
+            evidence["tap_in_flight"] = in_flight.last()
+            evidence["tap_streams_silent"] = in_flight.last() > 0 and (
+                last_token is None or last_token < start
+            )
+        findings.append(
+            Finding(
+                snap.now_ms,
+                "stall",
+                "instance",
+                instance,
+                snap.pools.get(instance, ""),
+                "page",
+                basis,
+                evidence,
+            )
+        )
+    return findings
+
+
+def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """Engine keeps requests the tap has let go: running > tap in-flight, unmatched disconnects."""
+    findings = []
+    for instance in snap.engine:
+        evidence: dict[str, Any] = {}
+        count = 0
+        running, in_flight = (
+            snap.series(instance, "running"),
+            snap.series(instance, "tap_in_flight"),
+        )
+        if running is not None and in_flight is not None:
+            common, ri, ti = np.intersect1d(running.ts_ms, in_flight.ts_ms, return_indices=True)
+            excess = running.values[ri] - in_flight.values[ti]
+            # persistent: over at the last two common scrapes, at least ghost_grace apart
+            if len(common) >= 2 and common[-1] - common[-2] >= cfg.ghost_grace_s * 1000:
+                persistent = float(min(excess[-1], excess[-2]))
+                if persistent >= cfg.ghost_min:
+                    count = max(count, int(persistent))
+                    evidence["running_over_tap_in_flight"] = persistent
+        disconnects = snap.series(instance, "tap_disconnects")
+        if disconnects is not None and len(disconnects) >= 2:
+            aborts = sum(
+                s.since(int(disconnects.ts_ms[0])).increase()
+                for name in ("requests_finished:abort", "requests_aborted")
+                if (s := snap.series(instance, name)) is not None
+            )
+            unmatched = disconnects.increase() - aborts
+            evidence.update(tap_disconnects=disconnects.increase(), engine_aborts=aborts)
+            if unmatched >= cfg.ghost_min and count:
+                count = max(count, int(unmatched))
+        stats = snap.requests.get(instance)
+        if stats and stats.tokens_after_disconnect > 0:
+            evidence["tokens_after_disconnect"] = stats.tokens_after_disconnect
+            count = max(count, stats.late_upstream_close, 1)
+        if count >= cfg.ghost_min:
+            evidence["ghosts"] = count
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "ghost_requests",
+                    "instance",
+                    instance,
+                    snap.pools.get(instance, ""),
+                    "ticket",
+                    "tap_vs_engine",
+                    evidence,
+                )
+            )
+    return findings
+
+
+def detect_preemption_cascade(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """Preemption rate over threshold while KV usage is high and waiting grows."""
+    findings = []
+    start = snap.now_ms - 120_000
+    for instance in snap.engine:
+        pre, kv, waiting = (
+            snap.series(instance, s) for s in ("preemptions", "kv_usage", "waiting")
+        )
+        if pre is None or kv is None or waiting is None:
+            continue
+        recent = pre.since(start)
+        if len(recent) < 2:
+            continue
+        minutes = (recent.ts_ms[-1] - recent.ts_ms[0]) / 60_000
+        rate = recent.increase() / minutes if minutes > 0 else 0.0
+        w = waiting.since(start).values
+        kv_max = float(kv.since(start).values.max()) if len(kv.since(start)) else 0.0
+        if (
+            rate > cfg.preemptions_per_min
+            and kv_max >= cfg.preemption_kv_usage
+            and len(w) >= 2
+            and w[-1] > w[0]
+        ):
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "preemption_cascade",
+                    "instance",
+                    instance,
+                    snap.pools.get(instance, ""),
+                    "ticket",
+                    "engine_counters",
+                    {
+                        "preemptions_per_min": rate,
+                        "kv_usage_max": kv_max,
+                        "waiting_first": float(w[0]),
+                        "waiting_last": float(w[-1]),
+                    },
+                )
+            )
+    return findings
+
+
+def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """From block stats when present, else the admission signature (waiting grows with room)."""
+    findings = []
+    start = snap.now_ms - int(cfg.fragmentation_for_s * 1000)
+    for instance in snap.engine:
+        free, run = (
+            snap.series(instance, "kv_free_blocks"),
+            snap.series(instance, "kv_largest_free_run"),
+        )
+        pool = snap.pools.get(instance, "")
+        if covers(free, start) and run is not None and free is not None:
+            f, r = free.since(start), run.since(start)
+            common, fi, ri = np.intersect1d(f.ts_ms, r.ts_ms, return_indices=True)
+            ratio = 1 - r.values[ri] / np.maximum(f.values[fi], 1)
+            if len(common) >= 2 and ratio.min() > cfg.fragmentation_ratio:
+                findings.append(
+                    Finding(
+                        snap.now_ms,
+                        "fragmentation",
+                        "instance",
+                        instance,
+                        pool,
+                        "ticket",
+                        "block_stats",
+                        {
+                            "external_fragmentation_min": float(ratio.min()),
+                            "threshold": cfg.fragmentation_ratio,
+                            "for_s": cfg.fragmentation_for_s,
+                        },
+                    )
+                )
+            continue
+        kv, waiting, pre = (
+            snap.series(instance, s) for s in ("kv_usage", "waiting", "preemptions")
+        )
+        if not covers(waiting, start) or kv is None or waiting is None:
+            continue
+        w, k = waiting.since(start).values, kv.since(start).values
+        preempted = pre.since(start).increase() if pre is not None else 0.0
+        room = float(1 - k.max()) if len(k) else 0.0
+        # admission stalls: the queue only grows (never drains) while KV has room
+        growing = (
+            len(w) >= 3
+            and bool(np.all(np.diff(w) >= 0))
+            and w[-1] - w[0] >= cfg.fragmentation_min_growth
+        )
+        if growing and w.min() > 0 and room >= cfg.fragmentation_room:
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "fragmentation",
+                    "instance",
+                    instance,
+                    pool,
+                    "ticket",
+                    "admission_signature",
+                    {
+                        "waiting_first": float(w[0]),
+                        "waiting_last": float(w[-1]),
+                        "kv_free_ratio_min": room,
+                        "preemptions": preempted,
+                    },
+                )
+            )
+    return findings
+
+
+def detect_queue_growth(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """Waiting requests rising steadily for ``queue_for_s``."""
+    findings = []
+    start = snap.now_ms - int(cfg.queue_for_s * 1000)
+    for instance in snap.engine:
+        waiting = snap.series(instance, "waiting")
+        if not covers(waiting, start) or waiting is None:
+            continue
+        w = waiting.since(start)
+        if len(w) < 3:
+            continue
+        slope_per_min = float(np.polyfit((w.ts_ms - w.ts_ms[0]) / 60_000, w.values, 1)[0])
+        if slope_per_min >= cfg.queue_growth_per_min and w.last() >= cfg.queue_min_waiting:
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "queue_growth",
+                    "instance",
+                    instance,
+                    snap.pools.get(instance, ""),
+                    "ticket",
+                    "engine_gauges",
+                    {"waiting_per_min": slope_per_min, "waiting": w.last()},
+                )
+            )
+    return findings
+
+
+def detect_oom_risk(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """KV nearly full, frame buffer nearly full, or an XID error on the instance's GPUs."""
+    findings = []
+    for instance in sorted(set(snap.engine) | set(cfg.gpu_pods.values())):
+        evidence: dict[str, Any] = {}
+        kv = snap.series(instance, "kv_usage")
+        if kv is not None and len(kv) and kv.last() >= cfg.oom_kv_usage:
+            evidence["kv_usage"] = kv.last()
+        gpu = gpu_of(snap, cfg, instance)
+        if "fb_used_mib" in gpu and "fb_free_mib" in gpu:
+            used, free = gpu["fb_used_mib"].last(), gpu["fb_free_mib"].last()
+            if used + free > 0 and used / (used + free) >= cfg.oom_fb_used:
+                evidence["fb_used_share"] = used / (used + free)
+        pods = [p for p, i in cfg.gpu_pods.items() if i == instance] + [instance]
+        xids = sorted({x for p in pods for x in snap.xids.get(p, [])})
+        if xids:
+            evidence["xid"] = xids
+        if evidence:
+            basis = "+".join(k for k in ("kv_usage", "fb_used_share", "xid") if k in evidence)
+            findings.append(
+                Finding(
+                    snap.now_ms,
+                    "oom_risk",
+                    "instance",
+                    instance,
+                    snap.pools.get(instance, ""),
+                    "page",
+                    basis,
+                    evidence,
+                )
+            )
+    return findings
+
+
+#: Every detector, by signal name.

@@ -1,0 +1,116 @@
+"""What detectors return and how they are tuned: :class:`Finding`, :class:`DetectorConfig`.
+
+Shared by the detector modules and by the writers (``slo_findings``, ``/metrics``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from slo.snapshot import Series, Snapshot
+
+__all__ = ["Detector", "DetectorConfig", "Finding", "covers", "gini", "gpu_of"]
+
+
+class DetectorConfig(BaseModel):
+    """Thresholds of every detector (seconds, fractions, counts)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lookback_s: float = Field(default=600, gt=0, description="raw rows read per cycle")
+    stall_for_s: float = Field(
+        default=60, gt=0, description="running > 0 with flat tokens this long is a stall"
+    )
+    ghost_grace_s: float = Field(default=2, ge=0)
+    ghost_min: int = Field(default=1, ge=1, description="ghost requests needed to report")
+    preemptions_per_min: float = Field(default=5, gt=0)
+    preemption_kv_usage: float = Field(default=0.85, gt=0, le=1)
+    fragmentation_ratio: float = Field(
+        default=0.25, gt=0, lt=1, description="1 − largest free run / free blocks"
+    )
+    fragmentation_for_s: float = Field(default=300, gt=0)
+    fragmentation_room: float = Field(
+        default=0.3, gt=0, lt=1, description="KV free ratio that counts as room"
+    )
+    hot_max_over_mean: float = Field(default=1.5, gt=1)
+    hot_min_sigma: float = Field(
+        default=3.0, gt=0, description="excess over the mean in Poisson standard deviations"
+    )
+    fragmentation_min_growth: float = Field(
+        default=3.0,
+        gt=0,
+        description="waiting requests added over the window (admission signature)",
+    )
+    hot_min_requests: int = Field(default=100, ge=1)
+    retry_share: float = Field(default=0.1, gt=0, lt=1)
+    retry_min_attempts: int = Field(default=20, ge=1)
+    numeric_error_share: float = Field(
+        default=0.02,
+        gt=0,
+        le=1,
+        description="finish_reason=error share of finished requests that is a burst",
+    )
+    numeric_min_events: int = Field(default=3, ge=1)
+    queue_for_s: float = Field(default=120, gt=0)
+    queue_min_waiting: float = Field(default=5, ge=0)
+    queue_growth_per_min: float = Field(default=3, gt=0)
+    oom_kv_usage: float = Field(default=0.99, gt=0, le=1)
+    oom_fb_used: float = Field(
+        default=0.98, gt=0, le=1, description="frame-buffer used share (FB is ~90 % pre-allocated)"
+    )
+    pool_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="share of a pool's instances with a signal that raises it on the pool",
+    )
+    gpu_pods: dict[str, str] = Field(
+        default={}, description="dcgm pod label → engine instance, when they differ"
+    )
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One active failure signature."""
+
+    ts_ms: int
+    signal: str
+    scope: str  # instance | pool
+    scope_id: str
+    pool: str
+    severity: str  # page | ticket | info
+    basis: str  # what the finding rests on, e.g. block_stats or admission_signature
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.signal, self.scope, self.scope_id)
+
+
+Detector = Callable[[Snapshot, DetectorConfig], list[Finding]]
+
+
+def gini(values: Sequence[float]) -> float:
+    """Gini coefficient of non-negative shares: 0 = even, → 1 = all on one."""
+    x = np.sort(np.asarray(values, dtype=float))
+    if len(x) == 0 or x.sum() == 0:
+        return 0.0
+    n = len(x)
+    return float((2 * np.arange(1, n + 1) - n - 1).dot(x) / (n * x.sum()))
+
+
+def gpu_of(snap: Snapshot, cfg: DetectorConfig, instance: str) -> dict[str, Series]:
+    pods = [pod for pod, inst in cfg.gpu_pods.items() if inst == instance] + [instance]
+    for pod in pods:
+        if pod in snap.gpu:
+            return snap.gpu[pod]
+    return {}
+
+
+def covers(series: Series | None, start_ms: int) -> bool:
+    return series is not None and len(series) >= 2 and int(series.ts_ms[0]) <= start_ms
