@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -105,8 +106,14 @@ def rows_committed(metrics_url: str) -> float:
     )
 
 
-def run_llmslo(broker: EmbeddedBroker, workdir: Path, messages: int) -> tuple[float, float]:
-    """Returns (samples/s, ingester peak RSS MB)."""
+@dataclass(frozen=True)
+class IngestRun:
+    samples_per_s: float
+    peak_rss_mb: float
+    cpu_s_per_million: float  # ingester CPU (user + sys): robust to other load on the machine
+
+
+def run_llmslo(broker: EmbeddedBroker, workdir: Path, messages: int) -> IngestRun:
     prefix = f"b{int(time.time())}."
     bus = Bus(
         BusConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix=prefix, partitions=8)
@@ -149,6 +156,7 @@ def run_llmslo(broker: EmbeddedBroker, workdir: Path, messages: int) -> tuple[fl
     while rows_committed(metrics_url) < warm:
         time.sleep(0.05)
     total = warm + messages * ENGINES_PER_POD * len(METRICS)
+    cpu_before = sum(proc.cpu_times()[:2])
     started = time.perf_counter()
     producer = multiprocessing.Process(
         target=produce_arrow, args=(broker.bootstrap_servers, prefix, messages, PODS)
@@ -159,10 +167,11 @@ def run_llmslo(broker: EmbeddedBroker, workdir: Path, messages: int) -> tuple[fl
         peak_rss = max(peak_rss, proc.memory_info().rss)
         time.sleep(0.02)
     elapsed = time.perf_counter() - started
+    cpu_s = sum(proc.cpu_times()[:2]) - cpu_before
     producer.join()
     ingester.terminate()
     ingester.wait(timeout=60)
-    return (total - warm) / elapsed, peak_rss / 2**20
+    return IngestRun((total - warm) / elapsed, peak_rss / 2**20, cpu_s / ((total - warm) / 1e6))
 
 
 def run_naive(broker: EmbeddedBroker, workdir: Path, samples: int) -> float:
@@ -249,15 +258,18 @@ def main() -> None:
             runs.append(run_llmslo(broker, workdir / f"run{attempt}", messages))
         naive = statistics.median(run_naive(broker, workdir, naive_samples) for _ in range(1))
         ceiling = statistics.median(run_ceiling(workdir, messages) for _ in range(repeat))
-    rates = [rate for rate, _ in runs]
+    rates = [run.samples_per_s for run in runs]
     samples_per_s = statistics.median(rates)
-    peak_rss = max(rss for _, rss in runs)
+    peak_rss = max(run.peak_rss_mb for run in runs)
+    cpu_per_million = statistics.median(run.cpu_s_per_million for run in runs)
     print(
         f"llmslo ingest   : {samples_per_s:>12,.0f} samples/s  (runs: {', '.join(f'{r:,.0f}' for r in rates)})"
     )
     print(f"naive baseline  : {naive:>12,.0f} samples/s  (JSON per sample, row inserts)")
     print(f"DuckDB ceiling  : {ceiling:>12,.0f} rows/s     (Arrow append, no Kafka)")
-    print(f"ingester peak RSS: {peak_rss:,.0f} MB")
+    print(
+        f"ingester peak RSS: {peak_rss:,.0f} MB; ingester CPU {cpu_per_million:.2f} s per million samples"
+    )
     print(
         json.dumps(
             {
@@ -267,6 +279,7 @@ def main() -> None:
                 "ceiling_rows_per_s": round(ceiling),
                 "ratio_vs_naive": round(samples_per_s / naive, 1),
                 "peak_rss_mb": round(peak_rss),
+                "ingester_cpu_s_per_million": round(cpu_per_million, 2),
             }
         )
     )

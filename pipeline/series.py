@@ -15,6 +15,7 @@ ingester's file and in the Parquet lake.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,6 +107,9 @@ class SeriesIndex:
         self.schema = schema
         self._known = np.unique(known) if known is not None else np.empty(0, np.int64)  # sorted
         self._hashes = _ValueHashes()
+        # Fingerprints of messages whose series were all known: the next scrape of the same
+        # pod has the same fingerprint and skips the (cache-missing) lookup of every row.
+        self._complete: set[tuple[int, int, int]] = set()
 
     def is_known(self, ids: np.ndarray) -> np.ndarray:
         """For each id, whether its series is already stored."""
@@ -115,18 +119,44 @@ class SeriesIndex:
         found[inside] = self._known[positions[inside]] == ids[inside]
         return found
 
-    def split(self, table: pa.Table) -> SplitSamples:
-        """``table`` (rows of the schema) as values plus the series not yet known."""
+    def _unknown_rows(self, ids: np.ndarray, message_rows: Sequence[int]) -> np.ndarray:
+        starts = np.concatenate([[0], np.cumsum(message_rows)[:-1]]).astype(np.int64)
+        unsigned = ids.view(np.uint64)
+        with np.errstate(over="ignore"):
+            sums = np.add.reduceat(unsigned, starts) if len(ids) else np.empty(0, np.uint64)
+            mixed = np.add.reduceat(unsigned * _MIX, starts) if len(ids) else np.empty(0, np.uint64)
+        if len(self._complete) > MAX_CACHED_VALUES:
+            self._complete.clear()
+        unknown: list[np.ndarray] = []
+        for start, count, first_sum, second_sum in zip(
+            starts.tolist(), message_rows, sums.tolist(), mixed.tolist(), strict=True
+        ):
+            fingerprint = (count, first_sum, second_sum)
+            if not count or fingerprint in self._complete:
+                continue
+            rows = np.flatnonzero(~self.is_known(ids[start : start + count])) + start
+            if len(rows):
+                unknown.append(rows)
+            else:
+                self._complete.add(fingerprint)
+        return np.concatenate(unknown) if unknown else np.empty(0, np.int64)
+
+    def split(self, table: pa.Table, message_rows: Sequence[int] | None = None) -> SplitSamples:
+        """``table`` (rows of the schema) as values plus the series not yet known.
+
+        ``message_rows`` gives the row count of each message the table was concatenated
+        from (default: one message), so repeated messages are recognised as a whole.
+        """
         ids = series_ids(table, self.schema.series_columns, self._hashes)
         values = pa.Table.from_arrays(
             [table.column("ts_ms"), pa.array(ids, pa.int64()), table.column("value")],
             names=["ts_ms", "series_id", "value"],
         )
-        unique_ids, first_rows = np.unique(ids, return_index=True)
-        fresh = ~self.is_known(unique_ids)
-        take = pa.array(first_rows[fresh], pa.int64())
+        unknown_rows = self._unknown_rows(ids, message_rows or [table.num_rows])
+        fresh_ids, first = np.unique(ids[unknown_rows], return_index=True)
+        take = pa.array(unknown_rows[first], pa.int64())
         new_series = pa.Table.from_arrays(
-            [pa.array(unique_ids[fresh], pa.int64())]
+            [pa.array(fresh_ids, pa.int64())]
             + [pc.take(table.column(name), take) for name in self.schema.series_columns],
             names=["series_id", *self.schema.series_columns],
         )

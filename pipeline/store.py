@@ -26,7 +26,6 @@ from pathlib import Path
 from types import TracebackType
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import StoreError
@@ -165,13 +164,6 @@ def _normalised_ddl(schema: RecordSchema) -> list[str]:
     ]
 
 
-def _unique_series(series: pa.Table) -> pa.Table:
-    """Series first seen by several messages of one batch, once each."""
-    ids = series.column("series_id").to_numpy()
-    _, first = np.unique(ids, return_index=True)
-    return series if len(first) == len(ids) else series.take(pa.array(np.sort(first)))
-
-
 def _schema_columns(schema: RecordSchema) -> list[tuple[str, str, str]]:
     return [
         (
@@ -288,12 +280,12 @@ class Store:
                 if index is None:
                     self._append(table_name, pa.concat_tables(parts))
                     continue
-                splits = [index.split(part) for part in parts]
-                series = _unique_series(pa.concat_tables([split.new_series for split in splits]))
+                # One split over the whole batch: per-message numpy calls cost more than the work.
+                batch = pa.concat_tables(parts).unify_dictionaries().combine_chunks()
+                split = index.split(batch, [part.num_rows for part in parts])
+                series = split.new_series
                 self._append(f"{table_name}_series", series)
-                self._append(
-                    f"{table_name}_values", pa.concat_tables([split.values for split in splits])
-                )
+                self._append(f"{table_name}_values", split.values)
                 new_series[table_name] = series
             if deadletters:
                 placeholders = ", ".join("?" * len(DEADLETTER_COLUMNS))
