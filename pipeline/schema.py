@@ -119,7 +119,7 @@ ENGINE_SAMPLES = RecordSchema(
             _field(
                 "kind",
                 _DICT_STR,
-                "gauge, counter, bucket, sum, count, info, untyped",
+                "gauge, counter, bucket, sum, count, info, untyped, created (a *_created restart marker)",
                 nullable=False,
             ),
             _field(
