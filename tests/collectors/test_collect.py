@@ -68,7 +68,8 @@ def served_samples(url: str) -> list[tuple[str, float | None, float]]:
 # -- end to end against the simulator ---------------------------------------------------------
 @pytest.fixture
 def fleet() -> Iterator[Any]:
-    simulator = pytest.importorskip("simulator")
+    import simulator
+
     config = simulator.FleetConfig(
         nodes=[simulator.NodeConfig(name="node-0", gpus=4)],
         pods=[

@@ -6,14 +6,13 @@ from typing import Any
 
 import pytest
 
+import simulator.history as history
 from pipeline.store import Store
 from slo.evaluate import evaluate
 from slo.model import build_model
 from slo.rollup import Rollup
 from slo.spec import parse_spec
 from tests.slo.factories import _BATCH_OF_TABLES
-
-history = pytest.importorskip("simulator.history")
 
 END_MS = 1_790_000_000_000 // 60_000 * 60_000
 MODEL = build_model(

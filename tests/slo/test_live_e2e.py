@@ -15,6 +15,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+import collectors.collector as collectors
+import collectors.config as collect_config
+import simulator
+import simulator.load as load
+import simulator.traces as traces
 from pipeline.schema import RecordSchema
 from pipeline.store import Store
 from slo.detectors import DetectorConfig
@@ -24,12 +29,6 @@ from slo.model import build_model
 from slo.sinks import ListTransitionSink
 from slo.spec import parse_spec
 from tests.slo.factories import _BATCH_OF_TABLES
-
-simulator = pytest.importorskip("simulator")
-collectors = pytest.importorskip("collectors.collector")
-collect_config = pytest.importorskip("collectors.config")
-load = pytest.importorskip("simulator.load")
-traces = pytest.importorskip("simulator.traces")
 
 MODEL = build_model(
     parse_spec(
