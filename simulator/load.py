@@ -4,7 +4,9 @@ Arrivals come from a trace or Poisson (:mod:`simulator.traces`), scaled in time
 (``time_scale`` > 1 replays faster). Client behaviours: concurrency limit, cancel after N s
 (the connection is really closed), deadlines, retries before the first token with
 exponential backoff and full jitter, and hot-instance router skew. The report holds
-client-side TTFT/TPOT/ITL (DESIGN §3 definitions), outcomes and arrival lateness.
+client-side TTFT/TPOT/ITL (DESIGN §3 definitions), outcomes and arrival lateness. Chunks
+are timestamped when their network read completes, so chunks that arrive in one read
+(sped-up fleets, a lagging client) show ITL gaps of 0, as a real client would see them.
 """
 
 from __future__ import annotations
