@@ -12,12 +12,11 @@ Output goes through a :class:`HistorySink`: straight into DuckDB or through Kafk
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -63,21 +62,16 @@ class HistorySink(Protocol):
 class StoreSink:
     """Straight into DuckDB via ``Store.commit_batch`` (one transaction per chunk).
 
-    Passes the tables exactly as the ingester does (schema-shaped Arrow, a list per
-    table). Stores whose ``commit_batch`` still takes one storage-shaped table per name
-    (the spine before series normalisation) are detected and fed that shape.
+    Passes the tables exactly as the ingester does (schema-shaped Arrow, a list per table).
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        annotation = str(inspect.signature(type(store).commit_batch).parameters["rows"].annotation)
-        self._tables_as_lists = "Sequence" in annotation
 
     def write(self, schema: RecordSchema, table: pa.Table) -> None:
         ts_ms = int(table.column(0)[0].as_py()) if schema is not REQUEST_RECORDS else 0
-        rows: Any = [table] if self._tables_as_lists else table.cast(schema.storage_arrow)
         self.store.commit_batch(
-            {schema.table: rows}, group_id="llmslo-sim-history", offsets={}, now_ts_ms=ts_ms
+            {schema.table: [table]}, group_id="llmslo-sim-history", offsets={}, now_ts_ms=ts_ms
         )
 
 

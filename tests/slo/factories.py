@@ -6,7 +6,6 @@ schema, then inserted into a real DuckDB store, so the SLO jobs read what ingest
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import json
 from collections.abc import Iterable, Mapping
@@ -143,14 +142,8 @@ def insert(
     ):
         if rows:
             table = to_table(schema, rows)
-            tables[schema.table] = [table] if _BATCH_OF_TABLES else table
+            tables[schema.table] = [table]
     store.commit_batch(tables, group_id="test", offsets={}, now_ts_ms=0)
-
-
-# The spine's commit_batch moved from one table per name to a sequence of tables per name.
-_BATCH_OF_TABLES = "Sequence" in str(
-    inspect.signature(Store.commit_batch).parameters["rows"].annotation
-)
 
 
 def labels(**kv: str) -> str:

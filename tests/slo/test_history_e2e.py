@@ -12,7 +12,6 @@ from slo.evaluate import evaluate
 from slo.model import build_model
 from slo.rollup import Rollup
 from slo.spec import parse_spec
-from tests.slo.factories import _BATCH_OF_TABLES
 
 END_MS = 1_790_000_000_000 // 60_000 * 60_000
 MODEL = build_model(
@@ -52,7 +51,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Any:
     generator = history.HistoryGenerator(config)
     with Store(path) as store:
         for schema, table in generator.chunks():
-            rows = [table] if _BATCH_OF_TABLES else table
+            rows = [table]
             store.commit_batch({schema.table: rows}, group_id="hist", offsets={}, now_ts_ms=0)
         Rollup(store.con, MODEL).update(END_MS)
     return path, generator.incidents

@@ -28,7 +28,6 @@ from slo.jobs import JobsConfig, SloJobs
 from slo.model import build_model
 from slo.sinks import ListTransitionSink
 from slo.spec import parse_spec
-from tests.slo.factories import _BATCH_OF_TABLES
 
 MODEL = build_model(
     parse_spec(
@@ -43,7 +42,7 @@ MODEL = build_model(
 def _collect(store: Store, urls: list[str], seconds: float, lock: threading.Lock) -> None:
     def sink(schema: RecordSchema, table: pa.Table) -> None:
         with lock:
-            rows = [table] if _BATCH_OF_TABLES else table
+            rows = [table]
             store.commit_batch({schema.table: rows}, group_id="live", offsets={}, now_ts_ms=0)
 
     config = collect_config.CollectConfig(
