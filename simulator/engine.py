@@ -108,6 +108,9 @@ class EngineModel:
         self.iterations = 0
         self.busy_s = 0.0
         self.stalled_since: float | None = None
+        # A hung engine loop (NCCL hang) cannot process aborts: they wait for it to recover,
+        # so the request stays "running" and keeps its KV — as in a real hang.
+        self._pending_aborts: list[SimRequest] = []
         self.tokens_generated = 0
         self.preemptions = 0
 
@@ -145,6 +148,9 @@ class EngineModel:
     def abort(self, req: SimRequest) -> None:
         """The client went away: drop ``req`` from the engine (finish_reason ``abort``)."""
         if req.done:
+            return
+        if self.stalled():
+            self._pending_aborts.append(req)
             return
         if req in self.running:
             self.running.remove(req)
@@ -206,6 +212,9 @@ class EngineModel:
                 self.stalled_since = now
             return None
         self.stalled_since = None
+        pending, self._pending_aborts = self._pending_aborts, []
+        for req in pending:
+            self.abort(req)
         self._ensure_decode_room(now)
         prefill = self._admit(now)
         decode = [r for r in self.running if r not in prefill]

@@ -101,6 +101,22 @@ def test_client_disconnect_aborts_the_request(make_fleet):
     assert value(scrape(pod.url), "vllm:request_success_total", finished_reason="abort") == 1
 
 
+def test_a_hung_engine_cannot_abort_until_it_recovers(make_fleet):
+    fleet = make_fleet(["vllm"], speed=1.0)
+    pod = fleet.pods[0]
+    sock = open_stream(pod.port, completion(5000, stream=True))
+    assert wait_for(lambda: _running(pod.url) == 1)
+    fleet.set_fault("pod-0", "stall")
+    sock.close()  # the client gives up on the silent stream
+    time.sleep(0.5)
+    hung = scrape(pod.url)
+    assert value(hung, "vllm:num_requests_running") == 1  # still holding its batch slot and KV
+    assert value(hung, "vllm:request_success_total", finished_reason="abort") == 0
+    fleet.clear_fault("pod-0", "stall")
+    assert wait_for(lambda: _running(pod.url) == 0)
+    assert value(scrape(pod.url), "vllm:request_success_total", finished_reason="abort") == 1
+
+
 def test_ghost_keeps_generating_after_disconnect(make_fleet):
     fleet = make_fleet(["vllm"], speed=1.0)
     pod = fleet.pods[0]
