@@ -13,6 +13,10 @@ generator. Phases, each with 256 concurrent streams in a closed loop:
    process used per chunk (independent of how busy the machine is; 1e6 / it = chunks/s one
    free core could carry).
 
+``tap_cpu_us_per_chunk_ttft`` is the same for the tap's TTFT phases: one event per read and
+per write, request overheads included (20 token chunks per request) — the case that sets
+the tap's added latency on a shared core.
+
 Every path is first warmed at full concurrency (steady state, not cold start). Quick: 2
 rounds of 3 s phases (< 60 s in all); full: 5 rounds of 12 s. The tap runs as ``llmslo tap``
 does (uvloop when installed); ``LLMSLO_BENCH_PROFILE=FILE`` writes its CPU profile.
@@ -342,15 +346,19 @@ def main() -> None:
         modes = {"direct": direct, "tap": via_tap} | ({"nginx": via_nginx} if nginx else {})
         rounds: list[dict[str, dict[str, Any]]] = []
         open_rss = idle_rss
+        ttft_cpu_s, ttft_chunks = 0.0, 0
         for _ in range(args.rounds):
             this: dict[str, dict[str, Any]] = {}
             for name, url in modes.items():
                 during = rss_mid_phase if name == "tap" else None
+                cpu_before = sum(tap_proc.cpu_times()[:2])
                 this[name] = load(
                     ctx, url, args.streams, phase_s, TTFT_TOKENS, TTFT_GAP_MS, during=during
                 )
                 if name == "tap":
                     open_rss = max(open_rss, this[name]["sampled"])
+                    ttft_cpu_s += sum(tap_proc.cpu_times()[:2]) - cpu_before
+                    ttft_chunks += this[name]["chunks_total"]
                 report(name, this[name])
             rounds.append(this)
         cpu_before = sum(tap_proc.cpu_times()[:2])
@@ -378,6 +386,7 @@ def main() -> None:
             "nginx_added_ttft_p99_ms": added("nginx", 0.99),
             "tap_rss_mib": round(open_rss / 2**20, 1),
             "tap_cpu_us_per_chunk": round(cpu_s / max(throughput["chunks_total"], 1) * 1e6, 1),
+            "tap_cpu_us_per_chunk_ttft": round(ttft_cpu_s / max(ttft_chunks, 1) * 1e6, 1),
             "load_average_1m": round(os.getloadavg()[0], 2),
             "added_ttft_p50_ms": added("tap", 0.5),
             "added_ttft_p99_ms": added("tap", 0.99),
