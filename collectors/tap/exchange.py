@@ -27,6 +27,10 @@ __all__ = ["Exchange", "RequestContext"]
 
 log = logging.getLogger(__name__)
 
+#: Upstream bytes are added to the byte counter in batches of about this many (and at the
+#: end of each attempt), not once per read.
+_BYTES_REPORT_EVERY = 64 * 1024
+
 _CUT_ERRORS = (
     aiohttp.ClientPayloadError,
     aiohttp.ServerDisconnectedError,
@@ -81,6 +85,7 @@ class Exchange:
         self.upstream_headers: CIMultiDict[str] = CIMultiDict()
         self.held: list[bytes] = []
         self.held_bytes = 0
+        self._bytes_in = 0  # read from upstream, reported to the hooks once per attempt
         self.end_s: float | None = None
         self.disconnect_wall_s: float | None = None
         self.upstream_closed_wall_s: float | None = None
@@ -122,8 +127,15 @@ class Exchange:
                 self.client_gone("client_disconnected")
             raise
         finally:
+            self._report_bytes_in()
             if not self.draining:
                 self.close_upstream()
+
+    def _report_bytes_in(self) -> None:
+        # Batched (a counter update takes a lock): every _BYTES_REPORT_EVERY and at the end.
+        if self._bytes_in:
+            self._hooks.bytes_in(self._bytes_in)
+            self._bytes_in = 0
 
     async def _send(self) -> None:
         headers = CIMultiDict(self.ctx.headers)
@@ -189,7 +201,9 @@ class Exchange:
 
     def _frame(self, chunk: bytes, now_s: float) -> bytes:
         """Frame ``chunk`` into events, measure them, and return the bytes to forward."""
-        self._hooks.bytes_in(len(chunk))
+        self._bytes_in += len(chunk)
+        if self._bytes_in >= _BYTES_REPORT_EVERY:
+            self._report_bytes_in()
         before = self.framer.oversized_events
         out = self._measure(self.framer.feed(chunk), now_s)
         if self.framer.oversized_events != before:
@@ -250,7 +264,7 @@ class Exchange:
             chunk = await self._resp.content.readany()
             if not chunk:
                 break
-            self._hooks.bytes_in(len(chunk))
+            self._bytes_in += len(chunk)
             if self.meter.m.ttfb_s is None:
                 self.meter.m.ttfb_s = self._clock() - self.ctx.t0_s
             if len(kept) + len(chunk) <= limit:
