@@ -6,10 +6,21 @@ Our producers send Arrow IPC streams (fast, typed); third-party producers may se
 * ``llmslo-schema``: the schema name and version, e.g. ``engine_sample.v1``;
 * ``content-type``: ``application/vnd.apache.arrow.stream`` or ``application/json``.
 
+Header names match case-insensitively, header values may be ``bytes`` or ``str``, and the
+content type is matched case-insensitively ignoring parameters
+(``Application/JSON; charset=utf-8`` is JSON). A missing content type means Arrow.
+
 Decoding is a boundary: anything malformed raises :class:`DecodeError` with a stable
-``reason`` (``oversized``, ``not_arrow``, ``truncated_arrow``, ``not_json``,
-``schema_mismatch``, ``missing_required``, ``unknown_schema``, ``unknown_content_type``),
-which the ingester turns into a dead letter. Nothing here raises anything else.
+``reason`` (``empty``, ``oversized``, ``not_arrow``, ``truncated_arrow``, ``corrupt_arrow``,
+``not_json``, ``schema_mismatch``, ``missing_required``, ``unknown_schema``,
+``unknown_content_type``), which the ingester turns into a dead letter. Nothing here raises
+anything else: an unexpected exception is a bug, reported as ``decode_crash`` rather than
+raised into the stream (STYLE §6).
+
+What :func:`decode_message` returns is safe to commit: Arrow payloads are fully validated
+(UTF-8, dictionary indices, offsets), required columns hold no nulls (not even through a
+null dictionary entry), and every value fits its column exactly (JSON ``1.5`` is not an
+``int16``, ``1e300`` is not a ``float32``, ``NaN``/``Infinity`` are not JSON).
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.errors import DecodeError
 from pipeline.schema import RecordSchema, lookup_schema
@@ -29,6 +41,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "JSON_CONTENT_TYPE",
     "DecodedMessage",
+    "HeaderValue",
     "conform",
     "decode_message",
     "encode_arrow",
@@ -49,6 +62,10 @@ _IPC_WRITE = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
 _IPC_READ = pa.ipc.IpcReadOptions(use_threads=False)
 
 
+#: A Kafka header value as kafka-python gives it (bytes), or as a caller may pass it (str).
+HeaderValue = bytes | str | None
+
+
 @dataclass(frozen=True)
 class DecodedMessage:
     """A decoded message: its schema and its rows, conformed to the schema's Arrow types."""
@@ -64,29 +81,65 @@ def headers_for(
     return [(SCHEMA_HEADER, schema.header_value), (CONTENT_TYPE_HEADER, content_type.encode())]
 
 
+def _mismatch(schema: RecordSchema, message: str) -> DecodeError:
+    return DecodeError("schema_mismatch", f"{schema.name}.v{schema.version}: {message[:300]}")
+
+
+def _float32_overflow(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether casting ``source`` to ``target`` can turn a finite float into an infinity."""
+    if pa.types.is_list(source) and pa.types.is_list(target):
+        return _float32_overflow(source.value_type, target.value_type)
+    return pa.types.is_float32(target) and pa.types.is_float64(source)
+
+
+def _infinities(column: pa.ChunkedArray | pa.Array) -> int:
+    while pa.types.is_list(column.type):
+        column = pc.list_flatten(column)
+    return int(pc.sum(pc.is_inf(column)).as_py() or 0)
+
+
+def _cast_exact(
+    schema: RecordSchema, field: pa.Field, column: pa.ChunkedArray | pa.Array
+) -> pa.ChunkedArray | pa.Array:
+    """``column`` cast to ``field``'s type, refusing any value that does not fit exactly.
+
+    Integers must not overflow or lose a fraction (``1.5`` is not an ``int16``); a finite
+    float must stay finite (``1e300`` is not a ``float32``). Rounding a float is fine.
+    """
+    try:
+        cast = column.cast(field.type, safe=True)
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise _mismatch(
+            schema, f"column {field.name!r} is {column.type}, expected {field.type}: {exc}"
+        ) from exc
+    if _float32_overflow(column.type, field.type) and _infinities(cast) != _infinities(column):
+        raise _mismatch(schema, f"column {field.name!r} has values that overflow {field.type}")
+    return cast
+
+
 def conform(schema: RecordSchema, table: pa.Table) -> pa.Table:
     """Return ``table`` with exactly the schema's columns, order and types.
 
-    Plain strings are cast to the dictionary columns and integer widths are widened or
-    narrowed when the values fit; missing nullable columns are filled with nulls.
-    Raises :class:`DecodeError` (``schema_mismatch`` or ``missing_required``).
+    Plain strings are cast to the dictionary columns and numbers are converted when the
+    values fit exactly; missing nullable columns are filled with nulls. Raises
+    :class:`DecodeError` (``schema_mismatch`` or ``missing_required``).
     """
     if table.schema.equals(schema.arrow, check_metadata=False):
         return table
+    names = table.column_names
+    if len(set(names)) != len(names):
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        raise _mismatch(schema, f"duplicate columns {duplicated[:5]}")
+    extra = sorted(set(names) - set(schema.arrow.names))
+    if extra:
+        raise _mismatch(schema, f"unknown columns {extra[:5]}")
     columns = []
     for field in schema.arrow:
-        if field.name in table.column_names:
+        if field.name in names:
             column = table.column(field.name)
-            if column.type != field.type:
-                try:
-                    column = column.cast(field.type, safe=True)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise DecodeError(
-                        "schema_mismatch",
-                        f"{schema.name}.v{schema.version}: column {field.name!r} is "
-                        f"{column.type}, expected {field.type}: {exc}",
-                    ) from exc
-            columns.append(column)
+            columns.append(
+                column if column.type == field.type else _cast_exact(schema, field, column)
+            )
         elif field.nullable:
             columns.append(pa.nulls(table.num_rows, field.type))
         else:
@@ -94,17 +147,24 @@ def conform(schema: RecordSchema, table: pa.Table) -> pa.Table:
                 "missing_required",
                 f"{schema.name}.v{schema.version}: required column {field.name!r} is missing",
             )
-    extra = sorted(set(table.column_names) - set(schema.arrow.names))
-    if extra:
-        raise DecodeError(
-            "schema_mismatch", f"{schema.name}.v{schema.version}: unknown columns {extra[:5]}"
-        )
     return pa.Table.from_arrays(columns, schema=schema.arrow)
+
+
+def _has_nulls(column: pa.ChunkedArray) -> bool:
+    """Nulls in the validity bitmap, or indices pointing at a null dictionary entry."""
+    if column.null_count:
+        return True
+    if not pa.types.is_dictionary(column.type):
+        return False
+    # Rare: only a dictionary that holds a null needs the per-row look.
+    return any(
+        chunk.dictionary.null_count and pc.any(pc.is_null(chunk)).as_py() for chunk in column.chunks
+    )
 
 
 def _check_required(schema: RecordSchema, table: pa.Table) -> None:
     for field in schema.arrow:
-        if not field.nullable and table.column(field.name).null_count:
+        if not field.nullable and _has_nulls(table.column(field.name)):
             raise DecodeError(
                 "missing_required",
                 f"{schema.name}.v{schema.version}: required column {field.name!r} has nulls",
@@ -127,29 +187,79 @@ def encode_json(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return json.dumps(list(rows), separators=(",", ":"), allow_nan=False).encode()
 
 
-def _header(headers: Iterable[tuple[str, bytes | None]] | None, name: str) -> bytes | None:
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _header(headers: Iterable[tuple[str | bytes, HeaderValue]] | None, name: str) -> str | None:
+    """The first header called ``name`` (any case), as text; ``None`` if absent or empty."""
     for key, value in headers or ():
-        if key.lower() == name:
-            return value
+        if _text(key).lower() == name:
+            return None if value is None else _text(value)
     return None
 
 
-def _decode_arrow(schema: RecordSchema, value: bytes) -> pa.Table:
+def _decode_arrow(value: bytes) -> pa.Table:
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(value), options=_IPC_READ)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise DecodeError("not_arrow", f"not an Arrow IPC stream: {exc}") from exc
     try:
-        return reader.read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
+        table = reader.read_all()
+    except (pa.ArrowException, OSError) as exc:
         raise DecodeError(
             "truncated_arrow", f"Arrow IPC stream is truncated or corrupt: {exc}"
         ) from exc
+    try:
+        # Structure only is checked by the reader; bad UTF-8 or an out-of-range dictionary
+        # index would otherwise surface at commit (or be stored as a wrong value).
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError) as exc:
+        raise DecodeError("corrupt_arrow", f"Arrow data is invalid: {str(exc)[:300]}") from exc
+    return table
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_compatible(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether a JSON value inferred as ``source`` may fill a column of type ``target``."""
+    if pa.types.is_null(source):
+        return True
+    if pa.types.is_dictionary(target):
+        target = target.value_type
+    if pa.types.is_list(target):
+        return pa.types.is_list(source) and _json_compatible(source.value_type, target.value_type)
+    if pa.types.is_integer(target) or pa.types.is_floating(target):
+        return pa.types.is_integer(source) or pa.types.is_floating(source)
+    if pa.types.is_string(target):
+        return pa.types.is_string(source)
+    if pa.types.is_boolean(target):
+        return pa.types.is_boolean(source)
+    return False
+
+
+def _json_column(schema: RecordSchema, field: pa.Field, values: list[Any]) -> pa.Array:
+    try:
+        inferred = pa.array(values)
+    except UnicodeEncodeError as exc:
+        # json.loads turns "\\ud800" into a lone surrogate, which is not Unicode text.
+        raise DecodeError(
+            "not_json", f"field {field.name!r} holds a lone UTF-16 surrogate: {exc}"
+        ) from exc
+    except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+        raise _mismatch(schema, f"field {field.name!r}: {exc}") from exc
+    if not _json_compatible(inferred.type, field.type):
+        raise _mismatch(schema, f"field {field.name!r} is {inferred.type}, expected {field.type}")
+    return _cast_exact(schema, field, inferred)
 
 
 def _decode_json(schema: RecordSchema, value: bytes) -> pa.Table:
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(value, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise DecodeError("not_json", "JSON payload is nested too deeply") from exc
     except (UnicodeDecodeError, ValueError) as exc:
         raise DecodeError("not_json", f"payload is not valid JSON: {exc}") from exc
     rows = [parsed] if isinstance(parsed, dict) else parsed
@@ -157,41 +267,57 @@ def _decode_json(schema: RecordSchema, value: bytes) -> pa.Table:
         raise DecodeError("not_json", "JSON payload must be an object or an array of objects")
     unknown = sorted({key for row in rows for key in row} - set(schema.arrow.names))
     if unknown:
-        raise DecodeError(
-            "schema_mismatch", f"{schema.name}.v{schema.version}: unknown fields {unknown[:5]}"
-        )
-    try:
-        return pa.Table.from_pylist(rows, schema=schema.arrow)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-        raise DecodeError(
-            "schema_mismatch", f"{schema.name}.v{schema.version}: {str(exc)[:200]}"
-        ) from exc
+        raise _mismatch(schema, f"unknown fields {unknown[:5]}")
+    # Each column is inferred from its values, then cast exactly: from_pylist with the
+    # target types would silently truncate 1.5 to 1 and overflow 1e300 to inf.
+    columns = [
+        _json_column(schema, field, [row.get(field.name) for row in rows]) for field in schema.arrow
+    ]
+    return pa.Table.from_arrays(columns, schema=schema.arrow)
 
 
-def decode_message(
-    value: bytes | None,
-    headers: Iterable[tuple[str, bytes | None]] | None,
-    *,
-    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+def _decode(
+    value: bytes | None, headers: Iterable[tuple[str | bytes, HeaderValue]] | None, max_bytes: int
 ) -> DecodedMessage:
-    """Decode one Kafka message into rows of a known schema.
-
-    Raises :class:`DecodeError` with a stable ``reason`` for anything malformed.
-    """
     if value is None:
         raise DecodeError("empty", "message has no value (tombstone)")
     if len(value) > max_bytes:
         raise DecodeError("oversized", f"message of {len(value)} bytes exceeds {max_bytes}")
     schema = lookup_schema(_header(headers, SCHEMA_HEADER))
-    content_type = (_header(headers, CONTENT_TYPE_HEADER) or ARROW_CONTENT_TYPE.encode()).decode(
-        "ascii", "replace"
+    content_type = _header(headers, CONTENT_TYPE_HEADER)
+    media_type = (
+        ARROW_CONTENT_TYPE if content_type is None else content_type.split(";")[0].strip().lower()
     )
-    if content_type == ARROW_CONTENT_TYPE:
-        table = _decode_arrow(schema, value)
-    elif content_type.split(";")[0].strip() == JSON_CONTENT_TYPE:
+    if media_type == ARROW_CONTENT_TYPE:
+        table = _decode_arrow(value)
+    elif media_type == JSON_CONTENT_TYPE:
         table = _decode_json(schema, value)
     else:
-        raise DecodeError("unknown_content_type", f"unknown content-type {content_type[:80]!r}")
+        raise DecodeError(
+            "unknown_content_type", f"unknown content-type {(content_type or '')[:80]!r}"
+        )
     table = conform(schema, table)
     _check_required(schema, table)
     return DecodedMessage(schema, table)
+
+
+def decode_message(
+    value: bytes | None,
+    headers: Iterable[tuple[str | bytes, HeaderValue]] | None,
+    *,
+    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> DecodedMessage:
+    """Decode one Kafka message into rows of a known schema.
+
+    Raises :class:`DecodeError` with a stable ``reason`` for anything malformed, and
+    nothing else: an unexpected exception (a bug here or in a library) is reported as
+    ``decode_crash`` so that one poison message cannot stop the ingester.
+    """
+    try:
+        return _decode(value, headers, max_bytes)
+    except DecodeError:
+        raise
+    except Exception as exc:
+        raise DecodeError(
+            "decode_crash", f"unexpected {type(exc).__name__} while decoding: {str(exc)[:200]}"
+        ) from exc

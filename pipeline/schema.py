@@ -16,6 +16,7 @@ the old one: producers and ingesters are upgraded independently.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -382,11 +383,15 @@ def iter_schemas() -> Iterator[RecordSchema]:
     return iter(SCHEMAS.values())
 
 
+_VERSION = re.compile(r"[0-9]{1,6}")
+
+
 def lookup_schema(header_value: bytes | str | None) -> RecordSchema:
     """Resolve an ``llmslo-schema`` header value such as ``b"engine_sample.v1"``.
 
-    Raises :class:`UnknownSchemaError` (reason ``unknown_schema``) for a missing,
-    malformed or unknown name or version.
+    The version is 1 to 6 ASCII digits (``v¹``, ``v١`` or ``v`` + 5,000 nines are malformed,
+    not a crash or a silent alias of ``v1``). Raises :class:`UnknownSchemaError` (reason
+    ``unknown_schema``) for a missing, malformed or unknown name or version.
     """
     if header_value is None:
         raise UnknownSchemaError("unknown_schema", "message has no llmslo-schema header")
@@ -394,7 +399,7 @@ def lookup_schema(header_value: bytes | str | None) -> RecordSchema:
         header_value.decode("utf-8", "replace") if isinstance(header_value, bytes) else header_value
     )
     name, sep, version = text.rpartition(".v")
-    if not sep or not version.isdigit():
+    if not sep or _VERSION.fullmatch(version) is None:
         raise UnknownSchemaError("unknown_schema", f"malformed schema header {text[:80]!r}")
     schema = SCHEMAS.get((name, int(version)))
     if schema is None:

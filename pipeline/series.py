@@ -10,6 +10,10 @@ Python loop over rows: each distinct *value* is hashed once (cached, so a pod's 
 string is hashed once per process, not per sample), and the per-column hashes are mixed
 row-wise with numpy. The hash depends only on the values, so it is the same in every
 ingester's file and in the Parquet lake.
+
+Values are canonicalised before hashing so that equal values get equal ids whatever
+their encoding: ``-0.0`` is ``0.0``, every NaN payload is one NaN, a null entry of a
+dictionary is a null, and a dictionary-encoded string is the same as a plain one.
 """
 
 from __future__ import annotations
@@ -43,11 +47,15 @@ class _ValueHashes:
         self._cache: dict[object, int] = {}
 
     def of(self, values: list[object]) -> np.ndarray:
+        """Hash of each value (a null hashes as a null), plus ``_NULL_HASH`` at index -1."""
         cache = self._cache
         if len(cache) > MAX_CACHED_VALUES:
             cache.clear()
         out = np.empty(len(values) + 1, np.uint64)
         for i, value in enumerate(values):
+            if value is None:  # a null entry of a dictionary is a null, as a masked one
+                out[i] = _NULL_HASH
+                continue
             hashed = cache.get(value)
             if hashed is None:
                 hashed = cache[value] = _hash_value(value)
@@ -63,16 +71,28 @@ def _column_hashes(column: pa.ChunkedArray, hashes: _ValueHashes) -> np.ndarray:
         indices = array.indices.fill_null(-1) if array.null_count else array.indices
         return per_value[indices.to_numpy(zero_copy_only=False)]
     if pa.types.is_floating(array.type) or pa.types.is_integer(array.type):
-        # Numbers hash by their float64 bits: 2 and 2.0 are one bound, as Prometheus means.
-        bits = np.ascontiguousarray(
-            array.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
-        ).view(np.uint64)
+        # Numbers hash by their float64 bits: 2 and 2.0 are one bound, as Prometheus means;
+        # -0.0 + 0.0 is 0.0, and every NaN payload becomes the one canonical NaN.
+        floats = array.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore"):  # a signalling NaN payload is still a NaN
+            floats = np.where(np.isnan(floats), np.nan, floats + 0.0)
+        bits = np.ascontiguousarray(floats).view(np.uint64)
         return np.where(array.is_null().to_numpy(zero_copy_only=False), _NULL_HASH, bits * _MIX)
     # Anything else (rare): by value.
     encoded = pc.dictionary_encode(array)
     return hashes.of(encoded.dictionary.to_pylist())[
         encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
     ]
+
+
+def _splitmix64(values: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser, element-wise: a non-linear bijection of uint64."""
+    with np.errstate(over="ignore"):
+        mixed = values ^ (values >> np.uint64(30))
+        mixed = mixed * np.uint64(0xBF58476D1CE4E5B9)
+        mixed ^= mixed >> np.uint64(27)
+        mixed = mixed * np.uint64(0x94D049BB133111EB)
+        return mixed ^ (mixed >> np.uint64(31))
 
 
 def series_ids(
@@ -120,19 +140,27 @@ class SeriesIndex:
         return found
 
     def _unknown_rows(self, ids: np.ndarray, message_rows: Sequence[int]) -> np.ndarray:
-        starts = np.concatenate([[0], np.cumsum(message_rows)[:-1]]).astype(np.int64)
+        counts = np.asarray(message_rows, np.int64).reshape(-1)
+        if counts.sum() != len(ids) or (counts < 0).any():
+            raise ValueError(f"message_rows {list(message_rows)[:10]} do not add up to {len(ids)}")
+        counts = counts[counts > 0]  # an empty message has nothing to look up
+        if not len(counts):
+            return np.empty(0, np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         unsigned = ids.view(np.uint64)
         with np.errstate(over="ignore"):
-            sums = np.add.reduceat(unsigned, starts) if len(ids) else np.empty(0, np.uint64)
-            mixed = np.add.reduceat(unsigned * _MIX, starts) if len(ids) else np.empty(0, np.uint64)
+            # A message's fingerprint: (rows, Σ id, Σ splitmix64(id)). The second sum must be
+            # non-linear per id: Σ(id·c) would be c·Σid, no information beyond the first.
+            sums = np.add.reduceat(unsigned, starts)
+            mixed = np.add.reduceat(_splitmix64(unsigned), starts)
         if len(self._complete) > MAX_CACHED_VALUES:
             self._complete.clear()
         unknown: list[np.ndarray] = []
         for start, count, first_sum, second_sum in zip(
-            starts.tolist(), message_rows, sums.tolist(), mixed.tolist(), strict=True
+            starts.tolist(), counts.tolist(), sums.tolist(), mixed.tolist(), strict=True
         ):
             fingerprint = (count, first_sum, second_sum)
-            if not count or fingerprint in self._complete:
+            if fingerprint in self._complete:
                 continue
             rows = np.flatnonzero(~self.is_known(ids[start : start + count])) + start
             if len(rows):
@@ -146,6 +174,8 @@ class SeriesIndex:
 
         ``message_rows`` gives the row count of each message the table was concatenated
         from (default: one message), so repeated messages are recognised as a whole.
+        Messages of zero rows and an empty table are fine; counts that do not add up to
+        ``table.num_rows`` are a bug of the caller (``ValueError``).
         """
         ids = series_ids(table, self.schema.series_columns, self._hashes)
         values = pa.Table.from_arrays(

@@ -1,4 +1,10 @@
-"""Hypothesis strategies that build valid rows of any record schema from its Arrow types."""
+"""Hypothesis strategies that build valid rows of any record schema from its Arrow types.
+
+Floats include NaN, infinities and ``-0.0`` (Arrow carries them all); ``json_safe=True``
+draws only what JSON can carry (finite numbers, and float32 lists within float32 range).
+Text is valid Unicode: a lone surrogate cannot be stored in an Arrow (UTF-8) string at
+all, and ``tests/pipeline/test_codec.py`` sends surrogates as hostile JSON on purpose.
+"""
 
 from __future__ import annotations
 
@@ -12,32 +18,36 @@ from pipeline.schema import RecordSchema
 _TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
 
 
-def value_strategy(type_: pa.DataType) -> st.SearchStrategy[Any]:
+def value_strategy(type_: pa.DataType, *, json_safe: bool = False) -> st.SearchStrategy[Any]:
     if pa.types.is_dictionary(type_):
-        return value_strategy(type_.value_type)
+        return value_strategy(type_.value_type, json_safe=json_safe)
     if pa.types.is_list(type_):
-        return st.lists(value_strategy(type_.value_type), max_size=5)
+        return st.lists(value_strategy(type_.value_type, json_safe=json_safe), max_size=5)
     if pa.types.is_boolean(type_):
         return st.booleans()
     if pa.types.is_integer(type_):
         bits = type_.bit_width
         return st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
     if pa.types.is_float32(type_):
-        return st.floats(width=32, allow_nan=False, allow_infinity=False)
+        return st.floats(width=32, allow_nan=not json_safe, allow_infinity=not json_safe)
     if pa.types.is_floating(type_):
-        return st.floats(allow_nan=False)
+        return st.floats(allow_nan=not json_safe, allow_infinity=not json_safe)
     if pa.types.is_string(type_):
         return _TEXT
     raise NotImplementedError(type_)
 
 
-def row_strategy(schema: RecordSchema) -> st.SearchStrategy[dict[str, Any]]:
+def row_strategy(
+    schema: RecordSchema, *, json_safe: bool = False
+) -> st.SearchStrategy[dict[str, Any]]:
     fields = {}
     for field in schema.arrow:
-        value = value_strategy(field.type)
+        value = value_strategy(field.type, json_safe=json_safe)
         fields[field.name] = value if not field.nullable else st.none() | value
     return st.fixed_dictionaries(fields)
 
 
-def rows_strategy(schema: RecordSchema) -> st.SearchStrategy[list[dict[str, Any]]]:
-    return st.lists(row_strategy(schema), min_size=1, max_size=8)
+def rows_strategy(
+    schema: RecordSchema, *, json_safe: bool = False, min_size: int = 1
+) -> st.SearchStrategy[list[dict[str, Any]]]:
+    return st.lists(row_strategy(schema, json_safe=json_safe), min_size=min_size, max_size=8)
