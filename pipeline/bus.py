@@ -168,7 +168,9 @@ class Bus:
         """Create every llmslo topic that does not exist yet."""
         count = partitions or self.config.partitions
         try:
-            admin = KafkaAdminClient(**self.client_settings(), request_timeout_ms=15_000)
+            admin = KafkaAdminClient(
+                **self.client_settings(), request_timeout_ms=15_000, bootstrap_timeout_ms=10_000
+            )
         except KafkaError as exc:
             raise BusError(f"cannot reach Kafka at {self.bootstrap_servers}: {exc}") from exc
         try:

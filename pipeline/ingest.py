@@ -26,15 +26,16 @@ from typing import Any
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pipeline.bus import DEADLETTER_TOPIC, Bus, BusProducer
 from pipeline.codec import decode_message
 from pipeline.config import IngestConfig
-from pipeline.errors import DecodeError
+from pipeline.errors import DecodeError, StoreError
 from pipeline.schema import iter_schemas
-from pipeline.store import DeadLetter, Store
+from pipeline.store import DEADLETTER_PAYLOAD_LIMIT, DeadLetter, Store
 
 __all__ = ["IngestMetrics", "IngestStats", "Ingester"]
 
@@ -110,7 +111,9 @@ class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
 
     kafka-python runs these hooks on its IO thread, where blocking Kafka calls are not
     allowed, so the Kafka round trips await the coordinator's async variants (kafka-python
-    3.x API, hence the version pin in pyproject.toml).
+    3.x API, hence the version pin in pyproject.toml). The DuckDB commit in the revoke hook
+    does block that thread (heartbeats pause for its length), which the 30 s session
+    timeout absorbs.
     """
 
     def __init__(self, ingester: Ingester, consumer: KafkaConsumer) -> None:
@@ -119,12 +122,26 @@ class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         # Hand partitions over with everything read so far committed, in DuckDB and then in
-        # Kafka, so the next owner starts exactly where we stopped.
-        offsets = self.ingester.flush(commit_to_kafka=False)
-        if offsets:
+        # Kafka, so the next owner starts exactly where we stopped. Kafka gets DuckDB's
+        # offsets for every revoked partition, not only this flush's: an earlier
+        # asynchronous commit may have failed.
+        self.ingester.flush(commit_to_kafka=False)
+        stored = self.ingester.store.read_offsets(self.ingester.config.group_id)
+        handed_over = {
+            (tp.topic, tp.partition): stored[(tp.topic, tp.partition)]
+            for tp in revoked
+            if (tp.topic, tp.partition) in stored
+        }
+        if handed_over:
             await self.coordinator._commit_offsets_sync_async(
-                _kafka_offsets(offsets), timeout_ms=10_000
+                _kafka_offsets(handed_over), timeout_ms=10_000
             )
+
+    async def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
+        # Our session expired: another member may already read these partitions, so what
+        # we hold must not be committed. Partitions we get back are re-read from DuckDB's
+        # offsets on assignment, so dropping the batch in hand loses nothing.
+        self.ingester.discard_uncommitted()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         committed = await self.coordinator.fetch_committed_offsets_async(
@@ -165,6 +182,8 @@ class Ingester:
         self._in_flight: tuple[_Batch, Future[float]] | None = None
         self._consumer: KafkaConsumer | None = None
         self._deadletter_producer: BusProducer | None = None
+        self._failure: StoreError | None = None
+        self._reasons_logged: set[str] = set()
         self._last_activity_s = time.monotonic()
         self._joined = False  # idle time counts only once the group has assigned us partitions
 
@@ -181,7 +200,7 @@ class Ingester:
         """Consume until :meth:`stop` (or ``max_idle_s`` without a message); returns stats."""
         extra = {"group_instance_id": self.instance_id} if self.instance_id else {}
         consumer = self.bus.consumer(
-            self.config.group_id, session_timeout_ms=10_000, heartbeat_interval_ms=1_000, **extra
+            self.config.group_id, session_timeout_ms=30_000, heartbeat_interval_ms=2_000, **extra
         )
         self._consumer = consumer
         consumer.subscribe(self.topics, listener=_HandOverAtRebalance(self, consumer))
@@ -200,11 +219,17 @@ class Ingester:
                     break
             self.flush()
         finally:
-            self._consumer = None
-            self._committer.shutdown(wait=True)
-            consumer.close(autocommit=False)
-            if self._deadletter_producer is not None:
-                self._deadletter_producer.close()
+            # Closing runs the revoke hook (hand-over commits), so the committer lives on
+            # until the consumer is closed.
+            try:
+                consumer.close(autocommit=False)
+            finally:
+                self._consumer = None
+                self._committer.shutdown(wait=True)
+                if self._deadletter_producer is not None:
+                    self._deadletter_producer.close()
+        if self._failure is not None:
+            raise self._failure
         return self.stats
 
     def _take(self, tp: TopicPartition, message: Any) -> None:  # a kafka ConsumerRecord
@@ -217,8 +242,9 @@ class Ingester:
         self.metrics.messages.labels(tp.topic).inc()
         try:
             decoded = decode_message(value, headers, max_bytes=self.config.max_message_bytes)
-        except DecodeError as exc:
-            log.warning("dead-lettering %s[%d]@%d: %s", tp.topic, tp.partition, message.offset, exc)
+        except Exception as exc:  # never raise into the stream: dead-letter and count
+            reason = exc.reason if isinstance(exc, DecodeError) else "decode_crash"
+            self._log_deadletter(reason, tp, message.offset, exc)
             batch.deadletters.append(
                 DeadLetter(
                     received_ts_ms=int(self.clock() * 1000),
@@ -226,16 +252,32 @@ class Ingester:
                     partition=tp.partition,
                     offset=message.offset,
                     key=message.key,
-                    reason=exc.reason,
-                    error=str(exc),
+                    reason=reason,
+                    error=str(exc) or type(exc).__name__,
                     headers=headers,
                     payload=value,
                 )
             )
         else:
-            batch.tables[decoded.schema.table].append(decoded.table)
-            batch.rows += decoded.table.num_rows
+            if decoded.table.num_rows:
+                batch.tables[decoded.schema.table].append(decoded.table)
+                batch.rows += decoded.table.num_rows
         batch.offsets[(tp.topic, tp.partition)] = message.offset + 1
+
+    def _log_deadletter(self, reason: str, tp: TopicPartition, offset: int, exc: Exception) -> None:
+        """Log the first dead letter of each reason loudly, the rest quietly (all are counted)."""
+        first = reason not in self._reasons_logged
+        self._reasons_logged.add(reason)
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "dead-lettering %s[%d]@%d (%s): %s%s",
+            tp.topic,
+            tp.partition,
+            offset,
+            reason,
+            exc,
+            "; further dead letters of this reason are logged at DEBUG" if first else "",
+        )
 
     def _batch_due(self) -> bool:
         batch = self._batch
@@ -256,6 +298,8 @@ class Ingester:
             self._submit()
 
     def _submit(self) -> None:
+        if self._failure is not None:
+            return  # never commit past a batch that failed: its rows would be lost
         batch, self._batch = self._batch, _Batch()
         if batch:
             future = self._committer.submit(self._commit, batch)
@@ -278,9 +322,16 @@ class Ingester:
             return {}
         batch, future = self._in_flight
         self._in_flight = None
-        self.metrics.commit_seconds.observe(
-            future.result()
-        )  # a failed commit raises StoreError here
+        try:
+            seconds = future.result()
+        except StoreError as exc:
+            # Stop without committing anything after this batch (offsets would skip its
+            # rows); run() re-raises once the consumer is closed. A restart re-reads it.
+            log.error("stopping: %s", exc)
+            self._failure = exc
+            self._stop.set()
+            return {}
+        self.metrics.commit_seconds.observe(seconds)
         self.metrics.last_commit.set(self.clock())
         self.metrics.batch_rows.observe(batch.rows)
         for name, parts in batch.tables.items():
@@ -297,6 +348,11 @@ class Ingester:
             self._commit_to_kafka(batch.offsets)
         return batch.offsets
 
+    def discard_uncommitted(self) -> None:
+        """Drop the batch in hand (after the commit in flight ends): its partitions are lost."""
+        self._collect(commit_to_kafka=False)
+        self._batch = _Batch()
+
     def flush(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], int]:
         """Make everything read so far durable: rows + dead letters + offsets, in DuckDB.
 
@@ -308,19 +364,27 @@ class Ingester:
         return offsets | self._collect(commit_to_kafka=commit_to_kafka)
 
     def _publish_deadletters(self, letters: list[DeadLetter]) -> None:
+        """Re-publish dead letters to their topic for inspection and replay (best effort)."""
         if not letters:
             return
         if self._deadletter_producer is None:
             self._deadletter_producer = self.bus.producer(linger_ms=0)
         for letter in letters:
+            payload = letter.payload or b""
             headers = [(k, v or b"") for k, v in letter.headers]
             headers += [
                 ("llmslo-deadletter-reason", letter.reason.encode()),
                 ("llmslo-source", f"{letter.topic}/{letter.partition}/{letter.offset}".encode()),
             ]
-            self._deadletter_producer.send_raw(
-                DEADLETTER_TOPIC, letter.payload or b"", key=letter.key, headers=headers
-            )
+            if len(payload) > DEADLETTER_PAYLOAD_LIMIT:  # the topic refuses what the source let in
+                headers.append(("llmslo-payload-bytes", str(len(payload)).encode()))
+                payload = payload[:DEADLETTER_PAYLOAD_LIMIT]
+            try:
+                self._deadletter_producer.send_raw(
+                    DEADLETTER_TOPIC, payload, key=letter.key, headers=headers
+                )
+            except KafkaError as exc:  # the table already holds it; the topic copy is a courtesy
+                log.warning("could not re-publish a dead letter to %s: %s", DEADLETTER_TOPIC, exc)
 
     def _commit_to_kafka(self, offsets: dict[tuple[str, int], int]) -> None:
         consumer = self._consumer

@@ -14,9 +14,12 @@ Ingesters in one group own disjoint partitions, so their files never hold the sa
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
+from pipeline.errors import ConfigError
 from pipeline.store import Store
 
 __all__ = ["LAKE_TABLES", "ExportedHour", "export_hours", "lake_view_sql"]
@@ -24,6 +27,9 @@ __all__ = ["LAKE_TABLES", "ExportedHour", "export_hours", "lake_view_sql"]
 log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
+#: How long after an hour ends before it is exported (late rows still land in it).
+DEFAULT_GRACE_MS = 15 * 60_000
+_SAFE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 #: Exported tables and their event-time column.
 LAKE_TABLES = {"engine_samples": "ts_ms", "gpu_samples": "ts_ms", "requests": "received_ts_ms"}
 
@@ -39,22 +45,36 @@ class ExportedHour:
 
 
 def _ensure_ledger(store: Store) -> None:
-    store.con.execute(
+    store.con.execute(  # lake_exports: what was written, so nothing is exported twice
         "CREATE TABLE IF NOT EXISTS lake_exports (table_name VARCHAR NOT NULL, hour_start_ms BIGINT NOT NULL, "
         "rows BIGINT NOT NULL, path VARCHAR NOT NULL, PRIMARY KEY (table_name, hour_start_ms))"
     )
 
 
 def export_hours(
-    store: Store, lake_dir: Path, ingester_id: str, *, now_ts_ms: int
+    store: Store,
+    lake_dir: Path,
+    ingester_id: str,
+    *,
+    now_ts_ms: int,
+    grace_ms: int = DEFAULT_GRACE_MS,
 ) -> list[ExportedHour]:
-    """Export every complete hour (ended before ``now_ts_ms``) not exported yet."""
-    current_hour = now_ts_ms // HOUR_MS * HOUR_MS
+    """Export every hour that ended ``grace_ms`` before ``now_ts_ms`` and was not exported yet.
+
+    The grace period lets late rows (ingest lag, collectors flushing their buffer after a
+    broker outage) land before their hour is frozen. Rows arriving later still are kept in
+    DuckDB but do not reach the lake. Raises :class:`StoreError` or :class:`ConfigError`.
+    """
+    if not _SAFE_ID.fullmatch(ingester_id):
+        raise ConfigError(
+            f"ingester id {ingester_id!r} must match {_SAFE_ID.pattern} (it names files)"
+        )
+    last_hour = (now_ts_ms - grace_ms) // HOUR_MS * HOUR_MS
     written = []
     with store.lock:  # the ingester commits on another thread through the same connection
         _ensure_ledger(store)
         for table, column in LAKE_TABLES.items():
-            written += _export_table(store, lake_dir, ingester_id, table, column, current_hour)
+            written += _export_table(store, lake_dir, ingester_id, table, column, last_hour)
     return written
 
 
@@ -73,29 +93,21 @@ def _export_table(
 def _export_hour(
     store: Store, lake_dir: Path, ingester_id: str, table: str, column: str, hour: int
 ) -> ExportedHour:
-    stamp = store.con.execute(
-        "SELECT strftime(make_timestamp(? * 1000), '%Y-%m-%d|%H')", [hour]
-    ).fetchone()
-    assert stamp is not None
-    date, hour_of_day = stamp[0].split("|")
+    start = datetime.fromtimestamp(hour / 1000, tz=UTC)
+    date, hour_of_day = start.strftime("%Y-%m-%d"), start.strftime("%H")
     path = lake_dir / table / f"date={date}" / f"hour={hour_of_day}" / f"{ingester_id}.parquet"
+    if "'" in str(path):  # COPY … TO takes no parameter for the file name
+        raise ConfigError(f"lake path {path} must not contain a quote")
     path.parent.mkdir(parents=True, exist_ok=True)
-    store.con.execute("BEGIN")
-    try:
-        store.con.execute(
+    with store.transaction(f"export {table} for {date} {hour_of_day}h") as con:
+        con.execute(
             f"COPY (SELECT * FROM {table} WHERE {column} >= ? AND {column} < ? ORDER BY {column}) "
             f"TO '{path}' (FORMAT PARQUET, COMPRESSION ZSTD)",
             [hour, hour + HOUR_MS],
         )
-        row = store.con.execute(f"SELECT count(*) FROM read_parquet('{path}')").fetchone()
+        row = con.execute("SELECT count(*) FROM read_parquet(?)", [str(path)]).fetchone()
         rows = int(row[0]) if row else 0
-        store.con.execute(
-            "INSERT INTO lake_exports VALUES (?, ?, ?, ?)", [table, hour, rows, str(path)]
-        )
-        store.con.execute("COMMIT")
-    except Exception:
-        store.con.execute("ROLLBACK")
-        raise
+        con.execute("INSERT INTO lake_exports VALUES (?, ?, ?, ?)", [table, hour, rows, str(path)])
     log.info("exported %d rows of %s for hour %s %s to %s", rows, table, date, hour_of_day, path)
     return ExportedHour(table, hour, rows, path)
 

@@ -153,6 +153,17 @@ class Pipeline:
             thread.join(timeout=60)
         self._stack.close()
 
+    def final_cycle(self) -> CycleResult | None:
+        """Stop the periodic jobs and run one last cycle over everything ingested so far.
+
+        The jobs' cursor serves one call at a time, so the periodic loop must end first.
+        """
+        self.jobs.stop()
+        for thread in self._threads:
+            if thread.name == "slo-jobs":
+                thread.join(timeout=60)
+        return self.jobs.run_once()
+
 
 def run_pipeline(args: argparse.Namespace) -> int:
     config = resolve_config(args)
@@ -313,17 +324,21 @@ def run_demo(args: argparse.Namespace) -> int:
         )
         say(f"[demo] Poisson load: {args.rate:g} req/s for {args.seconds:g} s through the taps")
         time.sleep(args.seconds / 3)
-        _set_fault(pods[1]["url"], "kv_leak", {"blocks_per_s": 400})
-        _set_fault(pods[2]["url"], "stall", {})
+        # The leak fills the 2,048-block pool to 96 % in about half a minute: through L1
+        # (KV free < 10 %) into L2 (< 5 %). The stall hangs a vLLM pod's engine loop.
+        leaking, hung = pods[1], pods[0]
+        _set_fault(leaking["url"], "kv_leak", {"blocks_per_s": 60, "max_fraction": 0.96})
+        _set_fault(hung["url"], "stall", {})
         say(
-            f"[demo] injected: kv_leak on {pods[1]['name']}, stall (NCCL-hang signature) on {pods[2]['name']}"
+            f"[demo] injected: kv_leak on {leaking['name']} ({leaking['instance']}), "
+            f"stall (NCCL-hang signature) on {hung['name']} ({hung['instance']})"
         )
         try:
             load.wait(timeout=args.seconds * 2 / 3 + 20)  # its last requests end by their deadline
         except subprocess.TimeoutExpired:
             load.terminate()
         time.sleep(6)  # the last scrape round, ingest batch and job cycle
-        result = pipeline.jobs.run_once()
+        result = pipeline.final_cycle()
     _print_demo_result(args.db, result)
     return 0
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +42,13 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Raw tables with their event-time column (what retention prunes and the lake exports).
+RAW_TIME_COLUMNS = {
+    "engine_samples_values": "ts_ms",
+    "gpu_samples_values": "ts_ms",
+    "requests": "received_ts_ms",
+}
 
 #: Payload bytes kept in the dead-letter table; the whole payload also goes to the
 #: dead-letter topic, and ``payload_bytes`` says how long it was.
@@ -218,17 +226,33 @@ class Store:
                 statements.append(f"COMMENT ON TABLE {schema.table} IS {_quote(schema.doc)}")
         statements += _table_ddl("deadletter", DEADLETTER_COLUMNS)
         statements += _table_ddl("ingest_offsets", OFFSET_COLUMNS, key="group_id, topic, partition")
-        try:
-            self.con.execute("BEGIN")
+        with self.transaction("create tables"):
             for statement in statements:
                 self.con.execute(statement)
-            self.con.execute("COMMIT")
-        except duckdb.Error as exc:
-            self.con.execute("ROLLBACK")
-            raise StoreError(f"cannot create tables in {self.path}: {exc}") from exc
+
+    @contextmanager
+    def transaction(self, what: str) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One DuckDB transaction: committed when the block ends, rolled back on any error.
+
+        Any failure (DuckDB's, Arrow's, a bug) leaves no transaction open and surfaces as
+        :class:`StoreError` naming ``what`` failed, with the original error chained.
+        """
+        with self.lock:
+            self.con.execute("BEGIN")
+            try:
+                yield self.con
+                self.con.execute("COMMIT")
+            except BaseException as exc:
+                with suppress(duckdb.Error):  # a failed COMMIT has already rolled back
+                    self.con.execute("ROLLBACK")
+                if isinstance(exc, Exception):
+                    raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
+                raise
 
     def close(self) -> None:
-        self.con.close()
+        """Close the file (after every thread using ``con`` has stopped)."""
+        with self.lock:
+            self.con.close()
 
     def __enter__(self) -> Store:
         return self
@@ -260,22 +284,12 @@ class Store:
         now_ts_ms: int,
     ) -> None:
         """Append ``rows`` (table name → Arrow tables of its schema), dead letters and offsets atomically."""
-        with self.lock:
-            self._commit_batch(rows, group_id, offsets, deadletters, now_ts_ms)
-
-    def _commit_batch(
-        self,
-        rows: Mapping[str, Sequence[pa.Table]],
-        group_id: str,
-        offsets: Mapping[tuple[str, int], int],
-        deadletters: Sequence[DeadLetter],
-        now_ts_ms: int,
-    ) -> None:
-        con = self.con
         new_series: dict[str, pa.Table] = {}
-        try:
-            con.execute("BEGIN")
-            for table_name, parts in rows.items():
+        with self.transaction("commit a batch") as con:
+            for table_name, all_parts in rows.items():
+                parts = [part for part in all_parts if part.num_rows]
+                if not parts:
+                    continue
                 index = self._series.get(table_name)
                 if index is None:
                     self._append(table_name, pa.concat_tables(parts))
@@ -301,10 +315,6 @@ class Store:
                         for (topic, partition), offset in offsets.items()
                     ],
                 )
-            con.execute("COMMIT")
-        except duckdb.Error as exc:
-            con.execute("ROLLBACK")
-            raise StoreError(f"cannot commit a batch to {self.path}: {exc}") from exc
         for table_name, series in new_series.items():
             self._series[table_name].mark_stored(series.column("series_id").combine_chunks())
 
@@ -316,17 +326,13 @@ class Store:
 
     def prune(self, before_ts_ms: int) -> dict[str, int]:
         """Delete raw rows older than ``before_ts_ms``; returns rows deleted per table."""
-        time_columns = {
-            "engine_samples_values": "ts_ms",
-            "gpu_samples_values": "ts_ms",
-            "requests": "received_ts_ms",
-        }
         deleted = {}
-        for table_name, column in time_columns.items():
-            result = self.con.execute(
-                f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]
-            ).fetchone()
-            deleted[table_name] = int(result[0]) if result else 0
+        with self.transaction("prune raw rows") as con:
+            for table_name, column in RAW_TIME_COLUMNS.items():
+                result = con.execute(
+                    f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]
+                ).fetchone()
+                deleted[table_name] = int(result[0]) if result else 0
         return deleted
 
     def count(self, table_name: str) -> int:
@@ -334,5 +340,6 @@ class Store:
         known = {s.table for s in iter_schemas()} | {"deadletter", "ingest_offsets"}
         if table_name not in known:
             raise StoreError(f"unknown table {table_name!r}")
-        result = self.con.execute(f"SELECT count(*) FROM {table_name}").fetchone()
+        with self.lock:
+            result = self.con.execute(f"SELECT count(*) FROM {table_name}").fetchone()
         return int(result[0]) if result else 0

@@ -6,14 +6,17 @@ import json
 import signal
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from kafka import TopicPartition
 
+from pipeline.broker import free_port
 from pipeline.bus import DEADLETTER_TOPIC, Bus
 from pipeline.codec import JSON_CONTENT_TYPE, encode_arrow, headers_for
 from pipeline.config import IngestConfig
+from pipeline.errors import StoreError
 from pipeline.ingest import Ingester
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS
 from pipeline.store import Store
@@ -21,7 +24,6 @@ from tests.pipeline.ingest_helpers import (
     numbered_samples,
     produce_numbered,
     start_ingest,
-    wait_for_log,
     write_config,
 )
 
@@ -128,7 +130,9 @@ def test_stop_commits_the_batch_in_hand(bus: Bus, store: Store) -> None:
     worker = threading.Thread(target=ingester.run)
     worker.start()
     # Batches never become due by size or age here: only stop() makes the rows durable.
+    deadline = time.monotonic() + 120
     while ingester.stats.messages < 20:
+        assert worker.is_alive() and time.monotonic() < deadline, "the ingester stopped consuming"
         worker.join(0.1)
     assert store.count("engine_samples") == 0
     ingester.stop()
@@ -136,14 +140,29 @@ def test_stop_commits_the_batch_in_hand(bus: Bus, store: Store) -> None:
     assert store.count("engine_samples") == 2_000
 
 
+def _metric(url: str, name: str) -> float:
+    """Sum of a metric's samples on a /metrics page (0 if absent or unreachable)."""
+    try:
+        text = urllib.request.urlopen(url, timeout=2).read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
 def test_sigterm_finishes_the_batch_and_exits_zero(bus: Bus, tmp_path: Path) -> None:
     produce_numbered(bus, total=20_000, per_message=1_000)
+    port = free_port()
     config = write_config(tmp_path / "llmslo.yaml", bus, batch_max_rows=10**9, batch_max_ms=10**9)
     db = tmp_path / "sigterm.duckdb"
     log = tmp_path / "ingest.log"
-    process = start_ingest(config, db, log)
-    wait_for_log(process, log, "starts at offset")
-    time.sleep(2.0)  # consuming; nothing is committed yet (batches are never due by size or age)
+    process = start_ingest(config, db, log, "--metrics-port", str(port))
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 120
+    # All 20 messages consumed, none committed (batches are never due by size or age).
+    while _metric(metrics, "llmslo_ingest_messages_total") < 20:
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.1)
+    assert _metric(metrics, "llmslo_ingest_rows_total") == 0
     process.send_signal(signal.SIGTERM)
     out, _ = process.communicate(timeout=60)
     assert process.returncode == 0
@@ -151,3 +170,75 @@ def test_sigterm_finishes_the_batch_and_exits_zero(bus: Bus, tmp_path: Path) -> 
     with Store(db, read_only=True) as store:
         stored = store.count("engine_samples")
     assert stored == summary["rows"] == 20_000
+
+
+def test_metrics_endpoint_reports_rows_dead_letters_and_commit_latency(
+    bus: Bus, tmp_path: Path
+) -> None:
+    produce_numbered(bus, total=3_000, per_message=1_000)
+    producer = bus.producer()
+    producer.send_raw("engine", b"not arrow", key=b"pod-0", headers=headers_for(ENGINE_SAMPLES))
+    producer.flush()
+    port = free_port()
+    config = write_config(tmp_path / "llmslo.yaml", bus, batch_max_ms=50)
+    process = start_ingest(
+        config, tmp_path / "m.duckdb", tmp_path / "ingest.log", "--metrics-port", str(port)
+    )
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    deadline = time.monotonic() + 120
+    while _metric(metrics, 'llmslo_ingest_rows_total{table="engine_samples"}') < 3_000:
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    while _metric(metrics, 'llmslo_ingest_deadletters_total{reason="not_arrow"}') < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert _metric(metrics, "llmslo_ingest_commit_seconds_count") >= 1
+    assert _metric(metrics, "llmslo_ingest_last_commit_timestamp_seconds") > 1_700_000_000
+
+
+def test_an_empty_message_is_stored_as_nothing_and_consumed(bus: Bus, store: Store) -> None:
+    producer = bus.producer()
+    good = encode_arrow(ENGINE_SAMPLES, numbered_samples(0, 10, "pod-0"))
+    producer.send_raw("engine", good, key=b"pod-0", headers=headers_for(ENGINE_SAMPLES))
+    producer.send_raw(
+        "engine", b"[]", key=b"pod-0", headers=headers_for(ENGINE_SAMPLES, JSON_CONTENT_TYPE)
+    )
+    producer.flush()
+    ingester = _ingest_until_idle(bus, store)
+    assert store.count("engine_samples") == 10
+    assert ingester.stats.messages == 2 and ingester.stats.deadletters == 0
+    assert sum(store.read_offsets(bus.prefix).values()) == 2
+
+
+class _FailingStore(Store):
+    """A real store whose first commit fails, as a full disk would."""
+
+    commits = 0
+
+    def commit_batch(self, *args: object, **kwargs: object) -> None:
+        self.commits += 1
+        if self.commits == 1:
+            raise StoreError("disk full (simulated)")
+        super().commit_batch(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_failed_commit_stops_ingest_without_skipping_its_rows(bus: Bus, tmp_path: Path) -> None:
+    produce_numbered(bus, total=500, per_message=100)
+    path = tmp_path / "failing.duckdb"
+    config = IngestConfig(group_id=bus.prefix, batch_max_ms=10)
+    with _FailingStore(path) as store:
+        ingester = Ingester(bus, store, config)
+        with pytest.raises(StoreError, match="disk full"):
+            ingester.run(max_idle_s=30)
+        # Nothing after the failed batch was committed either (its offsets would skip it).
+        assert store.count("engine_samples") == 0
+        assert store.read_offsets(bus.prefix) == {}
+    with Store(path) as store:
+        Ingester(bus, store, config).run(max_idle_s=3)
+        values = [
+            v
+            for (v,) in store.con.execute(
+                "SELECT value FROM engine_samples ORDER BY value"
+            ).fetchall()
+        ]
+    assert values == list(range(500))

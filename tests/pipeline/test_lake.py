@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from pipeline.codec import conform
+from pipeline.errors import ConfigError
 from pipeline.lake import HOUR_MS, export_hours, lake_view_sql
 from pipeline.schema import ENGINE_SAMPLES
 from pipeline.store import Store
@@ -34,9 +36,11 @@ def test_complete_hours_are_exported_once_and_read_back_equal(tmp_path: Path) ->
         # At 10:30 the hours 08 and 09 are complete; 10 is still being written.
         first = export_hours(store, lake, "ingest-a", now_ts_ms=T0 + 2 * HOUR_MS + HOUR_MS // 2)
         again = export_hours(store, lake, "ingest-a", now_ts_ms=T0 + 2 * HOUR_MS + HOUR_MS // 2)
-        later = export_hours(store, lake, "ingest-a", now_ts_ms=T0 + 3 * HOUR_MS)
+        # Hour 10 ended at 11:00; within the 15-minute grace for late rows it stays open.
+        in_grace = export_hours(store, lake, "ingest-a", now_ts_ms=T0 + 3 * HOUR_MS + 5 * 60_000)
+        later = export_hours(store, lake, "ingest-a", now_ts_ms=T0 + 3 * HOUR_MS + 20 * 60_000)
     assert [(w.table, w.rows) for w in first] == [("engine_samples", 100), ("engine_samples", 100)]
-    assert again == []
+    assert again == [] and in_grace == []
     assert [w.rows for w in later] == [100]
     assert (lake / "engine_samples" / "date=2025-11-29" / "hour=08" / "ingest-a.parquet").exists()
 
@@ -46,3 +50,8 @@ def test_complete_hours_are_exported_once_and_read_back_equal(tmp_path: Path) ->
     ).fetchall()
     assert [v for v, _ in values] == list(range(300))
     assert {instance for _, instance in values} == {"pod-0", "pod-1", "pod-2"}
+
+
+def test_an_ingester_id_that_cannot_name_a_file_is_refused(tmp_path: Path) -> None:
+    with Store(tmp_path / "a.duckdb") as store, pytest.raises(ConfigError, match="ingester id"):
+        export_hours(store, tmp_path / "lake", "a'b/../c", now_ts_ms=T0)
