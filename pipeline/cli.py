@@ -28,6 +28,7 @@ log = logging.getLogger("llmslo")
 
 #: Modules whose ``register(subparsers)`` adds subcommands, in help order.
 COMMAND_MODULES: list[str] = [
+    "pipeline.demo",
     "pipeline.runner",
     "pipeline.commands",
     "collectors.tap.cli",

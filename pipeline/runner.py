@@ -1,57 +1,51 @@
-"""``llmslo run`` (the pipeline process) and ``llmslo demo`` (the whole product on loopback).
+"""``llmslo run``: the pipeline process, and the :class:`Pipeline` the demo reuses.
 
 ``run`` is what a deployment runs beside its collectors and taps: the exactly-once
-ingester and the SLO jobs in one process, sharing one DuckDB file (DuckDB has one writer
-per file, so the two cannot be separate processes), plus the hourly lake export.
-
-``demo`` starts everything on embedded defaults: the embedded broker, a simulated fleet
-(``llmslo sim``), one stream tap per pod (``llmslo tap``), the collector (``llmslo
-collect``), the pipeline of ``run``, and Poisson load through the taps (``llmslo load``).
-Midway it injects a KV leak into one pod and an NCCL-style stall into another, then
-prints what llmslo saw: the SLO report, the signals and the degradation flags.
+ingester and the SLO jobs in one process sharing one DuckDB file (DuckDB has one writer
+per file, so the two cannot be separate processes), with raw-row retention and, when
+``store.lake_dir`` is set, the hourly Parquet export.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import subprocess
-import sys
+import os
+import socket
 import textwrap
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from pipeline.broker import free_port
 from pipeline.bus import Bus
 from pipeline.cli import add_common_options, install_stop_handlers, print_json, resolve_config
-from pipeline.config import LlmsloConfig, load_config, parse_config
+from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
+from pipeline.lake import export_hours
 from pipeline.store import Store
 from slo.jobs import CycleResult, JobsConfig, SloJobs
 from slo.metrics import JobMetrics
 from slo.model import SloModel, build_model
-from slo.report import render_table
 from slo.sinks import BusTransitionSink
 from slo.spec import load_spec
 
-__all__ = ["Pipeline", "register"]
+__all__ = ["EXAMPLE_SPEC", "Pipeline", "load_model", "register"]
 
 log = logging.getLogger(__name__)
 
+#: The SLO spec used when none is configured (the seeds' targets).
 EXAMPLE_SPEC = Path(__file__).resolve().parents[1] / "config" / "slo.example.yaml"
+DAY_MS = 86_400_000
 
 
 def register(subparsers: Any) -> None:
-    """Add ``run`` and ``demo``."""
+    """Add ``run``."""
     run = subparsers.add_parser(
         "run",
         help="Run the pipeline process: exactly-once ingest + SLO jobs on one DuckDB file.",
@@ -74,32 +68,13 @@ def register(subparsers: Any) -> None:
     )
     run.set_defaults(handler=run_pipeline)
 
-    demo = subparsers.add_parser(
-        "demo",
-        help="Run the whole product on loopback (simulated fleet, taps, collector, pipeline) and report.",
-        description=__doc__,
-        epilog=textwrap.dedent(
-            """\
-            examples:
-              llmslo demo                       # about 90 s; prints the SLO report, signals and flags
-              llmslo demo --seconds 180 --db var/demo.duckdb
-            """
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    demo.add_argument("--seconds", type=float, default=75.0, help="load duration (default 75)")
-    demo.add_argument("--rate", type=float, default=8.0, help="requests per second (default 8)")
-    demo.add_argument(
-        "--db",
-        type=Path,
-        default=Path("var/demo.duckdb"),
-        help="DuckDB file (default var/demo.duckdb)",
-    )
-    demo.set_defaults(handler=run_demo)
 
-
-def _load_model(spec: Path | None) -> SloModel:
-    model = build_model(load_spec(spec or EXAMPLE_SPEC))
+def load_model(spec: Path | None) -> SloModel:
+    """The validated SLO model of ``spec`` (default: the example spec)."""
+    path = spec or EXAMPLE_SPEC
+    if not path.exists():
+        raise ConfigError(f"SLO spec {path} not found: pass --spec FILE or set slo.spec")
+    model = build_model(load_spec(path))
     for warning in model.warnings:
         log.warning("%s", warning)
     return model
@@ -108,17 +83,16 @@ def _load_model(spec: Path | None) -> SloModel:
 class Pipeline:
     """Ingester and SLO jobs over one DuckDB file, each on its own thread.
 
-    Flag transitions go to the Kafka ``flags`` topic, and the ingester stores them, so the
-    ingester stays the only writer of the raw tables.
+    Flag transitions go to the Kafka ``flags`` topic and the ingester stores them, so the
+    ingester stays the only writer of the raw tables. The jobs prune raw rows older than
+    ``store.raw_retention_days`` hourly.
     """
 
     def __init__(
         self, config: LlmsloConfig, model: SloModel, *, registry: CollectorRegistry | None = None
     ) -> None:
         self.config = config
-        self.model = model
         self.registry = registry or CollectorRegistry()
-        self.jobs_config = config.section("slo", JobsConfig)
         self._stack = ExitStack()
         self.bus = self._stack.enter_context(Bus(config.bus))
         self.store = self._stack.enter_context(
@@ -132,24 +106,63 @@ class Pipeline:
         self.jobs = SloJobs(
             self.store.con.cursor(),
             model,
-            self.jobs_config,
+            config.section("slo", JobsConfig),
             sink=BusTransitionSink(self.bus.producer()),
             metrics=JobMetrics(self.registry),
+            raw_pruner=self.store.prune,
+            raw_retention_ms=int(config.store.raw_retention_days * DAY_MS),
         )
-        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._threads: dict[str, threading.Thread] = {}
+        self.failure: BaseException | None = None
 
     def start(self) -> Pipeline:
-        for name, target in (("ingest", self.ingester.run), ("slo-jobs", self.jobs.run)):
-            thread = threading.Thread(target=target, name=name, daemon=True)
+        """Start the ingest and job threads (and the lake export when configured)."""
+        workers: dict[str, Callable[[], object]] = {
+            "ingest": self.ingester.run,
+            "slo-jobs": self.jobs.run,
+        }
+        lake_dir = self.config.store.lake_dir
+        if lake_dir is not None:
+            workers["lake-export"] = lambda: self._export_lake(lake_dir)
+        for name, target in workers.items():
+            thread = threading.Thread(
+                target=self._supervised, args=(target,), name=name, daemon=True
+            )
             thread.start()
-            self._threads.append(thread)
+            self._threads[name] = thread
         return self
+
+    def _supervised(self, target: Callable[[], object]) -> None:
+        try:
+            target()
+        except BaseException as exc:  # a dead worker stops the whole process, loudly
+            log.error("%s failed: %s", threading.current_thread().name, exc)
+            self.failure = exc
+            self._stopping.set()
+
+    def _export_lake(self, lake_dir: Path) -> None:
+        ingester_id = f"{socket.gethostname()}-{os.getpid()}"
+        while not self._stopping.wait(60.0):
+            try:
+                export_hours(self.store, lake_dir, ingester_id, now_ts_ms=int(time.time() * 1000))
+            except LlmsloError as exc:  # keep ingesting; the next round retries the hour
+                log.error("lake export failed: %s", exc)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`wait` to return (safe from a signal handler)."""
+        self._stopping.set()
+
+    def wait(self) -> None:
+        """Block until :meth:`stop` is requested or a worker fails."""
+        self._stopping.wait()
 
     def stop(self) -> None:
         """Finish the batch in hand and the job cycle in flight, then close everything."""
+        self._stopping.set()
         self.jobs.stop()
         self.ingester.stop()
-        for thread in self._threads:
+        for thread in self._threads.values():
             thread.join(timeout=60)
         self._stack.close()
 
@@ -159,213 +172,22 @@ class Pipeline:
         The jobs' cursor serves one call at a time, so the periodic loop must end first.
         """
         self.jobs.stop()
-        for thread in self._threads:
-            if thread.name == "slo-jobs":
-                thread.join(timeout=60)
+        self._threads["slo-jobs"].join(timeout=60)
         return self.jobs.run_once()
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     spec = args.spec or config.section("slo", JobsConfig).spec
-    pipeline = Pipeline(config, _load_model(spec))
+    pipeline = Pipeline(config, load_model(spec))
     if args.metrics_port is not None:
         server, _ = start_http_server(args.metrics_port, "127.0.0.1", registry=pipeline.registry)
         print(f"serving /metrics on http://127.0.0.1:{server.server_port}/metrics", flush=True)
-    stopped = threading.Event()
-    install_stop_handlers(stopped.set)
+    install_stop_handlers(pipeline.request_stop)
     pipeline.start()
-    stopped.wait()
+    pipeline.wait()
     pipeline.stop()
+    if pipeline.failure is not None:
+        raise LlmsloError(f"the pipeline stopped: {pipeline.failure}") from pipeline.failure
     print_json({"run": "stopped", "rows": pipeline.ingester.stats.rows})
     return 0
-
-
-# --- the demo -----------------------------------------------------------------------------
-
-
-@contextmanager
-def _child(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[str]]:
-    """A ``llmslo`` subcommand as a child process, stopped with SIGTERM on exit."""
-    with log_path.open("w") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", *args],
-            stdout=subprocess.PIPE,
-            stderr=log_file,
-            text=True,
-        )
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-
-
-def _first_json_line(process: subprocess.Popen[str], what: str, log_path: Path) -> dict[str, Any]:
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        raise LlmsloError(f"{what} exited before it started; see {log_path}")
-    return dict(json.loads(line))
-
-
-def _wait_http(url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise LlmsloError(f"{url} did not answer within {timeout_s:.0f} s")
-
-
-def _set_fault(pod_url: str, fault: str, params: dict[str, float]) -> None:
-    body = json.dumps({"fault": fault, "params": params}).encode()
-    request = urllib.request.Request(
-        f"{pod_url}/admin/faults",
-        data=body,
-        method="POST",
-        headers={"content-type": "application/json"},
-    )
-    urllib.request.urlopen(request, timeout=5).read()
-
-
-def _demo_config(bootstrap: str, db: Path) -> LlmsloConfig:
-    """Embedded defaults, with detector windows short enough for a 75-second run."""
-    raw = {
-        "bus": {"bootstrap_servers": bootstrap, "partitions": 4},
-        "store": {"path": str(db)},
-        "ingest": {"group_id": "llmslo-demo", "batch_max_ms": 250},
-        "slo": {"interval_s": 5, "detectors": {"stall_for_s": 20}, "flags": {"dwell_s": 20}},
-    }
-    return parse_config(raw, source="demo defaults")
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    if args.seconds < 30:
-        raise ConfigError("demo: --seconds must be at least 30 (the stall signature needs 20 s)")
-    workdir = args.db.parent / "demo-logs"
-    workdir.mkdir(parents=True, exist_ok=True)
-    for stale in (args.db, args.db.with_suffix(args.db.suffix + ".wal")):
-        stale.unlink(missing_ok=True)
-    say = lambda text: print(text, flush=True)  # noqa: E731 - progress for a person watching
-    with ExitStack() as stack:
-        bus = stack.enter_context(Bus(load_config(None).bus))
-        say(f"[demo] embedded Kafka-protocol broker on {bus.bootstrap_servers}")
-        config = _demo_config(bus.bootstrap_servers, args.db)
-        pipeline = Pipeline(config, _load_model(None))
-        stack.callback(pipeline.stop)
-        pipeline.start()
-
-        sim = stack.enter_context(
-            _child(
-                ["sim", "--pods", "4", "--dialects", "vllm,sglang,trtllm,vllm-legacy"],
-                workdir / "sim.log",
-            )
-        )
-        fleet = _first_json_line(sim, "llmslo sim", workdir / "sim.log")
-        pods, dcgm = fleet["pods"], fleet["dcgm"]
-        say(
-            f"[demo] simulated fleet: {', '.join(p['name'] + ' (' + p['dialect'] + ')' for p in pods)}, "
-            f"{len(dcgm)} dcgm-exporter node(s)"
-        )
-
-        taps = []
-        for pod in pods:
-            port = free_port()
-            stack.enter_context(
-                _child(
-                    [
-                        "tap",
-                        "--listen",
-                        f"127.0.0.1:{port}",
-                        "--upstream",
-                        pod["url"],
-                        "--bootstrap-servers",
-                        bus.bootstrap_servers,
-                    ],
-                    workdir / f"tap-{pod['name']}.log",
-                )
-            )
-            taps.append(f"http://127.0.0.1:{port}")
-        collector_args = [
-            "collect",
-            "--bootstrap-servers",
-            bus.bootstrap_servers,
-            "--interval",
-            "2",
-        ]
-        for target in [*pods, *dcgm]:
-            collector_args += ["--target", f"{target['url']}/metrics"]
-        stack.enter_context(_child(collector_args, workdir / "collect.log"))
-        for tap in taps:
-            _wait_http(f"{tap}/health")
-        say(f"[demo] {len(taps)} stream taps (one sidecar per pod) and the collector are running")
-
-        load = stack.enter_context(
-            _child(
-                [
-                    "load",
-                    "--targets",
-                    ",".join(taps),
-                    "--rate",
-                    str(args.rate),
-                    "--duration",
-                    str(args.seconds),
-                ],
-                workdir / "load.log",
-            )
-        )
-        say(f"[demo] Poisson load: {args.rate:g} req/s for {args.seconds:g} s through the taps")
-        time.sleep(args.seconds / 3)
-        # The leak fills the 2,048-block pool to 96 % in about half a minute: through L1
-        # (KV free < 10 %) into L2 (< 5 %). The stall hangs a vLLM pod's engine loop.
-        leaking, hung = pods[1], pods[0]
-        _set_fault(leaking["url"], "kv_leak", {"blocks_per_s": 60, "max_fraction": 0.96})
-        _set_fault(hung["url"], "stall", {})
-        say(
-            f"[demo] injected: kv_leak on {leaking['name']} ({leaking['instance']}), "
-            f"stall (NCCL-hang signature) on {hung['name']} ({hung['instance']})"
-        )
-        try:
-            load.wait(timeout=args.seconds * 2 / 3 + 20)  # its last requests end by their deadline
-        except subprocess.TimeoutExpired:
-            load.terminate()
-        time.sleep(6)  # the last scrape round, ingest batch and job cycle
-        result = pipeline.final_cycle()
-    _print_demo_result(args.db, result)
-    return 0
-
-
-def _print_demo_result(db: Path, result: CycleResult | None) -> None:
-    print("\n=== SLOs (from tap request records and engine histograms) ===")
-    if result is not None:
-        print(render_table(result.statuses), end="")
-        print("\n=== signals ===")
-        for finding in result.findings:
-            evidence = ", ".join(f"{k}={v}" for k, v in list(finding.evidence.items())[:4])
-            print(
-                f"  {finding.severity:<6} {finding.signal:<20} {finding.scope_id:<22} {finding.basis}: {evidence}"
-            )
-        if not result.findings:
-            print("  (none)")
-    with Store(db, read_only=True) as store:
-        flags = store.con.execute(
-            "SELECT scope_id, from_level, to_level, reason FROM flag_transitions ORDER BY ts_ms"
-        ).fetchall()
-        counts = {
-            t: store.count(t)
-            for t in ("engine_samples", "gpu_samples", "requests", "flag_transitions")
-        }
-    print("\n=== degradation flag transitions ===")
-    for scope_id, before, after, reason in flags:
-        print(f"  {scope_id:<22} L{before} -> L{after}  ({reason})")
-    if not flags:
-        print("  (none)")
-    print(f"\nDuckDB {db}: " + ", ".join(f"{name} {n:,}" for name, n in counts.items()))

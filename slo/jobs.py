@@ -61,7 +61,8 @@ class JobsConfig(BaseModel):
         default=35.0, gt=0, description="slo_minute rows kept (≥ the longest period)"
     )
     prune_raw: bool = Field(
-        default=False, description="delete raw rows older than store.raw_retention_days each hour"
+        default=True,
+        description="delete raw rows older than store.raw_retention_days each hour (in llmslo run)",
     )
     kv_stale_s: float = Field(
         default=60.0, gt=0, description="a KV sample older than this is no observation"

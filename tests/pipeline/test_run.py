@@ -1,0 +1,95 @@
+"""``llmslo run``: ingest and SLO jobs in one process on one DuckDB file, stopped cleanly."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from pipeline.broker import free_port
+from pipeline.bus import Bus
+from pipeline.schema import REQUEST_RECORDS
+from pipeline.store import Store
+from tests.slo.factories import request, to_table
+
+SPEC = {
+    "version": "llmslo/v1",
+    "service": "inference",
+    "slos": [{"name": "availability", "objective": 0.99, "sli": {"kind": "availability"}}],
+}
+
+
+def _metric(url: str, prefix: str) -> float:
+    try:
+        text = urllib.request.urlopen(url, timeout=2).read().decode()
+    except OSError:
+        return 0.0
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
+    )
+
+
+def test_run_ingests_tap_records_and_evaluates_slos_until_sigterm(bus: Bus, tmp_path: Path) -> None:
+    now_ms = int(time.time() * 1000)
+    rows = [
+        request(now_ms - 60_000 + i * 100, outcome="ok" if i % 10 else "upstream_timeout")
+        for i in range(200)
+    ]
+    producer = bus.producer()
+    producer.publish(REQUEST_RECORDS, to_table(REQUEST_RECORDS, rows))
+    producer.flush()
+    (tmp_path / "slo.yaml").write_text(yaml.safe_dump(SPEC))
+    config = {
+        "bus": {
+            "bootstrap_servers": bus.bootstrap_servers,
+            "topic_prefix": bus.prefix,
+            "partitions": bus.config.partitions,
+        },
+        "store": {"path": str(tmp_path / "run.duckdb")},
+        "ingest": {"group_id": f"run-{bus.prefix}", "batch_max_ms": 100},
+        "slo": {"spec": str(tmp_path / "slo.yaml"), "interval_s": 1},
+    }
+    (tmp_path / "llmslo.yaml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    with (tmp_path / "run.log").open("wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "run",
+                "-c",
+                str(tmp_path / "llmslo.yaml"),
+                "--metrics-port",
+                str(port),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 120
+        # Both halves work: rows are ingested and the SLO jobs compute a burn rate over them.
+        while _metric(metrics, 'llmslo_ingest_rows_total{table="requests"}') < 200 or not _metric(
+            metrics, "llmslo_slo_burn_rate{"
+        ):
+            assert process.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "llmslo run did not ingest and evaluate in time"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0
+    assert json.loads(out.decode().strip().splitlines()[-1])["rows"] == 200
+    with Store(tmp_path / "run.duckdb", read_only=True) as store:
+        assert store.count("requests") == 200
+        bad, total = store.con.execute("SELECT sum(bad), sum(total) FROM slo_minute").fetchone()
+    assert (bad, total) == (20, 200)
