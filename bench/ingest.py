@@ -232,7 +232,7 @@ def run_ceiling(workdir: Path, messages: int) -> float:
     rng = np.random.default_rng(3)
     tables = [pod_scrape(i % PODS, i, rng) for i in range(PODS + messages)]
     batch = 120  # ~250k rows per commit, like the ingester's default
-    with Store(workdir / "ceiling.duckdb", memory_limit="256MB") as store:
+    with Store(workdir / "ceiling.duckdb", memory_limit="192MB") as store:
         store.commit_batch(
             {"engine_samples": tables[:PODS]}, group_id="ceiling", offsets={}, now_ts_ms=0
         )  # warm-up

@@ -209,7 +209,8 @@ class Bus:
             "auto_offset_reset": "earliest",
             "fetch_max_wait_ms": 100,
             "max_partition_fetch_bytes": MAX_MESSAGE_BYTES,
-            "fetch_max_bytes": 4 * MAX_MESSAGE_BYTES,
+            # One fetch holds at most two large messages in memory (the RSS bound counts it).
+            "fetch_max_bytes": 2 * MAX_MESSAGE_BYTES,
             "max_poll_records": 2000,
         }
         try:

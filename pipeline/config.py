@@ -81,7 +81,7 @@ class IngestConfig(_Section):
     )
     metrics_host: str = "127.0.0.1"
     duckdb_memory_limit: str = Field(
-        "256MB",
+        "192MB",
         pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)$",
         description="DuckDB buffer pool of the ingester (bounds its RSS)",
     )
