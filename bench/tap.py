@@ -24,7 +24,13 @@ does (uvloop when installed); ``LLMSLO_BENCH_PROFILE=FILE`` writes its CPU profi
 The 2-core machine is shared, so figures move with its load (``load_average_1m`` is in the
 output); ``tap_cpu_us_per_chunk`` is the steadiest figure.
 
-Usage: ``python bench/tap.py [--quick] [--streams 256] [--rounds N]``. The last line is JSON.
+``--baseline DIR`` adds a second tap run from another source tree (e.g. ``git archive REV
+collectors pipeline bench | tar -x -C DIR``) as mode ``baseline`` in the same interleaved
+rounds: before/after comparisons on the same machine at the same load
+(``baseline_added_ttft_*``, ``baseline_cpu_us_per_chunk_ttft``).
+
+Usage: ``python bench/tap.py [--quick] [--streams 256] [--rounds N] [--baseline DIR]``. The
+last line is JSON.
 """
 
 from __future__ import annotations
@@ -151,6 +157,15 @@ def serve_tap(port: int, upstream: str) -> None:
     run_event_loop(main())  # as `llmslo tap` runs it: uvloop when installed
 
 
+def start_baseline_tap(tree: Path, port: int, upstream: str) -> subprocess.Popen[bytes]:
+    """The tap of another source tree (its own ``bench/tap.py``), in its own process."""
+    code = (
+        f"import sys; sys.path[:0] = [{str(tree / 'bench')!r}, {str(tree)!r}]; "
+        f"import tap; tap.serve_tap({port}, {upstream!r})"
+    )
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
 # ---------------------------------------------------------------- nginx
 def start_nginx(upstream_port: int, port: int, workdir: Path) -> subprocess.Popen[bytes] | None:
     binary = shutil.which("nginx") or (
@@ -243,10 +258,12 @@ def run_load(
                 if first is not None and t0 >= measure_from:
                     ttfts.append(first)
 
+        cpu_start_s = time.process_time()
         async with aiohttp.ClientSession(connector=connector) as session:
             await asyncio.gather(*(worker(session) for _ in range(streams)))
         elapsed = time.perf_counter() - measure_from
         return {
+            "cpu_share": (time.process_time() - cpu_start_s) / (time.perf_counter() - start),
             "ttfts": ttfts,
             "chunks": chunks,
             "chunks_total": chunks_total,
@@ -281,7 +298,7 @@ def report(name: str, res: dict[str, Any]) -> None:
     rate = res["chunks"] / res["elapsed_s"]
     print(
         f"{name:>7}: {len(res['ttfts'])} streams, TTFT p50 {p50:.2f} ms p99 {p99:.2f} ms, "
-        f"{rate:.0f} chunks/s, errors {res['errors']}",
+        f"{rate:.0f} chunks/s, errors {res['errors']}, load generator CPU {res['cpu_share']:.0%}",
         flush=True,
     )
 
@@ -310,6 +327,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short phases (< 60 s in all)")
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 2 quick, 5 full)")
+    parser.add_argument("--baseline", type=Path, help="source tree of a tap to compare against")
     args = parser.parse_args()
     args.rounds = args.rounds or (2 if args.quick else 5)
     phase_s = 3.0 if args.quick else 12.0
@@ -319,11 +337,19 @@ def main() -> None:
     upstream.start()
     tap = ctx.Process(target=serve_tap, args=(tap_port, f"http://127.0.0.1:{up_port}"), daemon=True)
     tap.start()
+    base_port = free_port()
+    baseline = (
+        start_baseline_tap(args.baseline, base_port, f"http://127.0.0.1:{up_port}")
+        if args.baseline
+        else None
+    )
     workdir = Path(tempfile.mkdtemp(prefix="llmslo-bench-nginx-"))
     nginx = start_nginx(up_port, nginx_port, workdir)
     try:
         wait_port(up_port)
         wait_port(tap_port)
+        if baseline is not None:
+            wait_port(base_port)
         if nginx is not None:
             wait_port(nginx_port)
         direct, via_tap, via_nginx = (
@@ -345,21 +371,30 @@ def main() -> None:
         # Rounds interleave direct / tap / nginx so a busy machine hurts each mode alike;
         # figures are medians over rounds of the per-round percentile differences.
         modes = {"direct": direct, "tap": via_tap} | ({"nginx": via_nginx} if nginx else {})
+        if baseline is not None:
+            modes["baseline"] = f"http://127.0.0.1:{base_port}"
+            load(ctx, modes["baseline"], args.streams, 1.0 if args.quick else 2.0, 8, 20)
+        tap_procs = {"tap": tap_proc} | (
+            {"baseline": psutil.Process(baseline.pid)} if baseline is not None else {}
+        )
         rounds: list[dict[str, dict[str, Any]]] = []
         open_rss = idle_rss
-        ttft_cpu_s, ttft_chunks = 0.0, 0
+        ttft_cpu_s = dict.fromkeys(tap_procs, 0.0)
+        ttft_chunks = dict.fromkeys(tap_procs, 0)
         for _ in range(args.rounds):
             this: dict[str, dict[str, Any]] = {}
             for name, url in modes.items():
                 during = rss_mid_phase if name == "tap" else None
-                cpu_before = sum(tap_proc.cpu_times()[:2])
+                proc = tap_procs.get(name)
+                cpu_before = sum(proc.cpu_times()[:2]) if proc else 0.0
                 this[name] = load(
                     ctx, url, args.streams, phase_s, TTFT_TOKENS, TTFT_GAP_MS, during=during
                 )
                 if name == "tap":
                     open_rss = max(open_rss, this[name]["sampled"])
-                    ttft_cpu_s += sum(tap_proc.cpu_times()[:2]) - cpu_before
-                    ttft_chunks += this[name]["chunks_total"]
+                if proc:
+                    ttft_cpu_s[name] += sum(proc.cpu_times()[:2]) - cpu_before
+                    ttft_chunks[name] += this[name]["chunks_total"]
                 report(name, this[name])
             rounds.append(this)
         cpu_before = sum(tap_proc.cpu_times()[:2])
@@ -377,6 +412,11 @@ def main() -> None:
             diffs = [pct(r[mode]["ttfts"], q) - pct(r["direct"]["ttfts"], q) for r in rounds]
             return round(statistics.median(diffs) * 1e3, 3)
 
+        def cpu_per_chunk(mode: str) -> float | None:
+            if mode not in tap_procs:
+                return None
+            return round(ttft_cpu_s[mode] / max(ttft_chunks[mode], 1) * 1e6, 1)
+
         direct_p50 = statistics.median(pct(r["direct"]["ttfts"], 0.5) for r in rounds)
         summary: dict[str, Any] = {
             "bench": "tap",
@@ -387,7 +427,7 @@ def main() -> None:
             "nginx_added_ttft_p99_ms": added("nginx", 0.99),
             "tap_rss_mib": round(open_rss / 2**20, 1),
             "tap_cpu_us_per_chunk": round(cpu_s / max(throughput["chunks_total"], 1) * 1e6, 1),
-            "tap_cpu_us_per_chunk_ttft": round(ttft_cpu_s / max(ttft_chunks, 1) * 1e6, 1),
+            "tap_cpu_us_per_chunk_ttft": cpu_per_chunk("tap"),
             "load_average_1m": round(os.getloadavg()[0], 2),
             "added_ttft_p50_ms": added("tap", 0.5),
             "added_ttft_p99_ms": added("tap", 0.99),
@@ -395,14 +435,21 @@ def main() -> None:
             "nginx_added_ttft_p50_ms": added("nginx", 0.5),
             "kib_per_stream": round(max(open_rss - idle_rss, 0) / args.streams / 1024, 1),
         }
+        if baseline is not None:
+            summary["baseline_added_ttft_p50_ms"] = added("baseline", 0.5)
+            summary["baseline_added_ttft_p99_ms"] = added("baseline", 0.99)
+            summary["baseline_cpu_us_per_chunk_ttft"] = cpu_per_chunk("baseline")
         print(json.dumps(summary), flush=True)
     finally:
         if nginx is not None:
             nginx.terminate()
             nginx.wait(timeout=10)
-        for proc in (tap, upstream):
-            proc.terminate()
-            proc.join(timeout=10)
+        if baseline is not None:
+            baseline.terminate()
+            baseline.wait(timeout=10)
+        for child in (tap, upstream):
+            child.terminate()
+            child.join(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
