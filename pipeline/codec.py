@@ -240,19 +240,38 @@ def _json_compatible(source: pa.DataType, target: pa.DataType) -> bool:
     return False
 
 
-def _json_column(schema: RecordSchema, field: pa.Field, values: list[Any]) -> pa.Array:
+def _json_table(schema: RecordSchema, rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows as a table of the schema, each column inferred from its values, then cast exactly.
+
+    (``from_pylist`` with the target types would silently truncate ``1.5`` to ``1`` and
+    overflow ``1e300`` to ``inf``; inferring the whole array at once stays in C++.)
+    """
+    if not rows:
+        return schema.arrow.empty_table()
     try:
-        inferred = pa.array(values)
+        inferred = pa.array(rows)  # a struct array: the union of every row's keys
     except UnicodeEncodeError as exc:
-        # json.loads turns "\\ud800" into a lone surrogate, which is not Unicode text.
+        # json.loads turns the escape \ud800 into a lone surrogate, which is not Unicode text.
         raise DecodeError(
-            "not_json", f"field {field.name!r} holds a lone UTF-16 surrogate: {exc}"
+            "not_json", f"a JSON string holds a lone UTF-16 surrogate: {exc}"
         ) from exc
     except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
-        raise _mismatch(schema, f"field {field.name!r}: {exc}") from exc
-    if not _json_compatible(inferred.type, field.type):
-        raise _mismatch(schema, f"field {field.name!r} is {inferred.type}, expected {field.type}")
-    return _cast_exact(schema, field, inferred)
+        raise _mismatch(schema, str(exc)) from exc
+    names = [inferred.type.field(i).name for i in range(inferred.type.num_fields)]
+    unknown = sorted(set(names) - set(schema.arrow.names))
+    if unknown:
+        raise _mismatch(schema, f"unknown fields {unknown[:5]}")
+    given = dict(zip(names, inferred.flatten(), strict=True))
+    columns = []
+    for field in schema.arrow:
+        column = given.get(field.name)
+        if column is None:
+            columns.append(pa.nulls(len(rows), field.type))
+        elif _json_compatible(column.type, field.type):
+            columns.append(_cast_exact(schema, field, column))
+        else:
+            raise _mismatch(schema, f"field {field.name!r} is {column.type}, expected {field.type}")
+    return pa.Table.from_arrays(columns, schema=schema.arrow)
 
 
 def _decode_json(schema: RecordSchema, value: bytes) -> pa.Table:
@@ -265,15 +284,7 @@ def _decode_json(schema: RecordSchema, value: bytes) -> pa.Table:
     rows = [parsed] if isinstance(parsed, dict) else parsed
     if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
         raise DecodeError("not_json", "JSON payload must be an object or an array of objects")
-    unknown = sorted({key for row in rows for key in row} - set(schema.arrow.names))
-    if unknown:
-        raise _mismatch(schema, f"unknown fields {unknown[:5]}")
-    # Each column is inferred from its values, then cast exactly: from_pylist with the
-    # target types would silently truncate 1.5 to 1 and overflow 1e300 to inf.
-    columns = [
-        _json_column(schema, field, [row.get(field.name) for row in rows]) for field in schema.arrow
-    ]
-    return pa.Table.from_arrays(columns, schema=schema.arrow)
+    return _json_table(schema, rows)
 
 
 def _decode(
