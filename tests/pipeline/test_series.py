@@ -184,3 +184,18 @@ def test_a_message_with_the_same_id_sum_is_not_mistaken_for_a_known_one() -> Non
     mix = np.uint64(0x9E3779B97F4A7C15)
     with np.errstate(over="ignore"):
         assert (known.view(np.uint64) * mix).sum() == (unknown.view(np.uint64) * mix).sum()
+
+
+@pytest.mark.parametrize("empty_at", ["last", "only", "first"])
+def test_a_batch_with_an_empty_message_commits(tmp_path: Path, empty_at: str) -> None:
+    # The reviewer's poison pill: JSON "[]" decodes to zero rows; a batch holding it died.
+    empty = _engine_table([])
+    full = _engine_table(["a", "b"])
+    parts = {"last": [full, empty], "only": [empty], "first": [empty, full, full]}[empty_at]
+    with Store(tmp_path / "s.duckdb") as store:
+        for _ in range(2):  # the second time the series are known (fingerprint shortcut)
+            store.commit_batch({"engine_samples": parts}, group_id="g", offsets={}, now_ts_ms=0)
+        rows = sum(part.num_rows for part in parts)
+        assert store.count("engine_samples") == 2 * rows
+        series = store.con.execute("SELECT count(*) FROM engine_samples_series").fetchone()
+    assert series == ((2,) if rows else (0,))
