@@ -195,7 +195,7 @@ def _header(headers: Iterable[tuple[str | bytes, HeaderValue]] | None, name: str
     """The first header called ``name`` (any case), as text; ``None`` if absent or empty."""
     for key, value in headers or ():
         if _text(key).lower() == name:
-            return None if value is None else _text(value)
+            return None if value is None else (_text(value) or None)
     return None
 
 

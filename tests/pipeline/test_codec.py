@@ -382,10 +382,15 @@ def test_headers_are_matched_leniently(headers: list) -> None:
     assert decoded.table.column("request_id").to_pylist() == ["r1"]
 
 
-def test_arrow_content_type_with_parameters_and_case_is_arrow() -> None:
+@pytest.mark.parametrize(
+    "content_type",
+    ["Application/Vnd.Apache.Arrow.Stream; codec=lz4", None, b"", "absent"],
+)
+def test_arrow_is_recognised_and_is_the_default(content_type: str | bytes | None) -> None:
     table = pa.Table.from_pylist([_engine_row()], schema=ENGINE_SAMPLES.arrow)
-    content_type = "Application/Vnd.Apache.Arrow.Stream; codec=lz4"
-    headers = [("llmslo-schema", "engine_sample.v1"), ("Content-Type", content_type)]
+    headers: list = [("llmslo-schema", "engine_sample.v1")]
+    if content_type != "absent":
+        headers.append(("Content-Type", content_type))
     assert decode_message(encode_arrow(ENGINE_SAMPLES, table), headers).table.num_rows == 1
 
 
