@@ -368,8 +368,8 @@ def main() -> None:
             time.sleep(phase_s / 2)
             return int(tap_proc.memory_info().rss)
 
-        # Rounds interleave direct / tap / nginx so a busy machine hurts each mode alike;
-        # figures are medians over rounds of the per-round percentile differences.
+        # Rounds interleave direct / tap / nginx (order rotated) so a busy machine hurts each
+        # mode alike; figures are medians over rounds of the per-round percentile differences.
         modes = {"direct": direct, "tap": via_tap} | ({"nginx": via_nginx} if nginx else {})
         if baseline is not None:
             modes["baseline"] = f"http://127.0.0.1:{base_port}"
@@ -381,9 +381,12 @@ def main() -> None:
         open_rss = idle_rss
         ttft_cpu_s = dict.fromkeys(tap_procs, 0.0)
         ttft_chunks = dict.fromkeys(tap_procs, 0)
-        for _ in range(args.rounds):
+        for index in range(args.rounds):
             this: dict[str, dict[str, Any]] = {}
-            for name, url in modes.items():
+            proxies = [name for name in modes if name != "direct"]
+            shift = index % len(proxies)  # no proxy always runs right after the direct phase
+            for name in ["direct", *proxies[shift:], *proxies[:shift]]:
+                url = modes[name]
                 during = rss_mid_phase if name == "tap" else None
                 proc = tap_procs.get(name)
                 cpu_before = sum(proc.cpu_times()[:2]) if proc else 0.0
