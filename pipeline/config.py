@@ -80,6 +80,12 @@ class IngestConfig(_Section):
         None, ge=0, le=65535, description="serve /metrics here (0 = any free port)"
     )
     metrics_host: str = "127.0.0.1"
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=6_000,
+        le=300_000,
+        description="consumer-group session: how long a dead ingester keeps its partitions",
+    )
     duckdb_memory_limit: str = Field(
         "192MB",
         pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)$",

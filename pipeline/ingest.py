@@ -112,8 +112,8 @@ class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
     kafka-python runs these hooks on its IO thread, where blocking Kafka calls are not
     allowed, so the Kafka round trips await the coordinator's async variants (kafka-python
     3.x API, hence the version pin in pyproject.toml). The DuckDB commit in the revoke hook
-    does block that thread (heartbeats pause for its length), which the 30 s session
-    timeout absorbs.
+    does block that thread (heartbeats pause for its length, well under a second for a
+    default batch), which ``ingest.session_timeout_ms`` must absorb.
     """
 
     def __init__(self, ingester: Ingester, consumer: KafkaConsumer) -> None:
@@ -200,7 +200,10 @@ class Ingester:
         """Consume until :meth:`stop` (or ``max_idle_s`` without a message); returns stats."""
         extra = {"group_instance_id": self.instance_id} if self.instance_id else {}
         consumer = self.bus.consumer(
-            self.config.group_id, session_timeout_ms=30_000, heartbeat_interval_ms=2_000, **extra
+            self.config.group_id,
+            session_timeout_ms=self.config.session_timeout_ms,
+            heartbeat_interval_ms=max(500, self.config.session_timeout_ms // 10),
+            **extra,
         )
         self._consumer = consumer
         consumer.subscribe(self.topics, listener=_HandOverAtRebalance(self, consumer))

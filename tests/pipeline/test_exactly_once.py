@@ -59,8 +59,9 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(bus: Bus, tmp_path:
     config = write_config(tmp_path / "llmslo.yaml", bus, batch_max_rows=3_000, batch_max_ms=50)
     db = tmp_path / "crash.duckdb"
     rng = random.Random(20261129)
-    producer = _produce_slowly(bus, TOTAL, per_message=500, seconds=40)
-    kills = 0
+    # Production outlasts the kill loop (each restart rejoins the group in ~5-10 s).
+    producer = _produce_slowly(bus, TOTAL, per_message=500, seconds=90)
+    stored_after_kill = []
     for attempt in range(12):
         log = tmp_path / f"ingest-{attempt}.log"
         process = start_ingest(config, db, log, "--instance-id", "crash-test")
@@ -68,15 +69,17 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(bus: Bus, tmp_path:
         time.sleep(rng.uniform(0.05, 2.5))  # somewhere in fetch, decode or a DuckDB commit
         process.send_signal(signal.SIGKILL)
         process.wait()
-        kills += 1
+        stored_after_kill.append(_stored_values(db)[0] if db.exists() else 0)
     producer.join()
     log = tmp_path / "ingest-final.log"
     final = start_ingest(config, db, log, "--instance-id", "crash-test", "--exit-when-idle", "4")
     _finish(final, log)
 
     count, distinct, low, high = _stored_values(db)
-    assert kills >= 10
     assert (count, distinct, low, high) == (TOTAL, TOTAL, 0, TOTAL - 1)
+    # The kills landed while ingest was under way, not before it started or after it ended.
+    progress = [n for n in stored_after_kill if 0 < n < TOTAL]
+    assert len(set(progress)) >= 3, stored_after_kill
 
 
 @pytest.mark.slow
