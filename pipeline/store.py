@@ -329,10 +329,10 @@ class Store:
         deleted = {}
         with self.transaction("prune raw rows") as con:
             for table_name, column in RAW_TIME_COLUMNS.items():
-                result = con.execute(
+                ((rows,),) = con.execute(
                     f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]
-                ).fetchone()
-                deleted[table_name] = int(result[0]) if result else 0
+                ).fetchall()
+                deleted[table_name] = int(rows)
         return deleted
 
     def count(self, table_name: str) -> int:
@@ -341,5 +341,6 @@ class Store:
         if table_name not in known:
             raise StoreError(f"unknown table {table_name!r}")
         with self.lock:
-            result = self.con.execute(f"SELECT count(*) FROM {table_name}").fetchone()
-        return int(result[0]) if result else 0
+            # fetchall, not fetchone: DuckDB 2 keeps an unfinished result open otherwise.
+            ((rows,),) = self.con.execute(f"SELECT count(*) FROM {table_name}").fetchall()
+        return int(rows)

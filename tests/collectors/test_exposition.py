@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ from collectors.exposition import ExpositionParser, parse_exposition, to_metric_
 
 def _normal(metrics: list[object]) -> list[tuple[object, ...]]:
     """Families as comparable tuples (values as floats, NaN as a marker)."""
-    out = []
+    out: list[tuple[object, ...]] = []
     for m in metrics:
         samples = [
             (
@@ -42,7 +43,7 @@ names = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,12}", fullmatch=True)
 label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True).filter(
     lambda n: n not in ("le", "quantile") and not n.startswith("__")
 )
-label_values = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+label_values = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 values = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True)
     .map(repr)
@@ -59,7 +60,7 @@ def _escape(value: str) -> str:
 
 
 @st.composite
-def label_sets(draw: st.DrawFn) -> str:
+def label_sets(draw: Any) -> str:  # Any: hypothesis's DrawFn typing trips on mixed draws
     pairs = draw(st.dictionaries(label_names, label_values, max_size=4))
     if not pairs and draw(st.booleans()):
         return ""
@@ -76,7 +77,7 @@ def families(draw: st.DrawFn) -> str:
     lines = []
     if draw(st.booleans()):
         help_text = draw(
-            st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
+            st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=20)
         )
         lines.append(f"# HELP {name} " + help_text.replace("\\", "\\\\").replace("\n", "\\n"))
     if kind is not None:
@@ -205,9 +206,11 @@ def test_openmetrics_matches_the_openmetrics_parser() -> None:
         (m.name, m.type, [(s.name, dict(s.labels), float(s.value)) for s in m.samples])
         for m in om_families(text)
     ]
-    got = [(f.name, f.type, []) for f in exposition.families]
+    got: list[tuple[str, str, list[tuple[str, dict[str, str], float]]]] = [
+        (f.name, f.type, []) for f in exposition.families
+    ]
     for family, series, value in exposition.samples():
-        got[exposition.families.index(family)][2].append((series.name, dict(series.labels), value))  # type: ignore[union-attr]
+        got[exposition.families.index(family)][2].append((series.name, dict(series.labels), value))
     assert got == expected
     assert exposition.timestamps_ms == {len(exposition) - 1: 1700000000500}
     assert exposition.exemplars[2][1] == 0.25

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,7 +131,7 @@ class ScriptedUpstream:
 
 @asynccontextmanager
 async def tap_over(
-    upstreams: list[ScriptedUpstream] | list[str], *, genai: Any = None, **overrides: Any
+    upstreams: Sequence[ScriptedUpstream | str], *, genai: Any = None, **overrides: Any
 ) -> AsyncIterator[tuple[str, ListSink, TapProxy]]:
     """A started tap in front of ``upstreams``; yields (tap URL, in-memory sink, proxy)."""
     urls = [u if isinstance(u, str) else await u.start() for u in upstreams]

@@ -213,7 +213,9 @@ def test_any_rechunking_gives_identical_measurements(
     """Each event is written at its own time; the transport splits writes anywhere and may
     merge writes made at the same instant, but cannot deliver a byte before it was written."""
     events = chat_events(tokens)
-    times, boundaries, t = [], set(), 0.0
+    times: list[float] = []
+    boundaries: set[int] = set()
+    t = 0.0
     for i, event in enumerate(events):
         step = gaps[i % len(gaps)]
         if step:

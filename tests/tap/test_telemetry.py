@@ -6,7 +6,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
@@ -73,7 +73,9 @@ def test_genai_semantic_convention_metrics_and_spans() -> None:
 
     asyncio.run(scenario())
     data = reader.get_metrics_data()
-    points = {
+    assert data is not None
+    # The SDK types data points as a union of point kinds; these are histogram points.
+    points: dict[str, Any] = {
         m.name: m.data.data_points
         for rm in data.resource_metrics
         for sm in rm.scope_metrics
@@ -88,7 +90,7 @@ def test_genai_semantic_convention_metrics_and_spans() -> None:
     durations = points["gen_ai.server.request.duration"]
     assert sorted(p.attributes.get("error.type", "") for p in durations) == ["", "http_500"]
     assert sum(p.count for p in points["gen_ai.client.operation.time_per_output_chunk"]) == 3
-    finished = spans.get_finished_spans()
+    finished: Any = spans.get_finished_spans()
     assert [s.name for s in finished] == ["chat m", "chat m"]
     good, failed = finished
     assert good.attributes["gen_ai.response.finish_reasons"] == ("stop",)
