@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import signal
-import textwrap
 import threading
 from typing import Any
 
@@ -18,7 +17,7 @@ from collectors.inspect import inspect_url, render_report
 from collectors.metrics import CollectorMetrics
 from collectors.publisher import KafkaPublisher, PublishBuffer
 from pipeline.bus import Bus, BusProducer
-from pipeline.cli import add_common_options, print_json, resolve_config
+from pipeline.cli import add_common_options, add_subcommand, print_json, resolve_config
 from pipeline.config import register_section
 from pipeline.errors import BusError
 
@@ -31,20 +30,9 @@ register_section("collect", CollectConfig)
 DIALECT_CHOICES = ("auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm")
 
 
-def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name,
-        help=help_,
-        description=help_,
-        epilog="examples:\n" + textwrap.indent(examples, "  "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser
-
-
 def register(subparsers: Any) -> None:
     """Add ``collect`` and ``scrape``."""
-    collect = _subparser(
+    collect = add_subcommand(
         subparsers,
         "collect",
         "Scrape engine and dcgm-exporter targets and publish them to Kafka.",
@@ -72,7 +60,7 @@ def register(subparsers: Any) -> None:
     )
     collect.set_defaults(handler=run_collect)
 
-    scrape = _subparser(
+    scrape = add_subcommand(
         subparsers,
         "scrape",
         "Scrape one endpoint once and show what llmslo sees: dialect, signals, unknown metrics.",

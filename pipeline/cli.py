@@ -18,11 +18,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from pipeline.config import LlmsloConfig, load_config
 from pipeline.errors import LlmsloError
 
-__all__ = ["COMMAND_MODULES", "build_parser", "console_main", "main"]
+__all__ = [
+    "COMMAND_MODULES",
+    "add_common_options",
+    "add_subcommand",
+    "build_parser",
+    "console_main",
+    "main",
+    "print_json",
+    "resolve_config",
+]
 
 log = logging.getLogger("llmslo")
 
@@ -65,6 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def add_subcommand(
+    subparsers: Any, name: str, help_: str, examples: str
+) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` shows ``help_`` and, after the options, ``examples``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=help_,
+        description=help_,
+        epilog="examples:\n" + textwrap.indent(examples, "  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     return parser
 
 

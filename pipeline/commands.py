@@ -7,7 +7,6 @@ import logging
 import os
 import socket
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -17,7 +16,13 @@ from prometheus_client import start_http_server
 
 from pipeline.broker import EmbeddedBroker
 from pipeline.bus import Bus
-from pipeline.cli import add_common_options, install_stop_handlers, print_json, resolve_config
+from pipeline.cli import (
+    add_common_options,
+    add_subcommand,
+    install_stop_handlers,
+    print_json,
+    resolve_config,
+)
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
@@ -30,20 +35,9 @@ __all__ = ["register"]
 log = logging.getLogger(__name__)
 
 
-def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name,
-        help=help_,
-        description=help_,
-        epilog="examples:\n" + textwrap.indent(examples, "  "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser
-
-
 def register(subparsers: Any) -> None:
     """Add the spine's subcommands."""
-    broker = _subparser(
+    broker = add_subcommand(
         subparsers,
         "broker",
         "Start the embedded Kafka-protocol broker and print its address.",
@@ -52,7 +46,7 @@ def register(subparsers: Any) -> None:
     broker.add_argument("--port", type=int, help="loopback port (default: a free one)")
     broker.set_defaults(handler=run_broker)
 
-    ingest = _subparser(
+    ingest = add_subcommand(
         subparsers,
         "ingest",
         "Consume llmslo's Kafka topics into DuckDB, exactly once.",
@@ -73,7 +67,7 @@ def register(subparsers: Any) -> None:
     )
     ingest.set_defaults(handler=run_ingest)
 
-    lake = _subparser(
+    lake = add_subcommand(
         subparsers,
         "lake",
         "Export complete hours of a DuckDB file to the Parquet lake.",
@@ -90,7 +84,7 @@ def register(subparsers: Any) -> None:
     )
     export.set_defaults(handler=run_lake_export)
 
-    config = _subparser(
+    config = add_subcommand(
         subparsers,
         "config",
         "Check a config file.",
@@ -103,7 +97,7 @@ def register(subparsers: Any) -> None:
     validate.add_argument("file", type=Path)
     validate.set_defaults(handler=run_config_validate)
 
-    tables = _subparser(
+    tables = add_subcommand(
         subparsers,
         "tables",
         "Print the documented DuckDB tables (Markdown).",

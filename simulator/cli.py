@@ -6,14 +6,19 @@ import argparse
 import json
 import logging
 import math
-import textwrap
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from pipeline.bus import Bus
-from pipeline.cli import add_common_options, install_stop_handlers, print_json, resolve_config
+from pipeline.cli import (
+    add_common_options,
+    add_subcommand,
+    install_stop_handlers,
+    print_json,
+    resolve_config,
+)
 from pipeline.config import register_section
 from pipeline.errors import ConfigError
 from pipeline.store import Store
@@ -30,20 +35,9 @@ log = logging.getLogger(__name__)
 register_section("simulator", FleetConfig)
 
 
-def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name,
-        help=help_,
-        description=help_,
-        epilog="examples:\n" + textwrap.indent(examples, "  "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser
-
-
 def register(subparsers: Any) -> None:
     """Add ``sim`` (with ``sim history``) and ``load``."""
-    sim = _subparser(
+    sim = add_subcommand(
         subparsers,
         "sim",
         "Run a simulated fleet (engine pods + dcgm exporters) until SIGTERM.",
@@ -108,7 +102,7 @@ def register(subparsers: Any) -> None:
     history.add_argument("--seed", type=int, default=0)
     history.set_defaults(handler=run_history)
 
-    load = _subparser(
+    load = add_subcommand(
         subparsers,
         "load",
         "Drive load at pods: Poisson or trace replay; prints a client-side report.",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,13 @@ import duckdb
 from prometheus_client import start_http_server
 
 from pipeline.bus import Bus
-from pipeline.cli import add_common_options, install_stop_handlers, print_json, resolve_config
+from pipeline.cli import (
+    add_common_options,
+    add_subcommand,
+    install_stop_handlers,
+    print_json,
+    resolve_config,
+)
 from pipeline.config import LlmsloConfig, register_section
 from pipeline.errors import ConfigError
 from pipeline.store import Store
@@ -34,20 +39,9 @@ log = logging.getLogger(__name__)
 register_section("slo", JobsConfig)
 
 
-def _subparser(subparsers: Any, name: str, help_: str, examples: str) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        name,
-        help=help_,
-        description=help_,
-        epilog="examples:\n" + textwrap.indent(examples, "  "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser
-
-
 def register(subparsers: Any) -> None:
     """Add ``slo`` (validate, report) and ``jobs``."""
-    slo = _subparser(
+    slo = add_subcommand(
         subparsers,
         "slo",
         "Check SLO specs and report SLO status.",
@@ -81,7 +75,7 @@ def register(subparsers: Any) -> None:
     )
     report.set_defaults(handler=run_report)
 
-    jobs = _subparser(
+    jobs = add_subcommand(
         subparsers,
         "jobs",
         "Evaluate SLOs, signals and degradation flags every interval.",
