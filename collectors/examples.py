@@ -14,6 +14,14 @@ from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from pipeline.buckets import (
+    SGLANG_ITL_S,
+    SGLANG_TTFT_S,
+    VLLM_ITL_S,
+    VLLM_REQUEST_LATENCY_S,
+    VLLM_TTFT_S,
+)
+
 __all__ = [
     "dcgm_exposition",
     "llamacpp_exposition",
@@ -23,101 +31,12 @@ __all__ = [
     "vllm_exposition",
 ]
 
-VLLM_TTFT = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-VLLM_ITL = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-VLLM_LATENCY = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
+VLLM_TTFT = VLLM_TTFT_S
+VLLM_ITL = VLLM_ITL_S
+VLLM_LATENCY = VLLM_REQUEST_LATENCY_S
 VLLM_TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
-SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-SGLANG_ITL = (
-    0.002,
-    0.004,
-    0.006,
-    0.008,
-    0.010,
-    0.015,
-    0.020,
-    0.025,
-    0.030,
-    0.035,
-    0.040,
-    0.060,
-    0.080,
-    0.100,
-    0.200,
-    0.400,
-    0.600,
-    0.800,
-    1,
-    2,
-    4,
-    6,
-    8,
-)
+SGLANG_TTFT = SGLANG_TTFT_S
+SGLANG_ITL = SGLANG_ITL_S
 
 
 def _observe(

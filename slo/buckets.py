@@ -13,129 +13,25 @@ from collections.abc import Iterable, Mapping
 
 import duckdb
 
+from pipeline.buckets import (
+    SGLANG_E2E_S,
+    SGLANG_ITL_S,
+    SGLANG_TTFT_S,
+    VLLM_ITL_S,
+    VLLM_REQUEST_LATENCY_S,
+    VLLM_TTFT_S,
+)
 from slo.model import SloModel
 from slo.spec import LatencySpec
 
 __all__ = ["DEFAULT_BUCKETS", "check_bucket_bounds", "observed_bounds"]
 
-_VLLM_TTFT = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10,
-    20,
-    40,
-    80,
-    160,
-    640,
-    2560,
-)
-_VLLM_ITL = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10,
-    20,
-    40,
-    80,
-)
-_VLLM_E2E = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5,
-    10,
-    15,
-    20,
-    30,
-    40,
-    50,
-    60,
-    120,
-    240,
-    480,
-    960,
-    1920,
-    7680,
-)
-_SGLANG_TTFT = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-_SGLANG_ITL = (
-    0.002,
-    0.004,
-    0.006,
-    0.008,
-    0.010,
-    0.015,
-    0.020,
-    0.025,
-    0.030,
-    0.035,
-    0.040,
-    0.060,
-    0.080,
-    0.100,
-    0.200,
-    0.400,
-    0.600,
-    0.800,
-    1,
-    2,
-    4,
-    6,
-    8,
-)
-_SGLANG_E2E = (
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1,
-    2,
-    4,
-    6,
-    8,
-    10,
-    20,
-    40,
-    60,
-    80,
-    100,
-    200,
-    400,
-    600,
-    1200,
-    1800,
-    2400,
-)
+_VLLM_TTFT = VLLM_TTFT_S
+_VLLM_ITL = VLLM_ITL_S
+_VLLM_E2E = VLLM_REQUEST_LATENCY_S
+_SGLANG_TTFT = SGLANG_TTFT_S
+_SGLANG_ITL = SGLANG_ITL_S
+_SGLANG_E2E = SGLANG_E2E_S
 
 #: Default bucket bounds (seconds) per dialect and canonical histogram signal.
 DEFAULT_BUCKETS: Mapping[str, Mapping[str, tuple[float, ...]]] = {

@@ -11,103 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.buckets import SGLANG_E2E_S, SGLANG_ITL_S, SGLANG_QUEUE_S, SGLANG_TTFT_S
 from simulator.dialects._base import MetricsDialect
 from simulator.engine import EngineModel, SimRequest
 
 __all__ = ["SglangDialect"]
 
-TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-ITL_BUCKETS = (
-    0.002,
-    0.004,
-    0.006,
-    0.008,
-    0.010,
-    0.015,
-    0.020,
-    0.025,
-    0.030,
-    0.035,
-    0.040,
-    0.060,
-    0.080,
-    0.100,
-    0.200,
-    0.400,
-    0.600,
-    0.800,
-    1,
-    2,
-    4,
-    6,
-    8,
-)
-E2E_BUCKETS = (
-    0.1,
-    0.2,
-    0.4,
-    0.6,
-    0.8,
-    1,
-    2,
-    4,
-    6,
-    8,
-    10,
-    20,
-    40,
-    60,
-    80,
-    100,
-    200,
-    400,
-    600,
-    1200,
-    1800,
-    2400,
-)
-QUEUE_BUCKETS = (
-    0.0,
-    0.001,
-    0.005,
-    0.010,
-    0.020,
-    0.030,
-    0.040,
-    0.050,
-    0.060,
-    0.070,
-    0.080,
-    0.090,
-    0.100,
-    0.150,
-    0.200,
-    0.300,
-    0.400,
-    0.500,
-    0.600,
-    0.700,
-    0.800,
-    0.900,
-    1.0,
-    1.5,
-    2.0,
-    3.0,
-    4.0,
-    5.0,
-    10.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    100.0,
-    200.0,
-    300.0,
-    600.0,
-    1200.0,
-    3000.0,
-)
+TTFT_BUCKETS = SGLANG_TTFT_S
+ITL_BUCKETS = SGLANG_ITL_S
+E2E_BUCKETS = SGLANG_E2E_S
+QUEUE_BUCKETS = SGLANG_QUEUE_S
 
 
 class SglangDialect(MetricsDialect):

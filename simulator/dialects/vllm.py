@@ -11,81 +11,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pipeline.buckets import (
+    VLLM_ITERATION_TOKENS,
+    VLLM_ITL_S,
+    VLLM_PREEMPTIONS,
+    VLLM_REQUEST_LATENCY_S,
+    VLLM_TTFT_S,
+)
 from simulator.dialects._base import MetricsDialect, token_buckets
 from simulator.engine import EngineModel, SimRequest
 
 __all__ = ["TTFT_BUCKETS", "VllmDialect", "VllmLegacyDialect"]
 
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-LATENCY_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
-ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+TTFT_BUCKETS = VLLM_TTFT_S
+ITL_BUCKETS = VLLM_ITL_S
+LATENCY_BUCKETS = VLLM_REQUEST_LATENCY_S
+ITERATION_BUCKETS = VLLM_ITERATION_TOKENS
+PREEMPTION_BUCKETS = VLLM_PREEMPTIONS
 
 
 class VllmDialect(MetricsDialect):
