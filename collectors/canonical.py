@@ -44,21 +44,12 @@ log = logging.getLogger(__name__)
 
 RESET_METRIC = "llmslo:counter_reset"
 UNCHANGED_METRIC = "llmslo:scheduler_gauges_unchanged_seconds"
-_ENGINE_TEMPLATE = ("pool", "model", "engine", "metric", "signal", "kind", "le", "labels_json")
-_GPU_TEMPLATE = (
-    "hostname",
-    "gpu",
-    "uuid",
-    "device",
-    "gpu_model",
-    "gpu_instance_id",
-    "pod",
-    "namespace",
-    "container",
-    "metric",
-    "signal",
-    "labels_json",
+# A template holds a series' identifying columns, except those fixed per target
+# (instance; and the dialect, for engines): derived from the schemas so they cannot drift.
+_ENGINE_TEMPLATE = tuple(
+    c for c in ENGINE_SAMPLES.series_columns if c not in ("instance", "dialect")
 )
+_GPU_TEMPLATE = tuple(c for c in GPU_SAMPLES.series_columns if c != "instance")
 _HISTOGRAM_SUFFIXES = (
     ("_bucket", "bucket"),
     ("_sum", "sum"),
