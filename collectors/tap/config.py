@@ -59,6 +59,12 @@ class TapConfig(BaseModel):
     client_write_timeout_s: float = Field(
         30.0, gt=0, description="a client that reads nothing this long is gone"
     )
+    client_idle_timeout_s: float = Field(
+        75.0, gt=0, description="a client connection idle (or mid-request) this long is closed"
+    )
+    shutdown_grace_s: float = Field(
+        25.0, ge=0, description="on stop, running requests get this long to finish"
+    )
     max_request_bytes: int = Field(16 * 1024 * 1024, gt=0)
     max_event_bytes: int = Field(
         1024 * 1024, ge=1024, description="larger SSE events are forwarded unparsed"
@@ -74,6 +80,12 @@ class TapConfig(BaseModel):
     )
     drain_max_bytes: int = Field(1024 * 1024, ge=0)
     max_connections: int = Field(1024, ge=1, description="upstream connection pool size")
+    upstream_keepalive_s: float = Field(
+        4.0,
+        gt=0,
+        description="idle upstream connections are closed after this; keep it below the "
+        "engine's own keep-alive timeout (uvicorn's default: 5 s)",
+    )
     gauge_interval_s: float = Field(
         5.0, gt=0, description="how often in-flight/disconnect samples are published"
     )

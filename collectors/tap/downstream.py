@@ -1,8 +1,9 @@
 """The client side of one proxied request: commit headers once, write with backpressure.
 
-Every write awaits the transport's drain (aiohttp pauses the writer above its high-water
-mark), so a slow client holds the tap at most one read's worth of bytes per stream and
-pushes back on the upstream through TCP. A client that accepts nothing for
+Bytes go straight to the client's transport as HTTP/1.1 chunks. A write returns at once
+while the transport is below its high-water mark; above it, the write waits for the client
+to drain (so a slow client holds the tap at most a buffer's worth of bytes per stream and
+pushes back on the upstream through TCP). A client that accepts nothing for
 ``write_timeout_s`` is treated as gone.
 """
 
@@ -10,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
-
-from aiohttp import web
-from multidict import CIMultiDict
+from collections.abc import Iterable, Mapping
+from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 from pipeline.errors import LlmsloError
 
-__all__ = ["ClientGone", "Downstream", "response_headers"]
+if TYPE_CHECKING:
+    from collectors.tap.server import ClientConnection, IncomingRequest
+
+__all__ = ["HOP_BY_HOP", "ClientGone", "Downstream", "reason_phrase"]
 
 #: Hop-by-hop and framing headers that never cross the proxy (RFC 9110 §7.6.1).
 HOP_BY_HOP = frozenset(
@@ -35,10 +38,10 @@ HOP_BY_HOP = frozenset(
     }
 )
 
+#: Chunks at least this big are written as a gather list rather than copied into one frame.
+_GATHER_FROM_BYTES = 16 * 1024
 
-#: Writes that leave less than this in the transport buffer never wait (asyncio's default
-#: high-water mark is 64 KiB; aiohttp drains only above it).
-_NO_WAIT_BYTES = 32 * 1024
+Headers = Mapping[str, str] | Iterable[tuple[str, str]]
 
 
 class ClientGone(LlmsloError):
@@ -49,84 +52,84 @@ class ClientGone(LlmsloError):
         self.reason = reason
 
 
-def response_headers(upstream: Mapping[str, str]) -> CIMultiDict[str]:
-    """Upstream response headers minus hop-by-hop ones (aiohttp re-frames the body)."""
-    headers: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.items():
-        if name.lower() not in HOP_BY_HOP:
-            headers.add(name, value)
-    return headers
-
-
 class Downstream:
     """Owns the response to one client request."""
 
-    def __init__(self, request: web.Request, write_timeout_s: float) -> None:
+    def __init__(
+        self, conn: ClientConnection, request: IncomingRequest, write_timeout_s: float
+    ) -> None:
+        self.conn = conn
         self.request = request
         self.write_timeout_s = write_timeout_s
-        self.response: web.StreamResponse | None = None
         self.status: int | None = None
         self.bytes_sent = 0
-
-    @property
-    def committed(self) -> bool:
-        return self.response is not None
+        self.committed = False
+        self.finished = False  # the response ended (or was aborted)
+        self.keep_alive = request.keep_alive  # the connection can serve another request
+        self._chunked = False
+        self._body_allowed = True
 
     @property
     def gone(self) -> bool:
-        transport = self.request.transport
-        return transport is None or transport.is_closing()
+        transport = self.conn.transport
+        return self.conn.closed or transport is None or transport.is_closing()
 
-    async def commit(self, status: int, headers: Mapping[str, str]) -> None:
-        """Send the status line and headers (once)."""
-        if self.response is not None:
+    async def commit(
+        self, status: int, headers: Headers, *, content_length: int | None = None
+    ) -> None:
+        """Send the status line and headers (once); the body follows with :meth:`write`."""
+        if self.committed:
             return
-        response = web.StreamResponse(status=status, headers=response_headers(headers))
-        self.response = response
+        if self.gone:
+            raise ClientGone("client_disconnected")
+        self.committed = True
         self.status = status
-        try:
-            async with asyncio.timeout(self.write_timeout_s):
-                await response.prepare(self.request)
-        except TimeoutError as exc:
-            self.abort(hard=True)  # its buffer would never drain: drop the connection now
-            raise ClientGone("client_write_timeout") from exc
-        except ConnectionError as exc:
-            raise ClientGone("client_disconnected") from exc
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
+        head = [f"HTTP/1.1 {status} {reason_phrase(status)}\r\n"]
+        head.extend(f"{k}: {v}\r\n" for k, v in pairs if k.lower() not in HOP_BY_HOP)
+        self._body_allowed = (
+            status >= 200 and status not in (204, 304) and self.request.method != "HEAD"
+        )
+        if content_length is not None:
+            head.append(f"Content-Length: {content_length}\r\n")
+        elif self._body_allowed:
+            if self.request.http_version == "1.1":
+                self._chunked = True
+                head.append("Transfer-Encoding: chunked\r\n")
+            else:
+                self.keep_alive = False  # an HTTP/1.0 body ends with the connection
+        if not self.keep_alive:
+            head.append("Connection: close\r\n")
+        head.append("\r\n")
+        self._send("".join(head).encode("latin-1", "replace"))
+        await self._drain_if_paused()
 
     async def write(self, data: bytes) -> None:
-        """Write ``data``, waiting for the client to drain; raises :class:`ClientGone`."""
-        assert self.response is not None
+        """Write ``data``; waits only while the client is behind. Raises :class:`ClientGone`."""
         if not data:
             return
-        transport = self.request.transport
-        if transport is None or transport.is_closing():
+        if self.gone:
             raise ClientGone("client_disconnected")
-        try:
-            if transport.get_write_buffer_size() + len(data) < _NO_WAIT_BYTES:
-                # Below the high-water mark the write cannot wait for the client: skip the
-                # timer (it costs more than the write on the hot path).
-                await self.response.write(data)
+        if self._body_allowed:
+            if not self._chunked:
+                self._send(data)
+            elif len(data) < _GATHER_FROM_BYTES:
+                self._send(b"%x\r\n%s\r\n" % (len(data), data))
             else:
-                async with asyncio.timeout(self.write_timeout_s):
-                    await self.response.write(data)
-        except TimeoutError as exc:
-            self.abort(hard=True)  # its buffer would never drain: drop the connection now
-            raise ClientGone("client_write_timeout") from exc
-        except ConnectionError as exc:
-            raise ClientGone("client_disconnected") from exc
+                transport = self.conn.transport
+                assert transport is not None
+                transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
         self.bytes_sent += len(data)
+        await self._drain_if_paused()
 
     async def end(self) -> None:
-        """Finish the response normally (last chunk)."""
-        assert self.response is not None
-        try:
-            async with asyncio.timeout(self.write_timeout_s):
-                await self.response.write_eof()
-        except TimeoutError as exc:
-            self.abort(hard=True)  # its buffer would never drain: drop the connection now
-            raise ClientGone("client_write_timeout") from exc
-        except ConnectionError as exc:
-            raise ClientGone("client_disconnected") from exc
+        """Finish the response normally (the last chunk)."""
+        if self.gone:
+            raise ClientGone("client_disconnected")
+        if self._chunked:
+            self._send(b"0\r\n\r\n")
+        self.finished = True
+        await self._drain_if_paused()
 
     def abort(self, *, hard: bool = False) -> None:
         """Terminate the response without its last chunk: the client sees a cut stream.
@@ -134,16 +137,39 @@ class Downstream:
         ``hard`` discards what is still buffered (for a client that stopped reading);
         otherwise the bytes already written are flushed before the connection closes.
         """
-        transport = self.request.transport
-        if transport is not None:
-            if hard:
-                transport.abort()
-            else:
-                transport.close()
+        self.finished = True
+        self.keep_alive = False
+        self.conn.close(hard=hard)
 
     async def send_error(self, status: int, kind: str, message: str) -> None:
         """An OpenAI-style JSON error, when nothing has been sent yet."""
         body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-        await self.commit(status, {"Content-Type": "application/json"})
-        await self.write(body)
-        await self.end()
+        await self.commit(status, {"Content-Type": "application/json"}, content_length=len(body))
+        self._send(body)
+        self.bytes_sent += len(body)
+        self.finished = True
+        await self._drain_if_paused()
+
+    def _send(self, data: bytes) -> None:
+        transport = self.conn.transport
+        assert transport is not None
+        transport.write(data)
+
+    async def _drain_if_paused(self) -> None:
+        if not self.conn.write_paused:
+            return
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                await self.conn.drain()
+        except TimeoutError as exc:
+            self.abort(hard=True)  # its buffer would never drain: drop the connection now
+            raise ClientGone("client_write_timeout") from exc
+        if self.gone:
+            raise ClientGone("client_disconnected")
+
+
+def reason_phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"

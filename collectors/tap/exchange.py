@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from multidict import CIMultiDict
 
 from collectors.tap.config import TapConfig
@@ -22,6 +21,14 @@ from collectors.tap.contract import Upstream
 from collectors.tap.downstream import ClientGone, Downstream
 from collectors.tap.measure import Measurements, StreamMeter, measure_json_response
 from collectors.tap.sse import SseEvent, SseFramer
+from collectors.tap.upstream import (
+    ConnectFailed,
+    ConnectTimeout,
+    ReadTimeout,
+    UpstreamClient,
+    UpstreamReset,
+    UpstreamResponse,
+)
 
 __all__ = ["Exchange", "RequestContext"]
 
@@ -31,12 +38,7 @@ log = logging.getLogger(__name__)
 #: end of each attempt), not once per read.
 _BYTES_REPORT_EVERY = 64 * 1024
 
-_CUT_ERRORS = (
-    aiohttp.ClientPayloadError,
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientOSError,
-    ConnectionError,
-)
+_CUT_ERRORS = (UpstreamReset, ConnectionError)
 
 
 @dataclass
@@ -68,13 +70,13 @@ class Exchange:
         upstream: Upstream,
         attempt: int,
         config: TapConfig,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         clock: Callable[[], float],
         hooks: Any,
     ) -> None:
         self.ctx, self.upstream, self.attempt = ctx, upstream, attempt
         self.request_id = ctx.original_id if attempt == 1 else f"{ctx.original_id}.{attempt}"
-        self._config, self._session, self._clock, self._hooks = config, session, clock, hooks
+        self._config, self._client, self._clock, self._hooks = config, client, clock, hooks
         self.meter = StreamMeter(ctx.t0_s)
         self.framer = SseFramer(config.max_event_bytes)
         self.outcome: str | None = None
@@ -94,7 +96,7 @@ class Exchange:
         self.draining = False
         self.emitted = False
         self.http_status: int | None = None  # status the client got (final attempt only)
-        self._resp: aiohttp.ClientResponse | None = None
+        self._resp: UpstreamResponse | None = None
         self._open = False
 
     # ------------------------------------------------------------------ running
@@ -111,11 +113,11 @@ class Exchange:
                 await self._json_body(down)
         except ClientGone as exc:
             self.client_gone(exc.reason)
-        except aiohttp.ConnectionTimeoutError:
+        except ConnectTimeout:
             self._fail("upstream_timeout", "connect_timeout")
-        except aiohttp.ServerTimeoutError:
+        except ReadTimeout:
             self._fail("upstream_timeout", "upstream_read_timeout", cut=self._resp is not None)
-        except aiohttp.ClientConnectorError:
+        except ConnectFailed:
             self._fail("error_before_first_token", "connect_failed")
         except _CUT_ERRORS as exc:
             self._fail("error_before_first_token", "upstream_reset", cut=True)
@@ -146,12 +148,12 @@ class Exchange:
             headers[self._config.deadline_header] = str(int(self.ctx.deadline_wall_s * 1000))
         self._hooks.opened(self)
         self._open = True
-        self._resp = await self._session.request(
+        self._resp = await self._client.request(
+            self.upstream.url,
             self.ctx.method,
-            self.upstream.url + self.ctx.path_qs,
-            data=self.ctx.body,
-            headers=headers,
-            allow_redirects=False,
+            self.ctx.path_qs,
+            list(headers.items()),
+            self.ctx.body,
         )
         self.upstream_status = self._resp.status
         self.upstream_headers = CIMultiDict(self._resp.headers)
@@ -161,7 +163,7 @@ class Exchange:
         assert self._resp is not None and self.upstream_status is not None
         self.meter.m.ttfb_s = self._clock() - self.ctx.t0_s
         while self.held_bytes < self._config.hold_max_bytes:
-            chunk = await self._resp.content.readany()
+            chunk = await self._resp.readany()
             if not chunk:
                 break
             self.held.append(chunk)
@@ -172,10 +174,10 @@ class Exchange:
 
     async def _stream(self, down: Downstream) -> None:
         assert self._resp is not None
-        content = self._resp.content
+        response = self._resp
         hold_max = self._config.hold_max_bytes
         while True:
-            chunk = await content.readany()
+            chunk = await response.readany()
             if not chunk:
                 break
             out = self._frame(chunk, self._clock())
@@ -261,7 +263,7 @@ class Exchange:
         kept = bytearray()
         overflow = False
         while True:
-            chunk = await self._resp.content.readany()
+            chunk = await self._resp.readany()
             if not chunk:
                 break
             self._bytes_in += len(chunk)
@@ -314,7 +316,7 @@ class Exchange:
             return
         self._open = False
         if self._resp is not None:
-            if self.outcome == "ok" and self._resp.content.at_eof():
+            if self.outcome == "ok" and self._resp.at_eof():
                 self._resp.release()
             else:
                 self._resp.close()
@@ -329,7 +331,7 @@ class Exchange:
         try:
             async with asyncio.timeout(self._config.drain_max_s):
                 while budget > 0:
-                    chunk = await self._resp.content.readany()
+                    chunk = await self._resp.readany()
                     if not chunk:
                         break
                     budget -= len(chunk)

@@ -1,9 +1,11 @@
-"""The tap itself: an aiohttp reverse proxy that measures the OpenAI streaming path.
+"""The tap itself: a reverse proxy that measures the OpenAI streaming path.
 
 ``/v1/chat/completions`` and ``/v1/completions`` (configurable) are measured: each attempt
 becomes one ``REQUEST_RECORDS`` row handed to the sink. Every other path is passed through
-untouched. Handlers are cancelled when the client disconnects, which is how the tap closes
-the upstream at once (or drains it, bounded, in drain mode).
+untouched. Both sides speak HTTP/1.1 through the tap's own lean protocols
+(:mod:`collectors.tap.server`, :mod:`collectors.tap.upstream`). Handlers are cancelled when
+the client disconnects, which is how the tap closes the upstream at once (or drains it,
+bounded, in drain mode).
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 
 from collectors.tap.config import TapConfig
@@ -28,8 +28,10 @@ from collectors.tap.downstream import HOP_BY_HOP, ClientGone, Downstream
 from collectors.tap.exchange import Exchange, RequestContext
 from collectors.tap.inflight import InFlightTracker
 from collectors.tap.records import record_row
+from collectors.tap.server import IncomingRequest, TapServer
 from collectors.tap.sinks import RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
+from collectors.tap.upstream import UpstreamClient, UpstreamError
 from pipeline.errors import ConfigError
 
 __all__ = ["Clock", "SystemClock", "TapProxy", "freeze_startup_heap", "run_event_loop"]
@@ -100,8 +102,8 @@ class TapProxy:
         self.inflight = InFlightTracker([u.instance for u in self.pool.upstreams])
         self.tap_id = config.tap_id or f"{socket.gethostname()}:{config.listen.rpartition(':')[2]}"
         self.port: int | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
+        self._client: UpstreamClient | None = None
+        self._server: TapServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gauges: asyncio.Task[None] | None = None
         self._measured = set(config.measured_routes)
@@ -109,33 +111,22 @@ class TapProxy:
         self._bytes_client = self.metrics.bytes.labels("client")
 
     # ------------------------------------------------------------------ lifecycle
-    def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_request_bytes)
-        app.router.add_route("*", "/{tail:.*}", self._route)
-        return app
-
     async def start(self) -> int:
         """Bind and serve; returns the port (``listen`` may say port 0)."""
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=self.config.connect_timeout_s,
-            sock_read=self.config.read_timeout_s,
+        self._client = UpstreamClient(
+            connect_timeout_s=self.config.connect_timeout_s,
+            read_timeout_s=self.config.read_timeout_s,
+            max_connections=self.config.max_connections,
+            keepalive_s=self.config.upstream_keepalive_s,
         )
-        connector = aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
+        self._server = TapServer(
+            self._route,
+            max_body_bytes=self.config.max_request_bytes,
+            write_timeout_s=self.config.client_write_timeout_s,
+            idle_timeout_s=self.config.client_idle_timeout_s,
         )
-        self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None)
-        await self._runner.setup()
         host, _, port = self.config.listen.rpartition(":")
-        site = web.TCPSite(self._runner, host, int(port), backlog=1024)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self.port = await self._server.start(host, int(port))
         self._gauges = asyncio.create_task(self._gauge_loop())
         return self.port
 
@@ -143,13 +134,18 @@ class TapProxy:
         """Stop serving, wait for drains, publish a last gauge sample, close the sink."""
         if self._gauges is not None:
             self._gauges.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.close(grace_s=self.config.shutdown_grace_s)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self.config.drain_max_s + 5)
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            await self._client.close()
         self.publish_gauges()
+
+    @property
+    def client_connections(self) -> int:
+        """Client connections open now."""
+        return len(self._server.connections) if self._server is not None else 0
 
     def publish_gauges(self) -> None:
         """Hand the current in-flight and disconnect counts to the sink."""
@@ -191,16 +187,15 @@ class TapProxy:
         self._emit(ex.ctx, [ex], None)
 
     # ------------------------------------------------------------------ handlers
-    async def _route(self, request: web.Request) -> web.StreamResponse:
+    async def _route(self, request: IncomingRequest, down: Downstream) -> None:
         if request.path in self._measured and request.method == "POST":
-            return await self._measure(request)
-        return await self._passthrough(request)
+            await self._measure(request, down)
+        else:
+            await self._passthrough(request, down)
 
-    async def _measure(self, request: web.Request) -> web.StreamResponse:
+    async def _measure(self, request: IncomingRequest, down: Downstream) -> None:
         t0_s, wall_s = self.clock.monotonic_s(), self.clock.wall_s()
-        body = await request.read()
-        ctx = self._context(request, body, t0_s, wall_s)
-        down = Downstream(request, self.config.client_write_timeout_s)
+        ctx = self._context(request, t0_s, wall_s)
         exchanges: list[Exchange] = []
         self.budget.deposit(t0_s)
         try:
@@ -212,7 +207,6 @@ class TapProxy:
             raise
         self._emit(ctx, exchanges, down)
         self._bytes_client.inc(down.bytes_sent)
-        return down.response or web.Response(status=500)
 
     async def _attempts(
         self, ctx: RequestContext, down: Downstream, exchanges: list[Exchange]
@@ -239,9 +233,9 @@ class TapProxy:
 
     def _exchange(self, ctx: RequestContext, attempt: int, previous: list[Exchange]) -> Exchange:
         upstream = self.pool.pick({ex.upstream.instance for ex in previous})
-        session = self._session
-        assert session is not None
-        return Exchange(ctx, upstream, attempt, self.config, session, self.clock.monotonic_s, self)
+        client = self._client
+        assert client is not None
+        return Exchange(ctx, upstream, attempt, self.config, client, self.clock.monotonic_s, self)
 
     def _retry(self, ex: Exchange, down: Downstream, attempts: int) -> bool:
         if ex.outcome == "ok" or not ex.retryable or down.committed:
@@ -254,47 +248,37 @@ class TapProxy:
         self.metrics.retries.labels("attempted").inc()
         return True
 
-    async def _passthrough(self, request: web.Request) -> web.StreamResponse:
+    async def _passthrough(self, request: IncomingRequest, down: Downstream) -> None:
         """Any other path: forwarded untouched, not measured."""
-        assert self._session is not None
+        assert self._client is not None
         upstream = self.pool.pick()
-        headers = CIMultiDict(
-            (k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP
-        )
-        down = Downstream(request, self.config.client_write_timeout_s)
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
         try:
-            async with self._session.request(
-                request.method,
-                upstream.url + request.path_qs,
-                headers=headers,
-                data=request.content if request.body_exists else None,
-                allow_redirects=False,
-            ) as resp:
+            resp = await self._client.request(
+                upstream.url, request.method, request.path_qs, headers, request.body
+            )
+            try:
                 await down.commit(resp.status, resp.headers)
-                async for chunk in resp.content.iter_any():
+                while chunk := await resp.readany():
                     await down.write(chunk)
                 await down.end()
+            finally:
+                if resp.at_eof():
+                    resp.release()
+                else:
+                    resp.close()
         except ClientGone:
             pass
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            if not down.committed:
-                return web.json_response(
-                    {
-                        "error": {
-                            "message": f"upstream failed: {type(exc).__name__}",
-                            "type": "upstream_error",
-                        }
-                    },
-                    status=502,
-                )
-            down.abort()
-        return down.response or web.Response(status=502)
+        except UpstreamError as exc:
+            if down.committed:
+                down.abort()
+            else:
+                await down.send_error(502, "upstream_error", f"upstream failed: {exc}")
 
     # ------------------------------------------------------------------ request context
-    def _context(
-        self, request: web.Request, body: bytes, t0_s: float, wall_s: float
-    ) -> RequestContext:
+    def _context(self, request: IncomingRequest, t0_s: float, wall_s: float) -> RequestContext:
         cfg = self.config
+        body = request.body
         parsed: dict[str, Any] | None
         try:
             loaded = json.loads(body) if body else None
