@@ -68,6 +68,7 @@ class Downstream:
         self.keep_alive = request.keep_alive  # the connection can serve another request
         self._chunked = False
         self._body_allowed = True
+        self._head: bytes | None = None  # sent with the first body bytes: one write, one wake-up
 
     @property
     def gone(self) -> bool:
@@ -101,11 +102,24 @@ class Downstream:
         if not self.keep_alive:
             head.append("Connection: close\r\n")
         head.append("\r\n")
-        self._send("".join(head).encode("latin-1", "replace"))
-        await self._drain_if_paused()
+        self._head = "".join(head).encode("latin-1", "replace")
 
     async def write(self, data: bytes) -> None:
         """Write ``data``; waits only while the client is behind. Raises :class:`ClientGone`."""
+        self.write_nowait(data)
+        await self._drain_if_paused()
+
+    @property
+    def behind(self) -> bool:
+        """The client has not taken what was written (above the transport's high-water mark)."""
+        return self.conn.write_paused
+
+    async def wait_writable(self) -> None:
+        """Wait until the client is no longer :attr:`behind`; raises :class:`ClientGone`."""
+        await self._drain_if_paused()
+
+    def write_nowait(self, data: bytes) -> None:
+        """Write ``data`` without waiting (check :attr:`behind`). Raises :class:`ClientGone`."""
         if not data:
             return
         if self.gone:
@@ -116,18 +130,14 @@ class Downstream:
             elif len(data) < _GATHER_FROM_BYTES:
                 self._send(b"%x\r\n%s\r\n" % (len(data), data))
             else:
-                transport = self.conn.transport
-                assert transport is not None
-                transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+                self._send(b"%x\r\n" % len(data), data, b"\r\n")
         self.bytes_sent += len(data)
-        await self._drain_if_paused()
 
     async def end(self) -> None:
         """Finish the response normally (the last chunk)."""
         if self.gone:
             raise ClientGone("client_disconnected")
-        if self._chunked:
-            self._send(b"0\r\n\r\n")
+        self._send(b"0\r\n\r\n" if self._chunked else b"")
         self.finished = True
         await self._drain_if_paused()
 
@@ -139,6 +149,8 @@ class Downstream:
         """
         self.finished = True
         self.keep_alive = False
+        if self._head is not None and not hard:
+            self._send(b"")  # the status line and headers the client is owed
         self.conn.close(hard=hard)
 
     async def send_error(self, status: int, kind: str, message: str) -> None:
@@ -150,10 +162,18 @@ class Downstream:
         self.finished = True
         await self._drain_if_paused()
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, *parts: bytes) -> None:
         transport = self.conn.transport
         assert transport is not None
-        transport.write(data)
+        if self._head is not None:
+            parts, self._head = (self._head, *parts), None
+        if len(parts) == 1:
+            if parts[0]:
+                transport.write(parts[0])
+        elif sum(map(len, parts)) < _GATHER_FROM_BYTES:
+            transport.write(b"".join(parts))
+        else:
+            transport.writelines(parts)
 
     async def _drain_if_paused(self) -> None:
         if not self.conn.write_paused:

@@ -176,18 +176,17 @@ class Exchange:
         assert self._resp is not None
         response = self._resp
         hold_max = self._config.hold_max_bytes
-        while True:
+        while not down.committed:  # until the first token (or too much held): hold it back
             chunk = await response.readany()
             if not chunk:
                 break
             out = self._frame(chunk, self._clock())
-            if down.committed:
-                await down.write(out)
-                continue
             self.held.append(out)
             self.held_bytes += len(out)
             if self.meter.first_token_seen or self.held_bytes > hold_max:
                 await self._commit(down)
+        if down.committed:
+            await self._relay(down)
         events = self.framer.close()
         if (
             events
@@ -200,6 +199,20 @@ class Exchange:
         self._classify_end()
         if self.outcome == "ok" or not self.retryable:
             await self._commit(down)
+
+    async def _relay(self, down: Downstream) -> None:
+        """The rest of the stream, once the client has its first bytes: each upstream chunk
+        is framed, measured and written from the upstream's data callback, so an event
+        costs no task hand-off; the task only waits when the client falls behind."""
+        assert self._resp is not None
+        clock = self._clock
+
+        def relay(chunk: bytes) -> bool:
+            down.write_nowait(self._frame(chunk, clock()))
+            return down.behind
+
+        while await self._resp.pipe(relay):
+            await down.wait_writable()
 
     def _frame(self, chunk: bytes, now_s: float) -> bytes:
         """Frame ``chunk`` into events, measure them, and return the bytes to forward."""

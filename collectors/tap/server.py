@@ -166,6 +166,8 @@ class ClientConnection(asyncio.Protocol):
         )
 
     def on_headers_complete(self) -> None:
+        if self._parser.should_upgrade():
+            raise _Refused(501, "protocol upgrades are not supported")
         length = next((v for k, v in self._headers if k.lower() == "content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
             raise _Refused(413, f"request body over {self.server.max_body_bytes} bytes")

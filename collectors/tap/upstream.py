@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -106,6 +107,15 @@ class UpstreamResponse:
         """
         return await self._conn.read()
 
+    async def pipe(self, on_chunk: Callable[[bytes], bool]) -> bool:
+        """Hand body chunks to ``on_chunk`` as they arrive, from the connection's data
+        callback: no task hand-off per chunk. ``on_chunk`` returns ``True`` when its
+        consumer is behind; reading then pauses and this returns ``True`` (call again once
+        the consumer caught up). Returns ``False`` at the end of the body; raises what
+        :meth:`readany` raises, or what ``on_chunk`` raised.
+        """
+        return await self._conn.pipe(on_chunk)
+
     def at_eof(self) -> bool:
         """The whole body has been received and read."""
         return self._conn.body_complete and not self._conn.chunks
@@ -143,17 +153,21 @@ class _Connection(asyncio.Protocol):
         self.headers: list[tuple[str, str]] = []
         self._head_bytes = 0
         self._head: asyncio.Future[None] | None = None
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[bool] | None = None
+        self._pipe: Callable[[bytes], bool] | None = None
         self._until_close = False  # body framed by the end of the connection
+        self._head_only = False
         self._paused = False
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ request
-    async def send(self, raw_request: bytes) -> UpstreamResponse:
-        """Write the request; return once the response head is in."""
+    async def send(self, raw_request: bytes, *, head_only: bool) -> UpstreamResponse:
+        """Write the request; return once the response head is in. ``head_only``: the
+        answer has no body whatever its headers say (a HEAD request)."""
         assert self.transport is not None
         self._reset_exchange()
+        self._head_only = head_only
         self._head = self.loop.create_future()
         self.transport.write(raw_request)
         self._arm_read_timer()
@@ -180,16 +194,44 @@ class _Connection(asyncio.Protocol):
                 if self.error is not None and not self.body_complete:
                     raise self.error
                 return b""
+        data = self._take_buffered()
+        self._resume()
+        return data
+
+    async def pipe(self, on_chunk: Callable[[bytes], bool]) -> bool:
+        if self.chunks and on_chunk(self._take_buffered()):
+            return True
+        if self.body_complete:
+            return False
+        if self.error is not None:
+            raise self.error
+        self._resume()
+        self._pipe = on_chunk
+        self._waiter = self.loop.create_future()
+        try:
+            return await self._waiter
+        finally:
+            self._pipe = None
+            self._waiter = None
+
+    def _take_buffered(self) -> bytes:
+        chunks = self.chunks
         data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self.buffered = 0
+        return data
+
+    def _pause(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
         if self._paused:
             self._paused = False
             assert self.transport is not None
             self.transport.resume_reading()
-            self._last_read = self.loop.time()
             self._arm_read_timer()
-        return data
 
     def abort(self) -> None:
         if not self.closed and self.transport is not None:
@@ -215,8 +257,7 @@ class _Connection(asyncio.Protocol):
             self._timer = self.loop.call_at(due, self._read_timer_fired)
             return
         self._fail(ReadTimeout(f"no answer for {self.client.read_timeout_s:g} s"))
-        if self.transport is not None:
-            self.transport.abort()
+        self.abort()
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -231,8 +272,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             cause = exc.__context__ or exc  # a callback's own error, e.g. an oversized head
             self._fail(UpstreamReset(f"invalid HTTP response: {cause}"))
-        if self.error is not None and self.transport is not None:
-            self.transport.abort()
+        if self.error is not None:
+            self.abort()
 
     def eof_received(self) -> bool:
         if self._until_close and self._head is not None and self._head.done():
@@ -275,15 +316,33 @@ class _Connection(asyncio.Protocol):
         )
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
+        if self._head_only:
+            # httptools cannot be told to skip a body: end the exchange here and never
+            # reuse the connection (its parser would read the next answer as this body).
+            self._until_close = True
+            self.on_message_complete()
 
     def on_body(self, body: bytes) -> None:
+        waiter = self._waiter
+        if self._pipe is not None and waiter is not None and not waiter.done():
+            try:
+                behind = self._pipe(body)
+            except Exception as exc:  # the consumer's error goes to its task, not the loop
+                self._pipe = None
+                self._pause()
+                waiter.set_exception(exc)
+                return
+            if behind:
+                self._pipe = None
+                self._pause()
+                waiter.set_result(True)
+            return
         self.chunks.append(body)
         self.buffered += len(body)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-        if self.buffered > _PAUSE_ABOVE_BYTES and not self._paused and self.transport:
-            self._paused = True
-            self.transport.pause_reading()
+        if waiter is not None and not waiter.done():
+            waiter.set_result(False)
+        if self.buffered > _PAUSE_ABOVE_BYTES:
+            self._pause()
 
     def on_message_complete(self) -> None:
         if self.status == 0:
@@ -294,7 +353,7 @@ class _Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+            self._waiter.set_result(False)
 
     def _fail(self, error: UpstreamError) -> None:
         if self.error is None and not self.body_complete:
@@ -343,17 +402,17 @@ class UpstreamClient:
         if origin is None:
             origin = self._origins[base_url] = _Origin.from_url(base_url)
         raw = _encode_request(method, target, origin.host_header, headers, body)
-        conn = self._take_idle(origin)
-        if conn is not None:
+        conn = await self._acquire(origin, reuse=True)
+        if conn.reused:
             try:
-                return await conn.send(raw)
+                return await conn.send(raw, head_only=method == "HEAD")
             except UpstreamReset:
                 if conn.status:
                     raise
                 # The engine closed the kept-alive connection before answering (its idle
                 # timeout raced ours): nothing was processed, so send once more, fresh.
-        conn = await self._connect(origin)
-        return await conn.send(raw)
+            conn = await self._acquire(origin, reuse=False)
+        return await conn.send(raw, head_only=method == "HEAD")
 
     def release(self, conn: _Connection) -> None:
         """Keep ``conn`` for the next request, or close it if it cannot be reused."""
@@ -399,9 +458,14 @@ class UpstreamClient:
                 return conn
         return None
 
-    async def _connect(self, origin: _Origin) -> _Connection:
-        while len(self._open) >= self.max_connections:
-            if not self._evict_one_idle():
+    async def _acquire(self, origin: _Origin, *, reuse: bool) -> _Connection:
+        """A kept-alive connection to ``origin`` (if ``reuse``), else a new one within the cap."""
+        while True:
+            if reuse and (conn := self._take_idle(origin)) is not None:
+                return conn
+            if len(self._open) < self.max_connections:
+                return await self._connect(origin)
+            if not self._evict_one_idle():  # idle connections elsewhere give way first
                 waiter = self.loop.create_future()
                 self._slot_waiters.append(waiter)
                 try:
@@ -409,6 +473,8 @@ class UpstreamClient:
                 finally:
                     if waiter in self._slot_waiters:
                         self._slot_waiters.remove(waiter)
+
+    async def _connect(self, origin: _Origin) -> _Connection:
         conn = _Connection(self, origin)
         self._open.add(conn)
         try:

@@ -1,0 +1,427 @@
+"""The tap's HTTP/1.1 engine client against real loopback servers that send exact bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collectors.tap.upstream import (
+    ConnectFailed,
+    ReadTimeout,
+    UpstreamClient,
+    UpstreamReset,
+    UpstreamResponse,
+)
+
+Reply = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class RawEngine:
+    """A loopback server that answers each connection with ``reply`` (exact bytes)."""
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        request = head + await reader.readexactly(length)
+        self.requests.append(request)
+        return request
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.reply(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def client(**overrides: float) -> UpstreamClient:
+    options = {"connect_timeout_s": 2.0, "read_timeout_s": 5.0, "max_connections": 16}
+    return UpstreamClient(**{**options, **overrides})  # type: ignore[arg-type]
+
+
+async def body_of(resp: UpstreamResponse) -> bytes:
+    parts = []
+    while chunk := await resp.readany():
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def keep_alive_engine(engine: list[RawEngine], body: bytes = b"hello") -> Reply:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await engine[0].read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    return reply
+
+
+def test_a_kept_alive_connection_is_reused_and_the_request_is_exact() -> None:
+    async def scenario() -> None:
+        holder: list[RawEngine] = []
+        engine = RawEngine(keep_alive_engine(holder))
+        holder.append(engine)
+        async with engine as url:
+            upstream = client()
+            for _ in range(3):
+                resp = await upstream.request(
+                    url, "POST", "/v1/chat/completions?x=1", [("X-Tenant", "t1")], b"{}"
+                )
+                assert resp.status == 200 and await body_of(resp) == b"hello"
+                resp.release()
+            await upstream.close()
+        assert engine.connections == 1
+        host = url.removeprefix("http://")
+        assert engine.requests[0] == (
+            b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: %s\r\nX-Tenant: t1\r\n"
+            b"Content-Length: 2\r\n\r\n{}" % host.encode()
+        )
+
+    run(scenario())
+
+
+def test_a_kept_alive_connection_the_engine_dropped_is_replaced_without_an_error() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await engine.read_request(reader)
+        if engine.connections == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-N: 1\r\n\r\nok")
+            await writer.drain()
+            # The next request on this connection races the engine's keep-alive timeout:
+            # it is read and dropped unanswered, as an engine closing an idle socket does.
+            await engine.read_request(reader)
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-N: 2\r\n\r\nok")
+        await writer.drain()
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            first = await upstream.request(url, "POST", "/", [], b"a")
+            assert await body_of(first) == b"ok"
+            first.release()
+            second = await upstream.request(url, "POST", "/", [], b"b")
+            assert ("X-N", "2") in second.headers and await body_of(second) == b"ok"
+            await upstream.close()
+        assert engine.connections == 2
+        assert [r.endswith(b"b") for r in engine.requests] == [False, True, True]
+
+    run(scenario())
+
+
+def test_a_reset_after_the_answer_began_is_reported_not_replayed() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await engine.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        writer.transport.abort()
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            resp = await upstream.request(url, "POST", "/", [], b"")
+            assert await resp.readany() == b"hello"  # what arrived before the cut is kept
+            with pytest.raises(UpstreamReset):
+                await resp.readany()
+            await upstream.close()
+        assert len(engine.requests) == 1
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("framing", "answer"),
+    [
+        ("content-length", b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world"),
+        (
+            "chunked",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+        ),
+        ("until close", b"HTTP/1.0 200 OK\r\n\r\nhello world"),
+        (
+            "interim 100 first",
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"
+            b"Content-Length: 11\r\n\r\nhello world",
+        ),
+    ],
+)
+def test_every_body_framing_gives_the_body(framing: str, answer: bytes) -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await engine.read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            resp = await upstream.request(url, "POST", "/", [], b"")
+            assert resp.status == 200, framing
+            assert await body_of(resp) == b"hello world" and resp.at_eof()
+            resp.release()
+            await upstream.close()
+
+    run(scenario())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30))
+def test_any_split_of_a_chunked_answer_gives_the_same_body_and_headers(
+    sizes: list[int],
+) -> None:
+    payload = b"".join(b'data: {"n":%d}\n\n' % i for i in range(12))
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payload.split(b"\n\n") if p)
+    answer = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Engine: a\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + chunked + b"0\r\n\r\n"
+    )
+
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await engine.read_request(reader)
+        rest, cuts = answer, itertools.cycle(sizes)
+        while rest:
+            size = next(cuts)
+            writer.write(rest[:size])
+            rest = rest[size:]
+            await writer.drain()
+            await asyncio.sleep(0)
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            resp = await upstream.request(url, "POST", "/", [], b"")
+            body = await body_of(resp)
+            await upstream.close()
+        assert ("X-Engine", "a") in resp.headers
+        assert body == payload.replace(b"\n\n", b"")
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: banana\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n",
+    ],
+    ids=["garbage", "bad length", "oversized head", "bad chunk size"],
+)
+def test_an_invalid_answer_is_a_reset_not_a_crash(answer: bytes) -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await engine.read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            with pytest.raises(UpstreamReset, match="invalid HTTP response"):
+                resp = await upstream.request(url, "POST", "/", [], b"")
+                await body_of(resp)
+            assert upstream.open_connections == 0  # the broken connection was dropped
+            await upstream.close()
+
+    run(scenario())
+
+
+def test_silence_before_the_head_and_between_chunks_times_out() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await engine.read_request(reader)
+        if len(engine.requests) == 2:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+            await writer.drain()
+        await asyncio.sleep(5)
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client(read_timeout_s=0.3)
+            started = time.monotonic()
+            with pytest.raises(ReadTimeout):
+                await upstream.request(url, "POST", "/", [], b"")
+            assert 0.25 < time.monotonic() - started < 2
+            resp = await upstream.request(url, "POST", "/", [], b"")
+            assert await resp.readany() == b"abc"
+            started = time.monotonic()
+            with pytest.raises(ReadTimeout):
+                await resp.readany()
+            assert 0.25 < time.monotonic() - started < 2
+            await upstream.close()
+
+    run(scenario())
+
+
+def test_a_refused_connection_is_connect_failed() -> None:
+    async def scenario() -> None:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        upstream = client()
+        with pytest.raises(ConnectFailed, match="cannot connect"):
+            await upstream.request(f"http://127.0.0.1:{port}", "POST", "/", [], b"")
+        assert upstream.open_connections == 0
+
+    run(scenario())
+
+
+def test_a_line_break_in_a_header_is_refused_before_anything_is_sent() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await engine.read_request(reader)
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            with pytest.raises(ValueError, match="line break"):
+                await upstream.request(url, "POST", "/", [("X-A", "1\r\nX-Evil: 1")], b"")
+            await upstream.close()
+        assert engine.requests == []
+
+    run(scenario())
+
+
+def test_the_connection_cap_queues_requests_instead_of_opening_more() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await engine.read_request(reader)
+            await asyncio.sleep(0.1)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client(max_connections=2)
+            peak = 0
+
+            async def one() -> bytes:
+                nonlocal peak
+                resp = await upstream.request(url, "POST", "/", [], b"")
+                peak = max(peak, upstream.open_connections)
+                body = await body_of(resp)
+                resp.release()
+                return body
+
+            bodies = await asyncio.gather(*(one() for _ in range(6)))
+            await upstream.close()
+        assert bodies == [b"ok"] * 6 and peak <= 2 and engine.connections <= 2
+
+    run(scenario())
+
+
+def test_a_reader_that_does_not_read_stops_the_socket_being_read() -> None:
+    total = 8 * 1024 * 1024
+    written = 0
+
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal written
+        await engine.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+        block = b"x" * 65536
+        while written < total:
+            writer.write(block)
+            written += len(block)
+            await writer.drain()
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            resp = await upstream.request(url, "POST", "/", [], b"")
+            await asyncio.sleep(1.0)  # nobody reads
+            held = resp._conn.buffered
+            stuck_at = written
+            assert held < 1024 * 1024, held  # bounded in the tap...
+            assert stuck_at < total / 2  # ...and the engine is blocked by TCP
+            body = await body_of(resp)  # reading again resumes the socket
+            assert len(body) == total
+            await upstream.close()
+
+    run(scenario())
+
+
+def test_pipe_hands_chunks_over_in_the_callback_and_pauses_when_told() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await engine.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(6):
+            writer.write(b"1\r\n%d\r\n" % i)
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.write(b"0\r\n\r\n")
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            resp = await upstream.request(url, "POST", "/", [], b"")
+            got: list[bytes] = []
+
+            def take(chunk: bytes) -> bool:
+                got.append(chunk)
+                return len(got) == 2  # "behind" once, after the second chunk
+
+            assert await resp.pipe(take) is True
+            assert b"".join(got) == b"01"
+            assert await resp.pipe(take) is False  # to the end of the body
+            assert b"".join(got) == b"012345" and resp.at_eof()
+
+            def fail(chunk: bytes) -> bool:
+                raise RuntimeError("consumer broke")
+
+            resp.release()
+            again = await upstream.request(url, "POST", "/", [], b"")
+            with pytest.raises(RuntimeError, match="consumer broke"):
+                await again.pipe(fail)
+            again.close()
+            await upstream.close()
+
+    run(scenario())
