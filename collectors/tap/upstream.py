@@ -227,7 +227,7 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _resume(self) -> None:
-        if self._paused:
+        if self._paused and not self.closed:
             self._paused = False
             assert self.transport is not None
             self.transport.resume_reading()

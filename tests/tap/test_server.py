@@ -174,6 +174,11 @@ def test_expect_100_continue_is_answered_before_the_body() -> None:
             413,
         ),
         (b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", 501),
+        (
+            b"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"0\r\n\r\nPOST /smuggled HTTP/1.1\r\n\r\n",
+            400,
+        ),
     ],
     ids=[
         "garbage",
@@ -182,6 +187,7 @@ def test_expect_100_continue_is_answered_before_the_body() -> None:
         "declared too big",
         "chunked too big",
         "upgrade",
+        "length and chunked",
     ],
 )
 def test_a_bad_request_gets_a_clear_error_and_the_connection_closes(
