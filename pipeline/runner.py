@@ -16,7 +16,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +107,7 @@ class Pipeline:
             self.store.con.cursor(),
             model,
             config.section("slo", JobsConfig),
-            sink=BusTransitionSink(self.bus.producer()),
+            sink=BusTransitionSink(self._stack.enter_context(closing(self.bus.producer()))),
             metrics=JobMetrics(self.registry),
             raw_pruner=self.store.prune,
             raw_retention_ms=int(config.store.raw_retention_days * DAY_MS),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -10,10 +11,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
-from pipeline.broker import free_port
+from pipeline.broker import EmbeddedBroker, free_port
 from pipeline.bus import Bus
+from pipeline.config import parse_config
+from pipeline.runner import Pipeline, load_model
 from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from tests.slo.factories import request, to_table
@@ -93,3 +97,25 @@ def test_run_ingests_tap_records_and_evaluates_slos_until_sigterm(bus: Bus, tmp_
         assert store.count("requests") == 200
         counts = store.con.execute("SELECT sum(bad), sum(total) FROM slo_minute").fetchone()
     assert counts == (20, 200)
+
+
+def test_a_stopped_pipeline_leaves_no_kafka_client_behind(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every client the pipeline made is closed by stop(): once the broker goes too, no
+    background thread logs connection errors (the demo's output ended in those)."""
+    with EmbeddedBroker() as broker:
+        config = parse_config(
+            {
+                "bus": {"bootstrap_servers": broker.bootstrap_servers, "partitions": 1},
+                "store": {"path": str(tmp_path / "p.duckdb")},
+            },
+            source="test",
+        )
+        pipeline = Pipeline(config, load_model(None)).start()
+        time.sleep(1.0)
+        pipeline.stop()
+    caplog.clear()  # closing itself may log (kafka-python reports its cancelled refresh)
+    with caplog.at_level(logging.WARNING, logger="kafka"):
+        time.sleep(3.0)  # a client left open would have failed to refresh metadata by now
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("kafka")] == []
