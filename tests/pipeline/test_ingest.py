@@ -242,3 +242,28 @@ def test_a_failed_commit_stops_ingest_without_skipping_its_rows(bus: Bus, tmp_pa
             ).fetchall()
         ]
     assert values == list(range(500))
+
+
+def test_records_compressed_by_third_party_producers_are_ingested(bus: Bus, store: Store) -> None:
+    """Other teams' producers pick their own Kafka compression; every codec Kafka defines
+    must decode (a missing codec library stops the consumer at the first such batch)."""
+    codecs = ["gzip", "snappy", "lz4", "zstd"]
+    for codec in codecs:
+        record = {
+            "request_id": f"r-{codec}",
+            "attempt": 1,
+            "instance": "10.0.0.1:8000",
+            "received_ts_ms": 1_700_000_000_000,
+            "outcome": "ok",
+        }
+        producer = bus.producer(compression_type=codec)
+        producer.send_raw(
+            "requests",
+            json.dumps(record).encode(),
+            key=b"10.0.0.1:8000",
+            headers=headers_for(REQUEST_RECORDS, JSON_CONTENT_TYPE),
+        )
+        producer.close()
+    _ingest_until_idle(bus, store)
+    stored = store.con.execute("SELECT request_id FROM requests ORDER BY request_id").fetchall()
+    assert stored == sorted((f"r-{codec}",) for codec in codecs)
