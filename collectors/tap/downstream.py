@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterable, Mapping
+from email.utils import formatdate
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ from pipeline.errors import LlmsloError
 if TYPE_CHECKING:
     from collectors.tap.server import ClientConnection, IncomingRequest
 
-__all__ = ["HOP_BY_HOP", "ClientGone", "Downstream", "reason_phrase"]
+__all__ = ["HOP_BY_HOP", "ClientGone", "Downstream", "error_body", "http_date", "reason_phrase"]
 
 #: Hop-by-hop and framing headers that never cross the proxy (RFC 9110 §7.6.1).
 HOP_BY_HOP = frozenset(
@@ -75,10 +76,9 @@ class Downstream:
         transport = self.conn.transport
         return self.conn.closed or transport is None or transport.is_closing()
 
-    async def commit(
-        self, status: int, headers: Headers, *, content_length: int | None = None
-    ) -> None:
-        """Send the status line and headers (once); the body follows with :meth:`write`."""
+    def commit(self, status: int, headers: Headers, *, content_length: int | None = None) -> None:
+        """Set the status line and headers (once); they leave with the first body bytes
+        (:meth:`write`, :meth:`end` or :meth:`abort`), in one write."""
         if self.committed:
             return
         if self.gone:
@@ -155,12 +155,17 @@ class Downstream:
 
     async def send_error(self, status: int, kind: str, message: str) -> None:
         """An OpenAI-style JSON error, when nothing has been sent yet."""
-        body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-        await self.commit(status, {"Content-Type": "application/json"}, content_length=len(body))
+        self.send_error_nowait(status, kind, message)
+        await self._drain_if_paused()
+
+    def send_error_nowait(self, status: int, kind: str, message: str) -> None:
+        """:meth:`send_error` without waiting for the client to take it."""
+        body = error_body(status, kind, message)
+        headers = {"Content-Type": "application/json", "Date": http_date()}
+        self.commit(status, headers, content_length=len(body))
         self._send(body)
         self.bytes_sent += len(body)
         self.finished = True
-        await self._drain_if_paused()
 
     def _send(self, *parts: bytes) -> None:
         transport = self.conn.transport
@@ -186,6 +191,16 @@ class Downstream:
             raise ClientGone("client_write_timeout") from exc
         if self.gone:
             raise ClientGone("client_disconnected")
+
+
+def error_body(status: int, kind: str, message: str) -> bytes:
+    """An OpenAI-style error object, as JSON bytes."""
+    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+
+
+def http_date() -> str:
+    """Now, as an HTTP ``Date`` value (for the answers the tap writes itself)."""
+    return formatdate(usegmt=True)
 
 
 def reason_phrase(status: int) -> str:

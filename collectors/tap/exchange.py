@@ -248,7 +248,7 @@ class Exchange:
     async def _commit(self, down: Downstream) -> None:
         if down.committed:
             return
-        await down.commit(self.upstream_status or 200, self.upstream_headers)
+        down.commit(self.upstream_status or 200, self.upstream_headers)
         held, self.held, self.held_bytes = self.held, [], 0
         await down.write(b"".join(held))
 

@@ -269,7 +269,7 @@ class TapProxy:
                 upstream.url, request.method, request.path_qs, headers, request.body
             )
             try:
-                await down.commit(resp.status, resp.headers)
+                down.commit(resp.status, resp.headers)
                 while chunk := await resp.readany():
                     await down.write(chunk)
                 await down.end()

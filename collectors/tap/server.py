@@ -6,34 +6,39 @@ and per event than the measurement itself; on a shared core that CPU is queueing
 every other stream's first token. This server parses with httptools (llhttp, as uvicorn
 does) and writes chunked frames straight to the transport.
 
-One request per connection runs at a time (pipelined requests wait their turn). The
-handler runs as a task that is cancelled when the client disconnects, which is how the
+One request per connection runs at a time: while it runs, the socket is not read beyond
+the next pipelined request. The handler runs as a task that is cancelled when the client disconnects, which is how the
 proxy closes the upstream at once. Bad requests get a 4xx and the connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
+from urllib.parse import unquote
 
 import httptools
 from multidict import CIMultiDict
 
-from collectors.tap.downstream import Downstream, reason_phrase
+from collectors.tap.downstream import (
+    ClientGone,
+    Downstream,
+    error_body,
+    http_date,
+    reason_phrase,
+)
+from collectors.tap.http1 import HeadLimit
 
 __all__ = ["IncomingRequest", "TapServer"]
 
 log = logging.getLogger(__name__)
 
-#: Request line plus headers a client may send.
-_MAX_HEAD_BYTES = 64 * 1024
-#: Parsed requests a client may pipeline ahead of the one being answered.
-_MAX_PIPELINED = 8
+#: After refusing a request, how long what the client still sends is read and dropped.
+_LINGER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class TapServer:
         if busy:
             await asyncio.wait(busy, timeout=grace_s)
         for conn in list(self.connections):
-            conn.close()
+            conn.close(hard=True)  # what is still unsent after the grace period is dropped
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -103,6 +108,8 @@ class ClientConnection(asyncio.Protocol):
         self.write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
         self._parser = httptools.HttpRequestParser(self)
+        self._head_limit = HeadLimit()
+        self._refused = False  # answered with a 4xx/5xx of its own; closing
         self._pending: deque[IncomingRequest] = deque()
         self._last_activity = self.loop.time()
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -111,7 +118,6 @@ class ClientConnection(asyncio.Protocol):
     def _start_request(self) -> None:
         self._url = b""
         self._headers: list[tuple[str, str]] = []
-        self._head_bytes = 0
         self._body: list[bytes] = []
         self._body_bytes = 0
 
@@ -123,8 +129,11 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_activity = self.loop.time()
+        if self._refused:
+            return  # lingering after a refusal: dropped unread
         try:
-            self._parser.feed_data(data)
+            if not self._head_limit.feed(self._parser, data):
+                self._refuse(431, "request head too large")
         except httptools.HttpParserUpgrade:
             self._refuse(501, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
@@ -156,23 +165,24 @@ class ClientConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value) + 4)
         # Exact bytes survive the round trip to the engine (upstream encodes back the same).
         self._headers.append(
             (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
         )
 
     def on_headers_complete(self) -> None:
+        self._head_limit.head_done()
         if self._parser.should_upgrade():
             raise _Refused(501, "protocol upgrades are not supported")
         length = next((v for k, v in self._headers if k.lower() == "content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
             raise _Refused(413, f"request body over {self.server.max_body_bytes} bytes")
         expects = next((v for k, v in self._headers if k.lower() == "expect"), "")
-        if expects.lower() == "100-continue" and self.transport is not None:
+        # Not while another response is being written (it would land inside that body): a
+        # pipelining client then sends the body after its own wait, as RFC 9110 §10.1.1 has.
+        if expects.lower() == "100-continue" and self.task is None and self.transport:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -182,13 +192,14 @@ class ClientConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._head_limit.next_head()
         url = httptools.parse_url(self._url) if not self._url.startswith(b"/") else None
         raw_target = self._url.decode("utf-8", "surrogateescape")
         if url is not None:  # absolute form: forward its origin form
             path = (url.path or b"/").decode("utf-8", "surrogateescape")
             query = url.query.decode("utf-8", "surrogateescape") if url.query else ""
             raw_target = f"{path}?{query}" if query else path
-        path = raw_target.partition("?")[0]
+        path = unquote(raw_target.partition("?")[0])  # routes match /v1/chat/%63ompletions too
         request = IncomingRequest(
             method=self._parser.get_method().decode("ascii"),
             path=path,
@@ -199,55 +210,66 @@ class ClientConnection(asyncio.Protocol):
             http_version=self._parser.get_http_version(),
         )
         self._pending.append(request)
-        if len(self._pending) >= _MAX_PIPELINED and self.transport is not None:
-            self.transport.pause_reading()
         if self.task is None:
             self._next_request()
-
-    def _count_head(self, size: int) -> None:
-        self._head_bytes += size
-        if self._head_bytes > _MAX_HEAD_BYTES:
-            raise _Refused(431, "request head too large")
+        elif self.transport is not None:
+            self.transport.pause_reading()  # one request waits; its successors stay unread
 
     # ------------------------------------------------------------------ requests
     def _next_request(self) -> None:
-        if self.closed or not self._pending:
+        if self.closed or self.transport is None or self.transport.is_closing():
+            self._pending.clear()  # the previous response ended the connection
             self.task = None
+            return
+        if not self._pending:
+            self.task = None
+            self.transport.resume_reading()
             self._arm_idle_timer()
             return
         request = self._pending.popleft()
-        if self.transport is not None and len(self._pending) < _MAX_PIPELINED:
-            self.transport.resume_reading()
         down = Downstream(self, request, self.server.write_timeout_s)
         self.task = self.loop.create_task(self._run(request, down))
 
     async def _run(self, request: IncomingRequest, down: Downstream) -> None:
         try:
             await self.server.handler(request, down)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ClientGone):
             pass  # the client left: the handler has recorded it
         except Exception:
             log.exception("tap handler failed on %s %s", request.method, request.path)
-            if not down.committed and not self.closed:
-                await down.send_error(500, "tap_error", "the tap failed on this request")
+            if not down.committed and not down.gone:
+                down.send_error_nowait(500, "tap_error", "the tap failed on this request")
         finally:
             if not down.finished:
                 down.abort()  # the handler left the response open: it cannot be reused
             if not (request.keep_alive and down.keep_alive):
                 self.close()
-        self._next_request()
+            self._next_request()
 
     def _refuse(self, status: int, message: str) -> None:
-        """Answer a request the tap will not read (bad, too big) and close the connection."""
-        if self.task is None and self.transport is not None and not self.closed:
-            error = {"message": message, "type": "invalid_request", "code": status}
-            body = json.dumps({"error": error}).encode()
-            self.transport.write(
-                b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                b"Connection: close\r\n\r\n%s"
-                % (status, reason_phrase(status).encode(), len(body), body)
-            )
-        self.close()
+        """Answer a request the tap will not read (bad, too big) and close the connection.
+
+        A lingering close, as nginx does: the answer and our FIN go out, what the client
+        still sends is read and dropped for up to ``_LINGER_S``, then the socket closes.
+        Closing at once with unread bytes would make the kernel reset the connection and
+        the client would most likely never see the answer.
+        """
+        transport = self.transport
+        if self.task is not None or transport is None or self.closed or self._refused:
+            self.close()
+            return
+        self._refused = True
+        body = error_body(status, "invalid_request", message)
+        transport.write(
+            b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"Date: %s\r\nConnection: close\r\n\r\n%s"
+            % (status, reason_phrase(status).encode(), len(body), http_date().encode(), body)
+        )
+        if transport.can_write_eof():
+            transport.write_eof()
+            self.loop.call_later(_LINGER_S, self.close)
+        else:
+            self.close()
 
     # ------------------------------------------------------------------ writing
     async def drain(self) -> None:

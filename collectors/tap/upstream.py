@@ -10,8 +10,9 @@ single waiting reader. Passthrough routes still use aiohttp.
 
 Connections are kept alive and reused per origin (host, port, scheme) for
 ``keepalive_s``, which must stay below the engine's own idle timeout (uvicorn's default is
-5 s). A request on a reused connection that the engine closed before answering is sent
-once more on a fresh connection; that is the only replay this client ever does.
+5 s). A request on a reused connection that fails within ``_IDLE_RACE_S`` of being sent,
+before any answer byte, met the engine closing that idle connection: it is sent once more
+on a fresh connection. That is the only replay this client ever does.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from collectors.tap.http1 import HeadLimit
 from pipeline.errors import LlmsloError
 
 __all__ = [
@@ -42,8 +44,10 @@ __all__ = [
 #: the socket stops being read, so TCP pushes back on the engine.
 _PAUSE_ABOVE_BYTES = 256 * 1024
 
-#: Size of the response head (status line and headers) an engine may send.
-_MAX_HEAD_BYTES = 64 * 1024
+#: A kept-alive connection that fails this soon after a request was written, before any
+#: answer byte, was closed by the engine while idle (the FIN was in flight): the request
+#: is sent once more. Later, the engine may have read and worked on it: no replay.
+_IDLE_RACE_S = 0.05
 
 
 class UpstreamError(LlmsloError):
@@ -140,7 +144,10 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.sent_at = 0.0
         self._parser = httptools.HttpResponseParser(self)
+        self._head_limit = HeadLimit()
+        self._paused = False  # reading paused: the consumer is behind
         self._reset_exchange()
 
     def _reset_exchange(self) -> None:
@@ -151,13 +158,13 @@ class _Connection(asyncio.Protocol):
         self.error: UpstreamError | None = None
         self.status = 0
         self.headers: list[tuple[str, str]] = []
-        self._head_bytes = 0
+        self.response_bytes = 0
+        self._head_limit.next_head()
         self._head: asyncio.Future[None] | None = None
         self._waiter: asyncio.Future[bool] | None = None
         self._pipe: Callable[[bytes], bool] | None = None
         self._until_close = False  # body framed by the end of the connection
         self._head_only = False
-        self._paused = False
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -170,6 +177,7 @@ class _Connection(asyncio.Protocol):
         self._head_only = head_only
         self._head = self.loop.create_future()
         self.transport.write(raw_request)
+        self.sent_at = self.loop.time()
         self._arm_read_timer()
         try:
             await self._head
@@ -185,6 +193,7 @@ class _Connection(asyncio.Protocol):
                 return b""
             if self.error is not None:
                 raise self.error
+            self._resume()  # a pipe() that fell behind may have left the socket paused
             self._waiter = self.loop.create_future()
             try:
                 await self._waiter
@@ -233,6 +242,17 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
             self._arm_read_timer()
 
+    @property
+    def reusable(self) -> bool:
+        """The answer was read whole, the engine keeps the connection, and it is in step."""
+        return (
+            self.body_complete
+            and self.keep_alive
+            and not self.chunks
+            and not self._paused
+            and not self.closed
+        )
+
     def abort(self) -> None:
         if not self.closed and self.transport is not None:
             self.transport.abort()
@@ -265,14 +285,24 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
+        if self._head is None or self.body_complete:
+            # Bytes after the answer ended (or on an idle connection): the connection is out
+            # of step with the engine and must never carry another request.
+            self.abort()
+            return
+        self.response_bytes += len(data)
+        problem = None
         try:
-            self._parser.feed_data(data)
+            if not self._head_limit.feed(self._parser, data):
+                problem = f"invalid HTTP response: head over {self._head_limit.limit} bytes"
         except httptools.HttpParserUpgrade:
-            self._fail(UpstreamReset("the engine switched protocols"))
+            problem = "the engine switched protocols"
         except httptools.HttpParserError as exc:
-            cause = exc.__context__ or exc  # a callback's own error, e.g. an oversized head
-            self._fail(UpstreamReset(f"invalid HTTP response: {cause}"))
-        if self.error is not None:
+            problem = f"invalid HTTP response: {exc.__context__ or exc}"
+        if problem is not None:
+            self._fail(UpstreamReset(problem))
+        if problem is not None or self.error is not None:
+            self.keep_alive = False  # even after a complete answer: the parser is broken
             self.abort()
 
     def eof_received(self) -> bool:
@@ -296,13 +326,15 @@ class _Connection(asyncio.Protocol):
         self.client.forget(self)
 
     # ------------------------------------------------------------------ httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.body_complete:
+            self.keep_alive = False  # a second answer to one request (e.g. a 204 with a body)
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes > _MAX_HEAD_BYTES:
-            raise httptools.HttpParserError("response head too large")
         self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        self._head_limit.head_done()
         status = self._parser.get_status_code()
         if 100 <= status < 200:
             self.headers = []  # an interim response (100 Continue, 103 Early Hints)
@@ -407,10 +439,10 @@ class UpstreamClient:
             try:
                 return await conn.send(raw, head_only=method == "HEAD")
             except UpstreamReset:
-                if conn.status:
+                if conn.response_bytes or self.loop.time() - conn.sent_at > _IDLE_RACE_S:
                     raise
-                # The engine closed the kept-alive connection before answering (its idle
-                # timeout raced ours): nothing was processed, so send once more, fresh.
+                # The engine closed the kept-alive connection while it was idle (its timeout
+                # raced ours): the request was never read, so send it once more, fresh.
             conn = await self._acquire(origin, reuse=False)
         return await conn.send(raw, head_only=method == "HEAD")
 
@@ -418,7 +450,7 @@ class UpstreamClient:
         """Keep ``conn`` for the next request, or close it if it cannot be reused."""
         if conn.closed:
             return
-        if not (conn.body_complete and conn.keep_alive) or conn.chunks or self._closing:
+        if not conn.reusable or self._closing:
             conn.abort()
             return
         conn.reused = True
@@ -470,6 +502,10 @@ class UpstreamClient:
                 self._slot_waiters.append(waiter)
                 try:
                     await waiter
+                except BaseException:
+                    if waiter.done() and not waiter.cancelled():
+                        self._wake_slot_waiter()  # woken, then cancelled: pass the slot on
+                    raise
                 finally:
                     if waiter in self._slot_waiters:
                         self._slot_waiters.remove(waiter)
@@ -519,6 +555,10 @@ class UpstreamClient:
         return self._tls
 
 
+#: Methods whose requests carry no ``Content-Length`` when they have no body (RFC 9110 §8.6).
+_BODILESS_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS", "TRACE"})
+
+
 def _encode_request(
     method: str, target: str, host: str, headers: list[tuple[str, str]], body: bytes
 ) -> bytes:
@@ -527,6 +567,8 @@ def _encode_request(
         if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
             raise ValueError(f"header {name!r} contains a line break")
         lines.append(f"{name}: {value}\r\n")
-    lines.append(f"Content-Length: {len(body)}\r\n\r\n")
+    if body or method not in _BODILESS_METHODS:
+        lines.append(f"Content-Length: {len(body)}\r\n")
+    lines.append("\r\n")
     # surrogateescape gives back the exact bytes aiohttp's server decoded the headers from
     return "".join(lines).encode("utf-8", "surrogateescape") + body

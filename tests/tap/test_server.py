@@ -31,7 +31,7 @@ async def echo(request: IncomingRequest, down: Downstream) -> None:
         "x_test": request.headers.get("X-Test"),
         "body": request.body.decode(),
     }
-    await down.commit(200, {"Content-Type": "application/json"})
+    down.commit(200, {"Content-Type": "application/json"})
     text = json.dumps(summary).encode()
     await down.write(text[:5])
     await down.write(text[5:])
@@ -253,6 +253,120 @@ def test_a_streamed_completion_to_an_http_1_0_client_is_whole() -> None:
             )
         events = answer.partition(b"\r\n\r\n")[2]
         assert events.endswith(b"data: [DONE]\n\n") and events.count(b"data: ") == 5
+        assert [r["outcome"] for r in sink.requests] == ["ok"]
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- review regressions
+
+
+def test_a_header_that_never_ends_is_refused_at_the_head_limit() -> None:
+    async def scenario() -> bytes:
+        async with serving() as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST / HTTP/1.1\r\nX-Endless: ")
+            try:
+                for _ in range(128):  # 8 MiB of one header value, never ended
+                    writer.write(b"a" * 65536)
+                    await writer.drain()
+            except ConnectionError:
+                pass  # the tap closed the connection: what it said is still readable
+            answer = await asyncio.wait_for(reader.read(-1), 10)
+            writer.close()
+            return answer
+
+    answer = run(scenario())
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"Date: " in answer
+
+
+def test_a_queued_request_is_dropped_when_the_response_before_it_cut_the_connection() -> None:
+    handled: list[str] = []
+
+    async def cutting(request: IncomingRequest, down: Downstream) -> None:
+        handled.append(request.path)
+        down.commit(200, {})
+        down.write_nowait(b"x" * 4_000_000)  # more than the socket buffers hold
+        down.abort()  # a stream cut mid-way (the engine failed after the first token)
+
+    async def scenario() -> None:
+        server = TapServer(cutting, max_body_bytes=1024, write_timeout_s=2, idle_timeout_s=5)
+        port = await server.start("127.0.0.1", 0)
+        pipelined = b"".join(
+            b"POST /%s HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n" % name
+            for name in (b"first", b"second")
+        )
+        await exchange(port, pipelined)
+        await server.close(grace_s=1.0)
+
+    run(scenario())
+    assert handled == ["/first"]  # /second never reached an engine
+
+
+def test_pipelined_requests_are_not_read_ahead_of_the_running_one() -> None:
+    queued: list[int] = []
+
+    async def slow(request: IncomingRequest, down: Downstream) -> None:
+        await asyncio.sleep(0.3)
+        queued.extend(len(c._pending) for c in server.connections)
+        down.commit(200, {}, content_length=0)
+        await down.end()
+
+    server = TapServer(slow, max_body_bytes=64 * 1024, write_timeout_s=2, idle_timeout_s=5)
+
+    async def scenario() -> bytes:
+        port = await server.start("127.0.0.1", 0)
+        body = b"b" * 60_000
+        one = b"POST /p HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        answer = await exchange(port, one * 6 + request("/last"))
+        await server.close(grace_s=1.0)
+        return answer
+
+    answer = run(scenario())
+    assert answer.count(b"HTTP/1.1 200 ") == 7  # all answered, in turn
+    assert max(queued) <= 2  # at most the next request (and one read's worth) waited parsed
+
+
+def test_expect_100_on_a_pipelined_request_does_not_land_inside_another_response() -> None:
+    async def streaming(request: IncomingRequest, down: Downstream) -> None:
+        down.commit(200, {})
+        await down.write(b"part one;")
+        await asyncio.sleep(0.3)  # the next request arrives meanwhile
+        await down.write(b"part two")
+        await down.end()
+
+    async def scenario() -> bytes:
+        server = TapServer(streaming, max_body_bytes=1024, write_timeout_s=2, idle_timeout_s=5)
+        port = await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        await asyncio.sleep(0.1)
+        writer.write(
+            b"POST /b HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 1\r\n"
+            b"Connection: close\r\n\r\nb"
+        )
+        answer = await asyncio.wait_for(reader.read(-1), 10)
+        writer.close()
+        await server.close(grace_s=1.0)
+        return answer
+
+    answer = run(scenario())
+    first_body = answer.split(b"HTTP/1.1 200 OK")[1].partition(b"\r\n\r\n")[2]
+    assert dechunk(first_body) == b"part one;part two"  # framing intact, nothing inside
+    assert answer.count(b"HTTP/1.1 200 OK") == 2
+
+
+def test_a_percent_encoded_route_is_measured() -> None:
+    async def scenario() -> None:
+        up = ScriptedUpstream(lambda req: stream_script(2))
+        async with tap_over([up]) as (url, sink, _):
+            port = int(url.rpartition(":")[2])
+            body = json.dumps(CHAT).encode()
+            await exchange(
+                port,
+                b"POST /v1/chat/%%63ompletions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+            )
         assert [r["outcome"] for r in sink.requests] == ["ok"]
 
     run(scenario())

@@ -425,3 +425,184 @@ def test_pipe_hands_chunks_over_in_the_callback_and_pauses_when_told() -> None:
             await upstream.close()
 
     run(scenario())
+
+
+# ---------------------------------------------------------------- review regressions
+
+
+def test_an_endless_header_from_the_engine_is_cut_at_the_head_limit() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sent = 0
+        await engine.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Endless: ")
+        while sent < 8 * 1024 * 1024:  # never ends the header
+            writer.write(b"a" * 65536)
+            sent += 65536
+            await writer.drain()
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            with pytest.raises(UpstreamReset, match="head over"):  # not a wait for more
+                await upstream.request(url, "POST", "/", [], b"")
+            assert upstream.open_connections == 0
+            await upstream.close()
+
+    run(scenario())
+
+
+def engine_answering(
+    *answers: bytes, gap_s: float = 0.0, think_s: float = 0.0
+) -> tuple[RawEngine, Reply]:
+    """An engine that answers the requests on each connection with ``answers`` in turn,
+    after ``think_s``, writing the ``|``-separated parts ``gap_s`` apart."""
+
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in answers:
+            await engine.read_request(reader)
+            await asyncio.sleep(think_s)
+            for part in answer.split(b"|"):
+                writer.write(part)
+                await writer.drain()
+                await asyncio.sleep(gap_s)
+
+    engine = RawEngine(reply)
+    return engine, reply
+
+
+def test_a_connection_whose_consumer_fell_behind_on_the_last_chunk_is_reused_fine() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n|9\r\ndata: x\n\n\r\n0\r\n\r\n"
+    engine, _ = engine_answering(answer, answer, gap_s=0.05)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client(read_timeout_s=3.0)
+            resp = await upstream.request(url, "POST", "/", [], b"{}")
+            got: list[bytes] = []
+            behind = iter([True])  # behind on the last chunk, then caught up
+
+            def take(chunk: bytes) -> bool:
+                got.append(chunk)
+                return next(behind, False)
+
+            while await resp.pipe(take):
+                pass
+            assert b"".join(got) == b"data: x\n\n"
+            resp.release()
+            started = time.monotonic()
+            again = await upstream.request(url, "POST", "/", [], b"{}")
+            assert await body_of(again) == b"data: x\n\n"
+            assert time.monotonic() - started < 2  # not the 3 s read timeout
+            await upstream.close()
+
+    run(scenario())
+
+
+def test_reading_after_pipe_fell_behind_resumes_the_socket() -> None:
+    pieces = b"|".join(b"6\r\ntoken%d\r\n" % i for i in range(8))
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n|" + pieces + b"|0\r\n\r\n"
+    engine, _ = engine_answering(answer, gap_s=0.05)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            resp = await upstream.request(url, "POST", "/", [], b"{}")
+            assert await resp.pipe(lambda chunk: True) is True  # behind: reading pauses
+            rest = await asyncio.wait_for(body_of(resp), 5)  # as drain mode then reads
+            assert rest.count(b"token") == 7
+            await upstream.close()
+
+    run(scenario())
+
+
+def test_bytes_after_a_complete_answer_retire_the_connection_without_a_replay() -> None:
+    engine, _ = engine_answering(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokX",  # one stray byte
+        b"HTTP/1.1 204 No Content\r\n\r\nbody a 204 must not have",
+    )
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            for n in range(3):
+                resp = await upstream.request(url, "POST", "/", [], b"%d" % n)
+                await body_of(resp)
+                resp.release()
+                await asyncio.sleep(0.05)
+            await upstream.close()
+        assert [r[-1:] for r in engine.requests] == [b"0", b"1", b"2"]  # each sent once
+
+    run(scenario())
+
+
+def test_a_connection_dropped_after_the_engine_read_the_request_is_not_replayed() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await engine.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        await engine.read_request(reader)
+        await asyncio.sleep(0.3)  # works on it, then the worker dies
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            first = await upstream.request(url, "POST", "/", [], b"a")
+            await body_of(first)
+            first.release()
+            with pytest.raises(UpstreamReset):
+                await upstream.request(url, "POST", "/", [], b"b")
+            await upstream.close()
+        assert len(engine.requests) == 2  # the second request was read once, not twice
+
+    run(scenario())
+
+
+def test_a_waiter_cancelled_after_being_woken_passes_the_free_slot_on() -> None:
+    engine, _ = engine_answering(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", think_s=0.5
+    )
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client(max_connections=1)
+
+            async def one() -> bytes:
+                resp = await upstream.request(url, "POST", "/", [], b"{}")
+                body = await body_of(resp)
+                resp.release()
+                return body
+
+            busy = asyncio.create_task(one())
+            await asyncio.sleep(0.05)
+            first, second = asyncio.create_task(one()), asyncio.create_task(one())
+            await asyncio.sleep(0.05)  # both wait for the only slot
+            next(iter(upstream._open)).abort()  # the slot frees and wakes the first waiter...
+            first.cancel()  # ...whose client leaves in the same turn
+            await asyncio.gather(busy, return_exceptions=True)
+            assert await asyncio.wait_for(second, 3) == b"ok"
+            await upstream.close()
+
+    run(scenario())
+
+
+def test_a_get_without_a_body_carries_no_content_length() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        engine.requests.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+
+    engine = RawEngine(reply)
+
+    async def scenario() -> None:
+        async with engine as url:
+            upstream = client()
+            resp = await upstream.request(url, "GET", "/v1/models", [], b"")
+            assert resp.status == 200
+            await upstream.close()
+        assert b"content-length" not in engine.requests[0].lower()
+
+    run(scenario())
