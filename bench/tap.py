@@ -124,7 +124,7 @@ class CountingSink:
 
 def serve_tap(port: int, upstream: str) -> None:
     from collectors.tap import TapConfig, TapProxy
-    from collectors.tap.proxy import run_event_loop, tune_gc_for_latency
+    from collectors.tap.proxy import freeze_startup_heap, run_event_loop
 
     async def main() -> None:
         config = TapConfig(
@@ -136,7 +136,7 @@ def serve_tap(port: int, upstream: str) -> None:
         )
         proxy = TapProxy(config, CountingSink())
         await proxy.start()
-        tune_gc_for_latency()  # as `llmslo tap` does
+        freeze_startup_heap()  # as `llmslo tap` does
         await asyncio.Event().wait()
 
     profile_to = os.environ.get("LLMSLO_BENCH_PROFILE")  # write cProfile stats of the tap here

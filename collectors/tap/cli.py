@@ -15,7 +15,7 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from collectors.tap.config import TapConfig
-from collectors.tap.proxy import TapProxy, run_event_loop, tune_gc_for_latency
+from collectors.tap.proxy import TapProxy, freeze_startup_heap, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
 from pipeline.bus import Bus
@@ -171,7 +171,7 @@ async def _serve(proxy: TapProxy, tap: TapConfig, metrics_port: int | None) -> N
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopped.set)
     port = await proxy.start()
-    tune_gc_for_latency()
+    freeze_startup_heap()
     host = tap.listen.rpartition(":")[0]
     banner = {
         "tap": "listening",

@@ -186,18 +186,16 @@ def test_prompt_completion_and_authorization_never_reach_records_or_logs(
     assert "secret prompt" not in logged and "sk-very-secret" not in logged and "t1 " not in logged
 
 
-def test_tune_gc_for_latency_takes_live_objects_out_of_the_collectors_scans() -> None:
-    from collectors.tap.proxy import tune_gc_for_latency
+def test_freeze_startup_heap_takes_live_objects_out_of_the_collectors_scans() -> None:
+    from collectors.tap.proxy import freeze_startup_heap
 
     startup_state = {"config": ["kept for the process lifetime"]}
     assert any(o is startup_state for o in gc.get_objects())
-    thresholds = gc.get_threshold()
     try:
-        tune_gc_for_latency()
-        assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] > thresholds[0]
+        freeze_startup_heap()
+        assert gc.get_freeze_count() > 0
         assert not any(o is startup_state for o in gc.get_objects())  # never rescanned
         created_later: dict[str, list[str]] = {"per_request": []}
         assert any(o is created_later for o in gc.get_objects())  # later objects still are
     finally:
         gc.unfreeze()
-        gc.set_threshold(*thresholds)
