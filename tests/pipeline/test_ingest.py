@@ -97,24 +97,31 @@ def test_poison_messages_are_dead_lettered_and_good_ones_around_them_kept(
     assert sorted(republished) == sorted(reason for _, _, reason in poison)
 
 
-def test_third_party_json_records_are_ingested(bus: Bus, store: Store) -> None:
+def _send_json_request_record(
+    bus: Bus, request_id: str, *, compression_type: str | None = None, **fields: object
+) -> None:
+    """One REQUEST_RECORDS row as a third-party producer sends it: JSON, with its own
+    choice of Kafka compression."""
     record = {
-        "request_id": "r-1",
+        "request_id": request_id,
         "attempt": 1,
         "instance": "10.0.0.1:8000",
         "received_ts_ms": 1_700_000_000_000,
         "outcome": "ok",
-        "ttft_s": 0.08,
-        "itl_gaps_s": [0.01, 0.02],
+        **fields,
     }
-    producer = bus.producer()
+    producer = bus.producer(compression_type=compression_type)
     producer.send_raw(
         "requests",
         json.dumps(record).encode(),
         key=b"10.0.0.1:8000",
         headers=headers_for(REQUEST_RECORDS, JSON_CONTENT_TYPE),
     )
-    producer.flush()
+    producer.close()
+
+
+def test_third_party_json_records_are_ingested(bus: Bus, store: Store) -> None:
+    _send_json_request_record(bus, "r-1", ttft_s=0.08, itl_gaps_s=[0.01, 0.02])
     _ingest_until_idle(bus, store)
     row = store.con.execute(
         "SELECT request_id, outcome, ttft_s, itl_gaps_s FROM requests"
@@ -249,21 +256,7 @@ def test_records_compressed_by_third_party_producers_are_ingested(bus: Bus, stor
     must decode (a missing codec library stops the consumer at the first such batch)."""
     codecs = ["gzip", "snappy", "lz4", "zstd"]
     for codec in codecs:
-        record = {
-            "request_id": f"r-{codec}",
-            "attempt": 1,
-            "instance": "10.0.0.1:8000",
-            "received_ts_ms": 1_700_000_000_000,
-            "outcome": "ok",
-        }
-        producer = bus.producer(compression_type=codec)
-        producer.send_raw(
-            "requests",
-            json.dumps(record).encode(),
-            key=b"10.0.0.1:8000",
-            headers=headers_for(REQUEST_RECORDS, JSON_CONTENT_TYPE),
-        )
-        producer.close()
+        _send_json_request_record(bus, f"r-{codec}", compression_type=codec)
     _ingest_until_idle(bus, store)
     stored = store.con.execute("SELECT request_id FROM requests ORDER BY request_id").fetchall()
     assert stored == sorted((f"r-{codec}",) for codec in codecs)
