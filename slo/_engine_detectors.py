@@ -77,12 +77,10 @@ def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
                 last_token is None or last_token < start
             )
         findings.append(
-            Finding(
-                snap.now_ms,
+            Finding.on_instance(
+                snap,
                 "stall",
-                "instance",
                 instance,
-                snap.pools.get(instance, ""),
                 "page",
                 basis,
                 evidence,
@@ -128,12 +126,10 @@ def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         if count >= cfg.ghost_min:
             evidence["ghosts"] = count
             findings.append(
-                Finding(
-                    snap.now_ms,
+                Finding.on_instance(
+                    snap,
                     "ghost_requests",
-                    "instance",
                     instance,
-                    snap.pools.get(instance, ""),
                     "ticket",
                     "tap_vs_engine",
                     evidence,
@@ -166,12 +162,10 @@ def detect_preemption_cascade(snap: Snapshot, cfg: DetectorConfig) -> list[Findi
             and w[-1] > w[0]
         ):
             findings.append(
-                Finding(
-                    snap.now_ms,
+                Finding.on_instance(
+                    snap,
                     "preemption_cascade",
-                    "instance",
                     instance,
-                    snap.pools.get(instance, ""),
                     "ticket",
                     "engine_counters",
                     {
@@ -194,19 +188,16 @@ def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             snap.series(instance, "kv_free_blocks"),
             snap.series(instance, "kv_largest_free_run"),
         )
-        pool = snap.pools.get(instance, "")
         if covers(free, start) and run is not None and free is not None:
             f, r = free.since(start), run.since(start)
             common, fi, ri = np.intersect1d(f.ts_ms, r.ts_ms, return_indices=True)
             ratio = 1 - r.values[ri] / np.maximum(f.values[fi], 1)
             if len(common) >= 2 and ratio.min() > cfg.fragmentation_ratio:
                 findings.append(
-                    Finding(
-                        snap.now_ms,
+                    Finding.on_instance(
+                        snap,
                         "fragmentation",
-                        "instance",
                         instance,
-                        pool,
                         "ticket",
                         "block_stats",
                         {
@@ -233,12 +224,10 @@ def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         )
         if growing and w.min() > 0 and room >= cfg.fragmentation_room:
             findings.append(
-                Finding(
-                    snap.now_ms,
+                Finding.on_instance(
+                    snap,
                     "fragmentation",
-                    "instance",
                     instance,
-                    pool,
                     "ticket",
                     "admission_signature",
                     {
@@ -266,12 +255,10 @@ def detect_queue_growth(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         slope_per_min = float(np.polyfit((w.ts_ms - w.ts_ms[0]) / 60_000, w.values, 1)[0])
         if slope_per_min >= cfg.queue_growth_per_min and w.last() >= cfg.queue_min_waiting:
             findings.append(
-                Finding(
-                    snap.now_ms,
+                Finding.on_instance(
+                    snap,
                     "queue_growth",
-                    "instance",
                     instance,
-                    snap.pools.get(instance, ""),
                     "ticket",
                     "engine_gauges",
                     {"waiting_per_min": slope_per_min, "waiting": w.last()},
@@ -300,12 +287,10 @@ def detect_oom_risk(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         if evidence:
             basis = "+".join(k for k in ("kv_usage", "fb_used_share", "xid") if k in evidence)
             findings.append(
-                Finding(
-                    snap.now_ms,
+                Finding.on_instance(
+                    snap,
                     "oom_risk",
-                    "instance",
                     instance,
-                    snap.pools.get(instance, ""),
                     "page",
                     basis,
                     evidence,

@@ -119,12 +119,10 @@ def detect_numeric_anomaly(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]
             )
         if burst:
             findings.append(
-                Finding(
-                    snap.now_ms,
+                Finding.on_instance(
+                    snap,
                     "numeric_anomaly",
-                    "instance",
                     instance,
-                    snap.pools.get(instance, ""),
                     "page",
                     "error_counters",
                     evidence,

@@ -91,6 +91,28 @@ class Finding:
     def key(self) -> tuple[str, str, str]:
         return (self.signal, self.scope, self.scope_id)
 
+    @classmethod
+    def on_instance(
+        cls,
+        snap: Snapshot,
+        signal: str,
+        instance: str,
+        severity: str,
+        basis: str,
+        evidence: dict[str, Any],
+    ) -> Finding:
+        """A finding on ``instance`` as of the snapshot, in the instance's pool."""
+        return cls(
+            snap.now_ms,
+            signal,
+            "instance",
+            instance,
+            snap.pools.get(instance, ""),
+            severity,
+            basis,
+            evidence,
+        )
+
 
 Detector = Callable[[Snapshot, DetectorConfig], list[Finding]]
 
