@@ -76,21 +76,27 @@ async def body_of(resp: UpstreamResponse) -> bytes:
     return b"".join(parts)
 
 
-def keep_alive_engine(engine: list[RawEngine], body: bytes = b"hello") -> Reply:
-    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await engine[0].read_request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-            await writer.drain()
+def engine_answering(*answers: bytes, gap_s: float = 0.0, think_s: float = 0.0) -> RawEngine:
+    """An engine that answers the requests on each connection with ``answers`` in turn,
+    after ``think_s``, writing the ``|``-separated parts ``gap_s`` apart."""
 
-    return reply
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for answer in answers:
+            await engine.read_request(reader)
+            await asyncio.sleep(think_s)
+            for part in answer.split(b"|"):
+                writer.write(part)
+                await writer.drain()
+                await asyncio.sleep(gap_s)
+
+    engine = RawEngine(reply)
+    return engine
 
 
 def test_a_kept_alive_connection_is_reused_and_the_request_is_exact() -> None:
     async def scenario() -> None:
-        holder: list[RawEngine] = []
-        engine = RawEngine(keep_alive_engine(holder))
-        holder.append(engine)
+        hello = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+        engine = engine_answering(hello, hello, hello)
         async with engine as url:
             upstream = client()
             for _ in range(3):
@@ -180,12 +186,7 @@ def test_a_reset_after_the_answer_began_is_reported_not_replayed() -> None:
     ],
 )
 def test_every_body_framing_gives_the_body(framing: str, answer: bytes) -> None:
-    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await engine.read_request(reader)
-        writer.write(answer)
-        await writer.drain()
-
-    engine = RawEngine(reply)
+    engine = engine_answering(answer)
 
     async def scenario() -> None:
         async with engine as url:
@@ -326,14 +327,7 @@ def test_a_line_break_in_a_header_is_refused_before_anything_is_sent() -> None:
 
 
 def test_the_connection_cap_queues_requests_instead_of_opening_more() -> None:
-    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await engine.read_request(reader)
-            await asyncio.sleep(0.1)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            await writer.drain()
-
-    engine = RawEngine(reply)
+    engine = engine_answering(*[b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"] * 6, think_s=0.1)
 
     async def scenario() -> None:
         async with engine as url:
@@ -453,28 +447,9 @@ def test_an_endless_header_from_the_engine_is_cut_at_the_head_limit() -> None:
     run(scenario())
 
 
-def engine_answering(
-    *answers: bytes, gap_s: float = 0.0, think_s: float = 0.0
-) -> tuple[RawEngine, Reply]:
-    """An engine that answers the requests on each connection with ``answers`` in turn,
-    after ``think_s``, writing the ``|``-separated parts ``gap_s`` apart."""
-
-    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        for answer in answers:
-            await engine.read_request(reader)
-            await asyncio.sleep(think_s)
-            for part in answer.split(b"|"):
-                writer.write(part)
-                await writer.drain()
-                await asyncio.sleep(gap_s)
-
-    engine = RawEngine(reply)
-    return engine, reply
-
-
 def test_a_connection_whose_consumer_fell_behind_on_the_last_chunk_is_reused_fine() -> None:
     answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n|9\r\ndata: x\n\n\r\n0\r\n\r\n"
-    engine, _ = engine_answering(answer, answer, gap_s=0.05)
+    engine = engine_answering(answer, answer, gap_s=0.05)
 
     async def scenario() -> None:
         async with engine as url:
@@ -503,7 +478,7 @@ def test_a_connection_whose_consumer_fell_behind_on_the_last_chunk_is_reused_fin
 def test_reading_after_pipe_fell_behind_resumes_the_socket() -> None:
     pieces = b"|".join(b"6\r\ntoken%d\r\n" % i for i in range(8))
     answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n|" + pieces + b"|0\r\n\r\n"
-    engine, _ = engine_answering(answer, gap_s=0.05)
+    engine = engine_answering(answer, gap_s=0.05)
 
     async def scenario() -> None:
         async with engine as url:
@@ -518,7 +493,7 @@ def test_reading_after_pipe_fell_behind_resumes_the_socket() -> None:
 
 
 def test_bytes_after_a_complete_answer_retire_the_connection_without_a_replay() -> None:
-    engine, _ = engine_answering(
+    engine = engine_answering(
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokX",  # one stray byte
         b"HTTP/1.1 204 No Content\r\n\r\nbody a 204 must not have",
     )
@@ -562,7 +537,7 @@ def test_a_connection_dropped_after_the_engine_read_the_request_is_not_replayed(
 
 
 def test_a_waiter_cancelled_after_being_woken_passes_the_free_slot_on() -> None:
-    engine, _ = engine_answering(
+    engine = engine_answering(
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", think_s=0.5
     )
 
