@@ -349,9 +349,8 @@ class _Connection(asyncio.Protocol):
         if self._head is not None and not self._head.done():
             self._head.set_result(None)
         if self._head_only:
-            # httptools cannot be told to skip a body: end the exchange here and never
-            # reuse the connection (its parser would read the next answer as this body).
-            self._until_close = True
+            # httptools cannot be told to skip a body: end the exchange here (and never
+            # reuse the connection: its parser would read the next answer as this body).
             self.on_message_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -380,7 +379,9 @@ class _Connection(asyncio.Protocol):
         if self.status == 0:
             return  # the end of an interim response
         self.body_complete = True
-        self.keep_alive = not self._until_close and self._parser.should_keep_alive()
+        self.keep_alive = (
+            not (self._until_close or self._head_only) and self._parser.should_keep_alive()
+        )
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
