@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["GenAiTelemetry", "TapMetrics"]
 
+#: The GenAI semconv's recommended boundaries for gen_ai.server.time_to_first_token
+#: (canary-and-peers.md §3); vLLM's default TTFT buckets happen to start the same way.
 TTFT_BUCKETS_S = (
     0.001,
     0.005,
