@@ -26,18 +26,18 @@ from slo.spec import LatencySpec
 
 __all__ = ["DEFAULT_BUCKETS", "check_bucket_bounds", "observed_bounds"]
 
-_VLLM_TTFT = VLLM_TTFT_S
-_VLLM_ITL = VLLM_ITL_S
-_VLLM_E2E = VLLM_REQUEST_LATENCY_S
-_SGLANG_TTFT = SGLANG_TTFT_S
-_SGLANG_ITL = SGLANG_ITL_S
-_SGLANG_E2E = SGLANG_E2E_S
+_VLLM = {"ttft": VLLM_TTFT_S, "itl": VLLM_ITL_S, "tpot": VLLM_ITL_S, "e2e": VLLM_REQUEST_LATENCY_S}
 
 #: Default bucket bounds (seconds) per dialect and canonical histogram signal.
 DEFAULT_BUCKETS: Mapping[str, Mapping[str, tuple[float, ...]]] = {
-    "vllm": {"ttft": _VLLM_TTFT, "itl": _VLLM_ITL, "tpot": _VLLM_ITL, "e2e": _VLLM_E2E},
-    "vllm-legacy": {"ttft": _VLLM_TTFT, "itl": _VLLM_ITL, "tpot": _VLLM_ITL, "e2e": _VLLM_E2E},
-    "sglang": {"ttft": _SGLANG_TTFT, "itl": _SGLANG_ITL, "tpot": _SGLANG_ITL, "e2e": _SGLANG_E2E},
+    "vllm": _VLLM,
+    "vllm-legacy": _VLLM,  # same families under the older names
+    "sglang": {
+        "ttft": SGLANG_TTFT_S,
+        "itl": SGLANG_ITL_S,
+        "tpot": SGLANG_ITL_S,
+        "e2e": SGLANG_E2E_S,
+    },
 }
 
 
