@@ -29,7 +29,7 @@ from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
 from pipeline.store import Store
-from slo.jobs import CycleResult, JobsConfig, SloJobs
+from slo.jobs import DAY_MS, CycleResult, JobsConfig, SloJobs
 from slo.metrics import JobMetrics
 from slo.model import SloModel, build_model
 from slo.sinks import BusTransitionSink
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 #: The SLO spec used when none is configured (the seeds' targets).
 EXAMPLE_SPEC = Path(__file__).resolve().parents[1] / "config" / "slo.example.yaml"
-DAY_MS = 86_400_000
 
 
 def register(subparsers: Any) -> None:

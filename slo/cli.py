@@ -24,7 +24,7 @@ from pipeline.errors import ConfigError
 from pipeline.store import Store
 from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.evaluate import evaluate
-from slo.jobs import JobsConfig, SloJobs, data_clock
+from slo.jobs import DAY_MS, JobsConfig, SloJobs, data_clock
 from slo.metrics import JobMetrics
 from slo.model import SloModel, build_model
 from slo.report import render_json, render_table
@@ -146,7 +146,7 @@ def run_report(args: argparse.Namespace) -> int:
                 store.con,
                 model,
                 settle_ms=int(jobs_config.settle_s * 1000),
-                horizon_ms=int(jobs_config.rollup_horizon_days * 86_400_000),
+                horizon_ms=int(jobs_config.rollup_horizon_days * DAY_MS),
             ).update(now)
         statuses = evaluate(store.con, model, now)
     if args.json:
@@ -186,7 +186,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 sink=_sink(args, store, bus),
                 metrics=metrics,
                 raw_pruner=store.prune,
-                raw_retention_ms=int(config.store.raw_retention_days * 86_400_000),
+                raw_retention_ms=int(config.store.raw_retention_days * DAY_MS),
             )
             if args.once:
                 result = jobs.run_once(args.at)

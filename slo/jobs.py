@@ -37,7 +37,7 @@ from slo.sinks import (
 )
 from slo.snapshot import Snapshot, load_snapshot
 
-__all__ = ["CycleResult", "JobsConfig", "SloJobs", "data_clock"]
+__all__ = ["DAY_MS", "CycleResult", "JobsConfig", "SloJobs", "data_clock"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
