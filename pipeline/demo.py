@@ -60,12 +60,16 @@ def register(subparsers: Any) -> None:
 
 
 @contextmanager
-def _child(args: list[str], log_path: Path) -> Iterator[subprocess.Popen[str]]:
-    """A ``llmslo`` subcommand as a child process, stopped with SIGTERM on exit."""
+def _child(
+    args: list[str], log_path: Path, *, read_stdout: bool = False
+) -> Iterator[subprocess.Popen[str]]:
+    """A ``llmslo`` subcommand as a child process, stopped with SIGTERM on exit. Its output
+    goes to ``log_path``; ``read_stdout`` pipes stdout to the demo instead (a pipe nobody
+    reads would block the child once its buffer is full)."""
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "pipeline", *args],
-            stdout=subprocess.PIPE,
+            stdout=subprocess.PIPE if read_stdout else log_file,
             stderr=log_file,
             text=True,
         )
@@ -142,6 +146,7 @@ def run_demo(args: argparse.Namespace) -> int:
             _child(
                 ["sim", "--pods", "4", "--dialects", "vllm,sglang,trtllm,vllm-legacy"],
                 workdir / "sim.log",
+                read_stdout=True,  # its first line describes the fleet
             )
         )
         fleet = _first_json_line(sim, "llmslo sim", workdir / "sim.log")
