@@ -261,6 +261,11 @@ REQUEST_RECORDS = RecordSchema(
             ),
             _field("deadline_ts_ms", pa.int64(), "client deadline, Unix epoch ms; null if none"),
             _field("http_status", pa.int16(), "status sent to the client; null if none was sent"),
+            _field(
+                "upstream_status",
+                pa.int16(),
+                "status the engine answered this attempt with (a retried one too); null if none",
+            ),
             _field("outcome", _DICT_STR, "one of: " + ", ".join(OUTCOMES), nullable=False),
             _field("error_kind", _DICT_STR, "short machine reason for a bad outcome, null when ok"),
             _field(

@@ -61,6 +61,12 @@ class RequestContext:
     problems: list[str] = field(default_factory=list)
 
 
+def _is_event_stream(headers: CIMultiDict[str]) -> bool:
+    """False only for an answer that says it is something else (no Content-Type: trusted)."""
+    content_type = headers.get("Content-Type")
+    return content_type is None or content_type.lower().lstrip().startswith("text/event-stream")
+
+
 class Exchange:
     """One attempt; :meth:`run` then (for the final attempt) :meth:`deliver`."""
 
@@ -107,6 +113,8 @@ class Exchange:
             assert self._resp is not None
             if self.upstream_status != 200:
                 await self._error_status()
+            elif self.ctx.streamed and not _is_event_stream(self.upstream_headers):
+                await self._not_event_stream(down)
             elif self.ctx.streamed:
                 await self._stream(down)
             else:
@@ -171,6 +179,20 @@ class Exchange:
         status = self.upstream_status
         outcome = "rejected" if status in (429, 503) else "error_before_first_token"
         self._fail(outcome, f"http_{status}", retryable=status in self._config.retry_on_status)
+
+    async def _not_event_stream(self, down: Downstream) -> None:
+        """A 200 to a streamed request that is no SSE stream (a login page from a proxy in
+        between, say): held back like an error answer so another upstream may be tried; on
+        the last attempt (or once over ``hold_max_bytes``) it reaches the client whole and
+        properly ended, never as an open stream."""
+        assert self._resp is not None
+        self.meter.m.ttfb_s = self._clock() - self.ctx.t0_s
+        while chunk := await self._resp.readany():
+            self._bytes_in += len(chunk)
+            await self._forward(down, chunk)
+            if self.held_bytes > self._config.hold_max_bytes:
+                await self._commit(down)
+        self._fail("error_before_first_token", "not_event_stream", retryable=not down.committed)
 
     async def _stream(self, down: Downstream) -> None:
         assert self._resp is not None

@@ -34,6 +34,7 @@ def record_row(
         "received_ts_ms": int(ctx.received_wall_s * 1000),
         "deadline_ts_ms": _ms(ctx.deadline_wall_s),
         "http_status": ex.http_status,
+        "upstream_status": ex.upstream_status,
         "outcome": ex.outcome or "error_before_first_token",
         "error_kind": ex.error_kind if ex.outcome != "ok" else None,
         "finish_reason": m.finish_reason,
