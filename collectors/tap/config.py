@@ -62,6 +62,25 @@ class TapConfig(BaseModel):
     client_idle_timeout_s: float = Field(
         75.0, gt=0, description="a client connection idle (or mid-request) this long is closed"
     )
+    client_head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request head (request line and headers) must arrive whole within this "
+        "from its first byte; bytes trickling in do not extend it (408 and close)",
+    )
+    client_body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="a request body must arrive whole within this from the end of its head "
+        "(408 and close)",
+    )
+    first_token_timeout_s: float | None = Field(
+        60.0,
+        gt=0,
+        description="a streamed attempt without a token-bearing chunk this long after it was "
+        "sent is an upstream_timeout; SSE comments (keep-alives) and role-only chunks do not "
+        "reset it (None = off)",
+    )
     shutdown_grace_s: float = Field(
         25.0, ge=0, description="on stop, running requests get this long to finish"
     )

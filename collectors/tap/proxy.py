@@ -126,6 +126,8 @@ class TapProxy:
             max_body_bytes=self.config.max_request_bytes,
             write_timeout_s=self.config.client_write_timeout_s,
             idle_timeout_s=self.config.client_idle_timeout_s,
+            head_timeout_s=self.config.client_head_timeout_s,
+            body_timeout_s=self.config.client_body_timeout_s,
         )
         host, _, port = self.config.listen.rpartition(":")
         self.port = await self._server.start(host, int(port))
