@@ -108,6 +108,13 @@ class TapConfig(BaseModel):
     gauge_interval_s: float = Field(
         5.0, gt=0, description="how often in-flight/disconnect samples are published"
     )
+    record_max_gaps: int = Field(
+        256,
+        ge=0,
+        le=32767,
+        description="raw ITL gaps kept in a record (the first ones); summaries and the "
+        "histogram always cover every gap, so a record's size is bounded",
+    )
     kafka: bool = Field(True, description="publish records and gauges to the bus")
     records_out: str | None = Field(
         None, description="also write records as JSON lines to FILE or '-'"

@@ -17,7 +17,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol
 
 from multidict import CIMultiDict
@@ -341,11 +341,18 @@ class TapProxy:
             if ex.draining or ex.emitted:
                 continue  # a draining attempt is emitted by drained() once the drain ends
             ex.emitted = True
-            row = record_row(ctx, ex, tap_id=self.tap_id, pool=self.config.pool)
+            row = record_row(
+                ctx,
+                ex,
+                tap_id=self.tap_id,
+                pool=self.config.pool,
+                max_gaps=self.config.record_max_gaps,
+            )
             self.sink.add_request(row)
-            self._observe(row)
+            self._observe(row, ex.finish().itl_gaps_s)
 
-    def _observe(self, row: dict[str, Any]) -> None:
+    def _observe(self, row: dict[str, Any], itl_gaps_s: Sequence[float]) -> None:
+        """Telemetry of one record; ``itl_gaps_s`` is every gap (the row keeps the first few)."""
         labels = (row["instance"], row.get("model") or "")
         metrics = self.metrics
         metrics.requests.labels(row["instance"], row["outcome"]).inc()
@@ -356,9 +363,9 @@ class TapProxy:
         if row["e2e_s"] is not None:
             metrics.e2e.labels(*labels).observe(row["e2e_s"])
         itl = metrics.itl.labels(*labels)
-        for gap in row["itl_gaps_s"] or ():
+        for gap in itl_gaps_s:
             itl.observe(gap)
         if self.genai is not None:
             start_ns = int(row["received_ts_ms"] * 1_000_000)
             end_ns = start_ns + int((row["e2e_s"] or 0.0) * 1e9)
-            self.genai.record(row, start_ns, end_ns)
+            self.genai.record(row, start_ns, end_ns, itl_gaps_s=itl_gaps_s)

@@ -13,6 +13,7 @@ because the recommended ones start at 10 ms, too coarse for fast decoders.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
@@ -168,8 +169,19 @@ class GenAiTelemetry:
         )
         self._tracer = tracer_provider.get_tracer("llmslo.tap") if tracer_provider else None
 
-    def record(self, row: dict[str, Any], start_ns: int, end_ns: int) -> None:
-        """Emit the metrics and the span of one finished attempt (a request record row)."""
+    def record(
+        self,
+        row: dict[str, Any],
+        start_ns: int,
+        end_ns: int,
+        *,
+        itl_gaps_s: Sequence[float] | None = None,
+    ) -> None:
+        """Emit the metrics and the span of one finished attempt (a request record row).
+
+        ``itl_gaps_s``: every ITL gap of the attempt; the row's ``itl_gaps_s`` holds only
+        the first ones (``tap.record_max_gaps``) and is used when it is not given.
+        """
         route = row.get("route") or ""
         operation = (
             "text_completion" if route.endswith("/completions") and "chat" not in route else "chat"
@@ -192,7 +204,7 @@ class GenAiTelemetry:
             self._tpot.record(row["tpot_s"], attrs)
         if row.get("e2e_s") is not None:
             self._duration.record(row["e2e_s"], attrs)
-        for gap in row.get("itl_gaps_s") or ():
+        for gap in itl_gaps_s if itl_gaps_s is not None else row.get("itl_gaps_s") or ():
             self._chunk.record(gap, attrs)
         if self._tracer is not None:
             self._span(row, attrs, start_ns, end_ns, ok)
