@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["TapConfig"]
 
@@ -27,6 +27,17 @@ class TapConfig(BaseModel):
     )
     pool: str | None = Field(
         None, description="pool of every upstream (default: the requested model)"
+    )
+    models: list[str] = Field(
+        default_factory=list,
+        description="model names always used as metrics labels (besides those the upstreams "
+        "announce on /v1/models); any other requested name is labelled 'other'",
+    )
+    max_model_labels: int = Field(
+        64, ge=1, le=10_000, description="distinct model label values at most (configured first)"
+    )
+    models_refresh_s: float = Field(
+        60.0, gt=0, description="how often each upstream's /v1/models is read again"
     )
     tenant_header: str = "x-tenant-id"
     request_id_header: str = "x-request-id"
@@ -139,6 +150,23 @@ class TapConfig(BaseModel):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"upstream {url!r} must start with http:// or https://")
         return [url.rstrip("/") for url in value]
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not 0 < len(name) <= 200 or name == "other":
+                raise ValueError(f"model {name[:40]!r}: 1 to 200 characters, not 'other'")
+        return value
+
+    @model_validator(mode="after")
+    def _labels_fit(self) -> TapConfig:
+        if len(set(self.models)) > self.max_model_labels:
+            raise ValueError(
+                f"models: {len(set(self.models))} names but max_model_labels is "
+                f"{self.max_model_labels}"
+            )
+        return self
 
     @field_validator("retry_on_status")
     @classmethod

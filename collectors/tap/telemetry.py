@@ -176,11 +176,14 @@ class GenAiTelemetry:
         end_ns: int,
         *,
         itl_gaps_s: Sequence[float] | None = None,
+        model_label: str | None = None,
     ) -> None:
         """Emit the metrics and the span of one finished attempt (a request record row).
 
         ``itl_gaps_s``: every ITL gap of the attempt; the row's ``itl_gaps_s`` holds only
         the first ones (``tap.record_max_gaps``) and is used when it is not given.
+        ``model_label``: the bounded label for the requested model (see
+        :mod:`collectors.tap.labels`); without it, the row's raw ``model``.
         """
         route = row.get("route") or ""
         operation = (
@@ -193,8 +196,9 @@ class GenAiTelemetry:
             "server.address": host,
             "server.port": int(port) if port.isdigit() else 0,
         }
-        if row.get("model"):
-            attrs["gen_ai.request.model"] = row["model"]
+        model = model_label or row.get("model")
+        if model:
+            attrs["gen_ai.request.model"] = model
         ok = row["outcome"] == "ok"
         if not ok:
             attrs["error.type"] = row.get("error_kind") or row["outcome"]
