@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from bisect import bisect_left
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.tap.measure import ITL_HISTOGRAM_BOUNDS_S, StreamMeter
+from collectors.tap.measure import ITL_HISTOGRAM_BOUNDS_S, ItlSummary, StreamMeter
 from collectors.tap.sinks import rows_to_table
 from pipeline.codec import encode_arrow
 from pipeline.schema import REQUEST_RECORDS
@@ -90,3 +95,39 @@ def test_record_max_gaps_is_configurable_and_short_streams_keep_every_gap() -> N
     assert len(stream_record(50)["itl_gaps_s"]) == 49
     row = stream_record(50, record_max_gaps=0)
     assert (row["itl_gaps_s"], row["chunk_tokens"], row["itl_count"]) == ([], [], 49)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=0.0, max_value=100.0), max_size=300))
+def test_summary_agrees_with_the_gaps_it_summarises(gaps: list[float]) -> None:
+    summary = ItlSummary.of(gaps)
+    assert summary.count == len(gaps) == sum(summary.histogram)
+    if not gaps:
+        assert summary.mean_s is None and summary.jitter_s is None
+        return
+    assert min(gaps) <= summary.p50_s <= summary.p90_s <= summary.p99_s <= summary.max_s
+    assert {summary.p50_s, summary.p90_s, summary.p99_s} <= set(gaps)  # nearest rank
+    assert summary.mean_s == pytest.approx(sum(gaps) / len(gaps))
+    assert (summary.jitter_s is None) == (len(gaps) + 1 < 10)
+    for gap in gaps:  # each gap lies in a bucket whose bounds hold it
+        k = bisect_left(ITL_HISTOGRAM_BOUNDS_S, gap)
+        assert summary.histogram[k] > 0
+        assert k == len(ITL_HISTOGRAM_BOUNDS_S) or gap <= ITL_HISTOGRAM_BOUNDS_S[k]
+        assert k == 0 or gap > ITL_HISTOGRAM_BOUNDS_S[k - 1]
+
+
+def test_the_tap_itl_histogram_still_sees_every_gap_when_records_keep_none() -> None:
+    async def scenario() -> tuple[dict, bytes]:
+        up = ScriptedUpstream(lambda req: Script([(0.0, b"".join(chat_events(300)))]))
+        async with tap_over([up], record_max_gaps=0) as (url, sink, proxy):
+            await post(url, CHAT, timeout_s=60)
+            return sink.requests[0], generate_latest(proxy.metrics.registry)
+
+    row, text = asyncio.run(scenario())
+    count = sum(
+        s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+        if s.name == "llmslo_tap_itl_seconds_count"
+    )
+    assert row["itl_gaps_s"] == [] and row["itl_count"] == 299 and count == 299
