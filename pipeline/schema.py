@@ -261,11 +261,6 @@ REQUEST_RECORDS = RecordSchema(
             ),
             _field("deadline_ts_ms", pa.int64(), "client deadline, Unix epoch ms; null if none"),
             _field("http_status", pa.int16(), "status sent to the client; null if none was sent"),
-            _field(
-                "upstream_status",
-                pa.int16(),
-                "status the engine answered this attempt with (a retried one too); null if none",
-            ),
             _field("outcome", _DICT_STR, "one of: " + ", ".join(OUTCOMES), nullable=False),
             _field("error_kind", _DICT_STR, "short machine reason for a bad outcome, null when ok"),
             _field(
@@ -288,27 +283,9 @@ REQUEST_RECORDS = RecordSchema(
             _field("prompt_tokens", pa.int32(), "usage.prompt_tokens"),
             _field("completion_tokens", pa.int32(), "usage.completion_tokens"),
             _field("token_chunks", pa.int32(), "number of token-bearing chunks"),
-            _field(
-                "itl_count",
-                pa.int32(),
-                "number of gaps between consecutive token-bearing chunks (ITL gaps), all of them",
-            ),
             _field("itl_mean_s", pa.float64(), "mean ITL gap, exact over every gap"),
-            _field("itl_p50_s", pa.float64(), "median ITL gap (nearest rank, exact)"),
-            _field("itl_p90_s", pa.float64(), "90th percentile ITL gap (nearest rank, exact)"),
             _field("itl_p99_s", pa.float64(), "99th percentile ITL gap (nearest rank, exact)"),
             _field("itl_max_s", pa.float64(), "largest ITL gap"),
-            _field(
-                "itl_jitter_s",
-                pa.float64(),
-                "ITL jitter = p99 gap − median gap; null under 10 token-bearing chunks",
-            ),
-            _field(
-                "itl_histogram",
-                pa.list_(pa.int32()),
-                "ITL gaps per log bucket, 32 counts: bucket k holds gaps ≤ 0.25 ms·√2^k "
-                "(k = 0…30, up to 8.2 s) and above the previous bound; the last, larger gaps",
-            ),
             _field(
                 "itl_gaps_s",
                 pa.list_(pa.float32()),
@@ -336,6 +313,31 @@ REQUEST_RECORDS = RecordSchema(
                 "tokens_after_disconnect",
                 pa.int32(),
                 "drain mode: tokens the engine generated after the disconnect",
+            ),
+            # Added after the first release: appended, nullable, so files and producers of
+            # the columns above stay positionally compatible (ALTER TABLE … ADD COLUMN).
+            _field(
+                "upstream_status",
+                pa.int16(),
+                "status the engine answered this attempt with (a retried one too); null if none",
+            ),
+            _field(
+                "itl_count",
+                pa.int32(),
+                "number of gaps between consecutive token-bearing chunks (ITL gaps), all of them",
+            ),
+            _field("itl_p50_s", pa.float64(), "median ITL gap (nearest rank, exact)"),
+            _field("itl_p90_s", pa.float64(), "90th percentile ITL gap (nearest rank, exact)"),
+            _field(
+                "itl_jitter_s",
+                pa.float64(),
+                "ITL jitter = p99 gap − median gap; null under 10 token-bearing chunks",
+            ),
+            _field(
+                "itl_histogram",
+                pa.list_(pa.int32()),
+                "ITL gaps per log bucket, 32 counts: bucket k holds gaps ≤ 0.25 ms·√2^k "
+                "(k = 0…30, up to 8.2 s) and above the previous bound; the last, larger gaps",
             ),
         ]
     ),

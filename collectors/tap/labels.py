@@ -11,12 +11,13 @@ records keep the raw name (bounded in length): they are rows, not series.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterable
 from typing import Any
 
-from collectors.tap.upstream import UpstreamClient
+from collectors.tap.upstream import UpstreamClient, UpstreamError
 
 __all__ = ["MAX_MODEL_NAME_CHARS", "OTHER_MODEL", "ModelLabels", "fetch_announced_models"]
 
@@ -42,6 +43,32 @@ class ModelLabels:
         self.announced: set[str] = set()
         self._by_upstream: dict[str, frozenset[str]] = {}
         self._given: set[str] = set(self.configured)  # labels in use: they stay in use
+        self._failing: set[str] = set()  # upstreams whose list could not be read (logged once)
+
+    async def refresh(
+        self, client: UpstreamClient, upstreams: Iterable[tuple[str, str]], *, timeout_s: float
+    ) -> None:
+        """Read each ``(base_url, instance)``'s ``/v1/models``, concurrently, each within
+        ``timeout_s``. Never raises: an upstream that fails keeps what it announced before."""
+        await asyncio.gather(
+            *(self._refresh_one(client, url, instance, timeout_s) for url, instance in upstreams)
+        )
+
+    async def _refresh_one(
+        self, client: UpstreamClient, url: str, instance: str, timeout_s: float
+    ) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                models = await fetch_announced_models(client, url)
+        except (UpstreamError, TimeoutError, ValueError) as exc:
+            if instance not in self._failing:
+                self._failing.add(instance)
+                # INFO, not WARNING: engines without /v1/models are legitimate and the tap
+                # works on (their models are labelled 'other'); once per failing spell.
+                log.info("no model list from %s (labels: configured only): %s", instance, exc)
+            return
+        self._failing.discard(instance)
+        self.announce(instance, models)
 
     def announce(self, upstream: str, models: Iterable[str]) -> None:
         """``upstream`` serves ``models`` now (replacing what it announced before)."""

@@ -27,7 +27,7 @@ from collectors.tap.contract import RetryBudget, UpstreamPool, parse_deadline_s
 from collectors.tap.downstream import HOP_BY_HOP, ClientGone, Downstream
 from collectors.tap.exchange import Exchange, RequestContext
 from collectors.tap.inflight import InFlightTracker
-from collectors.tap.labels import MAX_MODEL_NAME_CHARS, ModelLabels, fetch_announced_models
+from collectors.tap.labels import MAX_MODEL_NAME_CHARS, ModelLabels
 from collectors.tap.records import record_row
 from collectors.tap.server import IncomingRequest, TapServer
 from collectors.tap.sinks import RecordSink
@@ -104,7 +104,6 @@ class TapProxy:
         self.budget = RetryBudget(config.retry_budget_ratio, config.retry_budget_min_per_s)
         self.inflight = InFlightTracker([u.instance for u in self.pool.upstreams])
         self.model_labels = ModelLabels(config.models, max_labels=config.max_model_labels)
-        self._models_failing: set[str] = set()  # upstreams whose model list failed (logged once)
         self._models_loop: asyncio.Task[None] | None = None
         self.tap_id = config.tap_id or f"{socket.gethostname()}:{config.listen.rpartition(':')[2]}"
         self.port: int | None = None
@@ -164,26 +163,12 @@ class TapProxy:
         self.sink.add_samples(self.inflight.samples(int(self.clock.wall_s() * 1000), self.tap_id))
 
     async def refresh_models(self) -> None:
-        """Read every upstream's ``/v1/models`` (concurrently, each bounded by the connect
-        timeout); an upstream that fails keeps what it announced before."""
-        await asyncio.gather(
-            *(self._refresh_models_of(u.url, u.instance) for u in self.pool.upstreams)
-        )
-
-    async def _refresh_models_of(self, url: str, instance: str) -> None:
+        """Read every upstream's ``/v1/models`` again (see :meth:`ModelLabels.refresh`)."""
         assert self._client is not None
-        try:
-            async with asyncio.timeout(self.config.connect_timeout_s):
-                models = await fetch_announced_models(self._client, url)
-        except (UpstreamError, TimeoutError, ValueError) as exc:
-            if instance not in self._models_failing:
-                self._models_failing.add(instance)
-                # INFO, not WARNING: engines without /v1/models are legitimate and the tap
-                # works on (their models are labelled 'other'); once per failing spell.
-                log.info("no model list from %s (labels: configured only): %s", instance, exc)
-            return
-        self._models_failing.discard(instance)
-        self.model_labels.announce(instance, models)
+        upstreams = [(u.url, u.instance) for u in self.pool.upstreams]
+        await self.model_labels.refresh(
+            self._client, upstreams, timeout_s=self.config.connect_timeout_s
+        )
 
     async def _refresh_models_loop(self) -> None:
         while True:
