@@ -283,18 +283,20 @@ REQUEST_RECORDS = RecordSchema(
             _field("prompt_tokens", pa.int32(), "usage.prompt_tokens"),
             _field("completion_tokens", pa.int32(), "usage.completion_tokens"),
             _field("token_chunks", pa.int32(), "number of token-bearing chunks"),
-            _field("itl_mean_s", pa.float64(), "mean gap between consecutive token-bearing chunks"),
-            _field("itl_p99_s", pa.float64(), "99th percentile of those gaps"),
-            _field("itl_max_s", pa.float64(), "largest of those gaps"),
+            _field("itl_mean_s", pa.float64(), "mean ITL gap, exact over every gap"),
+            _field("itl_p99_s", pa.float64(), "99th percentile ITL gap (nearest rank, exact)"),
+            _field("itl_max_s", pa.float64(), "largest ITL gap"),
             _field(
                 "itl_gaps_s",
                 pa.list_(pa.float32()),
-                "every gap between token-bearing chunks, in order",
+                "the first ITL gaps in order, at most tap.record_max_gaps (default 256) of "
+                "itl_count",
             ),
             _field(
                 "chunk_tokens",
                 pa.list_(pa.int16()),
-                "tokens carried by each token-bearing chunk (spec decode > 1)",
+                "tokens carried by each of the first token-bearing chunks (spec decode > 1), "
+                "one more than itl_gaps_s holds gaps",
             ),
             _field(
                 "client_disconnected", pa.bool_(), "the client went away before the response ended"
@@ -311,6 +313,31 @@ REQUEST_RECORDS = RecordSchema(
                 "tokens_after_disconnect",
                 pa.int32(),
                 "drain mode: tokens the engine generated after the disconnect",
+            ),
+            # Added after the first release: appended, nullable, so files and producers of
+            # the columns above stay positionally compatible (ALTER TABLE … ADD COLUMN).
+            _field(
+                "upstream_status",
+                pa.int16(),
+                "status the engine answered this attempt with (a retried one too); null if none",
+            ),
+            _field(
+                "itl_count",
+                pa.int32(),
+                "number of gaps between consecutive token-bearing chunks (ITL gaps), all of them",
+            ),
+            _field("itl_p50_s", pa.float64(), "median ITL gap (nearest rank, exact)"),
+            _field("itl_p90_s", pa.float64(), "90th percentile ITL gap (nearest rank, exact)"),
+            _field(
+                "itl_jitter_s",
+                pa.float64(),
+                "ITL jitter = p99 gap − median gap; null under 10 token-bearing chunks",
+            ),
+            _field(
+                "itl_histogram",
+                pa.list_(pa.int32()),
+                "ITL gaps per log bucket, 32 counts: bucket k holds gaps ≤ 0.25 ms·√2^k "
+                "(k = 0…30, up to 8.2 s) and above the previous bound; the last, larger gaps",
             ),
         ]
     ),

@@ -138,6 +138,13 @@ def _table_ddl(name: str, columns: Iterable[tuple[str, str, str]], key: str = ""
     body = ",\n  ".join(f"{col} {type_}" for col, type_, _ in columns)
     tail = f",\n  PRIMARY KEY ({key})" if key else ""
     statements = [f"CREATE TABLE IF NOT EXISTS {name} (\n  {body}{tail}\n)"]
+    # A file from an earlier release gains the nullable columns added since (appended, as
+    # schemas append them, so positional inserts still line up).
+    statements += [
+        f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {col} {type_}"
+        for col, type_, _ in columns
+        if "NOT NULL" not in type_
+    ]
     statements += [f"COMMENT ON COLUMN {name}.{col} IS {_quote(doc)}" for col, _, doc in columns]
     return statements
 

@@ -352,9 +352,14 @@ class HistoryGenerator:
             "prompt_tokens": pa.array(rng.integers(50, 3000, m).astype(np.int32)),
             "completion_tokens": pa.array(np.where(failed, 0, tokens).astype(np.int32)),
             "token_chunks": pa.array(np.where(failed, 0, tokens).astype(np.int32)),
+            "itl_count": pa.array(np.where(failed, 0, np.maximum(tokens - 1, 0)).astype(np.int32)),
             "itl_mean_s": pa.array(tpot, mask=failed),
+            "itl_p50_s": pa.array(tpot * 0.95, mask=failed),
+            "itl_p90_s": pa.array(tpot * 1.6, mask=failed),
             "itl_p99_s": pa.array(tpot * 2.2, mask=failed),
             "itl_max_s": pa.array(tpot * 3.5, mask=failed),
+            # p99 − median, for requests of at least 10 token-bearing chunks (as the tap)
+            "itl_jitter_s": pa.array(tpot * (2.2 - 0.95), mask=failed | (tokens < 10)),
             "client_disconnected": pa.array(outcome == "client_cancelled"),
         }
         arrays = []

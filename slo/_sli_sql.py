@@ -22,7 +22,8 @@ _ITL_VALUE = {
     "p99": "itl_p99_s",
     "max": "itl_max_s",
     "mean": "itl_mean_s",
-    "jitter": "(itl_p99_s - itl_mean_s)",
+    # p99 gap − median gap, exact per request; null under 10 chunks (no event), DESIGN §4
+    "jitter": "itl_jitter_s",
 }
 #: A request that failed, was cut, or whose client left (ghost) is always a bad event.
 _FAILED = "(outcome <> 'ok' OR coalesce(client_disconnected, false))"

@@ -64,7 +64,8 @@ class LatencySpec(_Spec):
     ``source: engine`` counts histogram buckets instead of tap records: the threshold must
     then be an existing bucket bound (checked by :func:`slo.buckets.check_bucket_bounds`).
     ``statistic`` applies to ITL from the tap: the per-request p99 gap (default), the largest
-    gap, the mean gap, or ``jitter`` = p99 gap − mean gap.
+    gap, the mean gap, or ``jitter`` = p99 gap − median gap (DESIGN §4; the tap records it
+    per request, for requests with at least 10 token-bearing chunks; others are no event).
     """
 
     kind: Literal["latency"]

@@ -10,14 +10,16 @@ Public names:
 
 * :class:`TapProxy` — the aiohttp proxy (``await start()`` / ``await stop()``);
 * :class:`TapConfig` — the ``tap`` config section;
-* :class:`SseFramer`, :class:`StreamMeter`, :class:`Measurements` — framing and measuring,
-  usable without the proxy;
+* :class:`SseFramer`, :class:`StreamMeter`, :class:`Measurements`, :class:`ItlSummary` —
+  framing and measuring, usable without the proxy;
+* :class:`ModelLabels` — which requested model names may become metrics labels;
 * sinks: :class:`KafkaSink`, :class:`JsonLinesSink`, :class:`ListSink`, :class:`MultiSink`;
 * :class:`TapMetrics`, :class:`GenAiTelemetry` — telemetry about what was measured.
 """
 
 from collectors.tap.config import TapConfig
-from collectors.tap.measure import Measurements, StreamMeter
+from collectors.tap.labels import ModelLabels
+from collectors.tap.measure import ItlSummary, Measurements, StreamMeter
 from collectors.tap.proxy import Clock, SystemClock, TapProxy
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, ListSink, MultiSink, RecordSink
 from collectors.tap.sse import SseEvent, SseFramer
@@ -26,10 +28,12 @@ from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
 __all__ = [
     "Clock",
     "GenAiTelemetry",
+    "ItlSummary",
     "JsonLinesSink",
     "KafkaSink",
     "ListSink",
     "Measurements",
+    "ModelLabels",
     "MultiSink",
     "RecordSink",
     "SseEvent",

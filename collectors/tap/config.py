@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["TapConfig"]
 
@@ -27,6 +27,17 @@ class TapConfig(BaseModel):
     )
     pool: str | None = Field(
         None, description="pool of every upstream (default: the requested model)"
+    )
+    models: list[str] = Field(
+        default_factory=list,
+        description="model names always used as metrics labels (besides those the upstreams "
+        "announce on /v1/models); any other requested name is labelled 'other'",
+    )
+    max_model_labels: int = Field(
+        64, ge=1, le=10_000, description="distinct model label values at most (configured first)"
+    )
+    models_refresh_s: float = Field(
+        60.0, gt=0, description="how often each upstream's /v1/models is read again"
     )
     tenant_header: str = "x-tenant-id"
     request_id_header: str = "x-request-id"
@@ -62,6 +73,25 @@ class TapConfig(BaseModel):
     client_idle_timeout_s: float = Field(
         75.0, gt=0, description="a client connection idle (or mid-request) this long is closed"
     )
+    client_head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request head (request line and headers) must arrive whole within this "
+        "from its first byte; bytes trickling in do not extend it (408 and close)",
+    )
+    client_body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="a request body must arrive whole within this from the end of its head "
+        "(408 and close)",
+    )
+    first_token_timeout_s: float | None = Field(
+        60.0,
+        gt=0,
+        description="a streamed attempt without a token-bearing chunk this long after it was "
+        "sent is an upstream_timeout; SSE comments (keep-alives) and role-only chunks do not "
+        "reset it (None = off)",
+    )
     shutdown_grace_s: float = Field(
         25.0, ge=0, description="on stop, running requests get this long to finish"
     )
@@ -89,6 +119,13 @@ class TapConfig(BaseModel):
     gauge_interval_s: float = Field(
         5.0, gt=0, description="how often in-flight/disconnect samples are published"
     )
+    record_max_gaps: int = Field(
+        256,
+        ge=0,
+        le=32767,
+        description="raw ITL gaps kept in a record (the first ones); summaries and the "
+        "histogram always cover every gap, so a record's size is bounded",
+    )
     kafka: bool = Field(True, description="publish records and gauges to the bus")
     records_out: str | None = Field(
         None, description="also write records as JSON lines to FILE or '-'"
@@ -113,6 +150,23 @@ class TapConfig(BaseModel):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"upstream {url!r} must start with http:// or https://")
         return [url.rstrip("/") for url in value]
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not 0 < len(name) <= 200 or name == "other":
+                raise ValueError(f"model {name[:40]!r}: 1 to 200 characters, not 'other'")
+        return value
+
+    @model_validator(mode="after")
+    def _labels_fit(self) -> TapConfig:
+        if len(set(self.models)) > self.max_model_labels:
+            raise ValueError(
+                f"models: {len(set(self.models))} names but max_model_labels is "
+                f"{self.max_model_labels}"
+            )
+        return self
 
     @field_validator("retry_on_status")
     @classmethod

@@ -61,6 +61,12 @@ class RequestContext:
     problems: list[str] = field(default_factory=list)
 
 
+def _is_event_stream(headers: CIMultiDict[str]) -> bool:
+    """False only for an answer that says it is something else (no Content-Type: trusted)."""
+    content_type = headers.get("Content-Type")
+    return content_type is None or content_type.lower().lstrip().startswith("text/event-stream")
+
+
 class Exchange:
     """One attempt; :meth:`run` then (for the final attempt) :meth:`deliver`."""
 
@@ -98,25 +104,38 @@ class Exchange:
         self.http_status: int | None = None  # status the client got (final attempt only)
         self._resp: UpstreamResponse | None = None
         self._open = False
+        #: Until the first token (streamed SSE only): what the engine sends meanwhile,
+        #: comments and role-only chunks included, does not extend it.
+        self._first_token_scope: asyncio.Timeout | None = None
 
     # ------------------------------------------------------------------ running
     async def run(self, down: Downstream) -> None:
         """Forward the request and the response; never raises except CancelledError."""
+        within_s = self._config.first_token_timeout_s if self.ctx.streamed else None
         try:
-            await self._send()
-            assert self._resp is not None
-            if self.upstream_status != 200:
-                await self._error_status()
-            elif self.ctx.streamed:
-                await self._stream(down)
-            else:
-                await self._json_body(down)
+            async with asyncio.timeout(within_s) as self._first_token_scope:
+                await self._send()
+                assert self._resp is not None
+                streaming = self.ctx.streamed and _is_event_stream(self.upstream_headers)
+                if self.upstream_status != 200 or not streaming:
+                    self._first_token_arrived()  # no first token to wait for
+                if self.upstream_status != 200:
+                    await self._error_status()
+                elif self.ctx.streamed and not streaming:
+                    await self._not_event_stream(down)
+                elif self.ctx.streamed:
+                    await self._stream(down)
+                else:
+                    await self._json_body(down)
         except ClientGone as exc:
             self.client_gone(exc.reason)
         except ConnectTimeout:
             self._fail("upstream_timeout", "connect_timeout")
         except ReadTimeout:
             self._fail("upstream_timeout", "upstream_read_timeout", cut=self._resp is not None)
+        except TimeoutError:  # the first-token scope's own (a deadline's is a CancelledError)
+            self._fail("upstream_timeout", "first_token_timeout", cut=True)
+            self.held, self.held_bytes = [], 0  # keep-alives only: the client gets a 504
         except ConnectFailed:
             self._fail("error_before_first_token", "connect_failed")
         except _CUT_ERRORS as exc:
@@ -172,6 +191,20 @@ class Exchange:
         outcome = "rejected" if status in (429, 503) else "error_before_first_token"
         self._fail(outcome, f"http_{status}", retryable=status in self._config.retry_on_status)
 
+    async def _not_event_stream(self, down: Downstream) -> None:
+        """A 200 to a streamed request that is no SSE stream (a login page from a proxy in
+        between, say): held back like an error answer so another upstream may be tried; on
+        the last attempt (or once over ``hold_max_bytes``) it reaches the client whole and
+        properly ended, never as an open stream."""
+        assert self._resp is not None
+        self.meter.m.ttfb_s = self._clock() - self.ctx.t0_s
+        while chunk := await self._resp.readany():
+            self._bytes_in += len(chunk)
+            await self._forward(down, chunk)
+            if self.held_bytes > self._config.hold_max_bytes:
+                await self._commit(down)
+        self._fail("error_before_first_token", "not_event_stream", retryable=not down.committed)
+
     async def _stream(self, down: Downstream) -> None:
         assert self._resp is not None
         response = self._resp
@@ -183,7 +216,10 @@ class Exchange:
             out = self._frame(chunk, self._clock())
             self.held.append(out)
             self.held_bytes += len(out)
-            if self.meter.first_token_seen or self.held_bytes > hold_max:
+            if self.meter.first_token_seen:
+                self._first_token_arrived()
+                await self._commit(down)
+            elif self.held_bytes > hold_max:
                 await self._commit(down)
         if down.committed:
             await self._relay(down)
@@ -206,13 +242,23 @@ class Exchange:
         costs no task hand-off; the task only waits when the client falls behind."""
         assert self._resp is not None
         clock = self._clock
+        # Committed before the first token (over hold_max_bytes): its timeout still runs.
+        waiting = None if self.meter.first_token_seen else self._first_token_scope
 
         def relay(chunk: bytes) -> bool:
+            nonlocal waiting
             down.write_nowait(self._frame(chunk, clock()))
+            if waiting is not None and self.meter.first_token_seen:
+                waiting.reschedule(None)
+                waiting = None
             return down.behind
 
         while await self._resp.pipe(relay):
             await down.wait_writable()
+
+    def _first_token_arrived(self) -> None:
+        if self._first_token_scope is not None:
+            self._first_token_scope.reschedule(None)
 
     def _frame(self, chunk: bytes, now_s: float) -> bytes:
         """Frame ``chunk`` into events, measure them, and return the bytes to forward."""

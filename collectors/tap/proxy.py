@@ -17,7 +17,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol
 
 from multidict import CIMultiDict
@@ -27,6 +27,7 @@ from collectors.tap.contract import RetryBudget, UpstreamPool, parse_deadline_s
 from collectors.tap.downstream import HOP_BY_HOP, ClientGone, Downstream
 from collectors.tap.exchange import Exchange, RequestContext
 from collectors.tap.inflight import InFlightTracker
+from collectors.tap.labels import MAX_MODEL_NAME_CHARS, ModelLabels
 from collectors.tap.records import record_row
 from collectors.tap.server import IncomingRequest, TapServer
 from collectors.tap.sinks import RecordSink
@@ -102,6 +103,8 @@ class TapProxy:
         self.pool = UpstreamPool(config.upstreams)
         self.budget = RetryBudget(config.retry_budget_ratio, config.retry_budget_min_per_s)
         self.inflight = InFlightTracker([u.instance for u in self.pool.upstreams])
+        self.model_labels = ModelLabels(config.models, max_labels=config.max_model_labels)
+        self._models_loop: asyncio.Task[None] | None = None
         self.tap_id = config.tap_id or f"{socket.gethostname()}:{config.listen.rpartition(':')[2]}"
         self.port: int | None = None
         self._client: UpstreamClient | None = None
@@ -126,16 +129,22 @@ class TapProxy:
             max_body_bytes=self.config.max_request_bytes,
             write_timeout_s=self.config.client_write_timeout_s,
             idle_timeout_s=self.config.client_idle_timeout_s,
+            head_timeout_s=self.config.client_head_timeout_s,
+            body_timeout_s=self.config.client_body_timeout_s,
         )
+        await self.refresh_models()  # labels known before the first request, when reachable
         host, _, port = self.config.listen.rpartition(":")
         self.port = await self._server.start(host, int(port))
         self._gauges = asyncio.create_task(self._gauge_loop())
+        self._models_loop = asyncio.create_task(self._refresh_models_loop())
         return self.port
 
     async def stop(self) -> None:
         """Stop serving, wait for drains, publish a last gauge sample, close the sink."""
         if self._gauges is not None:
             self._gauges.cancel()
+        if self._models_loop is not None:
+            self._models_loop.cancel()
         if self._server is not None:
             await self._server.close(grace_s=self.config.shutdown_grace_s)
         if self._tasks:
@@ -152,6 +161,19 @@ class TapProxy:
     def publish_gauges(self) -> None:
         """Hand the current in-flight and disconnect counts to the sink."""
         self.sink.add_samples(self.inflight.samples(int(self.clock.wall_s() * 1000), self.tap_id))
+
+    async def refresh_models(self) -> None:
+        """Read every upstream's ``/v1/models`` again (see :meth:`ModelLabels.refresh`)."""
+        assert self._client is not None
+        upstreams = [(u.url, u.instance) for u in self.pool.upstreams]
+        await self.model_labels.refresh(
+            self._client, upstreams, timeout_s=self.config.connect_timeout_s
+        )
+
+    async def _refresh_models_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.models_refresh_s)
+            await self.refresh_models()
 
     async def _gauge_loop(self) -> None:
         while True:
@@ -321,7 +343,7 @@ class TapProxy:
             body=body,
             streamed=streamed,
             strip_usage=strip,
-            model=model[:200] if isinstance(model, str) else None,
+            model=model[:MAX_MODEL_NAME_CHARS] if isinstance(model, str) else None,
             tenant=tenant[:200] if tenant else None,
             original_id=rid[:200],
             t0_s=t0_s,
@@ -339,12 +361,20 @@ class TapProxy:
             if ex.draining or ex.emitted:
                 continue  # a draining attempt is emitted by drained() once the drain ends
             ex.emitted = True
-            row = record_row(ctx, ex, tap_id=self.tap_id, pool=self.config.pool)
+            row = record_row(
+                ctx,
+                ex,
+                tap_id=self.tap_id,
+                pool=self.config.pool,
+                max_gaps=self.config.record_max_gaps,
+            )
             self.sink.add_request(row)
-            self._observe(row)
+            self._observe(row, ex.finish().itl_gaps_s)
 
-    def _observe(self, row: dict[str, Any]) -> None:
-        labels = (row["instance"], row.get("model") or "")
+    def _observe(self, row: dict[str, Any], itl_gaps_s: Sequence[float]) -> None:
+        """Telemetry of one record; ``itl_gaps_s`` is every gap (the row keeps the first few)."""
+        model = self.model_labels.label(row.get("model"))  # bounded, never the raw string
+        labels = (row["instance"], model)
         metrics = self.metrics
         metrics.requests.labels(row["instance"], row["outcome"]).inc()
         if row["ttft_s"] is not None:
@@ -354,9 +384,9 @@ class TapProxy:
         if row["e2e_s"] is not None:
             metrics.e2e.labels(*labels).observe(row["e2e_s"])
         itl = metrics.itl.labels(*labels)
-        for gap in row["itl_gaps_s"] or ():
+        for gap in itl_gaps_s:
             itl.observe(gap)
         if self.genai is not None:
             start_ns = int(row["received_ts_ms"] * 1_000_000)
             end_ns = start_ns + int((row["e2e_s"] or 0.0) * 1e9)
-            self.genai.record(row, start_ns, end_ns)
+            self.genai.record(row, start_ns, end_ns, itl_gaps_s=itl_gaps_s, model_label=model)

@@ -15,11 +15,15 @@ def _ms(wall_s: float | None) -> int | None:
 
 
 def record_row(
-    ctx: RequestContext, ex: Exchange, *, tap_id: str, pool: str | None
+    ctx: RequestContext, ex: Exchange, *, tap_id: str, pool: str | None, max_gaps: int = 256
 ) -> dict[str, Any]:
-    """The row for attempt ``ex`` of request ``ctx`` (plain Python values, schema column names)."""
+    """The row for attempt ``ex`` of request ``ctx`` (plain Python values, schema column names).
+
+    Its size is bounded whatever the stream's length: exact ITL summaries and a fixed-size
+    histogram, and only the first ``max_gaps`` gaps (and ``max_gaps`` + 1 chunk token counts).
+    """
     m = ex.finish()
-    itl_mean, itl_p99, itl_max = m.itl_stats()
+    itl = m.itl_summary()
     return {
         "request_id": ex.request_id,
         "original_request_id": ctx.original_id,
@@ -34,6 +38,7 @@ def record_row(
         "received_ts_ms": int(ctx.received_wall_s * 1000),
         "deadline_ts_ms": _ms(ctx.deadline_wall_s),
         "http_status": ex.http_status,
+        "upstream_status": ex.upstream_status,
         "outcome": ex.outcome or "error_before_first_token",
         "error_kind": ex.error_kind if ex.outcome != "ok" else None,
         "finish_reason": m.finish_reason,
@@ -44,11 +49,16 @@ def record_row(
         "prompt_tokens": m.prompt_tokens,
         "completion_tokens": m.completion_tokens,
         "token_chunks": m.token_chunks,
-        "itl_mean_s": itl_mean,
-        "itl_p99_s": itl_p99,
-        "itl_max_s": itl_max,
-        "itl_gaps_s": list(m.itl_gaps_s),
-        "chunk_tokens": list(m.chunk_tokens),
+        "itl_count": itl.count,
+        "itl_mean_s": itl.mean_s,
+        "itl_p50_s": itl.p50_s,
+        "itl_p90_s": itl.p90_s,
+        "itl_p99_s": itl.p99_s,
+        "itl_max_s": itl.max_s,
+        "itl_jitter_s": itl.jitter_s,
+        "itl_histogram": list(itl.histogram),
+        "itl_gaps_s": m.itl_gaps_s[:max_gaps].tolist(),
+        "chunk_tokens": m.chunk_tokens[: max_gaps + 1] if max_gaps else [],
         "client_disconnected": ex.disconnect_wall_s is not None,
         "disconnect_ts_ms": _ms(ex.disconnect_wall_s),
         "upstream_closed_ts_ms": _ms(ex.upstream_closed_wall_s),

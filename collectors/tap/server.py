@@ -58,7 +58,13 @@ Handler = Callable[[IncomingRequest, Downstream], Awaitable[None]]
 
 
 class TapServer:
-    """Serves ``handler`` on ``host:port``; :meth:`close` stops accepting and drops clients."""
+    """Serves ``handler`` on ``host:port``; :meth:`close` stops accepting and drops clients.
+
+    Timeouts (seconds): ``idle_timeout_s`` between bytes while a request is awaited;
+    ``head_timeout_s`` for a whole request head from its first byte and ``body_timeout_s``
+    for a whole body from the end of its head: totals that bytes trickling in one at a time
+    cannot extend (the client gets a 408 and the connection closes).
+    """
 
     def __init__(
         self,
@@ -67,11 +73,15 @@ class TapServer:
         max_body_bytes: int,
         write_timeout_s: float,
         idle_timeout_s: float,
+        head_timeout_s: float = 10.0,
+        body_timeout_s: float = 60.0,
     ) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.write_timeout_s = write_timeout_s
         self.idle_timeout_s = idle_timeout_s
+        self.head_timeout_s = head_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.connections: set[ClientConnection] = set()
         self._server: asyncio.AbstractServer | None = None
 
@@ -113,6 +123,7 @@ class ClientConnection(asyncio.Protocol):
         self._pending: deque[IncomingRequest] = deque()
         self._last_activity = self.loop.time()
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._read_deadline: float | None = None  # the request being read must be in by then
         self._start_request()
 
     def _start_request(self) -> None:
@@ -162,6 +173,7 @@ class ClientConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ httptools callbacks
     def on_message_begin(self) -> None:
         self._start_request()
+        self._set_read_deadline(self.server.head_timeout_s)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -174,6 +186,7 @@ class ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._head_limit.head_done()
+        self._set_read_deadline(self.server.body_timeout_s)
         if self._parser.should_upgrade():
             raise _Refused(501, "protocol upgrades are not supported")
         length = next((v for k, v in self._headers if k.lower() == "content-length"), None)
@@ -193,6 +206,7 @@ class ClientConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._head_limit.next_head()
+        self._read_deadline = None
         url = httptools.parse_url(self._url) if not self._url.startswith(b"/") else None
         raw_target = self._url.decode("utf-8", "surrogateescape")
         if url is not None:  # absolute form: forward its origin form
@@ -304,12 +318,29 @@ class ClientConnection(asyncio.Protocol):
                 self._last_activity + self.server.idle_timeout_s, self._idle_timer_fired
             )
 
+    def _set_read_deadline(self, within_s: float) -> None:
+        # A total for the head (or the body) being read: unlike the idle time, bytes that
+        # trickle in do not move it. The one timer is brought forward if it is due later.
+        due = self._read_deadline = self.loop.time() + within_s
+        timer = self._idle_timer
+        if timer is not None and timer.when() <= due:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._idle_timer = self.loop.call_at(due, self._idle_timer_fired)
+
     def _idle_timer_fired(self) -> None:
         self._idle_timer = None
         if self.closed or self.task is not None:
             return  # a request is being answered; the timer is re-armed after it
+        now, deadline = self.loop.time(), self._read_deadline
+        if deadline is not None and now >= deadline:
+            self._refuse(408, "the request did not arrive in time")
+            return
         due = self._last_activity + self.server.idle_timeout_s
-        if self.loop.time() < due:
+        if deadline is not None:
+            due = min(due, deadline)
+        if now < due:
             self._idle_timer = self.loop.call_at(due, self._idle_timer_fired)
             return
         self.close()

@@ -13,6 +13,7 @@ because the recommended ones start at 10 ms, too coarse for fast decoders.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
@@ -168,8 +169,22 @@ class GenAiTelemetry:
         )
         self._tracer = tracer_provider.get_tracer("llmslo.tap") if tracer_provider else None
 
-    def record(self, row: dict[str, Any], start_ns: int, end_ns: int) -> None:
-        """Emit the metrics and the span of one finished attempt (a request record row)."""
+    def record(
+        self,
+        row: dict[str, Any],
+        start_ns: int,
+        end_ns: int,
+        *,
+        itl_gaps_s: Sequence[float] | None = None,
+        model_label: str | None = None,
+    ) -> None:
+        """Emit the metrics and the span of one finished attempt (a request record row).
+
+        ``itl_gaps_s``: every ITL gap of the attempt; the row's ``itl_gaps_s`` holds only
+        the first ones (``tap.record_max_gaps``) and is used when it is not given.
+        ``model_label``: the bounded label for the requested model (see
+        :mod:`collectors.tap.labels`); without it, the row's raw ``model``.
+        """
         route = row.get("route") or ""
         operation = (
             "text_completion" if route.endswith("/completions") and "chat" not in route else "chat"
@@ -181,8 +196,9 @@ class GenAiTelemetry:
             "server.address": host,
             "server.port": int(port) if port.isdigit() else 0,
         }
-        if row.get("model"):
-            attrs["gen_ai.request.model"] = row["model"]
+        model = model_label or row.get("model")
+        if model:
+            attrs["gen_ai.request.model"] = model
         ok = row["outcome"] == "ok"
         if not ok:
             attrs["error.type"] = row.get("error_kind") or row["outcome"]
@@ -192,7 +208,7 @@ class GenAiTelemetry:
             self._tpot.record(row["tpot_s"], attrs)
         if row.get("e2e_s") is not None:
             self._duration.record(row["e2e_s"], attrs)
-        for gap in row.get("itl_gaps_s") or ():
+        for gap in itl_gaps_s if itl_gaps_s is not None else row.get("itl_gaps_s") or ():
             self._chunk.record(gap, attrs)
         if self._tracer is not None:
             self._span(row, attrs, start_ns, end_ns, ok)

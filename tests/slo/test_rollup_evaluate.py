@@ -106,8 +106,33 @@ def test_itl_jitter_statistic(store: Store) -> None:
     insert(
         store,
         requests=[
-            request(T0_MS, itl_mean_s=0.03, itl_p99_s=0.05),
-            request(T0_MS, itl_mean_s=0.03, itl_p99_s=0.09),
+            request(T0_MS, itl_mean_s=0.03, itl_p50_s=0.03, itl_p99_s=0.05, itl_jitter_s=0.02),
+            request(T0_MS, itl_mean_s=0.03, itl_p50_s=0.03, itl_p99_s=0.09, itl_jitter_s=0.06),
+        ],
+    )
+    m = model(
+        {
+            "name": "jit",
+            "objective": 0.99,
+            "sli": {"kind": "latency", "metric": "itl", "statistic": "jitter", "threshold_s": 0.03},
+        }
+    )
+    assert status(store, m, T0_MS, "jit").period == WindowCounts(2, 1)
+
+
+def test_itl_jitter_is_the_records_p99_minus_median_gap_over_requests_of_ten_chunks(
+    store: Store,
+) -> None:
+    """DESIGN §4: jitter = p99 gap − median gap (not the mean), for requests with ≥ 10
+    chunks; the tap records it per request (``itl_jitter_s``, null under 10 chunks)."""
+    insert(
+        store,
+        requests=[
+            # a mean pulled down by many tiny gaps: p99 − mean = 0.06, p99 − median = 0.01
+            request(T0_MS, itl_mean_s=0.01, itl_p50_s=0.06, itl_p99_s=0.07, itl_jitter_s=0.01),
+            request(T0_MS, itl_mean_s=0.03, itl_p50_s=0.03, itl_p99_s=0.09, itl_jitter_s=0.06),
+            # five chunks: no jitter, not an event of this SLI
+            request(T0_MS, token_chunks=5, itl_p99_s=0.5, itl_jitter_s=None),
         ],
     )
     m = model(

@@ -73,8 +73,15 @@ def stream_script(tokens: int, gap_s: float = 0.0, first_s: float = 0.0, **kw: A
 class ScriptedUpstream:
     """Serves ``script_for(request_json)`` on every POST; records what it received."""
 
-    def __init__(self, script_for: Callable[[dict[str, Any]], Script]) -> None:
+    def __init__(
+        self,
+        script_for: Callable[[dict[str, Any]], Script],
+        *,
+        models: list[str] | None = None,
+    ) -> None:
         self.script_for = script_for
+        self.models = models  # announced on GET /v1/models (as vLLM does) when given
+        self.model_list_requests = 0
         self.requests: list[dict[str, Any]] = []
         self.headers: list[CIMultiDict[str]] = []
         self.closed_by_peer: list[float] = []  # wall time the tap closed a stream early
@@ -97,6 +104,10 @@ class ScriptedUpstream:
             await self.runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET" and request.path == "/v1/models" and self.models is not None:
+            self.model_list_requests += 1
+            data = [{"id": m, "object": "model", "owned_by": "vllm"} for m in self.models]
+            return web.json_response({"object": "list", "data": data})
         if request.method != "POST":
             return web.json_response(
                 {"path": request.path, "query": request.query_string}, headers={"X-Up": "1"}

@@ -32,7 +32,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def test_metrics_endpoint_exposes_what_the_tap_measured() -> None:
     async def scenario() -> str:
-        up = ScriptedUpstream(lambda req: stream_script(5, gap_s=0.002))
+        up = ScriptedUpstream(lambda req: stream_script(5, gap_s=0.002), models=["m"])
         async with tap_over([up]) as (url, _, proxy):
             await post(url, CHAT)
             server, _thread = start_http_server(0, "127.0.0.1", registry=proxy.metrics.registry)
@@ -64,7 +64,7 @@ def test_genai_semantic_convention_metrics_and_spans() -> None:
     genai = GenAiTelemetry(MeterProvider(metric_readers=[reader]), tracers)
 
     async def scenario() -> None:
-        ok = ScriptedUpstream(lambda req: stream_script(4, gap_s=0.002))
+        ok = ScriptedUpstream(lambda req: stream_script(4, gap_s=0.002), models=["m"])
         async with tap_over([ok], genai=genai) as (url, _, _):
             await post(url, CHAT)
         bad = ScriptedUpstream(lambda req: Script([], status=500))
@@ -136,7 +136,7 @@ def test_otlp_export_reaches_a_collector(otlp_collector: str) -> None:
     genai, providers = build_genai_otlp(otlp_collector)
 
     async def scenario() -> None:
-        up = ScriptedUpstream(lambda req: stream_script(3))
+        up = ScriptedUpstream(lambda req: stream_script(3), models=["m"])
         async with tap_over([up], genai=genai) as (url, _, _):
             await post(url, CHAT)
 

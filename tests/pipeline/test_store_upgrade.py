@@ -1,0 +1,33 @@
+"""A DuckDB file written before request records gained columns still opens and ingests:
+the new (nullable, appended) columns are added on open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from collectors.tap.sinks import rows_to_table
+from pipeline.schema import REQUEST_RECORDS
+from pipeline.store import Store
+from tests.slo.factories import request
+
+#: Columns the request record gained with issue 10 (findings 6 and 8).
+ADDED = ("upstream_status", "itl_count", "itl_p50_s", "itl_p90_s", "itl_jitter_s", "itl_histogram")
+
+
+def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    with Store(path) as store:
+        for column in ADDED:  # what a file created by the previous release looks like
+            store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
+        store.con.execute(
+            "INSERT INTO requests (request_id, attempt, instance, received_ts_ms, outcome) VALUES ('old', 1, 'h:1', 0, 'ok')"
+        )
+    with Store(path) as store:
+        table = rows_to_table(
+            REQUEST_RECORDS, [request(60_000, request_id="new", itl_jitter_s=0.02)]
+        )
+        store.commit_batch({"requests": [table]}, group_id="g", offsets={}, now_ts_ms=0)
+        got = store.con.execute(
+            "SELECT request_id, itl_jitter_s FROM requests ORDER BY request_id"
+        ).fetchall()
+    assert got == [("new", 0.02), ("old", None)]
