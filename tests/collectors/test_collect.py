@@ -132,9 +132,11 @@ def test_every_simulator_dialect_reaches_duckdb_with_the_served_values(
     gpu_rows = sum(t.num_rows for s, t in rounds if s is not ENGINE_SAMPLES)
     ingest_until(bus, store, {"engine_samples": engine_rows, "gpu_samples": gpu_rows})
     expected_signals = {
-        "vllm": {"running", "waiting", "kv_usage", "generation_tokens", "ttft", "itl", "tpot"},
-        "vllm-legacy": {"running", "waiting", "kv_usage", "generation_tokens", "ttft", "itl"},
-        "sglang": {"running", "waiting", "kv_usage", "ttft", "itl"},
+        "vllm": {"running", "waiting", "kv_usage", "generation_tokens", "ttft", "itl", "tpot"}
+        | {"prefix_cache_queries", "prefix_cache_hits"},
+        "vllm-legacy": {"running", "waiting", "kv_usage", "generation_tokens", "ttft", "itl"}
+        | {"prefix_cache_queries", "prefix_cache_hits"},
+        "sglang": {"running", "waiting", "kv_usage", "ttft", "itl", "prefix_cache_hit_rate"},
         "trtllm": {"running", "waiting", "kv_usage"},
     }
     instances = {t.url: t.instance for t in targets}
