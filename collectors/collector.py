@@ -28,6 +28,7 @@ from collectors.config import CollectConfig, TargetConfig
 from collectors.discovery import TargetDiscovery
 from collectors.exposition import Exposition, ExpositionParser
 from collectors.metrics import CollectorMetrics
+from collectors.semantics import REASONS
 from pipeline.errors import DecodeError
 from pipeline.schema import RecordSchema
 
@@ -335,17 +336,20 @@ class Collector:
         detection = target.canonicalizer.detection
         health.up, health.last_error = True, None
         health.last_scrape_ts_ms, health.duration_s = ts_ms, duration_s
-        health.samples, health.bad_lines = len(exposition), exposition.bad_lines
+        rejected = sum(batch.dropped.get(reason, 0) for reason in REASONS)
+        health.samples = len(exposition) - rejected
+        health.bad_lines = exposition.bad_lines + rejected
         health.dialect = detection.dialect if detection else None
         health.version_family = detection.version_family if detection else None
         health.resets += sum(batch.resets.values())
         m.up.labels(name).set(1)
         m.scrape_seconds.labels(name).observe(duration_s)
-        m.samples.labels(name).inc(len(exposition))
-        if exposition.bad_lines:
-            m.bad_lines.labels(name).inc(exposition.bad_lines)
+        m.samples.labels(name).inc(health.samples)
+        if health.bad_lines:
+            m.bad_lines.labels(name).inc(health.bad_lines)
+            first = (exposition.errors + batch.errors)[:1]
             log.info(
-                "%s: %d bad lines, first: %s", name, exposition.bad_lines, exposition.errors[:1]
+                "%s: %d bad lines or rejected series, first: %s", name, health.bad_lines, first
             )
         for reason, count in batch.resets.items():
             m.resets.labels(name, reason).inc(count)
