@@ -7,12 +7,16 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from collectors.canonical import TargetCanonicalizer
 from collectors.examples import vllm_exposition
 from collectors.exposition import ExpositionParser
 from collectors.inspect import inspect_exposition
+from collectors.semantics import REASONS
 from tests.collectors.piecewise import Page, PiecewiseServer
+from tests.collectors.test_exposition import expositions
 from tests.collectors.test_fetch import scrape_once
 
 M = 'model_name="llama-3-8b"'
@@ -171,3 +175,20 @@ def test_the_collector_counts_rejected_series_by_reason_and_stays_up() -> None:
     assert (
         registry.get_sample_value("llmslo_collect_bad_lines_total", {"target": server.url()}) == 1.0
     )
+
+
+# -- property: the checks never raise, and every sample is either kept or counted -----------
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(expositions, st.sampled_from(["auto", "vllm"]))
+def test_every_sample_is_kept_or_counted_with_a_reason_and_nothing_raises(
+    text: str, dialect: str
+) -> None:
+    exposition = ExpositionParser().parse(text)
+    canonicalizer = TargetCanonicalizer("x:1", dialect=dialect)
+    for ts_ms in (1000, 2000):  # the second scrape runs on cached templates
+        batch = canonicalizer.canonicalize(exposition, ts_ms)
+        stored = sum(1 for m in batch.table["metric"].to_pylist() if not m.startswith("llmslo:"))
+        assert stored + sum(batch.dropped.values()) == len(exposition)
+        assert not any(math.isinf(v) for v in batch.table["value"].to_pylist())
+        rejected = sum(batch.dropped.get(reason, 0) for reason in REASONS)
+        assert len(batch.errors) == min(rejected, 20)
