@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from collectors.dialects import DIALECT_NAMES, Detection, DialectMap, detect_dialect
 from collectors.exposition import Exposition, Series
-from collectors.semantics import HistogramLayout, bad_histogram_groups
+from collectors.semantics import HistogramLayout, reject_impossible
 from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, RecordSchema
 
 __all__ = [
@@ -65,7 +65,6 @@ _HISTOGRAM_SUFFIXES = (
 _CUMULATIVE_KINDS = frozenset(("counter", "bucket", "count"))
 _PROCESS_START = "process_start_time_seconds"
 _HISTOGRAM_TYPES = frozenset(("histogram", "gaugehistogram"))
-_MAX_ERRORS_KEPT = 20
 # DCGM "blank" values: int64 blanks ≥ 0x7ffffffffffffff0, fp64 blanks ≥ 1.4e14, int32 blanks.
 _FP64_BLANK = 1.4e14
 _INT32_BLANK = (2147483632.0, 2147483647.0)
@@ -341,7 +340,9 @@ class TargetCanonicalizer:
         ts = np.full(len(idx), ts_ms, dtype=np.int64)
         for i, sample_ts in exposition.timestamps_ms.items():
             ts[i] = sample_ts
-        rejected = self._reject_impossible(exposition, idx, values, batch)
+        rejected = reject_impossible(
+            exposition, idx, values, self._layout, self._cumulative, batch.dropped, batch.errors
+        )
         if rejected is not None:
             idx, values, ts = idx[~rejected], values[~rejected], ts[~rejected]
         engine = self.detection.engine if self.detection else None
@@ -364,36 +365,6 @@ class TargetCanonicalizer:
             idx, values, ts = idx[keep], values[keep], ts[keep]
         batch.table = self._assemble(templates.take(pa.array(idx)), ts, values, extra)
         return batch
-
-    def _reject_impossible(
-        self, exposition: Exposition, idx: np.ndarray, values: np.ndarray, batch: CanonicalBatch
-    ) -> np.ndarray | None:
-        """Mask of samples to drop by :mod:`collectors.semantics`; None when all are sound."""
-        bad = np.zeros(len(idx), dtype=bool)
-
-        def reject(mask: np.ndarray, reason: str) -> None:
-            new = np.flatnonzero(mask & ~bad)
-            if not len(new):
-                return
-            bad[new] = True
-            batch.dropped[reason] = batch.dropped.get(reason, 0) + len(new)
-            for position in new[: _MAX_ERRORS_KEPT - len(batch.errors)].tolist():
-                series = exposition.series[position]
-                labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
-                value = exposition.values[position]
-                batch.errors.append(f"{reason}: {series.name}{{{labels}}} {value!r}"[:200])
-
-        reject(np.isinf(values), "non_finite_value")
-        reject(self._cumulative[idx] & (values < 0), "negative_counter")
-        reject(np.bincount(idx, minlength=len(self._templates))[idx] > 1, "duplicate_series")
-        if exposition.rejected_families:
-            names = [f.name in exposition.rejected_families for f in exposition.families]
-            family_bad = np.array(names, dtype=bool)[np.asarray(exposition.family_index)]
-            reject(family_bad, "type_redeclared")
-        groups = self._layout.group[idx]
-        for reason, ids in bad_histogram_groups(self._layout, idx, values).items():
-            reject(np.isin(groups, ids), reason)
-        return bad if bad.any() else None
 
     def _assemble(
         self, taken: pa.Table, ts: np.ndarray, values: np.ndarray, extra: list[dict[str, object]]

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["REASONS", "HistogramLayout", "bad_histogram_groups"]
+from collectors.exposition import Exposition
+
+__all__ = ["REASONS", "HistogramLayout", "bad_histogram_groups", "reject_impossible"]
 
 #: Every reason a sample can be rejected for, as counted in ``llmslo_collect_dropped_total``.
 REASONS = (
@@ -35,6 +37,9 @@ REASONS = (
     "histogram_buckets_decrease",
     "histogram_inf_not_count",
 )
+
+
+_MAX_ERRORS_KEPT = 20
 
 
 class HistogramLayout:
@@ -95,3 +100,47 @@ def bad_histogram_groups(
     if len(differs):
         bad["histogram_inf_not_count"] = differs
     return bad
+
+
+def reject_impossible(
+    exposition: Exposition,
+    idx: np.ndarray,
+    values: np.ndarray,
+    layout: HistogramLayout,
+    cumulative: np.ndarray,
+    dropped: dict[str, int],
+    errors: list[str],
+) -> np.ndarray | None:
+    """Mask of the samples to reject, or None when every sample is sound.
+
+    ``idx``/``values`` are the scrape's template indices and (scaled) values;
+    ``cumulative`` marks counter/bucket/count templates. Adds each rejected sample to
+    ``dropped[reason]`` and describes the first few in ``errors`` (``"reason: series"``).
+    """
+    bad = np.zeros(len(idx), dtype=bool)
+
+    def reject(mask: np.ndarray, reason: str) -> None:
+        new = np.flatnonzero(mask & ~bad)
+        if not len(new):
+            return
+        bad[new] = True
+        dropped[reason] = dropped.get(reason, 0) + len(new)
+        for position in new[: max(_MAX_ERRORS_KEPT - len(errors), 0)].tolist():
+            series = exposition.series[position]
+            labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
+            value = exposition.values[position]
+            errors.append(f"{reason}: {series.name}{{{labels}}} {value!r}"[:200])
+
+    reject(np.isinf(values), "non_finite_value")
+    reject(cumulative[idx] & (values < 0), "negative_counter")
+    reject(np.bincount(idx, minlength=len(cumulative))[idx] > 1, "duplicate_series")
+    if exposition.rejected_families:
+        names = [f.name in exposition.rejected_families for f in exposition.families]
+        reject(
+            np.array(names, dtype=bool)[np.asarray(exposition.family_index, dtype=np.int64)],
+            "type_redeclared",
+        )
+    groups = layout.group[idx]
+    for reason, ids in bad_histogram_groups(layout, idx, values).items():
+        reject(np.isin(groups, ids), reason)
+    return bad if bad.any() else None
