@@ -87,7 +87,8 @@ def bad_histogram_groups(
     b_group, b_le, b_val = groups[buckets], layout.le[templates[buckets]], vals[buckets]
     order = np.lexsort((b_le, b_group))
     b_group, b_le, b_val = b_group[order], b_le[order], b_val[order]
-    drops = (b_group[1:] == b_group[:-1]) & (np.diff(b_val) < 0)  # NaN never compares
+    with np.errstate(invalid="ignore"):  # inf - inf: those are rejected as non-finite
+        drops = (b_group[1:] == b_group[:-1]) & (np.diff(b_val) < 0)  # NaN never compares
     if drops.any():
         bad["histogram_buckets_decrease"] = np.unique(b_group[1:][drops])
     inf_bucket = np.full(layout.groups, np.nan)
