@@ -44,7 +44,9 @@ def scrape_once(url: str, **config: object) -> tuple[Collector, list[pa.Table]]:
     """One collector round against ``url``; returns the collector and the tables it emitted."""
     tables: list[pa.Table] = []
     collector = Collector(
-        CollectConfig(targets=[TargetConfig(url=url)], jitter_s=0, **config),  # type: ignore[arg-type]
+        CollectConfig(  # a short interval: run() waits one interval after its last round
+            targets=[TargetConfig(url=url)], jitter_s=0, interval_s=0.1, **config
+        ),  # type: ignore[arg-type]
         lambda schema, table: tables.append(table),
     )
     asyncio.run(collector.run(rounds=1))
@@ -78,8 +80,9 @@ def _samples(text: str) -> list[tuple[str, tuple[tuple[str, str], ...], float | 
         vllm_exposition(legacy=True),
         sglang_exposition(dp_ranks=2),
         dcgm_exposition(gpus=8),
+        vllm_exposition(engines=24),  # ~490 KB: far past what one socket read buffers
     ],
-    ids=["vllm data-parallel", "vllm legacy", "sglang dp ranks", "dcgm"],
+    ids=["vllm data-parallel", "vllm legacy", "sglang dp ranks", "dcgm", "vllm 490 KB"],
 )
 def test_bodies_in_random_pieces_parse_like_prometheus_client_on_the_whole_text(
     server: PiecewiseServer, text: str, mode: tuple[str, str]
