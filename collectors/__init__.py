@@ -8,6 +8,8 @@ This package owns everything between an exporter's ``/metrics`` text and the ``e
   llama.cpp, dcgm-exporter) from exposed names to canonical signals, with detection;
 * :mod:`collectors.canonical` — rows of ``ENGINE_SAMPLES`` / ``GPU_SAMPLES``, counter
   reset and frozen-gauge detection, DCGM blank sentinels;
+* :mod:`collectors.semantics` — which values cannot be true (``+Inf``, negative counters,
+  broken histograms, duplicates): those series are rejected with a counted reason;
 * :mod:`collectors.collector` / :mod:`collectors.discovery` — the scrape loop over static
   and file_sd targets, with per-target health;
 * :mod:`collectors.publisher` — the bounded buffer and Kafka publisher thread;

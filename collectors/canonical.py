@@ -12,7 +12,11 @@ Per target it also detects what a dashboard cannot see in one sample:
   as ``counter_reset`` rows (label ``reason``) so rate logic can restart at the right scrape;
 * frozen scheduler gauges (SGLang): the dialect's ``frozen_gauges`` are fingerprinted and
   ``gauges_unchanged_s`` says how long they have been bit-identical;
-* dcgm-exporter blank sentinels (values meaning "not available"): dropped and counted.
+* dcgm-exporter blank sentinels (values meaning "not available"): dropped and counted;
+* values no exporter can mean (see :mod:`collectors.semantics`): ``+Inf``, negative
+  counters, broken histograms, duplicate series, redeclared types — that series (or
+  histogram, or family) is dropped with a counted reason and an entry in
+  :attr:`CanonicalBatch.errors`, the rest of the scrape kept. NaN is kept as "no value".
 
 Unknown metrics are kept with ``signal`` null; ``*_created`` series are kept with kind
 ``created`` and no signal (they are timestamps, never gauges).
@@ -30,6 +34,7 @@ import pyarrow as pa
 
 from collectors.dialects import DIALECT_NAMES, Detection, DialectMap, detect_dialect
 from collectors.exposition import Exposition, Series
+from collectors.semantics import HistogramLayout, reject_impossible
 from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, RecordSchema
 
 __all__ = [
@@ -59,6 +64,7 @@ _HISTOGRAM_SUFFIXES = (
 )
 _CUMULATIVE_KINDS = frozenset(("counter", "bucket", "count"))
 _PROCESS_START = "process_start_time_seconds"
+_HISTOGRAM_TYPES = frozenset(("histogram", "gaugehistogram"))
 # DCGM "blank" values: int64 blanks ≥ 0x7ffffffffffffff0, fp64 blanks ≥ 1.4e14, int32 blanks.
 _FP64_BLANK = 1.4e14
 _INT32_BLANK = (2147483632.0, 2147483647.0)
@@ -71,12 +77,17 @@ def is_dcgm_blank(values: np.ndarray) -> np.ndarray:
 
 @dataclass
 class CanonicalBatch:
-    """One target's scrape as rows of ``schema``, plus what was dropped or detected."""
+    """One target's scrape as rows of ``schema``, plus what was dropped or detected.
+
+    ``dropped`` counts samples by reason; ``errors`` describes the first few rejected
+    series (``"reason: series"``), like :attr:`Exposition.errors` does for bad lines.
+    """
 
     schema: RecordSchema
     table: pa.Table
     dropped: dict[str, int] = field(default_factory=dict)
     resets: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +98,10 @@ class _Template:
     created: bool
     process_start: bool
     frozen_watch: bool
+    hist_group: int = -1  # the histogram (name, labels without le) of a bucket/sum/count
+    le: float = float("nan")
+    le_invalid: bool = False
+    is_count: bool = False
 
 
 def _kind_and_base(name: str, family_type: str, family_name: str) -> tuple[str, str]:
@@ -140,6 +155,9 @@ class TargetCanonicalizer:
     # -- templates -------------------------------------------------------------------------
     def _reset_templates(self) -> None:
         self._lookup: dict[Series, tuple[int, str]] = {}
+        # same name, labels (in any order) and type: one template, so duplicates show
+        self._identity: dict[tuple[object, ...], tuple[int, str]] = {}
+        self._hist_groups: dict[tuple[object, ...], int] = {}
         self._templates: list[_Template] = []
         self._arrow: pa.Table | None = None
         self._prev = np.empty(0)
@@ -168,12 +186,18 @@ class TargetCanonicalizer:
         scale = rule.scale if rule is not None else 1.0
         labels = dict(series.labels)
         lifted = self._lift(labels, engine)
-        le = None
-        if kind == "bucket" and "le" in labels:
+        le, le_invalid = None, False
+        if kind == "bucket":
             try:
                 le = float(labels.pop("le")) * scale
-            except ValueError:
+            except (KeyError, ValueError):
                 le = None
+            le_invalid = le is None or le != le  # missing, "fast", "NaN"
+            le = None if le_invalid else le
+        hist_group = -1
+        if family_type in _HISTOGRAM_TYPES and kind in ("bucket", "sum", "count"):
+            key = (base, *sorted((k, v) for k, v in series.labels.items() if k != "le"))
+            hist_group = self._hist_groups.setdefault(key, len(self._hist_groups))
         labels_json = json.dumps(labels, sort_keys=True)
         if self.schema is GPU_SAMPLES:
             columns: tuple[object, ...] = (*lifted, series.name, signal, labels_json)
@@ -186,6 +210,10 @@ class TargetCanonicalizer:
             created=kind == "created",
             process_start=series.name == _PROCESS_START,
             frozen_watch=engine is not None and series.name in engine.frozen_gauges,
+            hist_group=hist_group,
+            le=float("nan") if le is None else le,
+            le_invalid=le_invalid,
+            is_count=kind == "count",
         )
 
     def _lift(self, labels: dict[str, str], engine: DialectMap | None) -> tuple[object, ...]:
@@ -214,11 +242,15 @@ class TargetCanonicalizer:
                 self.max_templates,
             )
             self._reset_templates()
-        template = self._template(series, family_type, family_name)
-        hit = (len(self._templates), family_type)
-        self._templates.append(template)
+        identity = (series.name, family_type, *sorted(series.labels.items()))
+        hit = self._identity.get(identity)
+        if hit is None:
+            template = self._template(series, family_type, family_name)
+            hit = (len(self._templates), family_type)
+            self._templates.append(template)
+            self._identity[identity] = hit
+            self._arrow = None
         self._lookup[series] = hit
-        self._arrow = None
         return hit
 
     def _template_table(self) -> pa.Table:
@@ -236,6 +268,14 @@ class TargetCanonicalizer:
             self._created = np.array([t.created for t in self._templates], dtype=bool)
             self._process_start = np.array([t.process_start for t in self._templates], dtype=bool)
             self._frozen = np.array([t.frozen_watch for t in self._templates], dtype=bool)
+            ts = self._templates
+            self._layout = HistogramLayout(
+                [t.hist_group for t in ts],
+                [t.le for t in ts],
+                [t.le_invalid for t in ts],
+                [t.hist_group >= 0 and t.cumulative and not t.is_count for t in ts],
+                [t.is_count for t in ts],
+            )
             prev = np.full(len(self._templates), np.nan)
             prev[: min(len(self._prev), len(prev))] = self._prev[: len(prev)]
             self._prev = prev
@@ -297,6 +337,14 @@ class TargetCanonicalizer:
         idx = np.asarray(indices, dtype=np.int64)
         values = np.asarray(exposition.values, dtype=np.float64) * self._scale[idx]
         batch = CanonicalBatch(self.schema, pa.table({}))
+        ts = np.full(len(idx), ts_ms, dtype=np.int64)
+        for i, sample_ts in exposition.timestamps_ms.items():
+            ts[i] = sample_ts
+        rejected = reject_impossible(
+            exposition, idx, values, self._layout, self._cumulative, batch.dropped, batch.errors
+        )
+        if rejected is not None:
+            idx, values, ts = idx[~rejected], values[~rejected], ts[~rejected]
         engine = self.detection.engine if self.detection else None
         keep = None
         if engine is not None and engine.blank_sentinels:
@@ -314,11 +362,7 @@ class TargetCanonicalizer:
             self._header_start_s = process_start_s
         extra += self._frozen_rows(idx, values, ts_ms)
         if keep is not None:
-            idx, values = idx[keep], values[keep]
-        ts = np.full(len(idx), ts_ms, dtype=np.int64)
-        if exposition.timestamps_ms and keep is None:
-            for i, sample_ts in exposition.timestamps_ms.items():
-                ts[i] = sample_ts
+            idx, values, ts = idx[keep], values[keep], ts[keep]
         batch.table = self._assemble(templates.take(pa.array(idx)), ts, values, extra)
         return batch
 
@@ -374,7 +418,8 @@ class TargetCanonicalizer:
             "created": self._created[idx] & seen & (values != prev),
             "process_start": self._process_start[idx] & seen & (values != prev),
         }
-        self._prev[idx] = values
+        known = ~np.isnan(values)  # NaN is "no value": the last real value stays the reference
+        self._prev[idx[known]] = values[known]
         rows = []
         for reason, mask in checks.items():
             count = int(np.count_nonzero(mask))

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import random
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from collectors.config import CollectConfig, TargetConfig
 from collectors.discovery import TargetDiscovery
 from collectors.exposition import Exposition, ExpositionParser
 from collectors.metrics import CollectorMetrics
+from collectors.semantics import REASONS
 from pipeline.errors import DecodeError
 from pipeline.schema import RecordSchema
 
@@ -36,6 +38,10 @@ log = logging.getLogger(__name__)
 
 #: Prefer the classic text format (what every engine serves); OpenMetrics is understood too.
 ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+#: What we can decode incrementally against the size limit (no brotli/zstd: no bounded API).
+ACCEPT_ENCODING = "gzip, deflate"
+# Read and inflate in steps of this many bytes (bounds the memory of one step).
+_READ_BYTES = 64 * 1024
 
 
 @dataclass
@@ -84,27 +90,101 @@ class Fetched:
 async def fetch_exposition(
     session: aiohttp.ClientSession, url: str, *, timeout_s: float, max_body_bytes: int
 ) -> Fetched:
-    """GET ``url``; returns the body and its format.
+    """GET ``url`` and read its whole body; returns the text and its format.
 
-    Raises :class:`DecodeError` with a reason (http_status, oversized, timeout, connect).
+    The body is read to its end (``Content-Length``, the last chunk, or close), decoded
+    incrementally (gzip, deflate) and bounded by ``max_body_bytes`` *decoded* bytes, all
+    within one deadline of ``timeout_s`` seconds for the whole exchange.
+
+    Raises :class:`DecodeError` with a reason: ``http_status``; ``oversized`` (more than
+    ``max_body_bytes`` on the wire or decoded); ``truncated`` (the connection closed before
+    the framing or the gzip stream ended); ``encoding`` (a content encoding we cannot
+    decode, or a corrupt one); ``timeout``; ``connect``.
     """
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.get(url, headers={"Accept": ACCEPT}) as response:
+            async with session.get(
+                url,
+                headers={"Accept": ACCEPT, "Accept-Encoding": ACCEPT_ENCODING},
+                auto_decompress=False,
+            ) as response:
                 if response.status != 200:
                     raise DecodeError("http_status", f"HTTP {response.status}")
                 if response.content_length is not None and response.content_length > max_body_bytes:
                     raise DecodeError("oversized", f"body of {response.content_length} bytes")
-                body = await response.content.read(max_body_bytes + 1)
-                if len(body) > max_body_bytes:
-                    raise DecodeError("oversized", f"body larger than {max_body_bytes} bytes")
+                decoder = _BodyDecoder(response.headers.get("Content-Encoding", ""), max_body_bytes)
+                async for piece in response.content.iter_chunked(_READ_BYTES):
+                    decoder.feed(piece)
+                body = decoder.finish()
                 openmetrics = "openmetrics" in response.headers.get("Content-Type", "")
                 start = _header_number(response.headers.get("Process-Start-Time-Unix"))
     except TimeoutError as exc:
         raise DecodeError("timeout", f"no complete response within {timeout_s:g} s") from exc
+    except aiohttp.ClientPayloadError as exc:
+        # the connection closed before Content-Length or the last chunk
+        raise DecodeError("truncated", f"body cut short: {exc}"[:200]) from exc
     except aiohttp.ClientError as exc:
         raise DecodeError("connect", f"{type(exc).__name__}: {exc}"[:200]) from exc
     return Fetched(body.decode("utf-8", "replace"), openmetrics, start)
+
+
+class _BodyDecoder:
+    """Collects a body piece by piece, decoding it and refusing it past ``max_bytes``.
+
+    Decompression is bounded per step (``max_length``), so a gzip bomb costs at most
+    ``max_bytes`` plus one step of memory before it is refused.
+    """
+
+    def __init__(self, content_encoding: str, max_bytes: int) -> None:
+        encoding = content_encoding.strip().lower()
+        if encoding in ("", "identity"):
+            self._inflate = None
+        elif encoding in ("gzip", "x-gzip", "deflate"):
+            # wbits 47 = gzip or zlib header, auto-detected (servers label deflate loosely)
+            self._inflate = zlib.decompressobj(wbits=47)
+        else:
+            raise DecodeError("encoding", f"unsupported Content-Encoding {content_encoding!r}")
+        self.encoding = encoding
+        self.max_bytes = max_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._wire = 0
+
+    def _keep(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self.max_bytes:
+            raise DecodeError("oversized", f"body larger than {self.max_bytes} decoded bytes")
+        self._parts.append(data)
+
+    def feed(self, piece: bytes) -> None:
+        self._wire += len(piece)
+        if self._wire > self.max_bytes:
+            raise DecodeError("oversized", f"body larger than {self.max_bytes} bytes on the wire")
+        if self._inflate is None:
+            self._keep(piece)
+            return
+        data = piece
+        while data and not self._inflate.eof:
+            room = self.max_bytes - self._size + 1  # one byte more proves it is over
+            try:
+                out = self._inflate.decompress(data, min(room, _READ_BYTES))
+            except zlib.error as exc:
+                raise DecodeError("encoding", f"corrupt {self.encoding} body: {exc}") from exc
+            self._keep(out)
+            data = self._inflate.unconsumed_tail
+
+    def finish(self) -> bytes:
+        """The whole decoded body; raises ``truncated`` if a gzip stream did not end."""
+        if self._inflate is not None:
+            while not self._inflate.eof:  # output still held inside zlib, in bounded steps
+                room = self.max_bytes - self._size + 1
+                out = self._inflate.decompress(
+                    self._inflate.unconsumed_tail, min(room, _READ_BYTES)
+                )
+                if not out:
+                    raise DecodeError("truncated", f"{self.encoding} stream ends before its end")
+                self._keep(out)
+        return b"".join(self._parts)
 
 
 def _header_number(value: str | None) -> float | None:
@@ -256,17 +336,20 @@ class Collector:
         detection = target.canonicalizer.detection
         health.up, health.last_error = True, None
         health.last_scrape_ts_ms, health.duration_s = ts_ms, duration_s
-        health.samples, health.bad_lines = len(exposition), exposition.bad_lines
+        rejected = sum(batch.dropped.get(reason, 0) for reason in REASONS)
+        health.samples = len(exposition) - rejected
+        health.bad_lines = exposition.bad_lines + rejected
         health.dialect = detection.dialect if detection else None
         health.version_family = detection.version_family if detection else None
         health.resets += sum(batch.resets.values())
         m.up.labels(name).set(1)
         m.scrape_seconds.labels(name).observe(duration_s)
-        m.samples.labels(name).inc(len(exposition))
-        if exposition.bad_lines:
-            m.bad_lines.labels(name).inc(exposition.bad_lines)
+        m.samples.labels(name).inc(health.samples)
+        if health.bad_lines:
+            m.bad_lines.labels(name).inc(health.bad_lines)
+            first = (exposition.errors + batch.errors)[:1]
             log.info(
-                "%s: %d bad lines, first: %s", name, exposition.bad_lines, exposition.errors[:1]
+                "%s: %d bad lines or rejected series, first: %s", name, health.bad_lines, first
             )
         for reason, count in batch.resets.items():
             m.resets.labels(name, reason).inc(count)

@@ -79,10 +79,16 @@ class CollectConfig(_Model):
     jitter_s: float = Field(
         0.25, ge=0, description="each target starts up to this much after the round"
     )
-    timeout_s: float = Field(default=3.0, gt=0, description="per-target scrape timeout")
+    timeout_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="deadline of one whole scrape (connect, headers, every piece of the body)",
+    )
     concurrency: int = Field(default=64, ge=1, le=10_000, description="scrapes in flight at once")
     max_body_bytes: int = Field(
-        default=64 * 1024 * 1024, gt=0, description="larger responses are errors"
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="larger bodies are errors; bounds the decoded (gunzipped) size too",
     )
     buffer_max_rows: int = Field(
         5_000_000, gt=0, description="rows held while Kafka is unreachable"

@@ -131,6 +131,9 @@ class Exposition:
     bad_lines: int = 0
     errors: list[str] = field(default_factory=list)
     openmetrics: bool = False
+    #: families whose samples cannot be trusted (name → reason), e.g. a second ``# TYPE``;
+    #: not bad lines (the syntax is valid): the canonicalizer rejects their samples
+    rejected_families: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -232,6 +235,7 @@ class _ParseState:
         self.out = out
         self.types = OPENMETRICS_TYPES if out.openmetrics else TEXT_TYPES
         self.group: _Group | None = None
+        self.typed: set[str] = set()  # families with a # TYPE line so far
 
     # -- families ------------------------------------------------------------------------
     def _finish(self) -> None:
@@ -291,6 +295,9 @@ class _ParseState:
             if type_ not in self.types:
                 self.bad(line, "unknown metric type")
                 return True
+            if name in self.typed:  # which type is meant cannot be known (syntax is fine)
+                self.out.rejected_families[name] = "type_redeclared"
+            self.typed.add(name)
             suffixes = self.types[type_]
             if group is None or group.name != name:
                 group = self._start(name, type_, frozenset())

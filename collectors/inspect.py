@@ -13,6 +13,7 @@ from collectors.canonical import TargetCanonicalizer
 from collectors.collector import fetch_exposition
 from collectors.config import normalise_url
 from collectors.exposition import Exposition, ExpositionParser
+from collectors.semantics import REASONS
 
 __all__ = ["inspect_exposition", "inspect_url", "render_report"]
 
@@ -70,8 +71,9 @@ def inspect_exposition(
         "version_family": detection.version_family if detection else None,
         "topic": batch.schema.topic,
         "samples": len(exposition),
-        "bad_lines": exposition.bad_lines,
-        "errors": exposition.errors[:5],
+        # lines that did not parse, and series rejected for impossible values
+        "bad_lines": exposition.bad_lines + sum(batch.dropped.get(r, 0) for r in REASONS),
+        "errors": (exposition.errors + batch.errors)[:5],
         "signals": signals,
         "unknown_metrics": sorted(unknown),
         "dropped": batch.dropped,

@@ -38,7 +38,7 @@ class CollectorMetrics:
         self.samples = Counter("llmslo_collect_samples", "Samples scraped", ["target"], registry=r)
         self.bad_lines = Counter(
             "llmslo_collect_bad_lines",
-            "Exposition lines that failed to parse",
+            "Exposition lines that failed to parse, and series rejected for impossible values",
             ["target"],
             registry=r,
         )
@@ -50,7 +50,8 @@ class CollectorMetrics:
         )
         self.dropped = Counter(
             "llmslo_collect_dropped",
-            "Samples dropped, by reason (blank_sentinel, buffer_full)",
+            "Samples dropped, by reason (blank_sentinel, buffer_full, and the impossible "
+            "values of collectors.semantics: non_finite_value, negative_counter, ...)",
             ["reason"],
             registry=r,
         )

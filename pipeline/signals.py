@@ -54,6 +54,19 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
     ("requests_aborted", "counter", "requests aborted by the engine (client gone), cumulative"),
     ("corrupted_requests", "counter", "requests with NaN / corrupted output, cumulative"),
     ("admission_rejections", "counter", "requests rejected by engine queue limits, cumulative"),
+    (
+        "prefix_cache_queries",
+        "counter",
+        "prompt tokens looked up in the prefix cache, cumulative (vLLM 0.8 V1: blocks; "
+        "the hit ratio rate(hits)/rate(queries) is unit-free)",
+    ),
+    ("prefix_cache_hits", "counter", "prompt tokens found in the prefix cache, cumulative"),
+    (
+        "prefix_cache_hit_rate",
+        "gauge",
+        "fraction 0–1 of prompt tokens served from the prefix cache, as the engine reports it "
+        "(vLLM V0 gpu_prefix_cache_hit_rate, SGLang cache_hit_rate)",
+    ),
     ("ttft", "histogram", "time to first token, seconds (bucket / sum / count samples)"),
     ("itl", "histogram", "inter-token latency per engine step, seconds"),
     ("tpot", "histogram", "per-request time per output token, seconds"),

@@ -10,7 +10,23 @@ from prometheus_client.metrics_core import Metric
 
 from simulator.engine import EngineModel, SimRequest
 
-__all__ = ["MetricsDialect", "token_buckets"]
+__all__ = ["SHARED_PREFIX_TOKENS", "MetricsDialect", "prefix_hit_tokens", "token_buckets"]
+
+
+#: The shared prefix (system prompt, few-shot examples) every request of a pool starts with.
+SHARED_PREFIX_TOKENS = 512
+_CACHE_BLOCK_TOKENS = 16
+
+
+def prefix_hit_tokens(prompt_tokens: int) -> int:
+    """Prompt tokens an engine with prefix caching finds cached, for one request.
+
+    The shared prefix is cached in whole blocks, and the last prompt token is always
+    computed (it yields the first logits), as in vLLM. Short prompts hit most of their
+    tokens, long ones little: pool hit rates land at 30–70 % like chat workloads.
+    """
+    cacheable = min(SHARED_PREFIX_TOKENS, max(prompt_tokens - 1, 0))
+    return cacheable - cacheable % _CACHE_BLOCK_TOKENS
 
 
 def token_buckets(max_model_len: int) -> list[float]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.buckets import SGLANG_E2E_S, SGLANG_ITL_S, SGLANG_QUEUE_S, SGLANG_TTFT_S
-from simulator.dialects._base import MetricsDialect
+from simulator.dialects._base import MetricsDialect, prefix_hit_tokens
 from simulator.engine import EngineModel, SimRequest
 
 __all__ = ["SglangDialect"]
@@ -34,6 +34,7 @@ class SglangDialect(MetricsDialect):
         sched = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
         tok = {"model_name": model, "engine_type": "unified"}
         self._sched, self._tok = sched, tok
+        self._prefix_queries = self._prefix_hits = 0  # prompt tokens since the last refresh
         sn, tn = list(sched), list(tok)
         g, c, h = self.gauge, self.counter, self.histogram
 
@@ -131,6 +132,8 @@ class SglangDialect(MetricsDialect):
         self.queue_time.observe(queue_s)
 
     def on_first_token(self, req: SimRequest, ttft_s: float) -> None:
+        self._prefix_queries += req.prompt_tokens
+        self._prefix_hits += prefix_hit_tokens(req.prompt_tokens)
         self.ttft.labels(**self._tok, is_streaming=self._flag(req)).observe(ttft_s)
 
     def on_tokens(self, req: SimRequest, tokens: int, itl_s: float | None) -> None:
@@ -175,3 +178,6 @@ class SglangDialect(MetricsDialect):
             rate = (engine.tokens_generated - self._last_tokens) / (now_s - self._last_s)
             self.gen_throughput.set(round(rate, 2))
         self._last_s, self._last_tokens = now_s, engine.tokens_generated
+        if self._prefix_queries:  # the scheduler reports the rate of its last log window
+            self.cache_hit_rate.set(round(self._prefix_hits / self._prefix_queries, 4))
+            self._prefix_queries = self._prefix_hits = 0

@@ -18,7 +18,7 @@ from pipeline.buckets import (
     VLLM_REQUEST_LATENCY_S,
     VLLM_TTFT_S,
 )
-from simulator.dialects._base import MetricsDialect, token_buckets
+from simulator.dialects._base import MetricsDialect, prefix_hit_tokens, token_buckets
 from simulator.engine import EngineModel, SimRequest
 
 __all__ = ["TTFT_BUCKETS", "VllmDialect", "VllmLegacyDialect"]
@@ -245,6 +245,7 @@ class VllmDialect(MetricsDialect):
         # vLLM counts a request's prompt once, when its prefill completes (not on recompute)
         self.prompt_tokens.inc(req.prompt_tokens)
         self.prefix_queries.inc(req.prompt_tokens)
+        self.prefix_hits.inc(prefix_hit_tokens(req.prompt_tokens))
         if not self.legacy:
             self.prompt_local.inc(req.prompt_tokens)
 

@@ -139,6 +139,60 @@ def test_deprecated_alias_yields_to_the_new_name_when_both_are_exposed() -> None
     )
 
 
+_L = 'engine="0",model_name="llama-3-8b"'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            vllm_exposition()
+            + "# TYPE vllm:prefix_cache_queries_total counter\n"
+            + f"vllm:prefix_cache_queries_total{{{_L}}} 4096\n"
+            + "# TYPE vllm:prefix_cache_hits_total counter\n"
+            + f"vllm:prefix_cache_hits_total{{{_L}}} 1024\n",
+            {
+                "prefix_cache_queries": {"vllm:prefix_cache_queries_total": 4096.0},
+                "prefix_cache_hits": {"vllm:prefix_cache_hits_total": 1024.0},
+            },
+        ),
+        (  # 0.9-0.11: both names side by side; the deprecated ones yield
+            vllm_exposition(legacy=True)
+            + "# TYPE vllm:gpu_prefix_cache_queries_total counter\n"
+            + f"vllm:gpu_prefix_cache_queries_total{{{_L}}} 4096\n"
+            + "# TYPE vllm:gpu_prefix_cache_hits_total counter\n"
+            + f"vllm:gpu_prefix_cache_hits_total{{{_L}}} 1024\n"
+            + "# TYPE vllm:prefix_cache_queries_total counter\n"
+            + f"vllm:prefix_cache_queries_total{{{_L}}} 4096\n",
+            {
+                "prefix_cache_queries": {"vllm:prefix_cache_queries_total": 4096.0},
+                "prefix_cache_hits": {"vllm:gpu_prefix_cache_hits_total": 1024.0},
+            },
+        ),
+        (  # V0 reported the ratio itself
+            vllm_exposition(legacy=True)
+            + "# TYPE vllm:gpu_prefix_cache_hit_rate gauge\n"
+            + 'vllm:gpu_prefix_cache_hit_rate{model_name="llama-3-8b"} 0.25\n',
+            {"prefix_cache_hit_rate": {"vllm:gpu_prefix_cache_hit_rate": 0.25}},
+        ),
+        (
+            sglang_exposition()
+            + "# TYPE sglang:cache_hit_rate gauge\n"
+            + 'sglang:cache_hit_rate{model_name="m",engine_type="unified",tp_rank="0"} 0.6\n',
+            {"prefix_cache_hit_rate": {"sglang:cache_hit_rate": 0.6}},
+        ),
+    ],
+    ids=["vllm current", "vllm 0.9-0.11 both names", "vllm V0 gauge", "sglang"],
+)
+def test_prefix_cache_metrics_become_signals_so_a_hit_ratio_exists(
+    text: str, expected: dict[str, dict[str, float]]
+) -> None:
+    rows = rows_of(text)
+    for signal, metrics in expected.items():
+        assert {r["metric"]: r["value"] for r in signal_rows(rows, signal)} == metrics, signal
+        assert signal in ENGINE_SIGNALS
+
+
 def test_histogram_bounds_are_read_from_the_scrape_as_numbers_and_sum_before_buckets_works() -> (
     None
 ):

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from collectors.examples import dcgm_exposition, vllm_exposition
 from pipeline.broker import free_port
 from pipeline.bus import Bus
 from pipeline.cli import main
+from tests.collectors.piecewise import Page, PiecewiseServer
 
 PAGES = {
     "/metrics": vllm_exposition(engines=2) + "garbage line\n",
@@ -21,23 +20,12 @@ PAGES = {
 }
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = PAGES.get(self.path)
-        self.send_response(200 if body else 404)
-        self.end_headers()
-        self.wfile.write((body or "").encode())
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def exporter() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    """The pages served in random pieces, framings and encodings cycling per request."""
+    pages = {path: Page(body=body) for path, body in PAGES.items()}
+    with PiecewiseServer(pages) as server:
+        yield server.host_port
 
 
 def test_scrape_json_shows_dialect_signals_bounds_and_bad_lines(

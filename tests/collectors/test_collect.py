@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -31,6 +32,7 @@ from pipeline.config import BusConfig, IngestConfig
 from pipeline.ingest import Ingester
 from pipeline.schema import ENGINE_SAMPLES, RecordSchema
 from pipeline.store import Store
+from tests.collectors.piecewise import MODES, Page, PiecewiseServer
 
 
 def ingest_until(bus: Bus, store: Store, rows: dict[str, int], timeout_s: float = 60.0) -> None:
@@ -100,14 +102,20 @@ def test_every_simulator_dialect_reaches_duckdb_with_the_served_values(
         for _ in range(3):
             _complete(pod.url)
     time.sleep(1.0)  # let the pods go idle so the scrape and the reference read agree
-    targets = [TargetConfig(url=p.url + "/metrics") for p in fleet.pods] + [
-        TargetConfig(url=fleet.dcgm[0].url + "/metrics")
-    ]
-    config = CollectConfig(targets=targets, interval_s=0.5, jitter_s=0.05, timeout_s=10)
-    rounds: list[tuple[RecordSchema, pa.Table]] = []
-    producer = bus.producer()
-    collector = Collector(config, lambda schema, table: rounds.append((schema, table)))
-    asyncio.run(collector.run(rounds=1))
+    # every body crosses a server that writes it in random pieces, framings and encodings
+    # (one server per target: the instance is the scraped host:port)
+    with contextlib.ExitStack() as stack:
+        urls = [p.url + "/metrics" for p in fleet.pods] + [fleet.dcgm[0].url + "/metrics"]
+        servers = [stack.enter_context(PiecewiseServer(seed=i)) for i in range(len(urls))]
+        for server, (mode_index, url) in zip(servers, enumerate(urls), strict=True):
+            server.proxy("/metrics", url, mode=MODES[mode_index % len(MODES)])
+        targets = [TargetConfig(url=server.url()) for server in servers]
+        config = CollectConfig(targets=targets, interval_s=0.5, jitter_s=0.05, timeout_s=10)
+        rounds: list[tuple[RecordSchema, pa.Table]] = []
+        producer = bus.producer()
+        collector = Collector(config, lambda schema, table: rounds.append((schema, table)))
+        asyncio.run(collector.run(rounds=1))
+        assert {mode for server in servers for _, mode in server.requests} == set(MODES)
     for schema, table in rounds:
         producer.publish(schema, table)
     producer.flush(30)
@@ -124,16 +132,19 @@ def test_every_simulator_dialect_reaches_duckdb_with_the_served_values(
     gpu_rows = sum(t.num_rows for s, t in rounds if s is not ENGINE_SAMPLES)
     ingest_until(bus, store, {"engine_samples": engine_rows, "gpu_samples": gpu_rows})
     expected_signals = {
-        "vllm": {"running", "waiting", "kv_usage", "generation_tokens", "ttft", "itl", "tpot"},
-        "vllm-legacy": {"running", "waiting", "kv_usage", "generation_tokens", "ttft", "itl"},
-        "sglang": {"running", "waiting", "kv_usage", "ttft", "itl"},
+        "vllm": {"running", "waiting", "kv_usage", "generation_tokens", "ttft", "itl", "tpot"}
+        | {"prefix_cache_queries", "prefix_cache_hits"},
+        "vllm-legacy": {"running", "waiting", "kv_usage", "generation_tokens", "ttft", "itl"}
+        | {"prefix_cache_queries", "prefix_cache_hits"},
+        "sglang": {"running", "waiting", "kv_usage", "ttft", "itl", "prefix_cache_hit_rate"},
         "trtllm": {"running", "waiting", "kv_usage"},
     }
-    for pod in fleet.pods:
+    instances = {t.url: t.instance for t in targets}
+    for pod, target in zip(fleet.pods, targets, strict=False):
         stored = store.con.execute(
             "SELECT metric, engine, le, value, signal, dialect FROM engine_samples"
             " WHERE instance = ? AND signal IS NOT NULL",
-            [pod.instance],
+            [instances[target.url]],
         ).fetchall()
         dialect = stored[0][5]
         assert expected_signals[dialect] <= {row[4] for row in stored}, dialect
@@ -181,16 +192,19 @@ def test_a_hanging_target_does_not_delay_the_others() -> None:
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
+        # the fast targets write their bodies in random pieces (all framings and encodings)
+        pieces = PiecewiseServer({f"/fast{i}": Page(body=fast_text) for i in range(5)})
         targets = [TargetConfig(url=f"127.0.0.1:{port}/hang")] + [
-            TargetConfig(url=f"127.0.0.1:{port}/fast{i}") for i in range(5)
+            TargetConfig(url=pieces.url(f"/fast{i}")) for i in range(5)
         ]
         tables: list[pa.Table] = []
         collector = Collector(
             CollectConfig(targets=targets, timeout_s=2.0, jitter_s=0),
             lambda schema, table: tables.append(table),
         )
-        async with __import__("aiohttp").ClientSession() as session:
-            await collector.scrape_round(session)
+        with pieces:
+            async with __import__("aiohttp").ClientSession() as session:
+                await collector.scrape_round(session)
         release.set()
         await runner.cleanup()
         return collector, tables

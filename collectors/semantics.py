@@ -1,0 +1,147 @@
+"""Prometheus value semantics for one scrape: which samples cannot be true.
+
+The parser accepts every well-formed number; this module says which values no exporter
+can mean, so :class:`collectors.canonical.TargetCanonicalizer` rejects those series (and
+only those) with a counted reason instead of storing them:
+
+* ``non_finite_value`` — ``+Inf`` / ``-Inf`` (``1e400`` parses as ``+Inf``) as a sample
+  value; NaN is legal ("no value", e.g. a summary without observations) and is kept;
+* ``negative_counter`` — a counter, bucket or count below zero;
+* ``duplicate_series`` — the same name and labels twice in one scrape (label order does
+  not matter); every copy is rejected, since none can be told right;
+* ``type_redeclared`` — a second ``# TYPE`` for a family (found by the parser);
+* ``histogram_buckets_decrease`` / ``histogram_inf_not_count`` / ``invalid_le`` — a
+  histogram whose cumulative buckets drop as ``le`` grows, whose ``+Inf`` bucket differs
+  from its ``_count``, or with an ``le`` that is not a number: its buckets, sum and count
+  are rejected together.
+
+Everything here is vectorised over the scrape (numpy), so the checks cost a few passes
+over arrays the canonicalizer already has.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from collectors.exposition import Exposition
+
+__all__ = ["REASONS", "HistogramLayout", "bad_histogram_groups", "reject_impossible"]
+
+#: Every reason a sample can be rejected for, as counted in ``llmslo_collect_dropped_total``.
+REASONS = (
+    "non_finite_value",
+    "negative_counter",
+    "duplicate_series",
+    "type_redeclared",
+    "invalid_le",
+    "histogram_buckets_decrease",
+    "histogram_inf_not_count",
+)
+
+
+_MAX_ERRORS_KEPT = 20
+
+
+class HistogramLayout:
+    """Per-template facts about histogram series (arrays indexed by template).
+
+    ``group`` is the histogram (name and labels without ``le``) a bucket/sum/count belongs
+    to, or -1; ``le`` the bucket bound (NaN elsewhere); ``le_invalid`` marks a bucket whose
+    ``le`` is not a number; ``is_bucket`` / ``is_count`` the sample's role.
+    """
+
+    def __init__(
+        self,
+        group: list[int],
+        le: list[float],
+        le_invalid: list[bool],
+        is_bucket: list[bool],
+        is_count: list[bool],
+    ) -> None:
+        self.group = np.array(group, dtype=np.int64)
+        self.le = np.array(le, dtype=np.float64)
+        self.le_invalid = np.array(le_invalid, dtype=bool)
+        self.is_bucket = np.array(is_bucket, dtype=bool)
+        self.is_count = np.array(is_count, dtype=bool)
+        self.groups = int(self.group.max()) + 1 if len(self.group) else 0
+
+
+def bad_histogram_groups(
+    layout: HistogramLayout, idx: np.ndarray, values: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Histogram groups of this scrape that break the rules, by reason.
+
+    ``idx`` are the template indices of the scrape's samples, ``values`` their values.
+    Returns reason → array of group ids (empty dict when every histogram is sound).
+    """
+    group = layout.group[idx]
+    present = np.flatnonzero(group >= 0)
+    if not len(present):
+        return {}
+    groups, templates, vals = group[present], idx[present], values[present]
+    bad: dict[str, np.ndarray] = {}
+    invalid = np.unique(groups[layout.le_invalid[templates]])
+    if len(invalid):
+        bad["invalid_le"] = invalid
+    buckets = layout.is_bucket[templates] & ~layout.le_invalid[templates]
+    b_group, b_le, b_val = groups[buckets], layout.le[templates[buckets]], vals[buckets]
+    order = np.lexsort((b_le, b_group))
+    b_group, b_le, b_val = b_group[order], b_le[order], b_val[order]
+    with np.errstate(invalid="ignore"):  # inf - inf: those are rejected as non-finite
+        drops = (b_group[1:] == b_group[:-1]) & (np.diff(b_val) < 0)  # NaN never compares
+    if drops.any():
+        bad["histogram_buckets_decrease"] = np.unique(b_group[1:][drops])
+    inf_bucket = np.full(layout.groups, np.nan)
+    at_inf = b_le == np.inf
+    inf_bucket[b_group[at_inf]] = b_val[at_inf]
+    count = np.full(layout.groups, np.nan)
+    counts = layout.is_count[templates]
+    count[groups[counts]] = vals[counts]
+    differs = np.flatnonzero((inf_bucket != count) & ~np.isnan(inf_bucket) & ~np.isnan(count))
+    if len(differs):
+        bad["histogram_inf_not_count"] = differs
+    return bad
+
+
+def reject_impossible(
+    exposition: Exposition,
+    idx: np.ndarray,
+    values: np.ndarray,
+    layout: HistogramLayout,
+    cumulative: np.ndarray,
+    dropped: dict[str, int],
+    errors: list[str],
+) -> np.ndarray | None:
+    """Mask of the samples to reject, or None when every sample is sound.
+
+    ``idx``/``values`` are the scrape's template indices and (scaled) values;
+    ``cumulative`` marks counter/bucket/count templates. Adds each rejected sample to
+    ``dropped[reason]`` and describes the first few in ``errors`` (``"reason: series"``).
+    """
+    bad = np.zeros(len(idx), dtype=bool)
+
+    def reject(mask: np.ndarray, reason: str) -> None:
+        new = np.flatnonzero(mask & ~bad)
+        if not len(new):
+            return
+        bad[new] = True
+        dropped[reason] = dropped.get(reason, 0) + len(new)
+        for position in new[: max(_MAX_ERRORS_KEPT - len(errors), 0)].tolist():
+            series = exposition.series[position]
+            labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
+            value = exposition.values[position]
+            errors.append(f"{reason}: {series.name}{{{labels}}} {value!r}"[:200])
+
+    reject(np.isinf(values), "non_finite_value")
+    reject(cumulative[idx] & (values < 0), "negative_counter")
+    reject(np.bincount(idx, minlength=len(cumulative))[idx] > 1, "duplicate_series")
+    if exposition.rejected_families:
+        names = [f.name in exposition.rejected_families for f in exposition.families]
+        reject(
+            np.array(names, dtype=bool)[np.asarray(exposition.family_index, dtype=np.int64)],
+            "type_redeclared",
+        )
+    groups = layout.group[idx]
+    for reason, ids in bad_histogram_groups(layout, idx, values).items():
+        reject(np.isin(groups, ids), reason)
+    return bad if bad.any() else None
