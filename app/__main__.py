@@ -1,5 +1,5 @@
-"""``python -m pipeline`` runs the llmslo CLI (same as the ``llmslo`` console script)."""
+"""``python -m app`` runs the llmslo CLI (same as the ``llmslo`` console script)."""
 
-from pipeline.cli import console_main
+from app.cli import console_main
 
 console_main()

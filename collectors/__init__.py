@@ -11,7 +11,7 @@ This package owns everything between an exporter's ``/metrics`` text and the ``e
 * :mod:`collectors.collector` / :mod:`collectors.discovery` — the scrape loop over static
   and file_sd targets, with per-target health;
 * :mod:`collectors.publisher` — the bounded buffer and Kafka publisher thread;
-* :mod:`collectors.cli` — ``llmslo collect`` and ``llmslo scrape``;
+* ``llmslo collect`` and ``llmslo scrape`` are wired in ``app/commands/collect.py``;
 * :mod:`collectors.tap` — the sidecar stream tap (its own subpackage and README).
 
 See ``collectors/README.md`` for the dialect map format and how to add an engine.

@@ -11,21 +11,19 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from app.options import add_common_options, add_subcommand, print_json, resolve_config
 from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from collectors.inspect import inspect_url, render_report
 from collectors.metrics import CollectorMetrics
 from collectors.publisher import KafkaPublisher, PublishBuffer
 from pipeline.bus import Bus, BusProducer
-from pipeline.cli import add_common_options, add_subcommand, print_json, resolve_config
-from pipeline.config import register_section
 from pipeline.errors import BusError
 
 __all__ = ["register"]
 
 log = logging.getLogger(__name__)
 
-register_section("collect", CollectConfig)
 
 DIALECT_CHOICES = ("auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm")
 

@@ -11,15 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.bus import Bus
-from pipeline.cli import (
+from app.options import (
     add_common_options,
     add_subcommand,
     install_stop_handlers,
     print_json,
     resolve_config,
 )
-from pipeline.config import register_section
+from pipeline.bus import Bus
 from pipeline.errors import ConfigError
 from pipeline.store import Store
 from simulator.config import DIALECTS, FleetConfig, load_fleet_config, simple_fleet
@@ -32,7 +31,6 @@ from simulator.traces import load_trace, poisson_arrivals
 __all__ = ["register"]
 
 log = logging.getLogger(__name__)
-register_section("simulator", FleetConfig)
 
 
 def register(subparsers: Any) -> None:

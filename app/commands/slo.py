@@ -11,32 +11,30 @@ from typing import Any
 import duckdb
 from prometheus_client import start_http_server
 
-from pipeline.bus import Bus
-from pipeline.cli import (
+from app.options import (
     add_common_options,
     add_subcommand,
     install_stop_handlers,
     print_json,
     resolve_config,
 )
-from pipeline.config import LlmsloConfig, register_section
+from pipeline.bus import Bus
+from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
 from pipeline.store import Store
 from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.evaluate import evaluate
 from slo.jobs import DAY_MS, JobsConfig, SloJobs, data_clock
+from slo.loader import load_spec
 from slo.metrics import JobMetrics
 from slo.model import SloModel, build_model
 from slo.report import render_json, render_table
 from slo.rollup import Rollup
 from slo.sinks import BusTransitionSink, StoreTransitionSink, TransitionSink
-from slo.spec import load_spec
 
 __all__ = ["register"]
 
 log = logging.getLogger(__name__)
-
-register_section("slo", JobsConfig)
 
 
 def register(subparsers: Any) -> None:

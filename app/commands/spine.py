@@ -14,16 +14,16 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from pipeline.broker import EmbeddedBroker
-from pipeline.bus import Bus
-from pipeline.cli import (
+from app.options import (
     add_common_options,
     add_subcommand,
     install_stop_handlers,
     print_json,
     resolve_config,
 )
-from pipeline.config import load_config
+from app.sections import load_config
+from pipeline.broker import EmbeddedBroker
+from pipeline.bus import Bus
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours

@@ -21,7 +21,6 @@ from collectors.canonical import TargetCanonicalizer
 from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from collectors.discovery import TargetDiscovery
-from collectors.examples import vllm_exposition
 from collectors.exposition import ExpositionParser
 from collectors.metrics import CollectorMetrics
 from collectors.publisher import KafkaPublisher, PublishBuffer
@@ -31,6 +30,7 @@ from pipeline.config import BusConfig, IngestConfig
 from pipeline.ingest import Ingester
 from pipeline.schema import ENGINE_SAMPLES, RecordSchema
 from pipeline.store import Store
+from tests.collectors.examples import vllm_exposition
 
 
 def ingest_until(bus: Bus, store: Store, rows: dict[str, int], timeout_s: float = 60.0) -> None:

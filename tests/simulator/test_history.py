@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.cli import main
+from app.cli import main
 from pipeline.schema import OUTCOMES, REQUEST_RECORDS
 from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS
 from pipeline.store import Store

@@ -200,8 +200,7 @@ def _levels(transitions: list[FlagTransition]) -> list[int]:
 
 
 def test_the_slo_config_section_is_validated_by_field_path(tmp_path: Any) -> None:
-    import slo.cli  # noqa: F401  (registers the section)
-    from pipeline.config import load_config
+    from app.sections import load_config
     from pipeline.errors import ConfigError
 
     path = tmp_path / "llmslo.yaml"
