@@ -4,7 +4,7 @@
 (the ingester stores them); :class:`StoreTransitionSink` writes them straight into the
 ``flag_transitions`` table when no bus is used; :class:`ListTransitionSink` keeps them in
 memory (tests). The jobs' own tables ``slo_findings`` and ``slo_status_current`` are
-written here too (documented in ``slo/README.md``).
+written here too (declared in :mod:`slo.tables`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pipeline.schema import FLAG_TRANSITIONS
 from slo.detectors import Finding
 from slo.evaluate import SloStatus
 from slo.flags import FlagState, FlagTransition, transitions_table
+from slo.tables import OUTPUT_TABLES
 
 __all__ = [
     "OUTPUT_TABLES",
@@ -33,21 +34,11 @@ __all__ = [
     "write_status",
 ]
 
-#: DDL of the tables the jobs write (besides the rollups).
-OUTPUT_TABLES = {
-    "slo_findings": """CREATE TABLE IF NOT EXISTS slo_findings (
-        ts_ms BIGINT NOT NULL, state VARCHAR NOT NULL, signal VARCHAR NOT NULL,
-        scope VARCHAR NOT NULL, scope_id VARCHAR NOT NULL, pool VARCHAR, severity VARCHAR,
-        basis VARCHAR, evidence_json VARCHAR)""",
-    "slo_status_current": """CREATE TABLE IF NOT EXISTS slo_status_current (
-        slo_id VARCHAR NOT NULL, group_json VARCHAR NOT NULL, ts_ms BIGINT NOT NULL,
-        status_json VARCHAR NOT NULL)""",
-}
-
 
 def create_output_tables(con: duckdb.DuckDBPyConnection) -> None:
-    for ddl in OUTPUT_TABLES.values():
-        con.execute(ddl)
+    """Create ``slo_findings`` and ``slo_status_current`` if missing (idempotent)."""
+    for table in OUTPUT_TABLES.values():
+        table.create(con)
 
 
 class TransitionSink(Protocol):
