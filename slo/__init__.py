@@ -4,7 +4,8 @@ Owns the SLO spec format (:mod:`slo.spec`, read by :mod:`slo.loader`) and its va
 alert-window catalogs (:mod:`slo.windows`, data in ``slo/windows/*.yaml``), the per-minute
 rollup tables in DuckDB (:mod:`slo.rollup`), the evaluator (:mod:`slo.evaluate`), the
 failure-signature detectors (:mod:`slo.detectors`, findings in :mod:`slo.findings`), the degradation-flag state machine
-(:mod:`slo.flags`) and the ``llmslo jobs`` runner (:mod:`slo.jobs`). Data flows one way:
+(:mod:`slo.flags`), the ``llmslo jobs`` runner (:mod:`slo.jobs`) and the read API of all
+these tables for dashboards, the HTTP API and the alert pusher (:mod:`slo.queries`). Data flows one way:
 spec → model → evaluators → writers (DuckDB tables, Kafka ``flags``, ``/metrics``).
 See ``slo/README.md`` for the tables and how to add a signal or a window catalog.
 """
