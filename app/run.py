@@ -29,6 +29,7 @@ from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
+from pipeline.publisher import Publisher
 from pipeline.store import Store
 from slo.jobs import DAY_MS, CycleResult, JobsConfig, SloJobs
 from slo.loader import load_spec
@@ -109,7 +110,13 @@ class Pipeline:
             self.store.con.cursor(),
             model,
             config.section("slo", JobsConfig),
-            sink=BusTransitionSink(self._stack.enter_context(closing(self.bus.producer()))),
+            sink=self._stack.enter_context(
+                closing(
+                    BusTransitionSink(
+                        Publisher(self.bus.producer, component="slo-jobs", registry=self.registry)
+                    )
+                )
+            ),
             metrics=JobMetrics(self.registry),
             raw_pruner=self.store.prune,
             raw_retention_ms=int(config.store.raw_retention_days * DAY_MS),

@@ -10,7 +10,6 @@ This package owns everything between an exporter's ``/metrics`` text and the ``e
   reset and frozen-gauge detection, DCGM blank sentinels;
 * :mod:`collectors.collector` / :mod:`collectors.discovery` — the scrape loop over static
   and file_sd targets, with per-target health;
-* :mod:`collectors.publisher` — the bounded buffer and Kafka publisher thread;
 * ``llmslo collect`` and ``llmslo scrape`` are wired in ``app/commands/collect.py``;
 * :mod:`collectors.tap` — the sidecar stream tap (its own subpackage and README).
 
@@ -45,8 +44,6 @@ _EXPORTS = {
     "inspect_exposition": "inspect",
     "inspect_url": "inspect",
     "CollectorMetrics": "metrics",
-    "KafkaPublisher": "publisher",
-    "PublishBuffer": "publisher",
 }
 
 
@@ -69,8 +66,6 @@ __all__ = [
     "Exposition",
     "ExpositionParser",
     "Family",
-    "KafkaPublisher",
-    "PublishBuffer",
     "RoundReport",
     "Series",
     "TargetCanonicalizer",

@@ -7,6 +7,7 @@ Every other package builds on these public names and nothing else of this packag
 * :mod:`pipeline.schema`: versioned Arrow record schemas (``ENGINE_SAMPLES`` …);
 * :mod:`pipeline.codec`: Arrow IPC / JSON encoding with schema headers;
 * :mod:`pipeline.bus`: topics, keyed producers and consumers (``Bus``);
+* :mod:`pipeline.publisher`: the one bounded, retrying way to publish (``Publisher``);
 * :mod:`pipeline.broker`: the embedded Kafka-protocol broker (``EmbeddedBroker``);
 * :mod:`pipeline.store`: the DuckDB file (``Store``);
 * :mod:`pipeline.ingest`: the exactly-once Kafka → DuckDB ingester (``Ingester``);

@@ -20,6 +20,7 @@ from app.options import (
 )
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
+from pipeline.publisher import Publisher
 from pipeline.store import Store
 from simulator.config import DIALECTS, FleetConfig, load_fleet_config, simple_fleet
 from simulator.fleet import Fleet
@@ -220,10 +221,14 @@ def run_history(args: argparse.Namespace) -> int:
     if args.bootstrap_servers:
         with Bus(config.bus) as bus:
             bus.ensure_topics()
-            producer = bus.producer()
-            _drain(generator, BusSink(producer), rows)
-            producer.flush()
-            producer.close()
+            # A history is bigger than any live buffer: BusSink waits for each chunk's acks.
+            publisher = Publisher(
+                bus.producer, component="sim-history", max_rows=_HISTORY_BUFFER_ROWS
+            )
+            try:
+                _drain(generator, BusSink(publisher), rows)
+            finally:
+                publisher.close()
         target = f"kafka {config.bus.bootstrap_servers}"
     else:
         with Store(config.store.path) as store:
@@ -239,6 +244,10 @@ def run_history(args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+#: Rows the history publisher may hold: more than one generated hour of the largest fleet.
+_HISTORY_BUFFER_ROWS = 10_000_000
 
 
 def _drain(generator: HistoryGenerator, sink: HistorySink, rows: dict[str, int]) -> None:

@@ -141,7 +141,7 @@ def run_tap(args: argparse.Namespace) -> int:
             bus.ensure_topics()
             sinks.append(
                 KafkaSink(
-                    bus.producer(),
+                    bus.producer,
                     batch_max_rows=tap.batch_max_rows,
                     flush_interval_s=tap.flush_interval_s,
                     max_pending=tap.max_pending_records,
