@@ -136,7 +136,7 @@ def run_llmslo(broker: EmbeddedBroker, workdir: Path, messages: int) -> IngestRu
         [
             sys.executable,
             "-m",
-            "pipeline",
+            "app",
             "-v",
             "ingest",
             "-c",

@@ -35,10 +35,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
-from collectors.examples import dcgm_exposition, vllm_exposition
 from collectors.exposition import ExpositionParser
 from pipeline.bus import split_by_key
 from pipeline.codec import encode_arrow
+from tests.collectors.examples import dcgm_exposition, vllm_exposition
 
 INTERVAL_S = 5.0
 

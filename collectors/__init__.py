@@ -12,8 +12,7 @@ This package owns everything between an exporter's ``/metrics`` text and the ``e
   broken histograms, duplicates): those series are rejected with a counted reason;
 * :mod:`collectors.collector` / :mod:`collectors.discovery` — the scrape loop over static
   and file_sd targets, with per-target health;
-* :mod:`collectors.publisher` — the bounded buffer and Kafka publisher thread;
-* :mod:`collectors.cli` — ``llmslo collect`` and ``llmslo scrape``;
+* ``llmslo collect`` and ``llmslo scrape`` are wired in ``app/commands/collect.py``;
 * :mod:`collectors.tap` — the sidecar stream tap (its own subpackage and README).
 
 See ``collectors/README.md`` for the dialect map format and how to add an engine.
@@ -47,8 +46,6 @@ _EXPORTS = {
     "inspect_exposition": "inspect",
     "inspect_url": "inspect",
     "CollectorMetrics": "metrics",
-    "KafkaPublisher": "publisher",
-    "PublishBuffer": "publisher",
 }
 
 
@@ -71,8 +68,6 @@ __all__ = [
     "Exposition",
     "ExpositionParser",
     "Family",
-    "KafkaPublisher",
-    "PublishBuffer",
     "RoundReport",
     "Series",
     "TargetCanonicalizer",

@@ -3,7 +3,7 @@
 :class:`Collector` scrapes all targets of a round concurrently (aiohttp, at most
 ``concurrency`` in flight, each within ``timeout_s`` and started after a random jitter so
 a fleet is not hit in lockstep), parses and canonicalises each response, and hands the
-round to ``sink(schema, table)`` — usually :meth:`collectors.publisher.PublishBuffer.put`.
+round to ``sink(schema, table)`` — usually :meth:`pipeline.publisher.PublishBuffer.put`.
 A target that hangs costs only its own timeout: the others are fetched in parallel and
 their rows carry their own scrape time. Per-target health (up, last error, duration,
 samples, bad lines, dialect) is kept in :attr:`Collector.health` and in the metrics.

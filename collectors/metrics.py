@@ -8,7 +8,12 @@ __all__ = ["CollectorMetrics"]
 
 
 class CollectorMetrics:
-    """Scrape errors by target, durations, samples, bad lines, resets and drops by reason."""
+    """Scrape errors by target, durations, samples, bad lines, resets and drops by reason.
+
+    Publishing to Kafka is counted by :class:`pipeline.publisher.PublishMetrics` (component
+    ``collect``) in the same registry; its drops also land in ``llmslo_collect_dropped_total``
+    through :meth:`count_drop`.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -62,15 +67,10 @@ class CollectorMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
-        self.published_rows = Counter(
-            "llmslo_collect_published_rows", "Rows acknowledged by Kafka", ["topic"], registry=r
-        )
-        self.publish_errors = Counter(
-            "llmslo_collect_publish_errors", "Failed publish attempts (retried)", registry=r
-        )
-        self.buffered_rows = Gauge(
-            "llmslo_collect_buffered_rows", "Rows waiting for Kafka", registry=r
-        )
         self.targets = Gauge(
             "llmslo_collect_targets", "Targets currently configured or discovered", registry=r
         )
+
+    def count_drop(self, reason: str, rows: int) -> None:
+        """Count ``rows`` samples dropped for ``reason`` (a publisher's drop hook)."""
+        self.dropped.labels(reason).inc(rows)

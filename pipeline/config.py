@@ -1,10 +1,12 @@
 """The llmslo configuration file: one YAML document, validated once, at the boundary.
 
 The spine owns the ``bus``, ``store`` and ``ingest`` sections. Other packages own their
-own sections (``sim``, ``collect``, ``tap``, ``slo``, …): they call
-:func:`register_section` with a pydantic model, and :func:`load_config` validates every
-registered section, so ``llmslo config validate`` reports all errors of a file at once,
-each by field path (``ingest.batch_max_rows: Input should be greater than 0``).
+own sections (``simulator``, ``collect``, ``tap``, ``slo``, …) as pydantic models; the
+caller passes the table of them (``sections=``, the explicit table is ``app.sections``),
+and :func:`load_config` validates every section, so ``llmslo config validate`` reports
+all errors of a file at once, each by field path (``ingest.batch_max_rows: Input should
+be greater than 0``). Nothing registers itself on import: a process that loads the file
+with the same table gets the same errors.
 
 Secrets never live in the file: a section names the environment variable that holds
 one (``sasl_password_env: KAFKA_PASSWORD``) and :func:`secret_from_env` reads it.
@@ -13,6 +15,7 @@ one (``sasl_password_env: KAFKA_PASSWORD``) and :func:`secret_from_env` reads it
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -29,7 +32,6 @@ __all__ = [
     "format_validation_error",
     "load_config",
     "parse_config",
-    "register_section",
     "secret_from_env",
 ]
 
@@ -94,7 +96,7 @@ class IngestConfig(_Section):
 
 
 class LlmsloConfig(_Section):
-    """The whole file. Unknown top-level keys are errors; registered sections stay raw here."""
+    """The whole file. Unknown top-level keys are errors; the other sections stay raw here."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -111,39 +113,60 @@ class LlmsloConfig(_Section):
             raise ConfigError(format_validation_error(exc, prefix=name)) from exc
 
 
-_SECTIONS: dict[str, type[BaseModel]] = {}
+#: Pydantic model of each top-level section owned outside the spine, by section name.
+Sections = Mapping[str, type[BaseModel]]
 
 
-def register_section(name: str, model: type[BaseModel]) -> None:
-    """Declare that top-level key ``name`` of the config file is validated by ``model``."""
-    _SECTIONS[name] = model
+def format_validation_error(
+    exc: ValidationError,
+    prefix: str = "",
+    *,
+    skip: Collection[str] = (),
+    strip_value_error: bool = False,
+) -> str:
+    """One line per error, each starting with its dotted field path (``slos[2].objective``).
 
-
-def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
-    """One line per error, each starting with its dotted field path (``slos[2].objective``)."""
+    The one formatter of pydantic errors in llmslo (config sections, SLO specs, dialect
+    maps). ``prefix`` is the path of the validated node (a section name); ``skip`` names
+    location parts that are not fields (the tags of a discriminated union);
+    ``strip_value_error`` drops pydantic's ``Value error, `` before a validator's message.
+    """
     lines = []
     for error in exc.errors():
         path = prefix
         for part in error["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        lines.append(f"{path or '<root>'}: {error['msg']}")
+            if isinstance(part, int):
+                path += f"[{part}]"
+            elif part not in skip:
+                path += f".{part}" if path else str(part)
+        message = error["msg"]
+        if strip_value_error:
+            message = message.removeprefix("Value error, ")
+        lines.append(f"{path or '<root>'}: {message}")
     return "\n".join(lines)
 
 
-def parse_config(raw: Any, source: str = "<config>") -> LlmsloConfig:
-    """Validate an already-loaded YAML document; raises :class:`ConfigError`."""
+def parse_config(
+    raw: Any, source: str = "<config>", sections: Sections | None = None
+) -> LlmsloConfig:
+    """Validate an already-loaded YAML document against the spine's and ``sections``' models.
+
+    Raises :class:`ConfigError` listing every problem by field path; a top-level key that
+    is neither a spine section nor in ``sections`` is an ``unknown section``.
+    """
+    sections = sections or {}
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - {"bus", "store", "ingest"} - set(_SECTIONS))
+    unknown = sorted(set(raw) - {"bus", "store", "ingest"} - set(sections))
     problems = [f"{key}: unknown section" for key in unknown]
     config: LlmsloConfig | None = None
     try:
         config = LlmsloConfig.model_validate(raw)
     except ValidationError as exc:
         problems.append(format_validation_error(exc))
-    for name, model in sorted(_SECTIONS.items()):
+    for name, model in sorted(sections.items()):
         try:
             model.model_validate(raw.get(name) or {})
         except ValidationError as exc:
@@ -153,10 +176,10 @@ def parse_config(raw: Any, source: str = "<config>") -> LlmsloConfig:
     return config
 
 
-def load_config(path: str | Path | None) -> LlmsloConfig:
-    """Read and validate a config file; ``None`` gives the embedded defaults."""
+def load_config(path: str | Path | None, sections: Sections | None = None) -> LlmsloConfig:
+    """Read and validate a config file (see :func:`parse_config`); ``None`` gives the defaults."""
     if path is None:
-        return parse_config({})
+        return parse_config({}, sections=sections)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -165,7 +188,7 @@ def load_config(path: str | Path | None) -> LlmsloConfig:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_config(raw, source=str(path))
+    return parse_config(raw, source=str(path), sections=sections)
 
 
 def secret_from_env(variable: str | None) -> str | None:

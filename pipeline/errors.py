@@ -7,7 +7,8 @@ Every package raises these (never a bare ``Exception``)::
     ├── DecodeError             a message, scrape or stream could not be decoded (hot paths count it, never raise)
     │   └── UnknownSchemaError  the schema name or version in the headers is not one we know
     ├── BusError                the Kafka bus or the embedded broker failed (start, connect, create topics)
-    └── StoreError              DuckDB could not be opened or written
+    ├── StoreError              DuckDB could not be opened or written
+    └── QueryError              a read query's parameter is invalid or out of bounds (names the parameter)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "LlmsloError",
+    "QueryError",
     "StoreError",
     "UnknownSchemaError",
 ]
@@ -57,3 +59,15 @@ class BusError(LlmsloError):
 
 class StoreError(LlmsloError):
     """The DuckDB store could not be opened, migrated or written."""
+
+
+class QueryError(LlmsloError):
+    """A parameter of a read query (``slo.queries``) is of the wrong kind or out of bounds.
+
+    ``parameter`` names it (``end_ms``, ``limit``, …) so that an HTTP API can answer 400
+    with the field; the message says what is allowed.
+    """
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter

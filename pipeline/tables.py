@@ -1,16 +1,47 @@
 """Renders ``docs/tables.md``, the one place every DuckDB table is documented.
 
-Generated from :mod:`pipeline.schema` and the store's own tables so it cannot drift;
-``tests/pipeline/test_tables_doc.py`` compares it with the checked-in file
-(regenerate with ``llmslo tables > docs/tables.md``).
+Generated from :mod:`pipeline.schema`, the store's own tables and the :class:`TableDoc`
+declarations of packages above (``slo.tables``; ``app`` passes them in, the spine imports
+none of them) so it cannot drift; ``tests/pipeline/test_tables_doc.py`` compares it with
+the checked-in file (regenerate with ``llmslo tables > docs/tables.md``).
 """
 
 from __future__ import annotations
 
-from pipeline.schema import iter_schemas
-from pipeline.store import DEADLETTER_COLUMNS, OFFSET_COLUMNS, duckdb_type
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["render_tables_doc"]
+import duckdb
+
+from pipeline.schema import iter_schemas
+from pipeline.store import DEADLETTER_COLUMNS, OFFSET_COLUMNS, _table_ddl, duckdb_type
+
+__all__ = ["TableDoc", "render_tables_doc"]
+
+
+@dataclass(frozen=True)
+class TableDoc:
+    """A DuckDB table declared once: its DDL, column comments and ``docs/tables.md`` section.
+
+    ``columns`` are ``(name, DuckDB type with NOT NULL when so, meaning with units)``;
+    ``key`` the primary-key column list (``""`` for none); ``facts`` the bullet lines
+    (key, retention, who writes it).
+    """
+
+    name: str
+    doc: str
+    facts: tuple[str, ...]
+    columns: tuple[tuple[str, str, str], ...]
+    key: str = ""
+
+    def ddl(self) -> list[str]:
+        """``CREATE TABLE IF NOT EXISTS`` and one ``COMMENT ON COLUMN`` per column (idempotent)."""
+        return _table_ddl(self.name, self.columns, self.key)
+
+    def create(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Create the table if missing and (re)state its column comments."""
+        for statement in self.ddl():
+            con.execute(statement)
 
 
 def _section(
@@ -25,8 +56,8 @@ def _section(
     return [*lines, ""]
 
 
-def render_tables_doc() -> str:
-    """The Markdown text of ``docs/tables.md``."""
+def render_tables_doc(declared: Sequence[TableDoc] = ()) -> str:
+    """The Markdown text of ``docs/tables.md``: the spine's tables, then ``declared``."""
     lines = [
         "# DuckDB tables",
         "",
@@ -72,4 +103,6 @@ def render_tables_doc() -> str:
         ["key: (`group_id`, `topic`, `partition`)", "retention: forever (one row per partition)"],
         list(OFFSET_COLUMNS),
     )
+    for table in declared:
+        lines += _section(table.name, table.doc, list(table.facts), list(table.columns))
     return "\n".join(lines)

@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 from scipy.stats import lognorm
 
+from pipeline.errors import BusError
+from pipeline.publisher import Publisher
 from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, REQUEST_RECORDS, RecordSchema
 from pipeline.store import Store
 from simulator.dialects.vllm import ITL_BUCKETS, TTFT_BUCKETS
@@ -76,13 +78,20 @@ class StoreSink:
 
 
 class BusSink:
-    """Through Kafka with ``bus.producer().publish`` (the ingester stores them)."""
+    """Through Kafka with the one bounded, retrying :class:`~pipeline.publisher.Publisher`
+    (the ingester stores the rows). Each chunk waits for its acks before the next is
+    generated, so a slow or absent broker slows the generator down instead of dropping."""
 
-    def __init__(self, producer: object) -> None:
-        self.producer = producer
+    def __init__(self, publisher: Publisher, ack_timeout_s: float = 120.0) -> None:
+        self.publisher = publisher
+        self.ack_timeout_s = ack_timeout_s
 
     def write(self, schema: RecordSchema, table: pa.Table) -> None:
-        self.producer.publish(schema, table)  # type: ignore[attr-defined]
+        self.publisher.put(schema, table)
+        if not self.publisher.flush(self.ack_timeout_s):
+            raise BusError(
+                f"history rows not acknowledged by Kafka within {self.ack_timeout_s:.0f} s"
+            )
 
 
 @dataclass(frozen=True)

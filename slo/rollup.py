@@ -1,6 +1,6 @@
 """Per-minute and per-hour good/total counts per SLO × (pool, instance, tenant, route).
 
-Tables (created here, documented in ``slo/README.md``):
+Tables (declared in :mod:`slo.tables`, created here):
 
 * ``slo_keys``: one row per SLO × (pool, instance, tenant, route), with its integer key;
 * ``slo_minute``: one row per key and minute that had events;
@@ -23,37 +23,23 @@ import duckdb
 
 from slo._sli_sql import MINUTE_MS, engine_minutes_sql, tap_minutes_sql
 from slo.model import Slo, SloModel
+from slo.tables import ROLLUP_TABLES
 
 __all__ = ["HOUR_MS", "MINUTE_MS", "ROLLUP_TABLES", "Rollup", "RollupStats", "create_rollup_tables"]
 
 log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
-_COUNT_COLUMNS = """
-    slo_id VARCHAR NOT NULL, key_id BIGINT NOT NULL, ts_ms BIGINT NOT NULL,
-    total BIGINT NOT NULL, bad BIGINT NOT NULL"""
 #: The integer key of one (SLO, pool, instance, tenant, route): evaluations group by an
 #: integer, not by four strings. Any key_id is fine as long as slo_keys maps it (the
 #: evaluator re-aggregates by the dimensions), so DuckDB's hash() may change across versions.
 _KEY_ID = "(hash(slo_id, pool, instance, tenant, route) >> 1)::BIGINT"
 
-#: DDL of the rollup tables, by name.
-ROLLUP_TABLES: dict[str, str] = {
-    "slo_minute": f"CREATE TABLE IF NOT EXISTS slo_minute ({_COUNT_COLUMNS})",
-    "slo_hour": f"CREATE TABLE IF NOT EXISTS slo_hour ({_COUNT_COLUMNS})",
-    "slo_keys": """CREATE TABLE IF NOT EXISTS slo_keys (
-        key_id BIGINT PRIMARY KEY, slo_id VARCHAR NOT NULL, pool VARCHAR NOT NULL,
-        instance VARCHAR NOT NULL, tenant VARCHAR NOT NULL, route VARCHAR NOT NULL)""",
-    "slo_rollup_state": """CREATE TABLE IF NOT EXISTS slo_rollup_state (
-        slo_id VARCHAR PRIMARY KEY, fingerprint VARCHAR NOT NULL,
-        watermark_ts_ms BIGINT NOT NULL)""",
-}
-
 
 def create_rollup_tables(con: duckdb.DuckDBPyConnection) -> None:
     """Create the rollup tables if missing (idempotent)."""
-    for ddl in ROLLUP_TABLES.values():
-        con.execute(ddl)
+    for table in ROLLUP_TABLES.values():
+        table.create(con)
 
 
 def fingerprint(slo: Slo) -> str:

@@ -1,25 +1,28 @@
 """Writers of the jobs' outputs: flag transitions (Kafka or DuckDB), findings, current status.
 
 :class:`BusTransitionSink` publishes FLAG_TRANSITIONS rows to the Kafka ``flags`` topic
+(through the one bounded publisher of ``pipeline.publisher``)
 (the ingester stores them); :class:`StoreTransitionSink` writes them straight into the
 ``flag_transitions`` table when no bus is used; :class:`ListTransitionSink` keeps them in
 memory (tests). The jobs' own tables ``slo_findings`` and ``slo_status_current`` are
-written here too (documented in ``slo/README.md``).
+written here too (declared in :mod:`slo.tables`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from typing import Protocol
 
 import duckdb
 
-from pipeline.bus import BusProducer
+from pipeline.publisher import Publisher
 from pipeline.schema import FLAG_TRANSITIONS
 from slo.detectors import Finding
 from slo.evaluate import SloStatus
 from slo.flags import FlagState, FlagTransition, transitions_table
+from slo.tables import OUTPUT_TABLES
 
 __all__ = [
     "OUTPUT_TABLES",
@@ -33,21 +36,13 @@ __all__ = [
     "write_status",
 ]
 
-#: DDL of the tables the jobs write (besides the rollups).
-OUTPUT_TABLES = {
-    "slo_findings": """CREATE TABLE IF NOT EXISTS slo_findings (
-        ts_ms BIGINT NOT NULL, state VARCHAR NOT NULL, signal VARCHAR NOT NULL,
-        scope VARCHAR NOT NULL, scope_id VARCHAR NOT NULL, pool VARCHAR, severity VARCHAR,
-        basis VARCHAR, evidence_json VARCHAR)""",
-    "slo_status_current": """CREATE TABLE IF NOT EXISTS slo_status_current (
-        slo_id VARCHAR NOT NULL, group_json VARCHAR NOT NULL, ts_ms BIGINT NOT NULL,
-        status_json VARCHAR NOT NULL)""",
-}
+log = logging.getLogger(__name__)
 
 
 def create_output_tables(con: duckdb.DuckDBPyConnection) -> None:
-    for ddl in OUTPUT_TABLES.values():
-        con.execute(ddl)
+    """Create ``slo_findings`` and ``slo_status_current`` if missing (idempotent)."""
+    for table in OUTPUT_TABLES.values():
+        table.create(con)
 
 
 class TransitionSink(Protocol):
@@ -84,16 +79,28 @@ class StoreTransitionSink:
 
 
 class BusTransitionSink:
-    """Publishes transitions to the Kafka ``flags`` topic (keyed by scope id) and waits for acks."""
+    """Publishes transitions to the Kafka ``flags`` topic (keyed by scope id) through the
+    bounded, retrying :class:`~pipeline.publisher.Publisher`, and waits up to
+    ``flush_timeout_s`` for the acks. Transitions not acknowledged by then stay buffered and
+    are re-sent (logged, never raised into the jobs' cycle)."""
 
-    def __init__(self, producer: BusProducer, flush_timeout_s: float = 30.0) -> None:
-        self.producer = producer
+    def __init__(self, publisher: Publisher, flush_timeout_s: float = 30.0) -> None:
+        self.publisher = publisher
         self.flush_timeout_s = flush_timeout_s
 
     def write(self, transitions: list[FlagTransition]) -> None:
         if transitions:
-            self.producer.publish(FLAG_TRANSITIONS, transitions_table(transitions))
-            self.producer.flush(self.flush_timeout_s)
+            self.publisher.put(FLAG_TRANSITIONS, transitions_table(transitions))
+            if not self.publisher.flush(self.flush_timeout_s):
+                log.warning(
+                    "%d flag transitions not acknowledged by Kafka within %.0f s; still retrying",
+                    len(transitions),
+                    self.flush_timeout_s,
+                )
+
+    def close(self) -> None:
+        """Publish what is still buffered (bounded wait), then stop the publisher."""
+        self.publisher.close()
 
 
 def load_flag_states(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], FlagState]:

@@ -22,12 +22,11 @@ Shape (see ``config/slo.example.yaml``)::
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.config import format_validation_error
 from pipeline.errors import ConfigError
 from slo.windows import known_periods, parse_duration_ms
 
@@ -42,7 +41,6 @@ __all__ = [
     "SloDocument",
     "SloSpec",
     "format_spec_error",
-    "load_spec",
     "parse_spec",
 ]
 
@@ -221,17 +219,9 @@ class SloDocument(_Spec):
 
 def format_spec_error(exc: ValidationError, source: str) -> str:
     """One line per problem: ``slos[2].objective: must be in (0, 1)``."""
-    lines = []
-    for error in exc.errors():
-        path = ""
-        for part in error["loc"]:
-            if isinstance(part, int):
-                path += f"[{part}]"
-            elif part not in _SLI_TAGS:
-                path += f".{part}" if path else str(part)
-        message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{path or '<root>'}: {message}")
-    return f"{source}: invalid SLO spec\n" + "\n".join(lines)
+    return f"{source}: invalid SLO spec\n" + format_validation_error(
+        exc, skip=_SLI_TAGS, strip_value_error=True
+    )
 
 
 def parse_spec(raw: Any, source: str = "<spec>") -> SloDocument:
@@ -242,27 +232,3 @@ def parse_spec(raw: Any, source: str = "<spec>") -> SloDocument:
         return SloDocument.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_spec_error(exc, source)) from exc
-
-
-def load_spec(path: str | Path) -> SloDocument:
-    """Read and validate an SLO spec file (llmslo/v1, or OpenSLO v1 documents).
-
-    Raises :class:`ConfigError` naming field paths.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text") from exc
-    try:
-        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    from slo.openslo import is_openslo, openslo_to_spec  # the importer builds on this module
-
-    if docs and is_openslo(docs):
-        return openslo_to_spec(docs, source=str(path))
-    if len(docs) > 1:
-        raise ConfigError(f"{path}: one llmslo/v1 document expected, found {len(docs)}")
-    return parse_spec(docs[0] if docs else None, source=str(path))

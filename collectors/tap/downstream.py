@@ -14,12 +14,9 @@ import json
 from collections.abc import Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pipeline.errors import LlmsloError
-
-if TYPE_CHECKING:
-    from collectors.tap.server import ClientConnection, IncomingRequest
 
 __all__ = ["HOP_BY_HOP", "ClientGone", "Downstream", "error_body", "http_date", "reason_phrase"]
 
@@ -43,6 +40,32 @@ HOP_BY_HOP = frozenset(
 _GATHER_FROM_BYTES = 16 * 1024
 
 Headers = Mapping[str, str] | Iterable[tuple[str, str]]
+
+
+class ClientConnection(Protocol):
+    """What a :class:`Downstream` needs of the client's connection (the server's
+    ``ClientConnection`` is one; a Protocol here so the two modules do not import each other)."""
+
+    transport: asyncio.Transport | None
+    closed: bool
+    write_paused: bool  # the transport is above its high-water mark
+
+    def close(self, *, hard: bool = False) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+class IncomingRequest(Protocol):
+    """What a :class:`Downstream` needs of the request it answers."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def http_version(self) -> str: ...
+
+    @property
+    def keep_alive(self) -> bool: ...
 
 
 class ClientGone(LlmsloError):

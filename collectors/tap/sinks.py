@@ -12,14 +12,18 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 import pyarrow as pa
+from prometheus_client import CollectorRegistry
 
 from pipeline.bus import BusProducer
+from pipeline.errors import BusError
+from pipeline.publisher import Publisher
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS, RecordSchema
 
 __all__ = ["JsonLinesSink", "KafkaSink", "ListSink", "MultiSink", "RecordSink", "rows_to_table"]
@@ -104,24 +108,42 @@ class MultiSink:
             sink.close()
 
 
-class KafkaSink:
-    """Batches rows and publishes them from a background thread (kafka-python blocks).
+def _first_use_only(producer: BusProducer) -> Callable[[], BusProducer]:
+    """A producer factory over one given producer: after it failed (and was closed) there is
+    no other, so later calls raise and the publisher keeps the rows until it stops."""
+    given = [producer]
 
-    Rows wait at most ``flush_interval_s``; at most ``max_pending`` rows wait in all,
-    beyond which new rows are dropped with reason ``sink_full``. Publishing errors drop the
-    batch with reason ``publish_failed`` (logged once per batch, never raised).
+    def factory() -> BusProducer:
+        if not given:
+            raise BusError("the tap's given Kafka producer failed; pass a factory to reconnect")
+        return given.pop()
+
+    return factory
+
+
+class KafkaSink:
+    """Batches rows and hands them to the one bounded, retrying publisher (``pipeline.publisher``).
+
+    The event loop only appends to a deque (no Arrow, no Kafka): a background thread turns
+    rows into tables every ``flush_interval_s`` (or once ``batch_max_rows`` wait) and puts
+    them on the :class:`~pipeline.publisher.Publisher`, which re-sends through broker
+    outages with back-off. At most ``max_pending`` rows wait here, beyond which new rows are
+    dropped with reason ``sink_full``; the publisher holds at most ``max_pending`` more and
+    drops its oldest with ``buffer_full`` (``shutdown`` for what is left unpublished at
+    close). Every drop is reported to ``on_drop(reason, rows)``, never raised.
     """
 
     def __init__(
         self,
-        producer: BusProducer,
+        producer: BusProducer | Callable[[], BusProducer],
         *,
         batch_max_rows: int = 2000,
         flush_interval_s: float = 0.5,
         max_pending: int = 100_000,
         on_drop: Callable[[str, int], None] = lambda reason, rows: None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
-        self._producer = producer
+        factory = producer if callable(producer) else _first_use_only(producer)
         self._batch = batch_max_rows
         self._interval_s = flush_interval_s
         self._max_pending = max_pending
@@ -129,9 +151,18 @@ class KafkaSink:
         self._queues: dict[str, deque[Row]] = {"requests": deque(), "samples": deque()}
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.published_rows = 0
+        # The tap's own registry already has llmslo_dropped_total{reason}: drops reach it
+        # through on_drop; the publisher's families live in ``registry`` (default: its own).
+        self.publisher = Publisher(
+            factory, component="tap", max_rows=max_pending, registry=registry, on_drop=on_drop
+        )
         self._thread = threading.Thread(target=self._run, name="tap-kafka-sink", daemon=True)
         self._thread.start()
+
+    @property
+    def published_rows(self) -> int:
+        """Rows acknowledged by Kafka."""
+        return self.publisher.published_rows
 
     def _add(self, queue: str, rows: list[Row]) -> None:
         pending = sum(len(q) for q in self._queues.values())
@@ -161,11 +192,12 @@ class KafkaSink:
             while queue:
                 rows = self._take(queue)
                 try:
-                    self._producer.publish(schema, rows_to_table(schema, rows))
-                    self.published_rows += len(rows)
-                except Exception as exc:  # hot path: count and go on, never raise
-                    log.warning("dropping %d %s rows: publish failed: %s", len(rows), name, exc)
-                    self._on_drop("publish_failed", len(rows))
+                    table = rows_to_table(schema, rows)
+                except (pa.ArrowException, TypeError, ValueError) as exc:  # never raise: count
+                    log.warning("dropping %d %s rows: not convertible: %s", len(rows), name, exc)
+                    self._on_drop("unconvertible", len(rows))
+                    continue
+                self.publisher.put(schema, table)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -173,13 +205,18 @@ class KafkaSink:
             self._wake.clear()
             self._flush_once()
 
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Hand over what is pending and wait for Kafka's acks; returns whether all arrived."""
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        while any(self._queues.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.publisher.flush(max(0.0, deadline - time.monotonic()))
+
     def close(self) -> None:
-        """Publish what is pending, wait for the broker's acks, stop the thread."""
+        """Publish what is pending (waiting for the broker's acks, up to 30 s), then stop."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=30)
         self._flush_once()
-        try:
-            self._producer.flush(timeout_s=30)
-        except Exception as exc:
-            log.warning("final flush of the tap's Kafka producer failed: %s", exc)
+        self.publisher.close()

@@ -9,7 +9,9 @@ import pytest
 
 from collectors.canonical import TargetCanonicalizer
 from collectors.dialects import load_dialects
-from collectors.examples import (
+from collectors.exposition import ExpositionParser
+from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS
+from tests.collectors.examples import (
     dcgm_exposition,
     llamacpp_exposition,
     sglang_exposition,
@@ -17,8 +19,6 @@ from collectors.examples import (
     trtllm_serve_exposition,
     vllm_exposition,
 )
-from collectors.exposition import ExpositionParser
-from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS
 
 
 def rows_of(

@@ -1,4 +1,4 @@
-"""``llmslo scrape`` and ``llmslo collect`` through ``pipeline.cli.main``."""
+"""``llmslo scrape`` and ``llmslo collect`` through ``app.cli.main``."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.examples import dcgm_exposition, vllm_exposition
+from app.cli import main
 from pipeline.broker import free_port
 from pipeline.bus import Bus
-from pipeline.cli import main
+from tests.collectors.examples import dcgm_exposition, vllm_exposition
 from tests.collectors.piecewise import Page, PiecewiseServer
 
 PAGES = {

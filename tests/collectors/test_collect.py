@@ -22,16 +22,16 @@ from collectors.canonical import TargetCanonicalizer
 from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from collectors.discovery import TargetDiscovery
-from collectors.examples import vllm_exposition
 from collectors.exposition import ExpositionParser
 from collectors.metrics import CollectorMetrics
-from collectors.publisher import KafkaPublisher, PublishBuffer
 from pipeline.broker import EmbeddedBroker, free_port
 from pipeline.bus import Bus
 from pipeline.config import BusConfig, IngestConfig
 from pipeline.ingest import Ingester
+from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
 from pipeline.schema import ENGINE_SAMPLES, RecordSchema
 from pipeline.store import Store
+from tests.collectors.examples import vllm_exposition
 from tests.collectors.piecewise import MODES, Page, PiecewiseServer
 
 
@@ -281,7 +281,11 @@ def test_broker_outage_loses_nothing_within_the_buffer_bound_and_counts_overflow
     canonicalizer, parser = TargetCanonicalizer("10.0.0.7:8000"), ExpositionParser()
     rows_per_round = _batch(canonicalizer, parser, 1).num_rows
     metrics = CollectorMetrics()
-    buffer = PublishBuffer(max_rows=3 * rows_per_round, metrics=metrics)
+    buffer = PublishBuffer(
+        max_rows=3 * rows_per_round,
+        metrics=PublishMetrics("collect", metrics.registry),
+        on_drop=metrics.count_drop,
+    )
     broker = EmbeddedBroker(port=port).start()
     config = BusConfig(
         bootstrap_servers=broker.bootstrap_servers, topic_prefix="outage.", partitions=1
@@ -297,9 +301,9 @@ def test_broker_outage_loses_nothing_within_the_buffer_bound_and_counts_overflow
                 reconnect_backoff_max_ms=500,
             ),
             buffer,
-            metrics=metrics,
             publish_timeout_s=2.0,
             backoff_s=0.2,
+            backoff_max_s=1.0,
         ).start()
         buffer.put(ENGINE_SAMPLES, _batch(canonicalizer, parser, 1000))
         _wait(lambda: publisher.published_rows == rows_per_round, "first round published")
@@ -313,6 +317,12 @@ def test_broker_outage_loses_nothing_within_the_buffer_bound_and_counts_overflow
         assert (
             metrics.registry.get_sample_value(
                 "llmslo_collect_dropped_total", {"reason": "buffer_full"}
+            )
+            == 2 * rows_per_round
+        )
+        assert (
+            metrics.registry.get_sample_value(
+                "llmslo_dropped_total", {"component": "collect", "reason": "buffer_full"}
             )
             == 2 * rows_per_round
         )

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families as pc_families
 
-from collectors.examples import dcgm_exposition, sglang_exposition, vllm_exposition
 from collectors.exposition import ExpositionParser, parse_exposition, to_metric_families
+from tests.collectors.examples import dcgm_exposition, sglang_exposition, vllm_exposition
 
 
 def _normal(metrics: list[object]) -> list[tuple[object, ...]]:

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.collector import Collector, Fetched, fetch_exposition
 from collectors.config import CollectConfig, TargetConfig
-from collectors.examples import dcgm_exposition, sglang_exposition, vllm_exposition
 from collectors.exposition import parse_exposition, to_metric_families
 from pipeline.errors import DecodeError
+from tests.collectors.examples import dcgm_exposition, sglang_exposition, vllm_exposition
 from tests.collectors.piecewise import MODES, Page, PiecewiseServer
 
 MiB = 1024 * 1024
@@ -46,7 +46,7 @@ def scrape_once(url: str, **config: object) -> tuple[Collector, list[pa.Table]]:
     collector = Collector(
         CollectConfig(  # a short interval: run() waits one interval after its last round
             targets=[TargetConfig(url=url)], jitter_s=0, interval_s=0.1, **config
-        ),  # type: ignore[arg-type]
+        ),
         lambda schema, table: tables.append(table),
     )
     asyncio.run(collector.run(rounds=1))

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.canonical import TargetCanonicalizer
-from collectors.examples import vllm_exposition
 from collectors.exposition import ExpositionParser
 from collectors.inspect import inspect_exposition
 from collectors.semantics import REASONS
+from tests.collectors.examples import vllm_exposition
 from tests.collectors.piecewise import Page, PiecewiseServer
 from tests.collectors.test_exposition import expositions
 from tests.collectors.test_fetch import scrape_once

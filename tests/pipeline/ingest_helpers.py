@@ -70,7 +70,7 @@ def start_ingest(config: Path, db: Path, log: Path, *extra: str) -> subprocess.P
             [
                 sys.executable,
                 "-m",
-                "pipeline",
+                "app",
                 "-v",
                 "ingest",
                 "-c",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import build_parser, main
+from app.cli import build_parser, main
 
 
 def _subcommands() -> list[str]:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, Field
 
-from pipeline.cli import main
-from pipeline.config import load_config, parse_config, register_section
+from app.cli import main
+from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "llmslo.example.yaml"
@@ -59,12 +59,15 @@ def test_registered_sections_are_validated_by_their_owner() -> None:
     class Widget(BaseModel):
         size: int = Field(1, gt=0)
 
-    register_section("widget_for_test", Widget)
+    sections = {"widget_for_test": Widget}
     assert (
-        parse_config({"widget_for_test": {"size": 3}}).section("widget_for_test", Widget).size == 3
+        parse_config({"widget_for_test": {"size": 3}}, sections=sections)
+        .section("widget_for_test", Widget)
+        .size
+        == 3
     )
     with pytest.raises(ConfigError, match=r"widget_for_test\.size"):
-        parse_config({"widget_for_test": {"size": 0}})
+        parse_config({"widget_for_test": {"size": 0}}, sections=sections)
 
 
 @pytest.mark.parametrize(

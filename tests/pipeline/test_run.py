@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from app.run import Pipeline, load_model
 from pipeline.broker import EmbeddedBroker, free_port
 from pipeline.bus import Bus
 from pipeline.config import parse_config
-from pipeline.runner import Pipeline, load_model
 from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from tests.slo.factories import request, to_table
@@ -66,7 +66,7 @@ def test_run_ingests_tap_records_and_evaluates_slos_until_sigterm(bus: Bus, tmp_
             [
                 sys.executable,
                 "-m",
-                "pipeline",
+                "app",
                 "run",
                 "-c",
                 str(tmp_path / "llmslo.yaml"),

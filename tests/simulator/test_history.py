@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline.cli import main
+from app.cli import main
+from pipeline.publisher import Publisher
 from pipeline.schema import OUTCOMES, REQUEST_RECORDS
 from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS
 from pipeline.store import Store
@@ -84,16 +85,16 @@ def test_incidents_raise_ttft(store):
 
 
 def test_history_through_kafka(bus):
-    producer = bus.producer()
+    publisher = Publisher(bus.producer, component="sim-history")
     gen = HistoryGenerator(HistoryConfig(days=0.01, end_ts_ms=END, pods=2))
-    sink = BusSink(producer)
+    sink = BusSink(publisher)
     sent = 0
     for schema, table in gen.chunks():
         sink.write(schema, table)
         sent += table.num_rows
-    producer.flush()
-    producer.close()
+    publisher.close()
     assert sent > 0
+    assert publisher.published_rows == sent
 
 
 def test_cli_history_into_duckdb(tmp_path, capsys):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from app.cli import main
 from pipeline.store import Store
 from tests.slo.factories import T0_MS, histogram, insert, request
 

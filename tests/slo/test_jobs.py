@@ -10,6 +10,7 @@ from prometheus_client import start_http_server
 
 from pipeline.bus import Bus
 from pipeline.codec import decode_message
+from pipeline.publisher import Publisher
 from pipeline.schema import FLAG_TRANSITIONS
 from pipeline.store import Store
 from slo.flags import FlagPolicy, FlagTransition
@@ -132,10 +133,10 @@ def test_a_restart_resumes_the_stored_level_instead_of_re_announcing(store: Stor
 
 
 def test_transitions_are_published_to_the_flags_topic(store: Store, bus: Bus) -> None:
-    producer = bus.producer()
+    sink = BusTransitionSink(Publisher(bus.producer, component="slo-jobs"))
     fleet = FleetTimeline(instances=2, seconds=700).add_fault(0, 300, kv_leak)
-    replay(store, fleet, BusTransitionSink(producer), start_s=480)
-    producer.close()
+    replay(store, fleet, sink, start_s=480)
+    sink.close()
     consumer = bus.consumer(None)
     consumer.subscribe([bus.prefix + FLAG_TRANSITIONS.topic])
     rows: list[dict[str, Any]] = []
@@ -200,8 +201,7 @@ def _levels(transitions: list[FlagTransition]) -> list[int]:
 
 
 def test_the_slo_config_section_is_validated_by_field_path(tmp_path: Any) -> None:
-    import slo.cli  # noqa: F401  (registers the section)
-    from pipeline.config import load_config
+    from app.sections import load_config
     from pipeline.errors import ConfigError
 
     path = tmp_path / "llmslo.yaml"

@@ -121,12 +121,12 @@ class ScriptedUpstream:
         resp = web.StreamResponse(status=script.status, headers=script.headers)
         try:
             await resp.prepare(request)
-            for delay_s, data in script.pieces:
+            for delay_s, piece in script.pieces:
                 if delay_s:
                     await asyncio.sleep(delay_s)
-                if script.usage_aware and not wants_usage and b'"choices":[],"usage"' in data:
+                if script.usage_aware and not wants_usage and b'"choices":[],"usage"' in piece:
                     continue
-                await resp.write(data)
+                await resp.write(piece)
             if script.end == "reset":
                 assert request.transport is not None
                 request.transport.abort()

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 from kafka import TopicPartition
 
-import collectors.tap.cli  # noqa: F401  (registers the "tap" config section)
+from app.cli import main
+from app.sections import load_config
 from collectors.tap import KafkaSink, TapConfig, TapProxy
 from pipeline.bus import Bus
-from pipeline.cli import main
 from pipeline.codec import decode_message
-from pipeline.config import load_config
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS
 from tests.tap.fakes import CHAT, ScriptedUpstream, post, stream_script
 
@@ -53,7 +52,7 @@ def test_tap_process_proxies_and_writes_records_to_stdout() -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            "from pipeline.cli import console_main; console_main()",
+            "from app.cli import console_main; console_main()",
             "tap",
             "--listen",
             "127.0.0.1:0",
@@ -140,7 +139,7 @@ def test_tap_process_publishes_to_kafka_by_default(broker, tmp_path: Path) -> No
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            "from pipeline.cli import console_main; console_main()",
+            "from app.cli import console_main; console_main()",
             "tap",
             "-c",
             str(config),

@@ -50,8 +50,9 @@ def test_6000_client_model_names_keep_metrics_small_and_records_raw() -> None:
                 await asyncio.gather(*(one(m) for m in [*names, "llama-3-8b", "configured-7b"]))
             text = generate_latest(proxy.metrics.registry)
         data = reader.get_metrics_data()
+        assert data is not None
         otel_models = {
-            dict(point.attributes).get("gen_ai.request.model")
+            str(dict(point.attributes or {}).get("gen_ai.request.model"))
             for rm in data.resource_metrics
             for sm in rm.scope_metrics
             for metric in sm.metrics

@@ -105,6 +105,8 @@ def test_summary_agrees_with_the_gaps_it_summarises(gaps: list[float]) -> None:
     if not gaps:
         assert summary.mean_s is None and summary.jitter_s is None
         return
+    assert summary.p50_s is not None and summary.p90_s is not None
+    assert summary.p99_s is not None and summary.max_s is not None
     assert min(gaps) <= summary.p50_s <= summary.p90_s <= summary.p99_s <= summary.max_s
     assert {summary.p50_s, summary.p90_s, summary.p99_s} <= set(gaps)  # nearest rank
     assert summary.mean_s == pytest.approx(sum(gaps) / len(gaps))

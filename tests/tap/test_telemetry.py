@@ -131,7 +131,7 @@ def otlp_collector() -> Iterator[str]:
 
 
 def test_otlp_export_reaches_a_collector(otlp_collector: str) -> None:
-    from collectors.tap.cli import build_genai_otlp
+    from app.commands.tap import build_genai_otlp
 
     genai, providers = build_genai_otlp(otlp_collector)
 

@@ -14,21 +14,22 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from pipeline.broker import EmbeddedBroker
-from pipeline.bus import Bus
-from pipeline.cli import (
+from app.options import (
     add_common_options,
     add_subcommand,
     install_stop_handlers,
     print_json,
     resolve_config,
 )
-from pipeline.config import load_config
+from app.sections import load_config
+from pipeline.broker import EmbeddedBroker
+from pipeline.bus import Bus
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
 from pipeline.store import Store
 from pipeline.tables import render_tables_doc
+from slo.tables import SLO_TABLES
 
 __all__ = ["register"]
 
@@ -103,7 +104,7 @@ def register(subparsers: Any) -> None:
         "Print the documented DuckDB tables (Markdown).",
         "llmslo tables > docs/tables.md",
     )
-    tables.set_defaults(handler=lambda args: sys.stdout.write(render_tables_doc()) and 0)
+    tables.set_defaults(handler=lambda args: sys.stdout.write(render_tables_doc(SLO_TABLES)) and 0)
 
 
 def run_broker(args: argparse.Namespace) -> int:

@@ -17,30 +17,32 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, closing
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from app.options import add_common_options, install_stop_handlers, print_json, resolve_config
 from pipeline.bus import Bus
-from pipeline.cli import add_common_options, install_stop_handlers, print_json, resolve_config
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
+from pipeline.publisher import Publisher
 from pipeline.store import Store
 from slo.jobs import DAY_MS, CycleResult, JobsConfig, SloJobs
+from slo.loader import load_spec
 from slo.metrics import JobMetrics
 from slo.model import SloModel, build_model
 from slo.sinks import BusTransitionSink
-from slo.spec import load_spec
 
 __all__ = ["EXAMPLE_SPEC", "Pipeline", "load_model", "register"]
 
 log = logging.getLogger(__name__)
 
-#: The SLO spec used when none is configured (the seeds' targets).
-EXAMPLE_SPEC = Path(__file__).resolve().parents[1] / "config" / "slo.example.yaml"
+#: The SLO spec used when none is configured (the seeds' targets), shipped inside ``slo``.
+EXAMPLE_SPEC = Path(str(resources.files("slo").joinpath("slo.example.yaml")))
 
 
 def register(subparsers: Any) -> None:
@@ -60,7 +62,9 @@ def register(subparsers: Any) -> None:
     )
     add_common_options(run, db=True)
     run.add_argument(
-        "--spec", type=Path, help="SLO spec (default: slo.spec, else config/slo.example.yaml)"
+        "--spec",
+        type=Path,
+        help="SLO spec (default: slo.spec, else the example spec shipped with llmslo)",
     )
     run.add_argument(
         "--metrics-port", type=int, help="serve ingest and job /metrics on this loopback port"
@@ -106,7 +110,13 @@ class Pipeline:
             self.store.con.cursor(),
             model,
             config.section("slo", JobsConfig),
-            sink=BusTransitionSink(self._stack.enter_context(closing(self.bus.producer()))),
+            sink=self._stack.enter_context(
+                closing(
+                    BusTransitionSink(
+                        Publisher(self.bus.producer, component="slo-jobs", registry=self.registry)
+                    )
+                )
+            ),
             metrics=JobMetrics(self.registry),
             raw_pruner=self.store.prune,
             raw_retention_ms=int(config.store.raw_retention_days * DAY_MS),

@@ -11,21 +11,19 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from app.options import add_common_options, add_subcommand, print_json, resolve_config
 from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from collectors.inspect import inspect_url, render_report
 from collectors.metrics import CollectorMetrics
-from collectors.publisher import KafkaPublisher, PublishBuffer
 from pipeline.bus import Bus, BusProducer
-from pipeline.cli import add_common_options, add_subcommand, print_json, resolve_config
-from pipeline.config import register_section
 from pipeline.errors import BusError
+from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
 
 __all__ = ["register"]
 
 log = logging.getLogger(__name__)
 
-register_section("collect", CollectConfig)
 
 DIALECT_CHOICES = ("auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm")
 
@@ -126,9 +124,13 @@ def run_collect(args: argparse.Namespace) -> int:
                 bootstrap_timeout_ms=min(timeout_ms, 5000),
             )
 
-        buffer = PublishBuffer(collect.buffer_max_rows, metrics)
+        buffer = PublishBuffer(
+            collect.buffer_max_rows,
+            PublishMetrics("collect", metrics.registry),
+            on_drop=metrics.count_drop,
+        )
         publisher = KafkaPublisher(
-            make_producer, buffer, metrics=metrics, publish_timeout_s=collect.publish_timeout_s
+            make_producer, buffer, publish_timeout_s=collect.publish_timeout_s
         ).start()
         collector = Collector(collect, buffer.put, metrics=metrics)
         try:

@@ -3,40 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 import duckdb
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
-from pipeline.bus import Bus
-from pipeline.cli import (
+from app.options import (
     add_common_options,
     add_subcommand,
     install_stop_handlers,
     print_json,
     resolve_config,
 )
-from pipeline.config import LlmsloConfig, register_section
+from pipeline.bus import Bus
+from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
+from pipeline.publisher import Publisher
 from pipeline.store import Store
 from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.evaluate import evaluate
 from slo.jobs import DAY_MS, JobsConfig, SloJobs, data_clock
+from slo.loader import load_spec
 from slo.metrics import JobMetrics
 from slo.model import SloModel, build_model
 from slo.report import render_json, render_table
 from slo.rollup import Rollup
 from slo.sinks import BusTransitionSink, StoreTransitionSink, TransitionSink
-from slo.spec import load_spec
 
 __all__ = ["register"]
 
 log = logging.getLogger(__name__)
-
-register_section("slo", JobsConfig)
 
 
 def register(subparsers: Any) -> None:
@@ -156,9 +156,12 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sink(args: argparse.Namespace, store: Store, bus: Bus | None) -> TransitionSink:
+def _sink(
+    store: Store, bus: Bus | None, stack: contextlib.ExitStack, registry: CollectorRegistry
+) -> TransitionSink:
     if bus is not None:
-        return BusTransitionSink(bus.producer())
+        publisher = Publisher(bus.producer, component="slo-jobs", registry=registry)
+        return stack.enter_context(contextlib.closing(BusTransitionSink(publisher)))
     return StoreTransitionSink(store.con)
 
 
@@ -178,12 +181,12 @@ def run_jobs(args: argparse.Namespace) -> int:
         )
     bus = Bus(config.bus).start() if args.publish else None
     try:
-        with Store(config.store.path) as store:
+        with Store(config.store.path) as store, contextlib.ExitStack() as stack:
             jobs = SloJobs(
                 store.con,
                 model,
                 jobs_config,
-                sink=_sink(args, store, bus),
+                sink=_sink(store, bus, stack, metrics.registry),
                 metrics=metrics,
                 raw_pruner=store.prune,
                 raw_retention_ms=int(config.store.raw_retention_days * DAY_MS),

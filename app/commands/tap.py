@@ -14,20 +14,19 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from app.options import add_common_options, resolve_config
 from collectors.tap.config import TapConfig
 from collectors.tap.proxy import TapProxy, freeze_startup_heap, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
 from pipeline.bus import Bus
-from pipeline.cli import add_common_options, resolve_config
-from pipeline.config import LlmsloConfig, register_section
+from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
 
 __all__ = ["build_genai_otlp", "register"]
 
 log = logging.getLogger(__name__)
 
-register_section("tap", TapConfig)
 
 EXAMPLES = """\
 llmslo tap --listen 127.0.0.1:8100 --upstream http://127.0.0.1:8000
@@ -142,7 +141,7 @@ def run_tap(args: argparse.Namespace) -> int:
             bus.ensure_topics()
             sinks.append(
                 KafkaSink(
-                    bus.producer(),
+                    bus.producer,
                     batch_max_rows=tap.batch_max_rows,
                     flush_interval_s=tap.flush_interval_s,
                     max_pending=tap.max_pending_records,

@@ -21,11 +21,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from app.run import Pipeline, load_model
+from app.sections import load_config, parse_config
 from pipeline.broker import free_port
 from pipeline.bus import Bus
-from pipeline.config import LlmsloConfig, load_config, parse_config
+from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
-from pipeline.runner import Pipeline, load_model
 from pipeline.store import Store
 from slo.jobs import CycleResult
 from slo.report import render_table
@@ -68,7 +69,7 @@ def _child(
     reads would block the child once its buffer is full)."""
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", *args],
+            [sys.executable, "-m", "app", *args],
             stdout=subprocess.PIPE if read_stdout else log_file,
             stderr=log_file,
             text=True,

@@ -11,16 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.bus import Bus
-from pipeline.cli import (
+from app.options import (
     add_common_options,
     add_subcommand,
     install_stop_handlers,
     print_json,
     resolve_config,
 )
-from pipeline.config import register_section
+from pipeline.bus import Bus
 from pipeline.errors import ConfigError
+from pipeline.publisher import Publisher
 from pipeline.store import Store
 from simulator.config import DIALECTS, FleetConfig, load_fleet_config, simple_fleet
 from simulator.fleet import Fleet
@@ -32,7 +32,6 @@ from simulator.traces import load_trace, poisson_arrivals
 __all__ = ["register"]
 
 log = logging.getLogger(__name__)
-register_section("simulator", FleetConfig)
 
 
 def register(subparsers: Any) -> None:
@@ -222,10 +221,14 @@ def run_history(args: argparse.Namespace) -> int:
     if args.bootstrap_servers:
         with Bus(config.bus) as bus:
             bus.ensure_topics()
-            producer = bus.producer()
-            _drain(generator, BusSink(producer), rows)
-            producer.flush()
-            producer.close()
+            # A history is bigger than any live buffer: BusSink waits for each chunk's acks.
+            publisher = Publisher(
+                bus.producer, component="sim-history", max_rows=_HISTORY_BUFFER_ROWS
+            )
+            try:
+                _drain(generator, BusSink(publisher), rows)
+            finally:
+                publisher.close()
         target = f"kafka {config.bus.bootstrap_servers}"
     else:
         with Store(config.store.path) as store:
@@ -241,6 +244,10 @@ def run_history(args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+#: Rows the history publisher may hold: more than one generated hour of the largest fleet.
+_HISTORY_BUFFER_ROWS = 10_000_000
 
 
 def _drain(generator: HistoryGenerator, sink: HistorySink, rows: dict[str, int]) -> None:

@@ -1,0 +1,391 @@
+"""The one way llmslo publishes to Kafka: a bounded buffer drained by a retrying thread.
+
+Producers of rows (the collector's scrape loop, the tap's sink thread, the SLO jobs' flag
+transitions, the history generator) :meth:`Publisher.put` one Arrow table and go on: ``put``
+never waits for Kafka and never raises. A background thread takes the oldest batch, sends
+it one message per instance key and waits for every acknowledgement; parts that fail are
+re-sent with a fresh producer after an exponential back-off (``backoff_s`` doubling up to
+``backoff_max_s``) until they are acknowledged, so a broker outage only delays data.
+
+When the buffer would exceed ``max_rows``, the *oldest* batches are dropped (the newest
+state of the fleet is worth more than the oldest); rows still unpublished when the
+publisher is stopped are dropped too. Every drop is logged and counted under the one
+metric ``llmslo_dropped_total{component, reason}`` (reasons ``buffer_full``, ``shutdown``),
+next to ``llmslo_published_rows_total{component, topic}``,
+``llmslo_publish_errors_total{component}`` and ``llmslo_publish_buffered_rows{component}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from kafka.errors import KafkaError
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from pipeline.bus import BusProducer, split_by_key
+from pipeline.codec import encode_arrow, headers_for
+from pipeline.errors import BusError
+from pipeline.schema import RecordSchema
+
+__all__ = ["KafkaPublisher", "PendingBatch", "PublishBuffer", "PublishMetrics", "Publisher"]
+
+log = logging.getLogger(__name__)
+
+#: Called with (reason, rows) on every drop, besides the counter (a component's own metric).
+DropHook = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class _Families:
+    dropped: Counter
+    published: Counter
+    errors: Counter
+    buffered: Gauge
+
+
+#: One set of metric families per registry: several components may share a registry.
+_FAMILIES: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
+_FAMILIES_LOCK = threading.Lock()
+
+
+def _families(registry: CollectorRegistry) -> _Families:
+    with _FAMILIES_LOCK:
+        families = _FAMILIES.get(registry)
+        if families is None:
+            families = _Families(
+                Counter(
+                    "llmslo_dropped",
+                    "Rows dropped, by component and reason (buffer_full, shutdown)",
+                    ["component", "reason"],
+                    registry=registry,
+                ),
+                Counter(
+                    "llmslo_published_rows",
+                    "Rows acknowledged by Kafka, by component and topic",
+                    ["component", "topic"],
+                    registry=registry,
+                ),
+                Counter(
+                    "llmslo_publish_errors",
+                    "Failed publish attempts (retried after a back-off), by component",
+                    ["component"],
+                    registry=registry,
+                ),
+                Gauge(
+                    "llmslo_publish_buffered_rows",
+                    "Rows waiting for Kafka, by component",
+                    ["component"],
+                    registry=registry,
+                ),
+            )
+            _FAMILIES[registry] = families
+        return families
+
+
+class PublishMetrics:
+    """The publisher's metrics for one ``component`` (collect, tap, slo-jobs, sim-history)."""
+
+    def __init__(self, component: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.component = component
+        families = _families(self.registry)
+        self._dropped = families.dropped
+        self._published = families.published
+        self._errors = families.errors
+        self._buffered = families.buffered
+
+    def dropped(self, reason: str, rows: int) -> None:
+        self._dropped.labels(self.component, reason).inc(rows)
+
+    def published(self, topic: str, rows: int) -> None:
+        self._published.labels(self.component, topic).inc(rows)
+
+    def publish_error(self) -> None:
+        self._errors.labels(self.component).inc()
+
+    def buffered(self, rows: int) -> None:
+        self._buffered.labels(self.component).set(rows)
+
+
+@dataclass
+class PendingBatch:
+    """One table waiting for Kafka."""
+
+    schema: RecordSchema
+    table: pa.Table
+    enqueued_s: float = field(default_factory=time.monotonic)
+
+
+class PublishBuffer:
+    """A FIFO of batches bounded by their total rows (thread-safe; ``put`` never blocks)."""
+
+    def __init__(
+        self,
+        max_rows: int,
+        metrics: PublishMetrics | None = None,
+        *,
+        on_drop: DropHook | None = None,
+    ) -> None:
+        self.max_rows = max_rows
+        self.metrics = metrics or PublishMetrics("unnamed")
+        self.on_drop = on_drop
+        self.dropped_rows = 0
+        self._queue: deque[PendingBatch] = deque()
+        self._rows = 0
+        self._cond = threading.Condition()
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, schema: RecordSchema, table: pa.Table) -> int:
+        """Queue ``table``; returns rows dropped (oldest first) to stay within the bound."""
+        if table.num_rows == 0:
+            return 0
+        dropped = 0
+        with self._cond:
+            self._queue.append(PendingBatch(schema, table))
+            self._rows += table.num_rows
+            while self._rows > self.max_rows and self._queue:
+                old = self._queue.popleft()
+                self._rows -= old.table.num_rows
+                dropped += old.table.num_rows
+            self._cond.notify_all()
+        if dropped:
+            log.warning(
+                "%s publish buffer full (%d rows): dropped the oldest %d rows",
+                self.metrics.component,
+                self.max_rows,
+                dropped,
+            )
+            self.count_drop("buffer_full", dropped)
+        self.metrics.buffered(self._rows)
+        return dropped
+
+    def count_drop(self, reason: str, rows: int) -> None:
+        """Count ``rows`` dropped for ``reason`` (the metric, the hook and ``dropped_rows``)."""
+        self.dropped_rows += rows
+        self.metrics.dropped(reason, rows)
+        if self.on_drop is not None:
+            self.on_drop(reason, rows)
+
+    def take(self, timeout_s: float) -> PendingBatch | None:
+        """The oldest batch, removed from the buffer; ``None`` after ``timeout_s`` without one."""
+        with self._cond:
+            if not self._queue:
+                self._cond.wait(timeout_s)
+            if not self._queue:
+                return None
+            batch = self._queue.popleft()
+            self._rows -= batch.table.num_rows
+        self.metrics.buffered(self._rows)
+        return batch
+
+    def drain(self) -> int:
+        """Remove every batch; returns their rows (not counted: the caller says why)."""
+        with self._cond:
+            rows, self._rows = self._rows, 0
+            self._queue.clear()
+        self.metrics.buffered(0)
+        return rows
+
+
+class KafkaPublisher:
+    """Drains a :class:`PublishBuffer` into Kafka on a background thread, retrying with back-off."""
+
+    def __init__(
+        self,
+        producer_factory: Callable[[], BusProducer],
+        buffer: PublishBuffer,
+        *,
+        publish_timeout_s: float = 10.0,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+    ) -> None:
+        self.producer_factory = producer_factory
+        self.producer: BusProducer | None = None
+        self.buffer = buffer
+        self.metrics = buffer.metrics
+        self.publish_timeout_s = publish_timeout_s
+        self.backoff_s = backoff_s
+        self.backoff_max_s = max(backoff_max_s, backoff_s)
+        self.published_rows = 0
+        self.in_flight_rows = 0
+        self._stop = threading.Event()
+        self._abandon = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"llmslo-{self.metrics.component}-publish", daemon=True
+        )
+
+    def start(self) -> KafkaPublisher:
+        self._thread.start()
+        return self
+
+    def idle(self) -> bool:
+        """Nothing buffered and nothing in flight: everything put so far is acked or dropped."""
+        return len(self.buffer) == 0 and self.in_flight_rows == 0
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until :meth:`idle`; returns whether it got there."""
+        deadline = time.monotonic() + timeout_s
+        while not self.idle():
+            if time.monotonic() >= deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.01)
+        return True
+
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Publish what is buffered (up to ``drain_timeout_s``), then stop the thread; what is
+        left is dropped with reason ``shutdown``."""
+        self._stop.set()
+        self._thread.join(drain_timeout_s)
+        if self._thread.is_alive():
+            self._abandon.set()
+            self._thread.join(self.publish_timeout_s + 5)
+            left = self.buffer.drain() + self.in_flight_rows
+            self.in_flight_rows = 0
+            if left:
+                log.warning("%s: stopped with %d rows unpublished", self.metrics.component, left)
+                self.buffer.count_drop("shutdown", left)
+
+    def _run(self) -> None:
+        while not self._abandon.is_set():
+            batch = self.buffer.take(0.2)
+            if batch is None:
+                if self._stop.is_set():
+                    return
+                continue
+            self.in_flight_rows = batch.table.num_rows
+            self._deliver(batch)
+            if not self._abandon.is_set():
+                self.in_flight_rows = 0
+
+    def _deliver(self, batch: PendingBatch) -> None:
+        pieces = list(split_by_key(batch.schema, batch.table))
+        backoff_s = self.backoff_s
+        while pieces and not self._abandon.is_set():
+            pieces = self._send(batch.schema, pieces)
+            if pieces:
+                # A producer that failed may be wedged for good (e.g. its idempotent producer
+                # id is unknown to a restarted broker): start over with a fresh one.
+                self.metrics.publish_error()
+                self._close_producer()
+                self._abandon.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, self.backoff_max_s)
+
+    def close(self) -> None:
+        """Close the current producer (after :meth:`stop`)."""
+        self._close_producer()
+
+    def _close_producer(self) -> None:
+        if self.producer is not None:
+            try:
+                self.producer.close(timeout_s=0)
+            except KafkaError as exc:  # closing a broken producer may complain; it is gone anyway
+                log.debug("closing producer: %s", exc)
+            self.producer = None
+
+    def _send(
+        self, schema: RecordSchema, pieces: list[tuple[bytes, pa.Table]]
+    ) -> list[tuple[bytes, pa.Table]]:
+        """Send every piece and wait for the acks; returns the pieces that failed."""
+        sent: list[tuple[tuple[bytes, pa.Table], Any]] = []
+        failed: list[tuple[bytes, pa.Table]] = []
+        if self.producer is None:
+            try:
+                self.producer = self.producer_factory()
+            except (KafkaError, BusError) as exc:
+                log.debug("cannot create a producer: %s", exc)
+                return pieces
+        for piece in pieces:
+            key, rows = piece
+            try:
+                future = self.producer.send_raw(
+                    schema.topic, encode_arrow(schema, rows), key=key, headers=headers_for(schema)
+                )
+                sent.append((piece, future))
+            except KafkaError as exc:
+                log.debug("send to %s failed: %s", schema.topic, exc)
+                failed.append(piece)
+        for piece, future in sent:
+            try:
+                future.get(timeout=self.publish_timeout_s + 5)
+            except (KafkaError, TimeoutError) as exc:
+                log.debug("delivery to %s failed: %s", schema.topic, exc)
+                failed.append(piece)
+                continue
+            self.published_rows += piece[1].num_rows
+            self.metrics.published(schema.topic, piece[1].num_rows)
+        if failed:
+            log.warning(
+                "%s: %d of %d messages to %s not acknowledged; retrying",
+                self.metrics.component,
+                len(failed),
+                len(pieces),
+                schema.topic,
+            )
+        return failed
+
+
+class Publisher:
+    """A :class:`PublishBuffer` and its :class:`KafkaPublisher`, started: what components hold.
+
+    ``put(schema, table)`` never blocks or raises; ``flush(timeout_s)`` waits for the acks
+    of everything put so far; ``close()`` drains (up to ``drain_timeout_s``) and stops.
+    """
+
+    def __init__(
+        self,
+        producer_factory: Callable[[], BusProducer],
+        *,
+        component: str,
+        max_rows: int = 1_000_000,
+        registry: CollectorRegistry | None = None,
+        on_drop: DropHook | None = None,
+        publish_timeout_s: float = 10.0,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+        drain_timeout_s: float = 30.0,
+    ) -> None:
+        self.metrics = PublishMetrics(component, registry)
+        self.buffer = PublishBuffer(max_rows, self.metrics, on_drop=on_drop)
+        self.drain_timeout_s = drain_timeout_s
+        self.kafka = KafkaPublisher(
+            producer_factory,
+            self.buffer,
+            publish_timeout_s=publish_timeout_s,
+            backoff_s=backoff_s,
+            backoff_max_s=backoff_max_s,
+        ).start()
+
+    def put(self, schema: RecordSchema, table: pa.Table) -> int:
+        """Queue ``table`` for Kafka; returns rows dropped to stay within ``max_rows``."""
+        return self.buffer.put(schema, table)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for everything put so far to be acknowledged (or dropped)."""
+        return self.kafka.flush(timeout_s)
+
+    @property
+    def published_rows(self) -> int:
+        return self.kafka.published_rows
+
+    @property
+    def unpublished_rows(self) -> int:
+        return self.buffer.rows + self.kafka.in_flight_rows
+
+    def close(self) -> None:
+        """Publish what is buffered (up to ``drain_timeout_s``), stop, close the producer."""
+        self.kafka.stop(self.drain_timeout_s)
+        self.kafka.close()

@@ -1,0 +1,78 @@
+"""The declared Arrow schemas of :mod:`slo.queries`' answers (exported from there).
+
+Times are Unix epoch ms (``*_ts_ms``), latencies seconds (``*_s``); an empty answer has
+the same columns.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = [
+    "BUDGET_SCHEMA",
+    "ENGINE_SERIES_SCHEMA",
+    "FINDINGS_SCHEMA",
+    "FLAGS_SCHEMA",
+    "GHOSTS_SCHEMA",
+    "GPU_SERIES_SCHEMA",
+    "LATENCY_SCHEMA",
+    "OUTCOMES_SCHEMA",
+    "STATUS_SCHEMA",
+]
+
+_S, _I64, _F64 = pa.string(), pa.int64(), pa.float64()
+STATUS_SCHEMA = pa.schema(
+    [
+        ("slo_id", _S), ("group_json", _S), ("ts_ms", _I64), ("name", _S), ("objective", _F64),
+        ("sli", _F64), ("events", _I64), ("bad", _I64), ("budget_remaining", _F64),
+        ("burn_rates_json", _S), ("alerting", pa.bool_()), ("status_json", _S),
+    ]
+)  # fmt: skip
+BUDGET_SCHEMA = pa.schema(
+    [
+        ("bucket_ts_ms", _I64), ("total", _I64), ("bad", _I64), ("error_ratio", _F64),
+        ("burn_rate", _F64), ("budget_remaining", _F64),
+    ]
+)  # fmt: skip
+FINDINGS_SCHEMA = pa.schema(
+    [
+        ("ts_ms", _I64), ("state", _S), ("signal", _S), ("scope", _S), ("scope_id", _S),
+        ("pool", _S), ("severity", _S), ("basis", _S), ("evidence_json", _S),
+    ]
+)  # fmt: skip
+FLAGS_SCHEMA = pa.schema(
+    [
+        ("ts_ms", _I64), ("scope", _S), ("scope_id", _S), ("pool", _S), ("from_level", pa.int8()),
+        ("to_level", pa.int8()), ("reason", _S), ("evidence_json", _S),
+    ]
+)  # fmt: skip
+LATENCY_SCHEMA = pa.schema(
+    [
+        ("bucket_ts_ms", _I64), ("pool", _S), ("instance", _S), ("samples", _I64),
+        ("mean_s", _F64), ("p50_s", _F64), ("p90_s", _F64), ("p99_s", _F64), ("max_s", _F64),
+    ]
+)  # fmt: skip
+OUTCOMES_SCHEMA = pa.schema(
+    [
+        ("bucket_ts_ms", _I64), ("pool", _S), ("instance", _S), ("outcome", _S),
+        ("attempts", _I64), ("requests", _I64),
+    ]
+)  # fmt: skip
+GHOSTS_SCHEMA = pa.schema(
+    [
+        ("bucket_ts_ms", _I64), ("instance", _S), ("pool", _S), ("disconnects", _I64),
+        ("ghosts", _I64), ("tokens_after_disconnect", _I64),
+    ]
+)  # fmt: skip
+ENGINE_SERIES_SCHEMA = pa.schema(
+    [
+        ("bucket_ts_ms", _I64), ("instance", _S), ("pool", _S), ("engine", _S), ("signal", _S),
+        ("labels_json", _S), ("kind", _S), ("value", _F64), ("value_max", _F64),
+    ]
+)  # fmt: skip
+GPU_SERIES_SCHEMA = pa.schema(
+    [
+        ("bucket_ts_ms", _I64), ("instance", _S), ("hostname", _S), ("gpu", pa.int32()),
+        ("uuid", _S), ("signal", _S), ("value", _F64), ("value_max", _F64),
+    ]
+)  # fmt: skip

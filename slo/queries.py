@@ -1,0 +1,444 @@
+"""The read API of the SLO tables and the raw tables behind them: one function per question.
+
+What the dashboards, the HTTP API and the alert pusher ask, each answered as an Arrow
+table with a declared schema (the ``*_SCHEMA`` constants; an empty answer has the same
+columns). Every function takes a DuckDB connection first: a cursor of the writer's
+connection (``store.con.cursor()`` inside ``llmslo run``: DuckDB lets no other process
+open a file that one process writes) or a read-only connection to a file nobody writes.
+A table the jobs have not created yet reads as empty.
+
+Values are always bound parameters; column names come from fixed tables here. Ranges are
+``[start_ms, end_ms)`` in Unix epoch ms, at most 90 days; buckets are whole minutes
+starting at multiples of ``bucket_ms`` since the epoch, at most 5,000 per series; listings
+return at most ``limit`` (≤ 10,000) rows. A bad parameter raises
+:class:`pipeline.errors.QueryError` naming it (see :mod:`slo._query_params`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import duckdb
+import pyarrow as pa
+
+from slo._query_params import (
+    check_choice,
+    check_fraction,
+    check_grid,
+    check_limit,
+    check_range,
+    check_seconds,
+    check_text,
+    check_texts,
+    check_ts_ms,
+)
+from slo._query_schemas import (
+    BUDGET_SCHEMA,
+    ENGINE_SERIES_SCHEMA,
+    FINDINGS_SCHEMA,
+    FLAGS_SCHEMA,
+    GHOSTS_SCHEMA,
+    GPU_SERIES_SCHEMA,
+    LATENCY_SCHEMA,
+    OUTCOMES_SCHEMA,
+    STATUS_SCHEMA,
+)
+from slo.rollup import HOUR_MS
+
+__all__ = [
+    "BUDGET_SCHEMA",
+    "ENGINE_SERIES_SCHEMA",
+    "FINDINGS_SCHEMA",
+    "FLAGS_SCHEMA",
+    "GHOSTS_SCHEMA",
+    "GPU_SERIES_SCHEMA",
+    "LATENCY_SCHEMA",
+    "OUTCOMES_SCHEMA",
+    "STATUS_SCHEMA",
+    "budget_series",
+    "current_flags",
+    "engine_series",
+    "findings",
+    "flag_timeline",
+    "ghost_counts",
+    "gpu_series",
+    "latency_percentiles",
+    "open_findings",
+    "outcome_counts",
+    "slo_status",
+]
+
+LatencyMetric = Literal["ttft", "tpot", "itl", "e2e"]
+Breakdown = Literal["pool", "instance"]
+
+#: Request-record column of each latency metric (ITL: every gap, chunk-weighted).
+_LATENCY_COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "gap_s"}
+_GROUP_COLUMNS = ("pool", "instance", "tenant", "route")
+#: Counter samples read before the range so the first bucket's increase is known.
+_COUNTER_LOOKBACK_MS = 10 * 60_000
+
+
+def _run(
+    con: duckdb.DuckDBPyConnection,
+    schema: pa.Schema,
+    tables: Sequence[str],
+    sql: str,
+    params: Sequence[object],
+) -> pa.Table:
+    """Run ``sql`` and cast its answer to ``schema``; empty when a table in ``tables`` is missing."""
+    present = {
+        name
+        for (name,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+            "UNION ALL SELECT view_name FROM duckdb_views() WHERE database_name = current_database()"
+        ).fetchall()
+    }
+    if not set(tables) <= present:
+        return schema.empty_table()
+    table: pa.Table = con.sql(sql, params=list(params)).to_arrow_table()
+    return table.rename_columns(schema.names).cast(schema)
+
+
+def _optional(column: str, value: object, parameter: str) -> tuple[str, list[object]]:
+    if value is None:
+        return "", []
+    return f" AND {column} = ?", [check_text(parameter, value)]
+
+
+def _optional_in(column: str, values: object, parameter: str) -> tuple[str, list[object]]:
+    if values is None:
+        return "", []
+    checked = check_texts(parameter, values)
+    return f" AND {column} IN ({', '.join('?' * len(checked))})", list(checked)
+
+
+def slo_status(con: duckdb.DuckDBPyConnection, *, slo_id: str | None = None) -> pa.Table:
+    """Every SLO group's status at the last evaluation (``slo_status_current``).
+
+    ``sli`` is the period's good ratio, ``budget_remaining`` a fraction of the budget (may be
+    negative), ``burn_rates_json`` the burn rate per window, ``alerting`` whether any alert
+    window pair fires. Ordered by ``slo_id`` and group.
+    """
+    where, params = _optional("slo_id", slo_id, "slo_id")
+    sql = f"""
+        SELECT slo_id, group_json, ts_ms, status_json->>'name', (status_json->>'objective')::DOUBLE,
+               (status_json->>'sli')::DOUBLE, (status_json->>'events')::BIGINT,
+               (status_json->>'bad')::BIGINT, (status_json->>'budget_remaining')::DOUBLE,
+               (status_json->'burn_rates')::VARCHAR,
+               coalesce(list_contains(CAST(json_extract(status_json, '$.pairs[*].alerting') AS BOOLEAN[]), true), false),
+               status_json
+        FROM slo_status_current WHERE true{where} ORDER BY slo_id, group_json"""
+    return _run(con, STATUS_SCHEMA, ["slo_status_current"], sql, params)
+
+
+def budget_series(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    slo_id: str,
+    objective: float,
+    start_ms: int,
+    end_ms: int,
+    bucket_ms: int,
+    group: Mapping[str, str] | None = None,
+) -> pa.Table:
+    """Events, error ratio, burn rate and budget left per bucket of one SLO.
+
+    ``burn_rate`` = error_ratio / (1 − ``objective``); ``budget_remaining`` is cumulative
+    from ``start_ms``: 1 − Σbad / ((1 − objective) · Σtotal). Buckets without events are
+    absent (no NaN). ``group`` narrows to groups whose ``pool``/``instance``/``tenant``/
+    ``route`` equal the given values. Reads ``slo_hour`` when buckets are whole hours,
+    else ``slo_minute`` (kept 35 days by default).
+    """
+    slo = check_text("slo_id", slo_id)
+    allowed = 1.0 - check_fraction("objective", objective, low=0.0, high=1.0)
+    grid = check_grid(start_ms, end_ms, bucket_ms)
+    where, params = "", list[object]()
+    for column, value in sorted((group or {}).items()):
+        check_choice("group", column, _GROUP_COLUMNS)
+        where += f" AND {column} = ?"
+        params.append(check_text(f"group.{column}", value))
+    source = "slo_hour" if grid.bucket_ms % HOUR_MS == 0 else "slo_minute"
+    sql = f"""
+        WITH buckets AS (
+            SELECT ts_ms // ? * ? AS bucket_ts_ms, sum(total) AS total, sum(bad) AS bad
+            FROM {source}
+            WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?
+              AND key_id IN (SELECT key_id FROM slo_keys WHERE slo_id = ?{where})
+            GROUP BY ALL HAVING sum(total) > 0
+        )
+        SELECT bucket_ts_ms, total, bad, bad / total, bad / total / ?,
+               1 - sum(bad) OVER w / (? * sum(total) OVER w)
+        FROM buckets WINDOW w AS (ORDER BY bucket_ts_ms) ORDER BY bucket_ts_ms"""
+    bound = [grid.bucket_ms, grid.bucket_ms, slo, grid.start_ms, grid.end_ms, slo, *params]
+    return _run(con, BUDGET_SCHEMA, [source, "slo_keys"], sql, [*bound, allowed, allowed])
+
+
+def findings(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    start_ms: int,
+    end_ms: int,
+    signal: str | None = None,
+    scope_id: str | None = None,
+    state: Literal["firing", "resolved"] | None = None,
+    limit: int = 1_000,
+) -> pa.Table:
+    """Findings that started or ended in the range, newest first, with their evidence (JSON)."""
+    start, end = check_range(start_ms, end_ms)
+    params: list[object] = [start, end]
+    where = ""
+    for column, value in (("signal", signal), ("scope_id", scope_id)):
+        clause, values = _optional(column, value, column)
+        where, params = where + clause, params + values
+    if state is not None:
+        where += " AND state = ?"
+        params.append(check_choice("state", state, ("firing", "resolved")))
+    sql = f"""
+        SELECT ts_ms, state, signal, scope, scope_id, pool, severity, basis, evidence_json
+        FROM slo_findings WHERE ts_ms >= ? AND ts_ms < ?{where}
+        ORDER BY ts_ms DESC, signal, scope_id LIMIT ?"""
+    return _run(con, FINDINGS_SCHEMA, ["slo_findings"], sql, [*params, check_limit(limit)])
+
+
+def open_findings(con: duckdb.DuckDBPyConnection, *, at_ms: int | None = None) -> pa.Table:
+    """Findings firing at ``at_ms`` (default: now in the data): each signal × scope whose
+    last state change up to then is ``firing``. Ordered by signal and scope id."""
+    where, params = "", []
+    if at_ms is not None:
+        where, params = " WHERE ts_ms <= ?", [check_ts_ms("at_ms", at_ms)]
+    sql = f"""
+        SELECT * FROM (
+            SELECT ts_ms, state, signal, scope, scope_id, pool, severity, basis, evidence_json
+            FROM slo_findings{where}
+            QUALIFY row_number() OVER (PARTITION BY signal, scope, scope_id ORDER BY ts_ms DESC) = 1
+        ) WHERE state = 'firing' ORDER BY signal, scope_id"""
+    return _run(con, FINDINGS_SCHEMA, ["slo_findings"], sql, params)
+
+
+def flag_timeline(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    start_ms: int,
+    end_ms: int,
+    scope: Literal["pool", "instance"] | None = None,
+    scope_id: str | None = None,
+    limit: int = 1_000,
+) -> pa.Table:
+    """Degradation-level transitions in the range, oldest first (the newest ``limit``)."""
+    start, end = check_range(start_ms, end_ms)
+    params: list[object] = [start, end]
+    where = ""
+    if scope is not None:
+        where += " AND scope = ?"
+        params.append(check_choice("scope", scope, ("pool", "instance")))
+    clause, values = _optional("scope_id", scope_id, "scope_id")
+    sql = f"""
+        SELECT * FROM (
+            SELECT ts_ms, scope, scope_id, pool, from_level, to_level, reason, evidence_json
+            FROM flag_transitions WHERE ts_ms >= ? AND ts_ms < ?{where}{clause}
+            ORDER BY ts_ms DESC, scope_id LIMIT ?
+        ) ORDER BY ts_ms, scope_id"""
+    params += [*values, check_limit(limit)]
+    return _run(con, FLAGS_SCHEMA, ["flag_transitions"], sql, params)
+
+
+def current_flags(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    scope: Literal["pool", "instance"] | None = None,
+    at_ms: int | None = None,
+) -> pa.Table:
+    """The level of every scope at ``at_ms`` (default: its last transition): one row per scope,
+    the transition that set it (``ts_ms`` = since when, ``to_level`` = the level)."""
+    where, params = "WHERE true", list[object]()
+    if scope is not None:
+        where += " AND scope = ?"
+        params.append(check_choice("scope", scope, ("pool", "instance")))
+    if at_ms is not None:
+        where += " AND ts_ms <= ?"
+        params.append(check_ts_ms("at_ms", at_ms))
+    sql = f"""
+        SELECT ts_ms, scope, scope_id, pool, from_level, to_level, reason, evidence_json
+        FROM flag_transitions {where}
+        QUALIFY row_number() OVER (PARTITION BY scope, scope_id ORDER BY ts_ms DESC) = 1
+        ORDER BY scope, scope_id"""
+    return _run(con, FLAGS_SCHEMA, ["flag_transitions"], sql, params)
+
+
+def _request_filter(
+    start_ms: int, end_ms: int, bucket_ms: int, pool: str | None, instance: str | None
+) -> tuple[int, str, list[object]]:
+    grid = check_grid(start_ms, end_ms, bucket_ms)
+    where = "received_ts_ms >= ? AND received_ts_ms < ?"
+    params: list[object] = [grid.start_ms, grid.end_ms]
+    for column, value in (("pool", pool), ("instance", instance)):
+        clause, values = _optional(column, value, column)
+        where, params = where + clause, params + values
+    return grid.bucket_ms, where, params
+
+
+def _breakdown(by: object) -> tuple[str, str]:
+    """(pool expression, instance expression) of a per-pool or per-instance grouping."""
+    if check_choice("by", by, ("pool", "instance")) == "pool":
+        return "pool", "NULL"
+    return "any_value(pool)", "instance"
+
+
+def latency_percentiles(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    metric: LatencyMetric,
+    start_ms: int,
+    end_ms: int,
+    bucket_ms: int,
+    by: Breakdown = "pool",
+    pool: str | None = None,
+    instance: str | None = None,
+) -> pa.Table:
+    """Mean, p50, p90, p99 and max of one latency (seconds) per bucket and pool or instance.
+
+    From tap request records received in the range: TTFT, TPOT and E2E one value per
+    attempt that has it; ITL every gap between token chunks (chunk-weighted, DESIGN §3).
+    """
+    column = _LATENCY_COLUMN[check_choice("metric", metric, ("ttft", "tpot", "itl", "e2e"))]
+    bucket, where, params = _request_filter(start_ms, end_ms, bucket_ms, pool, instance)
+    pool_sql, instance_sql = _breakdown(by)
+    source = (
+        f"(SELECT *, unnest(itl_gaps_s)::DOUBLE AS gap_s FROM requests WHERE {where})"
+        if metric == "itl"
+        else f"(SELECT * FROM requests WHERE {where})"
+    )
+    group = "instance" if by == "instance" else "pool"
+    sql = f"""
+        SELECT received_ts_ms // ? * ? AS bucket_ts_ms, {pool_sql}, {instance_sql}, count(*),
+               avg({column}), quantile_cont({column}, 0.5), quantile_cont({column}, 0.9),
+               quantile_cont({column}, 0.99), max({column})
+        FROM {source} WHERE {column} IS NOT NULL AND isfinite({column})
+        GROUP BY bucket_ts_ms, {group} ORDER BY bucket_ts_ms, {group}"""
+    return _run(con, LATENCY_SCHEMA, ["requests"], sql, [bucket, bucket, *params])
+
+
+def outcome_counts(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    start_ms: int,
+    end_ms: int,
+    bucket_ms: int,
+    by: Breakdown = "pool",
+    pool: str | None = None,
+    instance: str | None = None,
+) -> pa.Table:
+    """Attempts and client requests (distinct ``original_request_id``) per outcome, bucket and
+    pool or instance."""
+    bucket, where, params = _request_filter(start_ms, end_ms, bucket_ms, pool, instance)
+    pool_sql, instance_sql = _breakdown(by)
+    group = "instance" if by == "instance" else "pool"
+    sql = f"""
+        SELECT received_ts_ms // ? * ? AS bucket_ts_ms, {pool_sql}, {instance_sql}, outcome,
+               count(*), count(DISTINCT coalesce(original_request_id, request_id))
+        FROM requests WHERE {where}
+        GROUP BY bucket_ts_ms, {group}, outcome ORDER BY bucket_ts_ms, {group}, outcome"""
+    return _run(con, OUTCOMES_SCHEMA, ["requests"], sql, [bucket, bucket, *params])
+
+
+def ghost_counts(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    start_ms: int,
+    end_ms: int,
+    bucket_ms: int,
+    ghost_grace_s: float = 2.0,
+    pool: str | None = None,
+    instance: str | None = None,
+) -> pa.Table:
+    """Per bucket and instance, the tap's side of ghost requests (DESIGN §3): client
+    disconnects, attempts whose upstream closed more than ``ghost_grace_s`` after the client
+    left, and tokens the engine generated after a disconnect (drain mode). The engine's side
+    (running above the tap's in-flight) is in the ``ghost_requests`` findings."""
+    grace_ms = round(check_seconds("ghost_grace_s", ghost_grace_s, high=3600.0) * 1000)
+    bucket, where, params = _request_filter(start_ms, end_ms, bucket_ms, pool, instance)
+    sql = f"""
+        SELECT received_ts_ms // ? * ? AS bucket_ts_ms, instance, any_value(pool),
+               count(*) FILTER (WHERE coalesce(client_disconnected, false)),
+               count(*) FILTER (WHERE upstream_closed_ts_ms - disconnect_ts_ms > ?),
+               coalesce(sum(tokens_after_disconnect), 0)
+        FROM requests WHERE {where}
+        GROUP BY bucket_ts_ms, instance
+        HAVING count(*) FILTER (WHERE coalesce(client_disconnected, false)) > 0
+        ORDER BY bucket_ts_ms, instance"""
+    return _run(con, GHOSTS_SCHEMA, ["requests"], sql, [bucket, bucket, grace_ms, *params])
+
+
+def engine_series(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    signals: Sequence[str],
+    start_ms: int,
+    end_ms: int,
+    bucket_ms: int,
+    instances: Sequence[str] | None = None,
+    pool: str | None = None,
+) -> pa.Table:
+    """Canonical engine signals per bucket and series (instance × engine rank × labels).
+
+    Gauges: ``value`` the mean, ``value_max`` the maximum in the bucket. Counters:
+    ``value`` the rate per second (increase over the bucket, counter resets handled),
+    ``value_max`` null. Series are never summed across instances or ranks.
+    """
+    wanted = check_texts("signals", signals)
+    grid = check_grid(start_ms, end_ms, bucket_ms)
+    where = f"signal IN ({', '.join('?' * len(wanted))}) AND kind IN ('gauge', 'counter')"
+    params: list[object] = list(wanted)
+    clause, values = _optional_in("instance", instances, "instances")
+    where, params = where + clause, params + values
+    clause, values = _optional("pool", pool, "pool")
+    where, params = where + clause, params + values
+    sql = f"""
+        WITH samples AS (
+            SELECT ts_ms, instance, pool, coalesce(engine, '') AS engine, signal,
+                   coalesce(labels_json, '{{}}') AS labels_json, kind, value,
+                   value - lag(value) OVER (
+                       PARTITION BY instance, engine, metric, labels_json ORDER BY ts_ms) AS delta
+            FROM engine_samples WHERE ts_ms >= ? AND ts_ms < ? AND {where}
+        )
+        SELECT ts_ms // ? * ? AS bucket_ts_ms, instance, any_value(pool), engine, signal,
+               labels_json, kind,
+               CASE kind WHEN 'gauge' THEN avg(value)
+                    ELSE sum(CASE WHEN delta < 0 THEN value ELSE delta END) / (? / 1000.0) END,
+               CASE kind WHEN 'gauge' THEN max(value) END
+        FROM samples WHERE ts_ms >= ?
+        GROUP BY bucket_ts_ms, instance, engine, signal, labels_json, kind
+        ORDER BY bucket_ts_ms, instance, engine, signal, labels_json"""
+    params = [grid.start_ms - _COUNTER_LOOKBACK_MS, grid.end_ms, *params]
+    params += [grid.bucket_ms, grid.bucket_ms, grid.bucket_ms, grid.start_ms]
+    return _run(con, ENGINE_SERIES_SCHEMA, ["engine_samples"], sql, params)
+
+
+def gpu_series(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    signals: Sequence[str],
+    start_ms: int,
+    end_ms: int,
+    bucket_ms: int,
+    instances: Sequence[str] | None = None,
+    hostname: str | None = None,
+) -> pa.Table:
+    """DCGM signals per bucket and GPU: mean (``value``) and maximum (``value_max``)."""
+    wanted = check_texts("signals", signals)
+    grid = check_grid(start_ms, end_ms, bucket_ms)
+    where = f"signal IN ({', '.join('?' * len(wanted))})"
+    params: list[object] = list(wanted)
+    clause, values = _optional_in("instance", instances, "instances")
+    where, params = where + clause, params + values
+    clause, values = _optional("hostname", hostname, "hostname")
+    where, params = where + clause, params + values
+    sql = f"""
+        SELECT ts_ms // ? * ? AS bucket_ts_ms, instance, any_value(hostname), gpu, uuid, signal,
+               avg(value), max(value)
+        FROM gpu_samples WHERE ts_ms >= ? AND ts_ms < ? AND {where}
+        GROUP BY bucket_ts_ms, instance, gpu, uuid, signal
+        ORDER BY bucket_ts_ms, instance, gpu, signal"""
+    params = [grid.bucket_ms, grid.bucket_ms, grid.start_ms, grid.end_ms, *params]
+    return _run(con, GPU_SERIES_SCHEMA, ["gpu_samples"], sql, params)

@@ -1,0 +1,128 @@
+"""The SLO engine's own DuckDB tables, declared once: DDL, column comments, documentation.
+
+:mod:`slo.rollup` creates the rollup tables, :mod:`slo.sinks` the jobs' outputs, both
+from these declarations; ``llmslo tables`` renders them into ``docs/tables.md`` after the
+spine's tables; :mod:`slo.queries` reads them.
+"""
+
+from __future__ import annotations
+
+from pipeline.tables import TableDoc
+
+__all__ = [
+    "OUTPUT_TABLES",
+    "ROLLUP_TABLES",
+    "SLO_FINDINGS",
+    "SLO_HOUR",
+    "SLO_KEYS",
+    "SLO_MINUTE",
+    "SLO_ROLLUP_STATE",
+    "SLO_STATUS_CURRENT",
+    "SLO_TABLES",
+]
+
+
+def _counts(grain: str) -> tuple[tuple[str, str, str], ...]:
+    return (
+        ("slo_id", "VARCHAR NOT NULL", "the SLO (service-name), see slo_keys"),
+        ("key_id", "BIGINT NOT NULL", "the SLO × group, see slo_keys"),
+        ("ts_ms", "BIGINT NOT NULL", f"{grain} start, Unix epoch ms"),
+        ("total", "BIGINT NOT NULL", f"events of the SLI in that {grain} (client requests)"),
+        ("bad", "BIGINT NOT NULL", f"bad events of the SLI in that {grain}"),
+    )
+
+
+SLO_KEYS = TableDoc(
+    name="slo_keys",
+    doc="The integer key of one SLO × (pool, instance, tenant, route) group.",
+    facts=(
+        "key: `key_id`; written by the SLO jobs (rollup)",
+        "retention: forever (one row per group)",
+    ),
+    columns=(
+        ("key_id", "BIGINT NOT NULL", "hash of the five other columns"),
+        ("slo_id", "VARCHAR NOT NULL", "the SLO (service-name)"),
+        ("pool", "VARCHAR NOT NULL", "serving pool, '' unless the SLO groups by it"),
+        ("instance", "VARCHAR NOT NULL", "engine instance, '' unless the SLO groups by it"),
+        ("tenant", "VARCHAR NOT NULL", "tenant, '' unless the SLO groups by it"),
+        ("route", "VARCHAR NOT NULL", "API route, '' unless the SLO groups by it"),
+    ),
+    key="key_id",
+)
+SLO_MINUTE = TableDoc(
+    name="slo_minute",
+    doc="Good/bad event counts per SLO group and minute that had events, recomputed from raw rows.",
+    facts=(
+        "key: (`key_id`, `ts_ms`); written by the SLO jobs (rollup), idempotently",
+        "retention: `slo.minute_retention_days` (default 35 d)",
+    ),
+    columns=_counts("minute"),
+)
+SLO_HOUR = TableDoc(
+    name="slo_hour",
+    doc="The same counts summed per hour, so a 30-day window reads ~720 rows per group.",
+    facts=("key: (`key_id`, `ts_ms`); written by the SLO jobs (rollup)", "retention: forever"),
+    columns=_counts("hour"),
+)
+SLO_ROLLUP_STATE = TableDoc(
+    name="slo_rollup_state",
+    doc="Per SLO, the definition its rollups were built with and how far they reach.",
+    facts=("key: `slo_id`; written by the SLO jobs (rollup)", "retention: forever"),
+    columns=(
+        ("slo_id", "VARCHAR NOT NULL", "the SLO (service-name)"),
+        (
+            "fingerprint",
+            "VARCHAR NOT NULL",
+            "hash of SLI, selector and group_by; a change rebuilds",
+        ),
+        ("watermark_ts_ms", "BIGINT NOT NULL", "rollups are complete before this, Unix epoch ms"),
+    ),
+    key="slo_id",
+)
+SLO_FINDINGS = TableDoc(
+    name="slo_findings",
+    doc="A failure signal (stall, ghost requests, KV pressure, …) that started or ended, with its evidence.",
+    facts=("key: none (append-only); written by the SLO jobs", "retention: forever (small)"),
+    columns=(
+        ("ts_ms", "BIGINT NOT NULL", "evaluation time at which it started or ended, Unix epoch ms"),
+        ("state", "VARCHAR NOT NULL", "firing or resolved"),
+        (
+            "signal",
+            "VARCHAR NOT NULL",
+            "detector name, e.g. stall, ghost_requests, preemption_cascade",
+        ),
+        ("scope", "VARCHAR NOT NULL", "instance or pool"),
+        ("scope_id", "VARCHAR NOT NULL", "the instance address or pool name"),
+        ("pool", "VARCHAR", "pool of the scope"),
+        ("severity", "VARCHAR", "page, ticket or info"),
+        ("basis", "VARCHAR", "what the finding rests on (e.g. block_stats or signature)"),
+        ("evidence_json", "VARCHAR", "supporting samples and thresholds as sorted-key JSON"),
+    ),
+)
+SLO_STATUS_CURRENT = TableDoc(
+    name="slo_status_current",
+    doc="The status of every SLO group at the last evaluation, replaced each cycle.",
+    facts=(
+        "key: (`slo_id`, `group_json`); written by the SLO jobs, replaced in one transaction",
+        "retention: the last cycle only",
+    ),
+    columns=(
+        ("slo_id", "VARCHAR NOT NULL", "the SLO (service-name)"),
+        ("group_json", "VARCHAR NOT NULL", "the group's dimensions as sorted-key JSON"),
+        ("ts_ms", "BIGINT NOT NULL", "evaluation time, Unix epoch ms"),
+        (
+            "status_json",
+            "VARCHAR NOT NULL",
+            "budget, burn rates and alert pairs (as `slo report --json`)",
+        ),
+    ),
+)
+
+#: Tables of the rollup, by name.
+ROLLUP_TABLES: dict[str, TableDoc] = {
+    t.name: t for t in (SLO_KEYS, SLO_MINUTE, SLO_HOUR, SLO_ROLLUP_STATE)
+}
+#: Tables the jobs write besides the rollups, by name.
+OUTPUT_TABLES: dict[str, TableDoc] = {t.name: t for t in (SLO_FINDINGS, SLO_STATUS_CURRENT)}
+#: Every table of this package, in documentation order.
+SLO_TABLES: tuple[TableDoc, ...] = (*ROLLUP_TABLES.values(), *OUTPUT_TABLES.values())

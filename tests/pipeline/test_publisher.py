@@ -1,0 +1,111 @@
+"""The one publishing path: bounded, retrying with back-off, every drop counted by component and reason."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import pyarrow as pa
+from prometheus_client import CollectorRegistry
+
+from pipeline.bus import Bus, BusProducer
+from pipeline.codec import decode_message
+from pipeline.errors import BusError
+from pipeline.publisher import KafkaPublisher, PublishBuffer, Publisher, PublishMetrics
+from pipeline.schema import FLAG_TRANSITIONS
+
+
+def _flags(count: int, ts_ms: int = 1_000) -> pa.Table:
+    rows = [
+        {
+            "ts_ms": ts_ms + i,
+            "scope": "instance",
+            "scope_id": f"pod-{i % 3}",
+            "pool": "p",
+            "from_level": 0,
+            "to_level": 1,
+            "kv_free_ratio": 0.05,
+            "reason": "kv",
+            "evidence_json": "{}",
+        }
+        for i in range(count)
+    ]
+    return pa.Table.from_pylist(rows, schema=FLAG_TRANSITIONS.storage_arrow)
+
+
+def _dropped(registry: CollectorRegistry, component: str, reason: str) -> float:
+    value = registry.get_sample_value(
+        "llmslo_dropped_total", {"component": component, "reason": reason}
+    )
+    return value or 0.0
+
+
+def test_a_full_buffer_drops_the_oldest_and_counts_them() -> None:
+    registry = CollectorRegistry()
+    hooked: list[tuple[str, int]] = []
+    buffer = PublishBuffer(
+        10, PublishMetrics("unit", registry), on_drop=lambda r, n: hooked.append((r, n))
+    )
+    for ts in (1_000, 2_000, 3_000):
+        buffer.put(FLAG_TRANSITIONS, _flags(4, ts))
+    assert buffer.rows == 8 and buffer.dropped_rows == 4
+    assert _dropped(registry, "unit", "buffer_full") == 4 and hooked == [("buffer_full", 4)]
+    batch = buffer.take(0)
+    assert batch is not None and batch.table["ts_ms"][0].as_py() == 2_000  # the oldest left
+    assert registry.get_sample_value("llmslo_publish_buffered_rows", {"component": "unit"}) == 4
+
+
+def test_failures_back_off_exponentially_and_what_is_left_at_stop_is_counted() -> None:
+    attempts: list[float] = []
+
+    def unreachable() -> BusProducer:
+        attempts.append(time.monotonic())
+        raise BusError("no broker")
+
+    registry = CollectorRegistry()
+    buffer = PublishBuffer(100, PublishMetrics("unit", registry))
+    publisher = KafkaPublisher(unreachable, buffer, backoff_s=0.05, backoff_max_s=0.4).start()
+    buffer.put(FLAG_TRANSITIONS, _flags(5))
+    time.sleep(1.6)
+    publisher.stop(drain_timeout_s=0.1)
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert len(attempts) >= 4
+    assert gaps[0] < 0.2 and gaps[2] > 1.5 * gaps[0]  # 0.05, 0.1, 0.2, 0.4, 0.4, …
+    assert max(gaps) < 0.4 + 0.3
+    assert (
+        registry.get_sample_value("llmslo_publish_errors_total", {"component": "unit"})
+        == len(attempts)
+        or len(attempts) - 1
+    )
+    assert _dropped(registry, "unit", "shutdown") == 5
+    assert buffer.rows == 0 and publisher.in_flight_rows == 0
+
+
+def test_components_share_one_registry_and_one_metric(bus: Bus) -> None:
+    registry = CollectorRegistry()
+    first = Publisher(bus.producer, component="collect", registry=registry, max_rows=3)
+    second = Publisher(bus.producer, component="slo-jobs", registry=registry)
+    try:
+        second.put(FLAG_TRANSITIONS, _flags(6))
+        assert second.flush(30)
+        assert first.put(FLAG_TRANSITIONS, _flags(5)) == 5  # larger than its whole bound
+    finally:
+        first.close()
+        second.close()
+    assert second.published_rows == 6
+    published = registry.get_sample_value(
+        "llmslo_published_rows_total", {"component": "slo-jobs", "topic": "flags"}
+    )
+    assert published == 6
+    assert _dropped(registry, "collect", "buffer_full") == 5
+    consumer = bus.consumer(None)
+    consumer.subscribe([bus.prefix + FLAG_TRANSITIONS.topic])
+    rows: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while len(rows) < 6 and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            for record in records:
+                rows += decode_message(record.value, record.headers).table.to_pylist()
+    consumer.close()
+    assert sorted(r["ts_ms"] for r in rows) == list(range(1_000, 1_006))
