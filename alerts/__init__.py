@@ -12,10 +12,12 @@ are data. See ``alerts/README.md`` for the rule names and how to add a signature
 from __future__ import annotations
 
 from alerts.alertmanager import alertmanager_config
+from alerts.client import AlertmanagerClient
 from alerts.files import render_bundle, rules_text
 from alerts.generate import generate_rules
 from alerts.load import load_rule_model
 from alerts.model import RuleModel, RuleSlo
+from alerts.push import ActiveAlert, PushState, reconcile
 from alerts.signatures import SIGNATURES, Signature
 from alerts.sloth import load_sloth, parse_sloth
 from alerts.sources import rule_model_from_slo
@@ -24,6 +26,9 @@ from alerts.writer import render_yaml, write_all
 
 __all__ = [
     "SIGNATURES",
+    "ActiveAlert",
+    "AlertmanagerClient",
+    "PushState",
     "RuleModel",
     "RuleSlo",
     "Signature",
@@ -32,6 +37,7 @@ __all__ = [
     "load_rule_model",
     "load_sloth",
     "parse_sloth",
+    "reconcile",
     "render_bundle",
     "render_yaml",
     "rule_model_from_slo",
