@@ -235,10 +235,6 @@ def _queries(slo: Slo, index: int) -> tuple[str, str, SeriesRecipe]:
     raise _Unsupported("goodput needs every latency of one request at once")
 
 
-def _tier_labels() -> dict[str, dict[str, str]]:
-    return {"page": {}, "ticket": {}}
-
-
 def rule_model_from_slo(model: SloModel, source: str = "<spec>", strict: bool = False) -> RuleModel:
     """Convert a validated SLO model; ConfigError names the field path of an impossible SLI.
 
@@ -275,8 +271,6 @@ def rule_model_from_slo(model: SloModel, source: str = "<spec>", strict: bool = 
                 group_labels=_group_names(slo),
                 min_events=slo.min_events,
                 labels=dict(slo.labels),
-                alert_labels={},
-                tier_labels=_tier_labels(),
                 annotations=dict(slo.annotations),
                 recipe=recipe,
             )
