@@ -99,21 +99,24 @@ def _stall(dialect: str, expr: str, firing: dict[str, str], silent: dict[str, st
     return Signature(
         alert="LlmEngineStalled",
         expr=expr,
-        for_=_STALL_FOR,
         labels={"severity": "page", "signal": "stall", "dialect": dialect},
         summary="{{ $labels.instance }}: requests running but no token generated",
         description=f"Running > 0 and the token counter flat for {_STALL_FOR} "
         "(NCCL hang and kin). Check GPU activity and XIDs on the node.",
-        firing=Case(firing, "10m", (_POD,)),
+        # The counters last move at minute 3: detected within stall_for + one scrape.
+        firing=Case(firing, "5m", (_POD,)),
         silent=Case(silent, "10m"),
     )
 
 
 def _stalls() -> list[Signature]:
+    # increase()/delta() need two samples in the window, so a slow scrape cannot fake a
+    # flat counter; no `for:` on top, so detection takes stall_for + one scrape interval.
+    w = _STALL_FOR
     vllm = (
         f"max by ({_BY}) (vllm:num_requests_running) > 0\n"
         f"and on ({_BY})\n"
-        f"sum by ({_BY}) (rate(vllm:generation_tokens_total[2m])) == 0\n"
+        f"sum by ({_BY}) (increase(vllm:generation_tokens_total[{w}])) == 0\n"
     )
     # SGLang's scheduler gauges freeze when it hangs: trust the decode token counter when
     # the version has one, otherwise a gen_throughput gauge that has not changed at all.
@@ -121,21 +124,22 @@ def _stalls() -> list[Signature]:
     sglang = (
         f"max by ({_BY}) (sglang:num_running_reqs) > 0\n"
         f"and on ({_BY})\n(\n"
-        f"  sum by ({_BY}) (rate({sglang_tokens}[2m])) == 0\n"
+        f"  sum by ({_BY}) (increase({sglang_tokens}[{w}])) == 0\n"
         f"  or\n"
-        f"  (max by ({_BY}) (changes(sglang:gen_throughput[5m])) == 0\n"
-        f"   unless on ({_BY}) sum by ({_BY}) (rate({sglang_tokens}[2m])) > 0)\n"
+        f"  (max by ({_BY}) (changes(sglang:gen_throughput[{w}])) == 0\n"
+        f"   and on ({_BY}) min by ({_BY}) (count_over_time(sglang:gen_throughput[{w}])) > 1\n"
+        f"   unless on ({_BY}) sum by ({_BY}) (increase({sglang_tokens}[{w}])) > 0)\n"
         ")\n"
     )
     triton = (
         f'max by ({_BY}) (nv_trt_llm_request_metrics{{request_type="active"}}) > 0\n'
         f"and on ({_BY})\n"
-        f'max by ({_BY}) (changes(nv_trt_llm_general_metrics{{general_type="iteration_counter"}}[2m])) == 0\n'
+        f'max by ({_BY}) (delta(nv_trt_llm_general_metrics{{general_type="iteration_counter"}}[{w}])) == 0\n'
     )
     serve = (
         f"max by ({_BY}) (trtllm_num_requests_running) > 0\n"
         f"and on ({_BY})\n"
-        f"sum by ({_BY}) (rate(trtllm_generation_tokens_total[2m])) == 0\n"
+        f"sum by ({_BY}) (increase(trtllm_generation_tokens_total[{w}])) == 0\n"
     )
     return [
         _stall(

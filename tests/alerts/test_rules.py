@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from alerts import SIGNATURES, load_rule_model, render_bundle
 from alerts.sources import le_matcher
+from alerts.testgen import encode_values
 from tests.alerts.conftest import EXAMPLE_SPECS, REPO, SPECS, generate, run
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -58,7 +61,7 @@ def test_example_spec_lists_what_only_the_jobs_can_compute(tmp_path: Path) -> No
         ("(14.4 * 0.01)", "(1.44 * 0.01)", "fleet-ttft-vllm.test.yml"),
         ('le=~"2\\\\.5"', 'le=~"1"', "fleet-ttft-vllm.test.yml"),
         ("llmslo:kv_free:ratio < 0.01", "llmslo:kv_free:ratio < 0.5", "signatures.test.yml"),
-        ("[2m])) == 0", "[2m])) >= 0", "signatures.test.yml"),
+        ("total[1m])) == 0", "total[1m])) >= 0", "signatures.test.yml"),
     ],
     ids=["page factor ten times too low", "wrong bucket", "L3 threshold", "stall on any rate"],
 )
@@ -113,3 +116,76 @@ def test_output_matches_the_golden_files(spec: Path) -> None:
     assert sorted(stored) == sorted(bundle), "run with LLMSLO_UPDATE_GOLDEN=1 and review the diff"
     for name, text in bundle.items():
         assert stored[name] == text, f"{name} differs from the golden file"
+
+
+def test_failed_tap_requests_burn_a_tap_latency_budget(tmp_path: Path, promtool: str) -> None:
+    # Every answered request is fast, but 20 % of attempts fail: the jobs count failures as
+    # bad events of a latency SLO, so the rules must too.
+    rules, _ = generate(SPECS / "engines.yaml", tmp_path)
+    labels = 'instance="10.0.0.7:8000"'
+    document = {
+        "rule_files": [rules.name],
+        "evaluation_interval": "1m",
+        "group_eval_order": [g["name"] for g in yaml.safe_load(rules.read_text())["groups"]],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": f'llmslo_tap_tpot_seconds_bucket{{{labels},le="0.075"}}',
+                        "values": "0+800x40",
+                    },
+                    {"series": f"llmslo_tap_tpot_seconds_count{{{labels}}}", "values": "0+800x40"},
+                    {
+                        "series": f'llmslo_tap_requests_total{{{labels},outcome="ok"}}',
+                        "values": "0+800x40",
+                    },
+                    {
+                        "series": f'llmslo_tap_requests_total{{{labels},outcome="upstream_timeout"}}',
+                        "values": "0+200x40",
+                    },
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": 'round(slo:sli_error:ratio_rate5m{slo="tpot-tap"}, 0.001)',
+                        "eval_time": "30m",
+                        "exp_samples": [
+                            {
+                                "labels": '{slo="tpot-tap",slo_id="fleet-tpot-tap",'
+                                'slo_service="fleet",slo_window="5m",team="serving"}',
+                                "value": 0.2,
+                            }
+                        ],
+                    },
+                    {
+                        "expr": 'count(ALERTS{alertname="TpotTapBudgetBurn",alertstate="firing",severity="page"})',
+                        "eval_time": "30m",
+                        "exp_samples": [{"labels": "{}", "value": 2}],
+                    },
+                ],
+            }
+        ],
+    }
+    test = tmp_path / "tap-failures.test.yml"
+    test.write_text(yaml.safe_dump(document))
+    result = run(promtool, "test", "rules", str(test))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _expand(notation: str) -> list[float]:
+    values: list[float] = []
+    for part in notation.split():
+        match = re.fullmatch(r"(-?[\d.e+-]+?)(?:([+-])([\d.e+-]+))?x(\d+)", part)
+        if match is None:
+            values.append(float(part))
+            continue
+        start, sign, step, count = match.groups()
+        delta = float(step or 0) * (-1 if sign == "-" else 1)
+        values += [float(start) + delta * i for i in range(int(count) + 1)]
+    return values
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=60))
+def test_encoded_series_expand_to_the_same_counter_values(increments: list[int]) -> None:
+    values = [float(sum(increments[:i])) for i in range(len(increments) + 1)]
+    assert _expand(encode_values(values)) == pytest.approx(values)
