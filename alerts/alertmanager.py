@@ -1,0 +1,51 @@
+"""An Alertmanager routing and inhibition snippet for the generated alerts.
+
+Receivers ``page`` and ``ticket`` are placeholders (no integration): point them at your
+pager and ticket system. Inhibitions (DESIGN §5):
+
+* a page inhibits the ticket of the same SLO (``slo_id``);
+* KV free ratio L3 inhibits L2 and L1 of the same instance;
+* an engine stall inhibits the latency burn alerts (``sli_kind="latency"``) of the same
+  instance (latency SLOs grouped by instance carry it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["alertmanager_config"]
+
+
+def alertmanager_config(group_wait: str = "30s", repeat_interval: str = "4h") -> dict[str, Any]:
+    """A complete Alertmanager config (``amtool check-config`` accepts it) as a dict."""
+    return {
+        "route": {
+            "receiver": "ticket",
+            "group_by": ["alertname", "slo_id", "instance"],
+            "group_wait": group_wait,
+            "group_interval": "5m",
+            "repeat_interval": repeat_interval,
+            "routes": [
+                {"receiver": "page", "matchers": ['severity="page"']},
+                {"receiver": "ticket", "matchers": ['severity="ticket"']},
+            ],
+        },
+        "receivers": [{"name": "page"}, {"name": "ticket"}],
+        "inhibit_rules": [
+            {
+                "source_matchers": ['severity="page"'],
+                "target_matchers": ['severity="ticket"'],
+                "equal": ["slo_id"],
+            },
+            {
+                "source_matchers": ['alertname="LlmKvFreeLow"', 'level="L3"'],
+                "target_matchers": ['alertname="LlmKvFreeLow"', 'level=~"L1|L2"'],
+                "equal": ["instance"],
+            },
+            {
+                "source_matchers": ['alertname="LlmEngineStalled"'],
+                "target_matchers": ['sli_kind="latency"'],
+                "equal": ["instance"],
+            },
+        ],
+    }

@@ -1,0 +1,252 @@
+"""Path B against a real Alertmanager on loopback: pushed alerts are visible (API and
+amtool), inhibitions apply, cleared alerts resolve, and a restart loses nothing still firing.
+``reconcile`` (the pure state logic) is tested on its own first."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from alerts import alertmanager_config, render_yaml
+from alerts.client import AlertmanagerClient
+from alerts.push import ActiveAlert, PushState, reconcile, to_rfc3339
+from tests.conftest import require_tool
+
+PAGE = ActiveAlert(
+    {
+        "alertname": "ChatTtftBudgetBurn",
+        "slo_id": "chat-ttft",
+        "severity": "page",
+        "window": "1h-5m",
+    },
+    {"summary": "chat ttft burning 14.4× too fast", "evidence": "5m error ratio 0.2"},
+    generator_url="http://127.0.0.1:8501/slo?slo=chat-ttft",
+)
+TICKET = ActiveAlert(
+    {
+        "alertname": "ChatTtftBudgetBurn",
+        "slo_id": "chat-ttft",
+        "severity": "ticket",
+        "window": "1d-2h",
+    }
+)
+
+
+def test_reconcile_sends_new_alerts_once_then_every_resend_interval() -> None:
+    state, sent = reconcile(PushState(), [PAGE], now_s=1000.0, resend_s=60)
+    assert sent == [
+        {
+            "labels": dict(PAGE.labels),
+            "annotations": dict(PAGE.annotations),
+            "startsAt": to_rfc3339(1000.0),
+            "endsAt": to_rfc3339(1240.0),
+            "generatorURL": PAGE.generator_url,
+        }
+    ]
+    state, sent = reconcile(state, [PAGE], now_s=1030.0, resend_s=60)
+    assert sent == []
+    state, sent = reconcile(state, [PAGE], now_s=1060.0, resend_s=60)
+    assert [(p["startsAt"], p["endsAt"]) for p in sent] == [(to_rfc3339(1000), to_rfc3339(1300))]
+    assert state.firing == (PAGE,)
+
+
+def test_reconcile_resolves_a_cleared_alert_once_with_its_original_start() -> None:
+    state, _ = reconcile(PushState(), [PAGE, TICKET], now_s=1000.0)
+    state, sent = reconcile(state, [TICKET], now_s=1010.0)
+    assert sent == [
+        {
+            "labels": dict(PAGE.labels),
+            "annotations": dict(PAGE.annotations),
+            "startsAt": to_rfc3339(1000.0),
+            "endsAt": to_rfc3339(1010.0),
+            "generatorURL": PAGE.generator_url,
+        }
+    ]
+    assert state.firing == (TICKET,)
+    assert reconcile(state, [TICKET], now_s=1020.0)[1] == []
+
+
+def test_reconcile_uses_the_conditions_start_and_resends_changed_evidence() -> None:
+    early = ActiveAlert(PAGE.labels, PAGE.annotations, since_s=900.0)
+    state, sent = reconcile(PushState(), [early], now_s=1000.0)
+    assert sent[0]["startsAt"] == to_rfc3339(900.0)
+    changed = ActiveAlert(PAGE.labels, {"evidence": "5m error ratio 0.4"}, since_s=900.0)
+    _, sent = reconcile(state, [changed], now_s=1001.0)
+    assert [(p["annotations"], p["startsAt"]) for p in sent] == [
+        ({"evidence": "5m error ratio 0.4"}, to_rfc3339(900.0))
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Alertmanager:
+    """A real prometheus-alertmanager on loopback with the generated config."""
+
+    def __init__(self, binary: str, directory: Path) -> None:
+        self.binary, self.directory = binary, directory
+        self.config = directory / "alertmanager.yml"
+        self.config.write_text(render_yaml(alertmanager_config(group_wait="1s"), header=""))
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = (self.directory / "alertmanager.log").open("ab")
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                f"--config.file={self.config}",
+                f"--storage.path={self.directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("alertmanager did not become ready")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+    def alerts(self) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.url}/api/v2/alerts", timeout=5)
+        response.raise_for_status()
+        return list(response.json())
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
+    manager = Alertmanager(require_tool("prometheus-alertmanager", "alertmanager"), tmp_path)
+    manager.start()
+    try:
+        yield manager
+    finally:
+        manager.stop()
+
+
+def _eventually(check: Any, timeout_s: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.2)
+
+
+def _by_severity(manager: Alertmanager) -> dict[str, dict[str, Any]]:
+    return {a["labels"].get("severity", a["labels"].get("level", "")): a for a in manager.alerts()}
+
+
+def test_pushed_alerts_are_visible_inhibited_and_resolved(alertmanager: Alertmanager) -> None:
+    amtool = require_tool("amtool")
+    kv_l3 = ActiveAlert({"alertname": "LlmKvFreeLow", "level": "L3", "instance": "pod-0:8000"})
+    kv_l2 = ActiveAlert({"alertname": "LlmKvFreeLow", "level": "L2", "instance": "pod-0:8000"})
+    with AlertmanagerClient(alertmanager.url) as client:
+        state, payloads = reconcile(PushState(), [PAGE, TICKET, kv_l3, kv_l2], now_s=time.time())
+        client.submit(payloads)
+        assert client.flush()
+        shown = _eventually(lambda: len(alertmanager.alerts()) == 4 and _by_severity(alertmanager))
+        assert shown["page"]["generatorURL"] == PAGE.generator_url
+        assert shown["page"]["annotations"]["evidence"] == "5m error ratio 0.2"
+
+        def inhibited() -> dict[str, str] | None:
+            states = {k: v["status"]["state"] for k, v in _by_severity(alertmanager).items()}
+            return states if states.get("ticket") == states.get("L2") == "suppressed" else None
+
+        states = _eventually(inhibited)
+        assert states == {
+            "page": "active",
+            "ticket": "suppressed",
+            "L3": "active",
+            "L2": "suppressed",
+        }
+
+        def amtool_query(*flags: str) -> set[str]:
+            query = subprocess.run(
+                [
+                    amtool, "alert", "query", "-o", "json", *flags,
+                    f"--alertmanager.url={alertmanager.url}", "alertname=ChatTtftBudgetBurn",
+                ],
+                capture_output=True, text=True, timeout=30, check=True,
+            )  # fmt: skip
+            return {a["labels"]["severity"] for a in json.loads(query.stdout)}
+
+        assert amtool_query() == {"page"}  # amtool hides inhibited alerts by default
+        assert amtool_query("--active", "--inhibited") == {"page", "ticket"}
+
+        _, payloads = reconcile(state, [TICKET, kv_l3, kv_l2], now_s=time.time())
+        client.submit(payloads)
+        assert client.flush()
+
+        def page_resolved() -> dict[str, dict[str, Any]] | None:
+            shown = _by_severity(alertmanager)
+            return shown if "page" not in shown else None
+
+        remaining = _eventually(page_resolved)
+        assert sorted(remaining) == ["L2", "L3", "ticket"]
+        assert remaining["ticket"]["status"]["state"] == "active"  # its page is gone
+
+
+def test_restart_mid_run_loses_no_alert_that_still_fires(alertmanager: Alertmanager) -> None:
+    sleeps: list[float] = []
+    with AlertmanagerClient(
+        alertmanager.url, retries=2, backoff_s=0.01, timeout_s=1, sleep=sleeps.append
+    ) as client:
+        now = time.time()
+        state, payloads = reconcile(PushState(), [PAGE], now_s=now, resend_s=1)
+        client.submit(payloads)
+        assert client.flush()
+        assert _eventually(lambda: len(alertmanager.alerts()) == 1)
+
+        alertmanager.stop()  # forgets every alert (only silences persist)
+        state, payloads = reconcile(state, [PAGE], now_s=now + 1, resend_s=1)
+        client.submit(payloads)
+        assert not client.flush()
+        assert client.pending == 1
+        assert sleeps == [0.01, 0.02]  # exponential backoff between the retries
+        assert client.errors._value.get() == 3
+
+        alertmanager.start()
+        assert client.flush()  # the queued re-send goes out once it is back
+        shown = _eventually(alertmanager.alerts)
+        assert [a["labels"]["severity"] for a in shown] == ["page"]
+        assert shown[0]["startsAt"].startswith(to_rfc3339(now)[:19])
+
+
+def test_queue_is_bounded_and_drops_are_counted() -> None:
+    with AlertmanagerClient(
+        f"http://127.0.0.1:{_free_port()}", max_queue=3, retries=0, sleep=lambda _: None
+    ) as client:
+        _, payloads = reconcile(
+            PushState(),
+            [ActiveAlert({"alertname": "A", "n": str(i)}) for i in range(5)],
+            now_s=1000.0,
+        )
+        client.submit(payloads)
+        assert client.pending == 3
+        assert client.dropped.labels("alertmanager_queue_full")._value.get() == 2
+        assert not client.flush()
+        assert client.pending == 3
