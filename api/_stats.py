@@ -74,6 +74,8 @@ def rank_shift(canary: FloatArray, baseline: FloatArray, confidence: float = 0.9
     nx, ny = x.size, y.size
     if nx == 0 or ny == 0:
         raise ValueError("rank_shift needs at least one value on each side")
+    if x[0] == x[-1] == y[0] == y[-1]:
+        raise ValueError("rank_shift: every value in both samples is the same")
     total = nx + ny
     ties = _tie_sum(x) + _tie_sum(y)
     variance = nx * ny / 12.0 * ((total + 1) - ties / (total * (total - 1)))

@@ -218,11 +218,13 @@ def create_app(
 
     @app.get("/api/v1/verdicts", tags=["verdicts"])
     def verdict_history(
-        limit: Annotated[int, Query(ge=1, le=config.history_max_limit)] = 50,
+        limit: Annotated[int, Query(ge=1)] = 50,
         service_name: Annotated[str | None, Query(alias="service", max_length=253)] = None,
         verdict: Literal["pass", "fail", "inconclusive"] | None = None,
     ) -> dict[str, Any]:
         """Stored verdicts, newest first, with their per-metric evidence."""
+        if limit > config.history_max_limit:
+            raise QueryError(f"limit: at most {config.history_max_limit}")
         rows = service.history(limit, service_name, verdict)
         return {"verdicts": [row.document for row in rows]}
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from api.cohorts import Cohort, TimeRange
+from api.cohorts import MAX_RANGE_MS, Cohort, TimeRange
 from api.errors import QueryError
 
 __all__ = ["ParsedRequest", "VerdictParams", "parse_duration_ms", "parse_params"]
@@ -26,11 +26,14 @@ _NAME = Field(default=None, max_length=253)
 
 
 def parse_duration_ms(text: str) -> int:
-    """``"5m"`` → 300000. Units ms, s, m, h, d; raises ValueError otherwise."""
+    """``"5m"`` → 300000. Units ms, s, m, h, d; at most 31 days; raises ValueError otherwise."""
     match = _DURATION.match(text.strip())
     if not match:
         raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 1d")
-    return int(match[1]) * _UNIT_MS[match[2]]
+    duration_ms = int(match[1]) * _UNIT_MS[match[2]]
+    if duration_ms > MAX_RANGE_MS:
+        raise ValueError(f"{text!r} is longer than {MAX_RANGE_MS // 86_400_000} days")
+    return duration_ms
 
 
 def _parse_time_ms(text: str) -> int:
@@ -106,7 +109,10 @@ def _cohort(instances: str | list[str] | None, selector: str | None, side: str) 
     labels = _selector(selector, f"{side}_selector")
     if not _split(instances) and not labels:
         raise ValueError(f"{side}: give {side}_instances or {side}_selector")
-    return Cohort(instances=_split(instances), labels=labels)
+    try:
+        return Cohort(instances=_split(instances), labels=labels)
+    except ValidationError as exc:
+        raise ValueError(f"{side} cohort: {_describe(exc)}") from exc
 
 
 def parse_params(raw: Mapping[str, object], now_ms: int, default_window: str) -> ParsedRequest:
