@@ -164,9 +164,10 @@ def _existing_columns(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 def _where(con: duckdb.DuckDBPyConnection, cohort: Cohort) -> tuple[str, list[object]]:
-    missing = sorted(set(cohort.labels) - _existing_columns(con))
-    if missing:
-        raise QueryError(f"request records carry no {missing} label yet; select by instances")
+    if cohort.labels:
+        missing = sorted(set(cohort.labels) - _existing_columns(con))
+        if missing:
+            raise QueryError(f"request records carry no {missing} label yet; select by instances")
     clauses: list[str] = []
     params: list[object] = []
     if cohort.instances:
@@ -218,19 +219,23 @@ def load_samples(
         name: (int(counts[1 + 2 * i]), int(counts[2 + 2 * i]))
         for i, name in enumerate(RATE_METRICS)
     }
-    latency = {
-        name: _latency_sample(con, column, where, params, options.max_samples)
-        for name, column in LATENCY_METRICS.items()
-    }
-    return CohortSamples(int(counts[0]), latency, rates)
+    return CohortSamples(
+        int(counts[0]), _latency_samples(con, where, params, options.max_samples), rates
+    )
 
 
-def _latency_sample(
-    con: duckdb.DuckDBPyConnection, column: str, where: str, params: list[object], limit: int
-) -> npt.NDArray[np.float64]:
+def _latency_samples(
+    con: duckdb.DuckDBPyConnection, where: str, params: list[object], limit: int
+) -> dict[str, npt.NDArray[np.float64]]:
+    # One scan for every latency column; the cap is per side, shared by the metrics.
+    columns = ", ".join(LATENCY_METRICS.values())
     rows = con.execute(
-        f"SELECT {column} FROM requests WHERE {where} AND outcome = 'ok'"
-        f" AND isfinite({column}) ORDER BY hash(request_id), request_id LIMIT ?",
+        f"SELECT {columns} FROM requests WHERE {where} AND outcome = 'ok'"
+        " ORDER BY hash(request_id), request_id LIMIT ?",
         [*params, limit],
     ).fetchnumpy()
-    return np.asarray(rows[column], dtype=np.float64)
+    samples = {}
+    for name, column in LATENCY_METRICS.items():
+        values = np.ma.filled(np.ma.asarray(rows[column], dtype=np.float64), np.nan)
+        samples[name] = values[np.isfinite(values)]
+    return samples

@@ -21,6 +21,7 @@ def test_a_cohort_gets_its_own_requests_latencies_and_bad_event_counts(store) ->
     )
     rows[11].update(itl_max_s=12.0)
     rows[12].update(outcome="client_cancelled")
+    rows[13].update(tpot_s=None, completion_tokens=1)  # TPOT is undefined for one token
     insert(store, requests=rows + cohort_rows(BASELINE, 300, seed=1))
     samples = load_samples(store.con, Cohort(instances=(CANARY,)), HOUR)
     assert samples.requests == 200
@@ -30,6 +31,8 @@ def test_a_cohort_gets_its_own_requests_latencies_and_bad_event_counts(store) ->
     assert samples.rates["stall_rate"] == (1, 200)
     # Latency samples come from successful requests only.
     assert samples.latency["ttft_s"].size == 194
+    assert samples.latency["tpot_s"].size == 193
+    assert np.isfinite(samples.latency["tpot_s"]).all()
     expected = sorted(r["ttft_s"] for r in rows if r["outcome"] == "ok")
     assert np.sort(samples.latency["ttft_s"]) == pytest.approx(expected)
 
