@@ -28,7 +28,7 @@ from contextlib import closing
 from typing import Annotated, Any, Literal
 
 import duckdb
-from fastapi import Body, FastAPI, Header, Query, Request
+from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -61,6 +61,10 @@ class FlaggerPayload(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
+class UnknownVerdictError(Exception):
+    """No stored verdict has that id (404)."""
+
+
 class AuthError(Exception):
     """Missing (401) or wrong (403) token."""
 
@@ -89,6 +93,19 @@ def _check_token(expected: str | None, given: str | None, token_env: str) -> Non
         raise AuthError(403, "wrong token")
 
 
+def _query_params(request: Request) -> dict[str, object]:
+    """Query parameters; instance lists may repeat, anything else given twice is refused."""
+    params: dict[str, object] = {}
+    for key, value in request.query_params.multi_items():
+        if key not in params:
+            params[key] = value
+        elif key in ("canary_instances", "baseline_instances"):
+            params[key] = f"{params[key]},{value}"
+        else:
+            raise QueryError(f"{key}: given more than once")
+    return params
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -100,6 +117,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AuthError)
     async def _auth(request: Request, exc: AuthError) -> JSONResponse:
         return _error(exc.status, str(exc))
+
+    @app.exception_handler(UnknownVerdictError)
+    async def _no_verdict(request: Request, exc: UnknownVerdictError) -> JSONResponse:
+        return _error(404, str(exc))
 
     @app.exception_handler(UnknownCohortError)
     async def _unknown(request: Request, exc: UnknownCohortError) -> JSONResponse:
@@ -179,7 +200,7 @@ def create_app(
         ``min_requests``, ``namespace``, ``service``.
         """
         _check_token(expected, _bearer(authorization), config.token_env)
-        document, _ = service.evaluate(dict(request.query_params), "argo")
+        document, _ = service.evaluate(_query_params(request), "argo")
         return document
 
     @app.post("/api/v1/verdict", tags=["verdicts"])
@@ -227,5 +248,13 @@ def create_app(
             raise QueryError(f"limit: at most {config.history_max_limit}")
         rows = service.history(limit, service_name, verdict)
         return {"verdicts": [row.document for row in rows]}
+
+    @app.get("/api/v1/verdicts/{verdict_id}", tags=["verdicts"])
+    def verdict_by_id(verdict_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
+        """One stored verdict with its per-metric evidence; 404 if there is none."""
+        stored = service.by_id(verdict_id)
+        if stored is None:
+            raise UnknownVerdictError(f"no verdict {verdict_id!r}")
+        return stored.document
 
     return app

@@ -168,6 +168,14 @@ class VerdictService:
         finally:
             con.close()
 
+    def by_id(self, verdict_id: str) -> StoredVerdict | None:
+        """One stored verdict, or None."""
+        con = self.connection_provider()
+        try:
+            return VerdictStore(con).by_id(verdict_id)
+        finally:
+            con.close()
+
     def _key(self, material: Mapping[str, object], request: ParsedRequest) -> str:
         bucket = request.time_range.end_ms // (self.config.recompute_s * 1000)
         text = json.dumps({**material, "bucket": bucket}, sort_keys=True, default=str)

@@ -109,7 +109,7 @@ def argo_params(**extra: str) -> dict[str, str]:
     return {"canary_instances": CANARY, "baseline_instances": BASELINE, "window": "1h", **extra}
 
 
-def flagger_payload(**metadata: str) -> dict[str, Any]:
+def flagger_payload(**metadata: str | None) -> dict[str, Any]:
     """The payload Flagger POSTs (CanaryWebhookPayload; metadata values are strings)."""
     meta = {"token": TOKEN, **argo_params(), **metadata}
     return {

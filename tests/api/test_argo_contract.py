@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.api.conftest import argo_params, auth, verdict_rows
+from tests.api.conftest import BASELINE, CANARY, argo_params, auth, verdict_rows
 
 SUCCESS = 'result.verdict == "pass"'
 FAILURE = 'result.verdict == "fail"'
@@ -113,3 +113,28 @@ def test_every_verdict_is_stored_and_listed_newest_first(make_app, fill, store) 
         assert all(len(v["metrics"]) == 9 for v in history)
         assert client.get("/api/v1/verdicts", params={"verdict": "fail"}).json()["verdicts"] == []
         assert client.get("/api/v1/verdicts", params={"service": "other"}).json()["verdicts"] == []
+
+
+def test_a_stored_verdict_can_be_read_back_by_id(client, fill) -> None:
+    fill(400)
+    made = client.get("/api/v1/verdict", params=argo_params(), headers=auth()).json()
+    again = client.get(f"/api/v1/verdicts/{made['id']}")
+    assert again.status_code == 200
+    assert again.json() == made
+    assert client.get("/api/v1/verdicts/nope").status_code == 404
+
+
+def test_instance_lists_may_repeat_in_the_query_string(client, fill, store) -> None:
+    fill(400)
+    query = [
+        ("canary_instances", CANARY),
+        ("canary_instances", "10.0.9.99:8000"),
+        ("baseline_instances", BASELINE),
+        ("window", "1h"),
+    ]
+    body = client.get("/api/v1/verdict", params=query, headers=auth()).json()
+    assert body["subject"]["canary"] == f"instances={CANARY},10.0.9.99:8000"
+    twice = client.get("/api/v1/verdict", params=[*query, ("window", "5m")], headers=auth())
+    assert twice.status_code == 400
+    assert "window: given more than once" in twice.json()["error"]
+    assert verdict_rows(store) == 1

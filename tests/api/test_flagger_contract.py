@@ -102,3 +102,22 @@ def test_an_unknown_gate_is_refused_without_a_verdict(client, fill, store) -> No
     assert response.status_code == 400
     assert "gate" in response.json()["error"]
     assert verdict_rows(store) == 0
+
+
+def test_the_slo_gate_fails_the_canary_through_the_webhook(make_app, fill, store) -> None:
+    from api.judge import SloGateInput
+
+    seen = []
+
+    def burning(cohort, time_range):
+        seen.append((cohort.describe(), time_range.end_ms - time_range.start_ms))
+        return SloGateInput(burn_rates={"5m": 30.0}, budget_remaining=0.5)
+
+    fill(400)
+    with TestClient(make_app(slo_state_provider=burning)) as client:
+        response = client.post("/api/v1/flagger/rollout", json=flagger_payload())
+    assert response.status_code == 412
+    assert response.json()["reason"] == "slo_gate: burn rate 5m = 30 > 14.4"
+    assert seen == [("instances=10.0.9.1:8000", 3_600_000)]
+    stored = store.con.execute("SELECT document_json FROM verdicts").fetchone()
+    assert stored is not None and '"passed": false' in stored[0]
