@@ -10,11 +10,14 @@ answer. See ``docs/canary.md`` for ready Argo and Flagger manifests.
 
 from __future__ import annotations
 
+from api.app import create_app
 from api.cohorts import Cohort, CohortSamples, SampleOptions, TimeRange, load_samples
 from api.errors import QueryError, UnknownCohortError
 from api.judge import JudgeConfig, MetricConfig, SloGateInput, Verdict, judge
+from api.service import ApiConfig
 
 __all__ = [
+    "ApiConfig",
     "Cohort",
     "CohortSamples",
     "JudgeConfig",
@@ -25,6 +28,7 @@ __all__ = [
     "TimeRange",
     "UnknownCohortError",
     "Verdict",
+    "create_app",
     "judge",
     "load_samples",
 ]

@@ -234,7 +234,10 @@ def create_app(
         status = _GATE_STATUS[verdict]
         if verdict == "inconclusive":
             status = _GATE_STATUS[metadata.get("on_inconclusive", "inconclusive")]
-        body = {"id": document["id"], **document["summary"], "metrics": document["metrics"]}
+        # Flagger copies the body into a Kubernetes event: keep it compact; the evidence is
+        # in the stored verdict (GET /api/v1/verdicts/{id}).
+        classes = {m["name"]: m["classification"] for m in document["metrics"]}
+        body = {"id": document["id"], **document["summary"], "metrics": classes}
         return JSONResponse(body, status_code=status)
 
     @app.get("/api/v1/verdicts", tags=["verdicts"])

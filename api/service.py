@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.cohorts import Cohort, SampleOptions, TimeRange, load_samples
 from api.judge import JudgeConfig, SloGateInput, Verdict, judge
@@ -48,8 +48,11 @@ class ApiConfig(BaseModel):
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     samples: SampleOptions = Field(default_factory=SampleOptions)
 
-    def model_post_init(self, context: Any, /) -> None:
-        parse_duration_ms(self.default_window)
+    @field_validator("default_window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        parse_duration_ms(value)
+        return value
 
 
 def _iso(ts_ms: int) -> str:

@@ -189,3 +189,12 @@ def test_baseline_instances_unknown_is_404_naming_the_cohort(loaded, store) -> N
     assert "10.7.7.7:1" in response.json()["error"]
     assert BASELINE not in response.json()["error"]
     assert_nothing_changed(store)
+
+
+def test_a_bad_default_window_in_the_config_is_refused_at_startup() -> None:
+    from pydantic import ValidationError
+
+    from api.service import ApiConfig
+
+    with pytest.raises(ValidationError, match="default_window"):
+        ApiConfig(default_window="ten minutes")
