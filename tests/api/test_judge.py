@@ -134,3 +134,20 @@ def test_a_slower_canary_never_scores_better(seed: int, small: float, extra: flo
     assert worse.score <= mild.score
     if by_name(mild)["ttft_s"].classification == "High":
         assert by_name(worse)["ttft_s"].classification == "High"
+
+
+@settings(max_examples=25, deadline=None)
+@given(events=st.integers(0, 200), extra=st.integers(0, 200))
+def test_more_bad_events_on_the_canary_never_score_better(events: int, extra: int) -> None:
+    baseline = side(2000, seed=1, bad={"error_before_first_token_rate": 4})
+    fewer = judge(
+        side(2000, seed=2, bad={"error_before_first_token_rate": events}), baseline, JudgeConfig()
+    )
+    more = judge(
+        side(2000, seed=2, bad={"error_before_first_token_rate": events + extra}),
+        baseline,
+        JudgeConfig(),
+    )
+    assert more.score <= fewer.score
+    rank = {"pass": 0, "inconclusive": 1, "fail": 2}
+    assert rank[more.verdict] >= rank[fewer.verdict]
