@@ -58,3 +58,15 @@ def test_proportion_difference_interval_contains_the_estimate_and_handles_zero_e
     assert worse.p_value < 1e-6
     with pytest.raises(ValueError):
         proportion_shift(5, 0, 1, 10)
+
+
+@pytest.mark.parametrize(("events", "total"), [(0, 10), (3, 10), (10, 10), (7, 2000), (1999, 2000)])
+def test_the_closed_form_wilson_interval_matches_scipy(events: int, total: int) -> None:
+    from scipy import stats
+
+    from api._stats import wilson_interval
+
+    expected = stats.binomtest(events, total).proportion_ci(confidence_level=0.98, method="wilson")
+    assert wilson_interval(events, total, 0.98) == pytest.approx(
+        (expected.low, expected.high), abs=1e-12
+    )
