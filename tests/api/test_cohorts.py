@@ -1,0 +1,102 @@
+"""Loading cohort samples from a real DuckDB file written through ``Store``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from api.cohorts import MAX_RANGE_MS, Cohort, SampleOptions, TimeRange, load_samples
+from api.errors import QueryError, UnknownCohortError
+from tests.api.conftest import BASELINE, CANARY, cohort_rows
+from tests.slo.factories import T0_MS, insert
+
+HOUR = TimeRange(start_ms=T0_MS, end_ms=T0_MS + 3_600_000)
+
+
+def test_a_cohort_gets_its_own_requests_latencies_and_bad_event_counts(store) -> None:
+    rows = cohort_rows(CANARY, 200, seed=2, outcomes={"error_before_first_token": 5})
+    rows[10].update(
+        client_disconnected=True, disconnect_ts_ms=T0_MS, upstream_closed_ts_ms=T0_MS + 5_000
+    )
+    rows[11].update(itl_max_s=12.0)
+    rows[12].update(outcome="client_cancelled")
+    rows[13].update(tpot_s=None, completion_tokens=1)  # TPOT is undefined for one token
+    insert(store, requests=rows + cohort_rows(BASELINE, 300, seed=1))
+    samples = load_samples(store.con, Cohort(instances=(CANARY,)), HOUR)
+    assert samples.requests == 200
+    assert samples.rates["error_before_first_token_rate"] == (5, 200)
+    assert samples.rates["availability"] == (194, 199)  # the cancel is not held against it
+    assert samples.rates["ghost_rate"] == (1, 200)
+    assert samples.rates["stall_rate"] == (1, 200)
+    # Latency samples come from successful requests only.
+    assert samples.latency["ttft_s"].size == 194
+    assert samples.latency["tpot_s"].size == 193
+    assert np.isfinite(samples.latency["tpot_s"]).all()
+    expected = sorted(r["ttft_s"] for r in rows if r["outcome"] == "ok")
+    assert np.sort(samples.latency["ttft_s"]) == pytest.approx(expected)
+
+
+def test_labels_and_instances_combine_and_the_range_is_half_open(store) -> None:
+    rows = cohort_rows(CANARY, 100, seed=2, pool="llama-70b")
+    rows += cohort_rows(CANARY, 50, seed=3, pool="other", start_ms=T0_MS + 3_600_000)
+    insert(store, requests=rows)
+    assert load_samples(store.con, Cohort(labels={"pool": "llama-70b"}), HOUR).requests == 100
+    both = Cohort(instances=(CANARY,), labels={"pool": "other"})
+    assert load_samples(store.con, both, HOUR).requests == 0  # known cohort, other hour
+    later = TimeRange(start_ms=T0_MS + 3_600_000, end_ms=T0_MS + 7_200_000)
+    assert load_samples(store.con, both, later).requests == 50
+
+
+def test_samples_above_the_cap_are_a_deterministic_subset(store) -> None:
+    insert(store, requests=cohort_rows(CANARY, 300, seed=2))
+    options = SampleOptions(max_samples=100)
+    first = load_samples(store.con, Cohort(instances=(CANARY,)), HOUR, options)
+    again = load_samples(store.con, Cohort(instances=(CANARY,)), HOUR, options)
+    assert first.latency["ttft_s"].size == 100
+    assert np.array_equal(first.latency["ttft_s"], again.latency["ttft_s"])
+    assert first.rates["availability"] == (300, 300)  # counts are never thinned
+
+
+def test_an_unknown_cohort_is_an_error_not_an_empty_sample(store) -> None:
+    insert(store, requests=cohort_rows(BASELINE, 10, seed=1))
+    with pytest.raises(UnknownCohortError, match=r"10\.9\.9\.9"):
+        load_samples(store.con, Cohort(instances=("10.9.9.9:8000",)), HOUR)
+
+
+def test_labels_the_records_do_not_carry_yet_are_refused_clearly(store) -> None:
+    with pytest.raises(QueryError, match="revision"):
+        load_samples(store.con, Cohort(labels={"revision": "r2"}), HOUR)
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [{"pool; DROP TABLE requests": "x"}, {"instance": "x"}],
+    ids=["sql in a label name", "a column that is not a label"],
+)
+def test_label_names_outside_the_allow_list_are_refused(labels) -> None:
+    with pytest.raises(ValidationError, match="unknown label"):
+        Cohort(labels=labels)
+
+
+def test_sql_looking_values_are_only_ever_data(store) -> None:
+    insert(store, requests=cohort_rows(CANARY, 10, seed=2))
+    hostile = Cohort(instances=("x' OR 1=1 --",), labels={"pool": "'; DROP TABLE requests; --"})
+    with pytest.raises(UnknownCohortError):
+        load_samples(store.con, hostile, HOUR)
+    assert store.count("requests") == 10
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [(T0_MS, T0_MS), (T0_MS, T0_MS - 1), (T0_MS - MAX_RANGE_MS - 1, T0_MS), (-5, 10)],
+    ids=["empty", "reversed", "longer than 31 days", "before 1970"],
+)
+def test_ranges_are_validated_and_bounded(start: int, end: int) -> None:
+    with pytest.raises(ValidationError):
+        TimeRange(start_ms=start, end_ms=end)
+
+
+def test_a_cohort_must_select_something() -> None:
+    with pytest.raises(ValidationError, match="instances or labels"):
+        Cohort()

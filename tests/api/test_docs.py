@@ -1,0 +1,41 @@
+"""docs/canary.md's manifests call endpoints that exist, with conditions the contract tests prove."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import urlparse
+
+import yaml
+
+from api.params import VerdictParams
+from tests.api.test_argo_contract import FAILURE, SUCCESS
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "canary.md"
+
+
+def _manifests() -> dict[str, dict]:
+    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)
+    return {doc["kind"]: doc for doc in map(yaml.safe_load, blocks)}
+
+
+def test_the_analysis_template_uses_both_conditions_and_the_summary(client) -> None:
+    metric = _manifests()["AnalysisTemplate"]["spec"]["metrics"][0]
+    assert metric["successCondition"] == SUCCESS
+    assert metric["failureCondition"] == FAILURE
+    web = metric["provider"]["web"]
+    assert web["jsonPath"] == "{$.summary}"
+    path = urlparse(web["url"]).path
+    assert path in client.get("/openapi.json").json()["paths"]
+    assert web["method"].lower() in client.get("/openapi.json").json()["paths"][path]
+    VerdictParams.model_validate(web["jsonBody"])  # every parameter name is one we accept
+
+
+def test_the_flagger_canary_calls_existing_gates_with_string_metadata(client) -> None:
+    hooks = _manifests()["Canary"]["spec"]["analysis"]["webhooks"]
+    assert {hook["type"] for hook in hooks} == {"pre-rollout", "rollout", "confirm-promotion"}
+    for hook in hooks:
+        assert urlparse(hook["url"]).path == f"/api/v1/flagger/{hook['type']}"
+        assert all(isinstance(value, str) for value in hook["metadata"].values())
+        params = {k: v for k, v in hook["metadata"].items() if k != "token"}
+        VerdictParams.model_validate(params)
