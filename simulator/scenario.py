@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipeline.config import load_yaml
 from pipeline.errors import ConfigError
 from simulator.faults import validate_fault
 
@@ -51,7 +52,7 @@ def load_scenario(source: Path | str | dict[str, Any], pods: list[str] | None = 
         data: Any = source
     else:
         try:
-            data = yaml.safe_load(Path(source).read_text())
+            data = load_yaml(Path(source).read_text(encoding="utf-8"), str(source))
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"{source}: cannot read scenario: {exc}") from exc
     try:

@@ -26,14 +26,23 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from pipeline.config import STRICT, load_yaml_documents
 from pipeline.errors import ConfigError
 from slo.windows import known_periods, parse_duration_ms
 
 __all__ = [
     "GROUP_DIMENSIONS",
     "LATENCY_METRICS",
+    "MAX_OBJECTIVE",
     "AlertingSpec",
     "AvailabilitySpec",
     "GoodputSpec",
@@ -52,10 +61,15 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 GROUP_DIMENSIONS = ("pool", "instance", "tenant", "route")
 _NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*[A-Za-z0-9]$")
 _SLI_TAGS = {"latency", "availability", "goodput"}
+#: The highest objective accepted unless the SLO sets ``allow_objective_beyond_five_nines``:
+#: beyond it one bad request in the page pair's 5-minute window pages by itself unless that
+#: window holds > 1 / (14.4 × (1 − objective)) requests (694,000 at seven nines), and the
+#: report's three decimals in % cannot show the objective (see slo/README.md).
+MAX_OBJECTIVE = 0.99999
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 class LatencySpec(_Spec):
@@ -146,6 +160,10 @@ class SloSpec(_Spec):
 
     name: str
     description: str = ""
+    allow_objective_beyond_five_nines: bool = Field(
+        default=False,
+        description=f"accept an objective above {MAX_OBJECTIVE} (enough traffic to measure it)",
+    )
     objective: float
     period: str = "30d"
     sli: SliSpec
@@ -163,9 +181,15 @@ class SloSpec(_Spec):
 
     @field_validator("objective")
     @classmethod
-    def _objective(cls, value: float) -> float:
+    def _objective(cls, value: float, info: ValidationInfo) -> float:
         if not 0 < value < 1:
             raise ValueError("must be in (0, 1)")
+        if value > MAX_OBJECTIVE and not info.data.get("allow_objective_beyond_five_nines"):
+            raise ValueError(
+                f"{value} leaves an error budget of {1 - value:.1e}, finer than the data can "
+                f"measure; at most {MAX_OBJECTIVE} unless allow_objective_beyond_five_nines: true "
+                "(see slo/README.md)"
+            )
         return value
 
     @field_validator("period")
@@ -255,7 +279,7 @@ def load_spec(path: str | Path) -> SloDocument:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text") from exc
     try:
-        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        docs = [doc for doc in load_yaml_documents(text, str(path)) if doc is not None]
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     from slo.openslo import is_openslo, openslo_to_spec  # the importer builds on this module
