@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pipeline.errors import ConfigError
 from slo.buckets import check_bucket_bounds
 from slo.model import build_model
+from slo.openslo import openslo_to_spec
 from slo.spec import load_spec, parse_spec
 from slo.windows import load_catalog
 
@@ -310,3 +311,24 @@ def test_a_repeated_key_in_a_spec_names_the_key_and_line(tmp_path: Path) -> None
     )
     with pytest.raises(ConfigError, match=r"duplicate key 'kind' \(first at line 5\)"):
         load_spec(spec)
+
+
+def test_openslo_objectives_beyond_five_nines_need_the_annotation() -> None:
+    source = {"type": "llmslo", "spec": {"kind": "availability"}}
+    doc: dict[str, Any] = {
+        "apiVersion": "openslo/v1",
+        "kind": "SLO",
+        "metadata": {"name": "avail"},
+        "spec": {
+            "service": "chat",
+            "indicator": {
+                "metadata": {"name": "ok"},
+                "spec": {"thresholdMetric": {"metricSource": source}},
+            },
+            "objectives": [{"target": 0.9999999}],
+        },
+    }
+    with pytest.raises(ConfigError, match=r"slos\[0\].objective: 0.9999999 leaves"):
+        openslo_to_spec(doc)
+    doc["metadata"]["annotations"] = {"llmslo.io/allow-objective-beyond-five-nines": "true"}
+    assert openslo_to_spec(doc).slos[0].objective == 0.9999999
