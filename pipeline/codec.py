@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -191,9 +192,10 @@ def _breaks_range(rule: ValueRule, values: pa.ChunkedArray | pa.Array) -> pa.Arr
     """A mask of the values outside ``rule``'s bounds (NaN included); ``None`` if all fit."""
     floating = pa.types.is_floating(values.type)
     # Fast path: min and max within bounds and no NaN (the common case, no per-row mask).
+    # A NaN makes the sum NaN (so may +inf and -inf together: the exact pass sorts that out).
     bounds = pc.min_max(values)
     low, high = bounds["min"].as_py(), bounds["max"].as_py()
-    has_nan = floating and bool(pc.any(pc.is_nan(values)).as_py())
+    has_nan = floating and math.isnan(pc.sum(values).as_py() or 0.0)
     if low is None or (
         not has_nan
         and (rule.minimum is None or low >= rule.minimum)
@@ -210,9 +212,14 @@ def _breaks_range(rule: ValueRule, values: pa.ChunkedArray | pa.Array) -> pa.Arr
     return pc.fill_null(mask, False)
 
 
+@functools.cache
+def _allowed_array(allowed: tuple[str, ...]) -> pa.Array:
+    return pa.array(allowed, pa.string())
+
+
 def _breaks_allowed(rule: ValueRule, values: pa.ChunkedArray | pa.Array) -> pa.Array | None:
     """A mask of the strings not in ``rule.allowed``; ``None`` if all are allowed."""
-    allowed = pa.array(rule.allowed, pa.string())
+    allowed = _allowed_array(rule.allowed or ())
     if pa.types.is_dictionary(values.type):
         chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
         # Fast path: every dictionary entry is allowed (unused entries are judged too, cheaply).
