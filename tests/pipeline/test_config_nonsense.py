@@ -21,7 +21,9 @@ from collectors.tap.config import TapConfig
 from pipeline.config import format_validation_error, load_config, load_yaml, parse_config
 from pipeline.errors import ConfigError
 from simulator.config import FleetConfig, load_fleet_config
+from simulator.faults import validate_fault
 from simulator.scenario import load_scenario
+from slo.jobs import JobsConfig
 from slo.spec import load_spec
 
 
@@ -133,6 +135,9 @@ def test_store_paths_are_still_read_from_strings() -> None:
         (TapConfig, {"upstreams": ["http://127.0.0.1:99999"]}, "tap.upstreams"),
         (TapConfig, {"metrics_port": 70000}, "tap.metrics_port"),
         (TapConfig, {"otlp_endpoint": "http://127.0.0.1:99999/v1"}, "tap.otlp_endpoint"),
+        (JobsConfig, {"settle_s": True}, "slo.settle_s"),
+        (JobsConfig, {"flags": {"dwell_s": True}}, "slo.flags.dwell_s"),
+        (JobsConfig, {"metrics_port": 99999}, "slo.metrics_port"),
         (FleetConfig, {"speed": True}, "simulator.speed"),
         (FleetConfig, {"pods": [{"name": "p", "port": 99999}]}, "simulator.pods[0].port"),
         (FleetConfig, {"pods": [{"name": "p", "port": True}]}, "simulator.pods[0].port"),
@@ -152,3 +157,14 @@ def test_sections_refuse_booleans_for_numbers_and_impossible_ports(
 def test_port_zero_still_means_any_free_port_where_documented() -> None:
     assert TapConfig.model_validate({"listen": "127.0.0.1:0", "metrics_port": 0}).metrics_port == 0
     assert CollectConfig.model_validate({"metrics_port": 0}).metrics_port == 0
+
+
+def test_scenario_events_and_fault_parameters_refuse_booleans_for_numbers() -> None:
+    with pytest.raises(ConfigError, match="at_s: Input should be a valid number"):
+        load_scenario({"events": [{"at_s": True, "pod": "p", "fault": "stall"}]})
+    with pytest.raises(ConfigError, match="blocks_per_s"):
+        validate_fault("kv_leak", {"blocks_per_s": True})
+
+
+def test_slo_spec_paths_are_still_read_from_strings() -> None:
+    assert JobsConfig.model_validate({"spec": "config/slo.yaml"}).spec == Path("config/slo.yaml")
