@@ -179,7 +179,7 @@ class IngestConfig(_Section):
     batch_max_rows: int = Field(250_000, gt=0, description="commit once this many rows are pending")
     batch_max_ms: int = Field(500, gt=0, description="… or once the oldest pending row is this old")
     batch_max_bytes: int = Field(
-        32 * 1024 * 1024,
+        24 * 1024 * 1024,
         ge=1024 * 1024,
         description="… or once pending rows (decoded Arrow) and dead-letter payloads hold this "
         "many bytes; the ingester holds at most about 4× this in batches (see pipeline.ingest)",
