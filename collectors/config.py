@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
+
+from pipeline.config import STRICT, FreePortOr, check_url_port
 
 __all__ = ["CollectConfig", "TargetConfig", "normalise_url"]
 
@@ -40,7 +42,7 @@ def normalise_url(url: str, metrics_path: str = "/metrics", scheme: str = "http"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 class TargetConfig(_Model):
@@ -58,7 +60,7 @@ class TargetConfig(_Model):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        return normalise_url(value)
+        return check_url_port(normalise_url(value))
 
     @property
     def instance(self) -> str:
@@ -96,9 +98,7 @@ class CollectConfig(_Model):
     publish_timeout_s: float = Field(
         10.0, gt=0, description="delivery timeout of one batch before retrying"
     )
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="serve /metrics here (0 = any)"
-    )
+    metrics_port: FreePortOr | None = Field(None, description="serve /metrics here (0 = any)")
     metrics_host: str = "127.0.0.1"
 
     @property

@@ -24,6 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from collectors.config import CollectConfig, TargetConfig, normalise_url
+from pipeline.config import load_yaml
 
 __all__ = ["TargetDiscovery", "parse_file_sd"]
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 def parse_file_sd(text: str, source: str = "<file_sd>") -> list[TargetConfig]:
     """Targets of one file_sd document; raises ``ValueError`` naming ``source``."""
     try:
-        raw: Any = json.loads(text) if text.lstrip().startswith("[") else yaml.safe_load(text)
+        raw: Any = json.loads(text) if text.lstrip().startswith("[") else load_yaml(text, source)
     except (ValueError, yaml.YAMLError) as exc:
         raise ValueError(f"{source}: not valid JSON/YAML: {exc}") from exc
     if raw is None:

@@ -4,14 +4,16 @@ The ground floor: it imports no other package of ours (the command line is ``app
 
 Every other package builds on these public names and nothing else of this package:
 
-* :mod:`pipeline.schema`: versioned Arrow record schemas (``ENGINE_SAMPLES`` …);
+* :mod:`pipeline.schema`: versioned Arrow record schemas (``ENGINE_SAMPLES`` …) and the
+  value rules checked at decode (``VALUE_RULES``);
 * :mod:`pipeline.codec`: Arrow IPC / JSON encoding with schema headers;
 * :mod:`pipeline.bus`: topics, keyed producers and consumers (``Bus``);
 * :mod:`pipeline.publisher`: the one bounded, retrying way to publish (``Publisher``);
 * :mod:`pipeline.broker`: the embedded Kafka-protocol broker (``EmbeddedBroker``);
 * :mod:`pipeline.store`: the DuckDB file (``Store``);
 * :mod:`pipeline.ingest`: the exactly-once Kafka → DuckDB ingester (``Ingester``);
-* :mod:`pipeline.config`: the validated YAML config (``load_config``, ``format_validation_error``);
+* :mod:`pipeline.config`: the validated YAML config (``load_config``, ``format_validation_error``)
+  and the strict YAML loader every package uses (``load_yaml``);
 * :mod:`pipeline.errors`: the exception tree rooted at ``LlmsloError``.
 """
 

@@ -12,15 +12,22 @@ content type is matched case-insensitively ignoring parameters
 
 Decoding is a boundary: anything malformed raises :class:`DecodeError` with a stable
 ``reason`` (``empty``, ``oversized``, ``not_arrow``, ``truncated_arrow``, ``corrupt_arrow``,
-``not_json``, ``schema_mismatch``, ``missing_required``, ``unknown_schema``,
-``unknown_content_type``), which the ingester turns into a dead letter. Nothing here raises
+``not_json``, ``schema_mismatch``, ``missing_required``, ``invalid_value``,
+``unknown_schema``, ``unknown_content_type``), which the ingester turns into a dead letter. Nothing here raises
 anything else: an unexpected exception is a bug, reported as ``decode_crash`` rather than
 raised into the stream (STYLE §6).
 
 What :func:`decode_message` returns is safe to commit: Arrow payloads are fully validated
 (UTF-8, dictionary indices, offsets), required columns hold no nulls (not even through a
 null dictionary entry), and every value fits its column exactly (JSON ``1.5`` is not an
-``int16``, ``1e300`` is not a ``float32``, ``NaN``/``Infinity`` are not JSON).
+``int16``, ``1e300`` is not a ``float32``, ``NaN``/``Infinity`` are not JSON), and every
+value satisfies its column's :class:`~pipeline.schema.ValueRule` (an ``outcome`` of
+``"pwned"`` or a ``ttft_s`` of ``-5`` is ``invalid_value``).
+
+A message is one unit: if any row breaks a rule the whole message is refused (and the
+ingester dead-letters it, payload included, so it can be fixed and replayed). Splitting a
+message would store a part of what a producer sent as if it were the whole, and its
+offset could no longer say "done" for every row of it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline._value_check import check_values
 from pipeline.errors import DecodeError
 from pipeline.schema import RecordSchema, lookup_schema
 
@@ -309,6 +317,7 @@ def _decode(
         )
     table = conform(schema, table)
     _check_required(schema, table)
+    check_values(schema, table)
     return DecodedMessage(schema, table)
 
 

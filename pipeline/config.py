@@ -8,6 +8,12 @@ all errors of a file at once, each by field path (``ingest.batch_max_rows: Input
 be greater than 0``). Nothing registers itself on import: a process that loads the file
 with the same table gets the same errors.
 
+Every YAML file llmslo reads goes through :func:`load_yaml` / :func:`load_yaml_documents`:
+PyYAML's safe loader, except that a mapping repeating a key is an error naming the key and
+both lines (PyYAML would silently keep the last one). Numbers are strict: ``true`` is not
+``1`` and ``"5"`` is not ``5`` (:data:`STRICT`), and ports are 1–65535 (0 only where it
+means "any free port").
+
 Secrets never live in the file: a section names the environment variable that holds
 one (``sasl_password_env: KAFKA_PASSWORD``) and :func:`secret_from_env` reads it.
 """
@@ -17,29 +23,115 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import ConfigError
 
 __all__ = [
+    "STRICT",
     "BusConfig",
+    "FreePortOr",
     "IngestConfig",
     "LlmsloConfig",
+    "Port",
     "StoreConfig",
+    "UniqueKeyLoader",
+    "check_url_port",
     "format_validation_error",
     "load_config",
+    "load_yaml",
+    "load_yaml_documents",
     "parse_config",
     "secret_from_env",
 ]
 
 SectionT = TypeVar("SectionT", bound=BaseModel)
 
+#: Model config of every config section and spec: unknown keys are errors, values are
+#: immutable, and types are strict (YAML ``true`` is not the number 1, ``"5"`` not 5).
+#: A field that must convert (a path from a string) says so with ``Field(strict=False)``.
+STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+#: A TCP port to connect to or listen on.
+Port = Annotated[int, Field(ge=1, le=65535)]
+#: A port to listen on, where 0 means "any free port".
+FreePortOr = Annotated[int, Field(ge=0, le=65535)]
+
+
+def check_url_port(url: str) -> str:
+    """``url`` unchanged if its port (if any) is 1–65535; raises ``ValueError`` naming it."""
+    try:
+        port = urlsplit(url).port
+    except ValueError as exc:  # urllib's message: "Port out of range 0-65535"
+        raise ValueError(f"{url!r}: port must be 1-65535") from exc
+    if port == 0:
+        raise ValueError(f"{url!r}: port must be 1-65535")
+    return url
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a mapping repeating a key.
+
+    YAML 1.2 forbids repeated keys; PyYAML keeps the last one silently, so ``port: 80``
+    followed by ``port: 8080`` three screens later would win without a word. Merge keys
+    (``<<``) may still be overridden, as YAML intends.
+    """
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = key in first_line
+                except TypeError:  # unhashable: the base class reports it
+                    continue
+                if seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first at line {first_line[key]})",
+                        key_node.start_mark,
+                    )
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
+
+
+def _loader(text: str, source: str) -> UniqueKeyLoader:
+    loader = UniqueKeyLoader(text)
+    loader.name = source  # error marks then say which file, not "<unicode string>"
+    return loader
+
+
+def load_yaml(text: str, source: str = "<yaml>") -> Any:
+    """One YAML document, safely; raises ``yaml.YAMLError`` (a repeated key included)."""
+    loader = _loader(text, source)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def load_yaml_documents(text: str, source: str = "<yaml>") -> list[Any]:
+    """Every document of a YAML stream, safely; raises ``yaml.YAMLError``."""
+    loader = _loader(text, source)
+    try:
+        documents = []
+        while loader.check_data():
+            documents.append(loader.get_data())
+        return documents
+    finally:
+        loader.dispose()
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 class BusConfig(_Section):
@@ -60,13 +152,26 @@ class BusConfig(_Section):
         None, description="name of the environment variable holding the SASL password"
     )
 
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_ports(cls, value: str) -> str:
+        if value == "embedded":
+            return value
+        for address in value.split(","):
+            host, sep, port = address.strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError(f"{address.strip()!r} is not HOST:PORT with a port in 1-65535")
+        return value
+
 
 class StoreConfig(_Section):
     """The DuckDB file and how long raw rows are kept."""
 
-    path: Path = Path("var/llmslo.duckdb")
+    path: Path = Field(Path("var/llmslo.duckdb"), strict=False)
     raw_retention_days: float = Field(7.0, gt=0)
-    lake_dir: Path | None = Field(None, description="where hourly Parquet partitions are exported")
+    lake_dir: Path | None = Field(
+        None, strict=False, description="where hourly Parquet partitions are exported"
+    )
 
 
 class IngestConfig(_Section):
@@ -75,11 +180,17 @@ class IngestConfig(_Section):
     group_id: str = "llmslo-ingest"
     batch_max_rows: int = Field(250_000, gt=0, description="commit once this many rows are pending")
     batch_max_ms: int = Field(500, gt=0, description="… or once the oldest pending row is this old")
+    batch_max_bytes: int = Field(
+        24 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="… or once pending rows (decoded Arrow) and dead-letter payloads hold this "
+        "many bytes; the ingester holds at most about 4× this in batches (see pipeline.ingest)",
+    )
     max_message_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="larger messages are dead-lettered"
     )
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="serve /metrics here (0 = any free port)"
+    metrics_port: FreePortOr | None = Field(
+        None, description="serve /metrics here (0 = any free port)"
     )
     metrics_host: str = "127.0.0.1"
     session_timeout_ms: int = Field(
@@ -98,7 +209,7 @@ class IngestConfig(_Section):
 class LlmsloConfig(_Section):
     """The whole file. Unknown top-level keys are errors; the other sections stay raw here."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True)
 
     bus: BusConfig = BusConfig()
     store: StoreConfig = StoreConfig()
@@ -185,7 +296,7 @@ def load_config(path: str | Path | None, sections: Sections | None = None) -> Ll
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text, str(path))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     return parse_config(raw, source=str(path), sections=sections)

@@ -32,9 +32,12 @@ __all__ = [
     "OUTCOMES",
     "REQUEST_RECORDS",
     "SCHEMAS",
+    "VALUE_RULES",
     "RecordSchema",
+    "ValueRule",
     "iter_schemas",
     "lookup_schema",
+    "value_rules",
 ]
 
 #: Every value the ``outcome`` column of a request record may take (DESIGN §3).
@@ -432,3 +435,101 @@ def lookup_schema(header_value: bytes | str | None) -> RecordSchema:
     if schema is None:
         raise UnknownSchemaError("unknown_schema", f"unknown schema {text[:80]!r}")
     return schema
+
+
+# --- Value rules: what each column may hold, beyond its Arrow type -------------------------
+#
+# Checked at decode (pipeline.codec) for every message, ours and third parties' alike: a
+# message holding one value outside its rule is dead-lettered whole (reason
+# ``invalid_value``) and none of its rows are stored. The rules are data, one table per
+# schema, so that a reader sees every constraint of a record kind in one place.
+
+#: Event times are after the Unix epoch and before 2100-01-01 (a ms/µs/ns mix-up lands beyond).
+MAX_TIMESTAMP_MS = 4_102_444_800_000
+
+
+@dataclass(frozen=True)
+class ValueRule:
+    """What every non-null value of ``column`` must satisfy.
+
+    ``minimum`` and ``maximum`` bound numbers, inclusive; list columns are checked element by
+    element and NaN never satisfies a bound. ``allowed`` is the only strings the column may
+    hold. Nulls are not judged here (required columns are checked for them separately).
+    """
+
+    column: str
+    minimum: float | None = None
+    maximum: float | None = None
+    allowed: tuple[str, ...] | None = None
+
+    def describe(self) -> str:
+        """The rule in words, e.g. ``must be in [0, 86400]`` or ``must be one of ok, …``."""
+        if self.allowed is not None:
+            return "must be one of " + ", ".join(self.allowed)
+        low = "-inf" if self.minimum is None else f"{self.minimum:g}"
+        high = "inf" if self.maximum is None else f"{self.maximum:g}"
+        return f"must be a number in [{low}, {high}]"
+
+
+def _ranged(minimum: float, maximum: float | None, *columns: str) -> tuple[ValueRule, ...]:
+    return tuple(ValueRule(column, minimum=minimum, maximum=maximum) for column in columns)
+
+
+def _timestamps(*columns: str) -> tuple[ValueRule, ...]:
+    return _ranged(0, MAX_TIMESTAMP_MS, *columns)
+
+
+#: Every schema's value rules, by (name, version) like :data:`SCHEMAS`.
+VALUE_RULES: dict[tuple[str, int], tuple[ValueRule, ...]] = {
+    ("engine_sample", 1): (
+        *_timestamps("ts_ms"),
+        ValueRule(
+            "kind",
+            allowed=("gauge", "counter", "bucket", "sum", "count", "info", "untyped", "created"),
+        ),
+    ),
+    ("gpu_sample", 1): (*_timestamps("ts_ms"), *_ranged(0, None, "gpu")),
+    ("request_record", 1): (
+        *_timestamps(
+            "received_ts_ms", "deadline_ts_ms", "disconnect_ts_ms", "upstream_closed_ts_ms"
+        ),
+        ValueRule("outcome", allowed=OUTCOMES),
+        *_ranged(1, None, "attempt"),
+        *_ranged(100, 599, "http_status"),
+        # Durations and counts: non-negative (NaN is never a duration). No upper bound: a
+        # day-long stream is odd but real, and the SLO report only compares with thresholds.
+        *_ranged(
+            0,
+            None,
+            "ttfb_s",
+            "ttft_s",
+            "tpot_s",
+            "e2e_s",
+            "itl_mean_s",
+            "itl_p99_s",
+            "itl_max_s",
+            "itl_gaps_s",
+            "prompt_tokens",
+            "completion_tokens",
+            "token_chunks",
+            "chunk_tokens",
+            "tokens_after_disconnect",
+        ),
+    ),
+    ("flag_transition", 1): (
+        *_timestamps("ts_ms"),
+        ValueRule("scope", allowed=("pool", "instance")),
+        *_ranged(0, 3, "from_level", "to_level"),
+        *_ranged(0, 1, "kv_free_ratio"),
+    ),
+    ("alert", 1): (
+        *_timestamps("ts_ms", "starts_ts_ms", "ends_ts_ms"),
+        ValueRule("state", allowed=("firing", "resolved")),
+        ValueRule("severity", allowed=("page", "ticket", "info")),
+    ),
+}
+
+
+def value_rules(schema: RecordSchema) -> tuple[ValueRule, ...]:
+    """The value rules of ``schema`` (empty for a schema that declares none)."""
+    return VALUE_RULES.get((schema.name, schema.version), ())

@@ -194,13 +194,29 @@ class Store:
     """A DuckDB file with llmslo's tables. Single writer: one ``Store`` per file and process.
 
     ``read_only=True`` opens it for readers (jobs, dashboards) while no writer holds it;
-    ``memory_limit`` (DuckDB syntax, e.g. ``"256MB"``) bounds DuckDB's buffer pool.
+    ``must_exist=True`` opens an existing file for writing but never creates one (commands
+    that read a store and keep caches in it); ``memory_limit`` (DuckDB syntax, e.g.
+    ``"256MB"``) bounds DuckDB's buffer pool.
+
+    Raises :class:`StoreError` when the file cannot be opened, when a reader or a
+    ``must_exist`` caller names a file that does not exist (nothing is created), or when a
+    read-only file does not hold llmslo's tables.
     """
 
     def __init__(
-        self, path: str | Path, *, read_only: bool = False, memory_limit: str | None = None
+        self,
+        path: str | Path,
+        *,
+        read_only: bool = False,
+        must_exist: bool = False,
+        memory_limit: str | None = None,
     ) -> None:
         self.path = Path(path)
+        if (read_only or must_exist) and not self.path.is_file():
+            raise StoreError(
+                f"no DuckDB store at {self.path}: nothing was ingested there "
+                "(check --db or store.path)"
+            )
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         settings: dict[str, str | bool | int | float | list[str]] = {}
@@ -213,7 +229,9 @@ class Store:
         self._series: dict[str, SeriesIndex] = {}
         #: Held while using ``con`` from a thread other than the owner's (ingest commits, lake export).
         self.lock = threading.RLock()
-        if not read_only:
+        if read_only:
+            self._check_tables()
+        else:
             self.migrate()
             for schema in iter_schemas():
                 if schema.series_columns:
@@ -221,6 +239,17 @@ class Store:
                         f"SELECT series_id FROM {schema.table}_series"
                     ).fetchnumpy()["series_id"]
                     self._series[schema.table] = SeriesIndex(schema, known)
+
+    def _check_tables(self) -> None:
+        """Refuse a file that is not an llmslo store (a reader cannot create the tables)."""
+        with self.lock:
+            rows = self.con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_name = ?",
+                ["ingest_offsets"],
+            ).fetchall()
+        if not rows:
+            self.con.close()
+            raise StoreError(f"{self.path} is a DuckDB file without llmslo's tables")
 
     def migrate(self) -> None:
         """Create every table that does not exist yet (idempotent)."""

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from pipeline.config import STRICT, FreePortOr, load_yaml
 from pipeline.errors import ConfigError
 from simulator.perf import PROFILES
 
@@ -32,7 +33,7 @@ Dialect = Literal["vllm", "vllm-legacy", "sglang", "trtllm"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 class EngineConfig(_Model):
@@ -78,8 +79,8 @@ class PodConfig(_Model):
     gpus: list[int] = Field(default_factory=lambda: [0])
     namespace: str = "default"
     engine: EngineConfig = Field(default_factory=lambda: EngineConfig.model_validate({}))
-    port: int | None = Field(
-        default=None, ge=0, le=65535, description="fixed port; default a free one"
+    port: FreePortOr | None = Field(
+        default=None, description="fixed port; default (or 0) a free one"
     )
 
 
@@ -132,8 +133,8 @@ def load_fleet_config(source: Path | str | dict[str, Any]) -> FleetConfig:
         data: Any = source
     else:
         try:
-            data = yaml.safe_load(Path(source).read_text())
-        except (OSError, yaml.YAMLError) as exc:
+            data = load_yaml(Path(source).read_text(encoding="utf-8"), str(source))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ConfigError(f"{source}: cannot read fleet config: {exc}") from exc
     if isinstance(data, dict) and "simulator" in data and "pods" not in data:
         data = data["simulator"]

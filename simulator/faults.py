@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from pipeline.config import STRICT
 from pipeline.errors import ConfigError
 
 __all__ = ["FAULTS", "FaultBoard", "FaultSpec", "UnknownFaultError", "validate_fault"]
@@ -25,7 +26,7 @@ class UnknownFaultError(ConfigError):
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 class NoParams(_Params):

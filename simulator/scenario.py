@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from pipeline.config import STRICT, load_yaml
 from pipeline.errors import ConfigError
 from simulator.faults import validate_fault
 
@@ -27,7 +28,7 @@ __all__ = ["Scenario", "ScenarioEvent", "ScenarioRunner", "load_scenario"]
 class ScenarioEvent(BaseModel):
     """At ``at_s`` seconds after start, set or clear ``fault`` on ``pod``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
     at_s: float = Field(ge=0)
     pod: str = Field(min_length=1)
     fault: str
@@ -38,7 +39,7 @@ class ScenarioEvent(BaseModel):
 class Scenario(BaseModel):
     """A validated timeline, events sorted by time."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
     events: list[ScenarioEvent] = Field(default_factory=list)
 
 
@@ -51,7 +52,7 @@ def load_scenario(source: Path | str | dict[str, Any], pods: list[str] | None = 
         data: Any = source
     else:
         try:
-            data = yaml.safe_load(Path(source).read_text())
+            data = load_yaml(Path(source).read_text(encoding="utf-8"), str(source))
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigError(f"{source}: cannot read scenario: {exc}") from exc
     try:

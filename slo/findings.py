@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from pipeline.config import STRICT
 from slo.snapshot import Series, Snapshot
 
 __all__ = ["Detector", "DetectorConfig", "Finding", "covers", "gini", "gpu_of"]
@@ -20,7 +21,7 @@ __all__ = ["Detector", "DetectorConfig", "Finding", "covers", "gini", "gpu_of"]
 class DetectorConfig(BaseModel):
     """Thresholds of every detector (seconds, fractions, counts)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
     lookback_s: float = Field(default=600, gt=0, description="raw rows read per cycle")
     stall_for_s: float = Field(

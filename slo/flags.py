@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
+from pipeline.config import STRICT
 from pipeline.schema import FLAG_TRANSITIONS
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
 class FlagPolicy(BaseModel):
     """Thresholds on the KV free ratio (fractions), the hysteresis margin and the dwell time."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
     l1_free: float = Field(default=0.10, gt=0, lt=1)
     l2_free: float = Field(default=0.05, gt=0, lt=1)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import duckdb
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from pipeline.config import STRICT
 from pipeline.errors import LlmsloError
 from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.detectors import DetectorConfig, Finding, detect_all
@@ -47,9 +48,9 @@ DAY_MS = 86_400_000
 class JobsConfig(BaseModel):
     """The ``slo`` section of the llmslo config file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
-    spec: Path | None = Field(default=None, description="SLO spec file (llmslo/v1)")
+    spec: Path | None = Field(default=None, strict=False, description="SLO spec file (llmslo/v1)")
     interval_s: float = Field(default=15.0, gt=0, description="seconds between cycles")
     settle_s: float = Field(
         default=600.0, ge=0, description="how far back each cycle recomputes rollups (late records)"

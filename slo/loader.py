@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.config import load_yaml_documents
 from pipeline.errors import ConfigError
 from slo.openslo import is_openslo, openslo_to_spec
 from slo.spec import SloDocument, parse_spec
@@ -29,7 +30,7 @@ def load_spec(path: str | Path) -> SloDocument:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text") from exc
     try:
-        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        docs = [doc for doc in load_yaml_documents(text, str(path)) if doc is not None]
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if docs and is_openslo(docs):

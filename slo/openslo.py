@@ -8,6 +8,8 @@ The indicator's ``ratioMetric`` / ``thresholdMetric`` must use a ``metricSource`
 ``threshold_s`` …): an OpenSLO query in another vendor's language cannot be evaluated over
 our tables, and is rejected with its path rather than guessed. Rolling windows and the
 ``Occurrences`` budgeting method only (what llmslo computes); anything else is an error.
+An objective above five nines needs the SLO's ``metadata.annotations`` to hold
+``llmslo.io/allow-objective-beyond-five-nines: "true"`` (see slo/README.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from slo.spec import SloDocument, parse_spec
 __all__ = ["is_openslo", "openslo_to_spec"]
 
 _API = "openslo/v1"
+_ALLOW_HIGH_OBJECTIVE = "llmslo.io/allow-objective-beyond-five-nines"
 
 
 def is_openslo(raw: Any) -> bool:
@@ -75,7 +78,12 @@ def _convert(
     doc: dict[str, Any], index: int, slis: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
     path = f"[{index}]"
-    name = _get(_get(doc, path, "metadata"), f"{path}.metadata", "name")
+    metadata = _get(doc, path, "metadata")
+    name = _get(metadata, f"{path}.metadata", "name")
+    annotations = metadata.get("annotations") or {}
+    allow_high = isinstance(annotations, dict) and (
+        str(annotations.get(_ALLOW_HIGH_OBJECTIVE, "")).lower() == "true"
+    )
     spec = _get(doc, path, "spec")
     method = spec.get("budgetingMethod", "Occurrences")
     if method != "Occurrences":
@@ -103,6 +111,7 @@ def _convert(
                 "name": f"{name}{suffix}",
                 "description": spec.get("description", ""),
                 "objective": target,
+                "allow_objective_beyond_five_nines": allow_high,
                 "period": period,
                 "sli": sli,
             }

@@ -24,15 +24,23 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from pipeline.config import format_validation_error
+from pipeline.config import STRICT, format_validation_error
 from pipeline.errors import ConfigError
 from slo.windows import known_periods, parse_duration_ms
 
 __all__ = [
     "GROUP_DIMENSIONS",
     "LATENCY_METRICS",
+    "MAX_OBJECTIVE",
     "AlertingSpec",
     "AvailabilitySpec",
     "GoodputSpec",
@@ -50,10 +58,15 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 GROUP_DIMENSIONS = ("pool", "instance", "tenant", "route")
 _NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*[A-Za-z0-9]$")
 _SLI_TAGS = {"latency", "availability", "goodput"}
+#: The highest objective accepted unless the SLO sets ``allow_objective_beyond_five_nines``:
+#: beyond it one bad request in the page pair's 5-minute window pages by itself unless that
+#: window holds > 1 / (14.4 × (1 − objective)) requests (694,000 at seven nines), and the
+#: report's three decimals in % cannot show the objective (see slo/README.md).
+MAX_OBJECTIVE = 0.99999
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 class LatencySpec(_Spec):
@@ -145,6 +158,10 @@ class SloSpec(_Spec):
 
     name: str
     description: str = ""
+    allow_objective_beyond_five_nines: bool = Field(
+        default=False,
+        description=f"accept an objective above {MAX_OBJECTIVE} (enough traffic to measure it)",
+    )
     objective: float
     period: str = "30d"
     sli: SliSpec
@@ -162,9 +179,15 @@ class SloSpec(_Spec):
 
     @field_validator("objective")
     @classmethod
-    def _objective(cls, value: float) -> float:
+    def _objective(cls, value: float, info: ValidationInfo) -> float:
         if not 0 < value < 1:
             raise ValueError("must be in (0, 1)")
+        if value > MAX_OBJECTIVE and not info.data.get("allow_objective_beyond_five_nines"):
+            raise ValueError(
+                f"{value} leaves an error budget of {1 - value:.1e}, finer than the data can "
+                f"measure; at most {MAX_OBJECTIVE} unless allow_objective_beyond_five_nines: true "
+                "(see slo/README.md)"
+            )
         return value
 
     @field_validator("period")

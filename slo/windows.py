@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import yaml
-
+from pipeline.config import load_yaml
 from pipeline.errors import ConfigError
 
 __all__ = [
@@ -132,4 +131,4 @@ def load_catalog(period: str, directory: Path = CATALOG_DIR) -> WindowCatalog:
         raise ConfigError(
             f"no alert-window catalog for period {period!r} (known: {', '.join(known)})"
         )
-    return _parse_catalog(path.name, yaml.safe_load(path.read_text(encoding="utf-8")))
+    return _parse_catalog(path.name, load_yaml(path.read_text(encoding="utf-8"), str(path)))

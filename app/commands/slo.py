@@ -139,7 +139,7 @@ def run_report(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     model = _model(args, config)
     jobs_config = config.section("slo", JobsConfig)
-    with Store(config.store.path, read_only=args.no_update) as store:
+    with Store(config.store.path, read_only=args.no_update, must_exist=True) as store:
         now = _now(store.con, args.at)
         if not args.no_update:
             Rollup(

@@ -169,7 +169,7 @@ def run_lake_export(args: argparse.Namespace) -> int:
     lake_dir = args.lake or config.store.lake_dir
     if lake_dir is None:
         raise ConfigError("no lake directory: pass --lake or set store.lake_dir")
-    with Store(config.store.path) as store:
+    with Store(config.store.path, must_exist=True) as store:
         written = export_hours(store, lake_dir, args.ingester, now_ts_ms=int(time.time() * 1000))
     print_json(
         {

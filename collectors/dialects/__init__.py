@@ -20,7 +20,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.config import format_validation_error
+from pipeline.config import format_validation_error, load_yaml
 from pipeline.errors import ConfigError
 from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS
 
@@ -133,7 +133,7 @@ def load_dialects(directory: Path = _DIR) -> dict[str, DialectMap]:
     maps: dict[str, DialectMap] = {}
     for path in sorted(directory.glob("*.yaml")):
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+            raw = load_yaml(path.read_text(encoding="utf-8"), str(path))
             dialect = DialectMap.model_validate(raw)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc

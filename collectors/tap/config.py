@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from pipeline.config import STRICT, FreePortOr, check_url_port
 
 __all__ = ["TapConfig"]
 
@@ -13,7 +15,7 @@ class TapConfig(BaseModel):
     Durations are seconds (``*_s``), sizes bytes (``*_bytes``).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
     listen: str = Field(
         "127.0.0.1:8100", pattern=r"^[^:]+:\d{1,5}$", description="HOST:PORT to serve on"
@@ -136,8 +138,8 @@ class TapConfig(BaseModel):
         100_000, gt=0, description="records buffered for the sink; beyond, dropped and counted"
     )
     metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="serve the tap's /metrics (0 = free port)"
+    metrics_port: FreePortOr | None = Field(
+        None, description="serve the tap's /metrics (0 = free port)"
     )
     otlp_endpoint: str | None = Field(
         None, description="OTLP/HTTP endpoint for GenAI metrics and spans"
@@ -149,6 +151,7 @@ class TapConfig(BaseModel):
         for url in value:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"upstream {url!r} must start with http:// or https://")
+            check_url_port(url)
         return [url.rstrip("/") for url in value]
 
     @field_validator("models")
@@ -167,6 +170,18 @@ class TapConfig(BaseModel):
                 f"{self.max_model_labels}"
             )
         return self
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_port(cls, value: str) -> str:
+        if int(value.rpartition(":")[2]) > 65535:
+            raise ValueError(f"{value!r}: port must be 0-65535 (0 = any free port)")
+        return value
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_port(cls, value: str | None) -> str | None:
+        return None if value is None else check_url_port(value)
 
     @field_validator("retry_on_status")
     @classmethod

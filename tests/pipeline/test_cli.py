@@ -58,3 +58,13 @@ def test_an_unreachable_broker_is_a_clear_error(
     )
     assert code == 2
     assert "127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_lake_export_from_a_missing_store_is_an_error_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "missing.duckdb"
+    args = ["lake", "export", "--db", str(db), "--lake", str(tmp_path / "lake")]
+    assert main(args) == 2
+    assert f"no DuckDB store at {db}" in capsys.readouterr().err
+    assert not db.exists()

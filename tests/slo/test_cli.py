@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from app.cli import main
@@ -88,3 +89,35 @@ def test_jobs_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["ts_ms"] == T0_MS + 199_000
     assert "inference-availability" in out["alerting"] and out["errors"] == []
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["--no-update"], ["--at", str(T0_MS)]], ids=["updating", "read-only", "at"]
+)
+def test_report_on_a_missing_store_is_an_error_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    db = tmp_path / "typo" / "llmslo.duckdb"
+    assert main(["slo", "report", "--spec", EXAMPLE, "--db", str(db), *extra]) == 2
+    assert f"no DuckDB store at {db}" in capsys.readouterr().err
+    assert not db.exists() and not db.parent.exists()
+
+
+def test_validate_against_a_missing_store_is_an_error_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "missing.duckdb"
+    assert main(["slo", "validate", EXAMPLE, "--db", str(db)]) == 2
+    assert f"no DuckDB store at {db}" in capsys.readouterr().err
+    assert not db.exists()
+
+
+def test_a_read_only_report_on_a_foreign_duckdb_file_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "other.duckdb"
+    duckdb.connect(str(db)).close()
+    size = db.stat().st_size
+    assert main(["slo", "report", "--spec", EXAMPLE, "--db", str(db), "--no-update"]) == 2
+    assert "without llmslo's tables" in capsys.readouterr().err
+    assert db.stat().st_size == size

@@ -15,6 +15,7 @@ from pipeline.errors import ConfigError
 from slo.buckets import check_bucket_bounds
 from slo.loader import load_spec
 from slo.model import build_model
+from slo.openslo import openslo_to_spec
 from slo.spec import parse_spec
 from slo.windows import load_catalog
 
@@ -251,3 +252,84 @@ def test_round_trip_through_yaml(tmp_path: Path) -> None:
         "llm-inference-avail",
         "llm-inference-good",
     ]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            lambda r: r["slos"][1].update(objective=0.9999999),
+            "slos[1].objective: 0.9999999 leaves an error budget of 1.0e-07",
+        ),
+        (lambda r: r["slos"][1].update(objective=0.999991), "slos[1].objective: 0.999991"),
+        (lambda r: r["slos"][1].update(objective=True), "slos[1].objective: Input should be"),
+        (
+            lambda r: r["slos"][0]["sli"].update(threshold_s=True),
+            "slos[0].sli.threshold_s: Input should be a valid number",
+        ),
+        (
+            lambda r: r["slos"][2]["sli"]["targets_s"].update(ttft=False),
+            "slos[2].sli.targets_s.ttft: Input should be a valid number",
+        ),
+        (
+            lambda r: r["slos"][1].update(alerting={"min_events": True}),
+            "slos[1].alerting.min_events: Input should be a valid integer",
+        ),
+        (
+            lambda r: r["slos"][1].update(alerting={"page": "yes"}),
+            "slos[1].alerting.page: Input should be a valid boolean",
+        ),
+    ],
+    ids=[
+        "seven nines",
+        "just above five nines",
+        "objective true",
+        "threshold true",
+        "goodput target false",
+        "min_events true",
+        "page 'yes'",
+    ],
+)
+def test_nonsense_objectives_and_booleans_for_numbers_are_refused(
+    mutate: Any, expected: str
+) -> None:
+    assert expected in _error(mutate)
+
+
+def test_five_nines_is_accepted_and_more_only_with_the_override() -> None:
+    raw = base()
+    raw["slos"][1]["objective"] = 0.99999
+    assert parse_spec(raw).slos[1].objective == 0.99999
+    raw["slos"][1].update(objective=0.9999999, allow_objective_beyond_five_nines=True)
+    assert parse_spec(raw).slos[1].objective == 0.9999999
+
+
+def test_a_repeated_key_in_a_spec_names_the_key_and_line(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "version: llmslo/v1\nslos:\n  - name: a\n    objective: 0.99\n"
+        "    sli: {kind: availability, kind: latency}\n"
+    )
+    with pytest.raises(ConfigError, match=r"duplicate key 'kind' \(first at line 5\)"):
+        load_spec(spec)
+
+
+def test_openslo_objectives_beyond_five_nines_need_the_annotation() -> None:
+    source = {"type": "llmslo", "spec": {"kind": "availability"}}
+    doc: dict[str, Any] = {
+        "apiVersion": "openslo/v1",
+        "kind": "SLO",
+        "metadata": {"name": "avail"},
+        "spec": {
+            "service": "chat",
+            "indicator": {
+                "metadata": {"name": "ok"},
+                "spec": {"thresholdMetric": {"metricSource": source}},
+            },
+            "objectives": [{"target": 0.9999999}],
+        },
+    }
+    with pytest.raises(ConfigError, match=r"slos\[0\].objective: 0.9999999 leaves"):
+        openslo_to_spec(doc)
+    doc["metadata"]["annotations"] = {"llmslo.io/allow-objective-beyond-five-nines": "true"}
+    assert openslo_to_spec(doc).slos[0].objective == 0.9999999
