@@ -1,7 +1,7 @@
 """The ``verdicts`` table: every computed canary verdict with its per-metric evidence.
 
-Declared here as an Arrow schema with documented columns (the ``pipeline.schema``
-convention) until it is folded into pipeline's tables. :class:`VerdictStore` creates the
+Its Arrow schema with documented columns is here (rows are bound to it); the table itself
+is declared with the API's other tables in :mod:`api.tables`. :class:`VerdictStore` creates the
 table, stores verdicts and reads them back for the history endpoint and for idempotent
 Flagger retries (``idempotency_key``). All SQL is parameterised.
 """
@@ -14,8 +14,6 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-
-from pipeline.store import duckdb_type
 
 __all__ = ["VERDICTS", "StoredVerdict", "VerdictStore"]
 
@@ -89,13 +87,10 @@ class VerdictStore:
         self.con = con
 
     def migrate(self) -> None:
-        """Create the table and its key index if missing (idempotent)."""
-        body = ",\n  ".join(
-            f"{f.name} {duckdb_type(f.type)}{'' if f.nullable else ' NOT NULL'}" for f in VERDICTS
-        )
-        self.con.execute(
-            f"CREATE TABLE IF NOT EXISTS verdicts (\n  {body},\n  PRIMARY KEY (verdict_id)\n)"
-        )
+        """Create the table (declared in :mod:`api.tables`) if missing (idempotent)."""
+        from api.tables import VERDICTS_TABLE  # api.tables builds its columns from VERDICTS
+
+        VERDICTS_TABLE.create(self.con)
 
     def insert(self, row: dict[str, Any]) -> None:
         """Store one verdict; ``row`` has every column of :data:`VERDICTS`."""
