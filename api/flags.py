@@ -34,7 +34,7 @@ from api.overrides import (
     OverrideStore,
     apply_overrides,
 )
-from api.reads import parse_query, table_response
+from api.reads import ARROW_STREAM, parse_query, table_response
 from pipeline.errors import QueryError
 from slo.flags import FlagTransition
 from slo.queries import current_flags
@@ -55,6 +55,26 @@ def etag_of(table: pa.Table) -> str:
 
 
 @dataclass(frozen=True)
+class FlagView:
+    """One answer of ``/api/v1/flags`` (all scopes, or pools or instances only), rendered
+    once per change so that a poll costs no store read and no serialisation."""
+
+    table: pa.Table
+    etag: str
+    json_body: bytes
+    arrow_body: bytes
+
+    @classmethod
+    def of(cls, table: pa.Table) -> FlagView:
+        rows = table.to_pylist()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        body = json.dumps({"data": rows, "count": len(rows)}, default=str).encode()
+        return cls(table, etag_of(table), body, sink.getvalue().to_pybytes())
+
+
+@dataclass(frozen=True)
 class FlagSnapshot:
     """The effective flags at one tick; ``version`` grows by one per change."""
 
@@ -62,6 +82,12 @@ class FlagSnapshot:
     etag: str
     version: int
     overrides: tuple[FlagOverride, ...]
+    views: dict[str | None, FlagView]
+
+    @classmethod
+    def of(cls, table: pa.Table, version: int, overrides: tuple[FlagOverride, ...]) -> FlagSnapshot:
+        views = {scope: FlagView.of(_view(table, scope)) for scope in (None, "pool", "instance")}
+        return cls(table, views[None].etag, version, overrides, views)
 
 
 class FlagWatcher:
@@ -90,6 +116,11 @@ class FlagWatcher:
         self._thread: threading.Thread | None = None
         self._failing = False
 
+    @property
+    def latest(self) -> FlagSnapshot | None:
+        """The latest snapshot without touching the store (None before the first read)."""
+        return self._snapshot
+
     def current(self) -> FlagSnapshot:
         """The latest snapshot (read now if there is none yet); starts the thread."""
         self._start()
@@ -112,9 +143,8 @@ class FlagWatcher:
             previous = self._snapshot
             if previous is not None and previous.etag == etag:
                 return previous
-            snapshot = FlagSnapshot(
-                table, etag, (previous.version + 1) if previous else 1, tuple(overrides)
-            )
+            version = (previous.version + 1) if previous else 1
+            snapshot = FlagSnapshot.of(table, version, tuple(overrides))
             if previous is not None:
                 self._publish_ended(previous, snapshot, now_ms)
             with self._lock:
@@ -153,6 +183,11 @@ class FlagWatcher:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=self.tick_s + 5)
+
+    @property
+    def running(self) -> bool:
+        """The polling thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
 
     def _start(self) -> None:
         with self._lock:
@@ -249,21 +284,24 @@ def add_flag_routes(app: FastAPI, watcher: FlagWatcher) -> None:
             if wait is not None:
                 raise QueryError("wait", "cannot wait on a past time (at_ms)")
             table = await asyncio.to_thread(_past_flags, watcher, arguments["at_ms"])
-            return _answer(request, _view(table, scope), None)
-        snapshot = await asyncio.to_thread(watcher.current)
-        view = _view(snapshot.table, scope)
-        etag = etag_of(view)
+            response = table_response(request, _view(table, scope))
+            response.headers["Cache-Control"] = "no-cache"
+            return response
+        # Polls are served from the shared snapshot: no thread hop, no store read.
+        snapshot = watcher.latest
+        if snapshot is None or not watcher.running:
+            snapshot = await asyncio.to_thread(watcher.current)
+        view = snapshot.views[scope]
         given = request.headers.get("if-none-match")
-        if wait is not None and _matches(given, etag):
+        if wait is not None and _matches(given, view.etag):
             deadline = asyncio.get_running_loop().time() + wait
-            while _matches(given, etag):
+            while _matches(given, view.etag):
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
                     break
                 snapshot = await watcher.changed_since(snapshot.version, remaining)
-                view = _view(snapshot.table, scope)
-                etag = etag_of(view)
-        return _answer(request, view, etag)
+                view = snapshot.views[scope]
+        return _answer(request, view)
 
 
 def _past_flags(watcher: FlagWatcher, at_ms: object) -> pa.Table:
@@ -272,12 +310,10 @@ def _past_flags(watcher: FlagWatcher, at_ms: object) -> pa.Table:
         return apply_overrides(computed, OverrideStore(con).active(int(at_ms)))  # type: ignore[call-overload]
 
 
-def _answer(request: Request, table: pa.Table, etag: str | None) -> Response:
-    headers = {"Cache-Control": "no-cache"}
-    if etag is not None:
-        headers["ETag"] = etag
-        if _matches(request.headers.get("if-none-match"), etag):
-            return Response(status_code=304, headers=headers)
-    response = table_response(request, table)
-    response.headers.update(headers)
-    return response
+def _answer(request: Request, view: FlagView) -> Response:
+    headers = {"Cache-Control": "no-cache", "ETag": view.etag}
+    if _matches(request.headers.get("if-none-match"), view.etag):
+        return Response(status_code=304, headers=headers)
+    if ARROW_STREAM in request.headers.get("accept", ""):
+        return Response(view.arrow_body, media_type=ARROW_STREAM, headers=headers)
+    return Response(view.json_body, media_type="application/json", headers=headers)
