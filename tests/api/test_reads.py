@@ -269,3 +269,41 @@ def test_openapi_lists_the_read_routes(client: TestClient) -> None:
         "/api/v1/flags",
         "/api/v1/alerts",
     } <= paths
+
+
+#: A valid call of every read route, to which one hostile value is then applied.
+VALID: dict[str, dict[str, Any]] = {
+    "/api/v1/slos": {},
+    "/api/v1/slos/q-avail/budget": {**SERIES, "objective": "0.99", "group": "pool:x"},
+    "/api/v1/findings": {**RANGE, "signal": "stall", "scope_id": POD, "state": "firing", "limit": 5},
+    "/api/v1/findings/open": {"at_ms": END_MS},
+    "/api/v1/flags": {"scope": "instance"},
+    "/api/v1/flags/timeline": {**RANGE, "scope": "instance", "scope_id": POD, "limit": 5},
+    "/api/v1/latency": {"metric": "ttft", **SERIES, "by": "pool", "pool": "p", "instance": POD},
+    "/api/v1/outcomes": {**SERIES, "by": "instance", "pool": "p", "instance": POD},
+    "/api/v1/ghosts": {**SERIES, "ghost_grace_s": "2", "pool": "p", "instance": POD},
+    "/api/v1/engines": {"signals": "kv_usage", **SERIES, "instances": POD, "pool": "p"},
+    "/api/v1/gpus": {"signals": "gpu_util", **SERIES, "instances": POD, "hostname": "h"},
+}  # fmt: skip
+HOSTILE_VALUES = ["' OR 1=1 --", "1; DROP TABLE requests", "", "\x00", "-1", "9" * 30, "nan", "1e309", "ü" * 300]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "parameter"),
+    [(path, name) for path, params in VALID.items() for name in params],
+)
+def test_every_parameter_of_every_route_takes_hostile_values_without_harm(
+    client: TestClient, store: Store, path: str, parameter: str
+) -> None:
+    assert client.get(path, params=VALID[path]).status_code == 200
+    before = _counts(store)
+    for value in HOSTILE_VALUES:
+        answer = client.get(path, params={**VALID[path], parameter: value})
+        assert answer.status_code in (200, 400), (value, answer.text)
+        if answer.status_code == 400:
+            named = answer.json()["parameter"]
+            # A range check names the end of the range it found wrong.
+            assert named == parameter or {named, parameter} <= {"start_ms", "end_ms", "bucket_ms"}
+        else:
+            assert isinstance(answer.json()["count"], int)
+    assert _counts(store) == before
