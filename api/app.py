@@ -31,14 +31,14 @@ from typing import Annotated, Any, Literal
 import duckdb
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import AuthError, bearer, check_token
 from api.changes import ReadOnlyStoreError, add_change_routes
 from api.errors import QueryError, UnknownCohortError
 from api.flags import FlagWatcher, add_flag_routes
-from api.reads import add_read_routes
+from api.reads import ARROW_STREAM, add_read_routes, table_response
 from api.service import ApiConfig, SloStateProvider, VerdictService
 from api.tables import API_TABLES
 from pipeline.errors import QueryError as ReadQueryError
@@ -287,15 +287,23 @@ def create_app(
 
     @app.get("/api/v1/verdicts", tags=["verdicts"])
     def verdict_history(
+        request: Request,
         limit: Annotated[int, Query(ge=1)] = 50,
         service_name: Annotated[str | None, Query(alias="service", max_length=253)] = None,
         verdict: Literal["pass", "fail", "inconclusive"] | None = None,
-    ) -> dict[str, Any]:
-        """Stored verdicts, newest first, with their per-metric evidence."""
+    ) -> Response:
+        """Stored verdicts, newest first: ``verdicts`` (documents with their per-metric
+        evidence), ``data``/``count`` (one row per verdict, the read-route contract), or
+        those rows as an Arrow stream with ``Accept: application/vnd.apache.arrow.stream``."""
         if limit > config.history_max_limit:
             raise QueryError(f"limit: at most {config.history_max_limit}")
-        rows = service.history(limit, service_name, verdict)
-        return {"verdicts": [row.document for row in rows]}
+        documents, table = service.history(limit, service_name, verdict)
+        if ARROW_STREAM in request.headers.get("accept", ""):
+            return table_response(request, table)
+        rows = table.to_pylist()
+        return JSONResponse(
+            {"verdicts": [d.document for d in documents], "data": rows, "count": len(rows)}
+        )
 
     @app.get("/api/v1/verdicts/{verdict_id}", tags=["verdicts"])
     def verdict_by_id(verdict_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:

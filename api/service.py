@@ -19,12 +19,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.cohorts import Cohort, SampleOptions, TimeRange, load_samples
 from api.judge import JudgeConfig, SloGateInput, Verdict, judge
 from api.params import ParsedRequest, parse_duration_ms, parse_params
-from api.verdicts import StoredVerdict, VerdictStore
+from api.verdicts import HISTORY_SCHEMA, StoredVerdict, VerdictStore
 
 __all__ = ["ApiConfig", "SloStateProvider", "VerdictService", "build_document"]
 
@@ -178,11 +179,19 @@ class VerdictService:
         finally:
             con.close()
 
-    def history(self, limit: int, service: str | None, verdict: str | None) -> list[StoredVerdict]:
-        """Stored verdicts, newest first."""
+    def history(
+        self, limit: int, service: str | None, verdict: str | None
+    ) -> tuple[list[StoredVerdict], pa.Table]:
+        """Stored verdicts, newest first: the documents and the rows as a table (none when
+        the store has no ``verdicts`` table, e.g. a read-only file)."""
         con = self.connection_provider()
         try:
-            return VerdictStore(con).history(limit, service, verdict)
+            store = VerdictStore(con)
+            return store.history(limit, service, verdict), store.history_table(
+                limit, service, verdict
+            )
+        except duckdb.CatalogException:
+            return [], HISTORY_SCHEMA.empty_table()
         finally:
             con.close()
 
