@@ -235,15 +235,16 @@ async def _poll(url: str, etag: str | None, seconds: float) -> tuple[int, list[f
 
 async def _long_polls(url: str, etag: str) -> list[float]:
     """``POLLERS`` long-polls; one override wakes them; ms from the change to each answer."""
-    limits = httpx.Limits(max_connections=POLLERS + 1)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
-        answered: list[float] = []
+    answered: list[float] = []
+    connector = aiohttp.TCPConnector(limit=POLLERS + 1)
+    async with aiohttp.ClientSession(url, connector=connector) as client:
 
         async def waiter() -> None:
-            answer = await client.get(
-                "/api/v1/flags", params={"wait": 30}, headers={"If-None-Match": etag}
-            )
-            assert answer.status_code == 200, answer.status_code
+            async with client.get(
+                "/api/v1/flags", params={"wait": "30"}, headers={"If-None-Match": etag}
+            ) as answer:
+                await answer.read()
+                assert answer.status == 200, answer.status
             answered.append(time.perf_counter())
 
         tasks = [asyncio.create_task(waiter()) for _ in range(POLLERS)]
@@ -251,10 +252,10 @@ async def _long_polls(url: str, etag: str) -> list[float]:
         changed = time.perf_counter()
         override = {"scope": "pool", "scope_id": "llama-3-70b", "level": 3,
                     "expires_in_s": 60, "reason": "bench"}  # fmt: skip
-        made = await client.post(
+        async with client.post(
             "/api/v1/flags/overrides", json=override, headers={"Authorization": f"Bearer {TOKEN}"}
-        )
-        assert made.status_code == 201, made.text
+        ) as made:
+            assert made.status == 201, await made.text()
         await asyncio.gather(*tasks)
     return [(t - changed) * 1000 for t in answered]
 
@@ -299,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", default="1h", help="verdict look-back (default 1h)")
     parser.add_argument("--repeat", type=int, help="timed runs per variant")
     args = parser.parse_args(argv)
-    per_hour = args.per_hour or (40 if args.quick else 600)
-    repeat = args.repeat or (30 if args.quick else 200)
+    per_hour = args.per_hour or (20 if args.quick else 600)
+    repeat = args.repeat or (20 if args.quick else 200)
     window_ms = parse_duration_ms(args.window)
     time_range = TimeRange(start_ms=END_MS - window_ms, end_ms=END_MS)
     with tempfile.TemporaryDirectory() as tmp:
