@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.tables import FLAG_OVERRIDES_TABLE
 from slo.queries import FLAGS_SCHEMA
+from slo.sinks import OVERRIDE_REASONS
 
 __all__ = [
     "OVERRIDE_ENDED",
@@ -30,9 +31,9 @@ __all__ = [
     "apply_overrides",
 ]
 
-#: ``reason`` of the transition an override publishes when set, and when it ends.
-OVERRIDE_REASON = "manual_override"
-OVERRIDE_ENDED = "manual_override_ended"
+#: ``reason`` of the transition an override publishes when set, and when it ends (the SLO
+#: jobs skip both when they resume their own levels).
+OVERRIDE_REASON, OVERRIDE_ENDED = OVERRIDE_REASONS
 #: Longest an override may last (7 days): a forgotten override must end by itself.
 MAX_OVERRIDE_S = 7 * 86_400
 

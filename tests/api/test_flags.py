@@ -285,3 +285,19 @@ def test_malformed_overrides_are_400_and_store_nothing(flagged: Store, body: Any
     assert answer.status_code == 400, answer.text
     assert broken.status_code == 400
     assert _overrides(flagged) == 0
+
+
+def test_the_jobs_resume_from_their_own_level_not_an_override(flagged: Store) -> None:
+    """A restart of ``llmslo run`` while an override is in force: the published override
+    transitions are in ``flag_transitions`` but the jobs' hysteresis resumes from its own."""
+    from slo.sinks import load_flag_states
+
+    sink = ListTransitionSink()
+    app = create_app(flagged.con.cursor, token=TOKEN, clock=lambda: NOW_S, flag_sink=sink)
+    with TestClient(app) as client:
+        assert (
+            client.post("/api/v1/flags/overrides", json=OVERRIDE, headers=auth()).status_code == 201
+        )
+    StoreTransitionSink(flagged.con).write(sink.transitions)  # as the ingester stores them
+    assert {r["reason"] for r in client.get("/api/v1/flags").json()["data"]} >= {"manual_override"}
+    assert load_flag_states(flagged.con)[("instance", POD)].level == 2
