@@ -118,3 +118,18 @@ def test_a_port_in_use_is_a_clear_error(db: Path, capsys: pytest.CaptureFixture[
         port = taken.getsockname()[1]
         assert main(["api", "--db", str(db), "--api-port", str(port)]) == 2
     assert f"127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_readyz_is_503_once_the_store_is_closed(db: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    con = duckdb.connect(str(db))
+    with TestClient(create_app(con.cursor, token=TOKEN)) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["spec"] == "inference" and ready.json()["slos"] > 0
+        con.close()
+        gone = client.get("/readyz")
+    assert gone.status_code == 503 and "store unavailable" in gone.json()["error"]
