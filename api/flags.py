@@ -304,10 +304,11 @@ def add_flag_routes(app: FastAPI, watcher: FlagWatcher) -> None:
         return _answer(request, view)
 
 
-def _past_flags(watcher: FlagWatcher, at_ms: object) -> pa.Table:
+def _past_flags(watcher: FlagWatcher, at_ms: int) -> pa.Table:
+    """The flags at ``at_ms`` with the overrides in force then (``current_flags`` checks it)."""
     with closing(watcher.connection_provider()) as con:
-        computed = current_flags(con, at_ms=at_ms)  # type: ignore[arg-type]
-        return apply_overrides(computed, OverrideStore(con).active(int(at_ms)))  # type: ignore[call-overload]
+        computed = current_flags(con, at_ms=at_ms)
+        return apply_overrides(computed, OverrideStore(con).active(at_ms))
 
 
 def _answer(request: Request, view: FlagView) -> Response:
