@@ -297,11 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and runs (< 60 s)")
     parser.add_argument("--per-hour", type=int, help="requests per instance and hour")
-    parser.add_argument("--window", default="1h", help="verdict look-back (default 1h)")
+    parser.add_argument(
+        "--window", help="verdict look-back (default 1h; 3h with --quick, for as many requests)"
+    )
     parser.add_argument("--repeat", type=int, help="timed runs per variant")
     args = parser.parse_args(argv)
     per_hour = args.per_hour or (20 if args.quick else 600)
     repeat = args.repeat or (20 if args.quick else 200)
+    args.window = args.window or ("3h" if args.quick else "1h")
     window_ms = parse_duration_ms(args.window)
     time_range = TimeRange(start_ms=END_MS - window_ms, end_ms=END_MS)
     with tempfile.TemporaryDirectory() as tmp:
