@@ -200,9 +200,9 @@ class FlagWatcher:
             try:
                 self.refresh()
                 self._failing = False
-            except duckdb.Error as exc:  # keep serving the last snapshot; log once per outage
+            except Exception as exc:  # keep serving the last snapshot; log once per outage
                 if not self._failing:
-                    log.error("flag watcher cannot read the store: %s", exc)
+                    log.error("flag watcher cannot refresh the flags: %s", exc, exc_info=True)
                 self._failing = True
 
     def _publish_ended(self, before: FlagSnapshot, after: FlagSnapshot, now_ms: int) -> None:

@@ -222,14 +222,16 @@ def run_pipeline(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         server, _ = start_http_server(args.metrics_port, "127.0.0.1", registry=pipeline.registry)
         print(f"serving /metrics on http://127.0.0.1:{server.server_port}/metrics", flush=True)
-    with ExitStack() as api_stack:
-        if not args.no_api:
-            api = serve_api(pipeline, model, args, api_stack)
-            print(f"serving the API on {api.url} (OpenAPI at {api.url}/docs)", flush=True)
-        install_stop_handlers(pipeline.request_stop)
-        pipeline.start()
-        pipeline.wait()
-    pipeline.stop()
+    try:
+        with ExitStack() as api_stack:  # the API stops first: no request outlives the store
+            if not args.no_api:
+                api = serve_api(pipeline, model, args, api_stack)
+                print(f"serving the API on {api.url} (OpenAPI at {api.url}/docs)", flush=True)
+            install_stop_handlers(pipeline.request_stop)
+            pipeline.start()
+            pipeline.wait()
+    finally:  # also when the API cannot start: close the bus and the store
+        pipeline.stop()
     if pipeline.failure is not None:
         raise LlmsloError(f"the pipeline stopped: {pipeline.failure}") from pipeline.failure
     print_json({"run": "stopped", "rows": pipeline.ingester.stats.rows})

@@ -186,3 +186,27 @@ def test_run_serves_slos_and_flags_as_json_and_arrow_while_it_writes(
             assert timeline[0]["scope_id"] == pod and timeline[0]["to_level"] == 2
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=60) == 0, run_log.read_text()[-3000:]
+
+
+def test_run_with_its_api_port_taken_is_a_clear_error_and_closes_the_store(
+    bus: Bus, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    from app.cli import main
+    from pipeline.store import Store
+
+    config = {
+        "bus": {"bootstrap_servers": bus.bootstrap_servers, "topic_prefix": bus.prefix},
+        "store": {"path": str(tmp_path / "run.duckdb")},
+    }
+    (tmp_path / "llmslo.yaml").write_text(yaml.safe_dump(config))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["run", "-c", str(tmp_path / "llmslo.yaml"), "--api-port", str(port)])
+    assert code == 2
+    assert f"127.0.0.1:{port}" in capsys.readouterr().err
+    with Store(tmp_path / "run.duckdb", read_only=True) as store:  # closed by the failed run
+        assert store.count("requests") == 0
