@@ -19,23 +19,32 @@ Reading history does not.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
+import pathlib
 import time
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, closing
+from importlib import resources
 from typing import Annotated, Any, Literal
 
 import duckdb
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.auth import AuthError, bearer, check_token
+from api.changes import ReadOnlyStoreError, add_change_routes
 from api.errors import QueryError, UnknownCohortError
+from api.flags import FlagWatcher, add_flag_routes
+from api.reads import ARROW_STREAM, add_read_routes, table_response
 from api.service import ApiConfig, SloStateProvider, VerdictService
-from api.verdicts import VerdictStore
+from api.tables import API_TABLES
+from pipeline.errors import QueryError as ReadQueryError
+from slo.loader import load_spec
+from slo.model import SloModel, build_model
+from slo.sinks import TransitionSink
 
 __all__ = ["ConnectionProvider", "FlaggerPayload", "create_app"]
 
@@ -65,32 +74,9 @@ class UnknownVerdictError(Exception):
     """No stored verdict has that id (404)."""
 
 
-class AuthError(Exception):
-    """Missing (401) or wrong (403) token."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
-
-
-def _bearer(authorization: str | None) -> str | None:
-    if authorization and authorization.lower().startswith("bearer "):
-        return authorization[7:].strip()
-    return None
-
-
-def _check_token(expected: str | None, given: str | None, token_env: str) -> None:
-    if not expected:
-        raise AuthError(403, f"no API token is configured; set ${token_env} to allow verdicts")
-    if not given:
-        raise AuthError(401, "a bearer token is required (Authorization header or metadata.token)")
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise AuthError(403, "wrong token")
 
 
 def _query_params(request: Request) -> dict[str, object]:
@@ -130,9 +116,21 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _query(request: Request, exc: QueryError) -> JSONResponse:
         return _error(400, str(exc))
 
+    @app.exception_handler(ReadQueryError)
+    async def _read_query(request: Request, exc: ReadQueryError) -> JSONResponse:
+        return _error(400, str(exc), parameter=exc.parameter)
+
+    @app.exception_handler(ReadOnlyStoreError)
+    async def _read_only(request: Request, exc: ReadOnlyStoreError) -> JSONResponse:
+        return _error(503, str(exc))
+
+    @app.exception_handler(LookupError)
+    async def _not_found(request: Request, exc: LookupError) -> JSONResponse:
+        return _error(404, str(exc.args[0]) if exc.args else "not found")
+
     @app.exception_handler(duckdb.Error)
     async def _store(request: Request, exc: duckdb.Error) -> JSONResponse:
-        log.error("verdict store unavailable for %s: %s", request.url.path, exc)
+        log.error("store unavailable for %s: %s", request.url.path, exc)
         return _error(503, "store unavailable")
 
 
@@ -143,26 +141,64 @@ def create_app(
     clock: Callable[[], float] = time.time,
     slo_state_provider: SloStateProvider | None = None,
     token: str | None = None,
+    model: SloModel | None = None,
+    flag_sink: TransitionSink | None = None,
+    read_only: bool = False,
 ) -> FastAPI:
     """Build the app. ``token`` overrides the one read from ``config.token_env``.
 
-    Creates the ``verdicts`` table if the connection can write; otherwise ``/readyz``
-    reports why it is not ready.
+    ``model`` is the loaded SLO spec (default: the example spec shipped in ``slo``): its
+    objectives fill in the budget route. ``flag_sink`` receives the transitions of manual
+    overrides (the Kafka ``flags`` topic inside ``llmslo run``). ``read_only``: the store
+    is opened read-only, so verdicts are computed but not stored (the answer says
+    ``"stored": false``) and overrides cannot be set (503). Otherwise the API's tables
+    (``verdicts``, ``flag_overrides``) are created when missing; ``/readyz`` says what is
+    missing when that failed.
     """
     config = config or ApiConfig()
+    model = model or build_model(
+        load_spec(pathlib.Path(str(resources.files("slo") / "slo.example.yaml")))
+    )
     expected = token if token is not None else os.environ.get(config.token_env)
-    service = VerdictService(connection_provider, config, clock, slo_state_provider)
+    service = VerdictService(
+        connection_provider, config, clock, slo_state_provider, store_verdicts=not read_only
+    )
+    watcher = FlagWatcher(connection_provider, clock, tick_s=config.flags_tick_s, sink=flag_sink)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        watcher.stop()
+
     app = FastAPI(
         title="llmslo API",
-        summary="Canary verdicts for Argo Rollouts and Flagger, and verdict history",
+        summary="SLO status, flags for gateways, read series for dashboards, and canary "
+        "verdicts for Argo Rollouts and Flagger",
         version="1",
+        lifespan=lifespan,
     )
+    app.state.flag_watcher = watcher
     _install_error_handlers(app)
-    try:
-        with closing(connection_provider()) as con:
-            VerdictStore(con).migrate()
-    except duckdb.Error as exc:
-        log.error("cannot create the verdicts table: %s", exc)
+    if not read_only:
+        try:
+            with closing(connection_provider()) as con:
+                for table in API_TABLES:
+                    table.create(con)
+        except duckdb.Error as exc:
+            log.error("cannot create the API's tables: %s", exc)
+
+    def require_token(authorization: str | None) -> None:
+        check_token(expected, bearer(authorization), config.token_env)
+
+    add_read_routes(app, connection_provider, {slo.id: slo.objective for slo in model.slos})
+    add_flag_routes(app, watcher)
+    add_change_routes(
+        app,
+        watcher,
+        token=require_token,
+        alertmanager_url=config.alertmanager_url,
+        writable=not read_only,
+    )
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -171,22 +207,31 @@ def create_app(
 
     @app.get("/readyz", tags=["health"])
     def readyz() -> JSONResponse:
-        """Ready when the store answers and has the ``requests`` and ``verdicts`` tables."""
+        """Ready when the store answers with the tables the API needs (``requests``, and
+        ``verdicts`` unless read-only) and the SLO spec is loaded; 503 says what is missing."""
+        needed = {"requests"} if read_only else {"requests", "verdicts"}
         try:
             with closing(connection_provider()) as con:
                 found = {
                     row[0]
                     for row in con.execute(
-                        "SELECT table_name FROM information_schema.tables"
-                        " WHERE table_name IN ('requests', 'verdicts')"
+                        "SELECT table_name FROM duckdb_tables()"
+                        " WHERE database_name = current_database()"
                     ).fetchall()
                 }
         except duckdb.Error as exc:
             return _error(503, f"store unavailable: {exc}")
-        missing = sorted({"requests", "verdicts"} - found)
+        missing = sorted(needed - found)
         if missing:
             return _error(503, f"missing table(s) {missing}")
-        return JSONResponse({"status": "ready"})
+        return JSONResponse(
+            {
+                "status": "ready",
+                "spec": model.service,
+                "slos": len(model.slos),
+                "read_only": read_only,
+            }
+        )
 
     @app.get("/api/v1/verdict", tags=["verdicts"])
     def verdict_get(
@@ -199,7 +244,7 @@ def create_app(
         (``label=value,…``), ``window`` (``10m``) and ``at`` (RFC 3339) or ``start``/``end``,
         ``min_requests``, ``namespace``, ``service``.
         """
-        _check_token(expected, _bearer(authorization), config.token_env)
+        check_token(expected, bearer(authorization), config.token_env)
         document, _ = service.evaluate(_query_params(request), "argo")
         return document
 
@@ -209,7 +254,7 @@ def create_app(
         authorization: Annotated[str | None, Header()] = None,
     ) -> dict[str, Any]:
         """The same as ``GET`` with the parameters in a JSON object body."""
-        _check_token(expected, _bearer(authorization), config.token_env)
+        check_token(expected, bearer(authorization), config.token_env)
         document, _ = service.evaluate(params, "argo")
         return document
 
@@ -221,8 +266,8 @@ def create_app(
     ) -> JSONResponse:
         """Flagger webhook (gate mode): 200 pass, 412 fail, 409 inconclusive."""
         metadata = dict(payload.metadata)
-        given = metadata.pop("token", None) or _bearer(authorization)
-        _check_token(expected, given, config.token_env)
+        given = metadata.pop("token", None) or bearer(authorization)
+        check_token(expected, given, config.token_env)
         params: dict[str, object] = {"namespace": payload.namespace, "service": payload.name}
         params.update(metadata)
         idempotency = (
@@ -242,15 +287,23 @@ def create_app(
 
     @app.get("/api/v1/verdicts", tags=["verdicts"])
     def verdict_history(
+        request: Request,
         limit: Annotated[int, Query(ge=1)] = 50,
         service_name: Annotated[str | None, Query(alias="service", max_length=253)] = None,
         verdict: Literal["pass", "fail", "inconclusive"] | None = None,
-    ) -> dict[str, Any]:
-        """Stored verdicts, newest first, with their per-metric evidence."""
+    ) -> Response:
+        """Stored verdicts, newest first: ``verdicts`` (documents with their per-metric
+        evidence), ``data``/``count`` (one row per verdict, the read-route contract), or
+        those rows as an Arrow stream with ``Accept: application/vnd.apache.arrow.stream``."""
         if limit > config.history_max_limit:
             raise QueryError(f"limit: at most {config.history_max_limit}")
-        rows = service.history(limit, service_name, verdict)
-        return {"verdicts": [row.document for row in rows]}
+        documents, table = service.history(limit, service_name, verdict)
+        if ARROW_STREAM in request.headers.get("accept", ""):
+            return table_response(request, table)
+        rows = table.to_pylist()
+        return JSONResponse(
+            {"verdicts": [d.document for d in documents], "data": rows, "count": len(rows)}
+        )
 
     @app.get("/api/v1/verdicts/{verdict_id}", tags=["verdicts"])
     def verdict_by_id(verdict_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:

@@ -19,12 +19,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.cohorts import Cohort, SampleOptions, TimeRange, load_samples
 from api.judge import JudgeConfig, SloGateInput, Verdict, judge
 from api.params import ParsedRequest, parse_duration_ms, parse_params
-from api.verdicts import StoredVerdict, VerdictStore
+from api.verdicts import HISTORY_SCHEMA, StoredVerdict, VerdictStore
 
 __all__ = ["ApiConfig", "SloStateProvider", "VerdictService", "build_document"]
 
@@ -45,6 +46,10 @@ class ApiConfig(BaseModel):
     #: A Flagger retry with the same checksum within this many seconds gets the stored verdict.
     recompute_s: int = Field(15, ge=1, le=3_600)
     history_max_limit: int = Field(1_000, ge=1, le=100_000)
+    #: Alertmanager base URL for the silence pass-through (``POST /api/v1/silences``).
+    alertmanager_url: str | None = Field(None, pattern=r"^https?://[^\s]+$", max_length=2_048)
+    #: How often the one flags watcher per process reads the store, seconds.
+    flags_tick_s: float = Field(1.0, ge=0.05, le=60.0)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     samples: SampleOptions = Field(default_factory=SampleOptions)
 
@@ -118,7 +123,10 @@ class VerdictService:
         config: ApiConfig,
         clock: Callable[[], float],
         slo_state_provider: SloStateProvider | None = None,
+        *,
+        store_verdicts: bool = True,
     ) -> None:
+        self.store_verdicts = store_verdicts
         self.connection_provider = connection_provider
         self.config = config
         self.clock = clock
@@ -132,7 +140,8 @@ class VerdictService:
     ) -> tuple[dict[str, Any], str]:
         """Compute (or fetch, for a repeated idempotent call) and store one verdict.
 
-        Returns the document and the verdict name. Raises :class:`~api.errors.QueryError`
+        Returns the document and the verdict name (with ``"stored": false`` when the
+        service does not store verdicts). Raises :class:`~api.errors.QueryError`
         (bad parameters), :class:`~api.errors.UnknownCohortError`, or ``duckdb.Error``.
         """
         now_ms = int(self.clock() * 1000)
@@ -146,7 +155,11 @@ class VerdictService:
         con = self.connection_provider()
         try:
             store = VerdictStore(con)
-            if key is not None and (stored := store.by_idempotency_key(key)) is not None:
+            if (
+                key is not None
+                and self.store_verdicts
+                and (stored := store.by_idempotency_key(key)) is not None
+            ):
                 return stored.document, stored.verdict
             canary = load_samples(con, request.canary, request.time_range, self.config.samples)
             baseline = load_samples(con, request.baseline, request.time_range, self.config.samples)
@@ -158,16 +171,27 @@ class VerdictService:
             verdict = judge(canary, baseline, judge_config, slo_state)
             verdict_id = uuid.uuid4().hex
             document = build_document(verdict, request, judge_config, verdict_id, now_ms)
-            store.insert(self._row(verdict, request, document, key, source, now_ms))
+            if self.store_verdicts:
+                store.insert(self._row(verdict, request, document, key, source, now_ms))
+            else:  # a read-only store: computed, not kept, and the answer says so
+                document["stored"] = False
             return document, verdict.verdict
         finally:
             con.close()
 
-    def history(self, limit: int, service: str | None, verdict: str | None) -> list[StoredVerdict]:
-        """Stored verdicts, newest first."""
+    def history(
+        self, limit: int, service: str | None, verdict: str | None
+    ) -> tuple[list[StoredVerdict], pa.Table]:
+        """Stored verdicts, newest first: the documents and the rows as a table (none when
+        the store has no ``verdicts`` table, e.g. a read-only file)."""
         con = self.connection_provider()
         try:
-            return VerdictStore(con).history(limit, service, verdict)
+            store = VerdictStore(con)
+            return store.history(limit, service, verdict), store.history_table(
+                limit, service, verdict
+            )
+        except duckdb.CatalogException:
+            return [], HISTORY_SCHEMA.empty_table()
         finally:
             con.close()
 

@@ -1,7 +1,7 @@
 """The ``verdicts`` table: every computed canary verdict with its per-metric evidence.
 
-Declared here as an Arrow schema with documented columns (the ``pipeline.schema``
-convention) until it is folded into pipeline's tables. :class:`VerdictStore` creates the
+Its Arrow schema with documented columns is here (rows are bound to it); the table itself
+is declared with the API's other tables in :mod:`api.tables`. :class:`VerdictStore` creates the
 table, stores verdicts and reads them back for the history endpoint and for idempotent
 Flagger retries (``idempotency_key``). All SQL is parameterised.
 """
@@ -15,9 +15,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from pipeline.store import duckdb_type
-
-__all__ = ["VERDICTS", "StoredVerdict", "VerdictStore"]
+__all__ = ["HISTORY_SCHEMA", "VERDICTS", "StoredVerdict", "VerdictStore"]
 
 
 def _field(name: str, type_: pa.DataType, doc: str, *, nullable: bool = True) -> pa.Field:
@@ -69,6 +67,8 @@ VERDICTS = pa.schema(
     ]
 )
 _COLUMNS = [field.name for field in VERDICTS]
+#: A verdict-history row without its document (``GET /api/v1/verdicts`` ``data`` / Arrow).
+HISTORY_SCHEMA = pa.schema([field for field in VERDICTS if field.name != "document_json"])
 
 
 @dataclass(frozen=True)
@@ -89,13 +89,10 @@ class VerdictStore:
         self.con = con
 
     def migrate(self) -> None:
-        """Create the table and its key index if missing (idempotent)."""
-        body = ",\n  ".join(
-            f"{f.name} {duckdb_type(f.type)}{'' if f.nullable else ' NOT NULL'}" for f in VERDICTS
-        )
-        self.con.execute(
-            f"CREATE TABLE IF NOT EXISTS verdicts (\n  {body},\n  PRIMARY KEY (verdict_id)\n)"
-        )
+        """Create the table (declared in :mod:`api.tables`) if missing (idempotent)."""
+        from api.tables import VERDICTS_TABLE  # api.tables builds its columns from VERDICTS
+
+        VERDICTS_TABLE.create(self.con)
 
     def insert(self, row: dict[str, Any]) -> None:
         """Store one verdict; ``row`` has every column of :data:`VERDICTS`."""
@@ -119,7 +116,26 @@ class VerdictStore:
         self, limit: int, service: str | None = None, verdict: str | None = None
     ) -> list[StoredVerdict]:
         """Newest first, at most ``limit``, optionally of one service and/or verdict."""
-        clauses, params = ["true"], []
+        tail, params = self._history_tail(limit, service, verdict)
+        return self._select(tail, params)
+
+    def history_table(
+        self, limit: int, service: str | None = None, verdict: str | None = None
+    ) -> pa.Table:
+        """The same rows as :meth:`history` as a table of :data:`HISTORY_SCHEMA` (every
+        column but the document), for the dashboards (JSON rows or Arrow)."""
+        tail, params = self._history_tail(limit, service, verdict)
+        columns = ", ".join(HISTORY_SCHEMA.names)
+        table: pa.Table = self.con.sql(
+            f"SELECT {columns} FROM verdicts {tail}", params=params
+        ).to_arrow_table()
+        return table.cast(HISTORY_SCHEMA)
+
+    @staticmethod
+    def _history_tail(
+        limit: int, service: str | None, verdict: str | None
+    ) -> tuple[str, list[object]]:
+        clauses, params = ["true"], list[object]()
         if service is not None:
             clauses.append("service = ?")
             params.append(service)
@@ -127,9 +143,7 @@ class VerdictStore:
             clauses.append("verdict = ?")
             params.append(verdict)
         where = " AND ".join(clauses)
-        return self._select(
-            f"WHERE {where} ORDER BY evaluated_ts_ms DESC, verdict_id LIMIT ?", [*params, limit]
-        )
+        return f"WHERE {where} ORDER BY evaluated_ts_ms DESC, verdict_id LIMIT ?", [*params, limit]
 
     def count(self) -> int:
         """Number of stored verdicts."""

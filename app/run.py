@@ -3,7 +3,10 @@
 ``run`` is what a deployment runs beside its collectors and taps: the exactly-once
 ingester and the SLO jobs in one process sharing one DuckDB file (DuckDB has one writer
 per file, so the two cannot be separate processes), with raw-row retention and, when
-``store.lake_dir`` is set, the hourly Parquet export.
+``store.lake_dir`` is set, the hourly Parquet export. The HTTP API (section ``api:``)
+is served from the same process, reading through cursors of the writer's connection
+(DuckDB lets no other process open the file); manual flag overrides go to the ``flags``
+topic like the jobs' transitions.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from api import create_app
+from app.commands.api import ApiServer, api_config
 from app.options import add_common_options, install_stop_handlers, print_json, resolve_config
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
@@ -56,6 +61,7 @@ def register(subparsers: Any) -> None:
             examples:
               llmslo run -c config/llmslo.example.yaml --spec config/slo.example.yaml
               llmslo run --bootstrap-servers 127.0.0.1:9092 --db var/llmslo.duckdb --metrics-port 9465
+              LLMSLO_API_TOKEN=... llmslo run --api-port 8190   # the HTTP API on loopback (default)
             """
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -69,6 +75,10 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--metrics-port", type=int, help="serve ingest and job /metrics on this loopback port"
     )
+    run.add_argument(
+        "--api-port", type=int, help="serve the HTTP API on this port (default: api.port; 0: any)"
+    )
+    run.add_argument("--no-api", action="store_true", help="do not serve the HTTP API")
     run.set_defaults(handler=run_pipeline)
 
 
@@ -185,17 +195,43 @@ class Pipeline:
         return self.jobs.run_once()
 
 
+def serve_api(
+    pipeline: Pipeline, model: SloModel, args: argparse.Namespace, stack: ExitStack
+) -> ApiServer:
+    """The HTTP API inside the pipeline process: cursors of the writer's connection, and
+    overrides published to the ``flags`` topic through a bounded publisher of its own."""
+    settings = api_config(args, pipeline.config)
+    sink = stack.enter_context(
+        closing(
+            BusTransitionSink(
+                Publisher(pipeline.bus.producer, component="api", registry=pipeline.registry)
+            )
+        )
+    )
+    app = create_app(pipeline.store.con.cursor, settings, model=model, flag_sink=sink)
+    server = ApiServer(app, settings.host, settings.port).start()
+    stack.callback(server.stop)
+    return server
+
+
 def run_pipeline(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     spec = args.spec or config.section("slo", JobsConfig).spec
-    pipeline = Pipeline(config, load_model(spec))
+    model = load_model(spec)
+    pipeline = Pipeline(config, model)
     if args.metrics_port is not None:
         server, _ = start_http_server(args.metrics_port, "127.0.0.1", registry=pipeline.registry)
         print(f"serving /metrics on http://127.0.0.1:{server.server_port}/metrics", flush=True)
-    install_stop_handlers(pipeline.request_stop)
-    pipeline.start()
-    pipeline.wait()
-    pipeline.stop()
+    try:
+        with ExitStack() as api_stack:  # the API stops first: no request outlives the store
+            if not args.no_api:
+                api = serve_api(pipeline, model, args, api_stack)
+                print(f"serving the API on {api.url} (OpenAPI at {api.url}/docs)", flush=True)
+            install_stop_handlers(pipeline.request_stop)
+            pipeline.start()
+            pipeline.wait()
+    finally:  # also when the API cannot start: close the bus and the store
+        pipeline.stop()
     if pipeline.failure is not None:
         raise LlmsloError(f"the pipeline stopped: {pipeline.failure}") from pipeline.failure
     print_json({"run": "stopped", "rows": pipeline.ingester.stats.rows})

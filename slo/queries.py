@@ -17,7 +17,7 @@ return at most ``limit`` (≤ 10,000) rows. A bad parameter raises
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import duckdb
 import pyarrow as pa
@@ -64,6 +64,7 @@ __all__ = [
     "ghost_counts",
     "gpu_series",
     "latency_percentiles",
+    "meta",
     "open_findings",
     "outcome_counts",
     "slo_status",
@@ -442,3 +443,54 @@ def gpu_series(
         ORDER BY bucket_ts_ms, instance, gpu, signal"""
     params = [grid.bucket_ms, grid.bucket_ms, grid.start_ms, grid.end_ms, *params]
     return _run(con, GPU_SERIES_SCHEMA, ["gpu_samples"], sql, params)
+
+
+def _present(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {
+        name
+        for (name,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+        ).fetchall()
+    }
+
+
+def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """What the data covers, for the dashboards' filters (JSON-ready, not a table).
+
+    ``data_start_ms``/``data_end_ms``: the first and last sample or request time (Unix epoch
+    ms; null on an empty store); ``pools``: sorted pool names; ``instances``: one
+    ``{"instance", "pool", "address"}`` per engine instance seen in engine samples or
+    request records (the address is the scrape target, i.e. the instance);
+    ``slos``: SLO ids the jobs have rolled up or evaluated.
+    """
+    present = _present(con)
+    spans, pairs = [], []
+    if "requests" in present:
+        spans.append("SELECT min(received_ts_ms) AS lo, max(received_ts_ms) AS hi FROM requests")
+        pairs.append("SELECT DISTINCT instance, pool FROM requests")
+    if "engine_samples_values" in present:
+        spans.append("SELECT min(ts_ms), max(ts_ms) FROM engine_samples_values")
+        pairs.append("SELECT DISTINCT instance, pool FROM engine_samples_series")
+    start_ms = end_ms = None
+    if spans:
+        row = con.execute(f"SELECT min(lo), max(hi) FROM ({' UNION ALL '.join(spans)})").fetchone()
+        start_ms, end_ms = (row[0], row[1]) if row else (None, None)
+    instances: dict[str, str | None] = {}
+    if pairs:
+        sql = f"SELECT instance, max(pool) FROM ({' UNION '.join(pairs)}) GROUP BY instance"
+        instances = dict(con.execute(sql + " ORDER BY instance").fetchall())
+    slos: set[str] = set()
+    for table in ("slo_keys", "slo_status_current"):
+        if table in present:
+            slos |= {
+                row[0] for row in con.execute(f"SELECT DISTINCT slo_id FROM {table}").fetchall()
+            }
+    return {
+        "data_start_ms": start_ms,
+        "data_end_ms": end_ms,
+        "pools": sorted({pool for pool in instances.values() if pool}),
+        "instances": [
+            {"instance": name, "pool": pool, "address": name} for name, pool in instances.items()
+        ],
+        "slos": sorted(slos),
+    }

@@ -26,6 +26,7 @@ from slo.tables import OUTPUT_TABLES
 
 __all__ = [
     "OUTPUT_TABLES",
+    "OVERRIDE_REASONS",
     "BusTransitionSink",
     "ListTransitionSink",
     "StoreTransitionSink",
@@ -103,11 +104,17 @@ class BusTransitionSink:
         self.publisher.close()
 
 
+#: Reasons of the transitions a manual override publishes (``api``) when set and when it ends.
+OVERRIDE_REASONS = ("manual_override", "manual_override_ended")
+
+
 def load_flag_states(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], FlagState]:
-    """The last stored level of every scope, so a restart resumes instead of re-announcing."""
+    """The last level the jobs stored for every scope, so a restart resumes instead of
+    re-announcing (an operator's override is not the jobs' state: it is skipped)."""
     rows = con.execute(
         "SELECT scope, scope_id, arg_max(to_level, ts_ms), max(ts_ms) "
-        f"FROM {FLAG_TRANSITIONS.table} GROUP BY ALL"
+        f"FROM {FLAG_TRANSITIONS.table} WHERE reason IS NULL OR reason NOT IN (?, ?) GROUP BY ALL",
+        list(OVERRIDE_REASONS),
     ).fetchall()
     return {
         (scope, scope_id): FlagState(int(level), int(ts)) for scope, scope_id, level, ts in rows

@@ -14,6 +14,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from api.tables import API_TABLES
 from app.options import (
     add_common_options,
     add_subcommand,
@@ -104,7 +105,9 @@ def register(subparsers: Any) -> None:
         "Print the documented DuckDB tables (Markdown).",
         "llmslo tables > docs/tables.md",
     )
-    tables.set_defaults(handler=lambda args: sys.stdout.write(render_tables_doc(SLO_TABLES)) and 0)
+    tables.set_defaults(
+        handler=lambda args: sys.stdout.write(render_tables_doc((*SLO_TABLES, *API_TABLES))) and 0
+    )
 
 
 def run_broker(args: argparse.Namespace) -> int:

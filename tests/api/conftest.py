@@ -3,12 +3,17 @@ with canary and baseline request records, and the app on it (TestClient)."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -125,3 +130,24 @@ def verdict_rows(store: Store) -> int:
     row = store.con.execute("SELECT count(*) FROM verdicts").fetchone()
     assert row is not None
     return int(row[0])
+
+
+@contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """``app`` behind a real uvicorn server on a free loopback port; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", backlog=512))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "uvicorn did not start within 10 s"
+    host, port = sock.getsockname()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

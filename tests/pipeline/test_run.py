@@ -72,6 +72,8 @@ def test_run_ingests_tap_records_and_evaluates_slos_until_sigterm(bus: Bus, tmp_
                 str(tmp_path / "llmslo.yaml"),
                 "--metrics-port",
                 str(port),
+                "--api-port",
+                "0",  # any free port: parallel runs must not collide on the default 8190
             ],
             stdout=subprocess.PIPE,
             stderr=log,
