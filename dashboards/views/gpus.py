@@ -1,5 +1,4 @@
-"""GPUs: utilisation, frame buffer, temperature and power, XID events, joined to the engine
-instance each GPU serves."""
+"""GPUs: utilisation, frame buffer, temperature and power, and XID events, per node and GPU."""
 
 from __future__ import annotations
 
@@ -17,27 +16,25 @@ _SIGNALS = ("gpu_util", "fb_used_mib", "fb_free_mib", "temperature_c", "power_w"
 
 def _series(df: pd.DataFrame, signal: str, column: str = "value") -> pd.DataFrame:
     one = df[df["signal"] == signal].copy()
-    one["gpu"] = one["instance"].astype(str) + " / GPU " + one["gpu"].astype(str)
+    one["gpu"] = (
+        one["hostname"].fillna(one["instance"]).astype(str) + " / GPU " + one["gpu"].astype(str)
+    )
     return one[["time", "gpu", column]].rename(columns={column: "value"})
 
 
 def _body(ctx: PageContext) -> None:
     f = ctx.filters
-    instances = (
-        [f.instance]
-        if f.instance
-        else [i["instance"] for i in ctx.meta.instances if i.get("pool") == f.pool]
-        if f.pool
-        else None
-    )
+    # gpu_series' ``instance`` is the dcgm-exporter's scrape target, not the engine's: the
+    # engine filters cannot narrow it until the series carry the ``pod`` each GPU serves.
     table = ctx.table(
         "gpu_series",
         signals=list(_SIGNALS),
         start_ms=f.start_ms,
         end_ms=f.end_ms,
         bucket_ms=f.bucket_ms,
-        instances=instances or None,
     )
+    if f.instance or f.pool:
+        st.caption("Showing every GPU: GPU series do not yet name the engine pod they serve.")
     if table is None:
         return
     if table.num_rows == 0:
@@ -96,7 +93,6 @@ def _body(ctx: PageContext) -> None:
             hide_index=True,
             width="stretch",
         )
-    st.caption("Each GPU is shown with the engine instance it serves (`instance` of its scrape).")
 
 
 PAGE = page("GPUs", _body)
