@@ -80,11 +80,13 @@ def _decorate(
                 y="value:Q", tooltip=["threshold:N", "value:Q"]
             )
         )
-        layers.append(
-            base.mark_text(align="left", dx=4, dy=-6, color="#b22222", fontSize=11).encode(
-                y="value:Q", text="threshold:N", x=alt.value(0)
+        for index, (value, label) in enumerate(thresholds):
+            # Close thresholds (KV 90/95/99 %) would print over each other: stagger labels.
+            layers.append(
+                alt.Chart(pd.DataFrame([{"value": value, "threshold": label}]))
+                .mark_text(align="left", dx=4 + 150 * index, dy=-6, color="#b22222", fontSize=11)
+                .encode(y="value:Q", text="threshold:N", x=alt.value(0))
             )
-        )
     if len(layers) == 1:
         return chart
     return alt.layer(*layers).resolve_scale(color="independent")

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
 __all__ = [
     "RANGES",
     "Filters",
     "bucket_for",
+    "deep_link",
     "parse_filters",
     "to_query",
 ]
@@ -139,3 +141,18 @@ def to_query(filters: Filters) -> dict[str, str]:
         if value:
             query[name] = value
     return query
+
+
+#: Page paths of the deep-link contract.
+PAGE_PATHS = ("fleet", "slo", "latency", "engines", "gpus", "requests", "flags", "canary")
+
+
+def deep_link(dashboard_url: str, page: str, **params: str | int | None) -> str:
+    """``{dashboard_url}/{page}?slo=…&pool=…&instance=…&from=…&to=…`` (``from_ms``/``to_ms``
+    keywords give ``from``/``to``; ``None`` values are left out). Raises ``ValueError`` for
+    a page that is not in :data:`PAGE_PATHS`."""
+    if page not in PAGE_PATHS:
+        raise ValueError(f"page {page!r}: expected one of {', '.join(PAGE_PATHS)}")
+    names = {"from_ms": "from", "to_ms": "to"}
+    query = {names.get(k, k): str(v) for k, v in params.items() if v is not None}
+    return f"{dashboard_url.rstrip('/')}/{page}" + (f"?{urlencode(query)}" if query else "")

@@ -71,6 +71,7 @@ def dashboard_command(port: int) -> list[str]:
         "--server.address", "127.0.0.1", "--server.port", str(port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
         "--global.developmentMode", "false", "--server.fileWatcherType", "none",
+        "--client.toolbarMode", "viewer",
     ]  # fmt: skip
 
 

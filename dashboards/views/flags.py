@@ -29,9 +29,14 @@ def _timeline(ctx: PageContext) -> None:
         return
     df["scope_id"] = df["scope"] + " " + df["scope_id"].map(ctx.instance_label)
     # Each scope's line holds its last level to the end of the range.
-    tail = df.sort_values("ts_ms").groupby("scope_id", as_index=False).last()
+    # and starts the range at the level it came from.
+    ordered = df.sort_values("ts_ms")
+    tail = ordered.groupby("scope_id", as_index=False).last()
     tail["time"] = pd.Timestamp(f.end_ms, unit="ms", tz="UTC")
-    lines = pd.concat([df, tail])[["time", "scope_id", "to_level", "reason"]]
+    head = ordered.groupby("scope_id", as_index=False).first()
+    head["to_level"], head["reason"] = head["from_level"], "before the range"
+    head["time"] = pd.Timestamp(f.start_ms, unit="ms", tz="UTC")
+    lines = pd.concat([head, df, tail])[["time", "scope_id", "to_level", "reason"]]
     st.altair_chart(
         step_chart(lines, y="to_level", y_title="level (L0–L3)", color="scope_id"),
         width="stretch",

@@ -37,7 +37,7 @@ def slo_rows(status: pd.DataFrame) -> pd.DataFrame:
                 **{f"burn {w}": f"{burns[w]:,.2f}×" for w in sorted(burns, key=window_seconds)},
                 "events": fmt_count(row.events),
                 "bad": fmt_count(row.bad),
-                "alert": "🔥 firing" if row.alerting else "ok",
+                "alert": "FIRING" if row.alerting else "ok",
             }
         )
     return pd.DataFrame(rows)

@@ -54,6 +54,7 @@ def _percentiles(ctx: PageContext, metric: str, by: str) -> None:
             mid="p90_s",
             color=key,
             y_title=f"{_METRICS[metric]} (s): p50–p99 band, p90 line",
+            y_format=",.2f",
             thresholds=[target] if target else (),
             incidents=page_incidents(ctx),
         ),
@@ -72,7 +73,7 @@ def _percentiles(ctx: PageContext, metric: str, by: str) -> None:
             y=alt.Y(f"{key}:N", title=None),
             color=alt.Color(f"{key}:N", legend=None),
         )
-        .properties(height=max(80, 22 * df[key].nunique())),
+        .properties(height=max(70, 34 * df[key].nunique())),
         width="stretch",
     )
 

@@ -34,6 +34,15 @@ def _group(ctx: PageContext) -> dict[str, str] | None:
     return group or None
 
 
+def _in_group(ctx: PageContext, rows: pd.DataFrame) -> pd.DataFrame:
+    """The SLO's status rows of the pool/instance filter (all rows when it matches none:
+    an SLO not grouped by instance still applies to every instance)."""
+    wanted = _group(ctx) or {}
+    groups = rows["group_json"].map(lambda g: json.loads(g or "{}"))
+    keep = groups.map(lambda g: all(g.get(k, v) == v for k, v in wanted.items()))
+    return rows[keep] if keep.any() else rows
+
+
 def _burn_rates(rows: pd.DataFrame) -> None:
     """Burn rate per window of each group at the last evaluation, against the pair factors."""
     records, thresholds = [], {}
@@ -68,7 +77,7 @@ def _pair_thresholds(status: dict[str, object]) -> list[tuple[str, float]]:
     """(label, factor) of each alert window pair: the burn rate at which it fires."""
     pairs = status.get("pairs")
     return [
-        (f"{p['severity']} {p['id']} ×{p['factor']:g}", float(p["factor"]))
+        (f"{p['id']} ×{p['factor']:g}", float(p["factor"]))
         for p in (pairs if isinstance(pairs, list) else [])
     ]
 
@@ -136,14 +145,14 @@ def _body(ctx: PageContext) -> None:
             "no SLO has been evaluated yet (`slo_status_current` is empty): start the SLO jobs."
         )
         return
-    rows = sdf[sdf["slo_id"] == slo_id]
+    rows = _in_group(ctx, sdf[sdf["slo_id"] == slo_id])
     first = rows.iloc[0]
     cols = st.columns(5)
     cols[0].metric("objective", fmt_pct(first["objective"], 3))
     cols[1].metric("SLI (period)", fmt_pct(rows["sli"].min(), 3))
     cols[2].metric("budget left", fmt_pct(rows["budget_remaining"].min(), 1))
     cols[3].metric("events", fmt_count(rows["events"].sum()))
-    cols[4].metric("alert", "🔥 firing" if rows["alerting"].any() else "ok")
+    cols[4].metric("alert", "FIRING" if rows["alerting"].any() else "ok")
     budget = ctx.table(
         "budget_series",
         slo_id=slo_id,
@@ -154,7 +163,7 @@ def _body(ctx: PageContext) -> None:
         group=_group(ctx),
     )
     incidents = page_incidents(ctx)
-    st.subheader("Error budget over the range")
+    st.subheader("Error budget left, cumulative from the range start")
     if budget is None:
         return
     if budget.num_rows == 0:

@@ -81,7 +81,7 @@ def _requests(history: History, where: str = "true", *params: object) -> int:
 
 #: page → (least number of charts, texts that must appear) on the 2-day history.
 EXPECTED = {
-    "fleet": (0, ["chat-availability", "chat-ttft", "L1 no speculative decoding=1", "🔥 firing"]),
+    "fleet": (0, ["chat-availability", "chat-ttft", "L1 no speculative decoding=1", "FIRING"]),
     "slo": (4, ["objective=99.000 %", "budget left=", "Bad events behind it"]),
     "latency": (3, ["TTFT p99 (worst bucket)=", "samples="]),
     "engines": (5, ["KV cache usage", "stall", "signature"]),
