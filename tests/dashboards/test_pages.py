@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from streamlit.testing.v1 import AppTest
 
 from dashboards import SOURCE_ENV
 from dashboards.views import PAGES
+from pipeline.schema import REQUEST_RECORDS
+from pipeline.store import Store
 from tests.dashboards.conftest import END_MS, HOUR_MS, History
 
 _TIMEOUT_S = 60
@@ -127,6 +130,21 @@ def test_the_instance_filter_narrows_the_slo_rows_and_the_latency(on_history: Hi
     assert narrowed == f"{expected:,}" and int(samples.replace(",", "")) > expected
 
 
+def test_the_slo_page_numbers_are_those_of_the_filtered_group(on_history: History) -> None:
+    pod = on_history.instances[3]
+    every = {m.label: m.value for m in _page("slo", range="30d", slo="chat-ttft").metric}
+    one = {
+        m.label: m.value for m in _page("slo", range="30d", slo="chat-ttft", instance=pod).metric
+    }
+    with duckdb.connect(str(on_history.path), read_only=True) as con:
+        events = con.execute(
+            "SELECT (status_json->>'events')::BIGINT, group_json FROM slo_status_current "
+            "WHERE slo_id = 'chat-ttft'"
+        ).fetchall()
+    assert one["events"] == f"{dict((g, e) for e, g in events)[json.dumps({'instance': pod})]:,}"
+    assert every["events"] == f"{sum(e for e, _ in events):,}"
+
+
 def test_a_shorter_range_shows_fewer_requests(on_history: History) -> None:
     def requests(app: AppTest) -> int:
         return int({m.label: m.value for m in app.metric}["client requests"].replace(",", ""))
@@ -172,3 +190,22 @@ def test_a_source_that_cannot_be_read_is_a_message(
     app = _page("fleet")
     assert not app.exception
     assert "no such DuckDB file" in app.error[0].value
+
+
+def test_fresh_data_makes_the_page_live_and_refreshing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "live.duckdb"
+    now_ms = int(time.time() * 1000)
+    row = {"request_id": "r1", "received_ts_ms": now_ms - 10_000, "attempt": 1, "instance": "pod-0",
+           "pool": "p", "outcome": "ok", "ttft_s": 0.2}  # fmt: skip
+    table = pa.Table.from_pylist(
+        [{f.name: row.get(f.name) for f in REQUEST_RECORDS.arrow}], schema=REQUEST_RECORDS.arrow
+    )
+    with Store(path) as store:
+        store.commit_batch({"requests": [table]}, group_id="t", offsets={}, now_ts_ms=0)
+    monkeypatch.setenv(SOURCE_ENV, f"db:{path}")
+    app = _page("requests")
+    assert not app.exception
+    assert any("live, refreshing every 30 s" in str(c.value) for c in app.caption)
+    assert {m.label: m.value for m in app.metric}["client requests"] == "1"
