@@ -39,23 +39,30 @@ def _outcomes(ctx: PageContext) -> None:
     cols[3].metric("not ok", fmt_pct(bad / requests if requests else None))
     per = df.groupby(["time", "outcome"], as_index=False)[["requests", "attempts"]].sum()
     st.subheader("Outcomes")
-    st.altair_chart(
-        alt.Chart(per)
-        .mark_bar()
-        .encode(
-            x=alt.X("time:T", title=None),
-            y=alt.Y("requests:Q", title="client requests"),
-            color=alt.Color("outcome:N", scale=alt.Scale(scheme="tableau10")),
-            tooltip=[
-                alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
-                "outcome:N",
-                alt.Tooltip("requests:Q", format=","),
-                alt.Tooltip("attempts:Q", format=","),
-            ],
+    # Bad outcomes are a percent of the traffic: stacked on their own so they stay visible.
+    for title, rows in (
+        ("ok requests / bucket", per[per["outcome"] == "ok"]),
+        ("not ok / bucket", per[per["outcome"] != "ok"]),
+    ):
+        if rows.empty:
+            continue
+        st.altair_chart(
+            alt.Chart(rows)
+            .mark_area(opacity=0.85, interpolate="step-after")
+            .encode(
+                x=alt.X("time:T", title=None),
+                y=alt.Y("requests:Q", title=title, stack=True),
+                color=alt.Color("outcome:N", scale=alt.Scale(scheme="tableau10")),
+                tooltip=[
+                    alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+                    "outcome:N",
+                    alt.Tooltip("requests:Q", format=","),
+                    alt.Tooltip("attempts:Q", format=","),
+                ],
+            )
+            .properties(height=180),
+            width="stretch",
         )
-        .properties(height=240),
-        width="stretch",
-    )
     retries = df.groupby("time", as_index=False)[["requests", "attempts"]].sum()
     retries["retry share"] = (retries["attempts"] - retries["requests"]) / retries["attempts"]
     st.subheader("Retries")

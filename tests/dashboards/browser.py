@@ -51,6 +51,7 @@ _STATE_JS = """(() => {
     errors: Array.from(q('[data-testid="stAlertContentError"]')).map(e => e.innerText.slice(0, 300)),
     text: document.body ? document.body.innerText.slice(0, 20000) : '',
     url: location.href,
+    stale: window.__llmsloStale === true,
   };
 })()"""
 
@@ -62,7 +63,8 @@ class RenderState(dict[str, Any]):
     def rendered(self) -> bool:
         """Script done (no running widget, no skeleton), a title, and every chart drawn."""
         return (
-            bool(self.get("title"))
+            not self.get("stale", True)
+            and bool(self.get("title"))
             and not self["running"]
             and self["skeletons"] == 0
             and self["drawn"] >= self["charts"]
@@ -117,6 +119,8 @@ class HeadlessChromium:
     def open(self, url: str, timeout_s: float = 30.0, settle_s: float = 0.25) -> float:
         """Load ``url`` and wait until rendered (stable for ``settle_s``); seconds it took
         from the request to the first rendered state. Raises TimeoutError."""
+        # Marks the old document so that its rendered state is never taken for the new one's.
+        self.call("Runtime.evaluate", expression="window.__llmsloStale = true")
         started = time.perf_counter()
         self.call("Page.navigate", url=url)
         first: float | None = None
