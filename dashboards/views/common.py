@@ -6,12 +6,12 @@ import json
 from collections.abc import Callable
 
 import pandas as pd
-import pyarrow as pa
 import streamlit as st
 
 from dashboards.charts import frame, incidents_frame
 from dashboards.context import REFRESH_S, PageContext, page_context
 from dashboards.filters import RANGES
+from slo.queries import FINDINGS_SCHEMA
 
 __all__ = ["instances_in_scope", "no_data", "page", "page_incidents", "parse_json_column"]
 
@@ -112,12 +112,7 @@ def page_incidents(ctx: PageContext) -> pd.DataFrame:
     f = ctx.filters
     found = ctx.table("findings", start_ms=f.start_ms, end_ms=f.end_ms, limit=10_000)
     if found is None:
-        found = pa.table(
-            {
-                c: pa.array([], pa.string())
-                for c in ("state", "signal", "scope", "scope_id", "severity")
-            }
-        ).append_column("ts_ms", pa.array([], pa.int64()))
+        found = FINDINGS_SCHEMA.empty_table()
     return incidents_frame(frame(found, "ts_ms"), f.end_ms)
 
 
