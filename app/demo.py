@@ -250,3 +250,5 @@ def _print_demo_result(db: Path, result: CycleResult | None) -> None:
     if not flags:
         print("  (none)")
     print(f"\nDuckDB {db}: " + ", ".join(f"{name} {n:,}" for name, n in counts.items()))
+    # The file stays (the next demo replaces it); nothing writes it now, so it opens read-only.
+    print(f"\nDashboards on this data: llmslo dashboard --db {db}  (then open the URL it prints)")

@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -155,7 +156,7 @@ def percentiles(durations_ms: list[float]) -> dict[str, float]:
 def bench_reads(store: Store, client: TestClient, repeat: int) -> dict[str, object]:
     """Read routes vs the same ``slo.queries`` call straight on a cursor."""
     day = {"start_ms": END_MS - 86_400_000, "end_ms": END_MS}
-    cases = {
+    cases: dict[str, tuple[str, Callable[..., Any], dict[str, Any]]] = {
         "latency_ttft_1d_5m_by_pool": (
             "/api/v1/latency",
             queries.latency_percentiles,
@@ -170,7 +171,7 @@ def bench_reads(store: Store, client: TestClient, repeat: int) -> dict[str, obje
     results: dict[str, object] = {}
     for name, (path, function, kwargs) in cases.items():
 
-        def direct(function: Callable[..., pa.Table] = function, kwargs: dict = kwargs) -> None:
+        def direct(function: Callable[..., Any] = function, kwargs: dict = kwargs) -> None:
             con = store.con.cursor()
             function(con, **kwargs)
             con.close()

@@ -171,9 +171,11 @@ def test_budget_takes_the_objective_from_the_spec_and_a_group(
 
 def test_meta_lists_the_range_pools_instances_and_slos(client: TestClient, store: Store) -> None:
     meta = client.get("/api/v1/meta").json()
-    (first, last) = store.con.execute(
+    row = store.con.execute(
         "SELECT min(received_ts_ms), max(received_ts_ms) FROM requests"
     ).fetchone()
+    assert row is not None
+    first, last = row
     assert meta["data_start_ms"] <= first and meta["data_end_ms"] >= last
     assert meta["slos"] == ["q-avail", "q-ttft"]
     assert "tap-pool" in meta["pools"]
@@ -194,7 +196,7 @@ def _counts(store: Store) -> dict[str, int]:
             "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
         ).fetchall()
     ]
-    return {t: store.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables}
+    return {t: len(store.con.execute(f"SELECT * FROM {t}").fetchall()) for t in tables}
 
 
 HOSTILE = [

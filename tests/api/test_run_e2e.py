@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,10 @@ def _child(stack: ExitStack, args: list[str], log: Path, **kwargs: Any) -> subpr
 
     stack.callback(stop)
     return process
+
+
+def _answers(url: str) -> bool:
+    return httpx.get(url, timeout=2).status_code == 200
 
 
 def _until(
@@ -124,7 +129,7 @@ def test_run_serves_slos_and_flags_as_json_and_arrow_while_it_writes(
         _child(stack, ["collect", *cfg, "--interval", "1", *targets], tmp_path / "collect.log")
         for tap in taps:
             _until(
-                lambda t=tap: httpx.get(f"{t}/health", timeout=2).status_code == 200,
+                partial(_answers, f"{tap}/health"),
                 "tap health",
                 run,
                 run_log,
@@ -153,10 +158,10 @@ def test_run_serves_slos_and_flags_as_json_and_arrow_while_it_writes(
             assert flags.status_code == 200 and flags.headers["etag"].startswith('"')
             flags_arrow = api.get("/api/v1/flags", headers={"Accept": ARROW_STREAM})
             assert pa.ipc.open_stream(flags_arrow.content).read_all().schema == FLAGS_SCHEMA
-            pod = fleet.pods[0].instance
+            pod_instance = fleet.pods[0].instance
             body = {
                 "scope": "instance",
-                "scope_id": pod,
+                "scope_id": pod_instance,
                 "level": 2,
                 "expires_in_s": 300,
                 "reason": "e2e",
@@ -169,7 +174,7 @@ def test_run_serves_slos_and_flags_as_json_and_arrow_while_it_writes(
             current = {
                 r["scope_id"]: r["to_level"] for r in api.get("/api/v1/flags").json()["data"]
             }
-            assert current[pod] == 2
+            assert current[pod_instance] == 2
             # Published to the flags topic, the override comes back through ingest.
             now_ms = int(time.time() * 1000)
             window = {"start_ms": now_ms - 3_600_000, "end_ms": now_ms + 60_000}
@@ -183,7 +188,7 @@ def test_run_serves_slos_and_flags_as_json_and_arrow_while_it_writes(
                 run,
                 run_log,
             )
-            assert timeline[0]["scope_id"] == pod and timeline[0]["to_level"] == 2
+            assert timeline[0]["scope_id"] == pod_instance and timeline[0]["to_level"] == 2
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=60) == 0, run_log.read_text()[-3000:]
 

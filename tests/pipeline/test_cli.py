@@ -48,6 +48,13 @@ def test_demo_runs_the_whole_product_and_reports_what_it_saw(
     # The KV leak injected into pod-1 raised its degradation flag.
     transitions = out.split("=== degradation flag transitions ===")[1]
     assert "L0 -> L" in transitions
+    # It ends by saying how to open the dashboards on the data it kept.
+    assert (
+        out.rstrip()
+        .splitlines()[-1]
+        .startswith(f"Dashboards on this data: llmslo dashboard --db {db}")
+    )
+    assert db.exists()
 
 
 def test_an_unreachable_broker_is_a_clear_error(

@@ -1,0 +1,170 @@
+"""Altair charts of time series: thresholds drawn as labelled rules, incidents shaded, and a
+tooltip on every point. Inputs are pandas frames with a ``time`` column (datetime, UTC)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import altair as alt
+import pandas as pd
+import pyarrow as pa
+
+__all__ = [
+    "band_chart",
+    "frame",
+    "incidents_frame",
+    "line_chart",
+    "step_chart",
+]
+
+_HEIGHT = 220
+
+
+def frame(table: pa.Table, time_column: str = "bucket_ts_ms") -> pd.DataFrame:
+    """``table`` as pandas with ``time`` (UTC datetime) from the epoch-ms ``time_column``."""
+    df = table.to_pandas()
+    if time_column in df:
+        df["time"] = pd.to_datetime(df[time_column], unit="ms", utc=True)
+    return df
+
+
+def incidents_frame(findings: pd.DataFrame, end_ms: int) -> pd.DataFrame:
+    """Page-severity findings as ``start``/``end`` intervals (open ones end at ``end_ms``)."""
+    rows = []
+    if not findings.empty:
+        ordered = findings.sort_values("ts_ms")
+        for (_, _, _), group in ordered.groupby(["signal", "scope", "scope_id"]):
+            opened: int | None = None
+            for state, ts_ms, severity, label in zip(
+                group["state"], group["ts_ms"], group["severity"], group["signal"], strict=True
+            ):
+                if state == "firing" and severity == "page" and opened is None:
+                    opened = int(ts_ms)
+                elif state == "resolved" and opened is not None:
+                    rows.append((opened, int(ts_ms), label))
+                    opened = None
+            if opened is not None:
+                rows.append((opened, end_ms, group["signal"].iloc[0]))
+    df = pd.DataFrame(rows, columns=["start_ms", "end_ms", "incident"])
+    df["start"] = pd.to_datetime(df["start_ms"], unit="ms", utc=True)
+    df["end"] = pd.to_datetime(df["end_ms"], unit="ms", utc=True)
+    return df
+
+
+def _decorate(
+    chart: alt.Chart,
+    thresholds: Sequence[tuple[float, str]],
+    incidents: pd.DataFrame | None,
+) -> alt.LayerChart | alt.Chart:
+    layers: list[alt.Chart] = []
+    if incidents is not None and not incidents.empty:
+        layers.append(
+            alt.Chart(incidents)
+            .mark_rect(color="#d62728", opacity=0.12)
+            .encode(
+                x="start:T",
+                x2="end:T",
+                tooltip=[
+                    alt.Tooltip("incident:N"),
+                    alt.Tooltip("start:T", format="%Y-%m-%d %H:%M"),
+                    alt.Tooltip("end:T", format="%Y-%m-%d %H:%M"),
+                ],
+            )
+        )
+    layers.append(chart)
+    if thresholds:
+        rules = pd.DataFrame(thresholds, columns=["value", "threshold"])
+        base = alt.Chart(rules)
+        layers.append(
+            base.mark_rule(strokeDash=[6, 4], color="#b22222").encode(
+                y="value:Q", tooltip=["threshold:N", "value:Q"]
+            )
+        )
+        for index, (value, label) in enumerate(thresholds):
+            # Close thresholds (KV 90/95/99 %) would print over each other: stagger labels.
+            layers.append(
+                alt.Chart(pd.DataFrame([{"value": value, "threshold": label}]))
+                .mark_text(align="left", dx=4 + 150 * index, dy=-6, color="#b22222", fontSize=11)
+                .encode(y="value:Q", text="threshold:N", x=alt.value(0))
+            )
+    if len(layers) == 1:
+        return chart
+    return alt.layer(*layers).resolve_scale(color="independent")
+
+
+def line_chart(
+    df: pd.DataFrame,
+    y: str,
+    *,
+    y_title: str,
+    color: str | None = None,
+    y_format: str = ",.2f",
+    thresholds: Sequence[tuple[float, str]] = (),
+    incidents: pd.DataFrame | None = None,
+) -> alt.LayerChart | alt.Chart:
+    """A line per ``color`` value of ``y`` over ``time``."""
+    tooltip = [
+        alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+        alt.Tooltip(f"{y}:Q", format=y_format),
+    ]
+    encoding: dict[str, object] = {
+        "x": alt.X("time:T", title=None),
+        "y": alt.Y(f"{y}:Q", title=y_title, axis=alt.Axis(format=y_format)),
+    }
+    if color:
+        encoding["color"] = alt.Color(f"{color}:N", title=color)
+        tooltip.insert(0, alt.Tooltip(f"{color}:N"))
+    chart = alt.Chart(df).mark_line(point=len(df) < 60).encode(**encoding, tooltip=tooltip)
+    return _decorate(chart.properties(height=_HEIGHT), thresholds, incidents).properties(
+        height=_HEIGHT
+    )
+
+
+def band_chart(
+    df: pd.DataFrame,
+    *,
+    low: str,
+    high: str,
+    mid: str,
+    y_title: str,
+    color: str,
+    y_format: str = ",.3f",
+    thresholds: Sequence[tuple[float, str]] = (),
+    incidents: pd.DataFrame | None = None,
+) -> alt.LayerChart | alt.Chart:
+    """A shaded ``low``–``high`` band and a ``mid`` line per ``color`` value over ``time``."""
+    tooltip = [
+        alt.Tooltip(f"{color}:N"),
+        alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+        alt.Tooltip(f"{low}:Q", format=y_format),
+        alt.Tooltip(f"{mid}:Q", format=y_format),
+        alt.Tooltip(f"{high}:Q", format=y_format),
+    ]
+    base = alt.Chart(df).encode(
+        x=alt.X("time:T", title=None), color=alt.Color(f"{color}:N", title=color)
+    )
+    band = base.mark_area(opacity=0.2).encode(
+        y=alt.Y(f"{low}:Q", title=y_title, axis=alt.Axis(format=y_format)), y2=f"{high}:Q"
+    )
+    line = base.mark_line().encode(y=f"{mid}:Q", tooltip=tooltip)
+    points = base.mark_point(opacity=0, size=60).encode(y=f"{high}:Q", tooltip=tooltip)
+    chart = alt.layer(band, line, points)
+    return _decorate(chart, thresholds, incidents).properties(height=_HEIGHT)  # type: ignore[arg-type]
+
+
+def step_chart(df: pd.DataFrame, *, y: str, y_title: str, color: str) -> alt.Chart:
+    """Levels that hold until the next change (degradation flags), one line per ``color``."""
+    return (
+        alt.Chart(df)
+        .mark_line(interpolate="step-after", point=True)
+        .encode(
+            x=alt.X("time:T", title=None),
+            y=alt.Y(
+                f"{y}:Q", title=y_title, scale=alt.Scale(domain=[0, 3]), axis=alt.Axis(tickCount=4)
+            ),
+            color=alt.Color(f"{color}:N", title=color),
+            tooltip=[c for c in df.columns if c not in ("time",)]
+            + [alt.Tooltip("time:T", format="%Y-%m-%d %H:%M:%S")],
+        )
+        .properties(height=_HEIGHT)
+    )

@@ -1,0 +1,161 @@
+"""What every page is handed: the source (cached), the URL filters and number formatting.
+
+The source is named by the environment variable ``LLMSLO_DASHBOARD_SOURCE``: ``db:PATH``
+(a DuckDB file nobody writes) or ``api:URL`` (a running ``llmslo run``); ``llmslo
+dashboard`` sets it. Answers are cached with ``st.cache_data`` keyed by source, question,
+range and filters, for ``CACHE_TTL_S`` seconds (so a live view refreshes and a page switch
+does not re-query). A source or parameter error becomes a message on the page.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import streamlit as st
+
+from dashboards.filters import Filters, parse_filters
+from dashboards.sources import SOURCE_ENV, ApiSource, DataSource, DuckDBSource, Meta, SourceError
+from pipeline.errors import LlmsloError
+
+__all__ = [
+    "CACHE_TTL_S",
+    "LIVE_WITHIN_MS",
+    "SOURCE_ENV",
+    "PageContext",
+    "fmt_count",
+    "fmt_pct",
+    "fmt_seconds",
+    "open_source",
+    "page_context",
+    "window_seconds",
+]
+
+log = logging.getLogger(__name__)
+
+CACHE_TTL_S = 20
+#: Data newer than this (ms before now) means a pipeline is writing: pages auto-refresh.
+LIVE_WITHIN_MS = 5 * 60_000
+REFRESH_S = 30
+
+
+@st.cache_resource(show_spinner=False)
+def open_source(spec: str) -> DataSource:
+    """The source named ``db:PATH`` or ``api:URL`` (one per server process)."""
+    kind, _, where = spec.partition(":")
+    if kind == "db" and where:
+        return DuckDBSource(where)
+    if kind == "api" and where:
+        return ApiSource(where)
+    raise SourceError(f"{SOURCE_ENV}={spec!r}: expected db:PATH or api:URL")
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)
+def _cached_meta(spec: str) -> Meta:
+    return open_source(spec).meta()
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=1024)
+def _cached_table(spec: str, question: str, params_json: str) -> pa.Table:
+    return open_source(spec).table(question, **json.loads(params_json))
+
+
+@st.cache_data(ttl=CACHE_TTL_S, show_spinner=False, max_entries=256)
+def _cached_verdict(spec: str, verdict_id: str) -> dict[str, Any] | None:
+    return open_source(spec).verdict_document(verdict_id)
+
+
+@dataclass
+class PageContext:
+    """One page run: the source, its meta, the filters, and whether data is arriving."""
+
+    spec: str
+    meta: Meta
+    filters: Filters
+    live: bool
+
+    def table(self, question: str, **params: Any) -> pa.Table | None:
+        """The cached answer, or ``None`` after showing why it could not be read."""
+        clean = {k: v for k, v in params.items() if v is not None}
+        try:
+            return _cached_table(self.spec, question, json.dumps(clean, sort_keys=True))
+        except LlmsloError as exc:
+            log.warning("dashboard query %s %s failed: %s", question, clean, exc)
+            st.warning(f"Could not read {question.replace('_', ' ')}: {exc}")
+            return None
+
+    def verdict_document(self, verdict_id: str) -> dict[str, Any] | None:
+        """One stored verdict's document (cached), or ``None`` after showing why not."""
+        try:
+            return _cached_verdict(self.spec, verdict_id)
+        except LlmsloError as exc:
+            st.warning(f"Could not read verdict {verdict_id}: {exc}")
+            return None
+
+    def instance_label(self, instance: str) -> str:
+        """``instance`` with its host:port when targets carry an ``address``."""
+        for row in self.meta.instances:
+            if row.get("instance") == instance and row.get("address"):
+                return f"{instance} ({row['address']})"
+        return instance
+
+
+def page_context() -> PageContext | None:
+    """Open the source and read the filters; ``None`` after explaining what is missing."""
+    spec = os.environ.get(SOURCE_ENV, "")
+    if not spec:
+        st.error(
+            f"No data source: start with `llmslo dashboard --db FILE` or `--api URL` ({SOURCE_ENV})."
+        )
+        return None
+    try:
+        meta = _cached_meta(spec)
+    except LlmsloError as exc:
+        st.error(f"Cannot read the data source: {exc}")
+        return None
+    now_ms = int(time.time() * 1000)
+    query = {key: st.query_params.get(key, "") for key in st.query_params}
+    filters, problems = parse_filters(query, meta.data_end_ms, now_ms)
+    for problem in problems:
+        st.warning(f"Link parameter {problem}")
+    live = meta.data_end_ms is not None and now_ms - meta.data_end_ms < LIVE_WITHIN_MS
+    return PageContext(spec=spec, meta=meta, filters=filters, live=live)
+
+
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def window_seconds(window: str) -> float:
+    """A window name such as ``5m`` or ``30d`` in seconds (unknown forms sort last)."""
+    try:
+        return float(window[:-1]) * _UNIT_S[window[-1]]
+    except (KeyError, ValueError, IndexError):
+        return float("inf")
+
+
+def fmt_pct(value: float | None, digits: int = 2) -> str:
+    """A fraction as a percentage (``0.9953`` → ``99.53 %``); ``—`` when unknown."""
+    if value is None or value != value:
+        return "—"
+    return f"{value * 100:.{digits}f} %"
+
+
+def fmt_seconds(value: float | None) -> str:
+    """Seconds in the unit a person reads: ``850 ms``, ``2.41 s``; ``—`` when unknown."""
+    if value is None or value != value:
+        return "—"
+    if abs(value) < 1:
+        return f"{value * 1000:,.0f} ms"
+    return f"{value:,.2f} s"
+
+
+def fmt_count(value: float | None) -> str:
+    """A count with thousands separators; ``—`` when unknown."""
+    if value is None or value != value:
+        return "—"
+    return f"{value:,.0f}"

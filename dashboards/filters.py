@@ -1,0 +1,158 @@
+"""The filters every page shares, read from and written to the URL query string.
+
+Deep links (an alert's ``generatorURL``): ``{dashboard}/slo?slo=<id>&pool=<pool>&
+instance=<instance>&from=<ms>&to=<ms>``, every parameter optional, on any page. Without
+``from``/``to`` the range is the last ``range`` (``1h`` … ``30d``, default ``24h``) of the
+data, ending at its newest row, so a history file opens on its own days and not on an
+empty "now". A parameter that does not parse is ignored and reported (never a traceback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+__all__ = [
+    "RANGES",
+    "Filters",
+    "bucket_for",
+    "deep_link",
+    "parse_filters",
+    "to_query",
+]
+
+MINUTE_MS = 60_000
+HOUR_MS = 60 * MINUTE_MS
+DAY_MS = 24 * HOUR_MS
+#: Range choices offered in the sidebar, longest last.
+RANGES: Mapping[str, int] = {
+    "1h": HOUR_MS,
+    "6h": 6 * HOUR_MS,
+    "24h": DAY_MS,
+    "7d": 7 * DAY_MS,
+    "30d": 30 * DAY_MS,
+}
+DEFAULT_RANGE = "24h"
+#: Bucket widths a chart may use; the narrowest giving at most ``_MAX_BUCKETS`` points wins.
+_BUCKETS_MS = (
+    MINUTE_MS,
+    5 * MINUTE_MS,
+    15 * MINUTE_MS,
+    HOUR_MS,
+    3 * HOUR_MS,
+    6 * HOUR_MS,
+    DAY_MS,
+)
+_MAX_BUCKETS = 240
+
+
+@dataclass(frozen=True)
+class Filters:
+    """One view's range ``[start_ms, end_ms)`` (epoch ms) and optional pool/instance/SLO."""
+
+    start_ms: int
+    end_ms: int
+    range_name: str | None = DEFAULT_RANGE
+    pool: str | None = None
+    instance: str | None = None
+    slo: str | None = None
+
+    @property
+    def bucket_ms(self) -> int:
+        """Chart bucket width for this range (whole minutes, ≤ 240 buckets)."""
+        return bucket_for(self.end_ms - self.start_ms)
+
+
+def bucket_for(span_ms: int) -> int:
+    """The narrowest bucket width (ms) that splits ``span_ms`` into at most 240 buckets."""
+    for bucket_ms in _BUCKETS_MS:
+        if span_ms <= bucket_ms * _MAX_BUCKETS:
+            return bucket_ms
+    return _BUCKETS_MS[-1]
+
+
+def _int_param(query: Mapping[str, str], name: str, problems: list[str]) -> int | None:
+    raw = query.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(str(raw))
+    except ValueError:
+        problems.append(f"{name}={raw!r} is not epoch milliseconds; ignored")
+        return None
+
+
+def _text_param(query: Mapping[str, str], name: str) -> str | None:
+    value = query.get(name)
+    return str(value) if value not in (None, "") else None
+
+
+def parse_filters(
+    query: Mapping[str, str], data_end_ms: int | None, now_ms: int
+) -> tuple[Filters, list[str]]:
+    """Filters from URL parameters (``from``, ``to``, ``range``, ``pool``, ``instance``,
+    ``slo``) and the problems found in them (each ignored, in words for the page)."""
+    problems: list[str] = []
+    start, end = _int_param(query, "from", problems), _int_param(query, "to", problems)
+    range_name = _text_param(query, "range")
+    if range_name is not None and range_name not in RANGES:
+        problems.append(f"range={range_name!r} is not one of {', '.join(RANGES)}; ignored")
+        range_name = None
+    if start is not None and end is not None and start >= end:
+        problems.append("from must be before to; showing the default range")
+        start = end = None
+    anchor = data_end_ms if data_end_ms is not None else now_ms
+    # The newest minute is partly filled: end past it so it is included.
+    default_end = (anchor // MINUTE_MS + 1) * MINUTE_MS
+    if start is None or end is None:
+        span = RANGES[range_name or DEFAULT_RANGE]
+        if end is None:
+            end = default_end if start is None else start + span
+        if start is None:
+            start = end - span
+        range_name = range_name or DEFAULT_RANGE
+        if query.get("from") or query.get("to"):
+            range_name = None
+    else:
+        range_name = None
+    return (
+        Filters(
+            start_ms=start,
+            end_ms=end,
+            range_name=range_name,
+            pool=_text_param(query, "pool"),
+            instance=_text_param(query, "instance"),
+            slo=_text_param(query, "slo"),
+        ),
+        problems,
+    )
+
+
+def to_query(filters: Filters) -> dict[str, str]:
+    """The URL parameters that reproduce ``filters`` (explicit range when not a preset)."""
+    query: dict[str, str] = {}
+    if filters.range_name is None:
+        query["from"], query["to"] = str(filters.start_ms), str(filters.end_ms)
+    elif filters.range_name != DEFAULT_RANGE:
+        query["range"] = filters.range_name
+    for name in ("slo", "pool", "instance"):
+        value = getattr(filters, name)
+        if value:
+            query[name] = value
+    return query
+
+
+#: Page paths of the deep-link contract.
+PAGE_PATHS = ("fleet", "slo", "latency", "engines", "gpus", "requests", "flags", "canary")
+
+
+def deep_link(dashboard_url: str, page: str, **params: str | int | None) -> str:
+    """``{dashboard_url}/{page}?slo=…&pool=…&instance=…&from=…&to=…`` (``from_ms``/``to_ms``
+    keywords give ``from``/``to``; ``None`` values are left out). Raises ``ValueError`` for
+    a page that is not in :data:`PAGE_PATHS`."""
+    if page not in PAGE_PATHS:
+        raise ValueError(f"page {page!r}: expected one of {', '.join(PAGE_PATHS)}")
+    names = {"from_ms": "from", "to_ms": "to"}
+    query = {names.get(k, k): str(v) for k, v in params.items() if v is not None}
+    return f"{dashboard_url.rstrip('/')}/{page}" + (f"?{urlencode(query)}" if query else "")

@@ -1,0 +1,129 @@
+"""Helpers every page uses: the sidebar filters, "no data yet", incidents, live refresh."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pandas as pd
+import streamlit as st
+
+from dashboards.charts import frame, incidents_frame
+from dashboards.context import REFRESH_S, PageContext, page_context
+from dashboards.filters import RANGES
+from slo.queries import FINDINGS_SCHEMA
+
+__all__ = ["instances_in_scope", "no_data", "page", "page_incidents", "parse_json_column"]
+
+_ALL = "all"
+
+
+def _set_param(name: str, key: str) -> None:
+    value = st.session_state[key]
+    if value in (None, _ALL, ""):
+        st.query_params.pop(name, None)
+    else:
+        st.query_params[name] = value
+    if name == "range":
+        st.query_params.pop("from", None)
+        st.query_params.pop("to", None)
+    if name == "pool":
+        st.query_params.pop("instance", None)
+
+
+def _sidebar(ctx: PageContext) -> None:
+    f, meta = ctx.filters, ctx.meta
+    with st.sidebar:
+        ranges = list(RANGES) if f.range_name else ["link", *RANGES]
+        st.selectbox(
+            "Time range",
+            ranges,
+            index=ranges.index(f.range_name or "link"),
+            key="filter_range",
+            on_change=_set_param,
+            args=("range", "filter_range"),
+            help="ending at the newest data; 'link' is the range the URL gave",
+        )
+        pools = [_ALL, *meta.pools] + ([f.pool] if f.pool and f.pool not in meta.pools else [])
+        st.selectbox(
+            "Pool", pools, index=pools.index(f.pool or _ALL), key="filter_pool",
+            on_change=_set_param, args=("pool", "filter_pool"),
+        )  # fmt: skip
+        names = [i["instance"] for i in instances_in_scope(ctx)]
+        if f.instance and f.instance not in names:
+            names.append(f.instance)
+        options = [_ALL, *[str(n) for n in names]]
+        st.selectbox(
+            "Instance", options, index=options.index(f.instance or _ALL), key="filter_instance",
+            on_change=_set_param, args=("instance", "filter_instance"),
+            format_func=lambda name: name if name == _ALL else ctx.instance_label(name),
+        )  # fmt: skip
+        st.caption(
+            f"{pd.Timestamp(f.start_ms, unit='ms', tz='UTC'):%Y-%m-%d %H:%M} → "
+            f"{pd.Timestamp(f.end_ms, unit='ms', tz='UTC'):%Y-%m-%d %H:%M} UTC · "
+            f"buckets of {f.bucket_ms // 60_000:,} min"
+            + (f" · live, refreshing every {REFRESH_S} s" if ctx.live else "")
+        )
+
+
+def page(title: str, body: Callable[[PageContext], None]) -> Callable[[], None]:
+    """A Streamlit page: title, sidebar filters, then ``body`` (re-run every 30 s while live)."""
+
+    def run() -> None:
+        st.title(title)
+        ctx = page_context()
+        if ctx is None:
+            return
+        _sidebar(ctx)
+        if ctx.meta.data_end_ms is None:
+            no_data(
+                "The database has no engine samples and no request records. Start the "
+                "pipeline (`llmslo run`) or generate history (`llmslo sim history`)."
+            )
+            return
+        if ctx.live:
+
+            @st.fragment(run_every=REFRESH_S)
+            def live() -> None:
+                fresh = page_context()
+                body(fresh or ctx)
+
+            live()
+        else:
+            body(ctx)
+
+    run.__name__ = f"page_{title.lower().replace(' ', '_').replace('&', 'and')}"
+    return run
+
+
+def no_data(what: str) -> None:
+    """The clear "no data yet" message, saying what is missing."""
+    st.info(f"No data yet — {what}", icon=":material/hourglass_empty:")
+
+
+def instances_in_scope(ctx: PageContext) -> list[dict[str, str | None]]:
+    """Known instances, narrowed to the pool filter."""
+    pool = ctx.filters.pool
+    return [i for i in ctx.meta.instances if pool is None or i.get("pool") == pool]
+
+
+def page_incidents(ctx: PageContext) -> pd.DataFrame:
+    """Page-severity findings over the range as shaded intervals (empty when none)."""
+    f = ctx.filters
+    found = ctx.table("findings", start_ms=f.start_ms, end_ms=f.end_ms, limit=10_000)
+    if found is None:
+        found = FINDINGS_SCHEMA.empty_table()
+    return incidents_frame(frame(found, "ts_ms"), f.end_ms)
+
+
+def parse_json_column(values: pd.Series) -> pd.Series:
+    """A JSON text column as dicts (unparseable text becomes ``{}``)."""
+
+    def parse(text: object) -> dict[str, object]:
+        try:
+            value = json.loads(str(text))
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    return values.map(parse)

@@ -1,0 +1,139 @@
+"""Engines: running/waiting, KV usage with the L1–L3 lines, preemptions, token throughput,
+and stall / fragmentation markers."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboards.charts import frame, line_chart
+from dashboards.context import PageContext
+from dashboards.views.common import no_data, page, page_incidents
+
+__all__ = ["PAGE"]
+
+_SIGNALS = ("running", "waiting", "kv_usage", "preemptions", "generation_tokens", "prompt_tokens")
+#: KV usage above which each degradation level starts (DESIGN §3: free < 10 %, 5 %, 1 %).
+_KV_LEVELS = [
+    (0.90, "L1: KV free < 10 %"),
+    (0.95, "L2: KV free < 5 %"),
+    (0.99, "L3: KV free < 1 %"),
+]
+_MARKERS = ("stall", "fragmentation", "preemption_cascade")
+
+
+def _series(df: pd.DataFrame, signal: str) -> pd.DataFrame:
+    one = df[df["signal"] == signal]
+    return one.groupby(["time", "instance"], as_index=False)["value"].mean()
+
+
+def _markers(ctx: PageContext) -> None:
+    f = ctx.filters
+    found = ctx.table("findings", start_ms=f.start_ms, end_ms=f.end_ms, limit=10_000)
+    if found is None:
+        return
+    df = found.to_pandas()
+    df = df[df["signal"].str.contains("|".join(_MARKERS))]
+    st.subheader("Stall and fragmentation markers")
+    if df.empty:
+        st.caption("No stall, fragmentation or preemption-cascade finding in this range.")
+        return
+    df["time"] = pd.to_datetime(df["ts_ms"], unit="ms", utc=True)
+    st.dataframe(
+        df[["time", "state", "signal", "scope_id", "severity", "basis", "evidence_json"]],
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def _body(ctx: PageContext) -> None:
+    f = ctx.filters
+    instances = [f.instance] if f.instance else None
+    table = ctx.table(
+        "engine_series",
+        signals=list(_SIGNALS),
+        start_ms=f.start_ms,
+        end_ms=f.end_ms,
+        bucket_ms=f.bucket_ms,
+        instances=instances,
+        pool=f.pool,
+    )
+    if table is None:
+        return
+    if table.num_rows == 0:
+        no_data("no engine samples in this range (the scrape collectors write `engine_samples`).")
+        _markers(ctx)
+        return
+    df = frame(table)
+    incidents = page_incidents(ctx)
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Running requests")
+        st.altair_chart(
+            line_chart(
+                _series(df, "running"),
+                "value",
+                y_title="running",
+                color="instance",
+                y_format=",.1f",
+                incidents=incidents,
+            ),
+            width="stretch",
+        )
+    with right:
+        st.subheader("Waiting requests")
+        st.altair_chart(
+            line_chart(
+                _series(df, "waiting"),
+                "value",
+                y_title="waiting",
+                color="instance",
+                y_format=",.1f",
+                incidents=incidents,
+            ),
+            width="stretch",
+        )
+    st.subheader("KV cache usage")
+    st.altair_chart(
+        line_chart(
+            _series(df, "kv_usage"),
+            "value",
+            y_title="KV usage",
+            color="instance",
+            y_format=".0%",
+            thresholds=_KV_LEVELS,
+            incidents=incidents,
+        ),
+        width="stretch",
+    )
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Preemptions")
+        st.altair_chart(
+            line_chart(
+                _series(df, "preemptions"),
+                "value",
+                y_title="preemptions/s",
+                color="instance",
+                y_format=",.3f",
+                incidents=incidents,
+            ),
+            width="stretch",
+        )
+    with right:
+        st.subheader("Token throughput")
+        st.altair_chart(
+            line_chart(
+                _series(df, "generation_tokens"),
+                "value",
+                y_title="generated tokens/s",
+                color="instance",
+                y_format=",.0f",
+                incidents=incidents,
+            ),
+            width="stretch",
+        )
+    _markers(ctx)
+
+
+PAGE = page("Engines", _body)

@@ -1,0 +1,135 @@
+"""Requests: outcomes, retries, ghosts per window with their evidence, disconnects."""
+
+from __future__ import annotations
+
+import altair as alt
+import streamlit as st
+
+from dashboards.charts import frame, line_chart
+from dashboards.context import PageContext, fmt_count, fmt_pct
+from dashboards.views.common import no_data, page
+
+__all__ = ["PAGE"]
+
+
+def _outcomes(ctx: PageContext) -> None:
+    f = ctx.filters
+    table = ctx.table(
+        "outcome_counts",
+        start_ms=f.start_ms,
+        end_ms=f.end_ms,
+        bucket_ms=f.bucket_ms,
+        pool=f.pool,
+        instance=f.instance,
+    )
+    if table is None:
+        return
+    if table.num_rows == 0:
+        no_data("no tap request records in this range (the stream tap writes `requests`).")
+        return
+    df = frame(table)
+    requests, attempts = int(df["requests"].sum()), int(df["attempts"].sum())
+    bad = int(df.loc[df["outcome"] != "ok", "requests"].sum())
+    cols = st.columns(4)
+    cols[0].metric("client requests", fmt_count(requests))
+    cols[1].metric("attempts", fmt_count(attempts))
+    cols[2].metric(
+        "retried attempts", fmt_pct((attempts - requests) / attempts if attempts else None)
+    )
+    cols[3].metric("not ok", fmt_pct(bad / requests if requests else None))
+    per = df.groupby(["time", "outcome"], as_index=False)[["requests", "attempts"]].sum()
+    st.subheader("Outcomes")
+    # Bad outcomes are a percent of the traffic: stacked on their own so they stay visible.
+    for title, rows in (
+        ("ok requests / bucket", per[per["outcome"] == "ok"]),
+        ("not ok / bucket", per[per["outcome"] != "ok"]),
+    ):
+        if rows.empty:
+            continue
+        st.altair_chart(
+            alt.Chart(rows)
+            .mark_area(opacity=0.85, interpolate="step-after")
+            .encode(
+                x=alt.X("time:T", title=None),
+                y=alt.Y("requests:Q", title=title, stack=True),
+                color=alt.Color("outcome:N", scale=alt.Scale(scheme="tableau10")),
+                tooltip=[
+                    alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+                    "outcome:N",
+                    alt.Tooltip("requests:Q", format=","),
+                    alt.Tooltip("attempts:Q", format=","),
+                ],
+            )
+            .properties(height=180),
+            width="stretch",
+        )
+    retries = df.groupby("time", as_index=False)[["requests", "attempts"]].sum()
+    retries["retry share"] = (retries["attempts"] - retries["requests"]) / retries["attempts"]
+    st.subheader("Retries")
+    st.altair_chart(
+        line_chart(retries, "retry share", y_title="retried attempts / attempts", y_format=".1%"),
+        width="stretch",
+    )
+
+
+def _ghosts(ctx: PageContext) -> None:
+    f = ctx.filters
+    st.subheader("Disconnects and ghosts")
+    table = ctx.table(
+        "ghost_counts",
+        start_ms=f.start_ms,
+        end_ms=f.end_ms,
+        bucket_ms=f.bucket_ms,
+        pool=f.pool,
+        instance=f.instance,
+    )
+    if table is None:
+        return
+    if table.num_rows == 0:
+        st.caption("No client disconnected in this range.")
+        return
+    df = frame(table)
+    cols = st.columns(3)
+    cols[0].metric("disconnects", fmt_count(df["disconnects"].sum()))
+    cols[1].metric("ghosts (upstream kept > grace)", fmt_count(df["ghosts"].sum()))
+    cols[2].metric("tokens after disconnect", fmt_count(df["tokens_after_disconnect"].sum()))
+    long = df.melt(
+        id_vars=["time", "instance"],
+        value_vars=["disconnects", "ghosts"],
+        var_name="kind",
+        value_name="count",
+    )
+    st.altair_chart(
+        alt.Chart(long)
+        .mark_bar()
+        .encode(
+            x=alt.X("time:T", title=None),
+            y=alt.Y("count:Q"),
+            color="kind:N",
+            xOffset="kind:N",
+            tooltip=[
+                "instance:N",
+                "kind:N",
+                "count:Q",
+                alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+            ],
+        )
+        .properties(height=200),
+        width="stretch",
+    )
+    evidence = ctx.table("findings", start_ms=f.start_ms, end_ms=f.end_ms, signal="ghost_requests")
+    if evidence is not None and evidence.num_rows:
+        st.caption("Engine-side evidence (running above the tap's in-flight):")
+        st.dataframe(
+            frame(evidence, "ts_ms")[["time", "state", "scope_id", "basis", "evidence_json"]],
+            hide_index=True,
+            width="stretch",
+        )
+
+
+def _body(ctx: PageContext) -> None:
+    _outcomes(ctx)
+    _ghosts(ctx)
+
+
+PAGE = page("Requests", _body)

@@ -1,0 +1,167 @@
+"""Headless Debian Chromium driven over the Chrome DevTools protocol (websocket), for the
+dashboards' browser test and benchmark: load a page, wait until Streamlit has rendered it
+(script finished, every chart drawn), read what it shows, take a screenshot."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import itertools
+import json
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageStat
+from websockets.sync.client import ClientConnection, connect
+
+__all__ = ["HeadlessChromium", "RenderState", "blank"]
+
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--window-size=1440,2200",  # tall: Streamlit scrolls inside its own pane
+    "--remote-debugging-address=127.0.0.1",
+    "--remote-debugging-port=0",
+)
+
+#: What the page shows now: Streamlit's test ids (stable across versions since 1.2x).
+_STATE_JS = """(() => {
+  const q = (s) => document.querySelectorAll(s);
+  const h1 = document.querySelector('[data-testid="stMain"] h1, section.main h1, h1');
+  const charts = q('[data-testid="stVegaLiteChart"]').length;
+  const drawn = q('[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg.marks').length;
+  return {
+    title: h1 ? h1.innerText.trim() : null,
+    running: q('[data-testid="stStatusWidget"]').length > 0,
+    skeletons: q('[data-testid="stSkeleton"]').length,
+    charts: charts, drawn: drawn,
+    exceptions: Array.from(q('[data-testid="stException"]')).map(e => e.innerText.slice(0, 500)),
+    errors: Array.from(q('[data-testid="stAlertContentError"]')).map(e => e.innerText.slice(0, 300)),
+    text: document.body ? document.body.innerText.slice(0, 20000) : '',
+    url: location.href,
+    stale: window.__llmsloStale === true,
+  };
+})()"""
+
+
+class RenderState(dict[str, Any]):
+    """The page state read by :data:`_STATE_JS` (title, charts, drawn, exceptions, text, url)."""
+
+    @property
+    def rendered(self) -> bool:
+        """Script done (no running widget, no skeleton), a title, and every chart drawn."""
+        return (
+            not self.get("stale", True)
+            and bool(self.get("title"))
+            and not self["running"]
+            and self["skeletons"] == 0
+            and self["drawn"] >= self["charts"]
+        )
+
+
+class HeadlessChromium:
+    """One headless Chromium with one page, on loopback only; a context manager."""
+
+    def __init__(self, binary: str, profile: Path | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="llmslo-chromium-")
+        self.profile = profile or Path(self._tmp.name)
+        self.process = subprocess.Popen(
+            [binary, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._ids = itertools.count(1)
+        self._stack = contextlib.ExitStack()
+        self._ws = self._stack.enter_context(self._attach())
+
+    def _attach(self) -> ClientConnection:
+        port_file = self.profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text().strip():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError("chromium did not open its DevTools port")
+            time.sleep(0.05)
+        port = int(port_file.read_text().split()[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as answer:
+            targets = json.load(answer)
+        page = next(t for t in targets if t["type"] == "page")
+        return connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        """One DevTools command; its ``result`` (events in between are skipped)."""
+        ident = next(self._ids)
+        self._ws.send(json.dumps({"id": ident, "method": method, "params": params}))
+        while True:
+            message = json.loads(self._ws.recv(timeout=60))
+            if message.get("id") == ident:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                result: dict[str, Any] = message.get("result", {})
+                return result
+
+    def state(self) -> RenderState:
+        """What the page shows now."""
+        answer = self.call("Runtime.evaluate", expression=_STATE_JS, returnByValue=True)
+        return RenderState(answer["result"].get("value") or {"running": True, "skeletons": 1})
+
+    def open(self, url: str, timeout_s: float = 30.0, settle_s: float = 0.25) -> float:
+        """Load ``url`` and wait until rendered (stable for ``settle_s``); seconds it took
+        from the request to the first rendered state. Raises TimeoutError."""
+        # Marks the old document so that its rendered state is never taken for the new one's.
+        self.call("Runtime.evaluate", expression="window.__llmsloStale = true")
+        started = time.perf_counter()
+        self.call("Page.navigate", url=url)
+        first: float | None = None
+        while time.perf_counter() - started < timeout_s:
+            state = self.state()
+            if state.rendered:
+                first = first if first is not None else time.perf_counter() - started
+                if time.perf_counter() - started - first >= settle_s:
+                    return first
+            else:
+                first = None
+            time.sleep(0.05)
+        raise TimeoutError(f"{url} not rendered within {timeout_s:.0f} s: {self.state()}")
+
+    def screenshot(self, path: Path, settle_s: float = 1.0) -> bytes:
+        """Full-page PNG written to ``path`` after ``settle_s`` (the sidebar slides in);
+        returns its bytes."""
+        time.sleep(settle_s)
+        data = self.call("Page.captureScreenshot", format="png")
+        png = base64.b64decode(data["data"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+        return png
+
+    def close(self) -> None:
+        self._stack.close()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> HeadlessChromium:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def blank(png: bytes) -> bool:
+    """A screenshot with (almost) one colour: nothing was drawn."""
+    image = Image.open(io.BytesIO(png)).convert("L")
+    return max(ImageStat.Stat(image).stddev) < 3.0 or len(image.getcolors(1 << 16) or []) < 8

@@ -1,0 +1,125 @@
+"""A small DuckDB history with faults in it, built once per session, for every page's tests.
+
+Two days of 4 pods from the history generator (one incident a day: TTFT × 6 and 5 %
+errors), the SLO jobs run over it (rollups, status, findings), plus the events a fault
+drill leaves: a stall finding, a KV leak walking one pod L0 → L1 → L2 → L1, and one
+canary verdict. Times end at a fixed hour so the pages see the same range every run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import simulator.history as history
+from api.verdicts import VerdictStore
+from pipeline.store import Store
+from slo.findings import Finding
+from slo.flags import FlagTransition
+from slo.jobs import SloJobs
+from slo.model import build_model
+from slo.sinks import StoreTransitionSink, write_findings
+from slo.spec import parse_spec
+
+HOUR_MS = 3_600_000
+END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
+POOL = "llama-3-8b"
+SPEC = {
+    "version": "llmslo/v1",
+    "service": "chat",
+    "slos": [
+        {"name": "availability", "objective": 0.99, "sli": {"kind": "availability"}},
+        {
+            "name": "ttft",
+            "objective": 0.995,
+            "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2.5},
+            "group_by": ["instance"],
+        },
+    ],
+}
+
+
+@dataclass(frozen=True)
+class History:
+    """The built file and what was put in it."""
+
+    path: Path
+    incidents: list[int]
+    instances: list[str]
+    leaking: str
+    stalled: str
+
+
+def _drill_events(store: Store, instances: list[str]) -> None:
+    stalled, leaking = instances[0], instances[1]
+    stall = Finding(
+        END_MS - 3 * HOUR_MS, "stall", "instance", stalled, POOL, "page", "signature",
+        {"running": 12, "generation_tokens_per_s": 0.0, "for_s": 75},
+    )  # fmt: skip
+    write_findings(store.con, END_MS - 3 * HOUR_MS, "firing", [stall])
+    write_findings(store.con, END_MS - 2 * HOUR_MS, "resolved", [stall])
+    steps = [(5, 0, 1, 0.08), (4, 1, 2, 0.04), (2, 2, 1, 0.12)]
+    StoreTransitionSink(store.con).write(
+        [
+            FlagTransition(
+                END_MS - hours * HOUR_MS - 600_000,
+                "instance",
+                leaking,
+                POOL,
+                before,
+                after,
+                free,
+                "kv_free_ratio",
+                {"kv_usage": round(1 - free, 2)},
+            )
+            for hours, before, after, free in steps
+        ]
+    )
+    verdicts = VerdictStore(store.con)
+    verdicts.migrate()
+    document = {
+        "verdict": "fail",
+        "metrics": [
+            {"metric": "ttft_p99", "result": "High", "canary": 2.9, "baseline": 0.6},
+            {"metric": "error_rate", "result": "Pass", "canary": 0.004, "baseline": 0.003},
+        ],
+    }
+    verdicts.insert(
+        {
+            "verdict_id": "v-1", "idempotency_key": None, "evaluated_ts_ms": END_MS - HOUR_MS,
+            "source": "argo", "namespace": "prod", "service": "chat", "canary": f"instances={leaking}",
+            "baseline": f"instances={instances[2]}", "window_start_ts_ms": END_MS - 2 * HOUR_MS,
+            "window_end_ts_ms": END_MS - HOUR_MS, "verdict": "fail", "score": 42.0,
+            "reason": "ttft_p99 High", "canary_requests": 812, "baseline_requests": 790,
+            "document_json": json.dumps(document),
+        }
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def history_db(tmp_path_factory: pytest.TempPathFactory) -> History:
+    """Build the file once (about 10 s); tests open it read-only."""
+    path = tmp_path_factory.mktemp("dash") / "history.duckdb"
+    config = history.HistoryConfig(days=2, end_ts_ms=END_MS, pods=4, incidents_per_day=1, seed=7)
+    generator = history.HistoryGenerator(config)
+    with Store(path) as store:
+        for schema, table in generator.chunks():
+            store.commit_batch({schema.table: [table]}, group_id="h", offsets={}, now_ts_ms=0)
+        SloJobs(store.con, build_model(parse_spec(SPEC))).run_once(END_MS)
+        _drill_events(store, generator.instances)
+    return History(
+        path, generator.incidents, generator.instances, generator.instances[1],
+        generator.instances[0],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database with llmslo's tables and no rows (a pipeline that just started)."""
+    path = tmp_path_factory.mktemp("dash-empty") / "empty.duckdb"
+    with Store(path):
+        pass
+    return path

@@ -1,0 +1,151 @@
+"""A real browser: headless Debian Chromium loads the app that `llmslo dashboard --api` serves
+(reading the real `llmslo api` over the history with faults) and visits every page.
+
+Screenshots are kept under ``var/screenshots/dashboards/`` as artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from dashboards.filters import deep_link
+from dashboards.views import PAGES
+from tests.conftest import require_tool
+from tests.dashboards.browser import HeadlessChromium, blank
+from tests.dashboards.conftest import END_MS, HOUR_MS, History
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "var" / "screenshots" / "dashboards"
+#: page → charts it must draw on the history (Fleet and Canary are tables).
+LEAST_CHARTS = {
+    "fleet": 0,
+    "slo": 4,
+    "latency": 3,
+    "engines": 5,
+    "gpus": 4,
+    "requests": 3,
+    "flags": 1,
+    "canary": 0,
+}
+
+
+def _llmslo(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """``llmslo ARGS`` as a subprocess; (process, its first line of output)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", *args], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
+    assert process.stdout is not None
+    return process, process.stdout.readline()
+
+
+def start_dashboard(*source: str) -> tuple[subprocess.Popen[str], str]:
+    """``llmslo dashboard SOURCE --port 0`` as a subprocess; (process, URL it printed)."""
+    process, line = _llmslo("dashboard", *source, "--port", "0")
+    assert line.startswith("dashboard: http://127.0.0.1:"), line
+    return process, line.split()[1].rstrip("/")
+
+
+def start_api(db: Path) -> tuple[subprocess.Popen[str], str]:
+    """``llmslo api --db DB --read-only --api-port 0``; (process, URL it serves on)."""
+    process, line = _llmslo("api", "--db", str(db), "--read-only", "--api-port", "0")
+    assert line.startswith("serving the API (read-only) on http://127.0.0.1:"), line
+    return process, line.split()[5]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[HeadlessChromium]:
+    with HeadlessChromium(require_tool("chromium", "chromium-browser")) as browser:
+        yield browser
+
+
+@pytest.fixture(scope="module")
+def dashboard(history_db: History) -> Iterator[str]:
+    api, api_url = start_api(history_db.path)
+    process, url = start_dashboard("--api", api_url)
+    try:
+        yield url
+    finally:
+        for child in (process, api):
+            child.terminate()
+        for child in (process, api):
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_every_page_renders_in_chromium_without_an_exception(
+    chromium: HeadlessChromium, dashboard: str, path: str
+) -> None:
+    chromium.open(deep_link(dashboard, path, range="30d"), timeout_s=90)
+    state = chromium.state()
+    png = chromium.screenshot(SHOTS / f"{path}.png")
+    assert state["title"] == PAGES[path][0]
+    assert state["exceptions"] == [] and state["errors"] == []
+    assert state["drawn"] >= LEAST_CHARTS[path], state
+    assert "No data yet" not in state["text"] and "Page not found" not in state["text"]
+    assert not blank(png)
+
+
+def test_an_alert_link_opens_the_slo_page_with_its_filters(
+    chromium: HeadlessChromium, dashboard: str, history_db: History
+) -> None:
+    pod = history_db.instances[0]
+    start_ms, end_ms = END_MS - 6 * HOUR_MS, END_MS
+    link = deep_link(
+        dashboard,
+        "slo",
+        slo="chat-ttft",
+        pool="llama-3-8b",
+        instance=pod,
+        from_ms=start_ms,
+        to_ms=end_ms,
+    )
+    chromium.open(link, timeout_s=90)
+    state = chromium.state()
+    chromium.screenshot(SHOTS / "slo-deep-link.png")
+    assert state["title"] == "SLO" and state["exceptions"] == []
+    text = " ".join(state["text"].split())
+    assert "objective 99.500 %" in text and pod in text  # chat-ttft's objective, this pod
+    assert f"events {_group_events(history_db, pod):,}" in text  # this pod's group, not all four
+    assert "2026-09-21 08:00 → 2026-09-21 14:00 UTC" in text  # the link's range, not the default
+    assert "slo=chat-ttft" in state["url"] and "instance=" + pod in state["url"].replace("%3A", ":")
+
+
+def _group_events(history: History, pod: str) -> int:
+    with duckdb.connect(str(history.path), read_only=True) as con:
+        row = con.execute(
+            "SELECT (status_json->>'events')::BIGINT FROM slo_status_current "
+            "WHERE slo_id = 'chat-ttft' AND group_json = ?",
+            [json.dumps({"instance": pod})],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_an_empty_database_shows_no_data_yet_in_the_browser(
+    chromium: HeadlessChromium, empty_db: Path
+) -> None:
+    process, url = start_dashboard("--db", str(empty_db))
+    try:
+        chromium.open(deep_link(url, "latency"), timeout_s=90)
+        state = chromium.state()
+        chromium.screenshot(SHOTS / "empty-latency.png")
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    assert state["exceptions"] == [] and "No data yet" in state["text"]

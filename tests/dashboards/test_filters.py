@@ -1,0 +1,56 @@
+"""URL filters: deep links reproduce a view, bad parameters are reported and ignored."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dashboards.filters import HOUR_MS, MINUTE_MS, Filters, bucket_for, parse_filters, to_query
+
+END = 1_790_000_000_000
+
+
+def test_without_a_range_the_view_is_the_last_day_of_the_data_not_of_the_clock() -> None:
+    filters, problems = parse_filters({}, data_end_ms=END, now_ms=END + 90 * 86_400_000)
+    assert problems == []
+    assert filters.end_ms == (END // MINUTE_MS + 1) * MINUTE_MS
+    assert filters.end_ms - filters.start_ms == 24 * HOUR_MS
+
+
+def test_an_alert_deep_link_sets_every_filter() -> None:
+    query = {
+        "slo": "chat-ttft",
+        "pool": "llama",
+        "instance": "pod-3",
+        "from": "1000",
+        "to": "7201000",
+    }
+    filters, problems = parse_filters(query, data_end_ms=END, now_ms=END)
+    assert problems == []
+    assert filters == Filters(1000, 7_201_000, None, "llama", "pod-3", "chat-ttft")
+    assert to_query(filters) == query
+
+
+@pytest.mark.parametrize(
+    ("query", "problem"),
+    [
+        ({"from": "yesterday"}, "from='yesterday' is not epoch milliseconds"),
+        ({"range": "2y"}, "range='2y' is not one of"),
+        ({"from": "5", "to": "5"}, "from must be before to"),
+    ],
+    ids=["words for a time", "an unknown range", "an empty range"],
+)
+def test_a_bad_parameter_is_reported_and_the_default_used(
+    query: dict[str, str], problem: str
+) -> None:
+    filters, problems = parse_filters(query, data_end_ms=END, now_ms=END)
+    assert any(problem in p for p in problems)
+    assert filters.end_ms - filters.start_ms == 24 * HOUR_MS
+
+
+@given(span_ms=st.integers(min_value=1, max_value=90 * 86_400_000))
+def test_buckets_are_whole_minutes_and_at_most_240_per_range_up_to_60_days(span_ms: int) -> None:
+    bucket = bucket_for(span_ms)
+    assert bucket % MINUTE_MS == 0
+    assert span_ms / bucket <= 240 or span_ms > 60 * 86_400_000

@@ -1,0 +1,211 @@
+"""Every page rendered by Streamlit's AppTest on a history with faults, and on an empty file."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dashboards import SOURCE_ENV
+from dashboards.views import PAGES
+from pipeline.schema import REQUEST_RECORDS
+from pipeline.store import Store
+from tests.dashboards.conftest import END_MS, HOUR_MS, History
+
+_TIMEOUT_S = 60
+
+
+def _page(path: str, **query: str) -> AppTest:
+    app = AppTest.from_string(
+        f"from dashboards.views import PAGES\nPAGES[{path!r}][2]()\n", default_timeout=_TIMEOUT_S
+    )
+    for key, value in query.items():
+        app.query_params[key] = value
+    return app.run()
+
+
+def _text(app: AppTest) -> str:
+    """Everything a reader sees as text: headings, metrics, captions, alerts, tables."""
+    parts: list[str] = []
+    for kind in (
+        "title",
+        "subheader",
+        "caption",
+        "info",
+        "warning",
+        "success",
+        "error",
+        "markdown",
+    ):
+        parts += [str(e.value) for e in getattr(app, kind)]
+    parts += [f"{m.label}={m.value}" for m in app.metric]
+    parts += [df.value.to_csv() for df in app.dataframe]
+    return "\n".join(parts)
+
+
+@pytest.fixture
+def on_history(history_db: History, monkeypatch: pytest.MonkeyPatch) -> Iterator[History]:
+    monkeypatch.setenv(SOURCE_ENV, f"db:{history_db.path}")
+    yield history_db
+
+
+@pytest.fixture
+def on_empty(empty_db: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv(SOURCE_ENV, f"db:{empty_db}")
+    yield empty_db
+
+
+def _charts(app: AppTest) -> list[dict[str, Any]]:
+    return [json.loads(chart.proto.spec) for chart in app.get("vega_lite_chart")]
+
+
+def _chart_rows(app: AppTest) -> list[dict[str, Any]]:
+    """Every row of every dataset the page's charts draw (Arrow IPC in the protobuf)."""
+    rows: list[dict[str, Any]] = []
+    for chart in app.get("vega_lite_chart"):
+        for dataset in chart.proto.datasets:
+            rows += pa.ipc.open_stream(dataset.data.data).read_all().to_pylist()
+    return rows
+
+
+def _requests(history: History, where: str = "true", *params: object) -> int:
+    with duckdb.connect(str(history.path), read_only=True) as con:
+        row = con.execute(f"SELECT count(*) FROM requests WHERE {where}", list(params)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+#: page → (least number of charts, texts that must appear) on the 2-day history.
+EXPECTED = {
+    "fleet": (0, ["chat-availability", "chat-ttft", "L1 no speculative decoding=1", "FIRING"]),
+    "slo": (4, ["objective=99.000 %", "budget left=", "Bad events behind it"]),
+    "latency": (3, ["TTFT p99 (worst bucket)=", "samples="]),
+    "engines": (5, ["KV cache usage", "stall", "signature"]),
+    "gpus": (4, ["Utilisation", "No XID error reported"]),
+    "requests": (3, ["client requests=", "disconnects="]),
+    "flags": (1, ["L1 → L2", "kv_usage", "resolved,stall"]),
+    "canary": (0, ["fail=1", "ttft_p99,High"]),
+}
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_every_page_shows_the_history_without_an_exception(on_history: History, path: str) -> None:
+    app = _page(path, range="30d")
+    assert not app.exception, [e.value for e in app.exception]
+    assert not app.error, [e.value for e in app.error]
+    assert app.title[0].value == PAGES[path][0]
+    least_charts, texts = EXPECTED[path]
+    text = _text(app)
+    assert len(_charts(app)) >= least_charts
+    for expected in texts:
+        assert expected in text, f"{expected!r} missing from the {path} page"
+    assert "No data yet" not in text
+
+
+def test_fleet_counts_every_request_of_the_period(on_history: History) -> None:
+    table = _page("fleet", range="30d").dataframe[0].value
+    availability = table[table["SLO"] == "chat-availability"].iloc[0]
+    assert availability["events"] == f"{_requests(on_history):,}"
+    assert list(table.columns[:5]) == ["SLO", "group", "objective", "SLI", "budget left"]
+    burns = [c for c in table.columns if c.startswith("burn ")]
+    assert burns[:3] == ["burn 5m", "burn 30m", "burn 1h"]  # shortest window first
+
+
+def test_the_instance_filter_narrows_the_slo_rows_and_the_latency(on_history: History) -> None:
+    pod = on_history.instances[2]
+    fleet = _page("fleet", range="30d", instance=pod).dataframe[0].value
+    assert set(fleet["group"]) == {"all", f"instance={pod}"}
+    everyone = _page("latency", range="30d").metric
+    one = _page("latency", range="30d", instance=pod).metric
+    samples = {m.label: m.value for m in everyone}["samples"]
+    narrowed = {m.label: m.value for m in one}["samples"]
+    expected = _requests(on_history, "instance = ? AND ttft_s IS NOT NULL", pod)
+    assert narrowed == f"{expected:,}" and int(samples.replace(",", "")) > expected
+
+
+def test_the_slo_page_numbers_are_those_of_the_filtered_group(on_history: History) -> None:
+    pod = on_history.instances[3]
+    every = {m.label: m.value for m in _page("slo", range="30d", slo="chat-ttft").metric}
+    one = {
+        m.label: m.value for m in _page("slo", range="30d", slo="chat-ttft", instance=pod).metric
+    }
+    with duckdb.connect(str(on_history.path), read_only=True) as con:
+        events = con.execute(
+            "SELECT (status_json->>'events')::BIGINT, group_json FROM slo_status_current "
+            "WHERE slo_id = 'chat-ttft'"
+        ).fetchall()
+    assert one["events"] == f"{dict((g, e) for e, g in events)[json.dumps({'instance': pod})]:,}"
+    assert every["events"] == f"{sum(e for e, _ in events):,}"
+
+
+def test_a_shorter_range_shows_fewer_requests(on_history: History) -> None:
+    def requests(app: AppTest) -> int:
+        return int({m.label: m.value for m in app.metric}["client requests"].replace(",", ""))
+
+    day = requests(_page("requests"))
+    hour = requests(_page("requests", range="1h"))
+    assert 0 < hour < day < requests(_page("requests", range="30d"))
+    assert day == _requests(on_history, "received_ts_ms >= ?", END_MS + 60_000 - 24 * HOUR_MS)
+
+
+def test_slo_charts_draw_the_alert_thresholds_and_shade_the_incident(on_history: History) -> None:
+    app = _page("slo", range="30d", slo="chat-ttft")
+    rows = _chart_rows(app)
+    thresholds = {r["threshold"]: r["value"] for r in rows if "threshold" in r}
+    assert thresholds["budget exhausted"] == 0.0
+    assert {14.4, 6.0, 3.0, 1.0} <= set(thresholds.values())  # page and ticket pairs, 30d
+    shaded = [r for r in rows if "incident" in r]
+    assert [r["incident"] for r in shaded][:1] == ["stall"]
+    assert shaded[0]["end_ms"] - shaded[0]["start_ms"] == HOUR_MS  # firing → resolved
+    marks = json.dumps(_charts(app))
+    assert '"rect"' in marks and '"rule"' in marks and '"tooltip"' in marks
+
+
+def test_an_empty_database_says_no_data_yet_on_every_page(on_empty: Path) -> None:
+    for path in PAGES:
+        app = _page(path)
+        assert not app.exception, (path, [e.value for e in app.exception])
+        assert any("No data yet" in str(i.value) for i in app.info), path
+
+
+def test_a_bad_link_parameter_is_reported_and_ignored(on_history: History) -> None:
+    app = _page("slo", **{"from": "yesterday", "to": "1", "range": "2y"})
+    assert not app.exception
+    warnings = " ".join(str(w.value) for w in app.warning)
+    assert "'yesterday' is not epoch milliseconds" in warnings and "range='2y'" in warnings
+    assert {m.label: m.value for m in app.metric}["objective"] == "99.000 %"
+
+
+def test_a_source_that_cannot_be_read_is_a_message(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(SOURCE_ENV, f"db:{tmp_path / 'missing.duckdb'}")
+    app = _page("fleet")
+    assert not app.exception
+    assert "no such DuckDB file" in app.error[0].value
+
+
+def test_fresh_data_makes_the_page_live_and_refreshing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "live.duckdb"
+    now_ms = int(time.time() * 1000)
+    row = {"request_id": "r1", "received_ts_ms": now_ms - 10_000, "attempt": 1, "instance": "pod-0",
+           "pool": "p", "outcome": "ok", "ttft_s": 0.2}  # fmt: skip
+    table = pa.Table.from_pylist(
+        [{f.name: row.get(f.name) for f in REQUEST_RECORDS.arrow}], schema=REQUEST_RECORDS.arrow
+    )
+    with Store(path) as store:
+        store.commit_batch({"requests": [table]}, group_id="t", offsets={}, now_ts_ms=0)
+    monkeypatch.setenv(SOURCE_ENV, f"db:{path}")
+    app = _page("requests")
+    assert not app.exception
+    assert any("live, refreshing every 30 s" in str(c.value) for c in app.caption)
+    assert {m.label: m.value for m in app.metric}["client requests"] == "1"
