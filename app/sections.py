@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from alerts.config import AlertmanagerConfig
 from collectors.config import CollectConfig
 from collectors.tap.config import TapConfig
 from pipeline import config as spine_config
@@ -25,6 +26,7 @@ __all__ = ["SECTIONS", "load_config", "parse_config"]
 #: Top-level section name → the pydantic model that validates it (besides the spine's own).
 SECTIONS: Sections = MappingProxyType(
     {
+        "alertmanager": AlertmanagerConfig,
         "collect": CollectConfig,
         "simulator": FleetConfig,
         "slo": JobsConfig,
