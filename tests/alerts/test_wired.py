@@ -9,7 +9,9 @@ pair of the 30-day catalog burns), then healthy again.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,9 @@ from alerts.config import AlertmanagerConfig
 from alerts.pusher import AlertPusher, restore_state
 from alerts.records import fingerprint, table_writer
 from app.cli import main
+from pipeline.bus import Bus
 from pipeline.errors import QueryError
+from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from slo.detectors import Finding
 from slo.jobs import SloJobs
@@ -32,7 +36,7 @@ from slo.queries import alerts as recorded_alerts
 from slo.spec import parse_spec
 from tests.alerts.conftest import Alertmanager, eventually
 from tests.conftest import require_tool
-from tests.slo.factories import T0_MS, insert, request
+from tests.slo.factories import T0_MS, insert, request, to_table
 
 MINUTE = 60_000
 SPEC = {
@@ -311,3 +315,62 @@ def test_llmslo_jobs_once_pushes_and_llmslo_alerts_lists_them(
     assert text.count("TtftBudgetBurn") == 4 and "suppressed" in text
     fingerprints = {fingerprint(a["labels"]) for a in listed["alerts"]}
     assert len(fingerprints) == 2
+
+
+def test_llmslo_run_pushes_records_through_kafka_and_resolves_after_the_fault(
+    bus: Bus, tmp_path: Path, alertmanager: Alertmanager
+) -> None:
+    """The whole process: tap records over Kafka → ingest → jobs → Alertmanager, and the
+    alert changes back over the ``alerts`` topic into the table."""
+    now = int(time.time() * 1000) // MINUTE * MINUTE
+    producer = bus.producer()
+    faulty = _requests(now - 130 * MINUTE, now - 10 * MINUTE, 0.3) + _requests(
+        now - 10 * MINUTE, now, 5.0
+    )
+    producer.publish(REQUEST_RECORDS, to_table(REQUEST_RECORDS, faulty))
+    producer.flush()
+    (tmp_path / "slo.yaml").write_text(yaml.safe_dump(SPEC))
+    config = {
+        "bus": {"bootstrap_servers": bus.bootstrap_servers, "topic_prefix": bus.prefix,
+                "partitions": bus.config.partitions},
+        "store": {"path": str(tmp_path / "run.duckdb")},
+        "ingest": {"group_id": f"run-{bus.prefix}", "batch_max_ms": 100},
+        "slo": {"spec": str(tmp_path / "slo.yaml"), "interval_s": 1},
+        "alertmanager": {"url": alertmanager.url, "resend_s": 5},
+    }  # fmt: skip
+    (tmp_path / "llmslo.yaml").write_text(yaml.safe_dump(config))
+    with (tmp_path / "run.log").open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "run", "-c", str(tmp_path / "llmslo.yaml")],
+            stdout=subprocess.PIPE, stderr=log,
+        )  # fmt: skip
+    try:
+        assert eventually(lambda: len(alertmanager.alerts()) == 4, 120), (
+            tmp_path / "run.log"
+        ).read_text()[-2000:]
+        healthy = _requests(now, now + 35 * MINUTE, 0.3)
+        producer.publish(REQUEST_RECORDS, to_table(REQUEST_RECORDS, healthy))
+        producer.flush()
+        windows = eventually(
+            lambda: (
+                sorted(_by_window(alertmanager)) == ["1d-2h", "3d-6h"] and _by_window(alertmanager)
+            ),
+            120,
+        )
+        assert windows == {"1d-2h": "active", "3d-6h": "active"}, _by_window(alertmanager)
+        time.sleep(3)  # the resolved rows travel through Kafka and the ingester
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        producer.close()
+    assert process.returncode == 0, (tmp_path / "run.log").read_text()[-2000:]
+    with Store(tmp_path / "run.duckdb", read_only=True) as store:
+        history = recorded_alerts(store.con, start_ms=now - DAY, end_ms=now + DAY)
+        active = recorded_alerts(store.con)
+    assert sorted((r["state"], json.loads(r["labels_json"])["window"]) for r in history.to_pylist()) == [
+        ("firing", "1d-2h"), ("firing", "1h-5m"), ("firing", "3d-6h"), ("firing", "6h-30m"),
+        ("resolved", "1h-5m"), ("resolved", "6h-30m"),
+    ]  # fmt: skip
+    assert active.column("severity").to_pylist() == ["ticket", "ticket"]
