@@ -129,6 +129,7 @@ class AlertPusher:
         self.client = client
         self._sender = _Sender(client) if client is not None and background else None
         self._pools: dict[str, str] = {}
+        self._link_starts_ms = {key: int(s * 1000) for key, s in self.state.starts_s.items()}
 
     def on_cycle(self, result: CycleResult) -> list[AlertChange]:
         """The jobs hook: push and record what this cycle finds. Never raises."""
@@ -159,7 +160,6 @@ class AlertPusher:
 
     def push(self, now_ms: int, result: CycleResult) -> list[AlertChange]:
         """Reconcile the cycle's active alerts with what was sent; returns the state changes."""
-        starts = {key: int(s * 1000) for key, s in self.state.starts_s.items()}
         active = active_alerts(
             now_ms,
             result.statuses,
@@ -168,9 +168,17 @@ class AlertPusher:
             dashboard_url=None
             if self.config.dashboard_url is None
             else str(self.config.dashboard_url),
-            starts_ms=starts,
+            starts_ms=self._link_starts_ms,
             include_info=self.config.include_info,
         )
+        # Links start where the alert first showed (event time), so they stay the same
+        # while it fires and do not count as a change that forces a re-send.
+        self._link_starts_ms = {
+            alert.key: self._link_starts_ms.get(
+                alert.key, now_ms if alert.since_s is None else int(alert.since_s * 1000)
+            )
+            for alert in active
+        }
         before = self.state
         self.state, payloads = reconcile(before, active, self.clock(), self.config.resend_s)
         changes = self._changes(now_ms, before, self.state)

@@ -374,3 +374,43 @@ def test_llmslo_run_pushes_records_through_kafka_and_resolves_after_the_fault(
         ("resolved", "1h-5m"), ("resolved", "6h-30m"),
     ]  # fmt: skip
     assert active.column("severity").to_pylist() == ["ticket", "ticket"]
+
+
+def test_a_firing_alerts_link_stays_the_same_so_it_is_not_resent_every_cycle(
+    tmp_path: Path,
+) -> None:
+    wall = [1_000_000.0]
+    with _store_with_fault(tmp_path / "db.duckdb") as store:
+        sent: list[list[dict[str, Any]]] = []
+        pusher = AlertPusher(
+            AlertmanagerConfig(dashboard_url="http://d", resend_s=60),
+            table_writer(store.con),
+            client=_Recorder(sent),  # type: ignore[arg-type]
+            background=False,
+            clock=lambda: wall[0],
+        )
+        jobs = SloJobs(store.con, MODEL, on_cycle=pusher.on_cycle)
+        jobs.run_once(T0_MS + 10 * MINUTE - 5_000)
+        wall[0] += 15
+        jobs.run_once(T0_MS + 10 * MINUTE - 1)  # 5 s later in event time, same minute
+    assert [len(batch) for batch in sent] == [4]
+    assert all(
+        p["generatorURL"].endswith(f"from={T0_MS + 10 * MINUTE - 5_000 - 15 * MINUTE}")
+        for p in sent[0]
+    )
+
+
+class _Recorder:
+    """An in-memory stand-in for AlertmanagerClient (submit/flush/close)."""
+
+    def __init__(self, sent: list[list[dict[str, Any]]]) -> None:
+        self.sent = sent
+
+    def submit(self, payloads: list[dict[str, Any]]) -> None:
+        self.sent.append(payloads)
+
+    def flush(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
