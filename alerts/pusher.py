@@ -36,6 +36,8 @@ __all__ = ["AlertPusher", "RecordSink", "restore_state"]
 
 log = logging.getLogger(__name__)
 
+#: The jobs' steps whose failure leaves a cycle's picture incomplete.
+_INPUT_JOBS = frozenset({"evaluate", "snapshot", "signals", "flags"})
 #: Writes ALERTS rows somewhere (publisher to the ``alerts`` topic, or the table).
 RecordSink = Callable[[pa.Table], object]
 
@@ -132,7 +134,16 @@ class AlertPusher:
         self._link_starts_ms = {key: int(s * 1000) for key, s in self.state.starts_s.items()}
 
     def on_cycle(self, result: CycleResult) -> list[AlertChange]:
-        """The jobs hook: push and record what this cycle finds. Never raises."""
+        """The jobs hook: push and record what this cycle finds. Never raises.
+
+        A cycle whose evaluation or detection failed is skipped: its empty lists mean "not
+        known", not "clear", so nothing is resolved on its account.
+        """
+        failed = sorted({e.split(":", 1)[0] for e in result.errors} & _INPUT_JOBS)
+        if failed:
+            log.warning("alerts: cycle at %d skipped, %s failed", result.now_ms, ", ".join(failed))
+            self.metrics.dropped("cycle_incomplete", 1)
+            return []
         try:
             return self.push(result.now_ms, result)
         except Exception:  # the jobs' loop must not die on the alert path

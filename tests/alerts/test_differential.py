@@ -209,6 +209,7 @@ def _load(tap: str, stop: threading.Event, rate_per_s: float = 4.0) -> None:
             pool.submit(one, client)
 
 
+@pytest.mark.slow
 def test_prometheus_rules_and_the_jobs_agree_on_page_alerts(rig: dict[str, Any]) -> None:
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(rig["tap"], stop))
