@@ -37,6 +37,7 @@ from slo.spec import parse_spec
 from tests.alerts.conftest import Alertmanager, eventually
 from tests.conftest import require_tool
 from tests.slo.factories import T0_MS, insert, request, to_table
+from tests.slo.fleet import FleetTimeline, State
 
 MINUTE = 60_000
 SPEC = {
@@ -427,3 +428,50 @@ def test_a_cycle_whose_evaluation_failed_resolves_nothing(tmp_path: Path) -> Non
         assert pusher.on_cycle(broken) == []
         assert len(pusher.state.firing) == 4
         assert recorded_alerts(store.con).num_rows == 4
+
+
+def test_a_stall_inhibits_the_latency_burn_of_its_instance_and_flags_page_at_l3(
+    tmp_path: Path, alertmanager: Alertmanager
+) -> None:
+    """Signals, flags and SLO pairs pushed together: Alertmanager applies the generated
+    inhibitions to them (stall → latency burn of the same instance)."""
+
+    def stall_with_slow_streams(s: State, _: float) -> None:
+        s["tokens_per_s"] = 0.0  # running > 0, no tokens: the NCCL-hang signature
+        s["gpu_util"], s["engine_active"] = 100.0, 1.0
+        s["request"] = {"ttft_s": 30.0}
+
+    def kv_leak(s: State, since: float) -> None:
+        s["kv_usage"] = min(1.0, 0.5 + since / 600)
+
+    model = build_model(
+        parse_spec({**SPEC, "slos": [{**SPEC["slos"][0], "group_by": ["instance"]}]})
+    )  # type: ignore[dict-item]
+    fleet = FleetTimeline(instances=2, seconds=900)
+    fleet.add_fault(0, 300, stall_with_slow_streams).add_fault(1, 300, kv_leak)
+    requests, engine, gpu = fleet.rows()
+    with Store(tmp_path / "db.duckdb") as store:
+        insert(store, requests=requests, engine=engine, gpu=gpu)
+        pusher = AlertPusher(
+            AlertmanagerConfig(url=alertmanager.url), table_writer(store.con), background=False
+        )
+        result = SloJobs(store.con, model, on_cycle=pusher.on_cycle).run_once(fleet.end_ms)
+        assert result is not None and result.errors == []
+    stalled, leaking = fleet.instance(0), fleet.instance(1)
+
+    def states() -> dict[tuple[str, str, str], str] | None:
+        shown = {
+            (a["labels"]["alertname"], a["labels"].get("instance", ""),
+             a["labels"].get("window", a["labels"].get("level", ""))): a["status"]["state"]
+            for a in alertmanager.alerts()
+        }  # fmt: skip
+        wanted = ("TtftBudgetBurn", stalled, "1h-5m")
+        return shown if shown.get(wanted) == "suppressed" else None
+
+    shown = eventually(states)
+    assert shown, alertmanager.alerts()
+    assert shown[("LlmEngineStalled", stalled, "")] == "active"
+    assert shown[("LlmDegradationLevel", leaking, "L3")] == "active"
+    burns = {k: v for k, v in shown.items() if k[0] == "TtftBudgetBurn"}
+    assert burns and set(burns.values()) == {"suppressed"}  # pages by the stall, tickets too
+    assert {k[1] for k in burns} == {stalled}
