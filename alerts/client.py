@@ -2,7 +2,8 @@
 
 Bounded queue, retries with exponential backoff, and counted drops: when Alertmanager is
 down the payloads wait (up to ``max_queue``; the oldest are dropped first and counted as
-``llmslo_dropped_total{reason="alertmanager_queue_full"}``), and the next :meth:`flush`
+``llmslo_dropped_total{component="alertmanager",reason="alertmanager_queue_full"}``, the
+family every bounded publisher shares), and the next :meth:`flush`
 sends them. Re-sending while firing (:func:`alerts.push.reconcile`) is what restores
 alerts after an Alertmanager restart. Never raises into the caller's loop: failures are
 logged once per outage and counted.
@@ -18,6 +19,8 @@ from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
+
+from pipeline.publisher import PublishMetrics
 
 __all__ = ["AlertmanagerClient"]
 
@@ -50,6 +53,7 @@ class AlertmanagerClient:
         self._http = httpx.Client(timeout=timeout_s, transport=transport)
         self._failing = False
         registry = registry or CollectorRegistry()
+        self.registry = registry
         self.sent = Counter(
             "llmslo_alertmanager_alerts_sent",
             "Alert payloads Alertmanager accepted",
@@ -58,9 +62,7 @@ class AlertmanagerClient:
         self.errors = Counter(
             "llmslo_alertmanager_post_errors", "Failed POSTs to Alertmanager", registry=registry
         )
-        self.dropped = Counter(
-            "llmslo_dropped", "Things dropped, by reason", ["reason"], registry=registry
-        )
+        self.drops = PublishMetrics("alertmanager", registry)
 
     @property
     def pending(self) -> int:
@@ -72,7 +74,7 @@ class AlertmanagerClient:
         for payload in payloads:
             if len(self._queue) >= self._max_queue:
                 self._queue.popleft()
-                self.dropped.labels("alertmanager_queue_full").inc()
+                self.drops.dropped("alertmanager_queue_full", 1)
             self._queue.append(payload)
 
     def flush(self) -> bool:
@@ -87,7 +89,7 @@ class AlertmanagerClient:
             if outcome == "sent":
                 self.sent.inc(len(batch))
             else:
-                self.dropped.labels("alertmanager_rejected").inc(len(batch))
+                self.drops.dropped("alertmanager_rejected", len(batch))
         return True
 
     def _post(self, batch: list[dict[str, Any]]) -> str:

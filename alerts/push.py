@@ -56,6 +56,20 @@ class PushState:
         """The alerts currently firing, in label order."""
         return tuple(self.sent[key].alert for key in sorted(self.sent))
 
+    @property
+    def starts_s(self) -> dict[tuple[tuple[str, str], ...], float]:
+        """Alert key → its ``startsAt`` (seconds), for every firing alert."""
+        return {key: sent.starts_s for key, sent in self.sent.items()}
+
+    @classmethod
+    def restore(cls, firing: Iterable[tuple[ActiveAlert, float]]) -> PushState:
+        """The state after a restart: alerts recorded as firing, with their start (seconds).
+
+        They count as never sent (so the next :func:`reconcile` re-sends the ones still
+        active at once and resolves the others) and keep their original ``startsAt``.
+        """
+        return cls({alert.key: _Sent(alert, starts_s, float("-inf")) for alert, starts_s in firing})
+
 
 def _payload(alert: ActiveAlert, starts_s: float, ends_s: float) -> dict[str, Any]:
     payload: dict[str, Any] = {

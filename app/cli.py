@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from app import demo, run
-from app.commands import api, collect, dashboard, rules, sim, slo, spine, tap
+from app.commands import alerts, api, collect, dashboard, rules, sim, slo, spine, tap
 from pipeline.errors import LlmsloError
 
 __all__ = ["COMMAND_MODULES", "build_parser", "console_main", "main"]
@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     sim,
     slo,
     rules,
+    alerts,
     api,
     dashboard,
 )

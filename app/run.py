@@ -26,6 +26,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from alerts.config import AlertmanagerConfig
+from alerts.pusher import AlertPusher, restore_state
 from api import create_app
 from app.commands.api import ApiServer, api_config
 from app.options import add_common_options, install_stop_handlers, print_json, resolve_config
@@ -35,11 +37,13 @@ from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
 from pipeline.publisher import Publisher
+from pipeline.schema import ALERTS
 from pipeline.store import Store
 from slo.jobs import DAY_MS, CycleResult, JobsConfig, SloJobs
 from slo.loader import load_spec
 from slo.metrics import JobMetrics
 from slo.model import SloModel, build_model
+from slo.queries import alerts as recorded_alerts
 from slo.sinks import BusTransitionSink
 
 __all__ = ["EXAMPLE_SPEC", "Pipeline", "load_model", "register"]
@@ -116,8 +120,10 @@ class Pipeline:
             self.bus, self.store, config.ingest, metrics=IngestMetrics(self.registry)
         )
         # SLO jobs read through their own cursor: DuckDB isolates it from the ingest commits.
+        jobs_con = self.store.con.cursor()
+        self.alerts = self._alert_pusher(jobs_con)
         self.jobs = SloJobs(
-            self.store.con.cursor(),
+            jobs_con,
             model,
             config.section("slo", JobsConfig),
             sink=self._stack.enter_context(
@@ -130,10 +136,26 @@ class Pipeline:
             metrics=JobMetrics(self.registry),
             raw_pruner=self.store.prune,
             raw_retention_ms=int(config.store.raw_retention_days * DAY_MS),
+            on_cycle=self.alerts.on_cycle,
         )
         self._stopping = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
         self.failure: BaseException | None = None
+
+    def _alert_pusher(self, con: Any) -> AlertPusher:
+        """Path B: alert changes go to the Kafka ``alerts`` topic (the ingester stores them)
+        and, with ``alertmanager.url``, to Alertmanager; resumes from the recorded alerts."""
+        publisher = self._stack.enter_context(
+            closing(Publisher(self.bus.producer, component="slo-alerts", registry=self.registry))
+        )
+        pusher = AlertPusher(
+            self.config.section("alertmanager", AlertmanagerConfig),
+            lambda rows: publisher.put(ALERTS, rows),
+            state=restore_state(recorded_alerts(con)),
+            registry=self.registry,
+        )
+        self._stack.callback(pusher.close)
+        return pusher
 
     def start(self) -> Pipeline:
         """Start the ingest and job threads (and the lake export when configured)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from alerts.config import AlertmanagerConfig
 from api.service import ApiConfig
 from collectors.config import CollectConfig
 from collectors.tap.config import TapConfig
@@ -26,6 +27,7 @@ __all__ = ["SECTIONS", "load_config", "parse_config"]
 #: Top-level section name → the pydantic model that validates it (besides the spine's own).
 SECTIONS: Sections = MappingProxyType(
     {
+        "alertmanager": AlertmanagerConfig,
         "api": ApiConfig,
         "collect": CollectConfig,
         "simulator": FleetConfig,

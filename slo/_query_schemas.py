@@ -9,6 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 __all__ = [
+    "ALERTS_SCHEMA",
     "BUDGET_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
     "FINDINGS_SCHEMA",
@@ -74,5 +75,12 @@ GPU_SERIES_SCHEMA = pa.schema(
     [
         ("bucket_ts_ms", _I64), ("instance", _S), ("hostname", _S), ("gpu", pa.int32()),
         ("uuid", _S), ("signal", _S), ("value", _F64), ("value_max", _F64),
+    ]
+)  # fmt: skip
+ALERTS_SCHEMA = pa.schema(
+    [
+        ("ts_ms", _I64), ("fingerprint", _S), ("alertname", _S), ("state", _S), ("severity", _S),
+        ("labels_json", _S), ("annotations_json", _S), ("starts_ts_ms", _I64),
+        ("ends_ts_ms", _I64), ("generator_url", _S),
     ]
 )  # fmt: skip

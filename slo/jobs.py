@@ -24,7 +24,7 @@ from pipeline.errors import LlmsloError
 from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.detectors import DetectorConfig, Finding, detect_all
 from slo.evaluate import SloStatus, evaluate
-from slo.flags import FlagBoard, FlagPolicy, FlagTransition
+from slo.flags import FlagBoard, FlagPolicy, FlagState, FlagTransition
 from slo.metrics import JobMetrics
 from slo.model import SloModel
 from slo.rollup import MINUTE_MS, Rollup
@@ -88,6 +88,8 @@ class CycleResult:
     findings: list[Finding] = field(default_factory=list)
     transitions: list[FlagTransition] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: Every scope's degradation state after this cycle, (scope, scope_id) → state.
+    flags: dict[tuple[str, str], FlagState] = field(default_factory=dict)
 
 
 def data_clock(con: duckdb.DuckDBPyConnection) -> Callable[[], int | None]:
@@ -117,10 +119,14 @@ class SloJobs:
         clock: Callable[[], int | None] | None = None,
         raw_pruner: Callable[[int], object] | None = None,
         raw_retention_ms: int | None = None,
+        on_cycle: Callable[[CycleResult], object] | None = None,
     ) -> None:
         """``raw_pruner(before_ts_ms)`` (e.g. ``Store.prune``) runs hourly when
         ``config.prune_raw`` is set, keeping ``raw_retention_ms`` of raw rows (never less than
-        ``settle_s``, so rollups are never recomputed from pruned minutes)."""
+        ``settle_s``, so rollups are never recomputed from pruned minutes). ``on_cycle(result)``
+        runs after every cycle's writes (the alert pusher of path B); its failures are
+        logged and counted as job ``alerts``."""
+        self.on_cycle = on_cycle
         self.con = con
         self.raw_pruner = raw_pruner
         self.raw_retention_ms = raw_retention_ms
@@ -175,6 +181,10 @@ class SloJobs:
                 self._timed("flags", result, lambda: self._step_flags(snap, result.findings)) or []
             )
         self._timed("write", result, lambda: self._write(result))
+        result.flags = dict(self.board.states)
+        if self.on_cycle is not None:
+            hook = self.on_cycle
+            self._timed("alerts", result, lambda: hook(result))
         self._timed("prune", result, lambda: self._prune(now))
         self.metrics.last_eval.set(now / 1000)
         return result

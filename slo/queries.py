@@ -22,6 +22,7 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
+from pipeline.errors import QueryError
 from slo._query_params import (
     check_choice,
     check_fraction,
@@ -34,6 +35,7 @@ from slo._query_params import (
     check_ts_ms,
 )
 from slo._query_schemas import (
+    ALERTS_SCHEMA,
     BUDGET_SCHEMA,
     ENGINE_SERIES_SCHEMA,
     FINDINGS_SCHEMA,
@@ -47,6 +49,7 @@ from slo._query_schemas import (
 from slo.rollup import HOUR_MS
 
 __all__ = [
+    "ALERTS_SCHEMA",
     "BUDGET_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
     "FINDINGS_SCHEMA",
@@ -56,6 +59,7 @@ __all__ = [
     "LATENCY_SCHEMA",
     "OUTCOMES_SCHEMA",
     "STATUS_SCHEMA",
+    "alerts",
     "budget_series",
     "current_flags",
     "engine_series",
@@ -494,3 +498,60 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         ],
         "slos": sorted(slos),
     }
+
+
+_ALERT_COLUMNS = (
+    "ts_ms, fingerprint, alertname, state, severity, labels_json, annotations_json, "
+    "starts_ts_ms, ends_ts_ms, generator_url"
+)
+
+
+def alerts(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    at_ms: int | None = None,
+    start_ms: int | None = None,
+    end_ms: int | None = None,
+    state: Literal["firing", "resolved"] | None = None,
+    alertname: str | None = None,
+    severity: str | None = None,
+    limit: int = 1_000,
+) -> pa.Table:
+    """The alerts the pipeline computed itself (path B, the ``alerts`` table).
+
+    Without a range: the alerts active at ``at_ms`` (default: the newest state change),
+    i.e. each alert (``fingerprint``) whose last change up to then is ``firing``, ordered by
+    severity, alert name and labels. With ``start_ms`` and ``end_ms``: every state change in
+    ``[start_ms, end_ms)``, newest first, at most ``limit``, filtered by ``state``.
+    ``alertname`` and ``severity`` narrow both. ``at_ms`` with a range, or half a range, is a
+    :class:`~pipeline.errors.QueryError`.
+    """
+    where, params = "", list[object]()
+    for column, value in (("alertname", alertname), ("severity", severity)):
+        clause, values = _optional(column, value, column)
+        where, params = where + clause, params + values
+    if start_ms is None and end_ms is None:
+        if state is not None:
+            raise QueryError("state", "only with start_ms and end_ms (active alerts are firing)")
+        if at_ms is not None:
+            where, params = where + " AND ts_ms <= ?", [*params, check_ts_ms("at_ms", at_ms)]
+        sql = f"""
+            SELECT * FROM (
+                SELECT {_ALERT_COLUMNS} FROM alerts WHERE true{where}
+                QUALIFY row_number() OVER (PARTITION BY fingerprint ORDER BY ts_ms DESC,
+                                           state = 'resolved' DESC) = 1
+            ) WHERE state = 'firing' ORDER BY severity, alertname, labels_json LIMIT ?"""
+        return _run(con, ALERTS_SCHEMA, ["alerts"], sql, [*params, check_limit(limit)])
+    if at_ms is not None:
+        raise QueryError("at_ms", "give either at_ms or start_ms and end_ms, not both")
+    if start_ms is None or end_ms is None:
+        missing = "start_ms" if start_ms is None else "end_ms"
+        raise QueryError(missing, "a range needs both start_ms and end_ms")
+    start, end = check_range(start_ms, end_ms)
+    if state is not None:
+        where += " AND state = ?"
+        params.append(check_choice("state", state, ("firing", "resolved")))
+    sql = f"""
+        SELECT {_ALERT_COLUMNS} FROM alerts WHERE ts_ms >= ? AND ts_ms < ?{where}
+        ORDER BY ts_ms DESC, alertname, labels_json LIMIT ?"""
+    return _run(con, ALERTS_SCHEMA, ["alerts"], sql, [start, end, *params, check_limit(limit)])

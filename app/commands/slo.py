@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import sys
 from pathlib import Path
@@ -12,6 +13,9 @@ from typing import Any
 import duckdb
 from prometheus_client import CollectorRegistry, start_http_server
 
+from alerts.config import AlertmanagerConfig
+from alerts.pusher import AlertPusher, RecordSink, restore_state
+from alerts.records import table_writer
 from app.options import (
     add_common_options,
     add_subcommand,
@@ -23,6 +27,7 @@ from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
 from pipeline.publisher import Publisher
+from pipeline.schema import ALERTS
 from pipeline.store import Store
 from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.evaluate import evaluate
@@ -30,6 +35,7 @@ from slo.jobs import DAY_MS, JobsConfig, SloJobs, data_clock
 from slo.loader import load_spec
 from slo.metrics import JobMetrics
 from slo.model import SloModel, build_model
+from slo.queries import alerts as recorded_alerts
 from slo.report import render_json, render_table
 from slo.rollup import Rollup
 from slo.sinks import BusTransitionSink, StoreTransitionSink, TransitionSink
@@ -165,6 +171,32 @@ def _sink(
     return StoreTransitionSink(store.con)
 
 
+def _alert_pusher(
+    config: LlmsloConfig,
+    store: Store,
+    bus: Bus | None,
+    stack: contextlib.ExitStack,
+    registry: CollectorRegistry,
+    background: bool,
+) -> AlertPusher:
+    """Path B: alert changes to the ``alerts`` topic (with a bus) or table, and to
+    ``alertmanager.url`` when configured; resumes from the recorded alerts."""
+    record: RecordSink = table_writer(store.con)
+    if bus is not None:
+        publisher = Publisher(bus.producer, component="slo-alerts", registry=registry)
+        stack.enter_context(contextlib.closing(publisher))
+        record = functools.partial(publisher.put, ALERTS)
+    pusher = AlertPusher(
+        config.section("alertmanager", AlertmanagerConfig),
+        record,
+        state=restore_state(recorded_alerts(store.con)),
+        background=background,
+        registry=registry,
+    )
+    stack.callback(pusher.close)
+    return pusher
+
+
 def run_jobs(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     model = _model(args, config)
@@ -182,6 +214,9 @@ def run_jobs(args: argparse.Namespace) -> int:
     bus = Bus(config.bus).start() if args.publish else None
     try:
         with Store(config.store.path) as store, contextlib.ExitStack() as stack:
+            pusher = _alert_pusher(
+                config, store, bus, stack, metrics.registry, background=not args.once
+            )
             jobs = SloJobs(
                 store.con,
                 model,
@@ -190,6 +225,7 @@ def run_jobs(args: argparse.Namespace) -> int:
                 metrics=metrics,
                 raw_pruner=store.prune,
                 raw_retention_ms=int(config.store.raw_retention_days * DAY_MS),
+                on_cycle=pusher.on_cycle,
             )
             if args.once:
                 result = jobs.run_once(args.at)

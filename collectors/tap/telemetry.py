@@ -7,8 +7,10 @@ conventions (server trio ``gen_ai.server.time_to_first_token``,
 ``gen_ai.client.operation.time_per_output_chunk`` for ITL) and one span per attempt, through
 whatever Meter/TracerProvider it is given (OTLP in production, in-memory readers in tests).
 
-Deviation from the semconv buckets: TPOT and ITL histograms add 1, 2 and 5 ms bounds
-because the recommended ones start at 10 ms, too coarse for fast decoders.
+Deviations from the semconv buckets: TPOT and ITL histograms add 1, 2 and 5 ms bounds
+because the recommended ones start at 10 ms, too coarse for fast decoders; TTFT adds 2 s
+and TPOT 80 ms, DESIGN §4's default targets, so the generated Prometheus rules can count
+those SLOs exactly (a rule's threshold must be a bucket bound).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ TTFT_BUCKETS_S = (
     0.5,
     0.75,
     1.0,
+    2.0,
     2.5,
     5.0,
     7.5,
@@ -50,6 +53,7 @@ TPOT_BUCKETS_S = (
     0.025,
     0.05,
     0.075,
+    0.08,
     0.1,
     0.15,
     0.2,

@@ -105,7 +105,8 @@ def test_bad_spec_names_the_field_and_writes_nothing(
 
 def test_strict_refuses_what_only_the_jobs_can_compute(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
-    spec.write_text(_llmslo(_slo(sli="{kind: latency, metric: ttft, threshold_s: 2.0}")))
+    # 1.5 s lies between two of the tap's TTFT buckets (1 s, 2 s): only the jobs count it.
+    spec.write_text(_llmslo(_slo(sli="{kind: latency, metric: ttft, threshold_s: 1.5}")))
     assert _generate(spec, tmp_path / "lenient.yml") == 0
     assert "# skipped: slos[0] ttft:" in (tmp_path / "lenient.yml").read_text()
     with pytest.raises(ConfigError, match=r"slos\[0\] ttft: no Prometheus rule"):

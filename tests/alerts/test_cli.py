@@ -50,7 +50,9 @@ def test_generate_writes_rules_and_tests_that_name_the_rule_file(tmp_path: Path)
     assert test["rule_files"] == ["../rules/slo.yml"]
     assert sorted(p.name for p in tests.iterdir()) == [
         "inference-availability.test.yml",
+        "inference-tpot-p99.test.yml",
         "inference-ttft-engine-sglang.test.yml",
+        "inference-ttft-p99.test.yml",
         "signatures.test.yml",
     ]
 

@@ -5,19 +5,14 @@ amtool), inhibitions apply, cleared alerts resolve, and a restart loses nothing 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
-import pytest
-
-from alerts import alertmanager_config, render_yaml
 from alerts.client import AlertmanagerClient
 from alerts.push import ActiveAlert, PushState, reconcile, to_rfc3339
+from tests.alerts.conftest import Alertmanager, free_port
+from tests.alerts.conftest import eventually as _eventually
 from tests.conftest import require_tool
 
 PAGE = ActiveAlert(
@@ -83,77 +78,6 @@ def test_reconcile_uses_the_conditions_start_and_resends_changed_evidence() -> N
     assert [(p["annotations"], p["startsAt"]) for p in sent] == [
         ({"evidence": "5m error ratio 0.4"}, to_rfc3339(900.0))
     ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Alertmanager:
-    """A real prometheus-alertmanager on loopback with the generated config."""
-
-    def __init__(self, binary: str, directory: Path) -> None:
-        self.binary, self.directory = binary, directory
-        self.config = directory / "alertmanager.yml"
-        self.config.write_text(render_yaml(alertmanager_config(group_wait="1s"), header=""))
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = (self.directory / "alertmanager.log").open("ab")
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                f"--config.file={self.config}",
-                f"--storage.path={self.directory / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--cluster.listen-address=",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("alertmanager did not become ready")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
-
-    def alerts(self) -> list[dict[str, Any]]:
-        response = httpx.get(f"{self.url}/api/v2/alerts", timeout=5)
-        response.raise_for_status()
-        return list(response.json())
-
-
-@pytest.fixture
-def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
-    manager = Alertmanager(require_tool("prometheus-alertmanager", "alertmanager"), tmp_path)
-    manager.start()
-    try:
-        yield manager
-    finally:
-        manager.stop()
-
-
-def _eventually(check: Any, timeout_s: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(0.2)
 
 
 def _by_severity(manager: Alertmanager) -> dict[str, dict[str, Any]]:
@@ -238,7 +162,7 @@ def test_restart_mid_run_loses_no_alert_that_still_fires(alertmanager: Alertmana
 
 def test_queue_is_bounded_and_drops_are_counted() -> None:
     with AlertmanagerClient(
-        f"http://127.0.0.1:{_free_port()}", max_queue=3, retries=0, sleep=lambda _: None
+        f"http://127.0.0.1:{free_port()}", max_queue=3, retries=0, sleep=lambda _: None
     ) as client:
         _, payloads = reconcile(
             PushState(),
@@ -247,6 +171,12 @@ def test_queue_is_bounded_and_drops_are_counted() -> None:
         )
         client.submit(payloads)
         assert client.pending == 3
-        assert client.dropped.labels("alertmanager_queue_full")._value.get() == 2
+        assert (
+            client.registry.get_sample_value(
+                "llmslo_dropped_total",
+                {"component": "alertmanager", "reason": "alertmanager_queue_full"},
+            )
+            == 2
+        )
         assert not client.flush()
         assert client.pending == 3

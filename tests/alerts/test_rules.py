@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from alerts import SIGNATURES, load_rule_model, render_bundle
 from alerts.sources import le_matcher
 from alerts.testgen import encode_values
+from collectors.tap.telemetry import TPOT_BUCKETS_S, TTFT_BUCKETS_S
 from tests.alerts.conftest import EXAMPLE_SPECS, REPO, SPECS, generate, run
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -47,12 +48,23 @@ def test_example_spec_lists_what_only_the_jobs_can_compute(tmp_path: Path) -> No
     rules, _ = generate(REPO / "config" / "slo.example.yaml", tmp_path)
     header = [line for line in rules.read_text().splitlines() if line.startswith("# skipped")]
     assert [re.search(r"slos\[\d\] (\S+):", line).group(1) for line in header] == [  # type: ignore[union-attr]
-        "ttft-p99",
-        "tpot-p99",
         "itl-jitter",
         "goodput",
     ]
-    assert "2 s is not a bucket bound of llmslo_tap_ttft_seconds" in header[0]
+    assert "per chunk, not per request" in header[0]
+
+
+def test_the_seeds_latency_targets_are_tap_bucket_bounds_so_they_become_rules() -> None:
+    """DESIGN §4's defaults (TTFT p99 < 2 s, TPOT p99 < 80 ms) are exact bounds of the tap's
+    histograms, so the example spec's tap SLOs are rules, not skipped."""
+    model = load_rule_model(REPO / "config" / "slo.example.yaml")
+    by_name = {slo.name: slo for slo in model.slos}
+    assert le_matcher(2.0) in by_name["ttft-p99"].error_query
+    assert "llmslo_tap_ttft_seconds_bucket" in by_name["ttft-p99"].error_query
+    assert le_matcher(0.08) in by_name["tpot-p99"].error_query
+    assert "llmslo_tap_tpot_seconds_bucket" in by_name["tpot-p99"].error_query
+    for bounds in (TTFT_BUCKETS_S, TPOT_BUCKETS_S):
+        assert list(bounds) == sorted(set(bounds))
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.service import ApiConfig
 from pipeline.store import Store
-from tests.alerts.test_push import (
+from tests.alerts.conftest import (
     Alertmanager,
     alertmanager,  # noqa: F401  (starts a real one)
 )
