@@ -178,4 +178,5 @@ class Fleet:
                 {"node": d.node, "url": d.url, "instance": d.node, "address": d.instance}
                 for d in self.dcgm
             ],
+            "file_sd": self.file_sd(),
         }
