@@ -8,7 +8,11 @@ from urllib.parse import urlsplit
 import pytest
 from pydantic import ValidationError
 
+from app.cli import build_parser
+from app.commands.tap import tap_config
 from collectors.tap.config import TapConfig
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
 from tests.tap.fakes import CHAT, ScriptedUpstream, post, stream_script, tap_over
 
 
@@ -98,3 +102,11 @@ def test_hostile_names_are_refused_with_a_clear_config_error(
     with pytest.raises(ValidationError) as refused:
         TapConfig(**config)
     assert complaint in str(refused.value)
+
+
+def test_the_tap_command_names_the_engine_and_stamps_revision_and_cohort() -> None:
+    argv = ["tap", "--upstream", "http://127.0.0.1:1", "--instance", "pod-3", "--revision", "r42"]
+    config = tap_config(load_config(None), build_parser().parse_args([*argv, "--cohort", "c"]))
+    assert (config.instance, config.revision, config.cohort) == ("pod-3", "r42", "c")
+    with pytest.raises(ConfigError, match="control characters"):
+        tap_config(load_config(None), build_parser().parse_args([*argv[:3], "--instance", "a\nb"]))
