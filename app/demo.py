@@ -116,6 +116,22 @@ def _set_fault(pod_url: str, fault: str, params: dict[str, float]) -> None:
     urllib.request.urlopen(request, timeout=5).read()
 
 
+def _named_tap_config(workdir: Path, pod_name: str) -> Path:
+    """A config file naming the tap's engine as its scrape target is named (``pod-N``)."""
+    path = workdir / f"tap-{pod_name}.yaml"
+    path.write_text(json.dumps({"tap": {"instance": pod_name}}), encoding="utf-8")
+    return path
+
+
+def _file_sd_config(workdir: Path, groups: list[dict[str, Any]]) -> Path:
+    """A config file whose collector discovers the fleet through file_sd, pods by name."""
+    targets = workdir / "targets.json"
+    targets.write_text(json.dumps(groups, indent=1), encoding="utf-8")
+    path = workdir / "collect.yaml"
+    path.write_text(json.dumps({"collect": {"file_sd": [str(targets)]}}), encoding="utf-8")
+    return path
+
+
 def _demo_config(bootstrap: str, db: Path) -> LlmsloConfig:
     """Embedded defaults, with detector windows short enough for a 75-second run."""
     raw = {
@@ -164,6 +180,8 @@ def run_demo(args: argparse.Namespace) -> int:
                 _child(
                     [
                         "tap",
+                        "--config",
+                        str(_named_tap_config(workdir, pod["name"])),
                         "--listen",
                         f"127.0.0.1:{port}",
                         "--upstream",
@@ -177,13 +195,13 @@ def run_demo(args: argparse.Namespace) -> int:
             taps.append(f"http://127.0.0.1:{port}")
         collector_args = [
             "collect",
+            "--config",
+            str(_file_sd_config(workdir, fleet["file_sd"])),
             "--bootstrap-servers",
             bus.bootstrap_servers,
             "--interval",
             "2",
         ]
-        for target in [*pods, *dcgm]:
-            collector_args += ["--target", f"{target['url']}/metrics"]
         stack.enter_context(_child(collector_args, workdir / "collect.log"))
         for tap in taps:
             _wait_http(f"{tap}/health")
@@ -211,8 +229,8 @@ def run_demo(args: argparse.Namespace) -> int:
         _set_fault(leaking["url"], "kv_leak", {"blocks_per_s": 60, "max_fraction": 0.96})
         _set_fault(hung["url"], "stall", {})
         say(
-            f"[demo] injected: kv_leak on {leaking['name']} ({leaking['instance']}), "
-            f"stall (NCCL-hang signature) on {hung['name']} ({hung['instance']})"
+            f"[demo] injected: kv_leak on {leaking['instance']} ({leaking['address']}), "
+            f"stall (NCCL-hang signature) on {hung['instance']} ({hung['address']})"
         )
         try:
             load.wait(timeout=args.seconds * 2 / 3 + 20)  # its last requests end by their deadline
@@ -240,10 +258,18 @@ def _print_demo_result(db: Path, result: CycleResult | None) -> None:
         flags = store.con.execute(
             "SELECT scope_id, from_level, to_level, reason FROM flag_transitions ORDER BY ts_ms"
         ).fetchall()
+        addresses = store.con.execute(
+            "SELECT instance, min(address), min(dialect) FROM engine_samples"
+            " WHERE address IS NOT NULL AND dialect IS DISTINCT FROM 'tap'"
+            " GROUP BY instance ORDER BY instance"
+        ).fetchall()
         counts = {
             t: store.count(t)
             for t in ("engine_samples", "gpu_samples", "requests", "flag_transitions")
         }
+    print("\n=== instances (names in the report above, and where they were reached) ===")
+    for instance, address, dialect in addresses:
+        print(f"  {instance:<22} {address:<22} {dialect or ''}")
     print("\n=== degradation flag transitions ===")
     for scope_id, before, after, reason in flags:
         print(f"  {scope_id:<22} L{before} -> L{after}  ({reason})")

@@ -81,6 +81,7 @@ def pod_scrape(pod: int, ts_ms: int, rng: np.random.Generator) -> pa.Table:
             pa.array(le, mask=np.isnan(le)),
             pa.DictionaryArray.from_arrays(engine_idx, labels),
             pa.array(rng.random(n) * 1000),
+            one(f"10.1.{pod // 250}.{pod % 250}:8000"),  # address
         ],
         schema=ENGINE_SAMPLES.arrow,
     )

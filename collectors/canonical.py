@@ -50,11 +50,12 @@ log = logging.getLogger(__name__)
 RESET_METRIC = "llmslo:counter_reset"
 UNCHANGED_METRIC = "llmslo:scheduler_gauges_unchanged_seconds"
 # A template holds a series' identifying columns, except those fixed per target
-# (instance; and the dialect, for engines): derived from the schemas so they cannot drift.
+# (instance and address; and the dialect, for engines): derived from the schemas so they
+# cannot drift.
 _ENGINE_TEMPLATE = tuple(
-    c for c in ENGINE_SAMPLES.series_columns if c not in ("instance", "dialect")
+    c for c in ENGINE_SAMPLES.series_columns if c not in ("instance", "address", "dialect")
 )
-_GPU_TEMPLATE = tuple(c for c in GPU_SAMPLES.series_columns if c != "instance")
+_GPU_TEMPLATE = tuple(c for c in GPU_SAMPLES.series_columns if c not in ("instance", "address"))
 _HISTOGRAM_SUFFIXES = (
     ("_bucket", "bucket"),
     ("_sum", "sum"),
@@ -124,7 +125,10 @@ def _kind_and_base(name: str, family_type: str, family_name: str) -> tuple[str, 
 
 
 class TargetCanonicalizer:
-    """Canonicalises the scrapes of one target (``instance`` = its ``host:port``).
+    """Canonicalises the scrapes of one target.
+
+    ``instance`` is the name its rows carry (:func:`collectors.config.instance_name`);
+    ``address`` its ``host:port`` (default: ``instance``).
 
     ``dialect`` is ``auto`` or one of :data:`collectors.dialects.DIALECT_NAMES`;
     ``pool`` overrides the pool (default: the series' model).
@@ -137,11 +141,13 @@ class TargetCanonicalizer:
         dialect: str = "auto",
         pool: str | None = None,
         model: str | None = None,
+        address: str | None = None,
         max_templates: int = 500_000,
     ) -> None:
         if dialect != "auto" and dialect not in DIALECT_NAMES:
             raise ValueError(f"unknown dialect {dialect!r}")
         self.instance = instance
+        self.address = address or instance
         self.forced = None if dialect == "auto" else dialect
         self.pool = pool
         self.model = model
@@ -374,6 +380,7 @@ class TargetCanonicalizer:
         columns: dict[str, object] = {name: taken.column(name) for name in taken.column_names}
         columns["ts_ms"] = pa.array(ts)
         columns["instance"] = pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [self.instance])
+        columns["address"] = pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [self.address])
         if schema is ENGINE_SAMPLES:
             dialect = self.detection.dialect if self.detection else None
             columns["dialect"] = pa.DictionaryArray.from_arrays(
@@ -383,7 +390,10 @@ class TargetCanonicalizer:
         table = pa.Table.from_arrays([columns[f.name] for f in schema.arrow], schema=schema.arrow)
         if extra:
             rows = pa.Table.from_pylist(
-                [{**{"instance": self.instance, "value": 0.0}, **row} for row in extra],
+                [
+                    {**{"instance": self.instance, "address": self.address, "value": 0.0}, **row}
+                    for row in extra
+                ],
                 schema=schema.arrow,
             )
             table = pa.concat_tables([table, rows]).unify_dictionaries().combine_chunks()

@@ -50,6 +50,7 @@ class TargetHealth:
 
     url: str
     instance: str
+    address: str | None = None
     up: bool = False
     last_error: str | None = None
     last_scrape_ts_ms: int | None = None
@@ -201,9 +202,13 @@ class _Target:
         self.config = config
         self.parser = ExpositionParser()
         self.canonicalizer = TargetCanonicalizer(
-            config.instance, dialect=config.dialect, pool=config.pool, model=config.model
+            config.instance,
+            dialect=config.dialect,
+            pool=config.pool,
+            model=config.model,
+            address=config.address,
         )
-        self.health = TargetHealth(url=config.url, instance=config.instance)
+        self.health = TargetHealth(url=config.url, instance=config.instance, address=config.address)
 
 
 class Collector:

@@ -10,20 +10,45 @@ Example (``config/collectors.example.yaml``)::
           dialect: auto          # or vllm, vllm-legacy, sglang, trtllm, llamacpp, dcgm
           pool: llama-3-8b       # default: the model label of each series
         - url: 10.0.0.9:9400     # http:// and /metrics are implied
+          labels: {instance: gpu-node-3}
       file_sd: [var/targets/*.json]   # Prometheus file_sd format, reloaded on change
+
+How an instance is named (one rule for scrape targets and taps, see :func:`instance_name`):
+the ``instance`` label if given, else the ``pod`` label, else the target's ``host:port``.
+The ``host:port`` stays in the ``address`` column of every record either way.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from pipeline.config import STRICT, FreePortOr, check_url_port
 
-__all__ = ["CollectConfig", "TargetConfig", "normalise_url"]
+__all__ = [
+    "MAX_LABEL_CHARS",
+    "MAX_TARGET_LABELS",
+    "NAMING_LABELS",
+    "CollectConfig",
+    "TargetConfig",
+    "check_label_value",
+    "check_labels",
+    "instance_name",
+    "normalise_url",
+]
+
+#: Longest label value accepted (a Kubernetes object name is at most 253 characters).
+MAX_LABEL_CHARS = 253
+#: Most labels one target may carry (a hostile file_sd cannot grow a record without bound).
+MAX_TARGET_LABELS = 32
+#: Labels that name an instance, strongest first; see :func:`instance_name`.
+NAMING_LABELS = ("instance", "pod")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 DialectChoice = Literal["auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm"]
 
@@ -41,12 +66,56 @@ def normalise_url(url: str, metrics_path: str = "/metrics", scheme: str = "http"
     return f"{parts.scheme}://{parts.netloc}{path}{query}"
 
 
+def check_label_value(name: str, value: object) -> str:
+    """``value`` if it is a usable label value; raises ``ValueError`` naming ``name``.
+
+    A value is a string of 1 to :data:`MAX_LABEL_CHARS` printable characters: it ends up
+    in table cells, reports and alert labels, so control characters (a newline forging a
+    report line, an escape sequence) and unbounded lengths are refused at the config.
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"label {name!r}: expected a string, got {type(value).__name__}")
+    if not 0 < len(value) <= MAX_LABEL_CHARS:
+        raise ValueError(
+            f"label {name!r}: {len(value)} characters, expected 1 to {MAX_LABEL_CHARS}"
+        )
+    if not value.isprintable():
+        raise ValueError(f"label {name!r}: control characters are not allowed in {value[:40]!r}")
+    return value
+
+
+def check_labels(labels: Mapping[str, object]) -> dict[str, str]:
+    """Validated copy of a target's labels; raises ``ValueError`` naming the bad label."""
+    if len(labels) > MAX_TARGET_LABELS:
+        raise ValueError(f"{len(labels)} labels, at most {MAX_TARGET_LABELS} allowed")
+    checked: dict[str, str] = {}
+    for name, value in labels.items():
+        if not isinstance(name, str) or not _LABEL_NAME.match(name) or len(name) > 128:
+            raise ValueError(f"label name {str(name)[:40]!r}: expected [a-zA-Z_][a-zA-Z0-9_]*")
+        checked[name] = check_label_value(name, value)
+    return checked
+
+
+def instance_name(labels: Mapping[str, str], address: str) -> str:
+    """The name an instance goes by in every record, report, flag and alert.
+
+    The ``instance`` label if set, else the ``pod`` label, else ``address`` (``host:port``).
+    An engine's scrape target and the tap in front of it must resolve to the same name,
+    since detectors join their samples by instance (ghosts, GPU evidence by DCGM ``pod``).
+    """
+    for label in NAMING_LABELS:
+        if labels.get(label):
+            return labels[label]
+    return address
+
+
 class _Model(BaseModel):
     model_config = STRICT
 
 
 class TargetConfig(_Model):
-    """One scrape target. ``instance`` (the join key) is the URL's ``host:port``."""
+    """One scrape target. ``instance`` (the join key) follows :func:`instance_name`;
+    ``address`` is always the URL's ``host:port``."""
 
     url: str = Field(description="http(s) URL of /metrics, or host:port")
     dialect: DialectChoice = "auto"
@@ -57,14 +126,31 @@ class TargetConfig(_Model):
         default=None, description="model when the exporter has no model label (llama.cpp)"
     )
 
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="names people use: instance, pod (name the instance, in that order), "
+        "node, … (1 to 253 printable characters each)",
+    )
+
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
         return check_url_port(normalise_url(value))
 
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, value: object) -> object:
+        return check_labels(value) if isinstance(value, Mapping) else value
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the URL (the ``address`` column)."""
+        return urlsplit(self.url).netloc
+
     @property
     def instance(self) -> str:
-        return urlsplit(self.url).netloc
+        """The instance name (the ``instance`` column); see :func:`instance_name`."""
+        return instance_name(self.labels, self.address)
 
 
 class CollectConfig(_Model):
@@ -100,6 +186,19 @@ class CollectConfig(_Model):
     )
     metrics_port: FreePortOr | None = Field(None, description="serve /metrics here (0 = any)")
     metrics_host: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> CollectConfig:
+        seen: dict[str, str] = {}
+        for target in self.targets:
+            if target.instance == target.address:
+                continue  # unnamed: a host:port may serve several paths
+            other = seen.setdefault(target.instance, target.url)
+            if other != target.url:
+                raise ValueError(
+                    f"targets: {target.url} and {other} are both named {target.instance!r}"
+                )
+        return self
 
     @property
     def file_sd_paths(self) -> list[Path]:

@@ -6,7 +6,10 @@ A file_sd file (JSON or YAML) is a list of groups::
       "labels": {"dialect": "vllm", "pool": "llama-3-8b", "__metrics_path__": "/metrics"}}]
 
 Recognised labels: ``__scheme__``, ``__metrics_path__``, ``dialect``, ``pool``, ``model``;
-others are ignored. A file that fails to parse keeps its previous targets (and the error is
+every other label not starting with ``__`` is kept on the target (:attr:`TargetConfig.labels`),
+so ``instance`` or ``pod`` name the instance (:func:`collectors.config.instance_name`) and
+``node`` etc. travel with it. A label value that is not 1–253 printable characters fails the
+file with an error naming it. A file that fails to parse keeps its previous targets (and the error is
 reported by :attr:`TargetDiscovery.errors`), so a half-written file never empties a fleet.
 """
 
@@ -23,12 +26,21 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from collectors.config import CollectConfig, TargetConfig, normalise_url
+from collectors.config import (
+    NAMING_LABELS,
+    CollectConfig,
+    TargetConfig,
+    check_labels,
+    normalise_url,
+)
 from pipeline.config import load_yaml
 
 __all__ = ["TargetDiscovery", "parse_file_sd"]
 
 log = logging.getLogger(__name__)
+
+#: file_sd labels that set a target's fields rather than travel as its labels.
+_FIELD_LABELS = ("dialect", "pool", "model")
 
 
 def parse_file_sd(text: str, source: str = "<file_sd>") -> list[TargetConfig]:
@@ -48,6 +60,23 @@ def parse_file_sd(text: str, source: str = "<file_sd>") -> list[TargetConfig]:
         labels = group.get("labels") or {}
         if not isinstance(labels, dict):
             raise ValueError(f"{source}[{i}].labels: expected a mapping")
+        try:
+            names = check_labels(
+                {
+                    k: v
+                    for k, v in labels.items()
+                    if not str(k).startswith("__") and k not in _FIELD_LABELS
+                }
+            )
+        except ValueError as exc:
+            raise ValueError(f"{source}[{i}].labels: {exc}") from exc
+        naming = [name for name in NAMING_LABELS if name in names]
+        if naming and len(group.get("targets", [])) > 1:
+            # Two engines under one name would merge their samples: one name, one target.
+            raise ValueError(
+                f"{source}[{i}]: label {naming[0]!r} names one instance but the group has "
+                f"{len(group['targets'])} targets"
+            )
         for j, address in enumerate(group.get("targets", [])):
             try:
                 url = normalise_url(
@@ -61,6 +90,7 @@ def parse_file_sd(text: str, source: str = "<file_sd>") -> list[TargetConfig]:
                         dialect=labels.get("dialect", "auto"),
                         pool=labels.get("pool"),
                         model=labels.get("model"),
+                        labels=names,
                     )
                 )
             except (ValueError, ValidationError) as exc:

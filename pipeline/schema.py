@@ -52,6 +52,11 @@ OUTCOMES = (
 )
 
 _DICT_STR = pa.dictionary(pa.int32(), pa.string())
+_INSTANCE_DOC = (
+    "the name people use for the instance: its instance or pod label, else host:port "
+    "(collectors.config.instance_name)"
+)
+_ADDRESS_DOC = "host:port the instance was reached at (scrape target or upstream); null in old rows"
 
 
 def _field(name: str, type_: pa.DataType, doc: str, *, nullable: bool = True) -> pa.Field:
@@ -107,9 +112,7 @@ ENGINE_SAMPLES = RecordSchema(
     arrow=pa.schema(
         [
             _field("ts_ms", pa.int64(), "scrape time, Unix epoch ms", nullable=False),
-            _field(
-                "instance", _DICT_STR, "scrape target / pod, e.g. 10.0.0.7:8000", nullable=False
-            ),
+            _field("instance", _DICT_STR, _INSTANCE_DOC + ", e.g. vllm-0", nullable=False),
             _field("pool", _DICT_STR, "serving pool the instance belongs to (often the model)"),
             _field("dialect", _DICT_STR, "vllm, vllm-legacy, sglang, trtllm, llamacpp, tap"),
             _field("model", _DICT_STR, "served model name (model_name label)"),
@@ -138,6 +141,8 @@ ENGINE_SAMPLES = RecordSchema(
                 "sample value (counters cumulative as exposed)",
                 nullable=False,
             ),
+            # Appended after the first release (nullable; ALTER TABLE … ADD COLUMN on open).
+            _field("address", _DICT_STR, _ADDRESS_DOC),
         ]
     ),
     series_columns=(
@@ -151,6 +156,7 @@ ENGINE_SAMPLES = RecordSchema(
         "kind",
         "le",
         "labels_json",
+        "address",
     ),
 )
 
@@ -165,7 +171,7 @@ GPU_SAMPLES = RecordSchema(
     arrow=pa.schema(
         [
             _field("ts_ms", pa.int64(), "scrape time, Unix epoch ms", nullable=False),
-            _field("instance", _DICT_STR, "dcgm-exporter scrape target", nullable=False),
+            _field("instance", _DICT_STR, "dcgm-exporter target: " + _INSTANCE_DOC, nullable=False),
             _field("hostname", _DICT_STR, "node name (Hostname / hostname label)"),
             _field("gpu", pa.int32(), "GPU index on the node (gpu label)"),
             _field("uuid", _DICT_STR, "GPU UUID (UUID / uuid label)"),
@@ -197,6 +203,8 @@ GPU_SAMPLES = RecordSchema(
                 "sample value; DCGM blank sentinels are dropped, never stored",
                 nullable=False,
             ),
+            # Appended after the first release (nullable; ALTER TABLE … ADD COLUMN on open).
+            _field("address", _DICT_STR, _ADDRESS_DOC),
         ]
     ),
     series_columns=(
@@ -213,6 +221,7 @@ GPU_SAMPLES = RecordSchema(
         "metric",
         "signal",
         "labels_json",
+        "address",
     ),
 )
 
@@ -248,7 +257,7 @@ REQUEST_RECORDS = RecordSchema(
             _field(
                 "instance",
                 _DICT_STR,
-                "upstream engine instance that served the attempt",
+                "upstream engine instance that served the attempt: " + _INSTANCE_DOC,
                 nullable=False,
             ),
             _field("pool", _DICT_STR, "serving pool (often the model)"),
@@ -341,6 +350,19 @@ REQUEST_RECORDS = RecordSchema(
                 pa.list_(pa.int32()),
                 "ITL gaps per log bucket, 32 counts: bucket k holds gaps ≤ 0.25 ms·√2^k "
                 "(k = 0…30, up to 8.2 s) and above the previous bound; the last, larger gaps",
+            ),
+            _field("address", _DICT_STR, _ADDRESS_DOC),
+            _field(
+                "revision",
+                _DICT_STR,
+                "revision of the serving deployment, from the tap's config or its "
+                "revision_header; null if neither (canary cohorts select by it)",
+            ),
+            _field(
+                "cohort",
+                _DICT_STR,
+                "cohort (e.g. canary, baseline), from the tap's config or its cohort_header; "
+                "null if neither",
             ),
         ]
     ),

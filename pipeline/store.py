@@ -357,7 +357,8 @@ class Store:
     def _append(self, table_name: str, table: pa.Table) -> None:
         if table.num_rows:
             self.con.register("_llmslo_batch", table)
-            self.con.execute(f"INSERT INTO {table_name} SELECT * FROM _llmslo_batch")
+            # BY NAME: a file upgraded across releases may hold appended columns in another order.
+            self.con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _llmslo_batch")
             self.con.unregister("_llmslo_batch")
 
     def prune(self, before_ts_ms: int) -> dict[str, int]:

@@ -25,7 +25,9 @@ T = TypeVar("T")
 class Fleet:
     """A running simulated fleet (context manager).
 
-    ``pods`` and ``dcgm`` are in config order; each has ``.url`` and ``.instance``.
+    ``pods`` and ``dcgm`` are in config order; each has ``.url`` and ``.instance`` (its
+    ``host:port``). Scrape targets and taps name pods by their config name (``pod-0``, …):
+    :meth:`file_sd` gives the targets with those names, :meth:`describe` both.
     """
 
     def __init__(self, config: FleetConfig) -> None:
@@ -130,14 +132,41 @@ class Fleet:
         """Same as ``GET {pod.url}/admin/faults``."""
         return self.pod(pod).faults.snapshot()
 
+    def file_sd(self) -> list[dict[str, Any]]:
+        """Prometheus file_sd groups of every pod and dcgm exporter, with the names people use.
+
+        A pod is labelled ``pod`` (its name, which DCGM's ``pod`` label carries too, so GPUs
+        join the engine they serve), ``node`` and ``model``; an exporter is named by its node.
+        One target per group (a naming label names one target).
+        """
+        groups: list[dict[str, Any]] = [
+            {
+                "targets": [p.instance],
+                "labels": {"pod": p.name, "node": p.config.node, "model": p.model}
+                if p.config.node
+                else {"pod": p.name, "model": p.model},
+            }
+            for p in self.pods
+        ]
+        groups += [
+            {"targets": [d.instance], "labels": {"instance": d.node, "node": d.node}}
+            for d in self.dcgm
+        ]
+        return groups
+
     def describe(self) -> dict[str, Any]:
-        """Pod and dcgm endpoints as JSON-ready data (what ``llmslo sim`` prints)."""
+        """Pod and dcgm endpoints as JSON-ready data (what ``llmslo sim`` prints).
+
+        ``instance`` is the name records carry (the pod's or node's name); ``address`` its
+        ``host:port``.
+        """
         return {
             "pods": [
                 {
                     "name": p.name,
                     "url": p.url,
-                    "instance": p.instance,
+                    "instance": p.name,
+                    "address": p.instance,
                     "dialect": p.dialect,
                     "model": p.model,
                     "node": p.config.node,
@@ -145,5 +174,9 @@ class Fleet:
                 }
                 for p in self.pods
             ],
-            "dcgm": [{"node": d.node, "url": d.url, "instance": d.instance} for d in self.dcgm],
+            "dcgm": [
+                {"node": d.node, "url": d.url, "instance": d.node, "address": d.instance}
+                for d in self.dcgm
+            ],
+            "file_sd": self.file_sd(),
         }

@@ -121,7 +121,10 @@ class HistoryGenerator:
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         n = config.pods
-        self.instances = [f"10.42.{i // 250}.{i % 250 + 1}:8000" for i in range(n)]
+        # Named as a pod-labelled scrape target and its tap name them (the DCGM rows' pod
+        # label too, so GPUs join their engine); host:port goes to the address column.
+        self.instances = [f"pod-{i}" for i in range(n)]
+        self.addresses = [f"10.42.{i // 250}.{i % 250 + 1}:8000" for i in range(n)]
         self.skew = self.rng.uniform(0.8, 1.2, n)
         self.counters = np.zeros((n, len(_COUNTERS)))
         self.finished = np.zeros((n, 3))  # stop, length, error
@@ -243,6 +246,7 @@ class HistoryGenerator:
                 pa.array(le_values, pa.float64(), mask=le_mask),
                 labels,
                 pa.array(values.ravel()),
+                pa.DictionaryArray.from_arrays(instance.indices, self.addresses),
             ],
             schema=ENGINE_SAMPLES.arrow,
         )
@@ -279,7 +283,7 @@ class HistoryGenerator:
         return pa.Table.from_arrays(
             [
                 pa.array(np.repeat(stamps, n * g)),
-                per_pod([f"10.43.{k // 250}.{k % 250 + 1}:9400" for k in node]),
+                per_pod([f"node-{k}" for k in node]),  # an exporter goes by its node
                 per_pod([f"node-{k}" for k in node]),
                 pa.array(gpu[pod_rows].astype(np.int32)),
                 per_pod([self._uuid(i) for i in range(n)]),
@@ -293,6 +297,7 @@ class HistoryGenerator:
                 pa.DictionaryArray.from_arrays(field_rows, [s for _, s in _GPU]),
                 pa.DictionaryArray.from_arrays(field_rows, labels),
                 pa.array(values.ravel()),
+                per_pod([f"10.43.{k // 250}.{k % 250 + 1}:9400" for k in node]),
             ],
             schema=GPU_SAMPLES.arrow,
         )
@@ -346,6 +351,7 @@ class HistoryGenerator:
             "original_request_id": pa.array(ids),
             "attempt": pa.array(np.ones(m, np.int16)),
             "instance": pa.DictionaryArray.from_arrays(pod.astype(np.int32), self.instances),
+            "address": pa.DictionaryArray.from_arrays(pod.astype(np.int32), self.addresses),
             "streamed": pa.array(np.ones(m, bool)),
             "received_ts_ms": pa.array(received.astype(np.int64)),
             "http_status": pa.array(np.where(failed, 500, 200).astype(np.int16)),

@@ -464,25 +464,28 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     ``data_start_ms``/``data_end_ms``: the first and last sample or request time (Unix epoch
     ms; null on an empty store); ``pools``: sorted pool names; ``instances``: one
     ``{"instance", "pool", "address"}`` per engine instance seen in engine samples or
-    request records (the address is the scrape target, i.e. the instance);
+    request records (``address``: its host:port, or the instance where records carry none);
     ``slos``: SLO ids the jobs have rolled up or evaluated.
     """
     present = _present(con)
     spans, pairs = [], []
     if "requests" in present:
         spans.append("SELECT min(received_ts_ms) AS lo, max(received_ts_ms) AS hi FROM requests")
-        pairs.append("SELECT DISTINCT instance, pool FROM requests")
+        pairs.append("SELECT DISTINCT instance, pool, address FROM requests")
     if "engine_samples_values" in present:
         spans.append("SELECT min(ts_ms), max(ts_ms) FROM engine_samples_values")
-        pairs.append("SELECT DISTINCT instance, pool FROM engine_samples_series")
+        pairs.append("SELECT DISTINCT instance, pool, address FROM engine_samples_series")
     start_ms = end_ms = None
     if spans:
         row = con.execute(f"SELECT min(lo), max(hi) FROM ({' UNION ALL '.join(spans)})").fetchone()
         start_ms, end_ms = (row[0], row[1]) if row else (None, None)
-    instances: dict[str, str | None] = {}
+    instances: dict[str, tuple[str | None, str | None]] = {}
     if pairs:
-        sql = f"SELECT instance, max(pool) FROM ({' UNION '.join(pairs)}) GROUP BY instance"
-        instances = dict(con.execute(sql + " ORDER BY instance").fetchall())
+        sql = (
+            f"SELECT instance, max(pool), max(address) FROM ({' UNION '.join(pairs)}) "
+            "GROUP BY instance ORDER BY instance"
+        )
+        instances = {name: (pool, address) for name, pool, address in con.execute(sql).fetchall()}
     slos: set[str] = set()
     for table in ("slo_keys", "slo_status_current"):
         if table in present:
@@ -492,9 +495,10 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     return {
         "data_start_ms": start_ms,
         "data_end_ms": end_ms,
-        "pools": sorted({pool for pool in instances.values() if pool}),
+        "pools": sorted({pool for pool, _ in instances.values() if pool}),
         "instances": [
-            {"instance": name, "pool": pool, "address": name} for name, pool in instances.items()
+            {"instance": name, "pool": pool, "address": address or name}
+            for name, (pool, address) in instances.items()
         ],
         "slos": sorted(slos),
     }

@@ -33,6 +33,7 @@ llmslo tap --listen 127.0.0.1:8100 --upstream http://127.0.0.1:8000
 llmslo tap --listen 127.0.0.1:8100 --upstream http://10.0.0.7:8000,http://10.0.0.8:8000 \\
     --bootstrap-servers kafka:9092 --metrics-port 9466
 llmslo tap --listen 127.0.0.1:8100 --upstream http://127.0.0.1:8000 --no-kafka --records-out -
+llmslo tap --upstream http://127.0.0.1:8000 --instance pod-3 --revision r42 --cohort canary
 llmslo tap -c config/tap.example.yaml --drain-s 5 --otlp-endpoint http://127.0.0.1:4318
 """
 
@@ -55,6 +56,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--upstream", metavar="URL[,URL…]", help="engine base URLs (overrides tap.upstreams)"
     )
+    parser.add_argument(
+        "--instance",
+        help="name of the one engine this tap fronts, as its scrape target is named (e.g. pod-3)",
+    )
+    parser.add_argument("--revision", help="revision stamped on every request record")
+    parser.add_argument("--cohort", help="cohort stamped on every request record (e.g. canary)")
     parser.add_argument("--records-out", metavar="FILE|-", help="also write records as JSON lines")
     parser.add_argument("--no-kafka", action="store_true", help="do not publish to the bus")
     parser.add_argument(
@@ -88,6 +95,9 @@ def tap_config(config: LlmsloConfig, args: argparse.Namespace) -> TapConfig:
         "default_timeout_s",
         "max_attempts",
         "otlp_endpoint",
+        "instance",
+        "revision",
+        "cohort",
     ):
         value = getattr(args, name, None)
         if value is not None:

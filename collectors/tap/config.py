@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
+from collectors.config import check_label_value
 from pipeline.config import STRICT, FreePortOr, check_url_port
 
 __all__ = ["TapConfig"]
@@ -26,6 +27,29 @@ class TapConfig(BaseModel):
     measured_routes: list[str] = ["/v1/chat/completions", "/v1/completions"]
     tap_id: str | None = Field(
         None, description="name of this tap in records (default: hostname:port)"
+    )
+    instance: str | None = Field(
+        None,
+        description="name of the engine this tap fronts (a sidecar's pod name, e.g. pod-3), "
+        "used for its records, in-flight samples and metrics instead of its host:port; needs "
+        "exactly one upstream. Name it as the engine's scrape target is named (its instance "
+        "or pod label) so detectors can join the two",
+    )
+    revision: str | None = Field(
+        None, description="revision stamped on every request record (e.g. a rollout hash)"
+    )
+    cohort: str | None = Field(
+        None, description="cohort stamped on every request record (e.g. canary, baseline)"
+    )
+    revision_header: str | None = Field(
+        None,
+        description="request header whose value, when present and valid, is the record's "
+        "revision instead of `revision`",
+    )
+    cohort_header: str | None = Field(
+        None,
+        description="request header (e.g. x-llmslo-cohort) whose value, when present and valid, "
+        "is the record's cohort instead of `cohort`",
     )
     pool: str | None = Field(
         None, description="pool of every upstream (default: the requested model)"
@@ -161,6 +185,20 @@ class TapConfig(BaseModel):
             if not 0 < len(name) <= 200 or name == "other":
                 raise ValueError(f"model {name[:40]!r}: 1 to 200 characters, not 'other'")
         return value
+
+    @field_validator("instance", "revision", "cohort")
+    @classmethod
+    def _names(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else check_label_value(str(info.field_name), value)
+
+    @model_validator(mode="after")
+    def _one_named_upstream(self) -> TapConfig:
+        if self.instance is not None and len(self.upstreams) > 1:
+            raise ValueError(
+                f"instance {self.instance!r} names one engine but there are "
+                f"{len(self.upstreams)} upstreams; run one tap per engine to name each"
+            )
+        return self
 
     @model_validator(mode="after")
     def _labels_fit(self) -> TapConfig:

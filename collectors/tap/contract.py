@@ -98,25 +98,38 @@ class RetryBudget:
         return False
 
 
+def _address(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
+
+
 @dataclass(frozen=True)
 class Upstream:
-    """One engine endpoint: its base URL and its ``instance`` identity (``host:port``)."""
+    """One engine endpoint: its base URL and its ``instance`` name (the configured name,
+    else ``host:port``, as :func:`collectors.config.instance_name` has it)."""
 
     url: str
     instance: str
 
     @classmethod
-    def from_url(cls, url: str) -> Upstream:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        return cls(url.rstrip("/"), f"{parts.hostname}:{port}")
+    def from_url(cls, url: str, instance: str | None = None) -> Upstream:
+        return cls(url.rstrip("/"), instance or _address(url))
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the URL (the records' ``address`` column)."""
+        return _address(self.url)
 
 
 class UpstreamPool:
-    """Round-robin over the configured upstreams; a retry prefers one not tried yet."""
+    """Round-robin over the configured upstreams; a retry prefers one not tried yet.
 
-    def __init__(self, urls: list[str]) -> None:
-        self.upstreams = [Upstream.from_url(url) for url in urls]
+    ``instance`` names the only upstream (a sidecar tap); without it each goes by host:port.
+    """
+
+    def __init__(self, urls: list[str], instance: str | None = None) -> None:
+        self.upstreams = [Upstream.from_url(url, instance) for url in urls]
         self._cycle = itertools.cycle(range(len(self.upstreams)))
 
     def pick(self, tried: set[str] | frozenset[str] = frozenset()) -> Upstream:

@@ -59,6 +59,9 @@ class RequestContext:
     received_wall_s: float
     deadline_wall_s: float | None
     problems: list[str] = field(default_factory=list)
+    #: Stamped on every record of the request (tap config or header; see ``header_label``).
+    revision: str | None = None
+    cohort: str | None = None
 
 
 def _is_event_stream(headers: CIMultiDict[str]) -> bool:

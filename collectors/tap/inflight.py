@@ -20,7 +20,9 @@ DISCONNECTS_METRIC = "llmslo_tap_disconnects_total"
 class InFlightTracker:
     """Counts open upstream streams and cumulative client disconnects per instance."""
 
-    def __init__(self, instances: list[str]) -> None:
+    def __init__(self, instances: list[str], addresses: dict[str, str] | None = None) -> None:
+        #: instance → host:port, for the samples' ``address`` column.
+        self.addresses = dict(addresses or {})
         self.in_flight: Counter[str] = Counter({instance: 0 for instance in instances})
         self.disconnects: Counter[str] = Counter({instance: 0 for instance in instances})
         self.pools: dict[str, str] = {}
@@ -60,6 +62,7 @@ class InFlightTracker:
                         "le": None,
                         "labels_json": labels,
                         "value": float(value),
+                        "address": self.addresses.get(instance),
                     }
                 )
         return rows

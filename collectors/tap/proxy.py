@@ -17,7 +17,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 from multidict import CIMultiDict
@@ -28,7 +28,7 @@ from collectors.tap.downstream import HOP_BY_HOP, ClientGone, Downstream
 from collectors.tap.exchange import Exchange, RequestContext
 from collectors.tap.inflight import InFlightTracker
 from collectors.tap.labels import MAX_MODEL_NAME_CHARS, ModelLabels
-from collectors.tap.records import record_row
+from collectors.tap.records import header_label, record_row
 from collectors.tap.server import IncomingRequest, TapServer
 from collectors.tap.sinks import RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
@@ -100,9 +100,12 @@ class TapProxy:
         self.metrics = metrics or TapMetrics()
         self.genai = genai
         self.clock = clock or SystemClock()
-        self.pool = UpstreamPool(config.upstreams)
+        self.pool = UpstreamPool(config.upstreams, config.instance)
         self.budget = RetryBudget(config.retry_budget_ratio, config.retry_budget_min_per_s)
-        self.inflight = InFlightTracker([u.instance for u in self.pool.upstreams])
+        self.inflight = InFlightTracker(
+            [u.instance for u in self.pool.upstreams],
+            addresses={u.instance: u.address for u in self.pool.upstreams},
+        )
         self.model_labels = ModelLabels(config.models, max_labels=config.max_model_labels)
         self._models_loop: asyncio.Task[None] | None = None
         self.tap_id = config.tap_id or f"{socket.gethostname()}:{config.listen.rpartition(':')[2]}"
@@ -112,6 +115,7 @@ class TapProxy:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gauges: asyncio.Task[None] | None = None
         self._measured = set(config.measured_routes)
+        self._label_problems_logged: set[str] = set()
         self._bytes_upstream = self.metrics.bytes.labels("upstream")
         self._bytes_client = self.metrics.bytes.labels("client")
 
@@ -329,6 +333,7 @@ class TapProxy:
         )
         if problem:
             self.dropped(problem)
+        revision, cohort = self._cohort_labels(request.headers)
         headers: CIMultiDict[str] = CIMultiDict(
             (k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP
         )
@@ -349,7 +354,32 @@ class TapProxy:
             t0_s=t0_s,
             received_wall_s=wall_s,
             deadline_wall_s=deadline,
+            revision=revision,
+            cohort=cohort,
         )
+
+    def _cohort_labels(self, headers: Mapping[str, str]) -> tuple[str | None, str | None]:
+        """``(revision, cohort)`` for one request; unusable header values are counted."""
+        cfg = self.config
+        stamped = []
+        for name, header, default in (
+            ("revision", cfg.revision_header, cfg.revision),
+            ("cohort", cfg.cohort_header, cfg.cohort),
+        ):
+            value, problem = header_label(headers, header, name, default)
+            if problem:
+                self.dropped(problem)
+                if problem not in self._label_problems_logged:
+                    self._label_problems_logged.add(problem)
+                    log.warning(
+                        "%s: header %s has no usable value (1-253 printable characters); "
+                        "stamping %r instead (counted as dropped, logged once)",
+                        self.tap_id,
+                        header,
+                        default,
+                    )
+            stamped.append(value)
+        return stamped[0], stamped[1]
 
     # ------------------------------------------------------------------ records
     def _emit(

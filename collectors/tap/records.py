@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from collectors.config import check_label_value
 
 if TYPE_CHECKING:
     from collectors.tap.exchange import Exchange, RequestContext
 
-__all__ = ["record_row"]
+__all__ = ["header_label", "record_row"]
+
+
+def header_label(
+    headers: Mapping[str, str], header: str | None, name: str, default: str | None
+) -> tuple[str | None, str | None]:
+    """The ``revision``/``cohort`` (``name``) a request is stamped with, and a drop reason.
+
+    The value of ``header`` when configured and present, else ``default`` (the tap's
+    static setting). A header value that is no usable label (empty, over 253 characters,
+    control characters) is not stamped: ``default`` is used and the reason
+    ``bad_<name>_header`` returned, for the caller to count. Never raises (hot path).
+    """
+    value = headers.get(header) if header else None
+    if value is None:
+        return default, None
+    try:
+        return check_label_value(name, value), None
+    except ValueError:
+        return default, f"bad_{name}_header"
 
 
 def _ms(wall_s: float | None) -> int | None:
@@ -63,4 +85,7 @@ def record_row(
         "disconnect_ts_ms": _ms(ex.disconnect_wall_s),
         "upstream_closed_ts_ms": _ms(ex.upstream_closed_wall_s),
         "tokens_after_disconnect": ex.tokens_after_disconnect,
+        "address": ex.upstream.address,
+        "revision": ctx.revision,
+        "cohort": ctx.cohort,
     }

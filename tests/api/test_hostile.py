@@ -39,7 +39,8 @@ def assert_nothing_changed(store) -> None:
             "no request record",
         ),
         ({"canary_selector": "drop table requests=1"}, 400, "unknown label"),
-        ({"canary_selector": "revision=r2"}, 400, "revision"),
+        # Records carry revision now: an unknown one is an unknown cohort, named in the 404.
+        ({"canary_selector": "revision=r2"}, 404, "revision=r2"),
         ({"canary_selector": "no-equals-sign"}, 400, "label=value"),
         ({"canary_instances": LONG}, 400, "1–256 characters"),
         ({"canary_instances": ",".join(f"10.0.0.{i}" for i in range(2000))}, 400, "canary"),

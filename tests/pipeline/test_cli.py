@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import build_parser, main
+from pipeline.store import Store
 
 
 def _subcommands() -> list[str]:
@@ -48,6 +49,21 @@ def test_demo_runs_the_whole_product_and_reports_what_it_saw(
     # The KV leak injected into pod-1 raised its degradation flag.
     transitions = out.split("=== degradation flag transitions ===")[1]
     assert "L0 -> L" in transitions
+    # Names people use: pods are pod-N everywhere, their host:port one column away.
+    signals = out.split("=== signals ===")[1].split("=== instances")[0]
+    assert "pod-1" in transitions.split("DuckDB")[0]
+    assert "127.0.0.1:" not in transitions.split("DuckDB")[0] and "127.0.0.1:" not in signals
+    instances = out.split("=== instances")[1].split("=== degradation")[0]
+    assert re.search(r"pod-0\s+127\.0\.0\.1:\d+", instances)
+    with Store(db, read_only=True) as store:
+        served = store.con.execute(
+            "SELECT DISTINCT instance, address IS NOT NULL FROM requests ORDER BY 1"
+        ).fetchall()
+        tapped = store.con.execute(
+            "SELECT DISTINCT instance FROM engine_samples WHERE dialect = 'tap' ORDER BY 1"
+        ).fetchall()
+    assert served == [(f"pod-{i}", True) for i in range(4)]
+    assert tapped == [(f"pod-{i}",) for i in range(4)]
     # It ends by saying how to open the dashboards on the data it kept.
     assert (
         out.rstrip()

@@ -28,7 +28,7 @@ from slo.spec import parse_spec
 
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
 START_MS = END_MS - 86_400_000
-POD = "10.42.0.1:8000"
+POD = "pod-0"  # the history simulator names its pods (host:port in address)
 MODEL = build_model(
     parse_spec(
         {
