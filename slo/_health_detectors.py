@@ -60,7 +60,7 @@ def detect_target_down(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
 
 
 def _restart_evidence(
-    snap: Snapshot, instance: str, since_ms: int
+    snap: Snapshot, instance: str, since_ms: int, cfg: DetectorConfig
 ) -> tuple[list[str], dict[str, Any]]:
     """Why ``instance`` counts as restarted after ``since_ms`` (empty: it did not)."""
     basis: list[str] = []
@@ -84,11 +84,14 @@ def _restart_evidence(
         if len(came_back):
             back = int(came_back[-1])
             went_down = np.flatnonzero(up[:back])
-            down_ts = int(health.ts_ms[int(went_down[-1]) + 1]) if len(went_down) else None
-            basis.append("down_then_up")
-            evidence["back_ts_ms"] = int(health.ts_ms[back])
-            if down_ts is not None:
-                evidence["down_for_s"] = (int(health.ts_ms[back]) - down_ts) / 1000
+            down_at = int(went_down[-1]) + 1 if len(went_down) else 0
+            # a single failed scrape (a slow round) is a blip, not a restart
+            if back - down_at >= cfg.down_min_scrapes:
+                basis.append("down_then_up")
+                evidence["back_ts_ms"] = int(health.ts_ms[back])
+                evidence["down_for_s"] = (
+                    int(health.ts_ms[back]) - int(health.ts_ms[down_at])
+                ) / 1000
     if "counter_reset" not in basis:
         for name in _RESTART_COUNTERS:
             series = snap.series(instance, name)
@@ -117,7 +120,7 @@ def detect_restart(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         health = snap.health.get(instance)
         if health is not None and len(health) and not health.up[-1]:
             continue
-        basis, evidence = _restart_evidence(snap, instance, since_ms)
+        basis, evidence = _restart_evidence(snap, instance, since_ms, cfg)
         if basis:
             findings.append(
                 Finding.on_instance(snap, "crash", instance, "page", "+".join(basis), evidence)

@@ -130,9 +130,11 @@ def detect_hot_rank(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     throughput is ≥ ``hot_max_over_mean`` × the ranks' mean in both halves of the lookback;
     the queue gauges (running + waiting per rank) are the evidence beside it."""
     findings = []
-    mid = (snap.now_ms - int(cfg.lookback_s * 1000) + snap.now_ms) // 2
     for instance, ranks in sorted(snap.ranks.items()):
         names = sorted(ranks)
+        # halves of what was observed (a rank seen for less than the lookback still counts)
+        first = min(int(s.ts_ms[0]) for signals in ranks.values() for s in signals.values())
+        mid = (first + snap.now_ms) // 2
         ordered = {n: ranks[n] for n in names}
         halves = [_rank_rates(ordered, 0, mid), _rank_rates(ordered, mid, snap.now_ms)]
         hot_sets: list[set[str]] = []
