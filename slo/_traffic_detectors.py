@@ -32,8 +32,8 @@ def _hot(
 ) -> tuple[int, float, float] | None:
     """(index, max/mean, sigma) of an instance far above the mean and beyond Poisson noise.
 
-    ``unit`` is the size of one arrival (mean tokens per request when counting tokens), so the
-    noise is that of a compound Poisson count: σ ≈ √(mean · unit).
+    ``unit`` is E[X²]/E[X] of one arrival's size X (1 for request counts; tokens per request
+    when counting tokens), so the noise is that of a compound Poisson count: σ = √(mean · unit).
     """
     if len(counts) < 2 or sum(counts) < minimum or sum(counts) <= 0:
         return None
@@ -73,12 +73,14 @@ def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         tokens_earlier = [
             float(s.completion_tokens - s.recent_completion_tokens) if s else 0.0 for s in stats
         ]
-        requests, tokens = sum(recent) + sum(earlier), sum(tokens_recent) + sum(tokens_earlier)
+        tokens = sum(tokens_recent) + sum(tokens_earlier)
         by_requests = _hot_halves(earlier, recent, cfg, cfg.hot_min_requests / 2)
         by_tokens = None
-        if requests >= cfg.hot_min_requests / 2:
+        if sum(recent) + sum(earlier) >= cfg.hot_min_requests / 2 and tokens > 0:
+            # a token count is compound Poisson: var = rate · E[X²], so one "unit" is E[X²]/E[X]
+            unit = sum(s.completion_tokens_sq for s in stats if s) / tokens
             by_tokens = _hot_halves(
-                tokens_earlier, tokens_recent, cfg, cfg.hot_min_tokens / 2, tokens / requests
+                tokens_earlier, tokens_recent, cfg, cfg.hot_min_tokens / 2, unit
             )
         hot = by_requests or by_tokens
         if hot is None:

@@ -79,6 +79,7 @@ class RequestStats:
     unavailable: int = 0  # attempts the engine answered 503 (not ready, model not loaded)
     completion_tokens: int = 0  # tokens served (usage, else token chunks)
     recent_completion_tokens: int = 0  # of which in the second half of the lookback
+    completion_tokens_sq: float = 0.0  # Σ tokens² per request (the noise of a token count)
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,8 @@ def _requests(
                count(*) FILTER (WHERE upstream_status = 503 OR http_status = 503),
                coalesce(sum(coalesce(completion_tokens, token_chunks, 0)), 0),
                coalesce(sum(coalesce(completion_tokens, token_chunks, 0))
-                   FILTER (WHERE received_ts_ms >= ?), 0)
+                   FILTER (WHERE received_ts_ms >= ?), 0),
+               coalesce(sum(power(coalesce(completion_tokens, token_chunks, 0), 2)), 0)
         FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ?
         GROUP BY instance
         """,
@@ -203,7 +205,7 @@ def _requests(
     ).fetchall()
     for row in rows:
         instance, pool, n, recent, retries, errors, last_token, after, late = row[:9]
-        unavailable, tokens, recent_tokens = row[9:]
+        unavailable, tokens, recent_tokens, tokens_sq = row[9:]
         snap.pools.setdefault(instance, pool or "")
         snap.requests[instance] = RequestStats(
             n,
@@ -216,6 +218,7 @@ def _requests(
             int(unavailable),
             int(tokens),
             int(recent_tokens),
+            float(tokens_sq),
         )
 
 

@@ -341,3 +341,26 @@ def test_a_restart_longer_ago_than_restart_hold_is_not_reported(store: Store) ->
 def test_a_short_blip_of_not_ready_is_not_reported(store: Store) -> None:
     fleet = FleetTimeline(instances=2, seconds=600, probe_every=1).add_fault(0, 590, not_ready)
     assert [f for f in run(store, fleet) if f.signal == "worker_not_ready"] == []
+
+
+def test_not_ready_evidence_counts_the_taps_503s(store: Store) -> None:
+    fleet = FleetTimeline(instances=2, seconds=600).add_fault(0, 300, not_ready)
+    (finding,) = [f for f in run(store, fleet) if f.signal == "worker_not_ready"]
+    assert finding.evidence["tap_503"] > 0 and finding.evidence["ready_status"] == 503
+    assert finding.evidence["not_ready_since_ts_ms"] == T0_MS + 300_000
+
+
+def test_an_engines_ready_gauge_at_zero_is_a_not_ready_worker(store: Store) -> None:
+    fleet = FleetTimeline(instances=2, seconds=600)
+    requests, engine, gpu, health = fleet.all_rows()
+    engine += [
+        engine_sample(
+            T0_MS + t * 1000, "ready", 1.0 if t < 500 else 0.0, instance=fleet.instance(1)
+        )
+        for t in range(0, 601, 15)
+    ]
+    insert(store, requests=requests, engine=engine, gpu=gpu, health=health)
+    snap = load_snapshot(store.con, fleet.end_ms, 600_000)
+    (finding,) = [f for f in detect_all(snap, CFG) if f.signal == "worker_not_ready"]
+    assert (finding.scope_id, finding.basis) == (fleet.instance(1), "gauge")
+    assert finding.evidence["not_ready_for_s"] == 90
