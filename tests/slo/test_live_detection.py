@@ -3,7 +3,8 @@ DuckDB → SLO jobs. Each newly covered mode is found on the faulty pod only, an
 run of the same length finds nothing.
 
 Intervals are compressed honestly: 0.5 s scrapes, a 1 s readiness probe, and thresholds
-scaled to them (target down after 1 s, not ready after 2 s, restarts held 30 s).
+scaled to them (target down after 3 failed scrapes and 1 s, not ready after 2 s, restarts
+held 30 s).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _collect(store: Store, urls: list[str], lock: threading.Lock) -> None:
         targets=[TargetConfig(url=u) for u in urls],
         interval_s=0.5,
         jitter_s=0,
-        timeout_s=1.0,
+        timeout_s=2.0,  # a CPU-starved round must not look like a down target
         readiness_interval_s=1.0,
     )
     asyncio.run(Collector(config, sink).run(rounds=SECONDS * 2))
@@ -105,6 +106,7 @@ def _run(
         detectors=DetectorConfig(
             lookback_s=30,
             down_for_s=1,
+            down_min_scrapes=3,
             not_ready_for_s=2,
             restart_hold_s=30,
             gpu_pods=gpu_pods,
