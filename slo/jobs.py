@@ -211,6 +211,8 @@ class SloJobs:
         pools: dict[str, dict[str, float]] = {}
         transitions: list[FlagTransition | None] = []
         for instance in sorted(set(snap.engine) | set(down)):
+            if instance not in snap.engine and ("instance", instance) not in self.board.states:
+                continue  # never flagged (a dcgm exporter, an engine never seen up): no level
             kv = snap.series(instance, "kv_usage")
             fresh = kv is not None and len(kv) and kv.ts_ms[-1] >= stale
             free = 1.0 - kv.last() if kv is not None and fresh else None

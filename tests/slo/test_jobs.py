@@ -322,3 +322,11 @@ def test_a_crashed_instance_is_unknown_not_its_last_level(store: Store) -> None:
     at_down = T0_MS + (300 + 200) * 1000
     (row,) = current_flags(store.con, scope="instance", at_ms=at_down).to_pylist()
     assert (row["to_level"], row["reason"]) == (-1, "target_down")
+
+
+def test_a_target_never_seen_up_gets_no_flag_at_all(store: Store) -> None:
+    """A down dcgm exporter or an engine never scraped successfully had no level to lose."""
+    sink = ListTransitionSink()
+    fleet = FleetTimeline(instances=2, seconds=600).add_fault(1, 0, lambda s, _: s.update(up=False))
+    replay(store, fleet, sink, start_s=240)
+    assert [t for t in sink.transitions if t.scope == "instance"] == []
