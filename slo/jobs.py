@@ -209,6 +209,7 @@ class SloJobs:
         down = {f.scope_id: f.evidence for f in findings if f.signal == "target_down"}
         stale = snap.now_ms - int(self.config.kv_stale_s * 1000)
         pools: dict[str, dict[str, float]] = {}
+        unknown: dict[str, list[str]] = {}
         transitions: list[FlagTransition | None] = []
         for instance in sorted(set(snap.engine) | set(down)):
             if instance not in snap.engine and ("instance", instance) not in self.board.states:
@@ -223,6 +224,7 @@ class SloJobs:
                 transitions.append(
                     self.board.mark_unknown(snap.now_ms, "instance", instance, pool, reason, why)
                 )
+                unknown.setdefault(pool, []).append(instance)
                 continue
             if free is not None:
                 pools.setdefault(pool, {})[instance] = self._pool_input(snap, instance, free)
@@ -243,7 +245,7 @@ class SloJobs:
                 )
             )
         for pool, frees in sorted(pools.items()):
-            transitions.append(self._step_pool(snap, pool, frees, pins))
+            transitions.append(self._step_pool(snap, pool, frees, pins, unknown.get(pool, [])))
         return [t for t in transitions if t is not None]
 
     def _pool_input(self, snap: Snapshot, instance: str, free: float) -> float:
@@ -264,7 +266,9 @@ class SloJobs:
         pool: str,
         frees: dict[str, float],
         pins: dict[str, tuple[str, Any]],
+        unknown: list[str],
     ) -> FlagTransition | None:
+        """The pool's level from its observed instances (unknown ones listed, not counted)."""
         values = list(frees.values())
         if self.config.pool_level == "worst_held" or self.config.pool_kv == "worst":
             free = min(values)
@@ -274,6 +278,7 @@ class SloJobs:
         evidence = {
             "instances": len(values),
             "kv_free_by_instance": frees,
+            "unknown_instances": unknown,
             "aggregate": self.config.pool_level
             if self.config.pool_level == "worst_held"
             else self.config.pool_kv,
