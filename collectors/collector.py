@@ -6,7 +6,9 @@ a fleet is not hit in lockstep), parses and canonicalises each response, and han
 round to ``sink(schema, table)`` — usually :meth:`pipeline.publisher.PublishBuffer.put`.
 A target that hangs costs only its own timeout: the others are fetched in parallel and
 their rows carry their own scrape time. Per-target health (up, last error, duration,
-samples, bad lines, dialect) is kept in :attr:`Collector.health` and in the metrics.
+samples, bad lines, dialect) is kept in :attr:`Collector.health` and in the metrics, and
+every scrape's outcome (with the periodic readiness probe) is handed to the sink as a
+``target_health`` table (:mod:`collectors.health`).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from collectors.canonical import CanonicalBatch, TargetCanonicalizer
 from collectors.config import CollectConfig, TargetConfig
 from collectors.discovery import TargetDiscovery
 from collectors.exposition import Exposition, ExpositionParser
+from collectors.health import HealthRow, health_table, probe_readiness, process_start_of, status_of
 from collectors.metrics import CollectorMetrics
 from collectors.semantics import REASONS
 from pipeline.errors import DecodeError
-from pipeline.schema import RecordSchema
+from pipeline.schema import TARGET_HEALTH, RecordSchema
 
 __all__ = ["ACCEPT", "Collector", "Fetched", "RoundReport", "TargetHealth", "fetch_exposition"]
 
@@ -209,6 +212,8 @@ class _Target:
             address=config.address,
         )
         self.health = TargetHealth(url=config.url, instance=config.instance, address=config.address)
+        self.row: HealthRow | None = None  # this round's target_health row
+        self.next_probe_s = 0.0  # monotonic time of the next readiness probe
 
 
 class Collector:
@@ -283,6 +288,10 @@ class Collector:
             table = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
             report.rows[schema.topic] = table.num_rows
             self.sink(schema, table)
+        rows = [t.row for t in targets if t.row is not None]
+        if rows:
+            report.rows[TARGET_HEALTH.topic] = len(rows)
+            self.sink(TARGET_HEALTH, health_table(rows))
         report.targets = len(targets)
         report.up = sum(1 for t in targets if t.health.up)
         report.duration_s = time.monotonic() - started
@@ -293,6 +302,7 @@ class Collector:
     async def _scrape(
         self, session: aiohttp.ClientSession, target: _Target, semaphore: asyncio.Semaphore
     ) -> CanonicalBatch | None:
+        target.row = None
         if self.config.jitter_s:
             await asyncio.sleep(self._rng.uniform(0, self.config.jitter_s))
         async with semaphore:
@@ -317,7 +327,40 @@ class Collector:
                 self._record_failure(target, exc, ts_ms, time.monotonic() - started)
                 return None
             self._record_success(target, exposition, batch, ts_ms, time.monotonic() - started)
+            start_s = process_start_of(batch.table, fetched.process_start_s)
+            await self._note_health(session, target, batch, ts_ms, start_s)
             return batch
+
+    async def _note_health(
+        self,
+        session: aiohttp.ClientSession,
+        target: _Target,
+        batch: CanonicalBatch,
+        ts_ms: int,
+        process_start_s: float | None,
+    ) -> None:
+        """This scrape's target_health row; probe readiness when it is due (engines only)."""
+        health = target.health
+        target.row = HealthRow(
+            ts_ms,
+            target.config.instance,
+            target.config.url,
+            target.config.pool,
+            health.dialect,
+            True,
+            200,
+            health.duration_s or 0.0,
+            process_start_s=process_start_s,
+            counter_resets=sum(batch.resets.values()),
+        )
+        interval = self.config.readiness_interval_s
+        engine = "dcgm" not in (health.dialect, target.config.dialect)
+        if interval and engine and time.monotonic() >= target.next_probe_s:
+            target.next_probe_s = time.monotonic() + interval
+            readiness = await probe_readiness(session, target.config.url, self.config.timeout_s)
+            target.row.readiness = readiness
+            if readiness.ready is not None:
+                self.metrics.ready.labels(target.config.url).set(int(readiness.ready))
 
     def _record_failure(
         self, target: _Target, exc: DecodeError, ts_ms: int, duration_s: float
@@ -325,6 +368,18 @@ class Collector:
         health = target.health
         health.up, health.last_error = False, f"{exc.reason}: {exc}"
         health.last_scrape_ts_ms, health.duration_s = ts_ms, duration_s
+        target.row = HealthRow(
+            ts_ms,
+            target.config.instance,
+            target.config.url,
+            target.config.pool,
+            health.dialect,
+            False,
+            status_of(exc.reason, str(exc)),
+            duration_s,
+            exc.reason,
+            str(exc),
+        )
         self.metrics.up.labels(target.config.url).set(0)
         self.metrics.scrape_errors.labels(target.config.url, exc.reason).inc()
         log.info("scrape %s failed: %s", target.config.url, health.last_error)

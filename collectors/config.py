@@ -173,6 +173,12 @@ class CollectConfig(_Model):
         description="deadline of one whole scrape (connect, headers, every piece of the body)",
     )
     concurrency: int = Field(default=64, ge=1, le=10_000, description="scrapes in flight at once")
+    readiness_interval_s: float = Field(
+        default=15.0,
+        ge=0,
+        description="probe each engine's /health and /v1/models this often (0 = never); "
+        "the outcome goes to the target_health topic with every scrape's",
+    )
     max_body_bytes: int = Field(
         default=64 * 1024 * 1024,
         gt=0,

@@ -40,6 +40,12 @@ class CollectorMetrics:
             ["target"],
             registry=r,
         )
+        self.ready = Gauge(
+            "llmslo_collect_target_ready",
+            "1 if the last readiness probe (/health, /v1/models) of the target said ready",
+            ["target"],
+            registry=r,
+        )
         self.samples = Counter("llmslo_collect_samples", "Samples scraped", ["target"], registry=r)
         self.bad_lines = Counter(
             "llmslo_collect_bad_lines",

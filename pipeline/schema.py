@@ -32,6 +32,7 @@ __all__ = [
     "OUTCOMES",
     "REQUEST_RECORDS",
     "SCHEMAS",
+    "TARGET_HEALTH",
     "VALUE_RULES",
     "RecordSchema",
     "ValueRule",
@@ -385,7 +386,12 @@ FLAG_TRANSITIONS = RecordSchema(
             _field("scope_id", _DICT_STR, "the pool name or the instance address", nullable=False),
             _field("pool", _DICT_STR, "pool of the scope"),
             _field("from_level", pa.int8(), "level before, 0–3", nullable=False),
-            _field("to_level", pa.int8(), "level after, 0–3", nullable=False),
+            _field(
+                "to_level",
+                pa.int8(),
+                "level after, 0–3; −1 = unknown (the instance is down or its data is stale)",
+                nullable=False,
+            ),
             _field(
                 "kv_free_ratio", pa.float64(), "KV free ratio (1 − usage) that drove the change"
             ),
@@ -423,10 +429,75 @@ ALERTS = RecordSchema(
     ),
 )
 
+TARGET_HEALTH = RecordSchema(
+    name="target_health",
+    version=1,
+    topic="health",
+    table="target_health",
+    key_field="instance",
+    doc="The outcome of one scrape of one target (up or why not) and, at the slower probe "
+    "interval, the engine's readiness (health endpoint or /v1/models).",
+    retention="raw horizon (default 7 d)",
+    arrow=pa.schema(
+        [
+            _field("ts_ms", pa.int64(), "scrape start, Unix epoch ms", nullable=False),
+            _field("instance", _DICT_STR, _INSTANCE_DOC, nullable=False),
+            _field("target", _DICT_STR, "scraped URL", nullable=False),
+            _field("pool", _DICT_STR, "configured pool of the target, null if none"),
+            _field(
+                "dialect", _DICT_STR, "detected dialect (vllm, sglang, dcgm, …), null if unknown"
+            ),
+            _field("up", pa.bool_(), "the scrape returned a whole, parseable body", nullable=False),
+            _field(
+                "http_status", pa.int16(), "HTTP status of the scrape; null if none was received"
+            ),
+            _field("duration_s", pa.float64(), "time to fetch and parse, seconds"),
+            _field(
+                "error_kind",
+                _DICT_STR,
+                "why the scrape failed: connect, timeout, http_status, truncated, oversized, "
+                "encoding; null when up",
+            ),
+            _field("error", pa.string(), "the error message (≤ 200 characters); null when up"),
+            _field(
+                "process_start_s",
+                pa.float64(),
+                "engine process start, Unix seconds (process_start_time_seconds or the "
+                "Process-Start-Time-Unix header); null if the engine does not say",
+            ),
+            _field(
+                "counter_resets",
+                pa.int32(),
+                "counter resets detected in this scrape (value drops, *_created, process start)",
+            ),
+            _field(
+                "ready",
+                pa.bool_(),
+                "readiness from the last probe: health endpoint 200, or a model listed in "
+                "/v1/models, or the engine's ready gauge; null when not probed this time",
+            ),
+            _field(
+                "ready_source",
+                _DICT_STR,
+                "what readiness rests on: health, models, gauge; null when not probed",
+            ),
+            _field("ready_status", pa.int16(), "HTTP status of the readiness probe; null if none"),
+            _field("models", pa.int32(), "models listed by /v1/models when probed; null otherwise"),
+        ]
+    ),
+)
+
 #: Every schema this build can decode, by (name, version).
 SCHEMAS: dict[tuple[str, int], RecordSchema] = {
     (s.name, s.version): s
-    for s in (ENGINE_SAMPLES, GPU_SAMPLES, REQUEST_RECORDS, FLAG_TRANSITIONS, ALERTS)
+    for s in (
+        ENGINE_SAMPLES,
+        GPU_SAMPLES,
+        REQUEST_RECORDS,
+        FLAG_TRANSITIONS,
+        ALERTS,
+        TARGET_HEALTH,
+    )
 }
 
 

@@ -52,6 +52,13 @@ class EngineConfig(_Model):
     mean_output_tokens: float = Field(
         200.0, gt=0, description="mean natural output length when ignore_eos is not set"
     )
+    dp_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="data-parallel ranks the metrics report (SGLang dp_rank); the ranks "
+        "share this engine model and split its tokens and queue (evenly unless hot_rank)",
+    )
 
     @model_validator(mode="after")
     def _known_profile(self) -> EngineConfig:

@@ -90,6 +90,22 @@ DCGM_FIELDS: tuple[tuple[str, str, str], ...] = (
         "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
     ),
 )
+#: The ``err_msg`` dcgm-exporter writes for common XIDs (NVIDIA's XID catalogue).
+XID_MESSAGES = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+}
+
 _INT_FIELDS = {
     "DCGM_FI_DEV_SM_CLOCK",
     "DCGM_FI_DEV_MEM_CLOCK",
@@ -221,7 +237,11 @@ class DcgmExporter:
         gpu.energy_mj += power * dt * 1000.0
         gpu.nvlink += activity * dt * 2.5e8
         xid = pod.faults.get("xid") if pod is not None else None
-        xid_code, xid_msg = (xid.code, xid.message) if xid is not None else (0, "No Error")
+        xid_code, xid_msg = (
+            (xid.code, xid.message or XID_MESSAGES.get(xid.code, f"Xid {xid.code}"))
+            if xid is not None
+            else (0, "No Error")
+        )
         total = self.config.fb_total_mib
         reserved = 572
         used = int(total * 0.9) if alive else 0

@@ -84,8 +84,21 @@ class AfterTokensParams(_Params):
 
 
 class XidParams(_Params):
-    code: int = Field(default=79, ge=0, le=1000)
-    message: str = Field(default="GPU has fallen off the bus", max_length=256)
+    code: int = Field(
+        default=79, ge=0, le=1000, description="NVIDIA XID code (79 also hangs the engine)"
+    )
+    message: str | None = Field(
+        default=None, max_length=256, description="err_msg label; default: NVIDIA's name"
+    )
+
+
+class HotRankParams(_Params):
+    ranks: list[int] = Field(
+        default=[0], min_length=1, max_length=64, description="DP ranks that run hot"
+    )
+    factor: float = Field(
+        default=4.0, gt=1, le=100, description="their share of tokens and requests vs the rest"
+    )
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,12 @@ FAULTS: dict[str, FaultSpec] = {
         FaultSpec("not_ready", NoParams, "/health 503, new requests 503"),
         FaultSpec("crash", NoParams, "port closed; counters reset when it comes back"),
         FaultSpec("xid", XidParams, "DCGM_FI_DEV_XID_ERRORS = code on the pod's GPUs"),
+        FaultSpec(
+            "hot_rank",
+            HotRankParams,
+            "SGLang pod with engine.dp_size > 1: the chosen dp_rank series carry factor× the "
+            "tokens and running/queued requests of the others",
+        ),
         FaultSpec("prefill_failure", FractionParams, "HTTP 500 before the first token"),
         FaultSpec("failure_after_first_token", AfterTokensParams, "stream cut without [DONE]"),
         FaultSpec("model_load_failure", NoParams, "never ready: /health 503 and 503 on requests"),

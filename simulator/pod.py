@@ -87,7 +87,9 @@ class EnginePod:
 
     def _new_engine(self) -> None:
         cfg = self.config.engine
-        self.metrics: MetricsDialect = make_dialect(self.dialect, self.model, cfg.max_model_len)
+        self.metrics: MetricsDialect = make_dialect(
+            self.dialect, self.model, cfg.max_model_len, cfg.dp_size
+        )
         self.engine = EngineModel(
             cfg,
             self.metrics,
@@ -343,6 +345,8 @@ class EnginePod:
 
     # ---- HTTP: ops ----------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:
+        if "model_load_failure" in self.faults:  # the server is up, the weights never loaded
+            return web.json_response({"object": "list", "data": []})
         return web.json_response(
             {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "vllm"}]}
         )

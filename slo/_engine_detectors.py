@@ -268,7 +268,8 @@ def detect_queue_growth(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
 
 
 def detect_oom_risk(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """KV nearly full, frame buffer nearly full, or an XID error on the instance's GPUs."""
+    """Memory pressure only: KV nearly full or the frame buffer nearly full. An XID is no
+    memory pressure; it is its own finding (``slo.xid``)."""
     findings = []
     for instance in sorted(set(snap.engine) | set(cfg.gpu_pods.values())):
         evidence: dict[str, Any] = {}
@@ -280,12 +281,8 @@ def detect_oom_risk(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             used, free = gpu["fb_used_mib"].last(), gpu["fb_free_mib"].last()
             if used + free > 0 and used / (used + free) >= cfg.oom_fb_used:
                 evidence["fb_used_share"] = used / (used + free)
-        pods = [p for p, i in cfg.gpu_pods.items() if i == instance] + [instance]
-        xids = sorted({x for p in pods for x in snap.xids.get(p, [])})
-        if xids:
-            evidence["xid"] = xids
         if evidence:
-            basis = "+".join(k for k in ("kv_usage", "fb_used_share", "xid") if k in evidence)
+            basis = "+".join(k for k in ("kv_usage", "fb_used_share") if k in evidence)
             findings.append(
                 Finding.on_instance(
                     snap,
@@ -297,6 +294,3 @@ def detect_oom_risk(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
                 )
             )
     return findings
-
-
-#: Every detector, by signal name.

@@ -1,4 +1,5 @@
-"""Detectors that compare traffic across a pool: hot instance, retry storm, numeric anomaly."""
+"""Detectors that compare traffic across a pool or ranks: hot instance (requests or tokens),
+hot DP rank, retry storm, numeric anomaly."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ from typing import Any
 import numpy as np
 
 from slo.findings import DetectorConfig, Finding, gini
-from slo.snapshot import Snapshot
+from slo.snapshot import Series, Snapshot
 
-__all__ = ["by_pool", "detect_hot_instance", "detect_numeric_anomaly", "detect_retry_storm"]
+__all__ = [
+    "by_pool",
+    "detect_hot_instance",
+    "detect_hot_rank",
+    "detect_numeric_anomaly",
+    "detect_retry_storm",
+]
 
 
 def by_pool(snap: Snapshot) -> dict[str, list[str]]:
@@ -20,46 +27,146 @@ def by_pool(snap: Snapshot) -> dict[str, list[str]]:
     return pools
 
 
-def _hot(counts: list[int], cfg: DetectorConfig) -> tuple[int, float, float] | None:
-    """(index, max/mean, sigma) of an instance far above the mean and beyond Poisson noise."""
-    if len(counts) < 2 or sum(counts) < cfg.hot_min_requests / 2:
+def _hot(
+    counts: list[float], cfg: DetectorConfig, minimum: float, unit: float = 1.0
+) -> tuple[int, float, float] | None:
+    """(index, max/mean, sigma) of an instance far above the mean and beyond Poisson noise.
+
+    ``unit`` is E[X²]/E[X] of one arrival's size X (1 for request counts; tokens per request
+    when counting tokens), so the noise is that of a compound Poisson count: σ = √(mean · unit).
+    """
+    if len(counts) < 2 or sum(counts) < minimum or sum(counts) <= 0:
         return None
     mean = sum(counts) / len(counts)
     top = int(np.argmax(counts))
-    sigma = (counts[top] - mean) / max(mean, 1.0) ** 0.5
+    sigma = (counts[top] - mean) / max(mean * unit, 1.0) ** 0.5
     if counts[top] / mean >= cfg.hot_max_over_mean and sigma >= cfg.hot_min_sigma:
         return top, counts[top] / mean, sigma
     return None
 
 
+def _hot_halves(
+    earlier: list[float],
+    recent: list[float],
+    cfg: DetectorConfig,
+    minimum: float,
+    unit: float = 1.0,
+) -> tuple[int, list[float], list[float]] | None:
+    """The instance hot in *both* halves of the lookback (each half holding ≥ ``minimum``),
+    with max/mean and σ of each half."""
+    first, second = _hot(earlier, cfg, minimum, unit), _hot(recent, cfg, minimum, unit)
+    if first is None or second is None or first[0] != second[0]:
+        return None
+    return second[0], [first[1], second[1]], [first[2], second[2]]
+
+
 def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """Per pool: one instance far above the mean share of requests, in *both* halves of the
-    lookback (a sustained skew, not a burst of a sampled count); with max/mean and Gini."""
+    """Per pool: one instance far above the mean share of requests or of tokens, in *both*
+    halves of the lookback (a sustained skew, not a burst of a sampled count); with max/mean
+    and Gini. Basis ``request_share`` when requests show it, else ``token_share``."""
     findings = []
     for pool, instances in by_pool(snap).items():
         stats = [snap.requests.get(i) for i in instances]
-        recent = [s.recent_records if s else 0 for s in stats]
-        earlier = [(s.records - s.recent_records) if s else 0 for s in stats]
-        first, second = _hot(earlier, cfg), _hot(recent, cfg)
-        if first is None or second is None or first[0] != second[0]:
+        recent = [float(s.recent_records) if s else 0.0 for s in stats]
+        earlier = [float(s.records - s.recent_records) if s else 0.0 for s in stats]
+        tokens_recent = [float(s.recent_completion_tokens) if s else 0.0 for s in stats]
+        tokens_earlier = [
+            float(s.completion_tokens - s.recent_completion_tokens) if s else 0.0 for s in stats
+        ]
+        tokens = sum(tokens_recent) + sum(tokens_earlier)
+        by_requests = _hot_halves(earlier, recent, cfg, cfg.hot_min_requests / 2)
+        by_tokens = None
+        if sum(recent) + sum(earlier) >= cfg.hot_min_requests / 2 and tokens > 0:
+            # a token count is compound Poisson: var = rate · E[X²], so one "unit" is E[X²]/E[X]
+            unit = sum(s.completion_tokens_sq for s in stats if s) / tokens
+            by_tokens = _hot_halves(
+                tokens_earlier, tokens_recent, cfg, cfg.hot_min_tokens / 2, unit
+            )
+        hot = by_requests or by_tokens
+        if hot is None:
             continue
         counts = [a + b for a, b in zip(earlier, recent, strict=True)]
+        token_counts = [a + b for a, b in zip(tokens_earlier, tokens_recent, strict=True)]
+        evidence: dict[str, Any] = {
+            "max_over_mean": hot[1],
+            "sigma": hot[2],
+            "gini": gini(counts),
+            "token_gini": gini(token_counts),
+            "requests": dict(zip(instances, counts, strict=True)),
+            "tokens": dict(zip(instances, token_counts, strict=True)),
+        }
+        basis = "request_share" if by_requests is not None else "token_share"
         findings.append(
             Finding(
                 snap.now_ms,
                 "hot_instance",
                 "instance",
-                instances[second[0]],
+                instances[hot[0]],
                 pool,
                 "ticket",
-                "request_share",
-                {
-                    "max_over_mean": [first[1], second[1]],
-                    "sigma": [first[2], second[2]],
-                    "gini": gini(counts),
-                    "requests": dict(zip(instances, counts, strict=True)),
-                },
+                basis,
+                evidence,
             )
+        )
+    return findings
+
+
+def _rank_rates(ranks: dict[str, dict[str, Series]], start_ms: int, end_ms: int) -> list[float]:
+    """Tokens/s of each rank between ``start_ms`` and ``end_ms`` (resets as restarts)."""
+    rates = []
+    for signals in ranks.values():
+        tokens = signals.get("generation_tokens")
+        part = tokens.since(start_ms) if tokens is not None else None
+        if part is not None:
+            keep = part.ts_ms <= end_ms
+            part = Series(part.ts_ms[keep], part.values[keep])
+        if part is None or len(part) < 2:
+            rates.append(0.0)
+            continue
+        rates.append(part.increase() / max((part.ts_ms[-1] - part.ts_ms[0]) / 1000, 1e-9))
+    return rates
+
+
+def detect_hot_rank(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """Within one instance, DP ranks (SGLang ``dp_rank``, vLLM ``engine``) whose token
+    throughput is ≥ ``hot_max_over_mean`` × the ranks' mean in both halves of the lookback;
+    the queue gauges (running + waiting per rank) are the evidence beside it."""
+    findings = []
+    for instance, ranks in sorted(snap.ranks.items()):
+        names = sorted(ranks)
+        # halves of what was observed (a rank seen for less than the lookback still counts)
+        first = min(int(s.ts_ms[0]) for signals in ranks.values() for s in signals.values())
+        mid = (first + snap.now_ms) // 2
+        ordered = {n: ranks[n] for n in names}
+        halves = [_rank_rates(ordered, 0, mid), _rank_rates(ordered, mid, snap.now_ms)]
+        hot_sets: list[set[str]] = []
+        for rates in halves:
+            mean = float(np.mean(rates))
+            if mean < cfg.hot_rank_min_tokens_per_s:
+                hot_sets.append(set())
+                continue
+            hot_sets.append(
+                {n for n, r in zip(names, rates, strict=True) if r / mean >= cfg.hot_max_over_mean}
+            )
+        hot = sorted(hot_sets[0] & hot_sets[1])
+        if not hot:
+            continue
+        rates = halves[1]
+        queue = {
+            n: float(
+                sum(ranks[n][g].values.mean() for g in ("running", "waiting") if g in ranks[n])
+            )
+            for n in names
+        }
+        evidence = {
+            "hot_ranks": hot,
+            "tokens_per_s": dict(zip(names, rates, strict=True)),
+            "max_over_mean": max(rates) / float(np.mean(rates)),
+            "queue_mean": queue,
+            "gini": gini(rates),
+        }
+        findings.append(
+            Finding.on_instance(snap, "hot_rank", instance, "ticket", "rank_throughput", evidence)
         )
     return findings
 

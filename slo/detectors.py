@@ -18,9 +18,18 @@ from slo._engine_detectors import (
     detect_queue_growth,
     detect_stall,
 )
+from slo._health_detectors import (
+    detect_model_load_failure,
+    detect_not_ready,
+    detect_restart,
+    detect_target_down,
+    detect_xid,
+)
+from slo._latency_detectors import detect_slow_decode, detect_slow_prefill
 from slo._traffic_detectors import (
     by_pool,
     detect_hot_instance,
+    detect_hot_rank,
     detect_numeric_anomaly,
     detect_retry_storm,
 )
@@ -40,7 +49,19 @@ DETECTORS: dict[str, Detector] = {
     "numeric_anomaly": detect_numeric_anomaly,
     "queue_growth": detect_queue_growth,
     "oom_risk": detect_oom_risk,
+    "target_down": detect_target_down,
+    "crash": detect_restart,
+    "worker_not_ready": detect_not_ready,
+    "model_load_failure": detect_model_load_failure,
+    "xid": detect_xid,  # one finding per class: xid_memory_error, xid_fallen_off_bus, …
+    "slow_prefill": detect_slow_prefill,
+    "slow_decode": detect_slow_decode,
+    "hot_rank": detect_hot_rank,
 }
+
+
+#: Signals that compare an instance with its pool: most of a pool cannot hold them at once.
+_NOT_POOLED = ("hot_instance", "slow_prefill", "slow_decode")
 
 
 def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) -> list[Finding]:
@@ -48,7 +69,7 @@ def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) 
     sizes = {pool: len(instances) for pool, instances in by_pool(snap).items()}
     hit: dict[tuple[str, str], list[str]] = defaultdict(list)
     for f in findings:
-        if f.scope == "instance" and f.signal != "hot_instance":
+        if f.scope == "instance" and f.signal not in _NOT_POOLED:
             hit[(f.signal, f.pool)].append(f.scope_id)
     out = []
     for (signal, pool), instances in sorted(hit.items()):

@@ -64,6 +64,31 @@ class DetectorConfig(BaseModel):
     oom_fb_used: float = Field(
         default=0.98, gt=0, le=1, description="frame-buffer used share (FB is ~90 % pre-allocated)"
     )
+    down_for_s: float = Field(
+        default=10, gt=0, description="a target failing every scrape this long is down"
+    )
+    down_min_scrapes: int = Field(default=2, ge=1, description="failed scrapes in a row needed")
+    restart_hold_s: float = Field(
+        default=300, gt=0, description="how long a crash/restart stays reported after it"
+    )
+    not_ready_for_s: float = Field(
+        default=20, gt=0, description="up but not ready this long is a not-ready worker"
+    )
+    slow_min_samples: int = Field(
+        default=20, ge=5, description="requests per side a latency-shift test needs"
+    )
+    slow_p_value: float = Field(
+        default=1e-3, gt=0, lt=1, description="one-sided Mann–Whitney p-value to call a shift"
+    )
+    slow_median_ratio: float = Field(
+        default=1.5, gt=1, description="instance median / pool median that counts as slow"
+    )
+    hot_min_tokens: int = Field(
+        default=5000, ge=1, description="tokens in a pool before a token share is judged"
+    )
+    hot_rank_min_tokens_per_s: float = Field(
+        default=5.0, ge=0, description="mean rank throughput below which ranks are not compared"
+    )
     pool_share: float = Field(
         default=0.5,
         gt=0,

@@ -5,7 +5,10 @@ decoding), L2 below 5 % (reject prompts > 16K tokens), L3 below 1 % or on OOM ri
 to the small-model replica). **Enter fast**: a worse level is taken on the first
 observation. **Leave slowly**: a better level is taken only when the ratio clears the
 threshold *plus* ``hysteresis`` continuously for ``dwell_s`` and the current level has been
-held for ``dwell_s``; OOM risk pins L3. A missing observation changes nothing.
+held for ``dwell_s``; OOM risk (or a lost GPU) pins L3. A missing observation changes
+nothing, but a scope whose target is down or whose data went stale is set to
+:data:`UNKNOWN` (−1) by :meth:`FlagBoard.mark_unknown`, never left at its last level; its
+next observation sets the level it calls for at once (reason ``observed_again``).
 
 :meth:`FlagBoard.observe` returns the :class:`FlagTransition` (with its evidence) or
 ``None``; writers publish transitions (Kafka ``flags`` topic) and store them.
@@ -25,6 +28,7 @@ from pipeline.config import STRICT
 from pipeline.schema import FLAG_TRANSITIONS
 
 __all__ = [
+    "UNKNOWN",
     "FlagBoard",
     "FlagPolicy",
     "FlagState",
@@ -33,6 +37,10 @@ __all__ = [
     "strict_level",
     "transitions_table",
 ]
+
+
+#: The level of a scope nobody can observe (target down, crashed, data stale).
+UNKNOWN = -1
 
 
 class FlagPolicy(BaseModel):
@@ -97,16 +105,26 @@ class FlagTransition:
 
 
 def step(
-    policy: FlagPolicy, state: FlagState, ts_ms: int, kv_free: float | None, oom_risk: bool = False
+    policy: FlagPolicy,
+    state: FlagState,
+    ts_ms: int,
+    kv_free: float | None,
+    oom_risk: bool = False,
+    pin_reason: str = "oom_risk",
 ) -> tuple[FlagState, tuple[int, str] | None]:
-    """Advance one scope; returns the new state and ``(new_level, reason)`` on a change."""
+    """Advance one scope; returns the new state and ``(new_level, reason)`` on a change.
+
+    ``oom_risk`` pins L3 with ``pin_reason`` (``oom_risk``, ``xid_gpu_lost``).
+    """
     if kv_free is None and not oom_risk:
         return state, None
     free = 1.0 if kv_free is None else kv_free
     wanted = strict_level(policy, free, oom_risk)
+    if state.level == UNKNOWN:
+        return FlagState(wanted, ts_ms, None), (wanted, "observed_again")
     if wanted > state.level:
         reason = (
-            "oom_risk"
+            pin_reason
             if oom_risk and strict_level(policy, free) < 3
             else f"kv_free_below_l{wanted}"
         )
@@ -142,11 +160,12 @@ class FlagBoard:
         kv_free: float | None,
         oom_risk: bool = False,
         evidence: Mapping[str, Any] | None = None,
+        pin_reason: str = "oom_risk",
     ) -> FlagTransition | None:
         """Feed one observation; returns the transition it caused, if any."""
         key = (scope, scope_id)
         before = self.states.get(key, FlagState(since_ts_ms=ts_ms))
-        after, change = step(self.policy, before, ts_ms, kv_free, oom_risk)
+        after, change = step(self.policy, before, ts_ms, kv_free, oom_risk, pin_reason)
         self.states[key] = after
         if change is None:
             return None
@@ -160,6 +179,26 @@ class FlagBoard:
         full = {"thresholds": thresholds, "oom_risk": oom_risk, **(evidence or {})}
         return FlagTransition(
             ts_ms, scope, scope_id, pool, before.level, change[0], kv_free, change[1], full
+        )
+
+    def mark_unknown(
+        self,
+        ts_ms: int,
+        scope: str,
+        scope_id: str,
+        pool: str | None,
+        reason: str,
+        evidence: Mapping[str, Any] | None = None,
+    ) -> FlagTransition | None:
+        """Set a scope nobody can observe to :data:`UNKNOWN`; the transition, or ``None``
+        when it already was unknown. ``reason``: ``target_down``, ``kv_stale``."""
+        key = (scope, scope_id)
+        before = self.states.get(key, FlagState(since_ts_ms=ts_ms))
+        if before.level == UNKNOWN:
+            return None
+        self.states[key] = FlagState(UNKNOWN, ts_ms, None)
+        return FlagTransition(
+            ts_ms, scope, scope_id, pool, before.level, UNKNOWN, None, reason, dict(evidence or {})
         )
 
 

@@ -68,8 +68,14 @@ class JobsConfig(BaseModel):
     kv_stale_s: float = Field(
         default=60.0, gt=0, description="a KV sample older than this is no observation"
     )
+    pool_level: Literal["worst_held", "kv"] = Field(
+        default="worst_held",
+        description="a pool's level: worst_held = the worst level one instance has held for "
+        "flags.dwell_s (never a mean that hides one instance); kv = from the pool's KV free "
+        "ratio aggregated by pool_kv",
+    )
     pool_kv: Literal["mean", "worst"] = Field(
-        default="mean", description="pool KV free ratio from its instances"
+        default="mean", description="pool KV free ratio from its instances (pool_level: kv)"
     )
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="serve /metrics here (0 = any free port)"
@@ -90,6 +96,20 @@ class CycleResult:
     errors: list[str] = field(default_factory=list)
     #: Every scope's degradation state after this cycle, (scope, scope_id) → state.
     flags: dict[tuple[str, str], FlagState] = field(default_factory=dict)
+
+
+def _l3_pins(findings: list[Finding]) -> dict[str, tuple[str, Any]]:
+    """Instances pinned at L3 and why: memory pressure (``oom_risk``) or a GPU that an XID
+    took out (``xid_gpu_lost``). Other XIDs and signals do not force a level."""
+    pins: dict[str, tuple[str, Any]] = {}
+    for f in findings:
+        if f.scope != "instance":
+            continue
+        if f.signal.startswith("xid_") and f.evidence.get("takes_gpu_out"):
+            pins.setdefault(f.scope_id, ("xid_gpu_lost", f.evidence))
+        elif f.signal == "oom_risk":
+            pins[f.scope_id] = ("oom_risk", f.evidence)
+    return pins
 
 
 def data_clock(con: duckdb.DuckDBPyConnection) -> Callable[[], int | None]:
@@ -196,35 +216,88 @@ class SloJobs:
         )
 
     def _step_flags(self, snap: Snapshot, findings: list[Finding]) -> list[FlagTransition]:
-        oom = {f.scope_id: f.evidence for f in findings if f.signal == "oom_risk"}
+        pins = _l3_pins(findings)
+        down = {f.scope_id: f.evidence for f in findings if f.signal == "target_down"}
         stale = snap.now_ms - int(self.config.kv_stale_s * 1000)
         pools: dict[str, dict[str, float]] = {}
-        transitions = []
-        for instance in sorted(snap.engine):
+        unknown: dict[str, list[str]] = {}
+        transitions: list[FlagTransition | None] = []
+        for instance in sorted(set(snap.engine) | set(down)):
+            if instance not in snap.engine and ("instance", instance) not in self.board.states:
+                continue  # never flagged (a dcgm exporter, an engine never seen up): no level
             kv = snap.series(instance, "kv_usage")
-            free = 1.0 - kv.last() if kv is not None and len(kv) and kv.ts_ms[-1] >= stale else None
+            fresh = kv is not None and len(kv) and kv.ts_ms[-1] >= stale
+            free = 1.0 - kv.last() if kv is not None and fresh else None
             pool = snap.pools.get(instance, "")
+            if instance in down or (kv is not None and not fresh and instance not in pins):
+                reason = "target_down" if instance in down else "kv_stale"
+                why = down.get(instance) or {"kv_last_ts_ms": int(kv.ts_ms[-1])}  # type: ignore[union-attr]
+                transitions.append(
+                    self.board.mark_unknown(snap.now_ms, "instance", instance, pool, reason, why)
+                )
+                unknown.setdefault(pool, []).append(instance)
+                continue
             if free is not None:
-                pools.setdefault(pool, {})[instance] = free
+                pools.setdefault(pool, {})[instance] = self._pool_input(snap, instance, free)
             evidence: dict[str, Any] = {"kv_usage": None if free is None else 1 - free}
-            if instance in oom:
-                evidence["oom_risk"] = oom[instance]
-            t = self.board.observe(
-                snap.now_ms, "instance", instance, pool, free, instance in oom, evidence
+            pin = pins.get(instance)
+            if pin is not None:
+                evidence[pin[0]] = pin[1]
+            transitions.append(
+                self.board.observe(
+                    snap.now_ms,
+                    "instance",
+                    instance,
+                    pool,
+                    free,
+                    pin is not None,
+                    evidence,
+                    pin[0] if pin else "oom_risk",
+                )
             )
-            transitions += [t] if t else []
         for pool, frees in sorted(pools.items()):
-            values = list(frees.values())
-            free = min(values) if self.config.pool_kv == "worst" else sum(values) / len(values)
-            all_oom = all(i in oom for i in frees)  # one bad GPU does not send a whole pool to L3
-            evidence = {
-                "instances": len(values),
-                "kv_free_by_instance": frees,
-                "aggregate": self.config.pool_kv,
-            }
-            t = self.board.observe(snap.now_ms, "pool", pool, pool, free, all_oom, evidence)
-            transitions += [t] if t else []
-        return transitions
+            transitions.append(self._step_pool(snap, pool, frees, pins, unknown.get(pool, [])))
+        return [t for t in transitions if t is not None]
+
+    def _pool_input(self, snap: Snapshot, instance: str, free: float) -> float:
+        """What one instance contributes to its pool's level (see ``pool_level``)."""
+        if self.config.pool_level == "kv":
+            return free
+        # worst_held: the best (highest) free ratio over the dwell time is the level the
+        # instance has held throughout it; an instance not yet observed that long counts 1.0
+        start = snap.now_ms - int(self.config.flags.dwell_s * 1000)
+        kv = snap.series(instance, "kv_usage")
+        if kv is None or int(kv.ts_ms[0]) > start:
+            return 1.0
+        return float(1.0 - kv.since(start).values.min())
+
+    def _step_pool(
+        self,
+        snap: Snapshot,
+        pool: str,
+        frees: dict[str, float],
+        pins: dict[str, tuple[str, Any]],
+        unknown: list[str],
+    ) -> FlagTransition | None:
+        """The pool's level from its observed instances (unknown ones listed, not counted)."""
+        values = list(frees.values())
+        if self.config.pool_level == "worst_held" or self.config.pool_kv == "worst":
+            free = min(values)
+        else:
+            free = sum(values) / len(values)
+        all_pinned = all(i in pins for i in frees)  # one bad GPU does not send a pool to L3
+        evidence = {
+            "instances": len(values),
+            "kv_free_by_instance": frees,
+            "unknown_instances": unknown,
+            "aggregate": self.config.pool_level
+            if self.config.pool_level == "worst_held"
+            else self.config.pool_kv,
+        }
+        if self.config.pool_level == "worst_held":
+            evidence["worst_instance"] = min(frees, key=lambda i: frees[i])
+            evidence["held_for_s"] = self.config.flags.dwell_s
+        return self.board.observe(snap.now_ms, "pool", pool, pool, free, all_pinned, evidence)
 
     def _write(self, result: CycleResult) -> None:
         current = {f.key: f for f in result.findings}

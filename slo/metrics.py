@@ -58,7 +58,7 @@ class JobMetrics:
         )
         self.level = Gauge(
             "llmslo_degradation_level",
-            "current L0-L3 level",
+            "current L0-L3 level; -1 = unknown (target down or its data stale)",
             ["scope", "scope_id", "pool"],
             registry=r,
         )

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-__all__ = ["RequestStats", "Series", "Snapshot", "load_snapshot"]
+__all__ = [
+    "RANK_SIGNALS",
+    "RequestStats",
+    "Series",
+    "Snapshot",
+    "TargetHealthSeries",
+    "load_snapshot",
+]
 
 _SUMMED = (
     "running",
@@ -69,6 +76,31 @@ class RequestStats:
     last_token_ts_ms: int | None = None  # latest end of a record that carried tokens
     tokens_after_disconnect: int = 0
     late_upstream_close: int = 0  # upstream closed > ghost grace after the client left
+    unavailable: int = 0  # attempts the engine answered 503 (not ready, model not loaded)
+    completion_tokens: int = 0  # tokens served (usage, else token chunks)
+    recent_completion_tokens: int = 0  # of which in the second half of the lookback
+    completion_tokens_sq: float = 0.0  # Σ tokens² per request (the noise of a token count)
+
+
+@dataclass(frozen=True)
+class TargetHealthSeries:
+    """One instance's scrape outcomes (``target_health`` rows), oldest first.
+
+    ``ready`` holds ``None`` where the scrape carried no readiness probe.
+    """
+
+    ts_ms: np.ndarray
+    up: np.ndarray  # bool
+    error_kind: list[str | None]
+    process_start_s: list[float | None]
+    counter_resets: np.ndarray
+    ready: list[bool | None]
+    ready_source: list[str | None]
+    ready_status: list[int | None]
+    models: list[int | None]
+
+    def __len__(self) -> int:
+        return len(self.ts_ms)
 
 
 @dataclass
@@ -82,6 +114,13 @@ class Snapshot:
     gpu: dict[str, dict[str, Series]] = field(default_factory=dict)  # pod → signal → series
     xids: dict[str, list[int]] = field(default_factory=dict)  # pod → non-zero XID codes seen
     requests: dict[str, RequestStats] = field(default_factory=dict)  # instance → stats
+    health: dict[str, TargetHealthSeries] = field(default_factory=dict)  # instance → scrapes
+    latency: dict[str, dict[str, np.ndarray]] = field(
+        default_factory=dict
+    )  # instance → {"ttft_s", "tpot_s"} of ok requests
+    ranks: dict[str, dict[str, dict[str, Series]]] = field(
+        default_factory=dict
+    )  # instance → engine rank → signal → series (instances with more than one rank)
 
     def series(self, instance: str, signal: str) -> Series | None:
         return self.engine.get(instance, {}).get(signal)
@@ -143,6 +182,7 @@ def _gpu(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
 def _requests(
     con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int, ghost_grace_ms: int
 ) -> None:
+    half = (start_ms + snap.now_ms) // 2
     rows = con.execute(
         """
         SELECT instance, any_value(coalesce(pool, model, '')), count(*),
@@ -152,13 +192,20 @@ def _requests(
                max(received_ts_ms + CAST(e2e_s * 1000 AS BIGINT))
                    FILTER (WHERE coalesce(token_chunks, 0) > 0),
                coalesce(sum(tokens_after_disconnect), 0),
-               count(*) FILTER (WHERE upstream_closed_ts_ms - disconnect_ts_ms > ?)
+               count(*) FILTER (WHERE upstream_closed_ts_ms - disconnect_ts_ms > ?),
+               count(*) FILTER (WHERE upstream_status = 503 OR http_status = 503),
+               coalesce(sum(coalesce(completion_tokens, token_chunks, 0)), 0),
+               coalesce(sum(coalesce(completion_tokens, token_chunks, 0))
+                   FILTER (WHERE received_ts_ms >= ?), 0),
+               coalesce(sum(power(coalesce(completion_tokens, token_chunks, 0), 2)), 0)
         FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ?
         GROUP BY instance
         """,
-        [(start_ms + snap.now_ms) // 2, ghost_grace_ms, start_ms, snap.now_ms],
+        [half, ghost_grace_ms, half, start_ms, snap.now_ms],
     ).fetchall()
-    for instance, pool, n, recent, retries, errors, last_token, after, late in rows:
+    for row in rows:
+        instance, pool, n, recent, retries, errors, last_token, after, late = row[:9]
+        unavailable, tokens, recent_tokens, tokens_sq = row[9:]
         snap.pools.setdefault(instance, pool or "")
         snap.requests[instance] = RequestStats(
             n,
@@ -168,6 +215,91 @@ def _requests(
             None if last_token is None else int(last_token),
             int(after),
             late,
+            int(unavailable),
+            int(tokens),
+            int(recent_tokens),
+            float(tokens_sq),
+        )
+
+
+#: Per-rank signals kept for rank skew (hot DP rank): throughput and queue.
+RANK_SIGNALS = ("generation_tokens", "running", "waiting")
+
+
+def _ranks(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
+    rows = con.execute(
+        f"""
+        WITH multi AS (
+            SELECT instance FROM engine_samples
+            WHERE ts_ms >= ? AND ts_ms <= ? AND coalesce(engine, '') <> ''
+              AND signal IN ({", ".join(repr(s) for s in RANK_SIGNALS)})
+            GROUP BY instance HAVING count(DISTINCT engine) > 1
+        )
+        SELECT instance, engine, signal, ts_ms, sum(value)
+        FROM engine_samples
+        WHERE ts_ms >= ? AND ts_ms <= ? AND instance IN (SELECT instance FROM multi)
+          AND kind IN ('gauge', 'counter')
+          AND signal IN ({", ".join(repr(s) for s in RANK_SIGNALS)})
+        GROUP BY ALL ORDER BY instance, engine, signal, ts_ms
+        """,
+        [start_ms, snap.now_ms, start_ms, snap.now_ms],
+    ).fetchall()
+    grouped: dict[tuple[str, str, str], tuple[list[int], list[float]]] = defaultdict(
+        lambda: ([], [])
+    )
+    for instance, rank, signal, ts, value in rows:
+        grouped[(instance, rank, signal)][0].append(ts)
+        grouped[(instance, rank, signal)][1].append(value)
+    for (instance, rank, signal), (ts_list, values) in grouped.items():
+        per_rank = snap.ranks.setdefault(instance, {}).setdefault(rank, {})
+        per_rank[signal] = Series(np.array(ts_list, np.int64), np.array(values))
+
+
+def _latency(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
+    rows = con.execute(
+        """
+        SELECT instance, list(ttft_s) FILTER (WHERE ttft_s IS NOT NULL),
+               list(tpot_s) FILTER (WHERE tpot_s IS NOT NULL)
+        FROM requests
+        WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND outcome = 'ok'
+        GROUP BY instance
+        """,
+        [start_ms, snap.now_ms],
+    ).fetchall()
+    for instance, ttft, tpot in rows:
+        snap.latency[instance] = {
+            "ttft_s": np.array(ttft or [], dtype=float),
+            "tpot_s": np.array(tpot or [], dtype=float),
+        }
+
+
+def _health(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
+    rows = con.execute(
+        """
+        SELECT instance, any_value(pool), list(ts_ms ORDER BY ts_ms), list(up ORDER BY ts_ms),
+               list(error_kind ORDER BY ts_ms), list(process_start_s ORDER BY ts_ms),
+               list(coalesce(counter_resets, 0) ORDER BY ts_ms), list(ready ORDER BY ts_ms),
+               list(ready_source ORDER BY ts_ms), list(ready_status ORDER BY ts_ms),
+               list(models ORDER BY ts_ms)
+        FROM target_health
+        WHERE ts_ms >= ? AND ts_ms <= ?
+        GROUP BY instance
+        """,
+        [start_ms, snap.now_ms],
+    ).fetchall()
+    for instance, pool, ts, up, kind, start, resets, ready, source, status, models in rows:
+        if pool:
+            snap.pools.setdefault(instance, pool)
+        snap.health[instance] = TargetHealthSeries(
+            np.array(ts, np.int64),
+            np.array(up, bool),
+            list(kind),
+            list(start),
+            np.array(resets, np.int64),
+            list(ready),
+            list(source),
+            list(status),
+            list(models),
         )
 
 
@@ -180,4 +312,7 @@ def load_snapshot(
     _engine(con, snap, start)
     _gpu(con, snap, start)
     _requests(con, snap, start, ghost_grace_ms)
+    _ranks(con, snap, start)
+    _latency(con, snap, start)
+    _health(con, snap, start)
     return snap

@@ -6,6 +6,7 @@ see ``simulator/README.md`` for how to add one.
 
 from __future__ import annotations
 
+from pipeline.errors import ConfigError
 from simulator.dialects._base import MetricsDialect, token_buckets
 from simulator.dialects.sglang import SglangDialect
 from simulator.dialects.trtllm import TrtllmDialect
@@ -22,6 +23,14 @@ DIALECT_CLASSES: dict[str, type[MetricsDialect]] = {
 }
 
 
-def make_dialect(name: str, model: str, max_model_len: int) -> MetricsDialect:
-    """A fresh dialect (with its own registry) for one pod."""
+def make_dialect(name: str, model: str, max_model_len: int, dp_size: int = 1) -> MetricsDialect:
+    """A fresh dialect (with its own registry) for one pod.
+
+    ``dp_size`` > 1 (DP ranks, ``dp_rank`` label) is modelled by the SGLang dialect only;
+    raises :class:`ConfigError` for another dialect.
+    """
+    if dp_size > 1:
+        if name != "sglang":
+            raise ConfigError(f"engine.dp_size: DP ranks are modelled for sglang, not {name}")
+        return SglangDialect(model, max_model_len, dp_size=dp_size)
     return DIALECT_CLASSES[name](model, max_model_len)

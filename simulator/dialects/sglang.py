@@ -5,6 +5,12 @@ Scheduler families carry ``model_name, engine_type, tp_rank, pp_rank``; tokenize
 totals are incremented at completion (not per step); ``realtime_tokens_total`` per step.
 Scheduler gauges freeze while the scheduler hangs (stall fault), as in real SGLang.
 Multiprocess exposition: no ``*_created`` series. Buckets: reference/engine-metrics.md §2.1.
+
+With ``dp_size`` > 1 (DP attention) every scheduler family also carries ``dp_rank`` and each
+rank reports its own series: the ranks share the one engine model and split its decode tokens,
+running and queued requests evenly, or by the ``hot_rank`` fault's weights (hot ranks carry
+``factor`` × the others' share, as in a real SGLang scrape where three ranks carried 4×),
+read at each exposition (a new split applies from the next scrape on).
 """
 
 from __future__ import annotations
@@ -29,10 +35,15 @@ class SglangDialect(MetricsDialect):
     name = "sglang"
     emit_created = False
 
-    def __init__(self, model: str, max_model_len: int) -> None:
+    def __init__(self, model: str, max_model_len: int, dp_size: int = 1) -> None:
         super().__init__(model, max_model_len)
         sched = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+        if dp_size > 1:
+            sched["dp_rank"] = "0"
         tok = {"model_name": model, "engine_type": "unified"}
+        self.dp_size = dp_size
+        self.weights = [1.0] * dp_size  # share of tokens and requests of each rank
+        self._carry = [0.0] * dp_size  # fractional decode tokens not yet counted per rank
         self._sched, self._tok = sched, tok
         self._prefix_queries = self._prefix_hits = 0  # prompt tokens since the last refresh
         sn, tn = list(sched), list(tok)
@@ -41,11 +52,17 @@ class SglangDialect(MetricsDialect):
         def s(metric: Any) -> Any:
             return metric.labels(**sched)
 
-        self.running = s(g("sglang:num_running_reqs", "The number of running requests.", sn))
-        self.queue = s(
-            g("sglang:num_queue_reqs", "The number of requests in the waiting queue.", sn)
-        )
-        self.token_usage = s(g("sglang:token_usage", "The token usage.", sn))
+        per_rank = {
+            "running": g("sglang:num_running_reqs", "The number of running requests.", sn),
+            "queue": g("sglang:num_queue_reqs", "The number of requests in the waiting queue.", sn),
+            "token_usage": g("sglang:token_usage", "The token usage.", sn),
+            "gen_throughput": g(
+                "sglang:gen_throughput", "The generation throughput (token/s).", sn
+            ),
+        }
+        self.running = s(per_rank["running"])
+        self.queue = s(per_rank["queue"])
+        self.token_usage = s(per_rank["token_usage"])
         self.used_tokens = s(g("sglang:num_used_tokens", "The number of used tokens.", sn))
         self.available = s(
             g("sglang:kv_available_tokens", "The number of available KV tokens.", sn)
@@ -53,9 +70,7 @@ class SglangDialect(MetricsDialect):
         self.max_total = s(
             g("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV pool.", sn)
         )
-        self.gen_throughput = s(
-            g("sglang:gen_throughput", "The generation throughput (token/s).", sn)
-        )
+        self.gen_throughput = s(per_rank["gen_throughput"])
         self.cache_hit_rate = s(g("sglang:cache_hit_rate", "The prefix cache hit rate.", sn))
         self.retracted_now = s(
             g("sglang:num_retracted_reqs", "The number of retracted requests.", sn)
@@ -69,6 +84,14 @@ class SglangDialect(MetricsDialect):
         self.rt_prefill = realtime.labels(**sched, mode="prefill_compute")
         realtime.labels(**sched, mode="prefill_cache")
         self.rt_decode = realtime.labels(**sched, mode="decode")
+        self._rank_children: list[dict[str, Any]] = []
+        for rank in range(1, dp_size):
+            labels = {**sched, "dp_rank": str(rank)}
+            children: dict[str, Any] = {k: f.labels(**labels) for k, f in per_rank.items()}
+            children["decode"] = realtime.labels(**labels, mode="decode")
+            realtime.labels(**labels, mode="prefill_compute")
+            realtime.labels(**labels, mode="prefill_cache")
+            self._rank_children.append(children)
         self.queue_time = s(
             h(
                 "sglang:queue_time_seconds",
@@ -143,8 +166,17 @@ class SglangDialect(MetricsDialect):
     def on_step(self, prefill_tokens: int, decode_tokens: int, duration_s: float) -> None:
         if prefill_tokens:
             self.rt_prefill.inc(prefill_tokens)
-        if decode_tokens:
+        if decode_tokens and self.dp_size == 1:
             self.rt_decode.inc(decode_tokens)
+        elif decode_tokens:
+            total = sum(self.weights)
+            counters = [self.rt_decode, *(c["decode"] for c in self._rank_children)]
+            for rank, counter in enumerate(counters):
+                self._carry[rank] += decode_tokens * self.weights[rank] / total
+                whole = int(self._carry[rank])
+                if whole:
+                    counter.inc(whole)
+                    self._carry[rank] -= whole
 
     def on_preempt(self, req: SimRequest) -> None:
         self.retracted.inc()
@@ -167,8 +199,7 @@ class SglangDialect(MetricsDialect):
             return  # the scheduler process hangs: the tokenizer keeps serving the last values
         capacity = engine.total_blocks * engine.config.block_size
         used = round(engine.kv_usage(now_s) * capacity)
-        self.running.set(len(engine.running))
-        self.queue.set(len(engine.waiting))
+        self._refresh_ranks(engine, now_s)
         self.token_usage.set(engine.kv_usage(now_s))
         self.used_tokens.set(used)
         self.available.set(capacity - used)
@@ -176,8 +207,29 @@ class SglangDialect(MetricsDialect):
         self.retracted_now.set(sum(1 for r in engine.waiting if r.preemptions))
         if self._last_s is not None and now_s > self._last_s:
             rate = (engine.tokens_generated - self._last_tokens) / (now_s - self._last_s)
-            self.gen_throughput.set(round(rate, 2))
+            share = self.weights[0] / sum(self.weights)
+            self.gen_throughput.set(round(rate * share, 2))
+            for rank, children in enumerate(self._rank_children, start=1):
+                share = self.weights[rank] / sum(self.weights)
+                children["gen_throughput"].set(round(rate * share, 2))
         self._last_s, self._last_tokens = now_s, engine.tokens_generated
         if self._prefix_queries:  # the scheduler reports the rate of its last log window
             self.cache_hit_rate.set(round(self._prefix_hits / self._prefix_queries, 4))
             self._prefix_queries = self._prefix_hits = 0
+
+    def _refresh_ranks(self, engine: EngineModel, now_s: float) -> None:
+        """Per-rank running/queue gauges: the engine's, split by the ranks' weights."""
+        hot = engine.faults.get("hot_rank")
+        self.weights = [
+            (hot.factor if hot is not None and rank in hot.ranks else 1.0)
+            for rank in range(self.dp_size)
+        ]
+        total = sum(self.weights)
+        running, waiting = len(engine.running), len(engine.waiting)
+        self.running.set(round(running * self.weights[0] / total))
+        self.queue.set(round(waiting * self.weights[0] / total))
+        for rank, children in enumerate(self._rank_children, start=1):
+            share = self.weights[rank] / total
+            children["running"].set(round(running * share))
+            children["queue"].set(round(waiting * share))
+            children["token_usage"].set(engine.kv_usage(now_s))

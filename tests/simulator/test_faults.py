@@ -234,6 +234,38 @@ def test_not_ready_and_model_load_failure_answer_503(make_fleet, fault):
     assert get(pod.url + "/health")[0] == 200
 
 
+def test_model_load_failure_lists_no_model_while_not_ready_still_does(make_fleet):
+    fleet = make_fleet(["vllm", "vllm"])
+    fleet.set_fault("pod-0", "model_load_failure")
+    fleet.set_fault("pod-1", "not_ready")
+    failed, not_ready = (json.loads(get(p.url + "/v1/models")[1])["data"] for p in fleet.pods)
+    assert failed == [] and [m["id"] for m in not_ready] == ["llama-3-8b"]
+
+
+def _decode_by_rank(url: str) -> dict[str, float]:
+    rows = scrape(url)["sglang:realtime_tokens_total"]
+    return {lab["dp_rank"]: v for lab, v, _ in rows if lab.get("mode") == "decode"}
+
+
+def test_hot_rank_skews_one_dp_ranks_tokens_and_queue(make_fleet):
+    fleet = make_fleet(["sglang"], speed=5.0, dp_size=4)
+    pod = fleet.pods[0]
+    _background(pod.url, 8, 3000)
+    assert wait_for(lambda: sum(_decode_by_rank(pod.url).values()) > 400)
+    even = _decode_by_rank(pod.url)
+    assert sorted(even) == ["0", "1", "2", "3"]
+    assert max(even.values()) <= 1.2 * min(even.values()) + 4  # healthy: even split
+    fleet.set_fault("pod-0", "hot_rank", ranks=[2], factor=4.0)
+    even = _decode_by_rank(pod.url)  # the ranks' split follows the fault from this scrape on
+    time.sleep(1.0)
+    after = _decode_by_rank(pod.url)
+    delta = {rank: after[rank] - even[rank] for rank in after}
+    others = [delta[r] for r in ("0", "1", "3")]
+    assert delta["2"] >= 3 * max(others) > 0
+    running = {lab["dp_rank"]: v for lab, v, _ in scrape(pod.url)["sglang:num_running_reqs"]}
+    assert running["2"] > max(running[r] for r in ("0", "1", "3"))
+
+
 def test_crash_closes_the_port_and_restart_resets_counters(make_fleet):
     fleet = make_fleet(["vllm"])
     pod = fleet.pods[0]
@@ -289,6 +321,9 @@ def test_xid_appears_on_the_pods_gpus_only(make_fleet):
     assert rows["1"][1] == 79 and rows["1"][0]["err_code"] == "79"
     assert rows["1"][0]["err_msg"] == "GPU has fallen off the bus"
     assert rows["0"][1] == 0
+    fleet.set_fault("pod-0", "xid", code=48)  # the code decides the message
+    labels = {lab["gpu"]: lab for lab, _, _ in scrape(fleet.dcgm[0].url)["DCGM_FI_DEV_XID_ERRORS"]}
+    assert (labels["0"]["err_code"], labels["0"]["err_msg"]) == ("48", "Double Bit ECC Error")
 
 
 def test_admin_endpoint_lists_sets_and_clears(make_fleet):

@@ -13,7 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, REQUEST_RECORDS, RecordSchema
+from pipeline.schema import (
+    ENGINE_SAMPLES,
+    GPU_SAMPLES,
+    REQUEST_RECORDS,
+    TARGET_HEALTH,
+    RecordSchema,
+)
 from pipeline.store import Store
 
 T0_MS = 1_790_000_000_000 - (1_790_000_000_000 % 3_600_000)  # an hour boundary in 2026
@@ -109,6 +115,30 @@ def gpu_sample(ts_ms: int, signal: str, value: float, **overrides: Any) -> dict[
     return row
 
 
+def health_row(ts_ms: int, **overrides: Any) -> dict[str, Any]:
+    """One successful scrape of pod 10.0.0.1:8000 (no readiness probe unless told)."""
+    row: dict[str, Any] = {
+        "ts_ms": ts_ms,
+        "instance": "10.0.0.1:8000",
+        "target": "http://10.0.0.1:8000/metrics",
+        "pool": None,
+        "dialect": "vllm",
+        "up": True,
+        "http_status": 200,
+        "duration_s": 0.01,
+        "error_kind": None,
+        "error": None,
+        "process_start_s": None,
+        "counter_resets": 0,
+        "ready": None,
+        "ready_source": None,
+        "ready_status": None,
+        "models": None,
+    }
+    row.update(overrides)
+    return row
+
+
 def histogram(
     ts_ms: int,
     signal: str,
@@ -137,6 +167,7 @@ def insert(
     requests: Iterable[dict[str, Any]] = (),
     engine: Iterable[dict[str, Any]] = (),
     gpu: Iterable[dict[str, Any]] = (),
+    health: Iterable[dict[str, Any]] = (),
 ) -> None:
     """Insert rows the way the ingester does (Arrow append, one transaction)."""
     tables: dict[str, Any] = {}
@@ -144,6 +175,7 @@ def insert(
         (REQUEST_RECORDS, list(requests)),
         (ENGINE_SAMPLES, list(engine)),
         (GPU_SAMPLES, list(gpu)),
+        (TARGET_HEALTH, list(health)),
     ):
         if rows:
             table = to_table(schema, rows)

@@ -17,8 +17,8 @@ CFG = DetectorConfig()
 
 
 def run(store: Store, fleet: FleetTimeline, cfg: DetectorConfig = CFG) -> list[Finding]:
-    requests, engine, gpu = fleet.rows()
-    insert(store, requests=requests, engine=engine, gpu=gpu)
+    requests, engine, gpu, health = fleet.all_rows()
+    insert(store, requests=requests, engine=engine, gpu=gpu, health=health)
     snap = load_snapshot(
         store.con, fleet.end_ms, int(cfg.lookback_s * 1000), int(cfg.ghost_grace_s * 1000)
     )
@@ -65,8 +65,53 @@ def oom_kv(s: State, _: float) -> None:
     s["kv_usage"] = 0.995
 
 
-def oom_xid(s: State, _: float) -> None:
-    s["xid"] = 79.0
+def xid(code: int) -> Callable[[State, float], None]:
+    def fault(s: State, _: float) -> None:
+        s["xid"] = float(code)
+
+    return fault
+
+
+def crash(s: State, since: float) -> None:
+    """Down for a minute from 300 s after the fault starts, then a new process."""
+    if 300 <= since < 360:
+        s["up"], s["requests"] = False, 0
+    elif since >= 360 and s["process_start_s"] < 2e9:
+        s["up"], s["requests"] = True, 8
+        s["process_start_s"] = 2e9 + since
+        s["generation_tokens"] = s["tokens_per_s"] * 15  # counters start again from 0
+        s["resets_now"] = 1
+
+
+def down(s: State, _: float) -> None:
+    s["up"], s["requests"] = False, 0
+
+
+def not_ready(s: State, _: float) -> None:
+    s["ready"] = False
+    s["request"] = {"outcome": "rejected", "http_status": 503, "upstream_status": 503}
+    s["request"].update(ttft_s=None, tpot_s=None, finish_reason=None)
+
+
+def model_load_failure(s: State, since: float) -> None:
+    not_ready(s, since)
+    s["models"] = 0
+
+
+def slow_prefill(s: State, _: float) -> None:
+    s["ttft_s"] = 0.9
+
+
+def slow_decode(s: State, _: float) -> None:
+    s["tpot_s"] = 0.075
+
+
+def hot_by_tokens(s: State, _: float) -> None:
+    s["request"] = {"completion_tokens": 600, "token_chunks": 600}  # same requests, 6× tokens
+
+
+def hot_rank(s: State, _: float) -> None:
+    s["ranks"] = [4, 4, 4, 1, 1, 1, 1, 1]  # three DP ranks at 4× (a real SGLang scrape)
 
 
 def oom_fb(s: State, _: float) -> None:
@@ -95,7 +140,32 @@ CASES: list[tuple[str, Callable[[State, float], None], str, str]] = [
     ("numeric_anomaly", numeric, "numeric_anomaly", "error_counters"),
     ("queue_growth", queue, "queue_growth", "engine_gauges"),
     ("oom_risk from KV", oom_kv, "oom_risk", "kv_usage"),
-    ("oom_risk from XID", oom_xid, "oom_risk", "xid"),
+    (
+        "crash: down, then a new process with reset counters",
+        crash,
+        "crash",
+        "process_start_changed+counter_reset+down_then_up",
+    ),
+    ("target down", down, "target_down", "scrape_failed"),
+    ("worker up but not ready", not_ready, "worker_not_ready", "health"),
+    (
+        "model-load failure: no model listed",
+        model_load_failure,
+        "model_load_failure",
+        "no_model_listed",
+    ),
+    ("slow prefill: TTFT shifted against the pool", slow_prefill, "slow_prefill", "mann_whitney"),
+    ("slow decode: TPOT shifted against the pool", slow_decode, "slow_decode", "mann_whitney"),
+    ("hot instance by tokens, not requests", hot_by_tokens, "hot_instance", "token_share"),
+    ("hot DP rank within an instance", hot_rank, "hot_rank", "rank_throughput"),
+    ("XID 79: fallen off the bus", xid(79), "xid_fallen_off_bus", "dcgm_xid"),
+    ("XID 119: GSP timeout (GPU lost)", xid(119), "xid_fallen_off_bus", "dcgm_xid"),
+    ("XID 48: double-bit ECC", xid(48), "xid_memory_error", "dcgm_xid"),
+    ("XID 94: contained ECC", xid(94), "xid_memory_error", "dcgm_xid"),
+    ("XID 74: NVLink", xid(74), "xid_interconnect", "dcgm_xid"),
+    ("XID 13: graphics engine exception", xid(13), "xid_application_fault", "dcgm_xid"),
+    ("XID 31: MMU fault", xid(31), "xid_application_fault", "dcgm_xid"),
+    ("XID 999: not in the table", xid(999), "xid_other", "dcgm_xid"),
     ("oom_risk from the frame buffer", oom_fb, "oom_risk", "fb_used_share"),
     ("hot_instance", hot, "hot_instance", "request_share"),
     ("retry_storm", retries, "retry_storm", "tap_attempts"),
@@ -153,6 +223,14 @@ def test_gini_and_the_detector_table() -> None:
     assert gini([0, 0, 0, 10]) == pytest.approx(0.75)
     assert gini([]) == 0.0
     assert set(DETECTORS) == {
+        "target_down",
+        "crash",
+        "worker_not_ready",
+        "model_load_failure",
+        "xid",
+        "slow_prefill",
+        "slow_decode",
+        "hot_rank",
         "stall",
         "ghost_requests",
         "preemption_cascade",
@@ -222,3 +300,67 @@ def test_a_steady_trickle_of_errors_is_not_a_numeric_anomaly(store: Store) -> No
 
     fleet = FleetTimeline(instances=2, seconds=900).add_fault(0, 0, trickle)
     assert [f for f in run(store, fleet) if f.signal == "numeric_anomaly"] == []
+
+
+def test_a_healthy_dp_deployment_raises_no_hot_rank(store: Store) -> None:
+    fleet = FleetTimeline(instances=3, seconds=1800)
+    for index in range(3):
+        fleet.add_fault(index, 0, lambda s, _: s.update(ranks=[1] * 8))
+    assert run(store, fleet) == []
+
+
+def test_the_faulty_instance_is_the_only_one_with_a_finding(store: Store) -> None:
+    """Each new mode on instance 1 of 4: every finding is on instance 1 (no collateral)."""
+    for fault in (crash, down, not_ready, model_load_failure, slow_prefill, slow_decode):
+        store.con.execute("DELETE FROM engine_samples_values; DELETE FROM requests")
+        store.con.execute("DELETE FROM gpu_samples_values; DELETE FROM target_health")
+        fleet = FleetTimeline(instances=4, seconds=900).add_fault(1, 300, fault)
+        findings = run(store, fleet)
+        assert findings and {f.scope_id for f in findings} == {fleet.instance(1)}, fault
+
+
+@pytest.mark.parametrize("code", [79, 48, 13, 74])
+def test_an_xid_is_no_memory_pressure(store: Store, code: int) -> None:
+    fleet = FleetTimeline(instances=2, seconds=600).add_fault(0, 300, xid(code))
+    assert [f for f in run(store, fleet) if f.signal == "oom_risk"] == []
+
+
+def test_xid_findings_say_whether_the_gpu_is_lost(store: Store) -> None:
+    fleet = FleetTimeline(instances=2, seconds=600).add_fault(0, 300, xid(95))
+    (finding,) = [f for f in run(store, fleet) if f.signal.startswith("xid_")]
+    assert (finding.signal, finding.severity) == ("xid_memory_error", "page")
+    assert finding.evidence["takes_gpu_out"] is True
+    assert finding.evidence["names"] == {"95": "Uncontained ECC error"}
+
+
+def test_a_restart_longer_ago_than_restart_hold_is_not_reported(store: Store) -> None:
+    fleet = FleetTimeline(instances=2, seconds=1200).add_fault(0, 0, crash)  # back at 360 s
+    assert [f for f in run(store, fleet) if f.signal == "crash"] == []
+
+
+def test_a_short_blip_of_not_ready_is_not_reported(store: Store) -> None:
+    fleet = FleetTimeline(instances=2, seconds=600, probe_every=1).add_fault(0, 590, not_ready)
+    assert [f for f in run(store, fleet) if f.signal == "worker_not_ready"] == []
+
+
+def test_not_ready_evidence_counts_the_taps_503s(store: Store) -> None:
+    fleet = FleetTimeline(instances=2, seconds=600).add_fault(0, 300, not_ready)
+    (finding,) = [f for f in run(store, fleet) if f.signal == "worker_not_ready"]
+    assert finding.evidence["tap_503"] > 0 and finding.evidence["ready_status"] == 503
+    assert finding.evidence["not_ready_since_ts_ms"] == T0_MS + 300_000
+
+
+def test_an_engines_ready_gauge_at_zero_is_a_not_ready_worker(store: Store) -> None:
+    fleet = FleetTimeline(instances=2, seconds=600)
+    requests, engine, gpu, health = fleet.all_rows()
+    engine += [
+        engine_sample(
+            T0_MS + t * 1000, "ready", 1.0 if t < 500 else 0.0, instance=fleet.instance(1)
+        )
+        for t in range(0, 601, 15)
+    ]
+    insert(store, requests=requests, engine=engine, gpu=gpu, health=health)
+    snap = load_snapshot(store.con, fleet.end_ms, 600_000)
+    (finding,) = [f for f in detect_all(snap, CFG) if f.signal == "worker_not_ready"]
+    assert (finding.scope_id, finding.basis) == (fleet.instance(1), "gauge")
+    assert finding.evidence["not_ready_for_s"] == 90

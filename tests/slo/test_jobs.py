@@ -44,6 +44,8 @@ MODEL: SloModel = build_model(
     )
 )
 CONFIG = JobsConfig(flags=FlagPolicy(dwell_s=60))
+#: The pool's level from the mean KV free ratio of its instances (not the default).
+MEAN_KV_POOL = JobsConfig(flags=FlagPolicy(dwell_s=60), pool_level="kv", pool_kv="mean")
 
 
 def kv_leak(s: State, since: float) -> None:
@@ -59,11 +61,12 @@ def replay(
     metrics: JobMetrics | None = None,
     step_s: int = 0,
     start_s: int = 0,
+    config: JobsConfig = CONFIG,
 ) -> SloJobs:
     """Insert the fleet's rows, then run one cycle per ``step_s`` (default: every scrape)."""
-    requests, engine, gpu = fleet.rows()
-    insert(store, requests=requests, engine=engine, gpu=gpu)
-    jobs = SloJobs(store.con, MODEL, CONFIG, sink=sink, metrics=metrics)
+    requests, engine, gpu, health = fleet.all_rows()
+    insert(store, requests=requests, engine=engine, gpu=gpu, health=health)
+    jobs = SloJobs(store.con, MODEL, config, sink=sink, metrics=metrics)
     for t in range(start_s, fleet.seconds + 1, step_s or fleet.scrape_s):
         result = jobs.run_once(T0_MS + t * 1000)
         assert result is not None and result.errors == []
@@ -80,7 +83,7 @@ def test_a_healthy_run_changes_no_flag(store: Store) -> None:
 def test_kv_leak_raises_l1_l2_l3_within_two_scrapes_of_each_crossing(store: Store) -> None:
     sink = ListTransitionSink()
     fleet = FleetTimeline(instances=3, seconds=900).add_fault(1, 300, kv_leak)
-    replay(store, fleet, sink, start_s=480)
+    replay(store, fleet, sink, start_s=480, config=MEAN_KV_POOL)
     mine = [t for t in sink.transitions if t.scope == "instance"]
     assert [(t.from_level, t.to_level) for t in mine] == [(0, 1), (1, 2), (2, 3)]
     assert all(t.scope_id == fleet.instance(1) for t in mine)
@@ -93,15 +96,29 @@ def test_kv_leak_raises_l1_l2_l3_within_two_scrapes_of_each_crossing(store: Stor
     assert not [t for t in sink.transitions if t.scope == "pool"]
 
 
-def test_xid_sends_the_instance_to_l3_with_oom_evidence(store: Store) -> None:
+def test_a_gpu_fallen_off_the_bus_sends_the_instance_to_l3_as_gpu_lost(store: Store) -> None:
+    """XID 79 takes the GPU out: the instance is pinned at L3 (route away), but it is no
+    memory pressure (issue 15: not every XID is OOM risk), and the pool stays."""
+
     def xid(s: State, _: float) -> None:
         s["xid"] = 79.0
 
     sink = ListTransitionSink()
     replay(store, FleetTimeline(instances=2, seconds=400).add_fault(0, 300, xid), sink, start_s=240)
     (t,) = sink.transitions
-    assert (t.scope, t.to_level, t.reason) == ("instance", 3, "oom_risk")
-    assert t.evidence["oom_risk"]["xid"] == [79]
+    assert (t.scope, t.to_level, t.reason) == ("instance", 3, "xid_gpu_lost")
+    assert t.evidence["xid_gpu_lost"]["xid"] == [79]
+    assert "oom_risk" not in t.evidence or t.evidence["oom_risk"] is True
+
+
+@pytest.mark.parametrize("code", [13, 31, 43, 74, 94])
+def test_an_xid_that_leaves_the_gpu_serving_changes_no_flag(store: Store, code: int) -> None:
+    sink = ListTransitionSink()
+    fleet = FleetTimeline(instances=2, seconds=400).add_fault(
+        0, 300, lambda s, _: s.update(xid=code)
+    )
+    replay(store, fleet, sink, start_s=240)
+    assert sink.transitions == []
 
 
 def test_recovery_leaves_slowly_and_every_transition_is_stored(store: Store) -> None:
@@ -135,7 +152,7 @@ def test_a_restart_resumes_the_stored_level_instead_of_re_announcing(store: Stor
 def test_transitions_are_published_to_the_flags_topic(store: Store, bus: Bus) -> None:
     sink = BusTransitionSink(Publisher(bus.producer, component="slo-jobs"))
     fleet = FleetTimeline(instances=2, seconds=700).add_fault(0, 300, kv_leak)
-    replay(store, fleet, sink, start_s=480)
+    replay(store, fleet, sink, start_s=480, config=MEAN_KV_POOL)
     sink.close()
     consumer = bus.consumer(None)
     consumer.subscribe([bus.prefix + FLAG_TRANSITIONS.topic])
@@ -248,3 +265,68 @@ def test_raw_rows_are_pruned_hourly_but_never_inside_the_settle_window(store: St
     assert oldest[0] == T0_MS + 170 * 60_000
     status = next(s for s in jobs.run_once(T0_MS + 181 * 60_000).statuses if s.slo.name == "avail")  # type: ignore[union-attr]
     assert status.period.total == 36  # the rollups still hold the pruned minutes
+
+
+def test_a_pool_takes_the_worst_level_one_instance_held_for_the_dwell_time(store: Store) -> None:
+    """Default pool level: one instance of three at L2 for dwell_s puts the pool at L2 (a
+    mean of the three free ratios would have hidden it)."""
+
+    def tight(s: State, _: float) -> None:
+        s["kv_usage"] = 0.96  # L2 (free 4 %)
+
+    sink = ListTransitionSink()
+    fleet = FleetTimeline(instances=3, seconds=600).add_fault(1, 300, tight)
+    replay(store, fleet, sink, start_s=240)
+    pool = [t for t in sink.transitions if t.scope == "pool"]
+    assert [(t.from_level, t.to_level) for t in pool] == [(0, 2)]
+    assert pool[0].evidence["worst_instance"] == fleet.instance(1)
+    entered = (pool[0].ts_ms - T0_MS) / 1000
+    assert 300 + 60 <= entered <= 300 + 60 + fleet.scrape_s
+
+
+def test_a_spike_shorter_than_the_dwell_time_leaves_the_pool_alone(store: Store) -> None:
+    def spike(s: State, since: float) -> None:
+        if since < 30:
+            s["kv_usage"] = 0.96
+
+    sink = ListTransitionSink()
+    fleet = FleetTimeline(instances=3, seconds=600).add_fault(1, 300, spike)
+    replay(store, fleet, sink, start_s=240)
+    assert [t for t in sink.transitions if t.scope == "instance"]
+    assert not [t for t in sink.transitions if t.scope == "pool"]
+
+
+def test_a_crashed_instance_is_unknown_not_its_last_level(store: Store) -> None:
+    """At L2, the pod crashes (scrapes fail): its flag turns unknown (−1), never stays L2;
+    back up, it takes the level its fresh data calls for."""
+
+    def tight_then_crash(s: State, since: float) -> None:
+        s["kv_usage"] = 0.96
+        if 120 <= since < 240:
+            s["up"], s["requests"] = False, 0
+        elif since >= 240:
+            s["up"], s["requests"] = True, 8
+            s["kv_usage"] = 0.4  # the new process starts with an empty cache
+            if s["process_start_s"] < 2e9:
+                s["process_start_s"], s["resets_now"] = 2e9, 1
+
+    fleet = FleetTimeline(instances=2, seconds=900).add_fault(0, 300, tight_then_crash)
+    replay(store, fleet, StoreTransitionSink(store.con), start_s=240)
+    rows = store.con.execute(
+        "SELECT from_level, to_level, reason FROM flag_transitions "
+        "WHERE scope = 'instance' ORDER BY ts_ms"
+    ).fetchall()
+    assert rows == [(0, 2, "kv_free_below_l2"), (2, -1, "target_down"), (-1, 0, "observed_again")]
+    from slo.queries import current_flags
+
+    at_down = T0_MS + (300 + 200) * 1000
+    (row,) = current_flags(store.con, scope="instance", at_ms=at_down).to_pylist()
+    assert (row["to_level"], row["reason"]) == (-1, "target_down")
+
+
+def test_a_target_never_seen_up_gets_no_flag_at_all(store: Store) -> None:
+    """A down dcgm exporter or an engine never scraped successfully had no level to lose."""
+    sink = ListTransitionSink()
+    fleet = FleetTimeline(instances=2, seconds=600).add_fault(1, 0, lambda s, _: s.update(up=False))
+    replay(store, fleet, sink, start_s=240)
+    assert [t for t in sink.transitions if t.scope == "instance"] == []

@@ -1,0 +1,61 @@
+"""Detectors of one instance's latency shifted against the rest of its pool.
+
+Slow prefill (TTFT) and slow decode (TPOT) are signals of their own, not only SLO burn: an
+instance whose distribution sits above its pool's, by a one-sided Mann–Whitney U test
+(scipy) *and* an effect size (median ratio and the probability of superiority U/(n·m)), with
+a minimum number of tap records on each side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import mannwhitneyu
+
+from slo._traffic_detectors import by_pool
+from slo.findings import DetectorConfig, Finding
+from slo.snapshot import Snapshot
+
+__all__ = ["detect_slow_decode", "detect_slow_prefill"]
+
+
+def _shifted(snap: Snapshot, cfg: DetectorConfig, metric: str, signal: str) -> list[Finding]:
+    findings = []
+    for instances in by_pool(snap).values():
+        samples = {i: snap.latency[i][metric] for i in instances if i in snap.latency}
+        for instance, mine in samples.items():
+            rest = [v for other, v in samples.items() if other != instance]
+            if len(mine) < cfg.slow_min_samples or not rest:
+                continue
+            pool = np.concatenate(rest)
+            if len(pool) < cfg.slow_min_samples:
+                continue
+            mine_median, pool_median = float(np.median(mine)), float(np.median(pool))
+            if pool_median <= 0 or mine_median / pool_median < cfg.slow_median_ratio:
+                continue
+            test = mannwhitneyu(mine, pool, alternative="greater")
+            if test.pvalue >= cfg.slow_p_value:
+                continue
+            evidence = {
+                "metric": metric,
+                "median_s": mine_median,
+                "pool_median_s": pool_median,
+                "median_ratio": mine_median / pool_median,
+                "prob_superiority": float(test.statistic) / (len(mine) * len(pool)),
+                "p_value": float(test.pvalue),
+                "n": len(mine),
+                "pool_n": len(pool),
+            }
+            findings.append(
+                Finding.on_instance(snap, signal, instance, "ticket", "mann_whitney", evidence)
+            )
+    return findings
+
+
+def detect_slow_prefill(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """An instance's TTFT shifted above the rest of its pool (ok tap records)."""
+    return _shifted(snap, cfg, "ttft_s", "slow_prefill")
+
+
+def detect_slow_decode(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """An instance's TPOT shifted above the rest of its pool (ok tap records)."""
+    return _shifted(snap, cfg, "tpot_s", "slow_decode")
