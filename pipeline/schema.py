@@ -281,7 +281,12 @@ REQUEST_RECORDS = RecordSchema(
             ),
             _field("e2e_s", pa.float64(), "last byte to the client minus t0"),
             _field("prompt_tokens", pa.int32(), "usage.prompt_tokens"),
-            _field("completion_tokens", pa.int32(), "usage.completion_tokens"),
+            _field(
+                "completion_tokens",
+                pa.int32(),
+                "usage.completion_tokens, or the tokens counted from the token-bearing chunks "
+                "when the engine sent no usage (tokens_source says which)",
+            ),
             _field("token_chunks", pa.int32(), "number of token-bearing chunks"),
             _field("itl_mean_s", pa.float64(), "mean ITL gap, exact over every gap"),
             _field("itl_p99_s", pa.float64(), "99th percentile ITL gap (nearest rank, exact)"),
@@ -338,6 +343,12 @@ REQUEST_RECORDS = RecordSchema(
                 pa.list_(pa.int32()),
                 "ITL gaps per log bucket, 32 counts: bucket k holds gaps ≤ 0.25 ms·√2^k "
                 "(k = 0…30, up to 8.2 s) and above the previous bound; the last, larger gaps",
+            ),
+            _field(
+                "tokens_source",
+                _DICT_STR,
+                "where N of TPOT came from: usage (the engine's usage) or chunks (counted from "
+                "token-bearing chunks, engine sent no usage); null without tokens",
             ),
         ]
     ),

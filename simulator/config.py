@@ -51,6 +51,12 @@ class EngineConfig(_Model):
     mean_output_tokens: float = Field(
         200.0, gt=0, description="mean natural output length when ignore_eos is not set"
     )
+    honours_include_usage: bool = Field(
+        default=True,
+        description="send the usage chunk when a stream asks for it with "
+        "stream_options.include_usage; False models the engines and older versions that "
+        "ignore the option and never send usage in a stream",
+    )
 
     @model_validator(mode="after")
     def _known_profile(self) -> EngineConfig:

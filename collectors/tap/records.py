@@ -63,4 +63,5 @@ def record_row(
         "disconnect_ts_ms": _ms(ex.disconnect_wall_s),
         "upstream_closed_ts_ms": _ms(ex.upstream_closed_wall_s),
         "tokens_after_disconnect": ex.tokens_after_disconnect,
+        "tokens_source": m.tokens_source,
     }
