@@ -16,6 +16,9 @@ __all__ = ["engine_minutes_sql", "tap_minutes_sql"]
 MINUTE_MS = 60_000
 #: Counter samples read before the range so the first minute's increase is known.
 ENGINE_LOOKBACK_MS = 10 * MINUTE_MS
+#: Attempts read before the range so a retried request finds its first attempt: retries
+#: happen before the first token, within the request's deadline, far inside this.
+RETRY_LOOKBACK_MS = 10 * MINUTE_MS
 
 _TAP_VALUE = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s"}
 _ITL_VALUE = {
@@ -70,17 +73,34 @@ def _dims(slo: Slo) -> str:
 
 
 def tap_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[object]]:
-    """Rows (slo_id, ts_ms, pool, instance, tenant, route, total, bad) from ``requests``."""
+    """Rows (slo_id, ts_ms, pool, instance, tenant, route, total, bad) from ``requests``.
+
+    One event per **client request** (``original_request_id``; a record without one is its
+    own request), DESIGN §4: the request's last attempt decides good or bad (it is what the
+    client got; its TTFT is measured from the client's t₀, so the failed attempts' time is
+    in it) and its instance and pool own the event. The minute is the one the client's
+    request arrived in (its first attempt). Attempts up to :data:`RETRY_LOOKBACK_MS` before
+    ``start_ms`` are read so a retry near the range's start finds its first attempt; the
+    attempts stay in ``requests`` as evidence (``attempt``, ``request_id``).
+    """
     good, eligible = _tap_good_eligible(slo)
     where, params = _selector_sql(slo.selector)
+    client = "coalesce(original_request_id, request_id)"
     sql = f"""
-        SELECT ? AS slo_id, (received_ts_ms // {MINUTE_MS}) * {MINUTE_MS} AS ts_ms, {_dims(slo)},
+        WITH attempts AS (
+            SELECT *, min(received_ts_ms) OVER (PARTITION BY {client}) AS client_ts_ms
+            FROM requests
+            WHERE received_ts_ms >= ? AND received_ts_ms < ?
+            QUALIFY row_number() OVER (
+                PARTITION BY {client} ORDER BY attempt DESC, received_ts_ms DESC) = 1),
+        events AS (
+            SELECT * FROM attempts WHERE client_ts_ms >= ? AND client_ts_ms < ?{where})
+        SELECT ? AS slo_id, (client_ts_ms // {MINUTE_MS}) * {MINUTE_MS} AS ts_ms, {_dims(slo)},
                count(*) FILTER (WHERE {eligible}) AS total,
                count(*) FILTER (WHERE {eligible} AND NOT coalesce({good}, false)) AS bad
-        FROM requests
-        WHERE received_ts_ms >= ? AND received_ts_ms < ?{where}
+        FROM events
         GROUP BY ALL HAVING count(*) FILTER (WHERE {eligible}) > 0"""
-    return sql, [slo.id, start_ms, end_ms, *params]
+    return sql, [start_ms - RETRY_LOOKBACK_MS, end_ms, start_ms, end_ms, *params, slo.id]
 
 
 def engine_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[object]]:
