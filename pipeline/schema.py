@@ -350,6 +350,18 @@ REQUEST_RECORDS = RecordSchema(
                 "where N of TPOT came from: usage (the engine's usage) or chunks (counted from "
                 "token-bearing chunks, engine sent no usage); null without tokens",
             ),
+            _field(
+                "degradation_level",
+                pa.int8(),
+                "degradation level (0–3) the tap acted on for this request; null when the tap "
+                "follows no flags or they were stale (fail open)",
+            ),
+            _field(
+                "enforced_action",
+                _DICT_STR,
+                "what the tap did: degradation_header, rejected_long_prompt, "
+                "rejected_max_tokens, fallback_upstream, fail_open; null for nothing",
+            ),
         ]
     ),
 )

@@ -16,6 +16,8 @@ from prometheus_client import start_http_server
 
 from app.options import add_common_options, resolve_config
 from collectors.tap.config import TapConfig
+from collectors.tap.degradation import FlagFollower
+from collectors.tap.flagsource import KafkaFlagSource
 from collectors.tap.proxy import TapProxy, freeze_startup_heap, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
@@ -135,6 +137,9 @@ def run_tap(args: argparse.Namespace) -> int:
         raise ConfigError("tap.upstreams: give --upstream URL[,URL…] or set tap.upstreams")
     metrics = TapMetrics()
     sinks: list[RecordSink] = []
+    flags = None
+    if tap.degradation.follow_flags and not tap.kafka:
+        raise ConfigError("tap.degradation.follow_flags: needs tap.kafka (the flags topic)")
     with contextlib.ExitStack() as stack:
         if tap.kafka:
             bus = stack.enter_context(Bus(config.bus))
@@ -148,6 +153,10 @@ def run_tap(args: argparse.Namespace) -> int:
                     on_drop=lambda reason, rows: metrics.dropped.labels(reason).inc(rows),
                 )
             )
+            if tap.degradation.follow_flags:
+                follower = FlagFollower(KafkaFlagSource(bus)).start()
+                stack.callback(follower.stop)
+                flags = follower.current
         if tap.records_out:
             sinks.append(JsonLinesSink(tap.records_out))
         genai, providers = build_genai_otlp(tap.otlp_endpoint) if tap.otlp_endpoint else (None, [])
@@ -157,7 +166,7 @@ def run_tap(args: argparse.Namespace) -> int:
                 tap.metrics_port, tap.metrics_host, registry=metrics.registry
             )
             metrics_port = server.server_port
-        proxy = TapProxy(tap, MultiSink(sinks), metrics=metrics, genai=genai)
+        proxy = TapProxy(tap, MultiSink(sinks), metrics=metrics, genai=genai, flags=flags)
         run_event_loop(_serve(proxy, tap, metrics_port))
         for provider in providers:
             provider.shutdown()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from collectors.tap.degradation import DegradationConfig
+
 __all__ = ["TapConfig"]
 
 
@@ -141,6 +143,10 @@ class TapConfig(BaseModel):
     )
     otlp_endpoint: str | None = Field(
         None, description="OTLP/HTTP endpoint for GenAI metrics and spans"
+    )
+    degradation: DegradationConfig = Field(
+        default_factory=lambda: DegradationConfig.model_validate({}),
+        description="follow the flags topic and enforce L1–L3 (collectors.tap.degradation)",
     )
 
     @field_validator("upstreams")

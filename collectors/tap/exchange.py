@@ -59,6 +59,10 @@ class RequestContext:
     received_wall_s: float
     deadline_wall_s: float | None
     problems: list[str] = field(default_factory=list)
+    max_tokens: int | None = None
+    #: Degradation flags (collectors.tap.degradation): the level acted on and the action.
+    degradation_level: int | None = None
+    enforced_action: str | None = None
 
 
 def _is_event_stream(headers: CIMultiDict[str]) -> bool:

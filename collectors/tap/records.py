@@ -64,4 +64,6 @@ def record_row(
         "upstream_closed_ts_ms": _ms(ex.upstream_closed_wall_s),
         "tokens_after_disconnect": ex.tokens_after_disconnect,
         "tokens_source": m.tokens_source,
+        "degradation_level": ctx.degradation_level,
+        "enforced_action": ctx.enforced_action,
     }
