@@ -75,6 +75,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--otlp-endpoint", help="export GenAI metrics and spans over OTLP/HTTP to this URL"
     )
+    parser.add_argument(
+        "--follow-flags",
+        action="store_true",
+        help="follow the flags topic and enforce L1–L3 (tap.degradation.follow_flags)",
+    )
     parser.set_defaults(handler=run_tap)
 
 
@@ -100,6 +105,9 @@ def tap_config(config: LlmsloConfig, args: argparse.Namespace) -> TapConfig:
         updates["drain_max_s"] = args.drain_s
     if args.no_kafka:
         updates["kafka"] = False
+    if getattr(args, "follow_flags", False):
+        degradation = section.degradation.model_dump() | {"follow_flags": True}
+        updates["degradation"] = degradation
     try:
         return TapConfig.model_validate(section.model_dump() | updates)
     except ValueError as exc:
