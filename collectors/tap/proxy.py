@@ -242,6 +242,7 @@ class TapProxy:
             enforcement = self._enforce(ctx)
             if enforcement.reject:
                 self._reject(ctx, down, enforcement)
+                self._bytes_client.inc(down.bytes_sent)
                 return
             if enforcement.fallback:
                 down.extra_headers.append(ECONOMY_HEADER)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
+from collectors.tap import ListSink, TapConfig, TapProxy
 from collectors.tap.degradation import (
     DegradationConfig,
     Degrader,
@@ -11,6 +15,7 @@ from collectors.tap.degradation import (
     FlagSnapshot,
     estimate_prompt_tokens,
 )
+from tests.tap.fakes import ScriptedUpstream, post, stream_script
 
 POOL, ME, OTHER = "llama", "10.0.0.1:8000", "10.0.0.2:8000"
 LONG = 16_384 * 4 + 4  # body bytes just over the 16K-token default
@@ -92,3 +97,66 @@ def test_prompt_estimate_from_body_bytes() -> None:
 def test_fallback_must_be_a_url() -> None:
     with pytest.raises(ValueError, match="fallback_upstream"):
         DegradationConfig(fallback_upstream="10.0.0.9:8000")
+
+
+# ---- through a real tap on loopback, with a fixed snapshot (the follower is tested e2e)
+def flagged(levels: dict[tuple[str, str], int]):
+    snapshot = FlagSnapshot(levels, time.perf_counter() + 3600)  # fresh for the whole test
+    return lambda: snapshot
+
+
+def test_l1_forwards_the_header_upstream_and_counts_it() -> None:
+    async def scenario() -> None:
+        upstream = ScriptedUpstream(lambda _: stream_script(3))
+        url = await upstream.start()
+        instance = url.removeprefix("http://")
+        config = TapConfig(listen="127.0.0.1:0", upstreams=[url], kafka=False, pool=POOL)
+        sink = ListSink()
+        proxy = TapProxy(config, sink, flags=flagged({("instance", instance): 1}))
+        port = await proxy.start()
+        try:
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+            spoofed = {"x-llmslo-degradation": "L0"}
+            status, _, _ = await post(f"http://127.0.0.1:{port}", body, headers=spoofed)
+            long_body = {**body, "messages": [{"role": "user", "content": "y" * LONG}]}
+            long_status, _, _ = await post(f"http://127.0.0.1:{port}", long_body)
+        finally:
+            await proxy.stop()
+            await upstream.stop()
+        assert (status, long_status) == (200, 200)  # L1 sheds nothing
+        assert [h.getall("x-llmslo-degradation") for h in upstream.headers] == [["L1"], ["L1"]]
+        assert [(r["degradation_level"], r["enforced_action"]) for r in sink.requests] == [
+            (1, "degradation_header")
+        ] * 2
+        counted = proxy.metrics.degradation_actions.labels("L1", "degradation_header")
+        assert counted._value.get() == 2
+
+    asyncio.run(scenario())
+
+
+def test_an_l2_rejection_never_reaches_the_engine() -> None:
+    async def scenario() -> None:
+        upstream = ScriptedUpstream(lambda _: stream_script(3))
+        url = await upstream.start()
+        config = TapConfig(listen="127.0.0.1:0", upstreams=[url], kafka=False, pool=POOL)
+        sink = ListSink()
+        proxy = TapProxy(config, sink, flags=flagged({("pool", POOL): 2}))
+        port = await proxy.start()
+        try:
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "y"}]}
+            body["messages"][0]["content"] = "y" * LONG
+            status, answer, _ = await post(f"http://127.0.0.1:{port}", body)
+        finally:
+            await proxy.stop()
+            await upstream.stop()
+        assert status == 429 and b"degraded" in answer
+        assert upstream.requests == []
+        [row] = sink.requests
+        assert (row["outcome"], row["http_status"], row["upstream_status"]) == (
+            "rejected",
+            429,
+            None,
+        )
+        assert row["error_kind"] == row["enforced_action"] == "rejected_long_prompt"
+
+    asyncio.run(scenario())
