@@ -13,8 +13,9 @@ those scopes):
   ``L<n>``, and a client's own header of that name is never forwarded;
 * **L2**: ``429`` with ``Retry-After`` for prompts over ``l2_max_prompt_tokens`` and for
   ``max_tokens`` over ``l2_max_tokens``; everything else passes (with the header);
-* **L3**: attempts go to ``fallback_upstream`` (the small-model replica) and the response
-  carries ``x-llmslo-degraded: economy`` (the front end's banner); without a fallback, L2.
+* **L3**: attempts go to ``fallback_upstream`` (the small-model replica, its model name in
+  ``fallback_model``) and the response carries ``x-llmslo-degraded: economy`` (the front
+  end's banner); without a fallback, L2.
 
 **Prompt size without a tokenizer.** The estimate is the request body's length in bytes
 divided by ``bytes_per_token`` (4), which costs nothing per request (the body is already
@@ -35,6 +36,7 @@ not keep shedding load on a level that may be long gone.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -56,6 +58,7 @@ __all__ = [
     "FlagSource",
     "FlagSourceError",
     "estimate_prompt_tokens",
+    "with_model",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,13 @@ class DegradationConfig(BaseModel):
     fallback_upstream: str | None = Field(
         None, description="L3: the small-model replica's base URL (none: L3 acts as L2)"
     )
+    fallback_model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="L3: the model name the fallback serves; the request's `model` is "
+        "rewritten to it (engines answer 404 to a name they do not serve); none: unchanged",
+    )
 
     @field_validator("fallback_upstream")
     @classmethod
@@ -99,6 +109,18 @@ class DegradationConfig(BaseModel):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"fallback_upstream {value!r} must start with http:// or https://")
         return None if value is None else value.rstrip("/")
+
+
+def with_model(body: bytes, model: str) -> bytes:
+    """``body`` (a JSON object) with its ``model`` replaced; unchanged if it is not JSON."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body
+    if not isinstance(parsed, dict):
+        return body
+    parsed["model"] = model
+    return json.dumps(parsed, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def estimate_prompt_tokens(body_bytes: int, bytes_per_token: float) -> int:

@@ -30,6 +30,7 @@ from collectors.tap.degradation import (
     Degrader,
     Enforcement,
     FlagSnapshot,
+    with_model,
 )
 from collectors.tap.downstream import HOP_BY_HOP, ClientGone, Downstream
 from collectors.tap.exchange import Exchange, RequestContext
@@ -246,6 +247,8 @@ class TapProxy:
                 return
             if enforcement.fallback:
                 down.extra_headers.append(ECONOMY_HEADER)
+                if self.config.degradation.fallback_model is not None:
+                    ctx.body = with_model(ctx.body, self.config.degradation.fallback_model)
         self.budget.deposit(t0_s)
         try:
             await self._attempts(ctx, down, exchanges)

@@ -33,6 +33,7 @@ from slo.flags import FlagBoard, FlagPolicy
 from slo.sinks import BusTransitionSink
 
 MODEL = "llama-3-8b"
+SMALL_MODEL = "llama-3.2-1b"  # the small-model replica L3 falls back to
 DWELL_S = 2.0
 LONG_PROMPT = "word " * 14_000  # 70 KB: ~17.5K tokens estimated, over the 16K default
 SHORT_PROMPT = "hello there"
@@ -45,7 +46,7 @@ def fleet() -> Iterator[Fleet]:
         nodes=[NodeConfig(name="node-0", gpus=2)],
         pods=[
             PodConfig(name="big", model=MODEL, node="node-0", gpus=[0], engine=engine),
-            PodConfig(name="small", model=MODEL, node="node-0", gpus=[1], engine=engine),
+            PodConfig(name="small", model=SMALL_MODEL, node="node-0", gpus=[1], engine=engine),
         ],
         speed=20.0,
         seed=5,
@@ -207,7 +208,9 @@ def test_l3_serves_from_the_fallback_upstream_in_economy_mode(fleet: Fleet, bus:
     big, small = fleet.pod("big"), fleet.pod("small")
 
     async def scenario() -> None:
-        async with flagged_tap(bus, big.url, fallback_upstream=small.url) as (url, sink, _, f):
+        async with flagged_tap(
+            bus, big.url, fallback_upstream=small.url, fallback_model=SMALL_MODEL
+        ) as (url, sink, _, f):
             status, headers = await ask(url, chat(SHORT_PROMPT))
             assert status == 200 and "x-llmslo-degraded" not in headers
             publish_level(bus, "pool", MODEL, kv_free=0.005)  # below 1 %: L3
@@ -217,6 +220,9 @@ def test_l3_serves_from_the_fallback_upstream_in_economy_mode(fleet: Fleet, bus:
             last = sink.requests[-1]
             assert (last["instance"], last["outcome"]) == (small.instance, "ok")
             assert (last["degradation_level"], last["enforced_action"]) == (3, "fallback_upstream")
+            assert (
+                last["model"] == MODEL
+            )  # the client's name; the replica got SMALL_MODEL (else 404)
             assert sink.requests[0]["instance"] == big.instance
 
     asyncio.run(scenario())
