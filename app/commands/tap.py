@@ -162,7 +162,10 @@ def run_tap(args: argparse.Namespace) -> int:
                 )
             )
             if tap.degradation.follow_flags:
-                follower = FlagFollower(KafkaFlagSource(bus)).start()
+                source = KafkaFlagSource(
+                    bus, on_drop=lambda reason: metrics.dropped.labels(reason).inc()
+                )
+                follower = FlagFollower(source).start()
                 stack.callback(follower.stop)
                 flags = follower.current
         if tap.records_out:

@@ -278,4 +278,9 @@ class FlagFollower:
             if self._failing:
                 log.info("flags topic reachable again")
                 self._failing = False
-            self.apply(rows, self._clock())
+            try:
+                self.apply(rows, self._clock())
+            except (KeyError, TypeError, ValueError):
+                # A row the schema let through but that makes no level: skip the batch,
+                # keep following (a dead thread would silently fail open forever).
+                log.exception("flag transitions skipped")

@@ -9,7 +9,7 @@ store). Liveness is probed with a bounded offsets request each poll, because kaf
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kafka.errors import KafkaError
@@ -28,12 +28,20 @@ log = logging.getLogger(__name__)
 class KafkaFlagSource:
     """Transition rows from ``<prefix>flags``; raises ``FlagSourceError`` while unreachable."""
 
-    def __init__(self, bus: Bus, *, probe_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        probe_timeout_s: float = 2.0,
+        on_drop: Callable[[str], None] | None = None,
+    ) -> None:
+        """``on_drop(reason)`` counts each message skipped (undecodable, another schema)."""
         self.topic = bus.prefix + FLAG_TRANSITIONS.topic
         self.consumer = bus.consumer(None, request_timeout_ms=int(probe_timeout_s * 1000) + 500)
         self._probe_ms = int(probe_timeout_s * 1000)
         self._partitions: list[TopicPartition] = []
         self._undecodable = 0
+        self._on_drop = on_drop
 
     def _assign(self) -> None:
         ids = self.consumer.partitions_for_topic(self.topic)
@@ -64,6 +72,8 @@ class KafkaFlagSource:
                     self._undecodable += 1
                     if self._undecodable == 1:
                         log.warning("flags message at offset %s skipped: %s", message.offset, exc)
+                    if self._on_drop is not None:
+                        self._on_drop("undecodable_flag")
                     continue
                 if decoded.schema.name == FLAG_TRANSITIONS.name:
                     rows.extend(decoded.table.to_pylist())

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -73,10 +74,17 @@ async def ask(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str]]:
         return resp.status, dict(resp.headers)
 
 
+@dataclass
+class FlaggedTap:
+    url: str
+    sink: ListSink
+    proxy: TapProxy
+    follower: FlagFollower
+    drops: list[str]  # flags messages the source skipped, by reason
+
+
 @asynccontextmanager
-async def flagged_tap(
-    bus: Bus, upstream: str, **degradation: Any
-) -> AsyncIterator[tuple[str, ListSink, TapProxy, FlagFollower]]:
+async def flagged_tap(bus: Bus, upstream: str, **degradation: Any) -> AsyncIterator[FlaggedTap]:
     """A tap over ``upstream`` following ``bus``'s flags topic."""
     config = TapConfig(
         listen="127.0.0.1:0",
@@ -86,12 +94,14 @@ async def flagged_tap(
         first_token_timeout_s=10.0,
         degradation={"follow_flags": True, "staleness_s": 3.0, **degradation},
     )
-    follower = FlagFollower(KafkaFlagSource(bus, probe_timeout_s=1.0), poll_s=0.2).start()
+    drops: list[str] = []
+    source = KafkaFlagSource(bus, probe_timeout_s=1.0, on_drop=drops.append)
+    follower = FlagFollower(source, poll_s=0.2).start()
     sink = ListSink()
     proxy = TapProxy(config, sink, flags=follower.current)
     port = await proxy.start()
     try:
-        yield f"http://127.0.0.1:{port}", sink, proxy, follower
+        yield FlaggedTap(f"http://127.0.0.1:{port}", sink, proxy, follower, drops)
     finally:
         await proxy.stop()
         await asyncio.to_thread(follower.stop)
@@ -164,7 +174,8 @@ def test_kv_leak_sheds_long_prompts_at_l2_until_it_recovers(fleet: Fleet, bus: B
     pod = fleet.pod("big")
 
     async def scenario(driver: FlagDriver) -> None:
-        async with flagged_tap(bus, pod.url) as (url, sink, proxy, follower):
+        async with flagged_tap(bus, pod.url) as tap:
+            url, sink, proxy, follower = tap.url, tap.sink, tap.proxy, tap.follower
             assert (await ask(url, chat(LONG_PROMPT)))[0] == 200  # healthy: everything passes
             # 97 % of the pool leaks away: KV free 3 % → L2 (below 5 %, above 1 %).
             fleet.set_fault("big", "kv_leak", blocks_per_s=20_000, max_fraction=0.97)
@@ -210,9 +221,14 @@ def test_l3_serves_from_the_fallback_upstream_in_economy_mode(fleet: Fleet, bus:
     async def scenario() -> None:
         async with flagged_tap(
             bus, big.url, fallback_upstream=small.url, fallback_model=SMALL_MODEL
-        ) as (url, sink, _, f):
+        ) as tap:
+            url, sink, f = tap.url, tap.sink, tap.follower
             status, headers = await ask(url, chat(SHORT_PROMPT))
             assert status == 200 and "x-llmslo-degraded" not in headers
+            producer = bus.producer()
+            producer.send_raw("flags", b"\x00 not a flag transition")  # skipped and counted
+            producer.flush(10)
+            producer.close()
             publish_level(bus, "pool", MODEL, kv_free=0.005)  # below 1 %: L3
             await wait_for_level(f, big.instance, 3)
             status, headers = await ask(url, chat(LONG_PROMPT))
@@ -224,6 +240,7 @@ def test_l3_serves_from_the_fallback_upstream_in_economy_mode(fleet: Fleet, bus:
                 last["model"] == MODEL
             )  # the client's name; the replica got SMALL_MODEL (else 404)
             assert sink.requests[0]["instance"] == big.instance
+            assert tap.drops == ["undecodable_flag"]
 
     asyncio.run(scenario())
 
@@ -248,7 +265,8 @@ def test_a_flags_outage_fails_open_after_the_staleness_bound(
     pod = fleet.pod("big")
 
     async def scenario() -> None:
-        async with flagged_tap(bus, pod.url) as (url, sink, _, follower):
+        async with flagged_tap(bus, pod.url) as tap:
+            url, sink, follower = tap.url, tap.sink, tap.follower
             publish_level(bus, "instance", pod.instance, kv_free=0.03)  # L2
             await wait_for_level(follower, pod.instance, 2)
             assert (await ask(url, chat(LONG_PROMPT)))[0] == 429
