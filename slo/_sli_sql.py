@@ -86,21 +86,28 @@ def tap_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[obj
     good, eligible = _tap_good_eligible(slo)
     where, params = _selector_sql(slo.selector)
     client = "coalesce(original_request_id, request_id)"
+    # Only retried requests need grouping (a small set): the rest are their own event, so
+    # the join's build side stays small and a first build costs about what it did per attempt.
     sql = f"""
-        WITH attempts AS (
-            SELECT *, min(received_ts_ms) OVER (PARTITION BY {client}) AS client_ts_ms
-            FROM requests
-            WHERE received_ts_ms >= ? AND received_ts_ms < ?
-            QUALIFY row_number() OVER (
-                PARTITION BY {client} ORDER BY attempt DESC, received_ts_ms DESC) = 1),
+        WITH scoped AS (
+            SELECT * FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?),
+        retried AS (
+            SELECT {client} AS client, max(attempt) AS last_attempt,
+                   min(received_ts_ms) AS first_ts_ms
+            FROM scoped
+            WHERE {client} IN (SELECT original_request_id FROM scoped WHERE attempt > 1)
+            GROUP BY ALL),
         events AS (
-            SELECT * FROM attempts WHERE client_ts_ms >= ? AND client_ts_ms < ?{where})
+            SELECT scoped.*, coalesce(first_ts_ms, received_ts_ms) AS client_ts_ms
+            FROM scoped LEFT JOIN retried ON retried.client = {client}
+            WHERE retried.client IS NULL OR attempt = last_attempt)
         SELECT ? AS slo_id, (client_ts_ms // {MINUTE_MS}) * {MINUTE_MS} AS ts_ms, {_dims(slo)},
                count(*) FILTER (WHERE {eligible}) AS total,
                count(*) FILTER (WHERE {eligible} AND NOT coalesce({good}, false)) AS bad
         FROM events
+        WHERE client_ts_ms >= ? AND client_ts_ms < ?{where}
         GROUP BY ALL HAVING count(*) FILTER (WHERE {eligible}) > 0"""
-    return sql, [start_ms - RETRY_LOOKBACK_MS, end_ms, start_ms, end_ms, *params, slo.id]
+    return sql, [start_ms - RETRY_LOOKBACK_MS, end_ms, slo.id, start_ms, end_ms, *params]
 
 
 def engine_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[object]]:
