@@ -188,6 +188,7 @@ def run_demo(args: argparse.Namespace) -> int:
                         pod["url"],
                         "--bootstrap-servers",
                         bus.bootstrap_servers,
+                        "--follow-flags",
                     ],
                     workdir / f"tap-{pod['name']}.log",
                 )
@@ -263,6 +264,10 @@ def _print_demo_result(db: Path, result: CycleResult | None) -> None:
             " WHERE address IS NOT NULL AND dialect IS DISTINCT FROM 'tap'"
             " GROUP BY instance ORDER BY instance"
         ).fetchall()
+        actions = store.con.execute(
+            "SELECT instance, degradation_level, enforced_action, count(*) FROM requests "
+            "WHERE enforced_action IS NOT NULL GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
         counts = {
             t: store.count(t)
             for t in ("engine_samples", "gpu_samples", "requests", "flag_transitions")
@@ -274,6 +279,12 @@ def _print_demo_result(db: Path, result: CycleResult | None) -> None:
     for scope_id, before, after, reason in flags:
         print(f"  {scope_id:<22} L{before} -> L{after}  ({reason})")
     if not flags:
+        print("  (none)")
+    print("\n=== degradation actions taken by the taps ===")
+    for instance, level, action, n in actions:
+        shown = "stale" if level is None else f"L{level}"
+        print(f"  {instance:<22} {shown:<6} {action:<22} {n:,} requests")
+    if not actions:
         print("  (none)")
     print(f"\nDuckDB {db}: " + ", ".join(f"{name} {n:,}" for name, n in counts.items()))
     # The file stays (the next demo replaces it); nothing writes it now, so it opens read-only.

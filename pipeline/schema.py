@@ -294,7 +294,12 @@ REQUEST_RECORDS = RecordSchema(
             ),
             _field("e2e_s", pa.float64(), "last byte to the client minus t0"),
             _field("prompt_tokens", pa.int32(), "usage.prompt_tokens"),
-            _field("completion_tokens", pa.int32(), "usage.completion_tokens"),
+            _field(
+                "completion_tokens",
+                pa.int32(),
+                "usage.completion_tokens, or the tokens counted from the token-bearing chunks "
+                "when the engine sent no usage (tokens_source says which)",
+            ),
             _field("token_chunks", pa.int32(), "number of token-bearing chunks"),
             _field("itl_mean_s", pa.float64(), "mean ITL gap, exact over every gap"),
             _field("itl_p99_s", pa.float64(), "99th percentile ITL gap (nearest rank, exact)"),
@@ -364,6 +369,24 @@ REQUEST_RECORDS = RecordSchema(
                 _DICT_STR,
                 "cohort (e.g. canary, baseline), from the tap's config or its cohort_header; "
                 "null if neither",
+            ),
+            _field(
+                "tokens_source",
+                _DICT_STR,
+                "where N of TPOT came from: usage (the engine's usage) or chunks (counted from "
+                "token-bearing chunks, engine sent no usage); null without tokens",
+            ),
+            _field(
+                "degradation_level",
+                pa.int8(),
+                "degradation level (0–3) the tap acted on for this request; null when the tap "
+                "follows no flags or they were stale (fail open)",
+            ),
+            _field(
+                "enforced_action",
+                _DICT_STR,
+                "what the tap did: degradation_header, rejected_long_prompt, "
+                "rejected_max_tokens, fallback_upstream, fail_open; null for nothing",
             ),
         ]
     ),

@@ -76,6 +76,8 @@ class StepPlan:
     duration_s: float
     started_s: float
     extra: dict[str, float] = field(default_factory=dict)
+    #: Chunked prefill: prompt tokens each prefilling request gets this step.
+    chunks: dict[str, int] = field(default_factory=dict)
 
 
 class EngineModel:
@@ -216,16 +218,43 @@ class EngineModel:
         for req in pending:
             self.abort(req)
         self._ensure_decode_room(now)
-        prefill = self._admit(now)
-        decode = [r for r in self.running if r not in prefill]
+        admitted = self._admit(now)
+        if not self.config.chunked_prefill:
+            decode = [r for r in self.running if r not in admitted]
+            if not admitted and not decode:
+                return None
+            tokens = sum(r.to_prefill for r in admitted)
+            duration = self._duration_s(tokens, len(decode))
+            return StepPlan(admitted, decode, tokens, duration, now)
+        return self._chunked_plan(now)
+
+    def _chunked_plan(self, now: float) -> StepPlan | None:
+        """Chunked prefill: every decoding request steps, and prefilling requests share a
+        budget of ``prefill_chunk_tokens`` prompt tokens (oldest first) in the same pass."""
+        budget = self.config.prefill_chunk_tokens
+        prefill: list[SimRequest] = []
+        decode: list[SimRequest] = []
+        chunks: dict[str, int] = {}
+        for req in self.running:
+            if req.to_prefill <= 0:
+                decode.append(req)
+            elif budget > 0:
+                chunk = min(req.to_prefill, budget)
+                budget -= chunk
+                chunks[req.request_id] = chunk
+                prefill.append(req)
         if not prefill and not decode:
             return None
-        prefill_tokens = sum(r.to_prefill for r in prefill)
-        return StepPlan(
-            prefill, decode, prefill_tokens, self._duration_s(prefill_tokens, len(decode)), now
-        )
+        tokens = sum(chunks.values())
+        duration = self._duration_s(tokens, len(decode), fused=True)
+        return StepPlan(prefill, decode, tokens, duration, now, chunks=chunks)
 
-    def _duration_s(self, prefill_tokens: int, batch: int) -> float:
+    def _duration_s(self, prefill_tokens: int, batch: int, *, fused: bool = False) -> float:
+        """One step's time. Unfused, a prefill pass and a decode pass add up. Fused (chunked
+        prefill), one pass reads the weights once for both, so it lasts as long as the slower
+        of the two (the roofline: decode is bound by memory reads, prefill by compute). With
+        the fitted llama2-70b/h100 profiles a 512-token chunk makes a step of ~57–62 ms
+        against ~30–31 ms for decode alone, as Splitwise measured for a 512-token prompt."""
         prefill_ms = self.perf.prefill_ms(prefill_tokens)
         decode_ms = self.perf.decode_ms(batch)
         slow_prefill = self.faults.get("slow_prefill")
@@ -236,7 +265,8 @@ class EngineModel:
             decode_ms *= slow_decode.factor
         jitter = self.faults.get("itl_jitter")
         extra_ms = self.rng.expovariate(1.0 / jitter.mean_ms) if jitter and jitter.mean_ms else 0.0
-        return (prefill_ms + decode_ms + extra_ms) / 1000.0 / self.speed
+        work_ms = max(prefill_ms, decode_ms) if fused else prefill_ms + decode_ms
+        return (work_ms + extra_ms) / 1000.0 / self.speed
 
     def _ensure_decode_room(self, now: float) -> None:
         """Give every running request room for its next token; preempt (LIFO) when short."""
@@ -273,7 +303,7 @@ class EngineModel:
             need = self._blocks_for(req.to_prefill + 1)
             if need > self.largest_free_run(now) or need > self.total_blocks:
                 break
-            if req.to_prefill > budget and admitted:
+            if not self.config.chunked_prefill and req.to_prefill > budget and admitted:
                 break
             self.waiting.popleft()
             budget -= req.to_prefill
@@ -297,7 +327,9 @@ class EngineModel:
         for req in plan.prefill:
             if req.done or req not in self.running:
                 continue
-            req.to_prefill = 0
+            req.to_prefill -= plan.chunks.get(req.request_id, req.to_prefill)
+            if req.to_prefill > 0:
+                continue  # more chunks to go: no token yet
             if req.generated == 0 and self._roll("prefill_failure"):
                 req.error_before_first_token = True
                 self._retire(req, "error", now)

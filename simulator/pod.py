@@ -273,7 +273,9 @@ class EnginePod:
         renderer = StreamRenderer(rid, self.model, int(time.time()), chat=chat)
         try:
             if body.stream:
-                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                include_usage = self.config.engine.honours_include_usage and bool(
+                    body.stream_options and body.stream_options.include_usage
+                )
                 return await self._stream(request, req, stream, renderer, include_usage)
             return await self._unary(req, stream, renderer)
         except (asyncio.CancelledError, ConnectionError):

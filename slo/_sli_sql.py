@@ -16,6 +16,9 @@ __all__ = ["engine_minutes_sql", "tap_minutes_sql"]
 MINUTE_MS = 60_000
 #: Counter samples read before the range so the first minute's increase is known.
 ENGINE_LOOKBACK_MS = 10 * MINUTE_MS
+#: Attempts read before the range so a retried request finds its first attempt: retries
+#: happen before the first token, within the request's deadline, far inside this.
+RETRY_LOOKBACK_MS = 10 * MINUTE_MS
 
 _TAP_VALUE = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s"}
 _ITL_VALUE = {
@@ -70,17 +73,41 @@ def _dims(slo: Slo) -> str:
 
 
 def tap_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[object]]:
-    """Rows (slo_id, ts_ms, pool, instance, tenant, route, total, bad) from ``requests``."""
+    """Rows (slo_id, ts_ms, pool, instance, tenant, route, total, bad) from ``requests``.
+
+    One event per **client request** (``original_request_id``; a record without one is its
+    own request), DESIGN §4: the request's last attempt decides good or bad (it is what the
+    client got; its TTFT is measured from the client's t₀, so the failed attempts' time is
+    in it) and its instance and pool own the event. The minute is the one the client's
+    request arrived in (its first attempt). Attempts up to :data:`RETRY_LOOKBACK_MS` before
+    ``start_ms`` are read so a retry near the range's start finds its first attempt; the
+    attempts stay in ``requests`` as evidence (``attempt``, ``request_id``).
+    """
     good, eligible = _tap_good_eligible(slo)
     where, params = _selector_sql(slo.selector)
+    client = "coalesce(original_request_id, request_id)"
+    # Only retried requests need grouping (a small set): the rest are their own event, so
+    # the join's build side stays small and a first build costs about what it did per attempt.
     sql = f"""
-        SELECT ? AS slo_id, (received_ts_ms // {MINUTE_MS}) * {MINUTE_MS} AS ts_ms, {_dims(slo)},
+        WITH scoped AS (
+            SELECT * FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?),
+        retried AS (
+            SELECT {client} AS client, max(attempt) AS last_attempt,
+                   min(received_ts_ms) AS first_ts_ms
+            FROM scoped
+            WHERE {client} IN (SELECT original_request_id FROM scoped WHERE attempt > 1)
+            GROUP BY ALL),
+        events AS (
+            SELECT scoped.*, coalesce(first_ts_ms, received_ts_ms) AS client_ts_ms
+            FROM scoped LEFT JOIN retried ON retried.client = {client}
+            WHERE retried.client IS NULL OR attempt = last_attempt)
+        SELECT ? AS slo_id, (client_ts_ms // {MINUTE_MS}) * {MINUTE_MS} AS ts_ms, {_dims(slo)},
                count(*) FILTER (WHERE {eligible}) AS total,
                count(*) FILTER (WHERE {eligible} AND NOT coalesce({good}, false)) AS bad
-        FROM requests
-        WHERE received_ts_ms >= ? AND received_ts_ms < ?{where}
+        FROM events
+        WHERE client_ts_ms >= ? AND client_ts_ms < ?{where}
         GROUP BY ALL HAVING count(*) FILTER (WHERE {eligible}) > 0"""
-    return sql, [slo.id, start_ms, end_ms, *params]
+    return sql, [start_ms - RETRY_LOOKBACK_MS, end_ms, slo.id, start_ms, end_ms, *params]
 
 
 def engine_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[object]]:

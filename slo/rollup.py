@@ -42,9 +42,21 @@ def create_rollup_tables(con: duckdb.DuckDBPyConnection) -> None:
         table.create(con)
 
 
+#: Bumped when the meaning of an event changes, so stored rollups are rebuilt once:
+#: 2 = tap events per client request (``original_request_id``), no longer per attempt.
+EVENTS_VERSION = 2
+
+
 def fingerprint(slo: Slo) -> str:
     """Hash of everything that decides which events are good or bad."""
-    text = repr((slo.sli.model_dump(), sorted(slo.selector.items()), sorted(slo.group_by)))
+    text = repr(
+        (
+            EVENTS_VERSION,
+            slo.sli.model_dump(),
+            sorted(slo.selector.items()),
+            sorted(slo.group_by),
+        )
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -16,6 +16,8 @@ from prometheus_client import start_http_server
 
 from app.options import add_common_options, resolve_config
 from collectors.tap.config import TapConfig
+from collectors.tap.degradation import FlagFollower
+from collectors.tap.flagsource import KafkaFlagSource
 from collectors.tap.proxy import TapProxy, freeze_startup_heap, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
@@ -80,6 +82,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--otlp-endpoint", help="export GenAI metrics and spans over OTLP/HTTP to this URL"
     )
+    parser.add_argument(
+        "--follow-flags",
+        action="store_true",
+        help="follow the flags topic and enforce L1–L3 (tap.degradation.follow_flags)",
+    )
     parser.set_defaults(handler=run_tap)
 
 
@@ -108,6 +115,9 @@ def tap_config(config: LlmsloConfig, args: argparse.Namespace) -> TapConfig:
         updates["drain_max_s"] = args.drain_s
     if args.no_kafka:
         updates["kafka"] = False
+    if getattr(args, "follow_flags", False):
+        degradation = section.degradation.model_dump() | {"follow_flags": True}
+        updates["degradation"] = degradation
     try:
         return TapConfig.model_validate(section.model_dump() | updates)
     except ValueError as exc:
@@ -145,6 +155,9 @@ def run_tap(args: argparse.Namespace) -> int:
         raise ConfigError("tap.upstreams: give --upstream URL[,URL…] or set tap.upstreams")
     metrics = TapMetrics()
     sinks: list[RecordSink] = []
+    flags = None
+    if tap.degradation.follow_flags and not tap.kafka:
+        raise ConfigError("tap.degradation.follow_flags: needs tap.kafka (the flags topic)")
     with contextlib.ExitStack() as stack:
         if tap.kafka:
             bus = stack.enter_context(Bus(config.bus))
@@ -158,6 +171,13 @@ def run_tap(args: argparse.Namespace) -> int:
                     on_drop=lambda reason, rows: metrics.dropped.labels(reason).inc(rows),
                 )
             )
+            if tap.degradation.follow_flags:
+                source = KafkaFlagSource(
+                    bus, on_drop=lambda reason: metrics.dropped.labels(reason).inc()
+                )
+                follower = FlagFollower(source).start()
+                stack.callback(follower.stop)
+                flags = follower.current
         if tap.records_out:
             sinks.append(JsonLinesSink(tap.records_out))
         genai, providers = build_genai_otlp(tap.otlp_endpoint) if tap.otlp_endpoint else (None, [])
@@ -167,7 +187,7 @@ def run_tap(args: argparse.Namespace) -> int:
                 tap.metrics_port, tap.metrics_host, registry=metrics.registry
             )
             metrics_port = server.server_port
-        proxy = TapProxy(tap, MultiSink(sinks), metrics=metrics, genai=genai)
+        proxy = TapProxy(tap, MultiSink(sinks), metrics=metrics, genai=genai, flags=flags)
         run_event_loop(_serve(proxy, tap, metrics_port))
         for provider in providers:
             provider.shutdown()

@@ -14,10 +14,15 @@ Public names:
   framing and measuring, usable without the proxy;
 * :class:`ModelLabels` — which requested model names may become metrics labels;
 * sinks: :class:`KafkaSink`, :class:`JsonLinesSink`, :class:`ListSink`, :class:`MultiSink`;
-* :class:`TapMetrics`, :class:`GenAiTelemetry` — telemetry about what was measured.
+* :class:`TapMetrics`, :class:`GenAiTelemetry` — telemetry about what was measured;
+* degradation flags that act: :class:`FlagFollower` (follows a :class:`FlagSource` such as
+  :class:`KafkaFlagSource`; its ``current`` is ``TapProxy(flags=...)``),
+  :class:`DegradationConfig` (the ``tap.degradation`` section).
 """
 
 from collectors.tap.config import TapConfig
+from collectors.tap.degradation import DegradationConfig, FlagFollower, FlagSource
+from collectors.tap.flagsource import KafkaFlagSource
 from collectors.tap.labels import ModelLabels
 from collectors.tap.measure import ItlSummary, Measurements, StreamMeter
 from collectors.tap.proxy import Clock, SystemClock, TapProxy
@@ -27,9 +32,13 @@ from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
 
 __all__ = [
     "Clock",
+    "DegradationConfig",
+    "FlagFollower",
+    "FlagSource",
     "GenAiTelemetry",
     "ItlSummary",
     "JsonLinesSink",
+    "KafkaFlagSource",
     "KafkaSink",
     "ListSink",
     "Measurements",

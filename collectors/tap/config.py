@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from collectors.config import check_label_value
+from collectors.tap.degradation import DegradationConfig
 from pipeline.config import STRICT, FreePortOr, check_url_port
 
 __all__ = ["TapConfig"]
@@ -167,6 +168,10 @@ class TapConfig(BaseModel):
     )
     otlp_endpoint: str | None = Field(
         None, description="OTLP/HTTP endpoint for GenAI metrics and spans"
+    )
+    degradation: DegradationConfig = Field(
+        default_factory=lambda: DegradationConfig.model_validate({}),
+        description="follow the flags topic and enforce L1–L3 (collectors.tap.degradation)",
     )
 
     @field_validator("upstreams")

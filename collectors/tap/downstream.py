@@ -93,6 +93,8 @@ class Downstream:
         self._chunked = False
         self._body_allowed = True
         self._head: bytes | None = None  # sent with the first body bytes: one write, one wake-up
+        #: Headers the tap adds to whatever response is committed (degradation: economy mode).
+        self.extra_headers: list[tuple[str, str]] = []
 
     @property
     def gone(self) -> bool:
@@ -111,6 +113,7 @@ class Downstream:
         pairs = headers.items() if isinstance(headers, Mapping) else headers
         head = [f"HTTP/1.1 {status} {reason_phrase(status)}\r\n"]
         head.extend(f"{k}: {v}\r\n" for k, v in pairs if k.lower() not in HOP_BY_HOP)
+        head.extend(f"{k}: {v}\r\n" for k, v in self.extra_headers)
         self._body_allowed = (
             status >= 200 and status not in (204, 304) and self.request.method != "HEAD"
         )
@@ -181,10 +184,12 @@ class Downstream:
         self.send_error_nowait(status, kind, message)
         await self._drain_if_paused()
 
-    def send_error_nowait(self, status: int, kind: str, message: str) -> None:
-        """:meth:`send_error` without waiting for the client to take it."""
+    def send_error_nowait(
+        self, status: int, kind: str, message: str, extra: Mapping[str, str] | None = None
+    ) -> None:
+        """:meth:`send_error` without waiting for the client to take it (``extra`` headers)."""
         body = error_body(status, kind, message)
-        headers = {"Content-Type": "application/json", "Date": http_date()}
+        headers = {"Content-Type": "application/json", "Date": http_date(), **(extra or {})}
         self.commit(status, headers, content_length=len(body))
         self._send(body)
         self.bytes_sent += len(body)

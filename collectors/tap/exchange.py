@@ -62,6 +62,10 @@ class RequestContext:
     #: Stamped on every record of the request (tap config or header; see ``header_label``).
     revision: str | None = None
     cohort: str | None = None
+    max_tokens: int | None = None
+    #: Degradation flags (collectors.tap.degradation): the level acted on and the action.
+    degradation_level: int | None = None
+    enforced_action: str | None = None
 
 
 def _is_event_stream(headers: CIMultiDict[str]) -> bool:

@@ -10,7 +10,11 @@ Definitions (t₀ = request received by the tap):
 * ``ttft_s``: first chunk carrying non-empty ``content``, ``reasoning_content`` /
   ``reasoning``, a ``tool_calls`` delta, or completion ``text`` − t₀;
 * ``tpot_s``: (t_last_token_chunk − t_first_token_chunk) / (N − 1), N =
-  ``usage.completion_tokens``; ``None`` when N ≤ 1 or the engine sent no usage;
+  ``usage.completion_tokens``; when the engine sent no usage (engines and older versions
+  that ignore ``stream_options.include_usage``), N = the tokens counted from the
+  token-bearing chunks (one per chunk unless the chunk says otherwise: logprobs or
+  continuous usage), and ``tokens_source`` says which (``usage`` | ``chunks``); ``None``
+  when N ≤ 1;
 * ITL gaps: every gap between consecutive token-bearing chunks, with the tokens each
   chunk carried (from continuous usage stats or logprobs when present, else 1); kept in
   memory as 8-byte floats for the exact :class:`ItlSummary` a record carries instead of
@@ -105,6 +109,8 @@ class Measurements:
     e2e_s: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    #: ``usage`` (the engine's usage) or ``chunks`` (counted from token-bearing chunks).
+    tokens_source: str | None = None
     finish_reason: str | None = None
     response_model: str | None = None
     itl_gaps_s: array[float] = field(default_factory=lambda: array("d"))
@@ -248,6 +254,12 @@ class StreamMeter:
         m = self.m
         if end_s is not None:
             m.e2e_s = end_s - self.t0_s
+        if m.completion_tokens is not None:
+            m.tokens_source = "usage"
+        elif m.chunk_tokens:
+            # No usage from this engine: every token chunk was seen, so count them.
+            m.completion_tokens = m.tokens_seen
+            m.tokens_source = "chunks"
         n = m.completion_tokens
         first, last = self._first_token_s, self._last_token_s
         if n is not None and n > 1 and first is not None and last is not None:

@@ -17,13 +17,21 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 from multidict import CIMultiDict
 
 from collectors.tap.config import TapConfig
-from collectors.tap.contract import RetryBudget, UpstreamPool, parse_deadline_s
+from collectors.tap.contract import RetryBudget, Upstream, UpstreamPool, parse_deadline_s
+from collectors.tap.degradation import (
+    DEGRADATION_HEADER,
+    ECONOMY_HEADER,
+    Degrader,
+    Enforcement,
+    FlagSnapshot,
+    with_model,
+)
 from collectors.tap.downstream import HOP_BY_HOP, ClientGone, Downstream
 from collectors.tap.exchange import Exchange, RequestContext
 from collectors.tap.inflight import InFlightTracker
@@ -92,7 +100,11 @@ class TapProxy:
         metrics: TapMetrics | None = None,
         genai: GenAiTelemetry | None = None,
         clock: Clock | None = None,
+        flags: Callable[[], FlagSnapshot] | None = None,
     ) -> None:
+        """``flags`` returns the current degradation-flag snapshot (a
+        :class:`~collectors.tap.degradation.FlagFollower`'s ``current``); with it the tap
+        enforces L1–L3 per ``config.degradation``, without it it never acts on flags."""
         if not config.upstreams:
             raise ConfigError("tap.upstreams: at least one upstream URL is required")
         self.config = config
@@ -118,6 +130,12 @@ class TapProxy:
         self._label_problems_logged: set[str] = set()
         self._bytes_upstream = self.metrics.bytes.labels("upstream")
         self._bytes_client = self.metrics.bytes.labels("client")
+        self._degrader = (
+            Degrader(config.degradation, flags, self.clock.monotonic_s) if flags else None
+        )
+        self._instances = tuple(u.instance for u in self.pool.upstreams)
+        fallback = config.degradation.fallback_upstream
+        self._fallback = Upstream.from_url(fallback) if fallback else None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:
@@ -225,6 +243,16 @@ class TapProxy:
         t0_s, wall_s = self.clock.monotonic_s(), self.clock.wall_s()
         ctx = self._context(request, t0_s, wall_s)
         exchanges: list[Exchange] = []
+        if self._degrader is not None:
+            enforcement = self._enforce(ctx)
+            if enforcement.reject:
+                self._reject(ctx, down, enforcement)
+                self._bytes_client.inc(down.bytes_sent)
+                return
+            if enforcement.fallback:
+                down.extra_headers.append(ECONOMY_HEADER)
+                if self.config.degradation.fallback_model is not None:
+                    ctx.body = with_model(ctx.body, self.config.degradation.fallback_model)
         self.budget.deposit(t0_s)
         try:
             await self._attempts(ctx, down, exchanges)
@@ -260,7 +288,10 @@ class TapProxy:
             await last.deliver(down)
 
     def _exchange(self, ctx: RequestContext, attempt: int, previous: list[Exchange]) -> Exchange:
-        upstream = self.pool.pick({ex.upstream.instance for ex in previous})
+        if ctx.enforced_action == "fallback_upstream" and self._fallback is not None:
+            upstream = self._fallback  # L3: the small-model replica serves every attempt
+        else:
+            upstream = self.pool.pick({ex.upstream.instance for ex in previous})
         client = self._client
         assert client is not None
         return Exchange(ctx, upstream, attempt, self.config, client, self.clock.monotonic_s, self)
@@ -275,6 +306,39 @@ class TapProxy:
             return False
         self.metrics.retries.labels("attempted").inc()
         return True
+
+    # ------------------------------------------------------------------ degradation flags
+    def _enforce(self, ctx: RequestContext) -> Enforcement:
+        """Decide what the current flags do to ``ctx``; note it on the context and count it."""
+        assert self._degrader is not None
+        ctx.headers.popall(DEGRADATION_HEADER, None)  # only the tap says what the level is
+        pool = self.config.pool or ctx.model
+        enforcement = self._degrader.enforce(pool, self._instances, len(ctx.body), ctx.max_tokens)
+        ctx.degradation_level, ctx.enforced_action = enforcement.level, enforcement.action
+        if enforcement.action is not None:
+            level = "unknown" if enforcement.level is None else f"L{enforcement.level}"
+            self.metrics.degradation_actions.labels(level, enforcement.action).inc()
+        if enforcement.level:
+            ctx.headers[DEGRADATION_HEADER] = f"L{enforcement.level}"
+        return enforcement
+
+    def _reject(self, ctx: RequestContext, down: Downstream, enforcement: Enforcement) -> None:
+        """L2: answer 429 with Retry-After, never sent upstream; recorded as ``rejected``."""
+        ex = self._exchange(ctx, 1, [])
+        ex.outcome, ex.error_kind = "rejected", enforcement.action
+        retry_after = str(self.config.degradation.retry_after_s)
+        what = "prompt" if enforcement.action == "rejected_long_prompt" else "max_tokens"
+        try:
+            down.send_error_nowait(
+                429,
+                "degraded",
+                f"the service is degraded (L{enforcement.level}): {what} too large, retry later",
+                {"Retry-After": retry_after},
+            )
+        except ClientGone:
+            ex.outcome, ex.error_kind = "client_cancelled", "client_disconnected"
+            ex.disconnect_wall_s = self.clock.wall_s()
+        self._emit(ctx, [ex], down)
 
     async def _passthrough(self, request: IncomingRequest, down: Downstream) -> None:
         """Any other path: forwarded untouched, not measured."""
@@ -324,6 +388,11 @@ class TapProxy:
                 body = json.dumps(parsed, separators=(",", ":"), ensure_ascii=False).encode()
                 strip = True
         model = parsed.get("model") if parsed else None
+        max_tokens = None
+        if parsed is not None:
+            asked = parsed.get("max_tokens", parsed.get("max_completion_tokens"))
+            if type(asked) is int:
+                max_tokens = asked
         deadline, problem = parse_deadline_s(
             request.headers,
             now_wall_s=wall_s,
@@ -356,6 +425,7 @@ class TapProxy:
             deadline_wall_s=deadline,
             revision=revision,
             cohort=cohort,
+            max_tokens=max_tokens,
         )
 
     def _cohort_labels(self, headers: Mapping[str, str]) -> tuple[str | None, str | None]:

@@ -88,4 +88,7 @@ def record_row(
         "address": ex.upstream.address,
         "revision": ctx.revision,
         "cohort": ctx.cohort,
+        "tokens_source": m.tokens_source,
+        "degradation_level": ctx.degradation_level,
+        "enforced_action": ctx.enforced_action,
     }

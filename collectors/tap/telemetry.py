@@ -138,6 +138,12 @@ class TapMetrics:
         self.retries = Counter(
             "llmslo_tap_retries", "Retries before the first token", ["result"], registry=r
         )
+        self.degradation_actions = Counter(
+            "llmslo_tap_degradation_actions",
+            "Requests a degradation flag acted on (fail_open: flags stale, nothing enforced)",
+            ["level", "action"],
+            registry=r,
+        )
 
 
 class GenAiTelemetry:

@@ -12,12 +12,14 @@ from tests.slo.factories import request
 
 #: Columns the request record gained with issue 10 (findings 6 and 8).
 ADDED = ("upstream_status", "itl_count", "itl_p50_s", "itl_p90_s", "itl_jitter_s", "itl_histogram")
+#: ... and with issue 15 (tokens source, degradation flags that act), appended after those.
+ADDED_15 = ("tokens_source", "degradation_level", "enforced_action")
 
 
 def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     with Store(path) as store:
-        for column in ADDED:  # what a file created by the previous release looks like
+        for column in ADDED + ADDED_15:  # what a file created before issue 10 looks like
             store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
         store.con.execute(
             "INSERT INTO requests (request_id, attempt, instance, received_ts_ms, outcome) VALUES ('old', 1, 'h:1', 0, 'ok')"
@@ -31,3 +33,18 @@ def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: 
             "SELECT request_id, itl_jitter_s FROM requests ORDER BY request_id"
         ).fetchall()
     assert got == [("new", 0.02), ("old", None)]
+
+
+def test_a_file_from_before_issue_15_gains_its_request_columns(tmp_path: Path) -> None:
+    path = tmp_path / "before15.duckdb"
+    with Store(path) as store:
+        for column in ADDED_15:
+            store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
+    with Store(path) as store:
+        row = request(60_000, request_id="new", tokens_source="chunks", enforced_action="fail_open")
+        table = rows_to_table(REQUEST_RECORDS, [row])
+        store.commit_batch({"requests": [table]}, group_id="g", offsets={}, now_ts_ms=0)
+        got = store.con.execute(
+            "SELECT request_id, tokens_source, degradation_level, enforced_action FROM requests"
+        ).fetchall()
+    assert got == [("new", "chunks", None, "fail_open")]

@@ -50,7 +50,8 @@ def test_prefill_time_grows_with_prompt_tokens_and_decode_with_batch():
     perf = PROFILES["llama2-70b/h100/tp4"]
     assert perf.prefill_ms(4000) > perf.prefill_ms(500) > 0
     assert perf.decode_ms(64) > perf.decode_ms(1) > 0
-    engine, _, _ = _engine()
+    # Whole-prompt prefill (chunked_prefill off) on the profile named above.
+    engine, _, _ = _engine(chunked_prefill=False, profile="llama2-70b/h100/tp4")
     sink: list = []
     _add(engine, 2000, 2, sink)
     plan = engine.plan_step()

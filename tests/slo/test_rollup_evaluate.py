@@ -314,3 +314,59 @@ def test_engine_instances_without_the_threshold_bucket_are_left_out(store: Store
     Rollup(store.con, m).update(T0_MS + 2 * MIN)
     got = {s.group["instance"]: s.period for s in evaluate(store.con, m, T0_MS + 2 * MIN)}
     assert got == {"a:1": WindowCounts(10, 0)}
+
+
+def attempt(ts_ms: int, client_id: str, number: int, **overrides: Any) -> dict[str, Any]:
+    """Attempt ``number`` of client request ``client_id`` (the tap's ids: ``ID``, ``ID.2``…)."""
+    rid = client_id if number == 1 else f"{client_id}.{number}"
+    return request(
+        ts_ms, request_id=rid, original_request_id=client_id, attempt=number, **overrides
+    )
+
+
+FAILED_BEFORE_FIRST_TOKEN = {
+    "outcome": "error_before_first_token",
+    "ttft_s": None,
+    "tpot_s": None,
+    "http_status": None,
+}
+
+
+def test_a_request_retried_twice_then_served_is_one_good_event(store: Store) -> None:
+    insert(
+        store,
+        requests=[
+            attempt(T0_MS, "r1", 1, instance="pod-a", **FAILED_BEFORE_FIRST_TOKEN),
+            attempt(T0_MS + 300, "r1", 2, instance="pod-b", **FAILED_BEFORE_FIRST_TOKEN),
+            attempt(T0_MS + 700, "r1", 3, instance="pod-c", ttft_s=0.9),
+        ],
+    )
+    m = model(TTFT, AVAIL)
+    for name in ("ttft", "avail"):
+        assert status(store, m, T0_MS + 5_000, name).period == WindowCounts(1, 0), name
+
+
+def test_a_request_failing_every_attempt_is_one_bad_event(store: Store) -> None:
+    insert(
+        store,
+        requests=[attempt(T0_MS, "r2", number, **FAILED_BEFORE_FIRST_TOKEN) for number in (1, 2, 3)]
+        + [request(T0_MS + 1_000)],  # one plain good request beside it
+    )
+    m = model(TTFT, AVAIL)
+    for name in ("ttft", "avail"):
+        assert status(store, m, T0_MS + 5_000, name).period == WindowCounts(2, 1), name
+
+
+def test_a_retry_in_the_next_minute_counts_in_the_minute_the_client_asked(store: Store) -> None:
+    first = T0_MS - T0_MS % MIN + MIN - 200  # 200 ms before a minute ends
+    insert(
+        store,
+        requests=[
+            attempt(first, "r3", 1, **FAILED_BEFORE_FIRST_TOKEN),
+            attempt(first + 400, "r3", 2),
+        ],
+    )
+    m = model(AVAIL)
+    Rollup(store.con, m, horizon_ms=40 * 86_400_000).update(first + 5_000)
+    rows = store.con.execute("SELECT ts_ms, total, bad FROM slo_minute ORDER BY ts_ms").fetchall()
+    assert rows == [(first - first % MIN, 1, 0)]

@@ -44,6 +44,22 @@ def test_tap_command_without_upstream_fails_clearly(capsys: pytest.CaptureFixtur
     assert "tap.upstreams" in capsys.readouterr().err
 
 
+def test_following_flags_needs_kafka(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["tap", "--no-kafka", "--follow-flags", "--upstream", "http://127.0.0.1:9"])
+    assert code == 2
+    assert "tap.degradation.follow_flags" in capsys.readouterr().err
+
+
+def test_degradation_section_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("tap:\n  degradation: {fallback_upstream: '10.0.0.9:8000', staleness_s: 0}\n")
+    assert main(["config", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "tap.degradation.fallback_upstream" in err and "tap.degradation.staleness_s" in err
+
+
 def test_tap_process_proxies_and_writes_records_to_stdout() -> None:
     async def scenario() -> None:
         up = ScriptedUpstream(lambda req: stream_script(3))

@@ -106,11 +106,30 @@ def test_tpot_is_undefined_for_n_at_most_one(n: int) -> None:
     assert meter.finish(1.2).tpot_s is None
 
 
-def test_tpot_is_undefined_without_usage() -> None:
+def test_without_usage_n_is_counted_from_the_token_chunks() -> None:
+    # DESIGN §3 (issue 15): an engine that ignores include_usage still sent every token
+    # chunk; N comes from them (one per chunk unless logprobs say more), and says so.
     meter = StreamMeter(0.0)
     meter.on_data(chunk({"content": "x"}), 1.0)
     meter.on_data(chunk({"content": "y"}), 2.0)
-    assert meter.finish(2.0).tpot_s is None
+    meter.on_data(chunk({"content": "zw"}, logprobs=[{}, {}]), 2.5)
+    m = meter.finish(2.6)
+    assert (m.completion_tokens, m.tokens_source) == (4, "chunks")
+    assert m.tpot_s == pytest.approx((2.5 - 1.0) / (4 - 1))
+
+
+def test_tokens_source_is_usage_when_the_engine_sends_it() -> None:
+    meter = StreamMeter(0.0)
+    meter.on_data(chunk({"content": "x"}), 1.0)
+    meter.on_data(usage_chunk(1), 1.1)
+    assert meter.finish(1.2).tokens_source == "usage"
+
+
+def test_no_tokens_and_no_usage_has_no_source() -> None:
+    meter = StreamMeter(0.0)
+    meter.on_data(chunk({"role": "assistant", "content": ""}), 1.0)
+    m = meter.finish(1.1)
+    assert (m.tokens_source, m.completion_tokens, m.tpot_s) == (None, None, None)
 
 
 def test_tokens_per_chunk_from_logprobs_and_continuous_usage() -> None:
