@@ -189,6 +189,12 @@ class IngestConfig(_Section):
     max_message_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="larger messages are dead-lettered"
     )
+    max_decoded_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="Arrow messages whose buffers decompress to more are dead-lettered before "
+        "decompressing (oversized_decoded)",
+    )
     metrics_port: FreePortOr | None = Field(
         None, description="serve /metrics here (0 = any free port)"
     )

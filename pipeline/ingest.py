@@ -263,11 +263,19 @@ class Ingester:
         self.stats.messages += 1
         self.metrics.messages.labels(tp.topic).inc()
         try:
-            decoded = decode_message(value, headers, max_bytes=self.config.max_message_bytes)
+            decoded = decode_message(
+                value,
+                headers,
+                max_bytes=self.config.max_message_bytes,
+                max_decoded_bytes=self.config.max_decoded_bytes,
+            )
         except Exception as exc:  # never raise into the stream: dead-letter and count
             reason = exc.reason if isinstance(exc, DecodeError) else "decode_crash"
             self._log_deadletter(reason, tp, message.offset, exc)
-            batch.bytes += len(value or b"")
+            # Keep only what the table and the topic take: a 64 MiB message must not be
+            # held until its batch commits.
+            kept = value[:DEADLETTER_PAYLOAD_LIMIT] if value is not None else None
+            batch.bytes += len(kept or b"")
             batch.deadletters.append(
                 DeadLetter(
                     received_ts_ms=int(self.clock() * 1000),
@@ -278,7 +286,8 @@ class Ingester:
                     reason=reason,
                     error=str(exc) or type(exc).__name__,
                     headers=headers,
-                    payload=value,
+                    payload=kept,
+                    payload_bytes=len(value or b""),
                 )
             )
         else:
@@ -407,9 +416,10 @@ class Ingester:
                 ("llmslo-deadletter-reason", letter.reason.encode()),
                 ("llmslo-source", f"{letter.topic}/{letter.partition}/{letter.offset}".encode()),
             ]
-            if len(payload) > DEADLETTER_PAYLOAD_LIMIT:  # the topic refuses what the source let in
-                headers.append(("llmslo-payload-bytes", str(len(payload)).encode()))
-                payload = payload[:DEADLETTER_PAYLOAD_LIMIT]
+            received_bytes = max(len(payload), letter.payload_bytes or 0)
+            payload = payload[:DEADLETTER_PAYLOAD_LIMIT]  # the topic refuses what the source let in
+            if received_bytes > len(payload):
+                headers.append(("llmslo-payload-bytes", str(received_bytes).encode()))
             try:
                 self._deadletter_producer.send_raw(
                     DEADLETTER_TOPIC, payload, key=letter.key, headers=headers

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import StoreError
@@ -112,6 +113,8 @@ class DeadLetter:
     error: str
     headers: Sequence[tuple[str, bytes | None]] = field(default_factory=tuple)
     payload: bytes | None = None
+    #: Length of the payload as received, when ``payload`` holds only its first bytes.
+    payload_bytes: int | None = None
 
     def as_row(self) -> tuple[object, ...]:
         payload = self.payload or b""
@@ -125,7 +128,7 @@ class DeadLetter:
             self.reason,
             self.error,
             json.dumps(headers, sort_keys=True),
-            len(payload),
+            len(payload) if self.payload_bytes is None else self.payload_bytes,
             payload[:DEADLETTER_PAYLOAD_LIMIT],
         )
 
@@ -361,14 +364,30 @@ class Store:
             self.con.unregister("_llmslo_batch")
 
     def prune(self, before_ts_ms: int) -> dict[str, int]:
-        """Delete raw rows older than ``before_ts_ms``; returns rows deleted per table."""
-        deleted = {}
-        with self.transaction("prune raw rows") as con:
-            for table_name, column in RAW_TIME_COLUMNS.items():
-                ((rows,),) = con.execute(
-                    f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]
-                ).fetchall()
-                deleted[table_name] = int(rows)
+        """Delete raw rows older than ``before_ts_ms``; returns rows deleted per table.
+
+        A series left without samples goes too (``<table>_series``), so instances that come
+        and go (pods rescheduled, renamed) do not grow the series tables forever; one that
+        comes back is stored again. Raises :class:`StoreError`.
+        """
+        deleted: dict[str, int] = {}
+        orphans: dict[str, np.ndarray] = {}
+        with self.lock:  # no commit between the delete and the index forgetting it
+            with self.transaction("prune raw rows") as con:
+                for table_name, column in RAW_TIME_COLUMNS.items():
+                    ((rows,),) = con.execute(
+                        f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]
+                    ).fetchall()
+                    deleted[table_name] = int(rows)
+                for table_name in self._series:
+                    ids = con.execute(
+                        f"DELETE FROM {table_name}_series WHERE series_id NOT IN "
+                        f"(SELECT series_id FROM {table_name}_values) RETURNING series_id"
+                    ).fetchnumpy()["series_id"]
+                    orphans[table_name] = np.asarray(ids, np.int64)
+                    deleted[f"{table_name}_series"] = len(ids)
+            for table_name, ids in orphans.items():
+                self._series[table_name].forget(ids)
         return deleted
 
     def count(self, table_name: str) -> int:
