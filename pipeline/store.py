@@ -17,6 +17,7 @@ of it, and the ingester resumes from the stored offsets: nothing lost, nothing d
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import threading
@@ -40,6 +41,7 @@ __all__ = [
     "DeadLetter",
     "Store",
     "duckdb_type",
+    "read_peer_offsets",
 ]
 
 log = logging.getLogger(__name__)
@@ -399,3 +401,35 @@ class Store:
             # fetchall, not fetchone: DuckDB 2 keeps an unfinished result open otherwise.
             ((rows,),) = self.con.execute(f"SELECT count(*) FROM {table_name}").fetchall()
         return int(rows)
+
+
+def read_peer_offsets(
+    patterns: Iterable[str], group_id: str, *, own_path: Path
+) -> dict[tuple[str, int], int]:
+    """The greatest next offset of each partition stored in the other members' files.
+
+    ``patterns`` are paths or glob patterns; ``own_path`` is skipped. A file that cannot be
+    opened is skipped with a log line: its member is alive and holds it (DuckDB allows one
+    process per file), and a live member hands its partitions over by committing its
+    offsets to Kafka first. A dead member's file opens, and its offsets are what the crash
+    between its DuckDB and Kafka commits left unsaid in Kafka. Never raises.
+    """
+    own = own_path.resolve()
+    paths = sorted({Path(p).resolve() for pattern in patterns for p in glob.glob(pattern)})
+    greatest: dict[tuple[str, int], int] = {}
+    for path in paths:
+        if path == own or not path.is_file():
+            continue
+        try:
+            with duckdb.connect(str(path), read_only=True) as con:
+                rows = con.execute(
+                    "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?",
+                    [group_id],
+                ).fetchall()
+        except duckdb.Error as exc:
+            log.info("peer store %s not read (its ingester holds it?): %s", path, exc)
+            continue
+        for topic, partition, offset in rows:
+            key = (topic, partition)
+            greatest[key] = max(offset, greatest.get(key, offset))
+    return greatest
