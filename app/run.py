@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from app.options import add_common_options, install_stop_handlers, print_json, resolve_config
+from app.roles import ROLES, run_ingest_role, run_jobs_role
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
@@ -69,6 +70,14 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--metrics-port", type=int, help="serve ingest and job /metrics on this loopback port"
     )
+    run.add_argument(
+        "--role",
+        choices=ROLES,
+        default="all",
+        help="all: ingest + jobs on one file; ingest: one fleet ingester exporting to the "
+        "lake; jobs: SLO jobs over the lake (see docs/topology.md)",
+    )
+    run.add_argument("--instance-id", help="static group membership name (--role ingest)")
     run.set_defaults(handler=run_pipeline)
 
 
@@ -188,6 +197,10 @@ class Pipeline:
 def run_pipeline(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     spec = args.spec or config.section("slo", JobsConfig).spec
+    if args.role == "ingest":
+        return run_ingest_role(config, args.instance_id)
+    if args.role == "jobs":
+        return run_jobs_role(config, load_model(spec))
     pipeline = Pipeline(config, load_model(spec))
     if args.metrics_port is not None:
         server, _ = start_http_server(args.metrics_port, "127.0.0.1", registry=pipeline.registry)

@@ -1,0 +1,96 @@
+"""``llmslo run --role ingest|jobs``: fleet ingesters feed the lake, the jobs read it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import duckdb
+import yaml
+
+from pipeline.bus import Bus
+from pipeline.lake import lake_view_sql
+from tests.pipeline.ingest_helpers import STARTED, produce_numbered
+
+
+def _config(tmp_path: Path, bus: Bus, **store: object) -> Path:
+    path = tmp_path / "llmslo.yaml"
+    config = {
+        "bus": {
+            "bootstrap_servers": bus.bootstrap_servers,
+            "topic_prefix": bus.prefix,
+            "partitions": bus.config.partitions,
+        },
+        "store": store,
+        "ingest": {"group_id": f"group-{uuid.uuid4().hex[:8]}", "batch_max_ms": 100},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _run(config: Path, db: Path, role: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "app",
+                "-v",
+                "run",
+                "-c",
+                str(config),
+                "--db",
+                str(db),
+                "--role",
+                role,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=sink,
+        )
+    STARTED.append(process)
+    return process
+
+
+def _lake_rows(lake: Path) -> list[tuple[int, int, float]]:
+    if not any(lake.glob("engine_samples/*/*/*.parquet")):
+        return [(0, 0, 0.0)]
+    with duckdb.connect() as con:
+        return con.execute(
+            f"SELECT count(*), count(DISTINCT value), coalesce(max(value), 0) "
+            f"FROM ({lake_view_sql(lake, 'engine_samples')})"
+        ).fetchall()
+
+
+def test_two_ingest_roles_fill_the_lake_with_every_sample_once(bus: Bus, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    config = _config(tmp_path, bus, lake_dir=str(lake), lake_export_interval_s=1.0)
+    members = [
+        _run(config, tmp_path / f"ingest-{name}.duckdb", "ingest", tmp_path / f"{name}.log")
+        for name in "ab"
+    ]
+    produce_numbered(bus, total=20_000, per_message=500)
+    deadline = time.monotonic() + 120
+    while _lake_rows(lake) != [(20_000, 20_000, 19_999.0)]:
+        assert all(m.poll() is None for m in members), (tmp_path / "a.log").read_text()[-2000:]
+        assert time.monotonic() < deadline, _lake_rows(lake)
+        time.sleep(0.5)
+    for member in members:
+        member.send_signal(signal.SIGTERM)
+        out, _ = member.communicate(timeout=60)
+        assert member.returncode == 0
+        assert b'"role": "ingest"' in out
+    # Both exported their own share, each under its own file name.
+    assert len({p.name for p in lake.glob("engine_samples/*/*/*.parquet")}) == 2
+    assert _lake_rows(lake) == [(20_000, 20_000, 19_999.0)]
+
+
+def test_the_jobs_role_without_a_lake_is_refused(bus: Bus, tmp_path: Path) -> None:
+    config = _config(tmp_path, bus)
+    process = _run(config, tmp_path / "jobs.duckdb", "jobs", tmp_path / "jobs.log")
+    process.communicate(timeout=60)
+    assert process.returncode != 0
+    assert "store.lake_dir" in (tmp_path / "jobs.log").read_text()
