@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from pipeline.lake import lake_view_sql
 from tests.pipeline.ingest_helpers import STARTED, produce_numbered
 
 
-def _config(tmp_path: Path, bus: Bus, **store: object) -> Path:
+def _config(
+    tmp_path: Path, bus: Bus, slo: dict[str, object] | None = None, **store: object
+) -> Path:
     path = tmp_path / "llmslo.yaml"
     config = {
         "bus": {
@@ -27,6 +30,7 @@ def _config(tmp_path: Path, bus: Bus, **store: object) -> Path:
         },
         "store": store,
         "ingest": {"group_id": f"group-{uuid.uuid4().hex[:8]}", "batch_max_ms": 100},
+        "slo": slo or {},
     }
     path.write_text(yaml.safe_dump(config))
     return path
@@ -65,9 +69,21 @@ def _lake_rows(lake: Path) -> list[tuple[int, int, float]]:
         ).fetchall()
 
 
-def test_two_ingest_roles_fill_the_lake_with_every_sample_once(bus: Bus, tmp_path: Path) -> None:
+def test_the_jobs_role_without_a_lake_is_refused(bus: Bus, tmp_path: Path) -> None:
+    config = _config(tmp_path, bus)
+    process = _run(config, tmp_path / "jobs.duckdb", "jobs", tmp_path / "jobs.log")
+    process.communicate(timeout=60)
+    assert process.returncode != 0
+    assert "store.lake_dir" in (tmp_path / "jobs.log").read_text()
+
+
+def test_two_ingest_roles_fill_the_lake_and_the_jobs_role_reads_it(
+    bus: Bus, tmp_path: Path
+) -> None:
     lake = tmp_path / "lake"
-    config = _config(tmp_path, bus, lake_dir=str(lake), lake_export_interval_s=1.0)
+    config = _config(
+        tmp_path, bus, slo={"interval_s": 0.5}, lake_dir=str(lake), lake_export_interval_s=1.0
+    )
     members = [
         _run(config, tmp_path / f"ingest-{name}.duckdb", "ingest", tmp_path / f"{name}.log")
         for name in "ab"
@@ -87,10 +103,15 @@ def test_two_ingest_roles_fill_the_lake_with_every_sample_once(bus: Bus, tmp_pat
     assert len({p.name for p in lake.glob("engine_samples/*/*/*.parquet")}) == 2
     assert _lake_rows(lake) == [(20_000, 20_000, 19_999.0)]
 
-
-def test_the_jobs_role_without_a_lake_is_refused(bus: Bus, tmp_path: Path) -> None:
-    config = _config(tmp_path, bus)
-    process = _run(config, tmp_path / "jobs.duckdb", "jobs", tmp_path / "jobs.log")
-    process.communicate(timeout=60)
-    assert process.returncode != 0
-    assert "store.lake_dir" in (tmp_path / "jobs.log").read_text()
+    # The jobs role evaluates over that lake from its own file, never opening the ingesters'.
+    jobs = _run(config, tmp_path / "jobs.duckdb", "jobs", tmp_path / "jobs.log")
+    time.sleep(8)  # start-up, then cycles every 0.5 s
+    assert jobs.poll() is None, (tmp_path / "jobs.log").read_text()[-2000:]
+    jobs.send_signal(signal.SIGTERM)
+    out, _ = jobs.communicate(timeout=60)
+    assert jobs.returncode == 0, (tmp_path / "jobs.log").read_text()[-2000:]
+    summary = json.loads(out.decode().strip().splitlines()[-1])
+    assert summary["role"] == "jobs" and summary["cycles"] >= 2
+    with duckdb.connect(str(tmp_path / "jobs.duckdb"), read_only=True) as con:
+        newest = con.execute("SELECT max(ts_ms) FROM engine_samples").fetchall()
+    assert newest == [(19_999,)]  # the views over the lake persist in the jobs' file
