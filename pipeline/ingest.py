@@ -31,9 +31,9 @@ shares of it (:func:`pipeline.config.ingest_memory_defaults`):
 
 The last eighth is margin: DuckDB's limit covers its buffer pool, not every allocation,
 and Arrow's allocator keeps freed memory for reuse. Measured with ``bench/ingest.py``
-(2 shared cores): peak RSS 455 MB at the default 512. A message larger than the fetch is
-still returned whole by Kafka (and copied a few times by the client): the broker's
-``message.max.bytes`` is what keeps such messages out of the topics.
+(2 shared cores, three quick runs): peak RSS 455–487 MB at the default 512. A message
+larger than the fetch is still returned whole by Kafka (and copied a few times by the
+client): the broker's ``message.max.bytes`` is what keeps such messages out of topics.
 """
 
 from __future__ import annotations
