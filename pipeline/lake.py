@@ -172,25 +172,29 @@ def create_lake_views(con: duckdb.DuckDBPyConnection, lake_dir: Path) -> None:
     """Views of :data:`LAKE_TABLES` (samples, requests, flag transitions) over the lake, in ``con``.
 
     They have exactly the schemas' columns and types (the Hive ``date``/``hour`` columns
-    are dropped), so SQL written for an ingester's file (the SLO jobs, :mod:`slo.queries`)
-    runs unchanged over every ingester's rows. A table with no file yet is an empty view
-    of the right types; call again to pick up a table's first file (later files of a
-    table already present are found by every query). Raises :class:`StoreError`.
+    are dropped; a column no file has yet, e.g. one added to a schema after those hours
+    were exported, is NULL), so SQL written for an ingester's file (the SLO jobs,
+    :mod:`slo.queries`) runs unchanged over every ingester's rows. A table with no file
+    yet is an empty view of the right types; call again to pick up a table's first file
+    (later files of a table already present are found by every query). Raises
+    :class:`StoreError`.
     """
     schemas = {schema.table: schema for schema in iter_schemas()}
     for table in LAKE_TABLES:
         schema = schemas[table]
-        columns = ", ".join(
-            f"CAST({field.name} AS {duckdb_type(field.type)}) AS {field.name}"
-            for field in schema.arrow
-        )
-        has_files = any((lake_dir / table).glob("date=*/hour=*/*.parquet"))
-        source = f"({lake_view_sql(lake_dir, table)})" if has_files else "(SELECT 1) WHERE false"
-        if not has_files:
-            columns = ", ".join(
-                f"CAST(NULL AS {duckdb_type(field.type)}) AS {field.name}" for field in schema.arrow
-            )
         try:
+            if any((lake_dir / table).glob("**/*.parquet")):
+                source = f"({lake_view_sql(lake_dir, table)})"
+                present = {
+                    row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()
+                }
+            else:
+                source, present = "(SELECT 1) WHERE false", set()
+            columns = ", ".join(
+                f"CAST({field.name if field.name in present else 'NULL'} "
+                f"AS {duckdb_type(field.type)}) AS {field.name}"
+                for field in schema.arrow
+            )
             con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {columns} FROM {source}")
         except duckdb.Error as exc:
             raise StoreError(f"cannot read the lake at {lake_dir} for {table}: {exc}") from exc

@@ -73,3 +73,17 @@ def test_an_empty_lake_gives_typed_empty_views(tmp_path: Path) -> None:
         assert con.execute("SELECT count(*) FROM engine_samples").fetchall() == [(0,)]
         types = dict(con.execute("DESCRIBE requests").fetchall()[i][:2] for i in range(3))
         assert types  # columns exist with their types
+
+
+def test_hours_exported_before_a_column_was_added_read_it_as_null(tmp_path: Path) -> None:
+    # An older release's export has no `dialect` column (nullable, added later).
+    part = tmp_path / "lake" / "engine_samples" / "date=2025-11-29" / "hour=08"
+    part.mkdir(parents=True)
+    with duckdb.connect() as con:
+        con.execute(
+            f"COPY (SELECT 1000::BIGINT AS ts_ms, 'pod-0' AS instance, 'vllm:x' AS metric, "
+            f"'running' AS signal, 'gauge' AS kind, 1.5 AS value) TO '{part / 'old.parquet'}'"
+        )
+        create_lake_views(con, tmp_path / "lake")
+        rows = con.execute("SELECT instance, dialect, value FROM engine_samples").fetchall()
+    assert rows == [("pod-0", None, 1.5)]
