@@ -32,7 +32,7 @@ from pipeline.ingest import Ingester
 from pipeline.lake import create_lake_views, export_hours
 from pipeline.publisher import Publisher
 from pipeline.store import Store
-from slo.jobs import JobsConfig, SloJobs
+from slo.jobs import DAY_MS, JobsConfig, SloJobs
 from slo.model import SloModel
 from slo.sinks import BusTransitionSink
 
@@ -50,17 +50,29 @@ def _lake_dir(config: LlmsloConfig) -> Path:
 
 
 def export_lake_until(
-    store: Store, lake_dir: Path, ingester_id: str, interval_s: float, stop: threading.Event
+    store: Store,
+    lake_dir: Path,
+    ingester_id: str,
+    interval_s: float,
+    stop: threading.Event,
+    retention_ms: int | None = None,
 ) -> None:
-    """Export to the lake every ``interval_s`` (open hours included) until ``stop``, and once more."""
+    """Export to the lake every ``interval_s`` (open hours included) until ``stop``, and once more.
+
+    With ``retention_ms``, raw rows older than that are pruned hourly (an ingest role has
+    no jobs thread to do it; the lake keeps them).
+    """
+    last_prune_s = float("-inf")
     while True:
         stopping = stop.wait(interval_s)
+        now_ms = int(time.time() * 1000)
         try:
-            export_hours(
-                store, lake_dir, ingester_id, now_ts_ms=int(time.time() * 1000), include_open=True
-            )
+            export_hours(store, lake_dir, ingester_id, now_ts_ms=now_ms, include_open=True)
+            if retention_ms is not None and time.monotonic() - last_prune_s >= 3600:
+                store.prune(now_ms - retention_ms)
+                last_prune_s = time.monotonic()
         except LlmsloError as exc:  # keep ingesting; the next round retries
-            log.error("lake export failed: %s", exc)
+            log.error("lake export or pruning failed: %s", exc)
         if stopping:
             return
 
@@ -80,6 +92,7 @@ def run_ingest_role(config: LlmsloConfig, instance_id: str | None) -> int:
         exporter = threading.Thread(
             target=export_lake_until,
             args=(store, lake_dir, ingester_id, config.store.lake_export_interval_s, stop),
+            kwargs={"retention_ms": int(config.store.raw_retention_days * DAY_MS)},
             name="lake-export",
         )
         exporter.start()

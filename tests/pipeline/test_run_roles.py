@@ -11,11 +11,14 @@ import uuid
 from pathlib import Path
 
 import duckdb
+import numpy as np
+import pyarrow as pa
 import yaml
 
 from pipeline.bus import Bus
 from pipeline.lake import lake_view_sql
-from tests.pipeline.ingest_helpers import STARTED, produce_numbered
+from pipeline.schema import ENGINE_SAMPLES
+from tests.pipeline.ingest_helpers import STARTED, numbered_samples
 
 
 def _config(
@@ -88,7 +91,16 @@ def test_two_ingest_roles_fill_the_lake_and_the_jobs_role_reads_it(
         _run(config, tmp_path / f"ingest-{name}.duckdb", "ingest", tmp_path / f"{name}.log")
         for name in "ab"
     ]
-    produce_numbered(bus, total=20_000, per_message=500)
+    # Samples of the current hour: an hour older than the grace period would be frozen at
+    # the first export round, and rows of it arriving later would never reach the lake.
+    now_ms = int(time.time() * 1000)
+    producer = bus.producer()
+    for start in range(0, 20_000, 500):
+        table = numbered_samples(start, 500, f"pod-{start // 500 % 8}")
+        ts_ms = pa.array(np.arange(start, start + 500, dtype=np.int64) + now_ms)
+        producer.publish(ENGINE_SAMPLES, table.set_column(0, "ts_ms", ts_ms))
+    producer.flush()
+    producer.close()
     deadline = time.monotonic() + 120
     while _lake_rows(lake) != [(20_000, 20_000, 19_999.0)]:
         assert all(m.poll() is None for m in members), (tmp_path / "a.log").read_text()[-2000:]
@@ -114,4 +126,4 @@ def test_two_ingest_roles_fill_the_lake_and_the_jobs_role_reads_it(
     assert summary["role"] == "jobs" and summary["cycles"] >= 2
     with duckdb.connect(str(tmp_path / "jobs.duckdb"), read_only=True) as con:
         newest = con.execute("SELECT max(ts_ms) FROM engine_samples").fetchall()
-    assert newest == [(19_999,)]  # the views over the lake persist in the jobs' file
+    assert newest == [(now_ms + 19_999,)]  # the views over the lake persist in the jobs' file
