@@ -31,6 +31,7 @@ from alerts.pusher import AlertPusher, restore_state
 from api import create_app
 from app.commands.api import ApiServer, api_config
 from app.options import add_common_options, install_stop_handlers, print_json, resolve_config
+from app.roles import ROLES, run_ingest_role, run_jobs_role
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
@@ -83,6 +84,14 @@ def register(subparsers: Any) -> None:
         "--api-port", type=int, help="serve the HTTP API on this port (default: api.port; 0: any)"
     )
     run.add_argument("--no-api", action="store_true", help="do not serve the HTTP API")
+    run.add_argument(
+        "--role",
+        choices=ROLES,
+        default="all",
+        help="all: ingest + jobs on one file; ingest: one fleet ingester exporting to the "
+        "lake; jobs: SLO jobs over the lake (see docs/topology.md)",
+    )
+    run.add_argument("--instance-id", help="static group membership name (--role ingest)")
     run.set_defaults(handler=run_pipeline)
 
 
@@ -239,7 +248,11 @@ def serve_api(
 def run_pipeline(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     spec = args.spec or config.section("slo", JobsConfig).spec
+    if args.role == "ingest":
+        return run_ingest_role(config, args.instance_id)
     model = load_model(spec)
+    if args.role == "jobs":
+        return run_jobs_role(config, model)
     pipeline = Pipeline(config, model)
     if args.metrics_port is not None:
         server, _ = start_http_server(args.metrics_port, "127.0.0.1", registry=pipeline.registry)

@@ -11,7 +11,11 @@ Measured side by side in one run:
   DuckDB Arrow append, no Kafka at all): what ingest could reach with a free bus.
 
 The last line printed is one JSON object (see DESIGN §8 for the targets).
-Usage: ``python bench/ingest.py [--quick]``.
+With ``--ingesters N`` it also runs N ingesters in one consumer group (each its own
+DuckDB file and process) on the same workload: aggregate samples/s, the speed-up over one,
+each ingester's peak RSS, and the machine's cores (N ingesters need N free cores to scale).
+
+Usage: ``python bench/ingest.py [--quick] [--ingesters 2]``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -111,79 +116,90 @@ def rows_committed(metrics_url: str) -> float:
 
 @dataclass(frozen=True)
 class IngestRun:
-    samples_per_s: float
-    peak_rss_mb: float
+    samples_per_s: float  # all ingesters together
+    peak_rss_mb: list[float]  # of each ingester
     cpu_s_per_million: float  # ingester CPU (user + sys): robust to other load on the machine
 
 
-def run_llmslo(broker: EmbeddedBroker, workdir: Path, messages: int) -> IngestRun:
-    prefix = f"b{int(time.time())}."
+def _start_ingester(config: Path, db: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", "-v", "ingest", "-c", str(config), "--db", str(db)],
+            stderr=log,
+            stdout=subprocess.DEVNULL,
+        )
+
+
+def run_llmslo(
+    broker: EmbeddedBroker, workdir: Path, messages: int, ingesters: int = 1
+) -> IngestRun:
+    """``ingesters`` processes in one consumer group, each with its own file and /metrics."""
+    prefix = f"b{time.time_ns()}."
     bus = Bus(
         BusConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix=prefix, partitions=8)
     ).start()
     bus.ensure_topics()
-    port = free_port()
-    config = workdir / "ingest.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "bus": {"bootstrap_servers": broker.bootstrap_servers, "topic_prefix": prefix},
-                "ingest": {"metrics_port": port},
-            }
+    ports = [free_port() for _ in range(ingesters)]
+    group = f"bench-{prefix}"
+    processes, logs = [], []
+    for i, port in enumerate(ports):
+        config = workdir / f"ingest-{i}.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "bus": {"bootstrap_servers": broker.bootstrap_servers, "topic_prefix": prefix},
+                    "ingest": {"metrics_port": port, "group_id": group},
+                }
+            )
         )
-    )
-    log = (workdir / "ingest.log").open("wb")
-    ingester = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "-v",
-            "ingest",
-            "-c",
-            str(config),
-            "--db",
-            str(workdir / "bench.duckdb"),
-        ],
-        stderr=log,
-        stdout=subprocess.DEVNULL,
-    )
-    proc = psutil.Process(ingester.pid)
-    peak_rss = 0
+        logs.append(workdir / f"ingest-{i}.log")
+        processes.append(_start_ingester(config, workdir / f"bench-{i}.duckdb", logs[-1]))
+    procs = [psutil.Process(p.pid) for p in processes]
+    peak_rss = [0] * ingesters
+    urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
+
+    def committed() -> float:
+        return sum(rows_committed(url) for url in urls)
 
     def wait_until(done: Callable[[], bool], what: str, timeout_s: float = 300) -> None:
-        nonlocal peak_rss
         deadline = time.monotonic() + timeout_s
         while not done():
-            if ingester.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"bench: the ingester {what} failed; see {workdir / 'ingest.log'}")
-            peak_rss = max(peak_rss, proc.memory_info().rss)
+            if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
+                raise SystemExit(f"bench: the ingesters' {what} failed; see {workdir}/ingest-*.log")
+            for i, proc in enumerate(procs):
+                peak_rss[i] = max(peak_rss[i], proc.memory_info().rss)
             time.sleep(0.02)
 
-    wait_until(
-        lambda: "starts at offset" in (workdir / "ingest.log").read_text(errors="replace"), "join"
-    )
-    metrics_url = f"http://127.0.0.1:{port}/metrics"
-    # Warm-up: one scrape of every pod, so the ingester knows the fleet's series (a running
+    def joined() -> bool:
+        return all("starts at offset" in log.read_text(errors="replace") for log in logs)
+
+    wait_until(joined, "join")
+    # Warm-up: one scrape of every pod, so the ingesters know the fleet's series (a running
     # ingester does); the first sight of ~500k new series costs extra, once. Peak RSS
-    # counts it too.
+    # counts it too. It also lets the group settle after the last member joined.
     produce_arrow(broker.bootstrap_servers, prefix, PODS, PODS)
     warm = PODS * ENGINES_PER_POD * len(METRICS)
-    wait_until(lambda: rows_committed(metrics_url) >= warm, "warm-up")
+    wait_until(lambda: committed() >= warm, "warm-up")
     total = warm + messages * ENGINES_PER_POD * len(METRICS)
-    cpu_before = sum(proc.cpu_times()[:2])
+    cpu_before = sum(sum(proc.cpu_times()[:2]) for proc in procs)
     started = time.perf_counter()
     producer = multiprocessing.Process(
         target=produce_arrow, args=(broker.bootstrap_servers, prefix, messages, PODS)
     )
     producer.start()
-    wait_until(lambda: rows_committed(metrics_url) >= total, "run")
+    wait_until(lambda: committed() >= total, "run")
     elapsed = time.perf_counter() - started
-    cpu_s = sum(proc.cpu_times()[:2]) - cpu_before
+    cpu_s = sum(sum(proc.cpu_times()[:2]) for proc in procs) - cpu_before
     producer.join()
-    ingester.terminate()
-    ingester.wait(timeout=60)
-    return IngestRun((total - warm) / elapsed, peak_rss / 2**20, cpu_s / ((total - warm) / 1e6))
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(timeout=60)
+    return IngestRun(
+        (total - warm) / elapsed,
+        [rss / 2**20 for rss in peak_rss],
+        cpu_s / ((total - warm) / 1e6),
+    )
 
 
 def run_naive(broker: EmbeddedBroker, workdir: Path, samples: int) -> float:
@@ -258,6 +274,12 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=None, help="runs of each measurement (median reported)"
     )
+    parser.add_argument(
+        "--ingesters",
+        type=int,
+        default=1,
+        help="also measure this many ingesters in one group (aggregate samples/s, each RSS)",
+    )
     args = parser.parse_args()
     messages = 1_000 if args.quick else 5_000
     repeat = args.repeat or (1 if args.quick else 3)
@@ -268,11 +290,35 @@ def main() -> None:
         for attempt in range(repeat):
             (workdir / f"run{attempt}").mkdir()
             runs.append(run_llmslo(broker, workdir / f"run{attempt}", messages))
+        group_runs = []
+        if args.ingesters > 1:
+            for attempt in range(repeat):
+                (workdir / f"group{attempt}").mkdir()
+                group_runs.append(
+                    run_llmslo(broker, workdir / f"group{attempt}", messages, args.ingesters)
+                )
         naive = statistics.median(run_naive(broker, workdir, naive_samples) for _ in range(1))
         ceiling = statistics.median(run_ceiling(workdir, messages) for _ in range(repeat))
     rates = [run.samples_per_s for run in runs]
     samples_per_s = statistics.median(rates)
-    peak_rss = max(run.peak_rss_mb for run in runs)
+    peak_rss = max(max(run.peak_rss_mb) for run in runs)
+    group: dict[str, object] = {}
+    if group_runs:
+        group_rate = statistics.median(run.samples_per_s for run in group_runs)
+        group = {
+            "ingesters": args.ingesters,
+            "group_samples_per_s": round(group_rate),
+            "group_speedup": round(
+                group_rate / statistics.median(r.samples_per_s for r in runs), 2
+            ),
+            "group_peak_rss_mb": [
+                round(max(mb)) for mb in zip(*(r.peak_rss_mb for r in group_runs), strict=True)
+            ],
+        }
+        print(
+            f"{args.ingesters} ingesters     : {group_rate:>12,.0f} samples/s together; peak RSS "
+            f"{group['group_peak_rss_mb']} MB; cores: {os.cpu_count()}"
+        )
     cpu_per_million = statistics.median(run.cpu_s_per_million for run in runs)
     print(
         f"llmslo ingest   : {samples_per_s:>12,.0f} samples/s  (runs: {', '.join(f'{r:,.0f}' for r in rates)})"
@@ -294,6 +340,8 @@ def main() -> None:
                 "ratio_vs_naive": round(samples_per_s / naive, 1),
                 "peak_rss_mb": round(peak_rss),
                 "ingester_cpu_s_per_million": round(cpu_per_million, 2),
+                "cores": os.cpu_count(),
+                **group,
             }
         )
     )

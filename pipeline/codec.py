@@ -11,7 +11,7 @@ content type is matched case-insensitively ignoring parameters
 (``Application/JSON; charset=utf-8`` is JSON). A missing content type means Arrow.
 
 Decoding is a boundary: anything malformed raises :class:`DecodeError` with a stable
-``reason`` (``empty``, ``oversized``, ``not_arrow``, ``truncated_arrow``, ``corrupt_arrow``,
+``reason`` (``empty``, ``oversized``, ``oversized_decoded``, ``not_arrow``, ``truncated_arrow``, ``corrupt_arrow``,
 ``not_json``, ``schema_mismatch``, ``missing_required``, ``invalid_value``,
 ``unknown_schema``, ``unknown_content_type``), which the ingester turns into a dead letter. Nothing here raises
 anything else: an unexpected exception is a bug, reported as ``decode_crash`` rather than
@@ -40,12 +40,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline._ipc_size import check_decoded_size
 from pipeline._value_check import check_values
 from pipeline.errors import DecodeError
 from pipeline.schema import RecordSchema, lookup_schema
 
 __all__ = [
     "ARROW_CONTENT_TYPE",
+    "DEFAULT_MAX_DECODED_BYTES",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "JSON_CONTENT_TYPE",
     "DecodedMessage",
@@ -63,6 +65,9 @@ SCHEMA_HEADER = "llmslo-schema"
 CONTENT_TYPE_HEADER = "content-type"
 #: Larger messages are dead-lettered as ``oversized`` before any parsing.
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: Arrow messages whose buffers decompress to more are dead-lettered as ``oversized_decoded``
+#: before anything is decompressed (LZ4 turns 16 MiB of zeros' runs into gigabytes).
+DEFAULT_MAX_DECODED_BYTES = 64 * 1024 * 1024
 
 # Messages are small (one scrape or one batch of records): Arrow's thread pool costs more
 # than it saves here (LZ4 decode of a 2,000-row batch: ~2 ms threaded vs ~0.3 ms not).
@@ -207,7 +212,8 @@ def _header(headers: Iterable[tuple[str | bytes, HeaderValue]] | None, name: str
     return None
 
 
-def _decode_arrow(value: bytes) -> pa.Table:
+def _decode_arrow(value: bytes, max_decoded_bytes: int) -> pa.Table:
+    check_decoded_size(value, max_decoded_bytes)  # before Arrow allocates a single buffer
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(value), options=_IPC_READ)
     except (pa.ArrowException, OSError) as exc:
@@ -296,7 +302,10 @@ def _decode_json(schema: RecordSchema, value: bytes) -> pa.Table:
 
 
 def _decode(
-    value: bytes | None, headers: Iterable[tuple[str | bytes, HeaderValue]] | None, max_bytes: int
+    value: bytes | None,
+    headers: Iterable[tuple[str | bytes, HeaderValue]] | None,
+    max_bytes: int,
+    max_decoded_bytes: int,
 ) -> DecodedMessage:
     if value is None:
         raise DecodeError("empty", "message has no value (tombstone)")
@@ -308,7 +317,7 @@ def _decode(
         ARROW_CONTENT_TYPE if content_type is None else content_type.split(";")[0].strip().lower()
     )
     if media_type == ARROW_CONTENT_TYPE:
-        table = _decode_arrow(value)
+        table = _decode_arrow(value, max_decoded_bytes)
     elif media_type == JSON_CONTENT_TYPE:
         table = _decode_json(schema, value)
     else:
@@ -326,6 +335,7 @@ def decode_message(
     headers: Iterable[tuple[str | bytes, HeaderValue]] | None,
     *,
     max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
 ) -> DecodedMessage:
     """Decode one Kafka message into rows of a known schema.
 
@@ -334,7 +344,7 @@ def decode_message(
     ``decode_crash`` so that one poison message cannot stop the ingester.
     """
     try:
-        return _decode(value, headers, max_bytes)
+        return _decode(value, headers, max_bytes, max_decoded_bytes)
     except DecodeError:
         raise
     except Exception as exc:

@@ -27,11 +27,19 @@ from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.errors import ConfigError
 
 __all__ = [
+    "INGEST_BASELINE_MB",
     "STRICT",
     "BusConfig",
     "FreePortOr",
@@ -42,6 +50,7 @@ __all__ = [
     "UniqueKeyLoader",
     "check_url_port",
     "format_validation_error",
+    "ingest_memory_defaults",
     "load_config",
     "load_yaml",
     "load_yaml_documents",
@@ -172,22 +181,84 @@ class StoreConfig(_Section):
     lake_dir: Path | None = Field(
         None, strict=False, description="where hourly Parquet partitions are exported"
     )
+    lake_export_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="seconds between lake exports in `llmslo run --role ingest` (the open "
+        "hours are rewritten each time: the lake's freshness)",
+    )
+
+
+#: What the ingester's process holds besides batches, fetches and DuckDB's buffer pool:
+#: the interpreter, pyarrow, DuckDB and kafka-python with the store open (measured 175 MB).
+INGEST_BASELINE_MB = 175
+
+
+def ingest_memory_defaults(memory_mb: int) -> dict[str, int | str]:
+    """The byte settings that ``ingest.memory_mb`` implies (see :mod:`pipeline.ingest`).
+
+    Of the budget above :data:`INGEST_BASELINE_MB`: an eighth for the Kafka fetch, a
+    quarter for the batches in hand (up to 4 × ``batch_max_bytes``), half for DuckDB's
+    buffer pool, and an eighth left as margin (DuckDB and Arrow allocate outside their
+    pools). One decoded message may be as large as the batches. At 512 MB: 42 MiB fetch,
+    21 MiB batches, a 176 MB DuckDB pool.
+    """
+    spare_bytes = (memory_mb - INGEST_BASELINE_MB) * 1024 * 1024
+    batch_bytes = max(1024 * 1024, spare_bytes // 16)
+    return {
+        "fetch_max_bytes": max(2 * 1024 * 1024, spare_bytes // 8),
+        "batch_max_bytes": batch_bytes,
+        "max_decoded_bytes": 4 * batch_bytes,
+        "duckdb_memory_limit": f"{spare_bytes // 2 // 1_000_000}MB",
+    }
 
 
 class IngestConfig(_Section):
-    """The Kafka → DuckDB ingester."""
+    """The Kafka → DuckDB ingester.
+
+    ``memory_mb`` is the one memory knob: ``fetch_max_bytes``, ``batch_max_bytes``,
+    ``max_decoded_bytes`` and ``duckdb_memory_limit`` are derived from it
+    (:func:`ingest_memory_defaults`) unless set explicitly.
+    """
 
     group_id: str = "llmslo-ingest"
+    memory_mb: int = Field(
+        512,
+        ge=INGEST_BASELINE_MB + 64,
+        le=1_000_000,
+        description="the ingester's memory budget (peak RSS, MB); the byte settings below "
+        "default to shares of it",
+    )
     batch_max_rows: int = Field(250_000, gt=0, description="commit once this many rows are pending")
     batch_max_ms: int = Field(500, gt=0, description="… or once the oldest pending row is this old")
     batch_max_bytes: int = Field(
-        24 * 1024 * 1024,
+        24 * 1024 * 1024,  # replaced by the memory_mb share unless given
         ge=1024 * 1024,
         description="… or once pending rows (decoded Arrow) and dead-letter payloads hold this "
-        "many bytes; the ingester holds at most about 4× this in batches (see pipeline.ingest)",
+        "many bytes; the ingester holds at most about 4× this in batches (see pipeline.ingest); "
+        "default: a sixteenth of memory_mb above the baseline",
     )
     max_message_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="larger messages are dead-lettered"
+    )
+    max_decoded_bytes: int = Field(
+        64 * 1024 * 1024,  # replaced by the memory_mb share unless given
+        gt=0,
+        description="Arrow messages whose buffers decompress to more are dead-lettered before "
+        "decompressing (oversized_decoded); default: 4 × batch_max_bytes",
+    )
+    fetch_max_bytes: int = Field(
+        32 * 1024 * 1024,  # replaced by the memory_mb share unless given
+        ge=1024 * 1024,
+        description="bytes one Kafka fetch may return (half of it per partition); default: a "
+        "eighth of memory_mb above the baseline",
+    )
+    peer_stores: list[str] = Field(
+        default_factory=list,
+        description="paths or glob patterns of the other group members' DuckDB files; a "
+        "partition's new owner starts at the greatest offset stored in any of them that it "
+        "can open (a dead member's), so a crash between a member's DuckDB and Kafka commits "
+        "doubles nothing",
     )
     metrics_port: FreePortOr | None = Field(
         None, description="serve /metrics here (0 = any free port)"
@@ -200,10 +271,21 @@ class IngestConfig(_Section):
         description="consumer-group session: how long a dead ingester keeps its partitions",
     )
     duckdb_memory_limit: str = Field(
-        "192MB",
+        "192MB",  # replaced by the memory_mb share unless given
         pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)$",
-        description="DuckDB buffer pool of the ingester (bounds its RSS)",
+        description="DuckDB buffer pool of the ingester (bounds its RSS); default: half of "
+        "memory_mb above the baseline",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_from_memory_mb(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        memory_mb = data.get("memory_mb", 512)
+        if type(memory_mb) is not int or memory_mb < INGEST_BASELINE_MB + 64:
+            return data  # the field's own validation reports it
+        return {**ingest_memory_defaults(memory_mb), **data}
 
 
 class LlmsloConfig(_Section):

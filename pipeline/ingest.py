@@ -12,26 +12,35 @@ Undecodable messages never stop the consumer: they go to the ``deadletter`` tabl
 topic with the reason. SIGTERM finishes the batch in hand, commits it and returns.
 
 Memory. What the ingester holds is bounded by its config, in bytes, not only in rows
-(a row of a request record can be 1,000 times larger than an engine sample's):
+(a row of a request record can be 1,000 times larger than an engine sample's). One
+setting, ``ingest.memory_mb`` (default 512), sets the budget; the byte settings default to
+shares of it (:func:`pipeline.config.ingest_memory_defaults`):
 
-* the Kafka fetch: ``fetch_max_bytes`` = 2 × the largest message (32 MiB, pipeline.bus);
+* the Kafka fetch: ``fetch_max_bytes`` (half of it per partition), an eighth of the budget
+  above the baseline (42 MiB at 512);
 * the batch in hand: due at ``batch_max_rows`` rows or ``batch_max_bytes`` bytes (decoded
-  Arrow plus dead-letter payloads), checked after every message; while a commit is in
-  flight it may grow to twice that before reading stops (backpressure);
-* the commit in flight: one batch (≤ 2 × ``batch_max_bytes``) plus DuckDB's working copy,
-  within ``duckdb_memory_limit`` for DuckDB's buffer pool;
+  Arrow plus dead-letter payloads, of which only the first 1 MiB is kept), checked after
+  every message; while a commit is in flight it may grow to twice that before reading
+  stops (backpressure); so ≤ 4 × ``batch_max_bytes``, a quarter of the spare budget;
+* one decoded message: at most ``max_decoded_bytes``, checked from the Arrow IPC headers
+  before anything is decompressed (:mod:`pipeline._ipc_size`), so a decompression bomb
+  costs its wire size, not its decoded size;
+* DuckDB's buffer pool: ``duckdb_memory_limit``, half of the spare budget (176 MB at 512);
 * the interpreter and libraries (pyarrow, DuckDB, kafka-python) with the store open: about
-  175 MB (measured: 140 MB after the imports, 173 MB with the DuckDB file open).
+  175 MB (:data:`pipeline.config.INGEST_BASELINE_MB`).
 
-So peak RSS ≈ 175 MB + 32 MiB + 4 × ``batch_max_bytes`` + ``duckdb_memory_limit``, about
-495 MB with the defaults (24 MiB, 192MB), within DESIGN §8's 512 MB; lower the two settings
-to fit a smaller box. It is an estimate, not a hard limit: DuckDB's limit covers its buffer
-pool, not every allocation, and Arrow's allocator keeps freed memory for reuse.
+The last eighth is margin: DuckDB's limit covers its buffer pool, not every allocation,
+and Arrow's allocator keeps freed memory for reuse. Measured with ``bench/ingest.py``
+(2 shared cores, three quick runs): peak RSS 455–487 MB at the default 512. A message
+larger than the fetch is still returned whole by Kafka (and copied a few times by the
+client): the broker's ``message.max.bytes`` is what keeps such messages out of topics.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -52,7 +61,7 @@ from pipeline.codec import decode_message
 from pipeline.config import IngestConfig
 from pipeline.errors import DecodeError, StoreError
 from pipeline.schema import iter_schemas
-from pipeline.store import DEADLETTER_PAYLOAD_LIMIT, DeadLetter, Store
+from pipeline.store import DEADLETTER_PAYLOAD_LIMIT, DeadLetter, Store, read_peer_offsets
 
 __all__ = ["IngestMetrics", "IngestStats", "Ingester"]
 
@@ -150,9 +159,22 @@ class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
             for tp in revoked
             if (tp.topic, tp.partition) in stored
         }
-        if handed_over:
+        if not handed_over:
+            return
+        try:
             await self.coordinator._commit_offsets_sync_async(
                 _kafka_offsets(handed_over), timeout_ms=10_000
+            )
+        except KafkaError as exc:
+            # E.g. another member left at the same moment (RebalanceInProgress). DuckDB
+            # holds the offsets; the next owner finds them in this file once we are gone
+            # (ingest.peer_stores), so failing here would only turn a clean exit into an error.
+            log.warning(
+                "could not hand offsets of %d partitions over to Kafka (%s); the next owner "
+                "reads them from %s through ingest.peer_stores",
+                len(handed_over),
+                exc,
+                self.ingester.store.path,
             )
 
     async def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
@@ -184,6 +206,7 @@ class Ingester:
         metrics: IngestMetrics | None = None,
         clock: Callable[[], float] = time.time,
         instance_id: str | None = None,
+        crash_after_commit: int | None = None,
     ) -> None:
         self.bus = bus
         self.store = store
@@ -191,6 +214,11 @@ class Ingester:
         self.metrics = metrics or IngestMetrics()
         self.clock = clock
         self.instance_id = instance_id
+        # Test hook: SIGKILL this process right after its Nth DuckDB commit, before Kafka
+        # hears of it (the exactly-once tests' deterministic crash; `llmslo ingest` reads it
+        # from LLMSLO_TEST_CRASH_AFTER_COMMIT).
+        self._crash_after_commit = crash_after_commit
+        self._duckdb_commits = 0
         self.stats = IngestStats()
         self._stop = threading.Event()
         self._batch = _Batch()
@@ -220,6 +248,8 @@ class Ingester:
         consumer = self.bus.consumer(
             self.config.group_id,
             session_timeout_ms=self.config.session_timeout_ms,
+            fetch_max_bytes=self.config.fetch_max_bytes,
+            max_partition_fetch_bytes=self.config.fetch_max_bytes // 2,
             heartbeat_interval_ms=max(500, self.config.session_timeout_ms // 10),
             **extra,
         )
@@ -263,11 +293,19 @@ class Ingester:
         self.stats.messages += 1
         self.metrics.messages.labels(tp.topic).inc()
         try:
-            decoded = decode_message(value, headers, max_bytes=self.config.max_message_bytes)
+            decoded = decode_message(
+                value,
+                headers,
+                max_bytes=self.config.max_message_bytes,
+                max_decoded_bytes=self.config.max_decoded_bytes,
+            )
         except Exception as exc:  # never raise into the stream: dead-letter and count
             reason = exc.reason if isinstance(exc, DecodeError) else "decode_crash"
             self._log_deadletter(reason, tp, message.offset, exc)
-            batch.bytes += len(value or b"")
+            # Keep only what the table and the topic take: a 64 MiB message must not be
+            # held until its batch commits.
+            kept = value[:DEADLETTER_PAYLOAD_LIMIT] if value is not None else None
+            batch.bytes += len(kept or b"")
             batch.deadletters.append(
                 DeadLetter(
                     received_ts_ms=int(self.clock() * 1000),
@@ -278,7 +316,8 @@ class Ingester:
                     reason=reason,
                     error=str(exc) or type(exc).__name__,
                     headers=headers,
-                    payload=value,
+                    payload=kept,
+                    payload_bytes=len(value or b""),
                 )
             )
         else:
@@ -345,6 +384,10 @@ class Ingester:
             deadletters=batch.deadletters,
             now_ts_ms=int(self.clock() * 1000),
         )
+        self._duckdb_commits += 1
+        if self._duckdb_commits == self._crash_after_commit:
+            log.warning("crashing after DuckDB commit %d (test hook)", self._duckdb_commits)
+            os.kill(os.getpid(), signal.SIGKILL)
         return time.perf_counter() - started
 
     def _collect(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], int]:
@@ -407,9 +450,10 @@ class Ingester:
                 ("llmslo-deadletter-reason", letter.reason.encode()),
                 ("llmslo-source", f"{letter.topic}/{letter.partition}/{letter.offset}".encode()),
             ]
-            if len(payload) > DEADLETTER_PAYLOAD_LIMIT:  # the topic refuses what the source let in
-                headers.append(("llmslo-payload-bytes", str(len(payload)).encode()))
-                payload = payload[:DEADLETTER_PAYLOAD_LIMIT]
+            received_bytes = max(len(payload), letter.payload_bytes or 0)
+            payload = payload[:DEADLETTER_PAYLOAD_LIMIT]  # the topic refuses what the source let in
+            if received_bytes > len(payload):
+                headers.append(("llmslo-payload-bytes", str(received_bytes).encode()))
             try:
                 self._deadletter_producer.send_raw(
                     DEADLETTER_TOPIC, payload, key=letter.key, headers=headers
@@ -436,10 +480,13 @@ class Ingester:
     def seek_to_stored(
         self, assigned: set[TopicPartition], committed: dict[TopicPartition, int]
     ) -> None:
-        """Position each newly assigned partition at the later of DuckDB's and Kafka's offset.
+        """Position each newly assigned partition at the greatest offset known for it.
 
         DuckDB's offset is ours and exact; Kafka's is newer when another group member owned
-        the partition since (it commits to Kafka on hand-over).
+        the partition since (it commits to Kafka on hand-over); a dead member's file
+        (``ingest.peer_stores``) is newer than Kafka when it crashed between its DuckDB and
+        Kafka commits. Offsets are the source of truth in each file, so the union of the
+        files holds every record once.
         """
         self._last_activity_s = time.monotonic()
         self._joined = True
@@ -447,10 +494,14 @@ class Ingester:
         if consumer is None or not assigned:
             return
         stored = self.store.read_offsets(self.config.group_id)
+        peers = read_peer_offsets(
+            self.config.peer_stores, self.config.group_id, own_path=self.store.path
+        )
         for tp in assigned:
+            key = (tp.topic, tp.partition)
             candidates = [
                 o
-                for o in (stored.get((tp.topic, tp.partition)), committed.get(tp))
+                for o in (stored.get(key), committed.get(tp), peers.get(key))
                 if o is not None and o >= 0
             ]
             if candidates:

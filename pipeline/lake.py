@@ -14,15 +14,19 @@ Ingesters in one group own disjoint partitions, so their files never hold the sa
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.errors import ConfigError
-from pipeline.store import Store
+import duckdb
 
-__all__ = ["LAKE_TABLES", "ExportedHour", "export_hours", "lake_view_sql"]
+from pipeline.errors import ConfigError, StoreError
+from pipeline.schema import iter_schemas
+from pipeline.store import Store, duckdb_type
+
+__all__ = ["LAKE_TABLES", "ExportedHour", "create_lake_views", "export_hours", "lake_view_sql"]
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +35,12 @@ HOUR_MS = 3_600_000
 DEFAULT_GRACE_MS = 15 * 60_000
 _SAFE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 #: Exported tables and their event-time column.
-LAKE_TABLES = {"engine_samples": "ts_ms", "gpu_samples": "ts_ms", "requests": "received_ts_ms"}
+LAKE_TABLES = {
+    "engine_samples": "ts_ms",
+    "gpu_samples": "ts_ms",
+    "requests": "received_ts_ms",
+    "flag_transitions": "ts_ms",  # the jobs resume flag levels from it
+}
 
 
 @dataclass(frozen=True)
@@ -58,12 +67,19 @@ def export_hours(
     *,
     now_ts_ms: int,
     grace_ms: int = DEFAULT_GRACE_MS,
+    include_open: bool = False,
 ) -> list[ExportedHour]:
     """Export every hour that ended ``grace_ms`` before ``now_ts_ms`` and was not exported yet.
 
     The grace period lets late rows (ingest lag, collectors flushing their buffer after a
     broker outage) land before their hour is frozen. Rows arriving later still are kept in
     DuckDB but do not reach the lake. Raises :class:`StoreError` or :class:`ConfigError`.
+
+    ``include_open`` also writes the hours not yet frozen (the current one and those in
+    their grace period) as they are now, to the same file names, so a jobs process reading
+    the lake sees rows one export interval old. Every file is written beside its final
+    name and renamed over it, so a reader sees each (table, hour, ingester) once, never
+    half-written or twice. Rewriting the open hours costs their size each round.
     """
     if not _SAFE_ID.fullmatch(ingester_id):
         raise ConfigError(
@@ -75,7 +91,50 @@ def export_hours(
         _ensure_ledger(store)
         for table, column in LAKE_TABLES.items():
             written += _export_table(store, lake_dir, ingester_id, table, column, last_hour)
+            if include_open:
+                written += _export_open_hours(
+                    store, lake_dir, ingester_id, table, column, last_hour
+                )
     return written
+
+
+def _export_open_hours(
+    store: Store, lake_dir: Path, ingester_id: str, table: str, column: str, first_open_hour: int
+) -> list[ExportedHour]:
+    hours = store.con.execute(
+        f"SELECT DISTINCT {column} // {HOUR_MS} * {HOUR_MS} AS hour FROM {table} "
+        f"WHERE {column} >= ? ORDER BY hour",
+        [first_open_hour],
+    ).fetchall()
+    exported = []
+    for (hour,) in hours:
+        path = _hour_path(lake_dir, table, hour, ingester_id)
+        rows = _write_hour(store, table, column, hour, path)
+        exported.append(ExportedHour(table, hour, rows, path))
+    return exported
+
+
+def _hour_path(lake_dir: Path, table: str, hour: int, ingester_id: str) -> Path:
+    start = datetime.fromtimestamp(hour / 1000, tz=UTC)
+    date, hour_of_day = start.strftime("%Y-%m-%d"), start.strftime("%H")
+    path = lake_dir / table / f"date={date}" / f"hour={hour_of_day}" / f"{ingester_id}.parquet"
+    if "'" in str(path):  # COPY … TO takes no parameter for the file name
+        raise ConfigError(f"lake path {path} must not contain a quote")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _write_hour(store: Store, table: str, column: str, hour: int, path: Path) -> int:
+    """Write one hour of ``table`` to ``path`` atomically (beside it, then renamed); its rows."""
+    partial = path.with_name(path.name + ".partial")  # not *.parquet: readers skip it
+    store.con.execute(
+        f"COPY (SELECT * FROM {table} WHERE {column} >= ? AND {column} < ? ORDER BY {column}) "
+        f"TO '{partial}' (FORMAT PARQUET, COMPRESSION ZSTD)",
+        [hour, hour + HOUR_MS],
+    )
+    row = store.con.execute("SELECT count(*) FROM read_parquet(?)", [str(partial)]).fetchone()
+    os.replace(partial, path)
+    return int(row[0]) if row else 0
 
 
 def _export_table(
@@ -93,22 +152,11 @@ def _export_table(
 def _export_hour(
     store: Store, lake_dir: Path, ingester_id: str, table: str, column: str, hour: int
 ) -> ExportedHour:
-    start = datetime.fromtimestamp(hour / 1000, tz=UTC)
-    date, hour_of_day = start.strftime("%Y-%m-%d"), start.strftime("%H")
-    path = lake_dir / table / f"date={date}" / f"hour={hour_of_day}" / f"{ingester_id}.parquet"
-    if "'" in str(path):  # COPY … TO takes no parameter for the file name
-        raise ConfigError(f"lake path {path} must not contain a quote")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with store.transaction(f"export {table} for {date} {hour_of_day}h") as con:
-        con.execute(
-            f"COPY (SELECT * FROM {table} WHERE {column} >= ? AND {column} < ? ORDER BY {column}) "
-            f"TO '{path}' (FORMAT PARQUET, COMPRESSION ZSTD)",
-            [hour, hour + HOUR_MS],
-        )
-        row = con.execute("SELECT count(*) FROM read_parquet(?)", [str(path)]).fetchone()
-        rows = int(row[0]) if row else 0
+    path = _hour_path(lake_dir, table, hour, ingester_id)
+    with store.transaction(f"export {table} for the hour of {hour} ms") as con:
+        rows = _write_hour(store, table, column, hour, path)
         con.execute("INSERT INTO lake_exports VALUES (?, ?, ?, ?)", [table, hour, rows, str(path)])
-    log.info("exported %d rows of %s for hour %s %s to %s", rows, table, date, hour_of_day, path)
+    log.info("exported %d rows of %s for hour %d ms to %s", rows, table, hour, path)
     return ExportedHour(table, hour, rows, path)
 
 
@@ -118,3 +166,35 @@ def lake_view_sql(lake_dir: Path, table: str) -> str:
     return (
         f"SELECT * FROM read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
     )
+
+
+def create_lake_views(con: duckdb.DuckDBPyConnection, lake_dir: Path) -> None:
+    """Views of :data:`LAKE_TABLES` (samples, requests, flag transitions) over the lake, in ``con``.
+
+    They have exactly the schemas' columns and types (the Hive ``date``/``hour`` columns
+    are dropped; a column no file has yet, e.g. one added to a schema after those hours
+    were exported, is NULL), so SQL written for an ingester's file (the SLO jobs,
+    :mod:`slo.queries`) runs unchanged over every ingester's rows. A table with no file
+    yet is an empty view of the right types; call again to pick up a table's first file
+    (later files of a table already present are found by every query). Raises
+    :class:`StoreError`.
+    """
+    schemas = {schema.table: schema for schema in iter_schemas()}
+    for table in LAKE_TABLES:
+        schema = schemas[table]
+        try:
+            if any((lake_dir / table).glob("**/*.parquet")):
+                source = f"({lake_view_sql(lake_dir, table)})"
+                present = {
+                    row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()
+                }
+            else:
+                source, present = "(SELECT 1) WHERE false", set()
+            columns = ", ".join(
+                f"CAST({field.name if field.name in present else 'NULL'} "
+                f"AS {duckdb_type(field.type)}) AS {field.name}"
+                for field in schema.arrow
+            )
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {columns} FROM {source}")
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot read the lake at {lake_dir} for {table}: {exc}") from exc

@@ -192,6 +192,13 @@ class SeriesIndex:
         )
         return SplitSamples(values, new_series)
 
+    def forget(self, ids: np.ndarray) -> None:
+        """Record that these series were deleted from the store (retention pruned them)."""
+        if len(ids):
+            self._known = self._known[~np.isin(self._known, ids)]
+            # A remembered "all known" message may name a forgotten series.
+            self._complete.clear()
+
     def mark_stored(self, ids: pa.Array | pa.ChunkedArray) -> None:
         """Record that these series are now in the store."""
         # Stored series are never stored again, so a merge of two sorted runs suffices

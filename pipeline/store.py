@@ -17,6 +17,7 @@ of it, and the ingester resumes from the stored offsets: nothing lost, nothing d
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import threading
@@ -27,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import StoreError
@@ -39,6 +41,7 @@ __all__ = [
     "DeadLetter",
     "Store",
     "duckdb_type",
+    "read_peer_offsets",
 ]
 
 log = logging.getLogger(__name__)
@@ -112,6 +115,8 @@ class DeadLetter:
     error: str
     headers: Sequence[tuple[str, bytes | None]] = field(default_factory=tuple)
     payload: bytes | None = None
+    #: Length of the payload as received, when ``payload`` holds only its first bytes.
+    payload_bytes: int | None = None
 
     def as_row(self) -> tuple[object, ...]:
         payload = self.payload or b""
@@ -125,7 +130,7 @@ class DeadLetter:
             self.reason,
             self.error,
             json.dumps(headers, sort_keys=True),
-            len(payload),
+            len(payload) if self.payload_bytes is None else self.payload_bytes,
             payload[:DEADLETTER_PAYLOAD_LIMIT],
         )
 
@@ -362,14 +367,30 @@ class Store:
             self.con.unregister("_llmslo_batch")
 
     def prune(self, before_ts_ms: int) -> dict[str, int]:
-        """Delete raw rows older than ``before_ts_ms``; returns rows deleted per table."""
-        deleted = {}
-        with self.transaction("prune raw rows") as con:
-            for table_name, column in RAW_TIME_COLUMNS.items():
-                ((rows,),) = con.execute(
-                    f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]
-                ).fetchall()
-                deleted[table_name] = int(rows)
+        """Delete raw rows older than ``before_ts_ms``; returns rows deleted per table.
+
+        A series left without samples goes too (``<table>_series``), so instances that come
+        and go (pods rescheduled, renamed) do not grow the series tables forever; one that
+        comes back is stored again. Raises :class:`StoreError`.
+        """
+        deleted: dict[str, int] = {}
+        orphans: dict[str, np.ndarray] = {}
+        with self.lock:  # no commit between the delete and the index forgetting it
+            with self.transaction("prune raw rows") as con:
+                for table_name, column in RAW_TIME_COLUMNS.items():
+                    ((rows,),) = con.execute(
+                        f"DELETE FROM {table_name} WHERE {column} < ?", [before_ts_ms]
+                    ).fetchall()
+                    deleted[table_name] = int(rows)
+                for table_name in self._series:
+                    ids = con.execute(
+                        f"DELETE FROM {table_name}_series WHERE series_id NOT IN "
+                        f"(SELECT series_id FROM {table_name}_values) RETURNING series_id"
+                    ).fetchnumpy()["series_id"]
+                    orphans[table_name] = np.asarray(ids, np.int64)
+                    deleted[f"{table_name}_series"] = len(ids)
+            for table_name, ids in orphans.items():
+                self._series[table_name].forget(ids)
         return deleted
 
     def count(self, table_name: str) -> int:
@@ -381,3 +402,35 @@ class Store:
             # fetchall, not fetchone: DuckDB 2 keeps an unfinished result open otherwise.
             ((rows,),) = self.con.execute(f"SELECT count(*) FROM {table_name}").fetchall()
         return int(rows)
+
+
+def read_peer_offsets(
+    patterns: Iterable[str], group_id: str, *, own_path: Path
+) -> dict[tuple[str, int], int]:
+    """The greatest next offset of each partition stored in the other members' files.
+
+    ``patterns`` are paths or glob patterns; ``own_path`` is skipped. A file that cannot be
+    opened is skipped with a log line: its member is alive and holds it (DuckDB allows one
+    process per file), and a live member hands its partitions over by committing its
+    offsets to Kafka first. A dead member's file opens, and its offsets are what the crash
+    between its DuckDB and Kafka commits left unsaid in Kafka. Never raises.
+    """
+    own = own_path.resolve()
+    paths = sorted({Path(p).resolve() for pattern in patterns for p in glob.glob(pattern)})
+    greatest: dict[tuple[str, int], int] = {}
+    for path in paths:
+        if path == own or not path.is_file():
+            continue
+        try:
+            with duckdb.connect(str(path), read_only=True) as con:
+                rows = con.execute(
+                    "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?",
+                    [group_id],
+                ).fetchall()
+        except duckdb.Error as exc:
+            log.info("peer store %s not read (its ingester holds it?): %s", path, exc)
+            continue
+        for topic, partition, offset in rows:
+            key = (topic, partition)
+            greatest[key] = max(offset, greatest.get(key, offset))
+    return greatest

@@ -141,7 +141,12 @@ def run_ingest(args: argparse.Namespace) -> int:
     ):
         bus.ensure_topics()
         ingester = Ingester(
-            bus, store, ingest_config, metrics=metrics, instance_id=args.instance_id
+            bus,
+            store,
+            ingest_config,
+            metrics=metrics,
+            instance_id=args.instance_id,
+            crash_after_commit=_crash_hook_from_env(),
         )
         install_stop_handlers(ingester.stop)
         exporting = threading.Event()
@@ -165,6 +170,16 @@ def run_ingest(args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+def _crash_hook_from_env() -> int | None:
+    """LLMSLO_TEST_CRASH_AFTER_COMMIT=N: die after DuckDB commit N (tests only; see Ingester)."""
+    value = os.environ.get("LLMSLO_TEST_CRASH_AFTER_COMMIT")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"LLMSLO_TEST_CRASH_AFTER_COMMIT={value!r} must be a positive integer")
+    return int(value)
 
 
 def run_lake_export(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -63,8 +64,13 @@ def write_config(path: Path, bus: Bus, **ingest: object) -> Path:
 STARTED: list[subprocess.Popen[bytes]] = []
 
 
-def start_ingest(config: Path, db: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """``llmslo -v ingest`` as a child process, its INFO log written to ``log``."""
+def start_ingest(
+    config: Path, db: Path, log: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``llmslo -v ingest`` as a child process, its INFO log written to ``log``.
+
+    ``env`` adds environment variables (e.g. the crash hook LLMSLO_TEST_CRASH_AFTER_COMMIT).
+    """
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [
@@ -81,6 +87,7 @@ def start_ingest(config: Path, db: Path, log: Path, *extra: str) -> subprocess.P
             ],
             stdout=subprocess.PIPE,
             stderr=sink,
+            env={**os.environ, **(env or {})},
         )
     STARTED.append(process)
     return process
