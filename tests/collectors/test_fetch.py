@@ -18,6 +18,7 @@ from collectors.collector import Collector, Fetched, fetch_exposition
 from collectors.config import CollectConfig, TargetConfig
 from collectors.exposition import parse_exposition, to_metric_families
 from pipeline.errors import DecodeError
+from pipeline.schema import TARGET_HEALTH
 from tests.collectors.examples import dcgm_exposition, sglang_exposition, vllm_exposition
 from tests.collectors.piecewise import MODES, Page, PiecewiseServer
 
@@ -41,13 +42,14 @@ def fetch(url: str, *, max_body_bytes: int = 64 * MiB, timeout_s: float = 10.0) 
 
 
 def scrape_once(url: str, **config: object) -> tuple[Collector, list[pa.Table]]:
-    """One collector round against ``url``; returns the collector and the tables it emitted."""
+    """One collector round against ``url``; returns the collector and the sample tables it
+    emitted (engine and GPU samples; the round's target_health row is not a sample)."""
     tables: list[pa.Table] = []
     collector = Collector(
         CollectConfig(  # a short interval: run() waits one interval after its last round
             targets=[TargetConfig(url=url)], jitter_s=0, interval_s=0.1, **config
         ),
-        lambda schema, table: tables.append(table),
+        lambda schema, table: None if schema is TARGET_HEALTH else tables.append(table),
     )
     asyncio.run(collector.run(rounds=1))
     return collector, tables
