@@ -21,13 +21,24 @@ from types import ModuleType
 from typing import Any
 
 from app import demo, run
-from app.commands import collect, rules, sim, slo, spine, tap
+from app.commands import collect, drill, probe, rules, sim, slo, spine, tap
 from pipeline.errors import LlmsloError
 
 __all__ = ["COMMAND_MODULES", "build_parser", "console_main", "main"]
 
 #: Modules whose ``register(subparsers)`` adds subcommands, in help order.
-COMMAND_MODULES: tuple[ModuleType, ...] = (demo, run, spine, tap, collect, sim, slo, rules)
+COMMAND_MODULES: tuple[ModuleType, ...] = (
+    demo,
+    run,
+    spine,
+    tap,
+    collect,
+    probe,
+    sim,
+    slo,
+    rules,
+    drill,
+)
 
 Register = Callable[[Any], None]
 

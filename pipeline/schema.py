@@ -342,6 +342,11 @@ REQUEST_RECORDS = RecordSchema(
                 "ITL gaps per log bucket, 32 counts: bucket k holds gaps ≤ 0.25 ms·√2^k "
                 "(k = 0…30, up to 8.2 s) and above the previous bound; the last, larger gaps",
             ),
+            _field(
+                "source",
+                _DICT_STR,
+                "who measured it: null = a stream tap, 'probe' = the synthetic prober (llmslo probe)",
+            ),
         ]
     ),
 )

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 __all__ = [
     "BUDGET_SCHEMA",
+    "DRILLS_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
     "FINDINGS_SCHEMA",
     "FLAGS_SCHEMA",
@@ -74,5 +75,14 @@ GPU_SERIES_SCHEMA = pa.schema(
     [
         ("bucket_ts_ms", _I64), ("instance", _S), ("hostname", _S), ("gpu", pa.int32()),
         ("uuid", _S), ("signal", _S), ("value", _F64), ("value_max", _F64),
+    ]
+)  # fmt: skip
+DRILLS_SCHEMA = pa.schema(
+    [
+        ("run_ts_ms", _I64), ("mode", _S), ("fleet", _S), ("instance", _S), ("fault", _S),
+        ("injected_ts_ms", _I64), ("removed_ts_ms", _I64), ("detected", pa.bool_()),
+        ("detected_by", _S), ("detect_s", _F64), ("first_finding_s", _F64),
+        ("first_flag_s", _F64), ("first_alert_s", _F64), ("clear_s", _F64),
+        ("other_signals", _S), ("false_positives", pa.int32()), ("profile_json", _S),
     ]
 )  # fmt: skip

@@ -35,6 +35,7 @@ from slo._query_params import (
 )
 from slo._query_schemas import (
     BUDGET_SCHEMA,
+    DRILLS_SCHEMA,
     ENGINE_SERIES_SCHEMA,
     FINDINGS_SCHEMA,
     FLAGS_SCHEMA,
@@ -48,6 +49,7 @@ from slo.rollup import HOUR_MS
 
 __all__ = [
     "BUDGET_SCHEMA",
+    "DRILLS_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
     "FINDINGS_SCHEMA",
     "FLAGS_SCHEMA",
@@ -58,6 +60,7 @@ __all__ = [
     "STATUS_SCHEMA",
     "budget_series",
     "current_flags",
+    "drills",
     "engine_series",
     "findings",
     "flag_timeline",
@@ -442,3 +445,19 @@ def gpu_series(
         ORDER BY bucket_ts_ms, instance, gpu, signal"""
     params = [grid.bucket_ms, grid.bucket_ms, grid.start_ms, grid.end_ms, *params]
     return _run(con, GPU_SERIES_SCHEMA, ["gpu_samples"], sql, params)
+
+
+def drills(
+    con: duckdb.DuckDBPyConnection, *, run_ts_ms: int | None = None, limit: int = 1_000
+) -> pa.Table:
+    """``llmslo drill`` results: one row per mode of the run started at ``run_ts_ms``
+    (default: the latest run), in mode order."""
+    where, params = "(SELECT max(run_ts_ms) FROM drills)", []
+    if run_ts_ms is not None:
+        where, params = "?", [check_ts_ms("run_ts_ms", run_ts_ms)]
+    sql = f"""
+        SELECT run_ts_ms, mode, fleet, instance, fault, injected_ts_ms, removed_ts_ms, detected,
+               detected_by, detect_s, first_finding_s, first_flag_s, first_alert_s, clear_s,
+               other_signals, false_positives, profile_json
+        FROM drills WHERE run_ts_ms = {where} ORDER BY mode LIMIT ?"""
+    return _run(con, DRILLS_SCHEMA, ["drills"], sql, [*params, check_limit(limit)])

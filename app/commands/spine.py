@@ -29,7 +29,7 @@ from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
 from pipeline.store import Store
 from pipeline.tables import render_tables_doc
-from slo.tables import SLO_TABLES
+from slo.tables import DOCUMENTED_TABLES
 
 __all__ = ["register"]
 
@@ -104,7 +104,9 @@ def register(subparsers: Any) -> None:
         "Print the documented DuckDB tables (Markdown).",
         "llmslo tables > docs/tables.md",
     )
-    tables.set_defaults(handler=lambda args: sys.stdout.write(render_tables_doc(SLO_TABLES)) and 0)
+    tables.set_defaults(
+        handler=lambda args: sys.stdout.write(render_tables_doc(DOCUMENTED_TABLES)) and 0
+    )
 
 
 def run_broker(args: argparse.Namespace) -> int:

@@ -10,8 +10,16 @@ from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from tests.slo.factories import request
 
-#: Columns the request record gained with issue 10 (findings 6 and 8).
-ADDED = ("upstream_status", "itl_count", "itl_p50_s", "itl_p90_s", "itl_jitter_s", "itl_histogram")
+#: Columns the request record gained with issue 10 (findings 6 and 8), and ``source`` (issue 16).
+ADDED = (
+    "upstream_status",
+    "itl_count",
+    "itl_p50_s",
+    "itl_p90_s",
+    "itl_jitter_s",
+    "itl_histogram",
+    "source",
+)
 
 
 def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: Path) -> None:
