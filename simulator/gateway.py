@@ -56,7 +56,10 @@ class Gateway:
         max_in_flight: int = 64,
         max_queue: int = 64,
         health_interval_s: float = 1.0,
+        replica_in_flight: int | None = None,
     ) -> None:
+        """``replica_in_flight``: when set, the gateway forwards at most that many requests
+        per *active* replica (the autoscaler's ready replicas) instead of ``max_in_flight``."""
         if not upstreams:
             raise ConfigError("gateway.upstreams: at least one pod URL is required")
         self.upstreams = [u.rstrip("/") for u in upstreams]
@@ -67,7 +70,10 @@ class Gateway:
         self.faults: set[str] = set()
         self.in_flight = dict.fromkeys(self.upstreams, 0)
         self.ready = dict.fromkeys(self.upstreams, True)
-        self._slots = asyncio.Semaphore(max_in_flight)
+        self.max_in_flight, self.replica_in_flight = max_in_flight, replica_in_flight
+        self.active = list(self.upstreams)  # replicas serving (the autoscaler changes this)
+        self._admission = asyncio.Condition()
+        self._forwarded = 0
         self._waiting = 0
         self._rr = itertools.cycle(range(len(self.upstreams)))
         self.registry = CollectorRegistry()
@@ -171,7 +177,7 @@ class Gateway:
             if self.router_down_policy == "fail_open":
                 return self.upstreams[next(self._rr)], "fail_open"
             return None, "router_unavailable"
-        eligible = [u for u in self.upstreams if self.ready[u]]
+        eligible = [u for u in self.active if self.ready[u]]
         if not eligible:
             return None, "no_eligible_endpoint"
         if self.policy == "least_in_flight":
@@ -188,16 +194,50 @@ class Gateway:
             {"error": {"message": reason, "type": reason, "code": code}}, status=code
         )
 
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        if self._slots.locked() and self._waiting >= self.max_queue:
-            return self._refuse(429, "queue_full")
+    def capacity(self) -> int:
+        """Requests forwarded at once: per active replica when so configured."""
+        if self.replica_in_flight is None:
+            return self.max_in_flight
+        return self.replica_in_flight * len(self.active)
+
+    @property
+    def in_flight_total(self) -> int:
+        """Requests forwarded to the pods now."""
+        return self._forwarded
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued at the gateway now."""
+        return self._waiting
+
+    async def set_active(self, upstreams: Sequence[str]) -> None:
+        """Serve from ``upstreams`` only (scale out / in); wakes queued requests."""
+        self.active = [u for u in self.upstreams if u in set(upstreams)]
+        async with self._admission:
+            self._admission.notify_all()
+
+    async def _admit(self) -> bool:
+        if self._forwarded >= self.capacity() and self._waiting >= self.max_queue:
+            return False
         self._waiting += 1
         self._queue.set(self._waiting)
         try:
-            await self._slots.acquire()
+            async with self._admission:
+                await self._admission.wait_for(lambda: self._forwarded < self.capacity())
+                self._forwarded += 1
         finally:
             self._waiting -= 1
             self._queue.set(self._waiting)
+        return True
+
+    async def _release(self) -> None:
+        async with self._admission:
+            self._forwarded -= 1
+            self._admission.notify_all()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        if not await self._admit():
+            return self._refuse(429, "queue_full")
         try:
             upstream, mode = self.pick()
             if upstream is None:
@@ -210,7 +250,7 @@ class Gateway:
             self._decisions.labels(mode).inc()
             return await self._proxy(request, upstream)
         finally:
-            self._slots.release()
+            await self._release()
 
     async def _proxy(self, request: web.Request, upstream: str) -> web.StreamResponse:
         assert self._session is not None
