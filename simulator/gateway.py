@@ -3,8 +3,8 @@
 ``Gateway`` is the entry point clients (and ``llmslo probe``) call: it admits a request
 into a bounded queue (``max_in_flight`` forwarded at once, ``max_queue`` waiting; a full
 queue answers **429** ``queue_full``), asks the router for an endpoint, and streams the
-pod's answer back byte for byte. The router's policy is ``round_robin`` or
-``least_in_flight``; a pod that is not ready (``/health`` not 200 at the last check) is not
+pod's answer back byte for byte. The router's policy is ``round_robin``,
+``least_in_flight`` or ``prefix_locality`` (:mod:`simulator.locality`); a pod that is not ready (``/health`` not 200 at the last check) is not
 eligible, and with none eligible the gateway answers **503** ``no_eligible_endpoint``.
 
 Faults (:data:`GATEWAY_FAULTS`, set with :meth:`Gateway.set_fault`):
@@ -12,7 +12,9 @@ Faults (:data:`GATEWAY_FAULTS`, set with :meth:`Gateway.set_fault`):
 * ``gateway_down`` — the listener closes: connections are refused;
 * ``router_down`` — the router stops answering; the gateway then follows
   ``router_down_policy``: ``fail_open`` (any pod, round robin, no readiness check),
-  ``fail_close`` (**503** ``router_unavailable``) or ``reject`` (**429** ``router_unavailable``).
+  ``fail_close`` (**503** ``router_unavailable``) or ``reject`` (**429** ``router_unavailable``);
+* ``stale_kv_index`` — with policy ``prefix_locality`` the router's KV locality index
+  goes stale (:mod:`simulator.locality`): hints rejected, cache hit ratio drops.
 
 Everything it does is counted on ``/metrics`` (``llmslo_sim_gateway_*``): requests by code
 and reason, queue depth, router up, routing decisions by mode.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Sequence
 from typing import Literal
 
@@ -30,6 +33,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from pipeline.errors import ConfigError
+from simulator.locality import LocalityIndex, prefix_key
 
 __all__ = ["GATEWAY_FAULTS", "Gateway"]
 
@@ -37,9 +41,10 @@ __all__ = ["GATEWAY_FAULTS", "Gateway"]
 GATEWAY_FAULTS = {
     "gateway_down": "connections refused at the entry point; probes fail with connect_refused",
     "router_down": "router_up 0; fail_open: requests still served, fail_close: 503, reject: 429",
+    "stale_kv_index": "prefix_locality: hints rejected, cache hit ratio drops (see locality.py)",
 }
 RouterDownPolicy = Literal["fail_open", "fail_close", "reject"]
-RoutingPolicy = Literal["round_robin", "least_in_flight"]
+RoutingPolicy = Literal["round_robin", "least_in_flight", "prefix_locality"]
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
@@ -96,6 +101,15 @@ class Gateway:
             "llmslo_sim_gateway_router_up", "1 when the router answers", registry=self.registry
         )
         self._router_up.set(1)
+        self.locality = LocalityIndex(self.upstreams)
+        self._prefix = {
+            name: Counter(f"llmslo_sim_router_prefix_{name}", doc, registry=self.registry)
+            for name, doc in (
+                ("lookups", "Requests routed by prefix locality"),
+                ("hits", "Routed to a pod that held the prefix's KV"),
+                ("hints_rejected", "Hinted pod did not hold the prefix (stale index)"),
+            )
+        }
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -143,6 +157,8 @@ class Gateway:
         self.faults.add(name)
         if name == "router_down":
             self._router_up.set(0)
+        if name == "stale_kv_index":
+            self.locality.set_stale()
         if name == "gateway_down" and self._site is not None:
             await self._site.stop()
             self._site = None
@@ -153,6 +169,8 @@ class Gateway:
         self.faults.discard(name)
         if name == "router_down":
             self._router_up.set(1)
+        if name == "stale_kv_index" and was:
+            self.locality.clear_stale()
         if name == "gateway_down" and self._site is None and self._runner is not None:
             await self._listen()
         return was
@@ -171,7 +189,7 @@ class Gateway:
                     self.ready[upstream] = False
             await asyncio.sleep(self.health_interval_s)
 
-    def pick(self) -> tuple[str | None, str]:
+    def pick(self, prompt: str = "") -> tuple[str | None, str]:
         """The endpoint for the next request and the decision mode, or ``(None, reason)``."""
         if "router_down" in self.faults:
             if self.router_down_policy == "fail_open":
@@ -180,6 +198,12 @@ class Gateway:
         eligible = [u for u in self.active if self.ready[u]]
         if not eligible:
             return None, "no_eligible_endpoint"
+        if self.policy == "prefix_locality":
+            choice = self.locality.route(prefix_key(prompt), eligible)
+            self._prefix["lookups"].inc()
+            self._prefix["hits"].inc(choice.hit)
+            self._prefix["hints_rejected"].inc(choice.hint_rejected)
+            return choice.upstream, "prefix_locality"
         if self.policy == "least_in_flight":
             return min(eligible, key=lambda u: self.in_flight[u]), "least_in_flight"
         for _ in self.upstreams:
@@ -239,7 +263,8 @@ class Gateway:
         if not await self._admit():
             return self._refuse(429, "queue_full")
         try:
-            upstream, mode = self.pick()
+            body = await request.read()
+            upstream, mode = self.pick(_prompt_of(body))
             if upstream is None:
                 code = (
                     429
@@ -248,13 +273,12 @@ class Gateway:
                 )
                 return self._refuse(code, mode)
             self._decisions.labels(mode).inc()
-            return await self._proxy(request, upstream)
+            return await self._proxy(request, upstream, body)
         finally:
             await self._release()
 
-    async def _proxy(self, request: web.Request, upstream: str) -> web.StreamResponse:
+    async def _proxy(self, request: web.Request, upstream: str, body: bytes) -> web.StreamResponse:
         assert self._session is not None
-        body = await request.read()
         self.in_flight[upstream] += 1
         response: web.StreamResponse | None = None
         try:
@@ -284,3 +308,17 @@ class Gateway:
 
     async def _own_health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+
+def _prompt_of(body: bytes) -> str:
+    """The prompt text routing keys on (first message, or ``prompt``); '' when unreadable."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(parsed, dict):
+        return ""
+    messages = parsed.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[0], dict):
+        return str(messages[0].get("content", ""))
+    return str(parsed.get("prompt", ""))
