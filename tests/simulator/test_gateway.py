@@ -51,8 +51,9 @@ def probe(url: str, rounds: int = 1, **overrides: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def metric(gw: Gateway, name: str, **labels: str) -> float:
-    _, body = get(f"{gw.url}/metrics")
+def metric(base_url: str, name: str, **labels: str) -> float:
+    """The value of sample ``name`` with ``labels`` at ``base_url``/metrics (0 when absent)."""
+    _, body = get(f"{base_url}/metrics")
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
@@ -66,9 +67,9 @@ def test_a_healthy_gateway_serves_streams_and_spreads_them_over_the_pods(
     gw = gateway_factory()
     rows = probe(gw.url, rounds=4)
     assert [r["outcome"] for r in rows] == ["ok"] * 4
-    assert metric(gw, "llmslo_sim_gateway_routing_decisions_total", mode="round_robin") == 4
-    assert metric(gw, "llmslo_sim_gateway_router_up") == 1
-    assert metric(gw, "llmslo_sim_gateway_requests_total", code="503") == 0
+    assert metric(gw.url, "llmslo_sim_gateway_routing_decisions_total", mode="round_robin") == 4
+    assert metric(gw.url, "llmslo_sim_gateway_router_up") == 1
+    assert metric(gw.url, "llmslo_sim_gateway_requests_total", code="503") == 0
 
 
 def test_gateway_down_refuses_connections_and_comes_back(
@@ -98,9 +99,11 @@ def test_router_down_follows_the_gateway_policy(
     fleet.call(gw.set_fault("router_down"))
     (row,) = probe(gw.url)
     assert (row["outcome"], row["error_kind"]) == (outcome, kind)
-    assert metric(gw, "llmslo_sim_gateway_router_up") == 0
+    assert metric(gw.url, "llmslo_sim_gateway_router_up") == 0
     fleet.call(gw.clear_fault("router_down"))
-    assert probe(gw.url)[0]["outcome"] == "ok" and metric(gw, "llmslo_sim_gateway_router_up") == 1
+    assert (
+        probe(gw.url)[0]["outcome"] == "ok" and metric(gw.url, "llmslo_sim_gateway_router_up") == 1
+    )
 
 
 def test_no_ready_pod_is_no_eligible_endpoint(fleet: Fleet, gateway_factory: Any) -> None:
@@ -113,7 +116,10 @@ def test_no_ready_pod_is_no_eligible_endpoint(fleet: Fleet, gateway_factory: Any
         assert (row["outcome"], row["error_kind"]) == ("rejected", "http_503")
         assert (
             metric(
-                gw, "llmslo_sim_gateway_requests_total", code="503", reason="no_eligible_endpoint"
+                gw.url,
+                "llmslo_sim_gateway_requests_total",
+                code="503",
+                reason="no_eligible_endpoint",
             )
             == 1
         )
@@ -142,7 +148,7 @@ def test_a_full_queue_rejects_with_429(fleet: Fleet, gateway_factory: Any) -> No
         for pod in fleet.pods:
             fleet.clear_fault(pod.name, "stall")
     assert sorted(r["error_kind"] or "" for r in rows).count("http_429") == 1
-    assert metric(gw, "llmslo_sim_gateway_requests_total", code="429", reason="queue_full") == 1
+    assert metric(gw.url, "llmslo_sim_gateway_requests_total", code="429", reason="queue_full") == 1
 
 
 def test_an_unknown_gateway_fault_is_refused(fleet: Fleet, gateway_factory: Any) -> None:

@@ -72,13 +72,13 @@ def test_stale_kv_index_shows_at_the_router_metrics_and_nothing_when_off(gateway
     fleet: Fleet = gateway.fleet  # type: ignore[attr-defined]
     prompts = [f"system prompt {i}" for i in range(6)]
     _send(gateway, prompts * 3)
-    assert metric(gateway, "llmslo_sim_router_prefix_hits_total") == 12
-    assert metric(gateway, "llmslo_sim_router_prefix_hints_rejected_total") == 0
+    assert metric(gateway.url, "llmslo_sim_router_prefix_hits_total") == 12
+    assert metric(gateway.url, "llmslo_sim_router_prefix_hints_rejected_total") == 0
     fleet.call(gateway.set_fault("stale_kv_index"))
     _send(gateway, prompts)
-    assert metric(gateway, "llmslo_sim_router_prefix_hints_rejected_total") == 6
-    assert metric(gateway, "llmslo_sim_router_prefix_hits_total") == 12
+    assert metric(gateway.url, "llmslo_sim_router_prefix_hints_rejected_total") == 6
+    assert metric(gateway.url, "llmslo_sim_router_prefix_hits_total") == 12
     fleet.call(gateway.clear_fault("stale_kv_index"))
     _send(gateway, prompts)
-    assert metric(gateway, "llmslo_sim_router_prefix_hits_total") == 18
-    assert metric(gateway, "llmslo_sim_router_prefix_hints_rejected_total") == 6
+    assert metric(gateway.url, "llmslo_sim_router_prefix_hits_total") == 18
+    assert metric(gateway.url, "llmslo_sim_router_prefix_hints_rejected_total") == 6
