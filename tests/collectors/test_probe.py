@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from app.cli import main
 from collectors.probe import PROBE_SOURCE, ProbeConfig, Prober
 from pipeline.schema import REQUEST_RECORDS, RecordSchema
 from pipeline.store import Store
@@ -107,3 +109,17 @@ def test_probe_records_are_stored_with_their_source_next_to_tap_records(
             "SELECT request_id, source FROM requests ORDER BY request_id"
         ).fetchall()
     assert stored == [(row["request_id"], "probe"), ("tap-1", None)]
+
+
+def test_llmslo_probe_publishes_its_records_through_the_bounded_publisher(
+    fleet: Fleet, broker: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["probe", "--url", fleet.pods[0].url, "--rounds", "2", "--interval", "0.1"]
+    assert main([*args, "--bootstrap-servers", broker.bootstrap_servers]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary == {"dropped_rows": 0, "probe": "stopped", "probes": 2, "published_rows": 2}
+
+
+def test_a_nonsense_probe_interval_is_refused_by_field(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["probe", "--url", "http://127.0.0.1:1", "--interval", "0"]) == 2
+    assert "interval_s" in capsys.readouterr().err
