@@ -10,14 +10,15 @@ signals (:mod:`app.drill_modes`). Pods without a fault are the healthy instances
 raised on them is a false positive. A healthy control fleet (no faults) runs last.
 
 Time is compressed where that is honest (:class:`DrillProfile`, stated in the report):
-scrape and jobs every 2 s, ``stall_for_s`` 20 and flag dwell 20 s instead of 60 s
-and 120 s; the fault itself runs at the simulator's real speed.
+scrape and jobs every 2 s, ``stall_for_s`` 20, flag dwell 20 s and a 60-second detector
+lookback instead of 60 s, 120 s and 600 s; the fault itself runs at the simulator's real speed.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -60,6 +61,7 @@ class DrillProfile:
     stall_for_s: float = 20.0
     dwell_s: float = 20.0
     detector_window_s: float = 40.0  # fragmentation_for_s and queue_for_s (defaults 300, 120)
+    lookback_s: float = 60.0  # raw rows per cycle (default 600): hot_instance compares halves
     rate_per_pod: float = 1.5  # requests per second
     modes_per_fleet: int = 7
     healthy_pods: int = 2
@@ -117,6 +119,7 @@ def drill_config(
         "stall_for_s": profile.stall_for_s,
         "fragmentation_for_s": window,
         "queue_for_s": window,
+        "lookback_s": profile.lookback_s,
         "gpu_pods": gpu_pods,
     }
     raw = {
@@ -198,7 +201,7 @@ def _run_fleet(
         )
         stack.callback(pipeline.stop)
         pipeline.start()
-        stack.enter_context(
+        edges = stack.enter_context(
             DrillEdges(
                 bus,
                 [p.url for p in fleet.pods],
@@ -218,7 +221,7 @@ def _run_fleet(
                 f"[drill] {name}: {pod_count} pods, modes {[m.name for m in modes] or 'none'}, {end_s:.0f} s"
             )
         t0 = time.monotonic()
-        results = _play(fleet, modes, schedule, profile, t0, name, say)
+        results = _play(fleet, edges, modes, schedule, profile, t0, name, say)
         _sleep_until(t0 + end_s)
         end_ms = int(time.time() * 1000)
         time.sleep(2 * profile.scrape_s)
@@ -251,6 +254,7 @@ def _sleep_until(deadline: float) -> None:
 
 def _play(
     fleet: Fleet,
+    edges: DrillEdges,
     modes: list[DrillMode],
     schedule: list[float],
     profile: DrillProfile,
@@ -264,6 +268,7 @@ def _play(
         [(t, "set", i) for i, t in enumerate(schedule)]
         + [(t + profile.hold_s, "clear", i) for i, t in enumerate(schedule)]
     )
+    extra: dict[int, threading.Event] = {}
     results = [
         ModeResult(m.name, fleet_name, fleet.pods[i].instance, m.fault, 0, 0)
         for i, m in enumerate(modes)
@@ -273,6 +278,10 @@ def _play(
         mode = modes[i]
         pods = fleet.pods if mode.pool_scoped else [fleet.pods[i]]
         now_ms = int(time.time() * 1000)
+        if mode.extra_rate_per_s and action == "set":
+            extra[i] = edges.extra_load(i, mode.extra_rate_per_s, profile.hold_s)
+        elif i in extra:
+            extra.pop(i).set()
         for pod in pods:
             if mode.fault is None:
                 continue

@@ -70,6 +70,7 @@ class DrillEdges:
         self._collector_task: concurrent.futures.Future[None] | None = None
         self._publisher: KafkaPublisher | None = None
         self._stop_load = threading.Event()
+        self._extra: list[threading.Event] = []
         self._load: threading.Thread | None = None
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -94,6 +95,22 @@ class DrillEdges:
         self._load.start()
         return self
 
+    def extra_load(self, tap_index: int, rate_per_s: float, duration_s: float) -> threading.Event:
+        """Extra Poisson load at ``rate_per_s`` through tap ``tap_index`` only, for
+        ``duration_s`` or until the returned event is set (a hot instance, injected)."""
+        stop = threading.Event()
+        config = LoadConfig(targets=[self.tap_urls[tap_index]], deadline_s=30, seed=tap_index + 1)
+        requests = list(poisson_arrivals(rate_per_s, duration_s))
+        threading.Thread(
+            target=run_load_sync,
+            args=(config, requests),
+            kwargs={"stop": stop, "keep_results": False},
+            name="drill-extra-load",
+            daemon=True,
+        ).start()
+        self._extra.append(stop)
+        return stop
+
     def _run_load(self) -> None:
         config = LoadConfig(targets=self.tap_urls, deadline_s=30, **self._load_options)
         run_load_sync(
@@ -110,6 +127,8 @@ class DrillEdges:
         tb: TracebackType | None,
     ) -> None:
         self._stop_load.set()
+        for stop in self._extra:
+            stop.set()
         if self._load is not None:
             self._load.join(timeout=40)
         if self._collector is not None:

@@ -29,7 +29,9 @@ class DrillMode:
 
     ``fault``/``params``: the simulator fault set on the target pod(s) (``None``: the
     failure comes from the load alone). ``load``: extra ``llmslo load`` options for its
-    fleet (e.g. ``{"hot_share": 0.5}`` sends that share to the target pod). ``tap``:
+    fleet's whole run (e.g. ``{"cancel_after": 2.0}``). ``extra_rate_per_s``: Poisson
+    requests per second sent to the target pod alone while the mode is injected (a hot
+    instance). ``tap``:
     extra ``llmslo tap`` options. ``pool_scoped``: the failure is a pool's (every pod
     faulted; pool findings count).
     """
@@ -41,11 +43,12 @@ class DrillMode:
     load: Mapping[str, Any] = field(default_factory=dict)
     tap: Mapping[str, Any] = field(default_factory=dict)
     pool_scoped: bool = False
+    extra_rate_per_s: float = 0.0
 
     @property
     def own_fleet(self) -> bool:
         """Whether the mode changes the load or the taps, so it cannot share a fleet."""
-        return bool(self.load or self.tap or self.pool_scoped)
+        return bool(self.load or self.tap or self.pool_scoped or self.extra_rate_per_s)
 
 
 def _mode(name: str, fault: str | None, expected: set[str], **kwargs: Any) -> DrillMode:
@@ -67,7 +70,8 @@ MODES: dict[str, DrillMode] = {
         _mode("preemption_cascade", "preemption_cascade", {"preemption_cascade"}),
         # Ghosts need clients that go away: every request is cancelled after 2 s.
         _mode("ghost", "ghost", {"ghost_requests"}, load={"cancel_after": 2.0}),
-        _mode("hot_instance", None, {"hot_instance"}, load={"hot_share": 0.6}),
+        # Three times a pod's share on top, on one pod, from injection to removal.
+        _mode("hot_instance", None, {"hot_instance"}, extra_rate_per_s=4.5),
         _mode("slow_prefill", "slow_prefill", {"slow_prefill"}, params={"factor": 5}),
         _mode("slow_decode", "slow_decode", {"slow_decode"}, params={"factor": 5}),
         _mode("itl_jitter", "itl_jitter", {"itl_jitter"}, params={"mean_ms": 60}),
