@@ -23,6 +23,7 @@ from collectors.tap.config import TapConfig
 from collectors.tap.proxy import TapProxy
 from collectors.tap.sinks import KafkaSink
 from pipeline.bus import Bus
+from pipeline.errors import ConfigError
 from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
 from simulator.load import LoadConfig, run_load_sync
 from simulator.traces import poisson_arrivals
@@ -60,6 +61,12 @@ class DrillEdges:
             targets=[TargetConfig(url=url) for url in metrics_urls], interval_s=scrape_s
         )
         self._rate, self._duration = rate_per_s, duration_s
+        # Validate the options now (cold path): a bad one must fail the drill, not a thread.
+        try:
+            LoadConfig.model_validate({"targets": ["http://127.0.0.1:1"], **self._load_options})
+            TapConfig.model_validate({"upstreams": self.upstreams, **self._tap_options})
+        except ValueError as exc:
+            raise ConfigError(f"drill mode options: {exc}") from exc
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="drill-edges", daemon=True

@@ -28,11 +28,10 @@ class DrillMode:
     """One row of the failure matrix.
 
     ``fault``/``params``: the simulator fault set on the target pod(s) (``None``: the
-    failure comes from the load alone). ``load``: extra ``llmslo load`` options for its
-    fleet's whole run (e.g. ``{"cancel_after": 2.0}``). ``extra_rate_per_s``: Poisson
+    failure comes from the load alone). ``load``: extra :class:`simulator.load.LoadConfig`
+    fields for its fleet's whole run (e.g. ``{"cancel_after_s": 2.0}``). ``extra_rate_per_s``: Poisson
     requests per second sent to the target pod alone while the mode is injected (a hot
-    instance). ``tap``:
-    extra ``llmslo tap`` options. ``pool_scoped``: the failure is a pool's (every pod
+    instance). ``tap``: extra :class:`collectors.tap.config.TapConfig` fields. ``pool_scoped``: the failure is a pool's (every pod
     faulted; pool findings count).
     """
 
@@ -69,7 +68,7 @@ MODES: dict[str, DrillMode] = {
         _mode("fragmentation", "fragmentation", {"fragmentation", "queue_growth"}),
         _mode("preemption_cascade", "preemption_cascade", {"preemption_cascade"}),
         # Ghosts need clients that go away: every request is cancelled after 2 s.
-        _mode("ghost", "ghost", {"ghost_requests"}, load={"cancel_after": 2.0}),
+        _mode("ghost", "ghost", {"ghost_requests"}, load={"cancel_after_s": 2.0}),
         # Three times a pod's share on top, on one pod, from injection to removal.
         _mode("hot_instance", None, {"hot_instance"}, extra_rate_per_s=4.5),
         _mode("slow_prefill", "slow_prefill", {"slow_prefill"}, params={"factor": 5}),

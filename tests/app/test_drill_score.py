@@ -7,7 +7,10 @@ import pytest
 from app.drill import plan_fleets, select_modes
 from app.drill_modes import FLAG, MODES, DrillMode, matches
 from app.drill_score import FindingRow, FlagRow, ModeResult, false_positives, score_mode
+from collectors.tap.config import TapConfig
 from pipeline.errors import ConfigError
+from simulator.faults import validate_fault
+from simulator.load import LoadConfig
 
 POD, OTHER = "127.0.0.1:9001", "127.0.0.1:9002"
 T0 = 1_000_000  # injection, ms
@@ -111,3 +114,11 @@ def test_an_unknown_mode_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="unknown \\['nope'\\]"):
         select_modes("stall,nope")
     assert [m.name for m in select_modes("stall, kv_leak")] == ["stall", "kv_leak"]
+
+
+@pytest.mark.parametrize("mode", list(MODES.values()), ids=lambda m: m.name)
+def test_every_modes_fault_load_and_tap_options_are_valid(mode: DrillMode) -> None:
+    if mode.fault is not None:
+        validate_fault(mode.fault, dict(mode.params))
+    LoadConfig.model_validate({"targets": ["http://127.0.0.1:1"], **mode.load})
+    TapConfig.model_validate({"upstreams": ["http://127.0.0.1:1"], **mode.tap})
