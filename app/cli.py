@@ -21,7 +21,19 @@ from types import ModuleType
 from typing import Any
 
 from app import demo, run
-from app.commands import alerts, api, collect, dashboard, rules, sim, slo, spine, tap
+from app.commands import (
+    alerts,
+    api,
+    collect,
+    dashboard,
+    drill,
+    probe,
+    rules,
+    sim,
+    slo,
+    spine,
+    tap,
+)
 from pipeline.errors import LlmsloError
 
 __all__ = ["COMMAND_MODULES", "build_parser", "console_main", "main"]
@@ -33,12 +45,14 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     spine,
     tap,
     collect,
+    probe,
     sim,
     slo,
     rules,
     alerts,
     api,
     dashboard,
+    drill,
 )
 
 Register = Callable[[Any], None]

@@ -388,6 +388,11 @@ REQUEST_RECORDS = RecordSchema(
                 "what the tap did: degradation_header, rejected_long_prompt, "
                 "rejected_max_tokens, fallback_upstream, fail_open; null for nothing",
             ),
+            _field(
+                "source",
+                _DICT_STR,
+                "who measured it: null = a stream tap, 'probe' = the synthetic prober (llmslo probe)",
+            ),
         ]
     ),
 )

@@ -11,6 +11,7 @@ import pyarrow as pa
 __all__ = [
     "ALERTS_SCHEMA",
     "BUDGET_SCHEMA",
+    "DRILLS_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
     "FINDINGS_SCHEMA",
     "FLAGS_SCHEMA",
@@ -79,8 +80,26 @@ GPU_SERIES_SCHEMA = pa.schema(
 )  # fmt: skip
 ALERTS_SCHEMA = pa.schema(
     [
-        ("ts_ms", _I64), ("fingerprint", _S), ("alertname", _S), ("state", _S), ("severity", _S),
-        ("labels_json", _S), ("annotations_json", _S), ("starts_ts_ms", _I64),
-        ("ends_ts_ms", _I64), ("generator_url", _S),
+        ("ts_ms", _I64),
+        ("fingerprint", _S),
+        ("alertname", _S),
+        ("state", _S),
+        ("severity", _S),
+        ("labels_json", _S),
+        ("annotations_json", _S),
+        ("starts_ts_ms", _I64),
+        ("ends_ts_ms", _I64),
+        ("generator_url", _S),
+    ]
+)
+
+
+DRILLS_SCHEMA = pa.schema(
+    [
+        ("run_ts_ms", _I64), ("mode", _S), ("fleet", _S), ("instance", _S), ("fault", _S),
+        ("injected_ts_ms", _I64), ("removed_ts_ms", _I64), ("detected", pa.bool_()),
+        ("detected_by", _S), ("detect_s", _F64), ("first_finding_s", _F64),
+        ("first_flag_s", _F64), ("first_alert_s", _F64), ("clear_s", _F64),
+        ("other_signals", _S), ("false_positives", pa.int32()), ("profile_json", _S),
     ]
 )  # fmt: skip

@@ -37,6 +37,7 @@ from slo._query_params import (
 from slo._query_schemas import (
     ALERTS_SCHEMA,
     BUDGET_SCHEMA,
+    DRILLS_SCHEMA,
     ENGINE_SERIES_SCHEMA,
     FINDINGS_SCHEMA,
     FLAGS_SCHEMA,
@@ -51,6 +52,7 @@ from slo.rollup import HOUR_MS
 __all__ = [
     "ALERTS_SCHEMA",
     "BUDGET_SCHEMA",
+    "DRILLS_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
     "FINDINGS_SCHEMA",
     "FLAGS_SCHEMA",
@@ -62,6 +64,7 @@ __all__ = [
     "alerts",
     "budget_series",
     "current_flags",
+    "drills",
     "engine_series",
     "findings",
     "flag_timeline",
@@ -559,3 +562,19 @@ def alerts(
         SELECT {_ALERT_COLUMNS} FROM alerts WHERE ts_ms >= ? AND ts_ms < ?{where}
         ORDER BY ts_ms DESC, alertname, labels_json LIMIT ?"""
     return _run(con, ALERTS_SCHEMA, ["alerts"], sql, [start, end, *params, check_limit(limit)])
+
+
+def drills(
+    con: duckdb.DuckDBPyConnection, *, run_ts_ms: int | None = None, limit: int = 1_000
+) -> pa.Table:
+    """``llmslo drill`` results: one row per mode of the run started at ``run_ts_ms``
+    (default: the latest run), in mode order."""
+    where, params = "(SELECT max(run_ts_ms) FROM drills)", []
+    if run_ts_ms is not None:
+        where, params = "?", [check_ts_ms("run_ts_ms", run_ts_ms)]
+    sql = f"""
+        SELECT run_ts_ms, mode, fleet, instance, fault, injected_ts_ms, removed_ts_ms, detected,
+               detected_by, detect_s, first_finding_s, first_flag_s, first_alert_s, clear_s,
+               other_signals, false_positives, profile_json
+        FROM drills WHERE run_ts_ms = {where} ORDER BY mode LIMIT ?"""
+    return _run(con, DRILLS_SCHEMA, ["drills"], sql, [*params, check_limit(limit)])

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pipeline.tables import TableDoc
 
 __all__ = [
+    "DOCUMENTED_TABLES",
+    "DRILLS",
     "OUTPUT_TABLES",
     "ROLLUP_TABLES",
     "SLO_FINDINGS",
@@ -126,3 +128,40 @@ ROLLUP_TABLES: dict[str, TableDoc] = {
 OUTPUT_TABLES: dict[str, TableDoc] = {t.name: t for t in (SLO_FINDINGS, SLO_STATUS_CURRENT)}
 #: Every table of this package, in documentation order.
 SLO_TABLES: tuple[TableDoc, ...] = (*ROLLUP_TABLES.values(), *OUTPUT_TABLES.values())
+
+#: ``llmslo drill`` results, one row per mode per drill run (the healthy control: mode ``healthy``).
+DRILLS = TableDoc(
+    name="drills",
+    doc="One failure mode of one `llmslo drill` run: detected or not, by what, how fast, cleared; false positives.",
+    facts=(
+        "key: (`run_ts_ms`, `mode`); written by `llmslo drill --db`, appended per run",
+        "retention: forever (small)",
+    ),
+    columns=(
+        ("run_ts_ms", "BIGINT NOT NULL", "when the drill run started, Unix epoch ms"),
+        ("mode", "VARCHAR NOT NULL", "failure mode (app.drill_modes.MODES), or healthy"),
+        ("fleet", "VARCHAR NOT NULL", "the simulated fleet it ran in"),
+        ("instance", "VARCHAR", "the faulted instance (NULL for healthy or pool-wide)"),
+        ("fault", "VARCHAR", "simulator fault set (NULL: the load shape alone)"),
+        ("injected_ts_ms", "BIGINT", "fault set, Unix epoch ms"),
+        ("removed_ts_ms", "BIGINT", "fault removed, Unix epoch ms"),
+        ("detected", "BOOLEAN", "an expected signal or flag fired after injection"),
+        (
+            "detected_by",
+            "VARCHAR",
+            "the expected signals / flag levels that fired, comma-separated",
+        ),
+        ("detect_s", "DOUBLE", "injection to first detection, seconds"),
+        ("first_finding_s", "DOUBLE", "injection to first expected finding, seconds"),
+        ("first_flag_s", "DOUBLE", "injection to first flag rise (when a flag counts), seconds"),
+        ("first_alert_s", "DOUBLE", "injection to first Alertmanager alert, seconds (NULL: none)"),
+        ("clear_s", "DOUBLE", "removal to everything cleared, seconds (NULL: not cleared)"),
+        ("other_signals", "VARCHAR", "other signals on the faulted instance, comma-separated"),
+        ("false_positives", "INTEGER NOT NULL", "findings/flags on healthy instances of its fleet"),
+        ("profile_json", "VARCHAR NOT NULL", "the drill profile (timings) as sorted-key JSON"),
+    ),
+    key="run_ts_ms, mode",
+)
+
+#: What ``docs/tables.md`` documents after the spine's tables: this package's and ``drills``.
+DOCUMENTED_TABLES: tuple[TableDoc, ...] = (*SLO_TABLES, DRILLS)

@@ -30,7 +30,7 @@ from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
 from pipeline.store import Store
 from pipeline.tables import render_tables_doc
-from slo.tables import SLO_TABLES
+from slo.tables import DOCUMENTED_TABLES
 
 __all__ = ["register"]
 
@@ -106,7 +106,9 @@ def register(subparsers: Any) -> None:
         "llmslo tables > docs/tables.md",
     )
     tables.set_defaults(
-        handler=lambda args: sys.stdout.write(render_tables_doc((*SLO_TABLES, *API_TABLES))) and 0
+        handler=lambda args: (
+            sys.stdout.write(render_tables_doc((*DOCUMENTED_TABLES, *API_TABLES))) and 0
+        )
     )
 
 

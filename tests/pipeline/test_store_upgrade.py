@@ -14,12 +14,14 @@ from tests.slo.factories import request
 ADDED = ("upstream_status", "itl_count", "itl_p50_s", "itl_p90_s", "itl_jitter_s", "itl_histogram")
 #: ... and with issue 15 (tokens source, degradation flags that act), appended after those.
 ADDED_15 = ("tokens_source", "degradation_level", "enforced_action")
+#: ... and with issue 16 (the prober's records), appended last.
+ADDED_16 = ("source",)
 
 
 def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     with Store(path) as store:
-        for column in ADDED + ADDED_15:  # what a file created before issue 10 looks like
+        for column in ADDED + ADDED_15 + ADDED_16:  # what a file created before issue 10 looks like
             store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
         store.con.execute(
             "INSERT INTO requests (request_id, attempt, instance, received_ts_ms, outcome) VALUES ('old', 1, 'h:1', 0, 'ok')"

@@ -1,0 +1,347 @@
+"""Chaos drills: inject each failure mode into a simulated fleet and score the real pipeline.
+
+Per fleet: the embedded broker, the pipeline of ``llmslo run`` (ingest + SLO jobs on a fresh
+DuckDB file), a simulated fleet, one stream tap per pod, the collector and Poisson load
+through the taps, all in this process (:mod:`app.drill_edges`).
+After a warm-up each mode's fault is set on its own pod at a seeded random moment, held,
+then removed, and the run goes on to see it clear. The stored ``slo_findings`` and
+``flag_transitions`` are then scored (:mod:`app.drill_score`) against the expected
+signals (:mod:`app.drill_modes`). Pods without a fault are the healthy instances: anything
+raised on them is a false positive. A healthy control fleet (no faults) runs last.
+
+Time is compressed where that is honest (:class:`DrillProfile`, stated in the report):
+scrape and jobs every 2 s, ``stall_for_s`` 20, flag dwell 20 s and a 60-second detector
+lookback instead of 60 s, 120 s and 600 s; the fault itself runs at the simulator's real speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.drill_edges import DrillEdges
+from app.drill_modes import FLAG, MODES, DrillMode
+from app.drill_score import (
+    FalsePositive,
+    FindingRow,
+    FlagRow,
+    ModeResult,
+    false_positives,
+    score_mode,
+)
+from app.run import Pipeline, load_model
+from app.sections import load_config, parse_config
+from pipeline.bus import Bus
+from pipeline.config import LlmsloConfig
+from pipeline.errors import ConfigError
+from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
+
+__all__ = ["DrillProfile", "DrillReport", "FleetRun", "plan_fleets", "run_drill"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DrillProfile:
+    """Timings (seconds) and sizes of a drill; the defaults fit the matrix in ~15 minutes."""
+
+    warmup_s: float = 30.0
+    jitter_s: float = 15.0  # injection at warm-up + uniform(0, jitter)
+    hold_s: float = 50.0
+    clear_s: float = 40.0
+    scrape_s: float = 2.0
+    interval_s: float = 2.0
+    stall_for_s: float = 20.0
+    dwell_s: float = 20.0
+    detector_window_s: float = 40.0  # fragmentation_for_s and queue_for_s (defaults 300, 120)
+    lookback_s: float = 60.0  # raw rows per cycle (default 600): hot_instance compares halves
+    rate_per_pod: float = 1.5  # requests per second
+    modes_per_fleet: int = 7
+    healthy_pods: int = 2
+    healthy_minutes: float = 2.0
+    seed: int = 0
+
+
+@dataclass
+class FleetRun:
+    """One fleet of the drill: its modes, its healthy instances and its false positives."""
+
+    name: str
+    modes: list[str]
+    healthy_instances: list[str]
+    minutes: float
+    false_positives: list[FalsePositive] = field(default_factory=list)
+
+
+@dataclass
+class DrillReport:
+    """The whole drill: per-mode results, per-fleet false positives, the profile used."""
+
+    started_ts_ms: int
+    profile: DrillProfile
+    results: list[ModeResult] = field(default_factory=list)
+    fleets: list[FleetRun] = field(default_factory=list)
+
+    @property
+    def false_positive_count(self) -> int:
+        return sum(len(f.false_positives) for f in self.fleets)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "started_ts_ms": self.started_ts_ms,
+            "profile": asdict(self.profile),
+            "results": [asdict(r) for r in self.results],
+            "fleets": [asdict(f) for f in self.fleets],
+            "false_positives": self.false_positive_count,
+        }
+
+
+def plan_fleets(modes: Sequence[DrillMode], per_fleet: int) -> list[list[DrillMode]]:
+    """Modes that change load or taps get a fleet each; the others share, ``per_fleet`` a fleet."""
+    shared = [m for m in modes if not m.own_fleet]
+    plan = [shared[i : i + per_fleet] for i in range(0, len(shared), per_fleet)]
+    return plan + [[m] for m in modes if m.own_fleet]
+
+
+def drill_config(
+    bootstrap: str, db: Path, profile: DrillProfile, gpu_pods: dict[str, str]
+) -> LlmsloConfig:
+    """Embedded defaults with the drill profile's compressed windows."""
+    window = profile.detector_window_s
+    detectors = {
+        "stall_for_s": profile.stall_for_s,
+        "fragmentation_for_s": window,
+        "queue_for_s": window,
+        "lookback_s": profile.lookback_s,
+        "gpu_pods": gpu_pods,
+    }
+    raw = {
+        "bus": {"bootstrap_servers": bootstrap, "partitions": 4},
+        "store": {"path": str(db)},
+        "ingest": {"group_id": "llmslo-drill", "batch_max_ms": 250},
+        "slo": {
+            "interval_s": profile.interval_s,
+            "detectors": detectors,
+            "flags": {"dwell_s": profile.dwell_s},
+        },
+    }
+    return parse_config(raw, source="drill profile")
+
+
+def run_drill(
+    modes: Sequence[DrillMode],
+    workdir: Path,
+    profile: DrillProfile = DrillProfile(),
+    *,
+    healthy_control: bool = True,
+    say: Any = None,
+) -> DrillReport:
+    """Drill every mode, then (``healthy_control``) a fleet with no faults; returns the report.
+
+    Raises :class:`ConfigError` when nothing is to be run. ``say(text)`` gets progress lines.
+    """
+    if not modes and not healthy_control:
+        raise ConfigError("drill: no modes and no healthy control run: nothing to do")
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = DrillReport(int(time.time() * 1000), profile)
+    rng = random.Random(profile.seed)
+    plan = plan_fleets(modes, profile.modes_per_fleet)
+    if healthy_control:
+        plan.append([])
+    for index, fleet_modes in enumerate(plan):
+        name = f"fleet{index}" if fleet_modes else "healthy"
+        results, run = _run_fleet(name, fleet_modes, profile, workdir / name, rng, say)
+        report.results += results
+        report.fleets.append(run)
+    return report
+
+
+def _fleet_config(name: str, pods: int, seed: int) -> FleetConfig:
+    return FleetConfig(
+        nodes=[NodeConfig(name=f"{name}-node", gpus=max(pods, 1))],
+        pods=[
+            PodConfig(name=f"{name}-p{i}", dialect="vllm", node=f"{name}-node", gpus=[i])
+            for i in range(pods)
+        ],
+        seed=seed,
+    )
+
+
+def _run_fleet(
+    name: str,
+    modes: list[DrillMode],
+    profile: DrillProfile,
+    workdir: Path,
+    rng: random.Random,
+    say: Any,
+) -> tuple[list[ModeResult], FleetRun]:
+    pool_scoped = any(m.pool_scoped for m in modes)
+    healthy = 0 if pool_scoped else profile.healthy_pods
+    pod_count = max(len(modes), 1) + healthy if modes else profile.healthy_pods + 1
+    workdir.mkdir(parents=True, exist_ok=True)
+    db = workdir / "drill.duckdb"
+    for stale in (db, db.with_suffix(".duckdb.wal")):
+        stale.unlink(missing_ok=True)
+    schedule = _schedule(modes, profile, rng)
+    end_s = max((t + profile.hold_s for t in schedule), default=profile.healthy_minutes * 60)
+    end_s += profile.clear_s if modes else 0
+    with ExitStack() as stack:
+        bus = stack.enter_context(Bus(load_config(None).bus))
+        fleet = stack.enter_context(Fleet(_fleet_config(name, pod_count, profile.seed)))
+        gpu_pods = {p.name: p.instance for p in fleet.pods}
+        pipeline = Pipeline(
+            drill_config(bus.bootstrap_servers, db, profile, gpu_pods), load_model(None)
+        )
+        stack.callback(pipeline.stop)
+        pipeline.start()
+        edges = stack.enter_context(
+            DrillEdges(
+                bus,
+                [p.url for p in fleet.pods],
+                [
+                    f"{url}/metrics"
+                    for url in [*(p.url for p in fleet.pods), *(d.url for d in fleet.dcgm)]
+                ],
+                scrape_s=profile.scrape_s,
+                rate_per_s=profile.rate_per_pod * pod_count,
+                duration_s=end_s + 5,
+                tap_options={k: v for m in modes for k, v in m.tap.items()},
+                load_options={k: v for m in modes for k, v in m.load.items()},
+            )
+        )
+        if say:
+            say(
+                f"[drill] {name}: {pod_count} pods, modes {[m.name for m in modes] or 'none'}, {end_s:.0f} s"
+            )
+        t0 = time.monotonic()
+        results = _play(fleet, edges, modes, schedule, profile, t0, name, say)
+        _sleep_until(t0 + end_s)
+        end_ms = int(time.time() * 1000)
+        time.sleep(2 * profile.scrape_s)
+        pipeline.final_cycle()
+        time.sleep(3.0)  # the final cycle's flag transitions travel the bus into the store
+        findings, flags = _read_rows(pipeline)
+        faulted: dict[str, tuple[int, DrillMode]] = {}
+        for result, mode in zip(results, modes, strict=True):
+            score_mode(result, mode, findings, flags, end_ms)
+            if FLAG in mode.expected:
+                result.kv_crossing_s = _kv_crossings(pipeline, result, profile)
+            faulted[result.instance] = (result.injected_ts_ms, mode)
+    run = FleetRun(
+        name,
+        [m.name for m in modes],
+        [p for p in gpu_pods.values() if p not in faulted],
+        round(end_s / 60, 2),
+        false_positives(name, findings, flags, faulted),
+    )
+    return results, run
+
+
+def _schedule(modes: list[DrillMode], profile: DrillProfile, rng: random.Random) -> list[float]:
+    return [round(profile.warmup_s + rng.uniform(0, profile.jitter_s), 1) for _ in modes]
+
+
+def _sleep_until(deadline: float) -> None:
+    time.sleep(max(0.0, deadline - time.monotonic()))
+
+
+def _play(
+    fleet: Fleet,
+    edges: DrillEdges,
+    modes: list[DrillMode],
+    schedule: list[float],
+    profile: DrillProfile,
+    t0: float,
+    fleet_name: str,
+    say: Any,
+) -> list[ModeResult]:
+    """Set and clear each mode's fault on its pod (pod i for mode i; every pod when the mode
+    is pool-scoped) at its scheduled time; returns the results with real wall times."""
+    events = sorted(
+        [(t, "set", i) for i, t in enumerate(schedule)]
+        + [(t + profile.hold_s, "clear", i) for i, t in enumerate(schedule)]
+    )
+    extra: dict[int, threading.Event] = {}
+    results = [
+        ModeResult(m.name, fleet_name, fleet.pods[i].instance, m.fault, 0, 0)
+        for i, m in enumerate(modes)
+    ]
+    for at_s, action, i in events:
+        _sleep_until(t0 + at_s)
+        mode = modes[i]
+        pods = fleet.pods if mode.pool_scoped else [fleet.pods[i]]
+        now_ms = int(time.time() * 1000)
+        if mode.extra_rate_per_s and action == "set":
+            extra[i] = edges.extra_load(i, mode.extra_rate_per_s, profile.hold_s)
+        elif i in extra:
+            extra.pop(i).set()
+        for pod in pods:
+            if mode.fault is None:
+                continue
+            if action == "set":
+                fleet.set_fault(pod.name, mode.fault, **dict(mode.params))
+            else:
+                fleet.clear_fault(pod.name, mode.fault)
+        if action == "set":
+            results[i].injected_ts_ms = now_ms
+        else:
+            results[i].removed_ts_ms = now_ms
+        if say:
+            say(f"[drill] {fleet_name} t={at_s:5.1f}s {action} {mode.name} on {pods[0].instance}")
+    return results
+
+
+def _read_rows(pipeline: Pipeline) -> tuple[list[FindingRow], list[FlagRow]]:
+    cursor = pipeline.store.con.cursor()
+    findings = [
+        FindingRow(*row)
+        for row in cursor.execute(
+            "SELECT ts_ms, state, signal, scope, scope_id FROM slo_findings ORDER BY ts_ms"
+        ).fetchall()
+    ]
+    flags = [
+        FlagRow(*row)
+        for row in cursor.execute(
+            "SELECT ts_ms, scope, scope_id, from_level, to_level FROM flag_transitions ORDER BY ts_ms"
+        ).fetchall()
+    ]
+    return findings, flags
+
+
+def _kv_crossings(
+    pipeline: Pipeline, result: ModeResult, profile: DrillProfile
+) -> dict[int, float]:
+    """Seconds from injection to the first scraped KV usage past each flag line (L1–L3), so
+    the flag's own lag (flag time − crossing) can be judged against the scrape interval."""
+    policy = pipeline.jobs.config.flags
+    lines = {1: policy.l1_free, 2: policy.l2_free, 3: policy.l3_free}
+    out = {}
+    cursor = pipeline.store.con.cursor()
+    for level, free in lines.items():
+        (first,) = cursor.execute(
+            "SELECT min(ts_ms) FROM engine_samples WHERE instance = ? AND signal = 'kv_usage' "
+            "AND value > ? AND ts_ms >= ?",
+            [result.instance, 1 - free, result.injected_ts_ms],
+        ).fetchone() or (None,)
+        if first is not None:
+            out[level] = round((int(first) - result.injected_ts_ms) / 1000, 1)
+    return out
+
+
+def select_modes(spec: str) -> list[DrillMode]:
+    """``all`` or a comma-separated list of :data:`MODES` names; raises ConfigError naming
+    an unknown one."""
+    if spec.strip() == "all":
+        return list(MODES.values())
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MODES]
+    if unknown:
+        raise ConfigError(f"--modes: unknown {unknown}; known: all, {', '.join(MODES)}")
+    return [MODES[n] for n in names]

@@ -1,0 +1,156 @@
+"""The drill's edge of the pipeline in one process: a stream tap per pod, the collector, load.
+
+``llmslo demo`` runs these as child processes; on a shared 2-core machine each child costs
+seconds of start-up (imports), so the drill runs the same classes (``TapProxy``,
+``Collector`` with the one bounded publisher, ``run_load``) on one event-loop thread and
+one load thread. Records and samples still travel the embedded broker to the ingester.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from collectors.collector import Collector
+from collectors.config import CollectConfig, TargetConfig
+from collectors.metrics import CollectorMetrics
+from collectors.tap.config import TapConfig
+from collectors.tap.proxy import TapProxy
+from collectors.tap.sinks import KafkaSink
+from pipeline.bus import Bus
+from pipeline.errors import ConfigError
+from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
+from simulator.load import LoadConfig, run_load_sync
+from simulator.traces import poisson_arrivals
+
+__all__ = ["DrillEdges"]
+
+T = TypeVar("T")
+
+
+class DrillEdges:
+    """Taps (one per upstream, in order), the collector and Poisson load (context manager).
+
+    ``tap_options`` are extra :class:`TapConfig` fields, ``load_options`` extra
+    :class:`LoadConfig` fields; ``rate_per_s`` is spread over the taps.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        upstreams: Sequence[str],
+        metrics_urls: Sequence[str],
+        *,
+        scrape_s: float,
+        rate_per_s: float,
+        duration_s: float,
+        tap_options: Mapping[str, Any] | None = None,
+        load_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.bus = bus
+        self.upstreams = list(upstreams)
+        self.tap_urls: list[str] = []
+        self._tap_options = dict(tap_options or {})
+        self._load_options = dict(load_options or {})
+        self._collect = CollectConfig(
+            targets=[TargetConfig(url=url) for url in metrics_urls], interval_s=scrape_s
+        )
+        self._rate, self._duration = rate_per_s, duration_s
+        # Validate the options now (cold path): a bad one must fail the drill, not a thread.
+        try:
+            LoadConfig.model_validate({"targets": ["http://127.0.0.1:1"], **self._load_options})
+            TapConfig.model_validate({"upstreams": self.upstreams, **self._tap_options})
+        except ValueError as exc:
+            raise ConfigError(f"drill mode options: {exc}") from exc
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="drill-edges", daemon=True
+        )
+        self._taps: list[TapProxy] = []
+        self._sink: KafkaSink | None = None
+        self._collector: Collector | None = None
+        self._collector_task: concurrent.futures.Future[None] | None = None
+        self._publisher: KafkaPublisher | None = None
+        self._stop_load = threading.Event()
+        self._extra: list[threading.Event] = []
+        self._load: threading.Thread | None = None
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(60)
+
+    def __enter__(self) -> DrillEdges:
+        self._thread.start()
+        self._sink = KafkaSink(self.bus.producer, flush_interval_s=0.5)
+        for upstream in self.upstreams:
+            config = TapConfig.model_validate(
+                {"listen": "127.0.0.1:0", "upstreams": [upstream], **self._tap_options}
+            )
+            proxy = TapProxy(config, self._sink)
+            port = self._call(proxy.start())
+            self._taps.append(proxy)
+            self.tap_urls.append(f"http://127.0.0.1:{port}")
+        buffer = PublishBuffer(100_000, PublishMetrics("collect"))
+        self._publisher = KafkaPublisher(self.bus.producer, buffer, publish_timeout_s=10).start()
+        self._collector = Collector(self._collect, buffer.put, metrics=CollectorMetrics())
+        self._collector_task = asyncio.run_coroutine_threadsafe(self._collector.run(), self._loop)
+        self._load = threading.Thread(target=self._run_load, name="drill-load", daemon=True)
+        self._load.start()
+        return self
+
+    def extra_load(self, tap_index: int, rate_per_s: float, duration_s: float) -> threading.Event:
+        """Extra Poisson load at ``rate_per_s`` through tap ``tap_index`` only, for
+        ``duration_s`` or until the returned event is set (a hot instance, injected)."""
+        stop = threading.Event()
+        config = LoadConfig(targets=[self.tap_urls[tap_index]], deadline_s=30, seed=tap_index + 1)
+        requests = list(poisson_arrivals(rate_per_s, duration_s))
+        threading.Thread(
+            target=run_load_sync,
+            args=(config, requests),
+            kwargs={"stop": stop, "keep_results": False},
+            name="drill-extra-load",
+            daemon=True,
+        ).start()
+        self._extra.append(stop)
+        return stop
+
+    def _run_load(self) -> None:
+        config = LoadConfig(targets=self.tap_urls, deadline_s=30, **self._load_options)
+        run_load_sync(
+            config,
+            list(poisson_arrivals(self._rate, self._duration)),
+            stop=self._stop_load,
+            keep_results=False,
+        )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop_load.set()
+        for stop in self._extra:
+            stop.set()
+        if self._load is not None:
+            self._load.join(timeout=40)
+        if self._collector is not None:
+            self._loop.call_soon_threadsafe(self._collector.stop)
+        if self._collector_task is not None:
+            # Shutting down: a collector round that fails now loses nothing the store needs.
+            with contextlib.suppress(Exception):
+                self._collector_task.result(30)
+        for proxy in self._taps:
+            self._call(proxy.stop())
+        if self._sink is not None:
+            self._sink.close()
+        if self._publisher is not None:
+            self._publisher.stop(drain_timeout_s=10)
+            self._publisher.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()

@@ -1,0 +1,186 @@
+"""Scoring a drill from what the pipeline stored: detected or not, by what, how fast, cleared.
+
+Pure functions over the rows of ``slo_findings`` and ``flag_transitions`` (no I/O), so the
+rules are tested without a fleet. Times are Unix epoch ms in, seconds out. A finding's
+``ts_ms`` is the jobs' evaluation (event) time, i.e. the newest scraped sample, so time to
+detect includes scrape, publish, ingest and one job cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from app.drill_modes import FLAG, DrillMode, matches
+
+__all__ = [
+    "FalsePositive",
+    "FindingRow",
+    "FlagRow",
+    "ModeResult",
+    "false_positives",
+    "score_mode",
+]
+
+
+class FindingRow(NamedTuple):
+    """One ``slo_findings`` row (the columns the drill reads)."""
+
+    ts_ms: int
+    state: str  # firing | resolved
+    signal: str
+    scope: str  # instance | pool
+    scope_id: str
+
+
+class FlagRow(NamedTuple):
+    """One ``flag_transitions`` row (the columns the drill reads)."""
+
+    ts_ms: int
+    scope: str
+    scope_id: str
+    from_level: int
+    to_level: int
+
+
+@dataclass(frozen=True)
+class FalsePositive:
+    """A finding or flag rise where nothing was wrong: on a healthy pod, or before injection."""
+
+    fleet: str
+    kind: str  # finding | flag
+    name: str  # signal, or "L<n>" for a flag
+    scope_id: str
+    ts_ms: int
+
+
+@dataclass
+class ModeResult:
+    """What one mode's drill showed (seconds are from injection / removal)."""
+
+    mode: str
+    fleet: str
+    instance: str
+    fault: str | None
+    injected_ts_ms: int
+    removed_ts_ms: int
+    detected: bool = False
+    detected_by: list[str] = field(default_factory=list)
+    detect_s: float | None = None
+    first_finding_s: float | None = None
+    first_flag_s: float | None = None
+    first_alert_s: float | None = None  # no alert push in this drill yet: always None
+    flag_level_s: dict[int, float] = field(default_factory=dict)
+    kv_crossing_s: dict[int, float] = field(default_factory=dict)  # engine KV past L1/L2/L3 line
+    clear_s: float | None = None
+    other_signals: list[str] = field(default_factory=list)
+
+
+def _in_scope(mode: DrillMode, instance: str, scope: str, scope_id: str) -> bool:
+    return (scope == "instance" and scope_id == instance) or (mode.pool_scoped and scope == "pool")
+
+
+def _seconds(ts_ms: int, since_ms: int) -> float:
+    return round((ts_ms - since_ms) / 1000, 1)
+
+
+def score_mode(
+    result: ModeResult,
+    mode: DrillMode,
+    findings: Sequence[FindingRow],
+    flags: Sequence[FlagRow],
+    end_ms: int,
+) -> ModeResult:
+    """Fill ``result`` from the stored rows between injection and ``end_ms``."""
+    start, removed = result.injected_ts_ms, result.removed_ts_ms
+    mine = [
+        f
+        for f in sorted(findings)
+        if _in_scope(mode, result.instance, f.scope, f.scope_id) and start <= f.ts_ms <= end_ms
+    ]
+    hits = [f for f in mine if f.state == "firing" and matches(mode.expected, f.signal)]
+    result.other_signals = sorted(
+        {f.signal for f in mine if f.state == "firing" and not matches(mode.expected, f.signal)}
+    )
+    by = sorted({f.signal for f in hits})
+    if hits:
+        result.first_finding_s = _seconds(hits[0].ts_ms, start)
+    rises = [
+        r
+        for r in sorted(flags)
+        if r.scope == "instance"
+        and r.scope_id == result.instance
+        and r.to_level > max(r.from_level, 0)
+        and start <= r.ts_ms <= end_ms
+    ]
+    for r in rises:  # entering L3 straight from L0 puts L1 and L2 in force at that moment too
+        for level in range(max(r.from_level, 0) + 1, r.to_level + 1):
+            result.flag_level_s.setdefault(level, _seconds(r.ts_ms, start))
+    if rises and FLAG in mode.expected:
+        result.first_flag_s = _seconds(rises[0].ts_ms, start)
+        by += [f"flag L{level}" for level in sorted(result.flag_level_s)]
+    elif rises:
+        result.other_signals.append("flag")
+    times = [t for t in (result.first_finding_s, result.first_flag_s) if t is not None]
+    result.detected = bool(times)
+    result.detected_by = by
+    result.detect_s = min(times) if times else None
+    if result.detected:
+        result.clear_s = _clear_s(result, mode, mine, flags, removed)
+    return result
+
+
+def _clear_s(
+    result: ModeResult,
+    mode: DrillMode,
+    mine: Sequence[FindingRow],
+    flags: Sequence[FlagRow],
+    removed_ms: int,
+) -> float | None:
+    """Seconds from removal until every matched finding resolved and the flag is back at
+    L0; ``None`` when something was still raised at the end of the run."""
+    last: dict[tuple[str, str], FindingRow] = {}
+    for f in mine:
+        if matches(mode.expected, f.signal):
+            last[(f.signal, f.scope_id)] = f
+    if any(f.state == "firing" for f in last.values()):
+        return None
+    ends = [f.ts_ms for f in last.values()]
+    if FLAG in mode.expected:
+        own = [r for r in sorted(flags) if r.scope == "instance" and r.scope_id == result.instance]
+        if own and own[-1].to_level > 0:
+            return None
+        ends += [own[-1].ts_ms] if own else []
+    return max(0.0, _seconds(max(ends), removed_ms)) if ends else None
+
+
+def false_positives(
+    fleet: str,
+    findings: Iterable[FindingRow],
+    flags: Iterable[FlagRow],
+    faulted: dict[str, tuple[int, DrillMode]],
+) -> list[FalsePositive]:
+    """Findings and flag rises nothing in the drill explains.
+
+    ``faulted`` maps a faulted instance to (injection ms, its mode): what it raises after
+    injection is the fault's doing (scored by :func:`score_mode`); before, it was healthy.
+    A pool finding counts unless a pool-scoped mode was running.
+    """
+    pool_faulted = any(mode.pool_scoped for _, mode in faulted.values())
+    out = []
+    for f in findings:
+        if f.state != "firing":
+            continue
+        if f.scope == "pool":
+            explained = pool_faulted
+        else:
+            explained = f.scope_id in faulted and f.ts_ms >= faulted[f.scope_id][0]
+        if not explained:
+            out.append(FalsePositive(fleet, "finding", f.signal, f.scope_id, f.ts_ms))
+    for r in flags:
+        if r.scope != "instance" or r.to_level <= max(r.from_level, 0):
+            continue
+        if not (r.scope_id in faulted and r.ts_ms >= faulted[r.scope_id][0]):
+            out.append(FalsePositive(fleet, "flag", f"L{r.to_level}", r.scope_id, r.ts_ms))
+    return sorted(out, key=lambda p: (p.ts_ms, p.scope_id, p.name))

@@ -1,0 +1,132 @@
+"""An autoscaler for the gateway's replicas, with desired/ready replicas and ``autoscaler_lag``.
+
+Every ``tick_s`` it computes ``desired = ceil((forwarded + queued) / target_in_flight)``
+clamped to ``[min_replicas, len(gateway.upstreams)]`` (the HPA formula on in-flight
+requests). A scale-out makes the next idle pod *ready* ``startup_s`` later (model load);
+under the ``autoscaler_lag`` fault every scale-out takes ``lag_s`` longer, so the gateway
+queue grows while ready < desired, which is the matrix's evidence. A scale-in happens
+after ``desired`` has stayed below ready for ``cooldown_s``.
+
+Gauges on the gateway's ``/metrics``: ``llmslo_sim_autoscaler_desired_replicas``,
+``llmslo_sim_autoscaler_ready_replicas``, ``llmslo_sim_autoscaler_lag_active``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+from prometheus_client import Gauge
+from pydantic import BaseModel, Field
+
+from pipeline.config import STRICT
+from pipeline.errors import ConfigError
+from simulator.gateway import Gateway
+
+__all__ = ["AUTOSCALER_FAULTS", "Autoscaler", "AutoscalerLagParams"]
+
+
+class AutoscalerLagParams(BaseModel):
+    """Extra seconds every scale-out takes while the fault is on."""
+
+    model_config = STRICT
+
+    lag_s: float = Field(default=30.0, gt=0, le=3600)
+
+
+#: The autoscaler's faults, with the signal an observer should see.
+AUTOSCALER_FAULTS = {
+    "autoscaler_lag": "ready replicas stay below desired for lag_s; the gateway queue grows",
+}
+
+
+class Autoscaler:
+    """Scales ``gateway.active`` between ``min_replicas`` and all its upstreams."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        min_replicas: int = 1,
+        target_in_flight: float = 4.0,
+        startup_s: float = 1.0,
+        cooldown_s: float = 30.0,
+        tick_s: float = 0.2,
+    ) -> None:
+        if not 1 <= min_replicas <= len(gateway.upstreams):
+            raise ConfigError("autoscaler.min_replicas: between 1 and the gateway's upstreams")
+        self.gateway = gateway
+        self.min_replicas, self.target_in_flight = min_replicas, target_in_flight
+        self.startup_s, self.cooldown_s, self.tick_s = startup_s, cooldown_s, tick_s
+        self.lag: AutoscalerLagParams | None = None
+        self.desired = min_replicas
+        self._pending_ready_at: float | None = None
+        self._below_since: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        r = gateway.registry
+        self._desired = Gauge(
+            "llmslo_sim_autoscaler_desired_replicas", "Replicas wanted", registry=r
+        )
+        self._ready = Gauge("llmslo_sim_autoscaler_ready_replicas", "Replicas serving", registry=r)
+        self._lagging = Gauge(
+            "llmslo_sim_autoscaler_lag_active", "1 under autoscaler_lag", registry=r
+        )
+
+    @property
+    def ready(self) -> int:
+        return len(self.gateway.active)
+
+    async def start(self) -> None:
+        """Scale the gateway in to ``min_replicas`` and start ticking (on the gateway's loop)."""
+        await self.gateway.set_active(self.gateway.upstreams[: self.min_replicas])
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def set_fault(self, name: str, params: dict[str, float] | None = None) -> None:
+        """Switch on ``autoscaler_lag``; ConfigError for an unknown name or bad params."""
+        if name not in AUTOSCALER_FAULTS:
+            raise ConfigError(
+                f"autoscaler fault: unknown {name!r}; known: {sorted(AUTOSCALER_FAULTS)}"
+            )
+        try:
+            self.lag = AutoscalerLagParams.model_validate(params or {})
+        except ValueError as exc:
+            raise ConfigError(f"autoscaler_lag: {exc}") from exc
+        self._lagging.set(1)
+
+    def clear_fault(self, name: str) -> bool:
+        was = name == "autoscaler_lag" and self.lag is not None
+        self.lag = None
+        self._lagging.set(0)
+        return was
+
+    async def _run(self) -> None:
+        while True:
+            await self.tick(time.monotonic())
+            await asyncio.sleep(self.tick_s)
+
+    async def tick(self, now_s: float) -> None:
+        """One control step at ``now_s`` (monotonic seconds)."""
+        gw = self.gateway
+        load = gw.in_flight_total + gw.waiting
+        wanted = math.ceil(load / self.target_in_flight) if load else self.min_replicas
+        self.desired = max(self.min_replicas, min(len(gw.upstreams), wanted))
+        if self._pending_ready_at is not None and now_s >= self._pending_ready_at:
+            self._pending_ready_at = None
+            await gw.set_active(gw.upstreams[: self.ready + 1])
+        if self.desired > self.ready and self._pending_ready_at is None:
+            delay = self.startup_s + (self.lag.lag_s if self.lag is not None else 0.0)
+            self._pending_ready_at = now_s + delay
+        if self.desired < self.ready:
+            self._below_since = self._below_since if self._below_since is not None else now_s
+            if now_s - self._below_since >= self.cooldown_s:
+                await gw.set_active(gw.upstreams[: self.ready - 1])
+                self._below_since = None
+        else:
+            self._below_since = None
+        self._desired.set(self.desired)
+        self._ready.set(self.ready)

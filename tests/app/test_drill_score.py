@@ -1,0 +1,124 @@
+"""Drill scoring rules on hand-made stored rows: what counts as detected, cleared, false positive."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.drill import plan_fleets, select_modes
+from app.drill_modes import FLAG, MODES, DrillMode, matches
+from app.drill_score import FindingRow, FlagRow, ModeResult, false_positives, score_mode
+from collectors.tap.config import TapConfig
+from pipeline.errors import ConfigError
+from simulator.faults import validate_fault
+from simulator.load import LoadConfig
+
+POD, OTHER = "127.0.0.1:9001", "127.0.0.1:9002"
+T0 = 1_000_000  # injection, ms
+T1 = T0 + 60_000  # removal
+END = T1 + 50_000
+
+
+def _result(mode: str = "stall") -> ModeResult:
+    return ModeResult(mode, "fleet0", POD, mode, T0, T1)
+
+
+def test_the_first_expected_finding_after_injection_detects_and_its_resolution_clears() -> None:
+    rows = [
+        FindingRow(T0 - 5_000, "firing", "stall", "instance", OTHER),
+        FindingRow(T0 + 24_000, "firing", "stall", "instance", POD),
+        FindingRow(T0 + 30_000, "firing", "queue_growth", "instance", POD),
+        FindingRow(T1 + 7_000, "resolved", "stall", "instance", POD),
+    ]
+    result = score_mode(_result(), MODES["stall"], rows, [], END)
+    assert result.detected and result.detected_by == ["stall"]
+    assert result.detect_s == result.first_finding_s == 24.0
+    assert result.clear_s == 7.0
+    assert result.other_signals == ["queue_growth"]
+
+
+def test_a_finding_still_firing_at_the_end_is_not_cleared() -> None:
+    rows = [FindingRow(T0 + 24_000, "firing", "stall", "instance", POD)]
+    assert score_mode(_result(), MODES["stall"], rows, [], END).clear_s is None
+
+
+def test_an_unexpected_signal_or_another_pod_does_not_detect() -> None:
+    rows = [
+        FindingRow(T0 + 10_000, "firing", "queue_growth", "instance", POD),
+        FindingRow(T0 + 10_000, "firing", "stall", "instance", OTHER),
+        FindingRow(T0 - 1_000, "firing", "stall", "instance", POD),  # before injection
+    ]
+    result = score_mode(_result(), MODES["stall"], rows, [], END)
+    assert not result.detected and result.detect_s is None and result.detected_by == []
+
+
+def test_flag_levels_count_for_the_kv_leak_with_time_to_each_level() -> None:
+    flags = [
+        FlagRow(T0 + 20_000, "instance", POD, 0, 1),
+        FlagRow(T0 + 26_000, "instance", POD, 1, 2),
+        FlagRow(T0 + 26_000, "pool", "llama", 0, 1),
+        FlagRow(T0 + 31_000, "instance", POD, 2, 3),
+        FlagRow(T1 + 25_000, "instance", POD, 3, 0),
+    ]
+    result = score_mode(_result("kv_leak"), MODES["kv_leak"], [], flags, END)
+    assert result.detected and result.first_flag_s == 20.0
+    assert result.flag_level_s == {1: 20.0, 2: 26.0, 3: 31.0}
+    assert result.detected_by == ["flag L1", "flag L2", "flag L3"]
+    assert result.clear_s == 25.0
+
+
+def test_a_flag_does_not_detect_a_mode_whose_expectation_has_no_flag() -> None:
+    flags = [FlagRow(T0 + 20_000, "instance", POD, 0, 1)]
+    result = score_mode(_result(), MODES["stall"], [], flags, END)
+    assert not result.detected and result.other_signals == ["flag"]
+
+
+def test_xid_classes_match_by_prefix() -> None:
+    assert matches(frozenset({"xid_*"}), "xid_fallen_off_bus")
+    assert not matches(frozenset({"xid_*"}), "oom_risk")
+    assert FLAG in MODES["kv_leak"].expected
+
+
+def test_false_positives_are_healthy_pods_pre_injection_and_unexplained_pool_findings() -> None:
+    stall = MODES["stall"]
+    rows = [
+        FindingRow(T0 + 1_000, "firing", "stall", "instance", POD),  # the fault's doing
+        FindingRow(T0 - 1_000, "firing", "queue_growth", "instance", POD),  # before injection
+        FindingRow(T0 + 1_000, "firing", "hot_instance", "instance", OTHER),  # healthy pod
+        FindingRow(T0 + 2_000, "resolved", "hot_instance", "instance", OTHER),
+        FindingRow(T0 + 3_000, "firing", "stall", "pool", "llama"),
+    ]
+    flags = [FlagRow(T0 + 4_000, "instance", OTHER, 0, 1), FlagRow(T0, "instance", OTHER, -1, 0)]
+    fps = false_positives("fleet0", rows, flags, {POD: (T0, stall)})
+    assert [(p.kind, p.name, p.scope_id) for p in fps] == [
+        ("finding", "queue_growth", POD),
+        ("finding", "hot_instance", OTHER),
+        ("finding", "stall", "llama"),
+        ("flag", "L1", OTHER),
+    ]
+    pool_mode = DrillMode(
+        "retry_storm", "prefill_failure", frozenset({"retry_storm"}), pool_scoped=True
+    )
+    assert len(false_positives("f", rows[-1:], [], {POD: (T0, pool_mode)})) == 0
+
+
+def test_modes_that_change_load_or_taps_get_their_own_fleet() -> None:
+    plan = plan_fleets(list(MODES.values()), per_fleet=5)
+    shared = [fleet for fleet in plan if len(fleet) > 1]
+    assert all(len(fleet) <= 5 for fleet in plan)
+    assert {m.name for fleet in plan for m in fleet} == set(MODES)
+    assert all(not m.own_fleet for fleet in shared for m in fleet)
+    assert ["hot_instance"] in [[m.name for m in fleet] for fleet in plan]
+
+
+def test_an_unknown_mode_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="unknown \\['nope'\\]"):
+        select_modes("stall,nope")
+    assert [m.name for m in select_modes("stall, kv_leak")] == ["stall", "kv_leak"]
+
+
+@pytest.mark.parametrize("mode", list(MODES.values()), ids=lambda m: m.name)
+def test_every_modes_fault_load_and_tap_options_are_valid(mode: DrillMode) -> None:
+    if mode.fault is not None:
+        validate_fault(mode.fault, dict(mode.params))
+    LoadConfig.model_validate({"targets": ["http://127.0.0.1:1"], **mode.load})
+    TapConfig.model_validate({"upstreams": ["http://127.0.0.1:1"], **mode.tap})
