@@ -16,7 +16,7 @@ demo: $(STAMP)          ## the whole pipeline on embedded defaults, then a summa
 	$(BIN)/llmslo demo
 
 test: $(STAMP)          ## the test suite (real broker, DuckDB files, binaries when installed)
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

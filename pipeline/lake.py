@@ -40,6 +40,7 @@ LAKE_TABLES = {
     "gpu_samples": "ts_ms",
     "requests": "received_ts_ms",
     "flag_transitions": "ts_ms",  # the jobs resume flag levels from it
+    "target_health": "ts_ms",  # crash, down and not-ready detectors read it
 }
 
 
@@ -169,7 +170,8 @@ def lake_view_sql(lake_dir: Path, table: str) -> str:
 
 
 def create_lake_views(con: duckdb.DuckDBPyConnection, lake_dir: Path) -> None:
-    """Views of :data:`LAKE_TABLES` (samples, requests, flag transitions) over the lake, in ``con``.
+    """Views of :data:`LAKE_TABLES` (samples, requests, flag transitions, target health) over the
+    lake, in ``con``.
 
     They have exactly the schemas' columns and types (the Hive ``date``/``hour`` columns
     are dropped; a column no file has yet, e.g. one added to a schema after those hours

@@ -40,6 +40,7 @@ CONTENT_TYPES = [
 EXPECTED_REASONS = {
     "empty",
     "oversized",
+    "oversized_decoded",
     "not_arrow",
     "truncated_arrow",
     "corrupt_arrow",
