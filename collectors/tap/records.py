@@ -91,4 +91,5 @@ def record_row(
         "tokens_source": m.tokens_source,
         "degradation_level": ctx.degradation_level,
         "enforced_action": ctx.enforced_action,
+        "source": None,  # measured on the SSE path by a tap (the prober says "probe")
     }

@@ -80,7 +80,9 @@ def test_a_25000_token_stream_gives_a_record_of_bounded_size() -> None:
     json_bytes = len(json.dumps(row).encode())
     arrow_bytes = len(encode_arrow(REQUEST_RECORDS, rows_to_table(REQUEST_RECORDS, [row])))
     assert json_bytes < 8_000, f"JSON record {json_bytes} bytes"
-    assert arrow_bytes < 16_000, f"Arrow record {arrow_bytes} bytes"
+    # A one-row Arrow message is mostly its schema (~60 documented columns, ~14 KB); what
+    # matters is that it no longer grows with the stream (it was 110 KB at 25,000 tokens).
+    assert arrow_bytes < 20_000, f"Arrow record {arrow_bytes} bytes"
     assert (row["completion_tokens"], row["token_chunks"], row["itl_count"]) == (
         25_000,
         25_000,
