@@ -8,36 +8,12 @@ them after the SLO tables.
 
 from __future__ import annotations
 
-from api.verdicts import VERDICTS
-from pipeline.store import duckdb_type
+from api.verdicts import VERDICTS_TABLE
 from pipeline.tables import TableDoc
 
 __all__ = ["API_TABLES", "FLAG_OVERRIDES_TABLE", "VERDICTS_TABLE"]
 
 
-def _verdict_columns() -> tuple[tuple[str, str, str], ...]:
-    return tuple(
-        (
-            f.name,
-            duckdb_type(f.type) + ("" if f.nullable else " NOT NULL"),
-            f.metadata[b"doc"].decode(),
-        )
-        for f in VERDICTS
-    )
-
-
-VERDICTS_TABLE = TableDoc(
-    name="verdicts",
-    doc="Every canary verdict the API computed (Argo `web` provider, Flagger webhooks), "
-    "with its per-metric evidence.",
-    facts=(
-        "key: `verdict_id`; written by the API (`llmslo run`, or `llmslo api --db FILE` "
-        "unless `--read-only`)",
-        "retention: forever (one row per verdict)",
-    ),
-    columns=_verdict_columns(),
-    key="verdict_id",
-)
 FLAG_OVERRIDES_TABLE = TableDoc(
     name="flag_overrides",
     doc="Manual degradation-level overrides: while active, `/api/v1/flags` answers the "

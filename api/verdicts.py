@@ -15,7 +15,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-__all__ = ["HISTORY_SCHEMA", "VERDICTS", "StoredVerdict", "VerdictStore"]
+from pipeline.store import duckdb_type
+from pipeline.tables import TableDoc
+
+__all__ = ["HISTORY_SCHEMA", "VERDICTS", "VERDICTS_TABLE", "StoredVerdict", "VerdictStore"]
 
 
 def _field(name: str, type_: pa.DataType, doc: str, *, nullable: bool = True) -> pa.Field:
@@ -67,6 +70,31 @@ VERDICTS = pa.schema(
     ]
 )
 _COLUMNS = [field.name for field in VERDICTS]
+
+
+def _verdict_columns() -> tuple[tuple[str, str, str], ...]:
+    return tuple(
+        (
+            f.name,
+            duckdb_type(f.type) + ("" if f.nullable else " NOT NULL"),
+            f.metadata[b"doc"].decode(),
+        )
+        for f in VERDICTS
+    )
+
+
+VERDICTS_TABLE = TableDoc(
+    name="verdicts",
+    doc="Every canary verdict the API computed (Argo `web` provider, Flagger webhooks), "
+    "with its per-metric evidence.",
+    facts=(
+        "key: `verdict_id`; written by the API (`llmslo run`, or `llmslo api --db FILE` "
+        "unless `--read-only`)",
+        "retention: forever (one row per verdict)",
+    ),
+    columns=_verdict_columns(),
+    key="verdict_id",
+)
 #: A verdict-history row without its document (``GET /api/v1/verdicts`` ``data`` / Arrow).
 HISTORY_SCHEMA = pa.schema([field for field in VERDICTS if field.name != "document_json"])
 
@@ -89,9 +117,7 @@ class VerdictStore:
         self.con = con
 
     def migrate(self) -> None:
-        """Create the table (declared in :mod:`api.tables`) if missing (idempotent)."""
-        from api.tables import VERDICTS_TABLE  # api.tables builds its columns from VERDICTS
-
+        """Create the table if missing (idempotent)."""
         VERDICTS_TABLE.create(self.con)
 
     def insert(self, row: dict[str, Any]) -> None:

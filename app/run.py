@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from alerts.config import AlertmanagerConfig
 from alerts.pusher import AlertPusher, restore_state
 from api import create_app
-from app.commands.api import ApiServer, api_config
+from app.api_server import ApiServer, api_config
 from app.options import add_common_options, install_stop_handlers, print_json, resolve_config
 from app.roles import ROLES, run_ingest_role, run_jobs_role
 from pipeline.bus import Bus
