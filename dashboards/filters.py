@@ -63,6 +63,17 @@ class Filters:
         """Chart bucket width for this range (whole minutes, ≤ 240 buckets)."""
         return bucket_for(self.end_ms - self.start_ms)
 
+    def request_scope(self) -> dict[str, int | str | None]:
+        """The range, bucket, pool and instance as keyword parameters of the request queries
+        (``latency_percentiles``, ``outcome_counts``, ``ghost_counts``)."""
+        return {
+            "start_ms": self.start_ms,
+            "end_ms": self.end_ms,
+            "bucket_ms": self.bucket_ms,
+            "pool": self.pool,
+            "instance": self.instance,
+        }
+
 
 def bucket_for(span_ms: int) -> int:
     """The narrowest bucket width (ms) that splits ``span_ms`` into at most 240 buckets."""

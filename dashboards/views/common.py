@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from dashboards.charts import frame, incidents_frame
+from dashboards.charts import frame, incidents_frame, line_chart
 from dashboards.context import REFRESH_S, PageContext, page_context
 from dashboards.filters import RANGES
 from slo.queries import FINDINGS_SCHEMA
 
-__all__ = ["instances_in_scope", "no_data", "page", "page_incidents", "parse_json_column"]
+__all__ = [
+    "instances_in_scope",
+    "no_data",
+    "page",
+    "page_incidents",
+    "parse_json_column",
+    "titled_chart",
+]
 
 _ALL = "all"
 
@@ -127,3 +135,10 @@ def parse_json_column(values: pd.Series) -> pd.Series:
         return value if isinstance(value, dict) else {}
 
     return values.map(parse)
+
+
+def titled_chart(title: str, df: pd.DataFrame, **chart: Any) -> None:
+    """A subheader and, full width, :func:`~dashboards.charts.line_chart` of ``df["value"]``
+    (``chart`` are its keyword options: ``y_title``, ``color``, ``y_format``, …)."""
+    st.subheader(title)
+    st.altair_chart(line_chart(df, "value", **chart), width="stretch")

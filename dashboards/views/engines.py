@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboards.charts import frame, line_chart
+from dashboards.charts import frame
 from dashboards.context import PageContext
-from dashboards.views.common import no_data, page, page_incidents
+from dashboards.views.common import no_data, page, page_incidents, titled_chart
 
 __all__ = ["PAGE"]
 
@@ -68,70 +68,50 @@ def _body(ctx: PageContext) -> None:
     incidents = page_incidents(ctx)
     left, right = st.columns(2)
     with left:
-        st.subheader("Running requests")
-        st.altair_chart(
-            line_chart(
-                _series(df, "running"),
-                "value",
-                y_title="running",
-                color="instance",
-                y_format=",.1f",
-                incidents=incidents,
-            ),
-            width="stretch",
+        titled_chart(
+            "Running requests",
+            _series(df, "running"),
+            y_title="running",
+            color="instance",
+            y_format=",.1f",
+            incidents=incidents,
         )
     with right:
-        st.subheader("Waiting requests")
-        st.altair_chart(
-            line_chart(
-                _series(df, "waiting"),
-                "value",
-                y_title="waiting",
-                color="instance",
-                y_format=",.1f",
-                incidents=incidents,
-            ),
-            width="stretch",
-        )
-    st.subheader("KV cache usage")
-    st.altair_chart(
-        line_chart(
-            _series(df, "kv_usage"),
-            "value",
-            y_title="KV usage",
+        titled_chart(
+            "Waiting requests",
+            _series(df, "waiting"),
+            y_title="waiting",
             color="instance",
-            y_format=".0%",
-            thresholds=_KV_LEVELS,
+            y_format=",.1f",
             incidents=incidents,
-        ),
-        width="stretch",
+        )
+    titled_chart(
+        "KV cache usage",
+        _series(df, "kv_usage"),
+        y_title="KV usage",
+        color="instance",
+        y_format=".0%",
+        thresholds=_KV_LEVELS,
+        incidents=incidents,
     )
     left, right = st.columns(2)
     with left:
-        st.subheader("Preemptions")
-        st.altair_chart(
-            line_chart(
-                _series(df, "preemptions"),
-                "value",
-                y_title="preemptions/s",
-                color="instance",
-                y_format=",.3f",
-                incidents=incidents,
-            ),
-            width="stretch",
+        titled_chart(
+            "Preemptions",
+            _series(df, "preemptions"),
+            y_title="preemptions/s",
+            color="instance",
+            y_format=",.3f",
+            incidents=incidents,
         )
     with right:
-        st.subheader("Token throughput")
-        st.altair_chart(
-            line_chart(
-                _series(df, "generation_tokens"),
-                "value",
-                y_title="generated tokens/s",
-                color="instance",
-                y_format=",.0f",
-                incidents=incidents,
-            ),
-            width="stretch",
+        titled_chart(
+            "Token throughput",
+            _series(df, "generation_tokens"),
+            y_title="generated tokens/s",
+            color="instance",
+            y_format=",.0f",
+            incidents=incidents,
         )
     _markers(ctx)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboards.charts import frame, line_chart
+from dashboards.charts import frame
 from dashboards.context import PageContext
-from dashboards.views.common import no_data, page, page_incidents
+from dashboards.views.common import no_data, page, page_incidents, titled_chart
 
 __all__ = ["PAGE"]
 
@@ -44,43 +44,27 @@ def _body(ctx: PageContext) -> None:
     incidents = page_incidents(ctx)
     left, right = st.columns(2)
     with left:
-        st.subheader("Utilisation")
-        st.altair_chart(
-            line_chart(
-                _series(df, "gpu_util"),
-                "value",
-                y_title="GPU util (%)",
-                color="gpu",
-                y_format=",.0f",
-                incidents=incidents,
-            ),
-            width="stretch",
+        titled_chart(
+            "Utilisation",
+            _series(df, "gpu_util"),
+            y_title="GPU util (%)",
+            color="gpu",
+            y_format=",.0f",
+            incidents=incidents,
         )
-        st.subheader("Temperature")
-        st.altair_chart(
-            line_chart(
-                _series(df, "temperature_c", "value_max"),
-                "value",
-                y_title="°C (max)",
-                color="gpu",
-                y_format=",.0f",
-                thresholds=[(85.0, "85 °C throttling zone")],
-            ),
-            width="stretch",
+        titled_chart(
+            "Temperature",
+            _series(df, "temperature_c", "value_max"),
+            y_title="°C (max)",
+            color="gpu",
+            y_format=",.0f",
+            thresholds=[(85.0, "85 °C throttling zone")],
         )
     with right:
-        st.subheader("Frame buffer used")
         fb = _series(df, "fb_used_mib")
         fb["value"] = fb["value"] / 1024
-        st.altair_chart(
-            line_chart(fb, "value", y_title="GiB used", color="gpu", y_format=",.1f"),
-            width="stretch",
-        )
-        st.subheader("Power")
-        st.altair_chart(
-            line_chart(_series(df, "power_w"), "value", y_title="W", color="gpu", y_format=",.0f"),
-            width="stretch",
-        )
+        titled_chart("Frame buffer used", fb, y_title="GiB used", color="gpu", y_format=",.1f")
+        titled_chart("Power", _series(df, "power_w"), y_title="W", color="gpu", y_format=",.0f")
     st.subheader("XID events")
     xid = df[(df["signal"] == "xid") & (df["value_max"] > 0)]
     if xid.empty:

@@ -22,12 +22,8 @@ def _percentiles(ctx: PageContext, metric: str, by: str) -> None:
     table = ctx.table(
         "latency_percentiles",
         metric=metric,
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
         by=by,
-        pool=f.pool,
-        instance=f.instance,
+        **f.request_scope(),
     )
     if table is None:
         return
@@ -83,11 +79,7 @@ def _goodput(ctx: PageContext) -> None:
     st.subheader("Goodput")
     outcomes = ctx.table(
         "outcome_counts",
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
-        pool=f.pool,
-        instance=f.instance,
+        **f.request_scope(),
     )
     if outcomes is None or outcomes.num_rows == 0:
         no_data("no tap request records in this range.")

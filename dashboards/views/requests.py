@@ -16,11 +16,7 @@ def _outcomes(ctx: PageContext) -> None:
     f = ctx.filters
     table = ctx.table(
         "outcome_counts",
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
-        pool=f.pool,
-        instance=f.instance,
+        **f.request_scope(),
     )
     if table is None:
         return
@@ -77,11 +73,7 @@ def _ghosts(ctx: PageContext) -> None:
     st.subheader("Disconnects and ghosts")
     table = ctx.table(
         "ghost_counts",
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
-        pool=f.pool,
-        instance=f.instance,
+        **f.request_scope(),
     )
     if table is None:
         return

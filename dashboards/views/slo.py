@@ -87,12 +87,8 @@ def _bad_events(ctx: PageContext) -> None:
     st.subheader("Bad events behind it")
     outcomes = ctx.table(
         "outcome_counts",
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
         by="instance",
-        pool=f.pool,
-        instance=f.instance,
+        **f.request_scope(),
     )
     if outcomes is None:
         return
