@@ -124,13 +124,6 @@ def _existing(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {name for (name,) in rows}
 
 
-def _columns(con: duckdb.DuckDBPyConnection, table: str) -> set[str]:
-    rows = con.execute(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]
-    ).fetchall()
-    return {name for (name,) in rows}
-
-
 def read_meta(con: duckdb.DuckDBPyConnection) -> Meta:
     """:class:`Meta` of a DuckDB file: what ``/api/v1/meta`` answers (``slo.queries.meta``)."""
     return Meta.from_json(queries.meta(con))
