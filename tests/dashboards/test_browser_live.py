@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,10 @@ def _configs(workdir: Path, bus: Bus, fleet: Fleet) -> tuple[Path, dict[str, Pat
     return config, taps
 
 
+def _healthy(tap: str) -> bool:
+    return httpx.get(f"{tap}/health").status_code == 200
+
+
 def _flowing(api: httpx.Client) -> bool:
     """Requests of both pods, engine samples, the pods' GPUs and an SLO evaluation are in."""
     meta = api.get("/api/v1/meta").json()
@@ -191,7 +196,7 @@ def live(
         dashboard, url = start_dashboard("--api", api_url)
         children.append(dashboard)
         for tap in taps:
-            _until(lambda tap=tap: httpx.get(f"{tap}/health").status_code == 200, tap, run, run_log)
+            _until(partial(_healthy, tap), tap, run, run_log)
         load = ["load", "--targets", ",".join(taps), "--rate", "4", "--duration", "300"]
         _llmslo(children, load, workdir / "load.log")
         with httpx.Client(base_url=api_url, timeout=10, trust_env=False) as api:

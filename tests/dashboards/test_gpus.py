@@ -28,7 +28,7 @@ from slo import queries
 from tests.dashboards.conftest import END_MS, HOUR_MS, POOL
 
 START_MS = END_MS - 2 * HOUR_MS
-SERIES = {"start_ms": START_MS, "end_ms": END_MS, "bucket_ms": 10 * 60_000}
+SERIES: dict[str, Any] = {"start_ms": START_MS, "end_ms": END_MS, "bucket_ms": 10 * 60_000}
 #: The engine whose GPU reported an XID (79: fallen off the bus) half an hour before the end.
 XID_POD, XID_TS_MS = "pod-3", END_MS - 30 * 60_000
 
