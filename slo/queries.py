@@ -7,7 +7,8 @@ connection (``store.con.cursor()`` inside ``llmslo run``: DuckDB lets no other p
 open a file that one process writes) or a read-only connection to a file nobody writes.
 A table the jobs have not created yet reads as empty (:func:`present_tables` says which
 exist). The raw-series reads (``engine_series``, ``gpu_series``) live in
-:mod:`slo.series_queries` and are re-exported here.
+:mod:`slo.series_queries`, the alerts' and drills' in :mod:`slo.alert_queries`; both are
+re-exported here.
 
 Values are always bound parameters; column names come from fixed tables here. Ranges are
 ``[start_ms, end_ms)`` in Unix epoch ms, at most 90 days; buckets are whole minutes
@@ -24,7 +25,6 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
-from pipeline.errors import QueryError
 from slo._query_params import (
     check_choice,
     check_fraction,
@@ -51,6 +51,7 @@ from slo._query_schemas import (
 from slo._query_sql import optional_equal as _optional
 from slo._query_sql import present_tables
 from slo._query_sql import run_query as _run
+from slo.alert_queries import alerts, drills
 from slo.rollup import HOUR_MS
 from slo.series_queries import engine_series, gpu_series
 
@@ -392,76 +393,3 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         ],
         "slos": sorted(slos),
     }
-
-
-_ALERT_COLUMNS = (
-    "ts_ms, fingerprint, alertname, state, severity, labels_json, annotations_json, "
-    "starts_ts_ms, ends_ts_ms, generator_url"
-)
-
-
-def alerts(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    at_ms: int | None = None,
-    start_ms: int | None = None,
-    end_ms: int | None = None,
-    state: Literal["firing", "resolved"] | None = None,
-    alertname: str | None = None,
-    severity: str | None = None,
-    limit: int = 1_000,
-) -> pa.Table:
-    """The alerts the pipeline computed itself (path B, the ``alerts`` table).
-
-    Without a range: the alerts active at ``at_ms`` (default: the newest state change),
-    i.e. each alert (``fingerprint``) whose last change up to then is ``firing``, ordered by
-    severity, alert name and labels. With ``start_ms`` and ``end_ms``: every state change in
-    ``[start_ms, end_ms)``, newest first, at most ``limit``, filtered by ``state``.
-    ``alertname`` and ``severity`` narrow both. ``at_ms`` with a range, or half a range, is a
-    :class:`~pipeline.errors.QueryError`.
-    """
-    where, params = "", list[object]()
-    for column, value in (("alertname", alertname), ("severity", severity)):
-        clause, values = _optional(column, value, column)
-        where, params = where + clause, params + values
-    if start_ms is None and end_ms is None:
-        if state is not None:
-            raise QueryError("state", "only with start_ms and end_ms (active alerts are firing)")
-        if at_ms is not None:
-            where, params = where + " AND ts_ms <= ?", [*params, check_ts_ms("at_ms", at_ms)]
-        sql = f"""
-            SELECT * FROM (
-                SELECT {_ALERT_COLUMNS} FROM alerts WHERE true{where}
-                QUALIFY row_number() OVER (PARTITION BY fingerprint ORDER BY ts_ms DESC,
-                                           state = 'resolved' DESC) = 1
-            ) WHERE state = 'firing' ORDER BY severity, alertname, labels_json LIMIT ?"""
-        return _run(con, ALERTS_SCHEMA, ["alerts"], sql, [*params, check_limit(limit)])
-    if at_ms is not None:
-        raise QueryError("at_ms", "give either at_ms or start_ms and end_ms, not both")
-    if start_ms is None or end_ms is None:
-        missing = "start_ms" if start_ms is None else "end_ms"
-        raise QueryError(missing, "a range needs both start_ms and end_ms")
-    start, end = check_range(start_ms, end_ms)
-    if state is not None:
-        where += " AND state = ?"
-        params.append(check_choice("state", state, ("firing", "resolved")))
-    sql = f"""
-        SELECT {_ALERT_COLUMNS} FROM alerts WHERE ts_ms >= ? AND ts_ms < ?{where}
-        ORDER BY ts_ms DESC, alertname, labels_json LIMIT ?"""
-    return _run(con, ALERTS_SCHEMA, ["alerts"], sql, [start, end, *params, check_limit(limit)])
-
-
-def drills(
-    con: duckdb.DuckDBPyConnection, *, run_ts_ms: int | None = None, limit: int = 1_000
-) -> pa.Table:
-    """``llmslo drill`` results: one row per mode of the run started at ``run_ts_ms``
-    (default: the latest run), in mode order."""
-    where, params = "(SELECT max(run_ts_ms) FROM drills)", []
-    if run_ts_ms is not None:
-        where, params = "?", [check_ts_ms("run_ts_ms", run_ts_ms)]
-    sql = f"""
-        SELECT run_ts_ms, mode, fleet, instance, fault, injected_ts_ms, removed_ts_ms, detected,
-               detected_by, detect_s, first_finding_s, first_flag_s, first_alert_s, clear_s,
-               other_signals, false_positives, profile_json
-        FROM drills WHERE run_ts_ms = {where} ORDER BY mode LIMIT ?"""
-    return _run(con, DRILLS_SCHEMA, ["drills"], sql, [*params, check_limit(limit)])
