@@ -42,6 +42,7 @@ from api.reads import ARROW_STREAM, add_read_routes, table_response
 from api.service import ApiConfig, SloStateProvider, VerdictService
 from api.tables import API_TABLES
 from pipeline.errors import QueryError as ReadQueryError
+from slo import queries
 from slo.loader import load_spec
 from slo.model import SloModel, build_model
 from slo.sinks import TransitionSink
@@ -212,13 +213,7 @@ def create_app(
         needed = {"requests"} if read_only else {"requests", "verdicts"}
         try:
             with closing(connection_provider()) as con:
-                found = {
-                    row[0]
-                    for row in con.execute(
-                        "SELECT table_name FROM duckdb_tables()"
-                        " WHERE database_name = current_database()"
-                    ).fetchall()
-                }
+                found = queries.present_tables(con)
         except duckdb.Error as exc:
             return _error(503, f"store unavailable: {exc}")
         missing = sorted(needed - found)

@@ -117,13 +117,6 @@ class DataSource(Protocol):
         ...
 
 
-def _existing(con: duckdb.DuckDBPyConnection) -> set[str]:
-    rows = con.execute(
-        "SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views()"
-    ).fetchall()
-    return {name for (name,) in rows}
-
-
 def read_meta(con: duckdb.DuckDBPyConnection) -> Meta:
     """:class:`Meta` of a DuckDB file: what ``/api/v1/meta`` answers (``slo.queries.meta``)."""
     return Meta.from_json(queries.meta(con))
@@ -131,7 +124,7 @@ def read_meta(con: duckdb.DuckDBPyConnection) -> Meta:
 
 def read_verdicts(con: duckdb.DuckDBPyConnection, *, limit: int = 200) -> pa.Table:
     """Canary verdicts, newest first (the ``verdicts`` table ``api/`` writes); empty if none."""
-    if "verdicts" not in _existing(con):
+    if "verdicts" not in queries.present_tables(con):
         return pa.table({"verdict_id": pa.array([], pa.string())})
     # Rows without their documents, as the API's history answers; one document at a time
     # comes from verdict_document().
@@ -184,7 +177,7 @@ class DuckDBSource:
     def verdict_document(self, verdict_id: str) -> dict[str, Any] | None:
         cursor = self._cursor()
         try:
-            if "verdicts" not in _existing(cursor):
+            if "verdicts" not in queries.present_tables(cursor):
                 return None
             row = cursor.execute(
                 "SELECT document_json FROM verdicts WHERE verdict_id = ?", [verdict_id]

@@ -72,10 +72,13 @@ ENGINE_SERIES_SCHEMA = pa.schema(
         ("labels_json", _S), ("kind", _S), ("value", _F64), ("value_max", _F64),
     ]
 )  # fmt: skip
+#: ``instance``/``pool``: the engine the GPU serves (dcgm ``pod`` label; null when no pod
+#: holds the GPU); ``exporter``/``address``: the dcgm-exporter that reported it.
 GPU_SERIES_SCHEMA = pa.schema(
     [
-        ("bucket_ts_ms", _I64), ("instance", _S), ("hostname", _S), ("gpu", pa.int32()),
-        ("uuid", _S), ("signal", _S), ("value", _F64), ("value_max", _F64),
+        ("bucket_ts_ms", _I64), ("instance", _S), ("pool", _S), ("exporter", _S),
+        ("address", _S), ("hostname", _S), ("gpu", pa.int32()), ("uuid", _S), ("signal", _S),
+        ("value", _F64), ("value_max", _F64),
     ]
 )  # fmt: skip
 ALERTS_SCHEMA = pa.schema(

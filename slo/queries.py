@@ -5,7 +5,10 @@ table with a declared schema (the ``*_SCHEMA`` constants; an empty answer has th
 columns). Every function takes a DuckDB connection first: a cursor of the writer's
 connection (``store.con.cursor()`` inside ``llmslo run``: DuckDB lets no other process
 open a file that one process writes) or a read-only connection to a file nobody writes.
-A table the jobs have not created yet reads as empty.
+A table the jobs have not created yet reads as empty (:func:`present_tables` says which
+exist). The raw-series reads (``engine_series``, ``gpu_series``) live in
+:mod:`slo.series_queries`, the alerts' and drills' in :mod:`slo.alert_queries`; both are
+re-exported here.
 
 Values are always bound parameters; column names come from fixed tables here. Ranges are
 ``[start_ms, end_ms)`` in Unix epoch ms, at most 90 days; buckets are whole minutes
@@ -16,13 +19,12 @@ return at most ``limit`` (≤ 10,000) rows. A bad parameter raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import duckdb
 import pyarrow as pa
 
-from pipeline.errors import QueryError
 from slo._query_params import (
     check_choice,
     check_fraction,
@@ -31,7 +33,6 @@ from slo._query_params import (
     check_range,
     check_seconds,
     check_text,
-    check_texts,
     check_ts_ms,
 )
 from slo._query_schemas import (
@@ -47,7 +48,12 @@ from slo._query_schemas import (
     OUTCOMES_SCHEMA,
     STATUS_SCHEMA,
 )
+from slo._query_sql import optional_equal as _optional
+from slo._query_sql import present_tables
+from slo._query_sql import run_query as _run
+from slo.alert_queries import alerts, drills
 from slo.rollup import HOUR_MS
+from slo.series_queries import engine_series, gpu_series
 
 __all__ = [
     "ALERTS_SCHEMA",
@@ -74,6 +80,7 @@ __all__ = [
     "meta",
     "open_findings",
     "outcome_counts",
+    "present_tables",
     "slo_status",
 ]
 
@@ -83,42 +90,6 @@ Breakdown = Literal["pool", "instance"]
 #: Request-record column of each latency metric (ITL: every gap, chunk-weighted).
 _LATENCY_COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "gap_s"}
 _GROUP_COLUMNS = ("pool", "instance", "tenant", "route")
-#: Counter samples read before the range so the first bucket's increase is known.
-_COUNTER_LOOKBACK_MS = 10 * 60_000
-
-
-def _run(
-    con: duckdb.DuckDBPyConnection,
-    schema: pa.Schema,
-    tables: Sequence[str],
-    sql: str,
-    params: Sequence[object],
-) -> pa.Table:
-    """Run ``sql`` and cast its answer to ``schema``; empty when a table in ``tables`` is missing."""
-    present = {
-        name
-        for (name,) in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
-            "UNION ALL SELECT view_name FROM duckdb_views() WHERE database_name = current_database()"
-        ).fetchall()
-    }
-    if not set(tables) <= present:
-        return schema.empty_table()
-    table: pa.Table = con.sql(sql, params=list(params)).to_arrow_table()
-    return table.rename_columns(schema.names).cast(schema)
-
-
-def _optional(column: str, value: object, parameter: str) -> tuple[str, list[object]]:
-    if value is None:
-        return "", []
-    return f" AND {column} = ?", [check_text(parameter, value)]
-
-
-def _optional_in(column: str, values: object, parameter: str) -> tuple[str, list[object]]:
-    if values is None:
-        return "", []
-    checked = check_texts(parameter, values)
-    return f" AND {column} IN ({', '.join('?' * len(checked))})", list(checked)
 
 
 def slo_status(con: duckdb.DuckDBPyConnection, *, slo_id: str | None = None) -> pa.Table:
@@ -378,89 +349,6 @@ def ghost_counts(
     return _run(con, GHOSTS_SCHEMA, ["requests"], sql, [bucket, bucket, grace_ms, *params])
 
 
-def engine_series(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    signals: Sequence[str],
-    start_ms: int,
-    end_ms: int,
-    bucket_ms: int,
-    instances: Sequence[str] | None = None,
-    pool: str | None = None,
-) -> pa.Table:
-    """Canonical engine signals per bucket and series (instance × engine rank × labels).
-
-    Gauges: ``value`` the mean, ``value_max`` the maximum in the bucket. Counters:
-    ``value`` the rate per second (increase over the bucket, counter resets handled),
-    ``value_max`` null. Series are never summed across instances or ranks.
-    """
-    wanted = check_texts("signals", signals)
-    grid = check_grid(start_ms, end_ms, bucket_ms)
-    where = f"signal IN ({', '.join('?' * len(wanted))}) AND kind IN ('gauge', 'counter')"
-    params: list[object] = list(wanted)
-    clause, values = _optional_in("instance", instances, "instances")
-    where, params = where + clause, params + values
-    clause, values = _optional("pool", pool, "pool")
-    where, params = where + clause, params + values
-    sql = f"""
-        WITH samples AS (
-            SELECT ts_ms, instance, pool, coalesce(engine, '') AS engine, signal,
-                   coalesce(labels_json, '{{}}') AS labels_json, kind, value,
-                   value - lag(value) OVER (
-                       PARTITION BY instance, engine, metric, labels_json ORDER BY ts_ms) AS delta
-            FROM engine_samples WHERE ts_ms >= ? AND ts_ms < ? AND {where}
-        )
-        SELECT ts_ms // ? * ? AS bucket_ts_ms, instance, any_value(pool), engine, signal,
-               labels_json, kind,
-               CASE kind WHEN 'gauge' THEN avg(value)
-                    ELSE sum(CASE WHEN delta < 0 THEN value ELSE delta END) / (? / 1000.0) END,
-               CASE kind WHEN 'gauge' THEN max(value) END
-        FROM samples WHERE ts_ms >= ?
-        GROUP BY bucket_ts_ms, instance, engine, signal, labels_json, kind
-        ORDER BY bucket_ts_ms, instance, engine, signal, labels_json"""
-    params = [grid.start_ms - _COUNTER_LOOKBACK_MS, grid.end_ms, *params]
-    params += [grid.bucket_ms, grid.bucket_ms, grid.bucket_ms, grid.start_ms]
-    return _run(con, ENGINE_SERIES_SCHEMA, ["engine_samples"], sql, params)
-
-
-def gpu_series(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    signals: Sequence[str],
-    start_ms: int,
-    end_ms: int,
-    bucket_ms: int,
-    instances: Sequence[str] | None = None,
-    hostname: str | None = None,
-) -> pa.Table:
-    """DCGM signals per bucket and GPU: mean (``value``) and maximum (``value_max``)."""
-    wanted = check_texts("signals", signals)
-    grid = check_grid(start_ms, end_ms, bucket_ms)
-    where = f"signal IN ({', '.join('?' * len(wanted))})"
-    params: list[object] = list(wanted)
-    clause, values = _optional_in("instance", instances, "instances")
-    where, params = where + clause, params + values
-    clause, values = _optional("hostname", hostname, "hostname")
-    where, params = where + clause, params + values
-    sql = f"""
-        SELECT ts_ms // ? * ? AS bucket_ts_ms, instance, any_value(hostname), gpu, uuid, signal,
-               avg(value), max(value)
-        FROM gpu_samples WHERE ts_ms >= ? AND ts_ms < ? AND {where}
-        GROUP BY bucket_ts_ms, instance, gpu, uuid, signal
-        ORDER BY bucket_ts_ms, instance, gpu, signal"""
-    params = [grid.bucket_ms, grid.bucket_ms, grid.start_ms, grid.end_ms, *params]
-    return _run(con, GPU_SERIES_SCHEMA, ["gpu_samples"], sql, params)
-
-
-def _present(con: duckdb.DuckDBPyConnection) -> set[str]:
-    return {
-        name
-        for (name,) in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
-        ).fetchall()
-    }
-
-
 def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """What the data covers, for the dashboards' filters (JSON-ready, not a table).
 
@@ -470,7 +358,7 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     request records (``address``: its host:port, or the instance where records carry none);
     ``slos``: SLO ids the jobs have rolled up or evaluated.
     """
-    present = _present(con)
+    present = present_tables(con)
     spans, pairs = [], []
     if "requests" in present:
         spans.append("SELECT min(received_ts_ms) AS lo, max(received_ts_ms) AS hi FROM requests")
@@ -505,76 +393,3 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         ],
         "slos": sorted(slos),
     }
-
-
-_ALERT_COLUMNS = (
-    "ts_ms, fingerprint, alertname, state, severity, labels_json, annotations_json, "
-    "starts_ts_ms, ends_ts_ms, generator_url"
-)
-
-
-def alerts(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    at_ms: int | None = None,
-    start_ms: int | None = None,
-    end_ms: int | None = None,
-    state: Literal["firing", "resolved"] | None = None,
-    alertname: str | None = None,
-    severity: str | None = None,
-    limit: int = 1_000,
-) -> pa.Table:
-    """The alerts the pipeline computed itself (path B, the ``alerts`` table).
-
-    Without a range: the alerts active at ``at_ms`` (default: the newest state change),
-    i.e. each alert (``fingerprint``) whose last change up to then is ``firing``, ordered by
-    severity, alert name and labels. With ``start_ms`` and ``end_ms``: every state change in
-    ``[start_ms, end_ms)``, newest first, at most ``limit``, filtered by ``state``.
-    ``alertname`` and ``severity`` narrow both. ``at_ms`` with a range, or half a range, is a
-    :class:`~pipeline.errors.QueryError`.
-    """
-    where, params = "", list[object]()
-    for column, value in (("alertname", alertname), ("severity", severity)):
-        clause, values = _optional(column, value, column)
-        where, params = where + clause, params + values
-    if start_ms is None and end_ms is None:
-        if state is not None:
-            raise QueryError("state", "only with start_ms and end_ms (active alerts are firing)")
-        if at_ms is not None:
-            where, params = where + " AND ts_ms <= ?", [*params, check_ts_ms("at_ms", at_ms)]
-        sql = f"""
-            SELECT * FROM (
-                SELECT {_ALERT_COLUMNS} FROM alerts WHERE true{where}
-                QUALIFY row_number() OVER (PARTITION BY fingerprint ORDER BY ts_ms DESC,
-                                           state = 'resolved' DESC) = 1
-            ) WHERE state = 'firing' ORDER BY severity, alertname, labels_json LIMIT ?"""
-        return _run(con, ALERTS_SCHEMA, ["alerts"], sql, [*params, check_limit(limit)])
-    if at_ms is not None:
-        raise QueryError("at_ms", "give either at_ms or start_ms and end_ms, not both")
-    if start_ms is None or end_ms is None:
-        missing = "start_ms" if start_ms is None else "end_ms"
-        raise QueryError(missing, "a range needs both start_ms and end_ms")
-    start, end = check_range(start_ms, end_ms)
-    if state is not None:
-        where += " AND state = ?"
-        params.append(check_choice("state", state, ("firing", "resolved")))
-    sql = f"""
-        SELECT {_ALERT_COLUMNS} FROM alerts WHERE ts_ms >= ? AND ts_ms < ?{where}
-        ORDER BY ts_ms DESC, alertname, labels_json LIMIT ?"""
-    return _run(con, ALERTS_SCHEMA, ["alerts"], sql, [start, end, *params, check_limit(limit)])
-
-
-def drills(
-    con: duckdb.DuckDBPyConnection, *, run_ts_ms: int | None = None, limit: int = 1_000
-) -> pa.Table:
-    """``llmslo drill`` results: one row per mode of the run started at ``run_ts_ms``
-    (default: the latest run), in mode order."""
-    where, params = "(SELECT max(run_ts_ms) FROM drills)", []
-    if run_ts_ms is not None:
-        where, params = "?", [check_ts_ms("run_ts_ms", run_ts_ms)]
-    sql = f"""
-        SELECT run_ts_ms, mode, fleet, instance, fault, injected_ts_ms, removed_ts_ms, detected,
-               detected_by, detect_s, first_finding_s, first_flag_s, first_alert_s, clear_s,
-               other_signals, false_positives, profile_json
-        FROM drills WHERE run_ts_ms = {where} ORDER BY mode LIMIT ?"""
-    return _run(con, DRILLS_SCHEMA, ["drills"], sql, [*params, check_limit(limit)])

@@ -1,5 +1,5 @@
-"""Fleet: every SLO with budget and burn, instances by degradation level, open findings,
-and what changed in the last hour."""
+"""Fleet: traffic in the last hour, every SLO with budget and burn, instances by degradation
+level, open findings, and what changed in the last hour."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dashboards.views.common import no_data, page
 
 __all__ = ["PAGE", "slo_rows"]
 
+_HOUR_MS = 3_600_000
 _LEVELS = {
     0: "L0 normal",
     1: "L1 no speculative decoding",
@@ -156,7 +157,30 @@ def _changes(ctx: PageContext) -> None:
     st.dataframe(df, hide_index=True, width="stretch")
 
 
+def _traffic(ctx: PageContext) -> None:
+    """Client requests the taps saw in the view's last hour, and how many did not end ok:
+    the first thing to check in an incident (is traffic flowing, is it failing)."""
+    f = ctx.filters
+    table = ctx.table(
+        "outcome_counts",
+        start_ms=f.end_ms - _HOUR_MS,
+        end_ms=f.end_ms,
+        bucket_ms=_HOUR_MS,
+        pool=f.pool,
+        instance=f.instance,
+    )
+    if table is None:
+        return
+    rows = table.to_pylist()
+    total = sum(row["requests"] for row in rows)
+    failed = sum(row["requests"] for row in rows if row["outcome"] != "ok")
+    cols = st.columns(4)
+    cols[0].metric("client requests (last hour)", fmt_count(total))
+    cols[1].metric("not ok (last hour)", fmt_count(failed))
+
+
 def _body(ctx: PageContext) -> None:
+    _traffic(ctx)
     _slos(ctx)
     _levels(ctx)
     left, right = st.columns(2)

@@ -1,4 +1,5 @@
-"""GPUs: utilisation, frame buffer, temperature and power, and XID events, per node and GPU."""
+"""GPUs: utilisation, frame buffer, temperature and power, and XID events, per GPU, each
+named by the engine instance it serves (the instance and pool filters narrow to its GPUs)."""
 
 from __future__ import annotations
 
@@ -15,32 +16,49 @@ _SIGNALS = ("gpu_util", "fb_used_mib", "fb_free_mib", "temperature_c", "power_w"
 
 
 def _series(df: pd.DataFrame, signal: str, column: str = "value") -> pd.DataFrame:
-    one = df[df["signal"] == signal].copy()
-    one["gpu"] = (
-        one["hostname"].fillna(one["instance"]).astype(str) + " / GPU " + one["gpu"].astype(str)
-    )
-    return one[["time", "gpu", column]].rename(columns={column: "value"})
+    one = df[df["signal"] == signal]
+    return one[["time", "gpu_name", column]].rename(columns={column: "value", "gpu_name": "gpu"})
+
+
+def _named(df: pd.DataFrame) -> pd.DataFrame:
+    """Each GPU named by the engine it serves, then its node and index: ``pod-1 · node-0/GPU 1``."""
+    named = df.copy()
+    engine = named["instance"].fillna("unallocated").astype(str)
+    node = named["hostname"].fillna(named["exporter"]).astype(str)
+    named["gpu_name"] = engine + " · " + node + "/GPU " + named["gpu"].astype(str)
+    return named
+
+
+def _inventory(df: pd.DataFrame) -> None:
+    """Which GPU serves which engine, and where its exporter answers (host:port)."""
+    columns = ["instance", "pool", "hostname", "gpu", "uuid", "exporter", "address"]
+    gpus = df[columns].drop_duplicates().sort_values(["instance", "hostname", "gpu"])
+    with st.expander(f"{len(gpus)} GPU(s): engine, node, index, UUID and exporter"):
+        st.dataframe(gpus.rename(columns={"instance": "engine"}), hide_index=True, width="stretch")
 
 
 def _body(ctx: PageContext) -> None:
     f = ctx.filters
-    # gpu_series' ``instance`` is the dcgm-exporter's scrape target, not the engine's: the
-    # engine filters cannot narrow it until the series carry the ``pod`` each GPU serves.
     table = ctx.table(
         "gpu_series",
         signals=list(_SIGNALS),
         start_ms=f.start_ms,
         end_ms=f.end_ms,
         bucket_ms=f.bucket_ms,
+        instances=[f.instance] if f.instance else None,
+        pool=f.pool,
     )
-    if f.instance or f.pool:
-        st.caption("Showing every GPU: GPU series do not yet name the engine pod they serve.")
     if table is None:
         return
     if table.num_rows == 0:
-        no_data("no GPU samples in this range (dcgm-exporter scrapes write `gpu_samples`).")
+        narrowed = " of this engine" if f.instance else " of this pool" if f.pool else ""
+        no_data(
+            f"no GPU samples{narrowed} in this range (dcgm-exporter scrapes write "
+            "`gpu_samples`; GPUs join an engine through their `pod` label)."
+        )
         return
-    df = frame(table)
+    df = _named(frame(table))
+    _inventory(df)
     incidents = page_incidents(ctx)
     left, right = st.columns(2)
     with left:
@@ -71,8 +89,8 @@ def _body(ctx: PageContext) -> None:
         st.caption("No XID error reported in this range.")
     else:
         st.dataframe(
-            xid[["time", "instance", "hostname", "gpu", "uuid", "value_max"]].rename(
-                columns={"value_max": "last XID code"}
+            xid[["time", "instance", "hostname", "gpu", "uuid", "address", "value_max"]].rename(
+                columns={"instance": "engine", "value_max": "last XID code"}
             ),
             hide_index=True,
             width="stretch",

@@ -209,3 +209,18 @@ def test_fresh_data_makes_the_page_live_and_refreshing(
     assert not app.exception
     assert any("live, refreshing every 30 s" in str(c.value) for c in app.caption)
     assert {m.label: m.value for m in app.metric}["client requests"] == "1"
+
+
+def test_fleet_shows_the_client_requests_of_the_views_last_hour(on_history: History) -> None:
+    app = _page("fleet", **{"from": str(END_MS - 6 * HOUR_MS), "to": str(END_MS)})
+    shown = {m.label: m.value for m in app.metric}
+    with duckdb.connect(str(on_history.path), read_only=True) as con:
+        row = con.execute(
+            "SELECT count(DISTINCT coalesce(original_request_id, request_id)), "
+            "count(DISTINCT coalesce(original_request_id, request_id)) FILTER (outcome <> 'ok') "
+            "FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?",
+            [END_MS - HOUR_MS, END_MS],
+        ).fetchone()
+    assert row is not None and row[0] > 0
+    assert shown["client requests (last hour)"] == f"{row[0]:,}"
+    assert shown["not ok (last hour)"] == f"{row[1]:,}"

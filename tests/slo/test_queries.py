@@ -455,3 +455,13 @@ def test_the_jobs_tables_answer_through_a_cursor_while_the_jobs_write(
         before = queries.slo_status(reader).num_rows
         jobs.run_once()
         assert queries.slo_status(reader).num_rows == before > 0
+
+
+def test_present_tables_lists_tables_and_views_of_this_database_only(tmp_path: Path) -> None:
+    with Store(tmp_path / "present.duckdb") as store:
+        store.con.execute(f"ATTACH '{tmp_path / 'other.duckdb'}' AS other")
+        store.con.execute("CREATE TABLE other.only_elsewhere (x INTEGER)")
+        present = queries.present_tables(store.con.cursor())
+    # engine_samples is a view over engine_samples_values; both count as present.
+    assert {"engine_samples", "engine_samples_values", "requests"} <= present
+    assert "only_elsewhere" not in present
