@@ -9,9 +9,12 @@ engine at the demo's load and configuration must leave a real margin, not a few 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 
+from app.cli import build_parser, main
+from app.commands.sim import _fleet_config
 from app.demo import DEMO_PREFILL_CHUNK_TOKENS
 from collectors.tap.measure import JITTER_MIN_TOKEN_CHUNKS, ItlSummary
 from tests.simulator.test_chunked_prefill import JITTER_SLO_S, token_times
@@ -31,3 +34,14 @@ def test_the_demo_fleet_meets_the_jitter_slo_with_a_10_ms_margin_in_the_model() 
     assert len(jitters) > 400
     assert np.mean(jitters <= JITTER_SLO_S) == 1.0
     assert np.percentile(jitters, 99) <= JITTER_SLO_S - MARGIN_S
+
+
+def test_llmslo_sim_runs_its_engines_with_the_chunk_budget_it_is_given(capsys: Any) -> None:
+    parser = build_parser()
+    args = parser.parse_args(["sim", "--pods", "2", "--prefill-chunk-tokens", "256"])
+    fleet = _fleet_config(args)
+    assert [pod.engine.prefill_chunk_tokens for pod in fleet.pods] == [256, 256]
+    default = _fleet_config(parser.parse_args(["sim", "--pods", "1"]))
+    assert default.pods[0].engine.prefill_chunk_tokens == 512  # the seeds' typical chunk
+    assert main(["sim", "--prefill-chunk-tokens", "8", "--seconds", "1"]) == 2
+    assert "--prefill-chunk-tokens" in capsys.readouterr().err
