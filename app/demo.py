@@ -221,7 +221,8 @@ def run_demo(args: argparse.Namespace) -> int:
         ]
         stack.enter_context(_child(collector_args, workdir / "collect.log"))
         for tap in taps:
-            _wait_http(f"{tap}/health")
+            # Four Python processes starting at once on a busy 2-core host took over 30 s.
+            _wait_http(f"{tap}/health", timeout_s=90.0)
         say(f"[demo] {len(taps)} stream taps (one sidecar per pod) and the collector are running")
 
         load = stack.enter_context(
