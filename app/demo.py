@@ -34,6 +34,14 @@ from slo.report import render_table
 __all__ = ["register"]
 
 
+#: The demo fleet's chunked-prefill token budget per engine step (vLLM's
+#: ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``). An operator picks it from
+#: the ITL target, as Sarathi-Serve and vLLM's tuning guide advise: with the example spec's
+#: 30 ms jitter SLO on the TP8 profile, a 512-token step (~57 ms against ~32 ms of decode)
+#: leaves ~5 ms of margin, a 256-token step (~33–45 ms) leaves 15 ms or more.
+DEMO_PREFILL_CHUNK_TOKENS = 256
+
+
 def register(subparsers: Any) -> None:
     """Add ``demo``."""
     demo = subparsers.add_parser(
@@ -161,7 +169,15 @@ def run_demo(args: argparse.Namespace) -> int:
 
         sim = stack.enter_context(
             _child(
-                ["sim", "--pods", "4", "--dialects", "vllm,sglang,trtllm,vllm-legacy"],
+                [
+                    "sim",
+                    "--pods",
+                    "4",
+                    "--dialects",
+                    "vllm,sglang,trtllm,vllm-legacy",
+                    "--prefill-chunk-tokens",
+                    str(DEMO_PREFILL_CHUNK_TOKENS),
+                ],
                 workdir / "sim.log",
                 read_stdout=True,  # its first line describes the fleet
             )
@@ -205,7 +221,8 @@ def run_demo(args: argparse.Namespace) -> int:
         ]
         stack.enter_context(_child(collector_args, workdir / "collect.log"))
         for tap in taps:
-            _wait_http(f"{tap}/health")
+            # Four Python processes starting at once on a busy 2-core host took over 30 s.
+            _wait_http(f"{tap}/health", timeout_s=90.0)
         say(f"[demo] {len(taps)} stream taps (one sidecar per pod) and the collector are running")
 
         load = stack.enter_context(

@@ -262,11 +262,22 @@ class EngineModel:
             prefill_ms *= slow_prefill.factor
         slow_decode = self.faults.get("slow_decode")
         if slow_decode is not None:
-            decode_ms *= slow_decode.factor
+            decode_ms *= slow_decode.factor * self._contended_step()
         jitter = self.faults.get("itl_jitter")
         extra_ms = self.rng.expovariate(1.0 / jitter.mean_ms) if jitter and jitter.mean_ms else 0.0
         work_ms = max(prefill_ms, decode_ms) if fused else prefill_ms + decode_ms
         return (work_ms + extra_ms) / 1000.0 / self.speed
+
+    def _contended_step(self) -> float:
+        """One step's share of a slowdown, mean 1: ``0.75 + Exp(mean 0.25)``.
+
+        A GPU slowed by contention (another process time-sliced onto it, MPS neighbours)
+        or by thermal/power throttling is not slow evenly: clocks and time slices change
+        from step to step. So ``slow_decode`` stretches each step by ``factor`` times this
+        draw: on average by ``factor`` (TPOT), and irregularly (the spread of the gaps
+        grows with the factor, so ITL jitter breaks too). Never below 0.75× the factor.
+        """
+        return 0.75 + self.rng.expovariate(4.0)
 
     def _ensure_decode_room(self, now: float) -> None:
         """Give every running request room for its next token; preempt (LIFO) when short."""

@@ -125,7 +125,11 @@ FAULTS: dict[str, FaultSpec] = {
         ),
         FaultSpec("ghost", NoParams, "running stays up after clients disconnect, no abort counted"),
         FaultSpec("slow_prefill", FactorParams, "TTFT grows by the factor"),
-        FaultSpec("slow_decode", FactorParams, "ITL/TPOT grow by the factor"),
+        FaultSpec(
+            "slow_decode",
+            FactorParams,
+            "ITL/TPOT grow by the factor on average, unevenly per step (jitter grows)",
+        ),
         FaultSpec("itl_jitter", JitterParams, "ITL tail widens"),
         FaultSpec(
             "nan_burst", FractionParams, "finish_reason=error, corrupted_requests_total rises"

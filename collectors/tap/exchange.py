@@ -108,6 +108,9 @@ class Exchange:
         self.measurements: Measurements | None = None
         self.draining = False
         self.emitted = False
+        #: The client was handed the end of the answer ([DONE], or the chunk with the
+        #: finish reason): if it hangs up now, it had the whole answer (see client_gone).
+        self.answered = False
         self.http_status: int | None = None  # status the client got (final attempt only)
         self._resp: UpstreamResponse | None = None
         self._open = False
@@ -255,6 +258,8 @@ class Exchange:
         def relay(chunk: bytes) -> bool:
             nonlocal waiting
             down.write_nowait(self._frame(chunk, clock()))
+            if not self.answered:
+                self._note_answered()
             if waiting is not None and self.meter.first_token_seen:
                 waiting.reschedule(None)
                 waiting = None
@@ -291,9 +296,15 @@ class Exchange:
             parts.append(event.raw)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def _note_answered(self) -> None:
+        """Call after a successful write: did it carry the end of the answer?"""
+        m = self.meter.m
+        self.answered = m.saw_done or m.finish_reason is not None
+
     async def _forward(self, down: Downstream, data: bytes) -> None:
         if down.committed:
             await down.write(data)
+            self._note_answered()
         else:
             self.held.append(data)
             self.held_bytes += len(data)
@@ -304,6 +315,7 @@ class Exchange:
         down.commit(self.upstream_status or 200, self.upstream_headers)
         held, self.held, self.held_bytes = self.held, [], 0
         await down.write(b"".join(held))
+        self._note_answered()
 
     def _classify_end(self) -> None:
         m = self.meter.m
@@ -360,7 +372,18 @@ class Exchange:
         self.retryable = (not first) if retryable is None else (retryable and not first)
 
     def client_gone(self, reason: str) -> None:
-        """The client disconnected (or stopped reading): record it, close or drain upstream."""
+        """The client disconnected (or stopped reading): record it, close or drain upstream.
+
+        A client that leaves once it was handed the end of the answer (clients stop reading
+        at ``data: [DONE]`` and close without waiting for HTTP's terminating chunk) got the
+        whole answer: that attempt stays ``ok`` and is no disconnect.
+        """
+        if self.answered and self.outcome in (None, "ok"):
+            self.outcome, self.retryable = "ok", False
+            if self.end_s is None:
+                self.end_s = self._clock()
+            self.close_upstream()
+            return
         if self.disconnect_wall_s is None:
             self.disconnect_wall_s = self._hooks.wall_s()
             self._hooks.disconnected(self)

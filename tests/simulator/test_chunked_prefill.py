@@ -7,6 +7,7 @@ preemption cascade breaks it. Runs the engine model on an injected clock (no sle
 from __future__ import annotations
 
 import itertools
+import statistics
 from typing import Any
 
 import pytest
@@ -93,6 +94,23 @@ def test_whole_prompt_prefill_breaks_it_which_is_why_chunks_exist() -> None:
 
 def test_a_preemption_cascade_breaks_the_jitter_slo() -> None:
     assert jitter_sli(token_times(300, fault=("preemption_cascade", {}))) < 0.9
+
+
+@pytest.mark.parametrize("factor", [1.5, 2.0, 5.0])
+def test_a_slow_decode_breaks_the_jitter_slo_not_only_tpot(factor: float) -> None:
+    # A contended or throttled GPU is slow unevenly: the gaps spread, not only grow.
+    healthy_tpot = _median_gap(token_times(120))
+    times = token_times(120, fault=("slow_decode", {"factor": factor}))
+    assert _median_gap(times) > 0.8 * factor * healthy_tpot  # TPOT grows by about the factor
+    assert jitter_sli(times) < 0.5
+
+
+def test_an_itl_jitter_fault_obviously_breaks_the_jitter_slo() -> None:
+    assert jitter_sli(token_times(120, fault=("itl_jitter", {"mean_ms": 50}))) < 0.1
+
+
+def _median_gap(times: list[list[float]]) -> float:
+    return statistics.median(b - a for stamps in times for a, b in itertools.pairwise(stamps))
 
 
 @pytest.mark.parametrize("profile", ["llama2-70b/h100/tp8", "llama2-70b/h100/tp4"])
