@@ -47,6 +47,7 @@ from slo._query_schemas import (
     OUTCOMES_SCHEMA,
     STATUS_SCHEMA,
 )
+from slo._request_reads import RequestScope, latency_sql, outcome_sql
 from slo.rollup import HOUR_MS
 
 __all__ = [
@@ -80,8 +81,6 @@ __all__ = [
 LatencyMetric = Literal["ttft", "tpot", "itl", "e2e"]
 Breakdown = Literal["pool", "instance"]
 
-#: Request-record column of each latency metric (ITL: every gap, chunk-weighted).
-_LATENCY_COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "gap_s"}
 _GROUP_COLUMNS = ("pool", "instance", "tenant", "route")
 #: Counter samples read before the range so the first bucket's increase is known.
 _COUNTER_LOOKBACK_MS = 10 * 60_000
@@ -286,11 +285,15 @@ def _request_filter(
     return grid.bucket_ms, where, params
 
 
-def _breakdown(by: object) -> tuple[str, str]:
-    """(pool expression, instance expression) of a per-pool or per-instance grouping."""
-    if check_choice("by", by, ("pool", "instance")) == "pool":
-        return "pool", "NULL"
-    return "any_value(pool)", "instance"
+def _request_scope(
+    start_ms: int, end_ms: int, bucket_ms: int, by: object, pool: object, instance: object
+) -> RequestScope:
+    return RequestScope(
+        check_grid(start_ms, end_ms, bucket_ms),
+        check_choice("by", by, ("pool", "instance")),
+        None if pool is None else check_text("pool", pool),
+        None if instance is None else check_text("instance", instance),
+    )
 
 
 def latency_percentiles(
@@ -308,23 +311,14 @@ def latency_percentiles(
 
     From tap request records received in the range: TTFT, TPOT and E2E one value per
     attempt that has it; ITL every gap between token chunks (chunk-weighted, DESIGN §3).
+    Where the request rollups reach (:mod:`slo.request_rollup`), percentiles come from its
+    log bins: within 1 % (relative) of the sample of rank ⌊q·(n − 1)⌋; count, mean and max
+    stay exact. Without rollups they are exact (``quantile_cont``).
     """
-    column = _LATENCY_COLUMN[check_choice("metric", metric, ("ttft", "tpot", "itl", "e2e"))]
-    bucket, where, params = _request_filter(start_ms, end_ms, bucket_ms, pool, instance)
-    pool_sql, instance_sql = _breakdown(by)
-    source = (
-        f"(SELECT *, unnest(itl_gaps_s)::DOUBLE AS gap_s FROM requests WHERE {where})"
-        if metric == "itl"
-        else f"(SELECT * FROM requests WHERE {where})"
-    )
-    group = "instance" if by == "instance" else "pool"
-    sql = f"""
-        SELECT received_ts_ms // ? * ? AS bucket_ts_ms, {pool_sql}, {instance_sql}, count(*),
-               avg({column}), quantile_cont({column}, 0.5), quantile_cont({column}, 0.9),
-               quantile_cont({column}, 0.99), max({column})
-        FROM {source} WHERE {column} IS NOT NULL AND isfinite({column})
-        GROUP BY bucket_ts_ms, {group} ORDER BY bucket_ts_ms, {group}"""
-    return _run(con, LATENCY_SCHEMA, ["requests"], sql, [bucket, bucket, *params])
+    name = check_choice("metric", metric, ("ttft", "tpot", "itl", "e2e"))
+    scope = _request_scope(start_ms, end_ms, bucket_ms, by, pool, instance)
+    tables, sql, params = latency_sql(con, name, scope)
+    return _run(con, LATENCY_SCHEMA, tables, sql, params)
 
 
 def outcome_counts(
@@ -338,16 +332,11 @@ def outcome_counts(
     instance: str | None = None,
 ) -> pa.Table:
     """Attempts and client requests (distinct ``original_request_id``) per outcome, bucket and
-    pool or instance."""
-    bucket, where, params = _request_filter(start_ms, end_ms, bucket_ms, pool, instance)
-    pool_sql, instance_sql = _breakdown(by)
-    group = "instance" if by == "instance" else "pool"
-    sql = f"""
-        SELECT received_ts_ms // ? * ? AS bucket_ts_ms, {pool_sql}, {instance_sql}, outcome,
-               count(*), count(DISTINCT coalesce(original_request_id, request_id))
-        FROM requests WHERE {where}
-        GROUP BY bucket_ts_ms, {group}, outcome ORDER BY bucket_ts_ms, {group}, outcome"""
-    return _run(con, OUTCOMES_SCHEMA, ["requests"], sql, [bucket, bucket, *params])
+    pool or instance. From the request rollups where they reach: there a client request whose
+    same-outcome attempts fall in two buckets counts once, in the first."""
+    scope = _request_scope(start_ms, end_ms, bucket_ms, by, pool, instance)
+    tables, sql, params = outcome_sql(con, scope)
+    return _run(con, OUTCOMES_SCHEMA, tables, sql, params)
 
 
 def ghost_counts(
