@@ -47,7 +47,7 @@ from slo._query_schemas import (
     OUTCOMES_SCHEMA,
     STATUS_SCHEMA,
 )
-from slo._request_reads import RequestScope, latency_sql, outcome_sql
+from slo._request_reads import RequestScope, latency_sql, outcome_sql, request_names_sql
 from slo.rollup import HOUR_MS
 
 __all__ = [
@@ -460,10 +460,11 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     ``slos``: SLO ids the jobs have rolled up or evaluated.
     """
     present = _present(con)
-    spans, pairs = [], []
+    spans, pairs, params = [], [], list[object]()
     if "requests" in present:
         spans.append("SELECT min(received_ts_ms) AS lo, max(received_ts_ms) AS hi FROM requests")
-        pairs.append("SELECT DISTINCT instance, pool, address FROM requests")
+        names, params = request_names_sql(con)
+        pairs.append(names)
     if "engine_samples_values" in present:
         spans.append("SELECT min(ts_ms), max(ts_ms) FROM engine_samples_values")
         pairs.append("SELECT DISTINCT instance, pool, address FROM engine_samples_series")
@@ -477,7 +478,9 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
             f"SELECT instance, max(pool), max(address) FROM ({' UNION '.join(pairs)}) "
             "GROUP BY instance ORDER BY instance"
         )
-        instances = {name: (pool, address) for name, pool, address in con.execute(sql).fetchall()}
+        instances = {
+            name: (pool, address) for name, pool, address in con.execute(sql, params).fetchall()
+        }
     slos: set[str] = set()
     for table in ("slo_keys", "slo_status_current"):
         if table in present:

@@ -97,12 +97,13 @@ def outcome_minutes_sql(start_ms: int, end_ms: int) -> tuple[str, list[object]]:
     """SQL of ``request_minute`` rows for attempts received in ``[start_ms, end_ms)`` (any ms,
     need not be whole minutes), from raw ``requests``; the columns of the table."""
     sql = f"""
-        SELECT received_ts_ms // {MINUTE_MS} * {MINUTE_MS} AS ts_ms, pool, instance,
+        SELECT received_ts_ms // {MINUTE_MS} * {MINUTE_MS} AS ts_ms, pool, instance, address,
                outcome::VARCHAR AS outcome, count(*) AS attempts,
                count(*) FILTER (WHERE first_here) AS requests,
                count(*) FILTER (WHERE first_in_pool) AS pool_requests
         FROM (
-            SELECT received_ts_ms, pool::VARCHAR AS pool, instance::VARCHAR AS instance, outcome,
+            SELECT received_ts_ms, pool::VARCHAR AS pool, instance::VARCHAR AS instance,
+                   address::VARCHAR AS address, outcome,
                    row_number() OVER (PARTITION BY coalesce(original_request_id, request_id),
                                       instance, outcome
                                       ORDER BY received_ts_ms, request_id) = 1 AS first_here,
@@ -251,7 +252,7 @@ class RequestRollup:
         for table, select in (
             (
                 "request_hour",
-                f"SELECT {hour} AS h, pool, instance, outcome, sum(attempts), sum(requests), "
+                f"SELECT {hour} AS h, pool, instance, address, outcome, sum(attempts), sum(requests), "
                 "sum(pool_requests) FROM request_minute",
             ),
             (

@@ -132,6 +132,7 @@ def _request_counts(grain: str) -> tuple[tuple[str, str, str], ...]:
         ("ts_ms", "BIGINT NOT NULL", f"{grain} start (of `received_ts_ms`), Unix epoch ms"),
         ("pool", "VARCHAR", "serving pool of the attempts"),
         ("instance", "VARCHAR", "engine instance of the attempts"),
+        ("address", "VARCHAR", "host:port of the instance (as `requests.address`)"),
         ("outcome", "VARCHAR", "outcome of the attempts (see `requests.outcome`)"),
         ("attempts", "BIGINT NOT NULL", "request records (attempts)"),
         (
@@ -172,7 +173,8 @@ REQUEST_MINUTE = TableDoc(
     name="request_minute",
     doc="Attempts and client requests per minute × pool × instance × outcome, recomputed from `requests`.",
     facts=(
-        "key: none (`ts_ms`, `pool`, `instance`, `outcome` unique); written by the SLO jobs and "
+        "key: none (`ts_ms`, `pool`, `instance`, `address`, `outcome` unique); written by the "
+        "SLO jobs and "
         "`llmslo sim history`, idempotently",
         "retention: `slo.minute_retention_days` (default 35 d)",
     ),

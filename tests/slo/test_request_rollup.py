@@ -349,3 +349,13 @@ def test_the_request_rollup_tables_are_declared_commented_and_documented(store: 
     for table, column, data_type, nullable, comment in rows:
         assert (data_type, nullable, comment) == declared[(table, column)]
         assert f"## `{table}`" in doc and f"| `{column}` |" in doc
+
+
+def test_meta_names_the_same_instances_from_the_rollups(cons: tuple[Any, Any]) -> None:
+    raw, rolled = cons
+    assert queries.meta(rolled) == queries.meta(raw)
+    assert {i["instance"] for i in queries.meta(rolled)["instances"]} == {
+        "pod-0",
+        "pod-1",
+        "pod-2",
+    }
