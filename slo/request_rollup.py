@@ -7,6 +7,7 @@ Tables (declared in :mod:`slo.tables`, created here):
 * ``request_latency_minute`` / ``request_latency_hour``: TTFT, TPOT, E2E (one value per
   attempt) and ITL (every gap) as fixed log-bin histograms with each bin's count, sum and
   max, so a percentile over any set of minutes is a sum of bins;
+* ``request_latency_pool_hour``: the hours summed over each pool's instances (pool bands);
 * ``request_rollup_state``: one row, how far the rollups reach.
 
 **Bins.** A value ``v`` (seconds, clamped to [:data:`MIN_S`, :data:`MAX_S`]) falls in bin
@@ -259,6 +260,11 @@ class RequestRollup:
                 "request_latency_hour",
                 f"SELECT {hour} AS h, pool, instance, metric, bin, sum(samples), sum(sum_s), "
                 "max(max_s) FROM request_latency_minute",
+            ),
+            (  # after the instances' hours, from them
+                "request_latency_pool_hour",
+                "SELECT ts_ms AS h, pool, metric, bin, sum(samples), sum(sum_s), max(max_s) "
+                "FROM request_latency_hour",
             ),
         ):
             self.con.execute(
