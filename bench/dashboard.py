@@ -13,8 +13,8 @@ the next loads (answers cached by ``st.cache_data``). Target (DESIGN §8): ≤ 2
 The built file is kept under ``var/bench/`` (named by its volume and the rollup version)
 and reused by later runs: building 30 days takes minutes. ``--rebuild`` builds it again.
 
-``--quick`` (< 60 s on this host with a cold cache) is 2 days × 16 instances scraped every
-5 minutes with 5 % of requests, one cold and two warm loads (a smoke run of the same path);
+``--quick`` (< 60 s on this host, without a cached file) is 1 day × 16 instances scraped
+every 10 minutes with 5 % of requests, one cold and one warm load (a smoke run of the path);
 the full run is 30 days × 64 instances scraped every minute with 5 % sampled (what ``llmslo
 sim history`` writes). The data volume is printed. The last line is one JSON object.
 Usage: ``python bench/dashboard.py [--quick] [--rebuild]``.
@@ -195,12 +195,12 @@ def measure(path: Path, cold_loads: int, warm_loads: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="2 days × 16 instances, 5-minute scrapes (< 60 s)"
+        "--quick", action="store_true", help="1 day × 16 instances, 10-minute scrapes (< 60 s)"
     )
-    parser.add_argument("--days", type=float, help="days of history (default 30; 2 with --quick)")
+    parser.add_argument("--days", type=float, help="days of history (default 30; 1 with --quick)")
     parser.add_argument("--pods", type=int, help="instances (default 64; 16 with --quick)")
     parser.add_argument("--cold-loads", type=int, help="fresh servers (default 3; 1 with --quick)")
-    parser.add_argument("--warm-loads", type=int, help="default 3; 2 with --quick")
+    parser.add_argument("--warm-loads", type=int, help="default 3; 1 with --quick")
     parser.add_argument(
         "--cache", type=Path, default=ROOT / "var" / "bench", help="where built files are kept"
     )
@@ -208,13 +208,13 @@ def main() -> None:
     parser.add_argument("--rebuild", action="store_true", help="build even if cached")
     args = parser.parse_args()
     volume = Volume(
-        days=args.days or (2 if args.quick else 30),
+        days=args.days or (1 if args.quick else 30),
         pods=args.pods or (16 if args.quick else 64),
-        interval_s=300 if args.quick else 60,
+        interval_s=600 if args.quick else 60,
         request_sample=0.05,
     )
     cold_loads = args.cold_loads or (1 if args.quick else 3)
-    warm_loads = args.warm_loads or (2 if args.quick else 3)
+    warm_loads = args.warm_loads or (1 if args.quick else 3)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="llmslo-bench-dash-") as tmp:
         cache = None if args.no_cache else args.cache

@@ -208,10 +208,10 @@ class RequestRollup:
             first = self.con.execute("SELECT min(received_ts_ms) FROM requests").fetchone()
             oldest = first[0] if first and first[0] is not None else now_ms
             start = max(_floor(now_ms - self.horizon_ms, HOUR_MS), _floor(oldest, MINUTE_MS))
-            return self.recompute(min(start, end - MINUTE_MS), end)
+            return self.recompute_by_day(min(start, end - MINUTE_MS), end)
         watermark = int(row[1])
         start = _floor(watermark - self.settle_ms, MINUTE_MS)
-        return self.recompute(min(start, end - MINUTE_MS), max(end, watermark))
+        return self.recompute_by_day(min(start, end - MINUTE_MS), max(end, watermark))
 
     def recompute(self, start_ms: int, end_ms: int, *, final: bool = False) -> int:
         """Replace the minutes of ``[start_ms, end_ms)`` (whole minutes) from raw rows, then
@@ -231,6 +231,15 @@ class RequestRollup:
         except duckdb.Error:
             con.execute("ROLLBACK")
             raise
+        return written
+
+    def recompute_by_day(self, start_ms: int, end_ms: int, *, final: bool = False) -> int:
+        """:meth:`recompute` a day per transaction (bounded memory on a first build)."""
+        written = 0
+        while start_ms < end_ms:
+            stop = min(end_ms, _floor(start_ms, DAY_MS) + DAY_MS)
+            written += self.recompute(start_ms, stop, final=final)
+            start_ms = stop
         return written
 
     def _replace_minutes(self, start_ms: int, end_ms: int) -> int:
@@ -302,7 +311,7 @@ class RequestRollup:
         return dropped
 
 
-def rollup_history(con: duckdb.DuckDBPyConnection, *, chunk_ms: int = DAY_MS) -> int:
+def rollup_history(con: duckdb.DuckDBPyConnection) -> int:
     """Roll up every request record of a generated history (nothing more will arrive), a day
     per transaction so memory stays bounded; returns the minute rows written (0: no records)."""
     rollup = RequestRollup(con)
@@ -310,10 +319,6 @@ def rollup_history(con: duckdb.DuckDBPyConnection, *, chunk_ms: int = DAY_MS) ->
     if span is None or span[0] is None:
         return 0
     start, end = _floor(int(span[0]), MINUTE_MS), _floor(int(span[1]), MINUTE_MS) + MINUTE_MS
-    written = 0
-    while start < end:
-        stop = min(end, _floor(start, chunk_ms) + chunk_ms)
-        written += rollup.recompute(start, stop, final=True)
-        start = stop
+    written = rollup.recompute_by_day(start, end, final=True)
     log.info("request rollups built over %d minute rows", written)
     return written
