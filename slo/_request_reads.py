@@ -138,7 +138,8 @@ def latency_sql(con: duckdb.DuckDBPyConnection, metric: str, scope: RequestScope
             FROM ({rows_sql}) WHERE metric = ?{where}
             GROUP BY bucket_ts_ms, g, bin
         ), ranked AS (
-            SELECT *, sum(n) OVER (PARTITION BY bucket_ts_ms, g ORDER BY bin) AS cum,
+            SELECT *, sum(n) OVER (PARTITION BY bucket_ts_ms, g ORDER BY bin
+                                   ROWS UNBOUNDED PRECEDING) AS cum,
                       sum(n) OVER (PARTITION BY bucket_ts_ms, g) AS tot
             FROM binned
         )
