@@ -205,6 +205,9 @@ class RequestRollup:
         ).fetchone()
         end = _floor(now_ms, MINUTE_MS) + MINUTE_MS
         if row is None or row[0] != REQUEST_ROLLUP_VERSION:
+            if row is not None:  # another layout: nothing of it may be summed with the new
+                for table in REQUEST_ROLLUP_TABLES:
+                    self.con.execute(f"DELETE FROM {table}")
             first = self.con.execute("SELECT min(received_ts_ms) FROM requests").fetchone()
             oldest = first[0] if first and first[0] is not None else now_ms
             start = max(_floor(now_ms - self.horizon_ms, HOUR_MS), _floor(oldest, MINUTE_MS))

@@ -365,3 +365,14 @@ def test_meta_names_the_same_instances_from_the_rollups(cons: tuple[Any, Any]) -
         "pod-1",
         "pod-2",
     }
+
+
+def test_rollups_of_another_version_are_rebuilt_not_mixed(store: Store) -> None:
+    insert(store, [request(END_MS + m * MINUTE_MS, instance="pod-0") for m in range(5)])
+    rollup = RequestRollup(store.con)
+    rollup.update(END_MS + 5 * MINUTE_MS)
+    old = END_MS - 30 * 86_400_000  # a row only the older layout had
+    store.con.execute("INSERT INTO request_hour VALUES (?, 'p', 'old', NULL, 'ok', 7, 7, 7)", [old])
+    store.con.execute("UPDATE request_rollup_state SET version = version - 1")
+    rollup.update(END_MS + 6 * MINUTE_MS)
+    assert store.con.execute("SELECT sum(attempts) FROM request_hour").fetchone() == (5,)
