@@ -13,7 +13,7 @@ the next loads (answers cached by ``st.cache_data``). Target (DESIGN §8): ≤ 2
 The built file is kept under ``var/bench/`` (named by its volume and the rollup version)
 and reused by later runs: building 30 days takes minutes. ``--rebuild`` builds it again.
 
-``--quick`` (< 60 s on this host, without a cached file) is 1 day × 16 instances scraped
+``--quick`` (< 60 s on this host, without a cached file) is 1 day × 8 instances scraped
 every 10 minutes with 5 % of requests, one cold and one warm load (a smoke run of the path);
 the full run is 30 days × 64 instances scraped every minute with 5 % sampled (what ``llmslo
 sim history`` writes). The data volume is printed. The last line is one JSON object.
@@ -195,10 +195,10 @@ def measure(path: Path, cold_loads: int, warm_loads: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="1 day × 16 instances, 10-minute scrapes (< 60 s)"
+        "--quick", action="store_true", help="1 day × 8 instances, 10-minute scrapes (< 60 s)"
     )
     parser.add_argument("--days", type=float, help="days of history (default 30; 1 with --quick)")
-    parser.add_argument("--pods", type=int, help="instances (default 64; 16 with --quick)")
+    parser.add_argument("--pods", type=int, help="instances (default 64; 8 with --quick)")
     parser.add_argument("--cold-loads", type=int, help="fresh servers (default 3; 1 with --quick)")
     parser.add_argument("--warm-loads", type=int, help="default 3; 1 with --quick")
     parser.add_argument(
@@ -209,7 +209,7 @@ def main() -> None:
     args = parser.parse_args()
     volume = Volume(
         days=args.days or (1 if args.quick else 30),
-        pods=args.pods or (16 if args.quick else 64),
+        pods=args.pods or (8 if args.quick else 64),
         interval_s=600 if args.quick else 60,
         request_sample=0.05,
     )
