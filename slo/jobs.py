@@ -27,6 +27,7 @@ from slo.evaluate import SloStatus, evaluate
 from slo.flags import FlagBoard, FlagPolicy, FlagState, FlagTransition
 from slo.metrics import JobMetrics
 from slo.model import SloModel
+from slo.request_rollup import RequestRollup
 from slo.rollup import MINUTE_MS, Rollup
 from slo.sinks import (
     ListTransitionSink,
@@ -161,6 +162,11 @@ class SloJobs:
             settle_ms=int(self.config.settle_s * 1000),
             horizon_ms=int(self.config.rollup_horizon_days * DAY_MS),
         )
+        self.request_rollup = RequestRollup(
+            con,
+            settle_ms=int(self.config.settle_s * 1000),
+            horizon_ms=int(self.config.rollup_horizon_days * DAY_MS),
+        )
         create_output_tables(con)
         for problem in check_bucket_bounds(model, observed_bounds(con)):
             log.warning("SLO spec vs stored histograms: %s", problem)
@@ -188,6 +194,7 @@ class SloJobs:
             return None
         result = CycleResult(now)
         self._timed("rollup", result, lambda: self.rollup.update(now))
+        self._timed("request_rollup", result, lambda: self.request_rollup.update(now))
         result.statuses = (
             self._timed("evaluate", result, lambda: evaluate(self.con, self.model, now)) or []
         )
@@ -331,9 +338,11 @@ class SloJobs:
         if now - self._last_prune_ms < 3_600_000:
             return
         self._last_prune_ms = now
-        self.rollup.prune(
+        minutes_since = (
             now - int(self.config.minute_retention_days * DAY_MS) // MINUTE_MS * MINUTE_MS
         )
+        self.rollup.prune(minutes_since)
+        self.request_rollup.prune(minutes_since)
         if self.config.prune_raw and self.raw_pruner is not None and self.raw_retention_ms:
             keep_ms = max(self.raw_retention_ms, int(self.config.settle_s * 1000) + 2 * MINUTE_MS)
             self.raw_pruner(now - keep_ms)

@@ -51,6 +51,7 @@ from slo._query_schemas import (
 from slo._query_sql import optional_equal as _optional
 from slo._query_sql import present_tables
 from slo._query_sql import run_query as _run
+from slo._request_reads import RequestScope, latency_sql, outcome_sql, request_names_sql
 from slo.alert_queries import alerts, drills
 from slo.rollup import HOUR_MS
 from slo.series_queries import engine_series, gpu_series
@@ -87,8 +88,6 @@ __all__ = [
 LatencyMetric = Literal["ttft", "tpot", "itl", "e2e"]
 Breakdown = Literal["pool", "instance"]
 
-#: Request-record column of each latency metric (ITL: every gap, chunk-weighted).
-_LATENCY_COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "gap_s"}
 _GROUP_COLUMNS = ("pool", "instance", "tenant", "route")
 
 
@@ -257,11 +256,15 @@ def _request_filter(
     return grid.bucket_ms, where, params
 
 
-def _breakdown(by: object) -> tuple[str, str]:
-    """(pool expression, instance expression) of a per-pool or per-instance grouping."""
-    if check_choice("by", by, ("pool", "instance")) == "pool":
-        return "pool", "NULL"
-    return "any_value(pool)", "instance"
+def _request_scope(
+    start_ms: int, end_ms: int, bucket_ms: int, by: object, pool: object, instance: object
+) -> RequestScope:
+    return RequestScope(
+        check_grid(start_ms, end_ms, bucket_ms),
+        check_choice("by", by, ("pool", "instance")),
+        None if pool is None else check_text("pool", pool),
+        None if instance is None else check_text("instance", instance),
+    )
 
 
 def latency_percentiles(
@@ -279,23 +282,14 @@ def latency_percentiles(
 
     From tap request records received in the range: TTFT, TPOT and E2E one value per
     attempt that has it; ITL every gap between token chunks (chunk-weighted, DESIGN §3).
+    Where the request rollups reach (:mod:`slo.request_rollup`), percentiles come from its
+    log bins: within 1 % (relative) of the sample of rank ⌊q·(n − 1)⌋; count, mean and max
+    stay exact. Without rollups they are exact (``quantile_cont``).
     """
-    column = _LATENCY_COLUMN[check_choice("metric", metric, ("ttft", "tpot", "itl", "e2e"))]
-    bucket, where, params = _request_filter(start_ms, end_ms, bucket_ms, pool, instance)
-    pool_sql, instance_sql = _breakdown(by)
-    source = (
-        f"(SELECT *, unnest(itl_gaps_s)::DOUBLE AS gap_s FROM requests WHERE {where})"
-        if metric == "itl"
-        else f"(SELECT * FROM requests WHERE {where})"
-    )
-    group = "instance" if by == "instance" else "pool"
-    sql = f"""
-        SELECT received_ts_ms // ? * ? AS bucket_ts_ms, {pool_sql}, {instance_sql}, count(*),
-               avg({column}), quantile_cont({column}, 0.5), quantile_cont({column}, 0.9),
-               quantile_cont({column}, 0.99), max({column})
-        FROM {source} WHERE {column} IS NOT NULL AND isfinite({column})
-        GROUP BY bucket_ts_ms, {group} ORDER BY bucket_ts_ms, {group}"""
-    return _run(con, LATENCY_SCHEMA, ["requests"], sql, [bucket, bucket, *params])
+    name = check_choice("metric", metric, ("ttft", "tpot", "itl", "e2e"))
+    scope = _request_scope(start_ms, end_ms, bucket_ms, by, pool, instance)
+    tables, sql, params = latency_sql(con, name, scope)
+    return _run(con, LATENCY_SCHEMA, tables, sql, params)
 
 
 def outcome_counts(
@@ -309,16 +303,11 @@ def outcome_counts(
     instance: str | None = None,
 ) -> pa.Table:
     """Attempts and client requests (distinct ``original_request_id``) per outcome, bucket and
-    pool or instance."""
-    bucket, where, params = _request_filter(start_ms, end_ms, bucket_ms, pool, instance)
-    pool_sql, instance_sql = _breakdown(by)
-    group = "instance" if by == "instance" else "pool"
-    sql = f"""
-        SELECT received_ts_ms // ? * ? AS bucket_ts_ms, {pool_sql}, {instance_sql}, outcome,
-               count(*), count(DISTINCT coalesce(original_request_id, request_id))
-        FROM requests WHERE {where}
-        GROUP BY bucket_ts_ms, {group}, outcome ORDER BY bucket_ts_ms, {group}, outcome"""
-    return _run(con, OUTCOMES_SCHEMA, ["requests"], sql, [bucket, bucket, *params])
+    pool or instance. From the request rollups where they reach: there a client request whose
+    same-outcome attempts fall in two buckets counts once, in the first."""
+    scope = _request_scope(start_ms, end_ms, bucket_ms, by, pool, instance)
+    tables, sql, params = outcome_sql(con, scope)
+    return _run(con, OUTCOMES_SCHEMA, tables, sql, params)
 
 
 def ghost_counts(
@@ -359,10 +348,11 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     ``slos``: SLO ids the jobs have rolled up or evaluated.
     """
     present = present_tables(con)
-    spans, pairs = [], []
+    spans, pairs, params = [], [], list[object]()
     if "requests" in present:
         spans.append("SELECT min(received_ts_ms) AS lo, max(received_ts_ms) AS hi FROM requests")
-        pairs.append("SELECT DISTINCT instance, pool, address FROM requests")
+        names, params = request_names_sql(con)
+        pairs.append(names)
     if "engine_samples_values" in present:
         spans.append("SELECT min(ts_ms), max(ts_ms) FROM engine_samples_values")
         pairs.append("SELECT DISTINCT instance, pool, address FROM engine_samples_series")
@@ -376,7 +366,9 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
             f"SELECT instance, max(pool), max(address) FROM ({' UNION '.join(pairs)}) "
             "GROUP BY instance ORDER BY instance"
         )
-        instances = {name: (pool, address) for name, pool, address in con.execute(sql).fetchall()}
+        instances = {
+            name: (pool, address) for name, pool, address in con.execute(sql, params).fetchall()
+        }
     slos: set[str] = set()
     for table in ("slo_keys", "slo_status_current"):
         if table in present:

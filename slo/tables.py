@@ -13,6 +13,13 @@ __all__ = [
     "DOCUMENTED_TABLES",
     "DRILLS",
     "OUTPUT_TABLES",
+    "REQUEST_HOUR",
+    "REQUEST_LATENCY_HOUR",
+    "REQUEST_LATENCY_MINUTE",
+    "REQUEST_LATENCY_POOL_HOUR",
+    "REQUEST_MINUTE",
+    "REQUEST_ROLLUP_STATE",
+    "REQUEST_ROLLUP_TABLES",
     "ROLLUP_TABLES",
     "SLO_FINDINGS",
     "SLO_HOUR",
@@ -120,6 +127,125 @@ SLO_STATUS_CURRENT = TableDoc(
     ),
 )
 
+
+def _request_counts(grain: str) -> tuple[tuple[str, str, str], ...]:
+    return (
+        ("ts_ms", "BIGINT NOT NULL", f"{grain} start (of `received_ts_ms`), Unix epoch ms"),
+        ("pool", "VARCHAR", "serving pool of the attempts"),
+        ("instance", "VARCHAR", "engine instance of the attempts"),
+        ("address", "VARCHAR", "host:port of the instance (as `requests.address`)"),
+        ("outcome", "VARCHAR", "outcome of the attempts (see `requests.outcome`)"),
+        ("attempts", "BIGINT NOT NULL", "request records (attempts)"),
+        (
+            "requests",
+            "BIGINT NOT NULL",
+            "client requests (`original_request_id`) whose first attempt with this outcome on this instance is here",
+        ),
+        (
+            "pool_requests",
+            "BIGINT NOT NULL",
+            "client requests whose first attempt with this outcome in this pool is here",
+        ),
+    )
+
+
+def _request_latency(grain: str) -> tuple[tuple[str, str, str], ...]:
+    return (
+        ("ts_ms", "BIGINT NOT NULL", f"{grain} start (of `received_ts_ms`), Unix epoch ms"),
+        ("pool", "VARCHAR", "serving pool"),
+        ("instance", "VARCHAR", "engine instance"),
+        (
+            "metric",
+            "VARCHAR NOT NULL",
+            "ttft, tpot, e2e (one value per attempt) or itl (every gap)",
+        ),
+        (
+            "bin",
+            "SMALLINT NOT NULL",
+            "log bin i: values in (γ^(i−1), γ^i] seconds, γ = 1.01/0.99 (slo.request_rollup)",
+        ),
+        ("samples", "BIGINT NOT NULL", "values in the bin"),
+        ("sum_s", "DOUBLE NOT NULL", "their sum, seconds (exact means)"),
+        ("max_s", "DOUBLE NOT NULL", "their maximum, seconds"),
+    )
+
+
+REQUEST_MINUTE = TableDoc(
+    name="request_minute",
+    doc="Attempts and client requests per minute × pool × instance × outcome, recomputed from `requests`.",
+    facts=(
+        "key: none (`ts_ms`, `pool`, `instance`, `address`, `outcome` unique); written by the "
+        "SLO jobs and "
+        "`llmslo sim history`, idempotently",
+        "retention: `slo.minute_retention_days` (default 35 d)",
+    ),
+    columns=_request_counts("minute"),
+)
+REQUEST_HOUR = TableDoc(
+    name="request_hour",
+    doc="`request_minute` summed per hour (long ranges read ~720 rows per instance and outcome).",
+    facts=("key: as `request_minute`; written with it", "retention: forever"),
+    columns=_request_counts("hour"),
+)
+REQUEST_LATENCY_MINUTE = TableDoc(
+    name="request_latency_minute",
+    doc=(
+        "TTFT / TPOT / E2E / ITL of tap records as fixed log-bin histograms per minute × pool × "
+        "instance: percentiles over any range are a sum of bins (relative error ≤ 1 %)."
+    ),
+    facts=(
+        "key: none (`ts_ms`, `pool`, `instance`, `metric`, `bin` unique); written by the SLO "
+        "jobs and `llmslo sim history`, idempotently",
+        "retention: `slo.minute_retention_days` (default 35 d)",
+    ),
+    columns=_request_latency("minute"),
+)
+REQUEST_LATENCY_HOUR = TableDoc(
+    name="request_latency_hour",
+    doc="`request_latency_minute` summed per hour.",
+    facts=("key: as `request_latency_minute`; written with it", "retention: forever"),
+    columns=_request_latency("hour"),
+)
+REQUEST_LATENCY_POOL_HOUR = TableDoc(
+    name="request_latency_pool_hour",
+    doc=(
+        "`request_latency_hour` summed over the instances of each pool: a 30-day pool band "
+        "reads ~10⁵ rows instead of ~10⁷."
+    ),
+    facts=(
+        "key: none (`ts_ms`, `pool`, `metric`, `bin` unique); written with it",
+        "retention: forever",
+    ),
+    columns=tuple(c for c in _request_latency("hour") if c[0] != "instance"),
+)
+REQUEST_ROLLUP_STATE = TableDoc(
+    name="request_rollup_state",
+    doc="How far the request rollups reach: one row; reads take raw `requests` outside it.",
+    facts=("key: none (one row); written with the request rollups", "retention: forever"),
+    columns=(
+        ("version", "INTEGER NOT NULL", "bin layout and event rules; another version rebuilds"),
+        ("start_ts_ms", "BIGINT NOT NULL", "first minute rolled up, Unix epoch ms"),
+        (
+            "settled_ts_ms",
+            "BIGINT NOT NULL",
+            "minutes before this are final (watermark − settle); reads take raw rows after it",
+        ),
+        ("watermark_ts_ms", "BIGINT NOT NULL", "minutes before this are rolled up, Unix epoch ms"),
+    ),
+)
+#: Tables of the request rollup (:mod:`slo.request_rollup`), by name.
+REQUEST_ROLLUP_TABLES: dict[str, TableDoc] = {
+    t.name: t
+    for t in (
+        REQUEST_MINUTE,
+        REQUEST_HOUR,
+        REQUEST_LATENCY_MINUTE,
+        REQUEST_LATENCY_HOUR,
+        REQUEST_LATENCY_POOL_HOUR,
+        REQUEST_ROLLUP_STATE,
+    )
+}
+
 #: Tables of the rollup, by name.
 ROLLUP_TABLES: dict[str, TableDoc] = {
     t.name: t for t in (SLO_KEYS, SLO_MINUTE, SLO_HOUR, SLO_ROLLUP_STATE)
@@ -163,5 +289,6 @@ DRILLS = TableDoc(
     key="run_ts_ms, mode",
 )
 
-#: What ``docs/tables.md`` documents after the spine's tables: this package's and ``drills``.
-DOCUMENTED_TABLES: tuple[TableDoc, ...] = (*SLO_TABLES, DRILLS)
+#: What ``docs/tables.md`` documents after the spine's tables: this package's, the request
+#: rollups and ``drills``.
+DOCUMENTED_TABLES: tuple[TableDoc, ...] = (*SLO_TABLES, *REQUEST_ROLLUP_TABLES.values(), DRILLS)

@@ -36,6 +36,7 @@ from simulator.history import BusSink, HistoryConfig, HistoryGenerator, HistoryS
 from simulator.load import LoadConfig, run_load_sync
 from simulator.scenario import ScenarioRunner, load_scenario
 from simulator.traces import load_trace, poisson_arrivals
+from slo.request_rollup import rollup_history
 
 __all__ = ["register"]
 
@@ -257,6 +258,8 @@ def run_history(args: argparse.Namespace) -> int:
     else:
         with Store(config.store.path) as store:
             _drain(generator, StoreSink(store), rows)
+            # Nothing more arrives for these minutes: the dashboards' long ranges read these.
+            rollup_history(store.con)
         target = str(config.store.path)
     print_json(
         {
