@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,8 @@ import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from collectors.canonical import TargetCanonicalizer
+from collectors.exposition import ExpositionParser
 from collectors.probe import ProbeConfig, Prober
 from pipeline.errors import ConfigError
 from pipeline.schema import RecordSchema
@@ -51,12 +54,14 @@ def probe(url: str, rounds: int = 1, **overrides: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def metric(base_url: str, name: str, **labels: str) -> float:
-    """The value of sample ``name`` with ``labels`` at ``base_url``/metrics (0 when absent)."""
+def metric(base_url: str, sample_name: str, **labels: str) -> float:
+    """The value of ``sample_name`` with ``labels`` at ``base_url``/metrics (0 when absent)."""
     _, body = get(f"{base_url}/metrics")
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+            if sample.name == sample_name and all(
+                sample.labels.get(k) == v for k, v in labels.items()
+            ):
                 return float(sample.value)
     return 0.0
 
@@ -70,6 +75,11 @@ def test_a_healthy_gateway_serves_streams_and_spreads_them_over_the_pods(
     assert metric(gw.url, "llmslo_sim_gateway_routing_decisions_total", mode="round_robin") == 4
     assert metric(gw.url, "llmslo_sim_gateway_router_up") == 1
     assert metric(gw.url, "llmslo_sim_gateway_requests_total", code="503") == 0
+    # the router's own counters under the Inference Extension EPP's names
+    assert metric(gw.url, "inference_objective_request_total", model_name="llama-3-8b") == 4
+    assert metric(gw.url, "inference_objective_request_error_total") == 0
+    assert metric(gw.url, "inference_pool_ready_pods", name="default") == 2
+    assert metric(gw.url, "inference_objective_running_requests", model_name="llama-3-8b") == 0
 
 
 def test_gateway_down_refuses_connections_and_comes_back(
@@ -123,6 +133,13 @@ def test_no_ready_pod_is_no_eligible_endpoint(fleet: Fleet, gateway_factory: Any
             )
             == 1
         )
+        assert metric(gw.url, "inference_pool_ready_pods", name="default") == 0
+        assert (
+            metric(
+                gw.url, "inference_objective_request_error_total", error_code="ServiceUnavailable"
+            )
+            == 1
+        )
     finally:
         for pod in fleet.pods:
             fleet.clear_fault(pod.name, "not_ready")
@@ -149,9 +166,33 @@ def test_a_full_queue_rejects_with_429(fleet: Fleet, gateway_factory: Any) -> No
             fleet.clear_fault(pod.name, "stall")
     assert sorted(r["error_kind"] or "" for r in rows).count("http_429") == 1
     assert metric(gw.url, "llmslo_sim_gateway_requests_total", code="429", reason="queue_full") == 1
+    exhausted = {"error_code": "InferencePoolResourceExhausted", "model_name": "llama-3-8b"}
+    assert metric(gw.url, "inference_objective_request_error_total", **exhausted) == 1
 
 
 def test_an_unknown_gateway_fault_is_refused(fleet: Fleet, gateway_factory: Any) -> None:
     gw = gateway_factory()
     with pytest.raises(ConfigError, match="unknown 'stall'"):
         fleet.call(gw.set_fault("stall"))
+
+
+def test_the_collector_reads_the_gateway_as_an_epp_component(
+    fleet: Fleet, gateway_factory: Any
+) -> None:
+    gw = gateway_factory(router_down_policy="fail_close")
+    probe(gw.url, rounds=2)
+    fleet.call(gw.set_fault("router_down"))
+    probe(gw.url)
+    _, body = get(f"{gw.url}/metrics")
+    canonicalizer = TargetCanonicalizer(f"127.0.0.1:{gw.port}")
+    rows = canonicalizer.canonicalize(ExpositionParser().parse(body.decode()), 1000).table
+    assert canonicalizer.detection is not None and canonicalizer.detection.dialect == "epp"
+    by_signal = {
+        (r["signal"], json.dumps(json.loads(r["labels_json"]), separators=(",", ":"))): r["value"]
+        for r in rows.to_pylist()
+        if r["signal"]
+    }
+    assert by_signal[("router_up", "{}")] == 0
+    refused = '{"code":"503","reason":"router_unavailable"}'
+    assert by_signal[("gateway_answers", refused)] == 1
+    assert by_signal[("gateway_requests", '{"target_model_name":"llama-3-8b"}')] == 2
