@@ -65,14 +65,15 @@ class Gateway:
         health_interval_s: float = 1.0,
         replica_in_flight: int | None = None,
         pool: str = "default",
+        port: int = 0,
     ) -> None:
         """``replica_in_flight``: when set, the gateway forwards at most that many requests
         per *active* replica (the autoscaler's ready replicas) instead of ``max_in_flight``.
-        ``pool``: the InferencePool name on ``inference_pool_*`` metrics."""
+        ``pool``: the InferencePool name on ``inference_pool_*`` metrics; ``port`` 0: a free one."""
         if not upstreams:
             raise ConfigError("gateway.upstreams: at least one pod URL is required")
         self.upstreams = [u.rstrip("/") for u in upstreams]
-        self.host, self.port = host, 0
+        self.host, self.port = host, port
         self.policy, self.router_down_policy = policy, router_down_policy
         self.max_queue = max_queue
         self.health_interval_s = health_interval_s

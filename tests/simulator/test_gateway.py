@@ -12,12 +12,13 @@ import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.cli import main
 from collectors.canonical import TargetCanonicalizer
 from collectors.exposition import ExpositionParser
 from collectors.probe import ProbeConfig, Prober
 from pipeline.errors import ConfigError
 from pipeline.schema import RecordSchema
-from simulator import Fleet, FleetConfig, PodConfig
+from simulator import Fleet, FleetConfig, GatewayConfig, PodConfig
 from simulator.gateway import Gateway
 from tests.simulator.conftest import get
 
@@ -196,3 +197,43 @@ def test_the_collector_reads_the_gateway_as_an_epp_component(
     refused = '{"code":"503","reason":"router_unavailable"}'
     assert by_signal[("gateway_answers", refused)] == 1
     assert by_signal[("gateway_requests", '{"target_model_name":"llama-3-8b"}')] == 2
+
+
+def test_a_fleet_config_with_a_gateway_starts_it_in_front_of_its_pods() -> None:
+    config = FleetConfig(
+        pods=[PodConfig(name="a"), PodConfig(name="b")],
+        gateway=GatewayConfig(router_down_policy="reject", health_interval_s=0.2),
+    )
+    with Fleet(config) as fleet:
+        assert fleet.gateway is not None
+        described = fleet.describe()["gateway"]
+        assert described["url"] == fleet.gateway.url and described["router_down_policy"] == "reject"
+        assert {
+            "targets": [fleet.gateway_instance],
+            "labels": {"dialect": "epp"},
+        } in fleet.file_sd()
+        assert [r["outcome"] for r in probe(fleet.gateway.url, rounds=2)] == ["ok", "ok"]
+        fleet.set_gateway_fault("router_down", on=True)
+        (row,) = probe(fleet.gateway.url)
+        assert (row["error_kind"], row["instance"]) == ("http_429", fleet.gateway_instance)
+        fleet.set_gateway_fault("router_down", on=False)
+        assert probe(fleet.gateway.url)[0]["outcome"] == "ok"
+        with pytest.raises(ConfigError, match="unknown 'stall'"):
+            fleet.set_gateway_fault("stall")
+
+
+def test_llmslo_sim_gateway_prints_the_gateway_url(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "sim",
+        "--pods",
+        "1",
+        "--gateway",
+        "--router-down-policy",
+        "fail_open",
+        "--seconds",
+        "0.5",
+    ]
+    assert main(argv) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["gateway"]["url"].startswith("http://127.0.0.1:")
+    assert described["gateway"]["router_down_policy"] == "fail_open"
