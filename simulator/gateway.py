@@ -9,7 +9,7 @@ eligible, and with none eligible the gateway answers **503** ``no_eligible_endpo
 
 Faults (:data:`GATEWAY_FAULTS`, set with :meth:`Gateway.set_fault`):
 
-* ``gateway_down`` — the listener closes: connections are refused;
+* ``gateway_down`` — the listener closes and open connections are cut: connections are refused;
 * ``router_down`` — the router stops answering; the gateway then follows
   ``router_down_policy``: ``fail_open`` (any pod, round robin, no readiness check),
   ``fail_close`` (**503** ``router_unavailable``) or ``reject`` (**429** ``router_unavailable``);
@@ -150,6 +150,10 @@ class Gateway:
         if name == "gateway_down" and self._site is not None:
             await self._site.stop()
             self._site = None
+            # A gateway that is down is down for clients already connected too: stopping the
+            # listener alone leaves keep-alive connections (the prober's, the collector's) served.
+            if self._runner is not None and self._runner.server is not None:
+                await self._runner.server.shutdown(0)
 
     async def clear_fault(self, name: str) -> bool:
         """Switch ``name`` off; returns whether it was on."""

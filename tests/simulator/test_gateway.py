@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -237,3 +238,24 @@ def test_llmslo_sim_gateway_prints_the_gateway_url(capsys: pytest.CaptureFixture
     described = json.loads(capsys.readouterr().out)
     assert described["gateway"]["url"].startswith("http://127.0.0.1:")
     assert described["gateway"]["router_down_policy"] == "fail_open"
+
+
+def test_gateway_down_also_cuts_kept_alive_connections(fleet: Fleet, gateway_factory: Any) -> None:
+    """A gateway that goes down is gone for clients already connected too (keep-alive):
+    the prober's and the collector's sessions reuse their connections."""
+    gw = gateway_factory()
+    config = ProbeConfig(url=gw.url, max_tokens=4, timeout_s=5)
+
+    async def before_and_during() -> tuple[dict[str, Any], dict[str, Any]]:
+        prober = Prober(config, lambda schema, table: None)
+        async with aiohttp.ClientSession() as session:
+            before = await prober.probe_once(session)
+            await asyncio.to_thread(fleet.call, gw.set_fault("gateway_down"))
+            during = await prober.probe_once(session)
+        return before, during
+
+    before, during = asyncio.run(before_and_during())
+    fleet.call(gw.clear_fault("gateway_down"))
+    assert before["outcome"] == "ok"
+    assert during["outcome"] == "error_before_first_token"
+    assert during["error_kind"] in ("connect_refused", "stream_cut", "connect_error")
