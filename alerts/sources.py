@@ -11,6 +11,8 @@ OpenSLO v1, both through :func:`slo.spec.load_spec`) into a :class:`~alerts.mode
   histograms cannot express exactly (a threshold between two buckets, per-request ITL
   statistics, goodput, tenant/route) is computed by the pipeline only (path B): such an
   SLO is *skipped* with its reason, or refused with ``strict=True``.
+* ``source: probe`` SLIs (the synthetic prober's records) exist only in the store: skipped
+  the same way.
 
 ``le`` is matched by numeric value: the matcher accepts every rendering of the bound that
 exporters write (``2``, ``2.0``), so rules keep working across Prometheus 2 and 3.
@@ -226,6 +228,8 @@ def _tap_availability(slo: Slo) -> tuple[str, str, SeriesRecipe]:
 
 def _queries(slo: Slo, index: int) -> tuple[str, str, SeriesRecipe]:
     sli = slo.sli
+    if sli.source == "probe":
+        raise _Unsupported("the prober's records are stored, not exported to Prometheus")
     if isinstance(sli, LatencySpec):
         if sli.source == "engine":
             return _engine_latency(slo, sli, index)

@@ -10,7 +10,8 @@ signals (:mod:`app.drill_modes`). Pods without a fault are the healthy instances
 raised on them is a false positive. A healthy control fleet (no faults) runs last.
 
 Time is compressed where that is honest (:class:`DrillProfile`, stated in the report):
-scrape and jobs every 2 s, ``stall_for_s`` 20, flag dwell 20 s and a 60-second detector
+scrape and jobs every 2 s, ``stall_for_s`` 20, flag dwell 20 s, entry/gateway windows 20 s
+with a probe every 2 s (defaults 60 s and 10 s) and a 60-second detector
 lookback instead of 60 s, 120 s and 600 s; the fault itself runs at the simulator's real speed.
 """
 
@@ -41,7 +42,7 @@ from app.sections import load_config, parse_config
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
-from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
+from simulator import Fleet, FleetConfig, GatewayConfig, NodeConfig, PodConfig
 
 __all__ = ["DrillProfile", "DrillReport", "FleetRun", "plan_fleets", "run_drill"]
 
@@ -61,6 +62,8 @@ class DrillProfile:
     stall_for_s: float = 20.0
     dwell_s: float = 20.0
     detector_window_s: float = 40.0  # fragmentation_for_s and queue_for_s (defaults 300, 120)
+    edge_window_s: float = 20.0  # entry_window_s and gateway_window_s (defaults 60, 60)
+    probe_interval_s: float = 2.0  # the prober's interval where a gateway runs (default 10)
     lookback_s: float = 60.0  # raw rows per cycle (default 600): hot_instance compares halves
     rate_per_pod: float = 1.5  # requests per second
     modes_per_fleet: int = 7
@@ -120,6 +123,8 @@ def drill_config(
         "fragmentation_for_s": window,
         "queue_for_s": window,
         "lookback_s": profile.lookback_s,
+        "entry_window_s": profile.edge_window_s,
+        "gateway_window_s": profile.edge_window_s,
         "gpu_pods": gpu_pods,
     }
     raw = {
@@ -163,7 +168,9 @@ def run_drill(
     return report
 
 
-def _fleet_config(name: str, pods: int, seed: int) -> FleetConfig:
+def _fleet_config(
+    name: str, pods: int, seed: int, gateway: GatewayConfig | None = None
+) -> FleetConfig:
     return FleetConfig(
         nodes=[NodeConfig(name=f"{name}-node", gpus=max(pods, 1))],
         pods=[
@@ -171,6 +178,7 @@ def _fleet_config(name: str, pods: int, seed: int) -> FleetConfig:
             for i in range(pods)
         ],
         seed=seed,
+        gateway=gateway,
     )
 
 
@@ -194,7 +202,9 @@ def _run_fleet(
     end_s += profile.clear_s if modes else 0
     with ExitStack() as stack:
         bus = stack.enter_context(Bus(load_config(None).bus))
-        fleet = stack.enter_context(Fleet(_fleet_config(name, pod_count, profile.seed)))
+        gateway = _gateway_config(modes)
+        fleet = stack.enter_context(Fleet(_fleet_config(name, pod_count, profile.seed, gateway)))
+        entry = fleet.gateway.url if fleet.gateway is not None else None
         gpu_pods = {p.name: p.instance for p in fleet.pods}
         pipeline = Pipeline(
             drill_config(bus.bootstrap_servers, db, profile, gpu_pods), load_model(None)
@@ -207,13 +217,19 @@ def _run_fleet(
                 [p.url for p in fleet.pods],
                 [
                     f"{url}/metrics"
-                    for url in [*(p.url for p in fleet.pods), *(d.url for d in fleet.dcgm)]
+                    for url in [
+                        *(p.url for p in fleet.pods),
+                        *(d.url for d in fleet.dcgm),
+                        *([entry] if entry else []),
+                    ]
                 ],
                 scrape_s=profile.scrape_s,
                 rate_per_s=profile.rate_per_pod * pod_count,
                 duration_s=end_s + 5,
                 tap_options={k: v for m in modes for k, v in m.tap.items()},
                 load_options={k: v for m in modes for k, v in m.load.items()},
+                probe_url=entry,
+                probe_interval_s=profile.probe_interval_s,
             )
         )
         if say:
@@ -244,6 +260,14 @@ def _run_fleet(
     return results, run
 
 
+def _gateway_config(modes: list[DrillMode]) -> GatewayConfig | None:
+    """The fleet's gateway when a mode needs one (``None``: no gateway, no prober)."""
+    if not any(m.needs_gateway for m in modes):
+        return None
+    options = {k: v for m in modes for k, v in m.gateway.items()}
+    return GatewayConfig.model_validate({"health_interval_s": 1.0, **options})
+
+
 def _schedule(modes: list[DrillMode], profile: DrillProfile, rng: random.Random) -> list[float]:
     return [round(profile.warmup_s + rng.uniform(0, profile.jitter_s), 1) for _ in modes]
 
@@ -270,7 +294,14 @@ def _play(
     )
     extra: dict[int, threading.Event] = {}
     results = [
-        ModeResult(m.name, fleet_name, fleet.pods[i].instance, m.fault, 0, 0)
+        ModeResult(
+            m.name,
+            fleet_name,
+            fleet.gateway_instance if m.on_gateway else fleet.pods[i].instance,
+            m.fault,
+            0,
+            0,
+        )
         for i, m in enumerate(modes)
     ]
     for at_s, action, i in events:
@@ -282,6 +313,9 @@ def _play(
             extra[i] = edges.extra_load(i, mode.extra_rate_per_s, profile.hold_s)
         elif i in extra:
             extra.pop(i).set()
+        if mode.on_gateway and mode.fault is not None:
+            fleet.set_gateway_fault(mode.fault, on=action == "set")
+            pods = []
         for pod in pods:
             if mode.fault is None:
                 continue
@@ -294,7 +328,9 @@ def _play(
         else:
             results[i].removed_ts_ms = now_ms
         if say:
-            say(f"[drill] {fleet_name} t={at_s:5.1f}s {action} {mode.name} on {pods[0].instance}")
+            say(
+                f"[drill] {fleet_name} t={at_s:5.1f}s {action} {mode.name} on {results[i].instance}"
+            )
     return results
 
 

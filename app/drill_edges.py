@@ -1,9 +1,13 @@
-"""The drill's edge of the pipeline in one process: a stream tap per pod, the collector, load.
+"""The drill's edge of the pipeline in one process: a stream tap per pod, the collector, load,
+and (for the modes in front of the taps) a synthetic prober through the fleet's gateway.
 
 ``llmslo demo`` runs these as child processes; on a shared 2-core machine each child costs
 seconds of start-up (imports), so the drill runs the same classes (``TapProxy``,
-``Collector`` with the one bounded publisher, ``run_load``) on one event-loop thread and
-one load thread. Records and samples still travel the embedded broker to the ingester.
+``Collector`` with the one bounded publisher, ``run_load``, ``Prober``) on one event-loop
+thread and one load thread. Records and samples still travel the embedded broker to the
+ingester. The gateway (the fleet's, ``FleetConfig.gateway``) fronts every pod and is scraped
+like an engine (dialect ``epp``); the load keeps going straight through the taps, so what the
+gateway does shows only in its own scrape and in the probe records.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, TypeVar
 from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from collectors.metrics import CollectorMetrics
+from collectors.probe import ProbeConfig, Prober
 from collectors.tap.config import TapConfig
 from collectors.tap.proxy import TapProxy
 from collectors.tap.sinks import KafkaSink
@@ -37,7 +42,9 @@ class DrillEdges:
     """Taps (one per upstream, in order), the collector and Poisson load (context manager).
 
     ``tap_options`` are extra :class:`TapConfig` fields, ``load_options`` extra
-    :class:`LoadConfig` fields; ``rate_per_s`` is spread over the taps.
+    :class:`LoadConfig` fields; ``rate_per_s`` is spread over the taps. ``probe_url``
+    (``None``: no prober): an entry point (the fleet's gateway) probed every
+    ``probe_interval_s``, its records published with the taps'.
     """
 
     def __init__(
@@ -51,6 +58,8 @@ class DrillEdges:
         duration_s: float,
         tap_options: Mapping[str, Any] | None = None,
         load_options: Mapping[str, Any] | None = None,
+        probe_url: str | None = None,
+        probe_interval_s: float = 2.0,
     ) -> None:
         self.bus = bus
         self.upstreams = list(upstreams)
@@ -60,6 +69,9 @@ class DrillEdges:
         self._collect = CollectConfig(
             targets=[TargetConfig(url=url) for url in metrics_urls], interval_s=scrape_s
         )
+        self._probe_url, self._probe_interval_s = probe_url, probe_interval_s
+        self._prober: Prober | None = None
+        self._prober_task: concurrent.futures.Future[None] | None = None
         self._rate, self._duration = rate_per_s, duration_s
         # Validate the options now (cold path): a bad one must fail the drill, not a thread.
         try:
@@ -96,6 +108,10 @@ class DrillEdges:
             self.tap_urls.append(f"http://127.0.0.1:{port}")
         buffer = PublishBuffer(100_000, PublishMetrics("collect"))
         self._publisher = KafkaPublisher(self.bus.producer, buffer, publish_timeout_s=10).start()
+        if self._probe_url is not None:
+            probe = ProbeConfig(url=self._probe_url, interval_s=self._probe_interval_s, timeout_s=5)
+            self._prober = Prober(probe, buffer.put)
+            self._prober_task = asyncio.run_coroutine_threadsafe(self._prober.run(), self._loop)
         self._collector = Collector(self._collect, buffer.put, metrics=CollectorMetrics())
         self._collector_task = asyncio.run_coroutine_threadsafe(self._collector.run(), self._loop)
         self._load = threading.Thread(target=self._run_load, name="drill-load", daemon=True)
@@ -138,6 +154,11 @@ class DrillEdges:
             stop.set()
         if self._load is not None:
             self._load.join(timeout=40)
+        if self._prober is not None:
+            self._loop.call_soon_threadsafe(self._prober.stop)
+        if self._prober_task is not None:
+            with contextlib.suppress(Exception):  # shutting down, as for the collector
+                self._prober_task.result(30)
         if self._collector is not None:
             self._loop.call_soon_threadsafe(self._collector.stop)
         if self._collector_task is not None:

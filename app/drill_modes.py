@@ -9,6 +9,9 @@ mode, the drill reports what did.
 
 To add a mode: one row in :data:`MODES`. Modes with their own load shape or tap options
 (``own_fleet``) get a fleet of their own; the others share one fleet, one pod each.
+Modes with ``needs_gateway`` get a fleet with a gateway and router in front of its pods and
+a prober through it; a fault of :data:`simulator.gateway.GATEWAY_FAULTS` is set on the
+gateway (the mode's instance is then the gateway's).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from simulator.gateway import GATEWAY_FAULTS
 
 __all__ = ["FLAG", "MODES", "DrillMode", "matches"]
 
@@ -32,7 +37,8 @@ class DrillMode:
     fields for its fleet's whole run (e.g. ``{"cancel_after_s": 2.0}``). ``extra_rate_per_s``: Poisson
     requests per second sent to the target pod alone while the mode is injected (a hot
     instance). ``tap``: extra :class:`collectors.tap.config.TapConfig` fields. ``pool_scoped``: the failure is a pool's (every pod
-    faulted; pool findings count).
+    faulted; pool findings count). ``needs_gateway``: the fleet starts a gateway (with
+    ``gateway``: :class:`simulator.config.GatewayConfig` fields) and a prober through it.
     """
 
     name: str
@@ -43,11 +49,21 @@ class DrillMode:
     tap: Mapping[str, Any] = field(default_factory=dict)
     pool_scoped: bool = False
     extra_rate_per_s: float = 0.0
+    needs_gateway: bool = False
+    gateway: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def own_fleet(self) -> bool:
-        """Whether the mode changes the load or the taps, so it cannot share a fleet."""
-        return bool(self.load or self.tap or self.pool_scoped or self.extra_rate_per_s)
+        """Whether the mode changes the load, the taps or the entry point, so it cannot
+        share a fleet."""
+        return bool(
+            self.load or self.tap or self.pool_scoped or self.extra_rate_per_s or self.needs_gateway
+        )
+
+    @property
+    def on_gateway(self) -> bool:
+        """Whether the fault is the gateway's (set on the gateway, scored on its instance)."""
+        return self.needs_gateway and self.fault in GATEWAY_FAULTS
 
 
 def _mode(name: str, fault: str | None, expected: set[str], **kwargs: Any) -> DrillMode:
@@ -98,6 +114,17 @@ MODES: dict[str, DrillMode] = {
             "model_load_failure",
             "model_load_failure",
             {"model_load_failure", "worker_not_ready", "target_down"},
+        ),
+        # In front of the taps: only the prober (and the gateway's own scrape) can see these.
+        _mode("gateway_down", "gateway_down", {"entry_unavailable"}, needs_gateway=True),
+        # fail_close: the router's outage is visible (503 router_unavailable) instead of
+        # silently routing blind (fail_open) or shedding as if overloaded (reject, 429).
+        _mode(
+            "router_down",
+            "router_down",
+            {"router_unavailable", "entry_unavailable"},
+            needs_gateway=True,
+            gateway={"router_down_policy": "fail_close"},
         ),
     )
 }

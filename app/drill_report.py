@@ -27,7 +27,8 @@ def render_markdown(report: DrillReport) -> str:
         "",
         f"Profile (time compression, stated): scrape every {p.scrape_s:g} s, jobs every "
         f"{p.interval_s:g} s, stall_for_s {p.stall_for_s:g}, flag dwell {p.dwell_s:g} s, "
-        f"fragmentation/queue windows {p.detector_window_s:g} s, detector lookback "
+        f"fragmentation/queue windows {p.detector_window_s:g} s, entry/gateway windows "
+        f"{p.edge_window_s:g} s with a probe every {p.probe_interval_s:g} s, detector lookback "
         f"{p.lookback_s:g} s; warm-up {p.warmup_s:g} s + "
         f"random 0–{p.jitter_s:g} s (seed {p.seed}), fault held {p.hold_s:g} s, then "
         f"{p.clear_s:g} s to clear; load {p.rate_per_pod:g} req/s per pod; "

@@ -30,8 +30,10 @@ from alerts.config import AlertmanagerConfig
 from alerts.pusher import AlertPusher, restore_state
 from api import create_app
 from app.api_server import ApiServer, api_config
+from app.commands.probe import probe_until
 from app.options import add_common_options, install_stop_handlers, print_json, resolve_config
 from app.roles import ROLES, run_ingest_role, run_jobs_role
+from collectors.probe import ProbeSection
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
@@ -175,6 +177,9 @@ class Pipeline:
         lake_dir = self.config.store.lake_dir
         if lake_dir is not None:
             workers["lake-export"] = lambda: self._export_lake(lake_dir)
+        probes = self.config.section("probe", ProbeSection).targets
+        if probes:  # the entry points in front of the taps (section probe:)
+            workers["probe"] = lambda: probe_until(self.bus, probes, self._stopping)
         for name, target in workers.items():
             thread = threading.Thread(
                 target=self._supervised, args=(target,), name=name, daemon=True

@@ -16,6 +16,7 @@ from typing import Any
 from alerts.config import AlertmanagerConfig
 from api.service import ApiConfig
 from collectors.config import CollectConfig
+from collectors.probe import ProbeSection
 from collectors.tap.config import TapConfig
 from pipeline import config as spine_config
 from pipeline.config import LlmsloConfig, Sections
@@ -30,6 +31,7 @@ SECTIONS: Sections = MappingProxyType(
         "alertmanager": AlertmanagerConfig,
         "api": ApiConfig,
         "collect": CollectConfig,
+        "probe": ProbeSection,
         "simulator": FleetConfig,
         "slo": JobsConfig,
         "tap": TapConfig,

@@ -7,7 +7,7 @@ Example (``config/collectors.example.yaml``)::
       timeout_s: 3
       targets:
         - url: http://10.0.0.7:8000/metrics
-          dialect: auto          # or vllm, vllm-legacy, sglang, trtllm, llamacpp, dcgm
+          dialect: auto          # or vllm, vllm-legacy, sglang, trtllm, llamacpp, dcgm, epp
           pool: llama-3-8b       # default: the model label of each series
         - url: 10.0.0.9:9400     # http:// and /metrics are implied
           labels: {instance: gpu-node-3}
@@ -50,7 +50,9 @@ MAX_TARGET_LABELS = 32
 NAMING_LABELS = ("instance", "pod")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
-DialectChoice = Literal["auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm"]
+DialectChoice = Literal[
+    "auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm", "epp"
+]
 
 
 def normalise_url(url: str, metrics_path: str = "/metrics", scheme: str = "http") -> str:

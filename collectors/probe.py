@@ -37,7 +37,7 @@ from collectors.tap.sse import SseFramer
 from pipeline.config import STRICT
 from pipeline.schema import REQUEST_RECORDS, RecordSchema
 
-__all__ = ["PROBE_SOURCE", "ProbeConfig", "Prober"]
+__all__ = ["PROBE_SOURCE", "ProbeConfig", "ProbeSection", "Prober"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,21 @@ class ProbeConfig(BaseModel):
     prompt: str = Field(default="Say hello.", min_length=1, max_length=1024)
     pool: str | None = Field(default=None, description="pool label (default: the model)")
     tenant: str | None = Field(default="probe", description="tenant label of probe records")
+    instance: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="the entry point's name in records (default: the URL's host:port); name "
+        "it like the gateway's scrape target so probe and router findings share a scope",
+    )
+
+
+class ProbeSection(BaseModel):
+    """The ``probe:`` config section: entry points ``llmslo run`` probes (none by default)."""
+
+    model_config = STRICT
+
+    targets: list[ProbeConfig] = Field(default_factory=list, max_length=64)
 
 
 class _Measure:
@@ -117,7 +132,7 @@ class Prober:
         self.sink = sink
         self.wall_s, self.monotonic_s = wall_s, monotonic_s
         parts = urlsplit(config.url)
-        self.instance = parts.netloc or config.url
+        self.instance = config.instance or parts.netloc or config.url
         self.probe_id = f"probe:{self.instance}"
         self._stop = asyncio.Event()
         self.probes = 0

@@ -87,6 +87,33 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
         "scrape (label reason: value_drop, created, process_start)",
     ),
     (
+        "gateway_requests",
+        "counter",
+        "gateway router (EPP): requests scheduled, cumulative; label model_name",
+    ),
+    (
+        "gateway_request_errors",
+        "counter",
+        "gateway router (EPP): requests refused, cumulative; label error_code "
+        "(ServiceUnavailable: no eligible endpoint, InferencePoolResourceExhausted: shed, 429)",
+    ),
+    ("gateway_running", "gauge", "gateway router (EPP): requests forwarded, not finished"),
+    ("pool_ready_pods", "gauge", "gateway router (EPP): ready endpoints of the pool"),
+    ("gateway_queue", "gauge", "gateway: requests held in its admission / flow-control queue"),
+    ("router_up", "gauge", "gateway: 1 while its router (EPP) answers, else 0"),
+    (
+        "gateway_answers",
+        "counter",
+        "gateway: answers by HTTP code and reason (upstream, queue_full, router_unavailable, "
+        "no_eligible_endpoint, upstream_error), cumulative",
+    ),
+    (
+        "gateway_decisions",
+        "counter",
+        "gateway: endpoints picked by mode (round_robin, …, fail_open while the router is "
+        "down), cumulative",
+    ),
+    (
         "gauges_unchanged_s",
         "gauge",
         "collector: seconds the engine's scheduler gauges have been bit-identical "

@@ -13,6 +13,9 @@ Public API (others code against it)::
     with Fleet(FleetConfig(nodes=[...], pods=[...], speed=1.0, seed=0)) as fleet:
         fleet.pods[0].url; fleet.dcgm[0].url
         fleet.set_fault("pod-0", "stall"); fleet.clear_fault("pod-0", "stall")
+    # a gateway + router in front of the pods (the entry point; faults gateway_down, router_down)
+    with Fleet(FleetConfig(pods=[...], gateway=GatewayConfig(router_down_policy="fail_close"))) as fleet:
+        fleet.gateway.url; fleet.set_gateway_fault("router_down", on=True)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from simulator.config import (
     DIALECTS,
     EngineConfig,
     FleetConfig,
+    GatewayConfig,
     NodeConfig,
     PodConfig,
     load_fleet_config,
@@ -36,6 +40,7 @@ __all__ = [
     "FaultBoard",
     "Fleet",
     "FleetConfig",
+    "GatewayConfig",
     "NodeConfig",
     "PodConfig",
     "UnknownFaultError",

@@ -20,6 +20,7 @@ __all__ = [
     "DIALECTS",
     "EngineConfig",
     "FleetConfig",
+    "GatewayConfig",
     "NodeConfig",
     "PodConfig",
     "load_fleet_config",
@@ -111,6 +112,24 @@ class PodConfig(_Model):
     )
 
 
+class GatewayConfig(_Model):
+    """A gateway with its router in front of every pod (:class:`simulator.gateway.Gateway`):
+    the entry point clients and ``llmslo probe`` call; its ``/metrics`` speak the Inference
+    Extension EPP's names (collector dialect ``epp``)."""
+
+    policy: Literal["round_robin", "least_in_flight", "prefix_locality"] = "round_robin"
+    router_down_policy: Literal["fail_open", "fail_close", "reject"] = Field(
+        default="fail_close",
+        description="while the router is down: route blind (fail_open), 503 (fail_close), "
+        "429 (reject)",
+    )
+    max_in_flight: int = Field(default=64, ge=1, description="requests forwarded at once")
+    max_queue: int = Field(default=64, ge=0, description="requests waiting; more get 429")
+    health_interval_s: float = Field(default=1.0, gt=0, le=60, description="pod readiness checks")
+    pool: str = Field(default="default", min_length=1, description="InferencePool name")
+    port: FreePortOr | None = Field(default=None, description="fixed port; default a free one")
+
+
 class FleetConfig(_Model):
     """The whole simulated fleet.
 
@@ -123,6 +142,9 @@ class FleetConfig(_Model):
     speed: float = Field(default=1.0, gt=0, le=10000)
     seed: int = 0
     host: str = "127.0.0.1"
+    gateway: GatewayConfig | None = Field(
+        default=None, description="a gateway + router in front of the pods (none by default)"
+    )
 
     @model_validator(mode="after")
     def _placement(self) -> FleetConfig:

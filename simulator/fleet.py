@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from pipeline.errors import ConfigError, LlmsloError
 from simulator.config import FleetConfig
 from simulator.dcgm import DcgmExporter
+from simulator.gateway import GATEWAY_FAULTS, Gateway
 from simulator.pod import EnginePod
 
 __all__ = ["Fleet"]
@@ -27,13 +28,16 @@ class Fleet:
 
     ``pods`` and ``dcgm`` are in config order; each has ``.url`` and ``.instance`` (its
     ``host:port``). Scrape targets and taps name pods by their config name (``pod-0``, …):
-    :meth:`file_sd` gives the targets with those names, :meth:`describe` both.
+    :meth:`file_sd` gives the targets with those names, :meth:`describe` both. With
+    ``config.gateway`` a :class:`~simulator.gateway.Gateway` fronts every pod
+    (:attr:`gateway`; its faults through :meth:`set_gateway_fault`).
     """
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
         self.pods: list[EnginePod] = []
         self.dcgm: list[DcgmExporter] = []
+        self.gateway: Gateway | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -79,6 +83,15 @@ class Fleet:
             if pod_config.node is not None:
                 by_node[pod_config.node].attach(pod)
         await asyncio.gather(*(p.start() for p in self.pods), *(d.start() for d in self.dcgm))
+        gw = self.config.gateway
+        if gw is not None:
+            self.gateway = Gateway(
+                [p.url for p in self.pods],
+                host=self.config.host,
+                port=gw.port or 0,
+                **gw.model_dump(exclude={"port"}),
+            )
+            await self.gateway.start()
 
     def close(self) -> None:
         """Stop every server and the loop thread (idempotent)."""
@@ -96,6 +109,8 @@ class Fleet:
         self._loop = None
 
     async def _stop(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.stop()
         await asyncio.gather(
             *(p.stop() for p in self.pods), *(d.stop() for d in self.dcgm), return_exceptions=True
         )
@@ -128,6 +143,16 @@ class Fleet:
         target = self.pod(pod)
         return self.call(target.clear_fault(fault))
 
+    def set_gateway_fault(self, fault: str, on: bool = True) -> None:
+        """Switch a gateway fault (:data:`simulator.gateway.GATEWAY_FAULTS`) on or off;
+        raises ConfigError without a gateway or for an unknown fault."""
+        if self.gateway is None:
+            raise ConfigError(f"gateway fault {fault!r}: this fleet has no gateway")
+        if fault not in GATEWAY_FAULTS:
+            raise ConfigError(f"gateway fault: unknown {fault!r}; known: {sorted(GATEWAY_FAULTS)}")
+        gateway = self.gateway
+        self.call(gateway.set_fault(fault) if on else gateway.clear_fault(fault))
+
     def active_faults(self, pod: str) -> dict[str, dict[str, Any]]:
         """Same as ``GET {pod.url}/admin/faults``."""
         return self.pod(pod).faults.snapshot()
@@ -152,7 +177,17 @@ class Fleet:
             {"targets": [d.instance], "labels": {"instance": d.node, "node": d.node}}
             for d in self.dcgm
         ]
+        if self.gateway is not None:
+            groups.append({"targets": [self.gateway_instance], "labels": {"dialect": "epp"}})
         return groups
+
+    @property
+    def gateway_instance(self) -> str:
+        """The gateway's ``host:port``: the name of its scrape rows and of probe records
+        through it (the prober names an entry point by its URL's host:port)."""
+        if self.gateway is None:
+            raise ConfigError("this fleet has no gateway")
+        return f"{self.gateway.host}:{self.gateway.port}"
 
     def describe(self) -> dict[str, Any]:
         """Pod and dcgm endpoints as JSON-ready data (what ``llmslo sim`` prints).
@@ -178,5 +213,13 @@ class Fleet:
                 {"node": d.node, "url": d.url, "instance": d.node, "address": d.instance}
                 for d in self.dcgm
             ],
+            "gateway": None
+            if self.gateway is None
+            else {
+                "url": self.gateway.url,
+                "metrics": f"{self.gateway.url}/metrics",
+                "instance": self.gateway_instance,
+                "router_down_policy": self.gateway.router_down_policy,
+            },
             "file_sd": self.file_sd(),
         }

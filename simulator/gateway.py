@@ -9,15 +9,16 @@ eligible, and with none eligible the gateway answers **503** ``no_eligible_endpo
 
 Faults (:data:`GATEWAY_FAULTS`, set with :meth:`Gateway.set_fault`):
 
-* ``gateway_down`` — the listener closes: connections are refused;
+* ``gateway_down`` — the listener closes and open connections are cut: connections are refused;
 * ``router_down`` — the router stops answering; the gateway then follows
   ``router_down_policy``: ``fail_open`` (any pod, round robin, no readiness check),
   ``fail_close`` (**503** ``router_unavailable``) or ``reject`` (**429** ``router_unavailable``);
 * ``stale_kv_index`` — with policy ``prefix_locality`` the router's KV locality index
   goes stale (:mod:`simulator.locality`): hints rejected, cache hit ratio drops.
 
-Everything it does is counted on ``/metrics`` (``llmslo_sim_gateway_*``): requests by code
-and reason, queue depth, router up, routing decisions by mode.
+Everything it does is counted on ``/metrics`` under the Inference Extension EPP's names
+where a real router has them (:mod:`simulator.gateway_metrics`), ``llmslo_sim_gateway_*``
+for what only the gateway sees (answers by code and reason, router up, decisions by mode).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from typing import Literal
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import Counter, generate_latest
 
 from pipeline.errors import ConfigError
+from simulator.gateway_metrics import GatewayMetrics
 from simulator.locality import LocalityIndex, prefix_key
 
 __all__ = ["GATEWAY_FAULTS", "Gateway"]
@@ -62,13 +64,16 @@ class Gateway:
         max_queue: int = 64,
         health_interval_s: float = 1.0,
         replica_in_flight: int | None = None,
+        pool: str = "default",
+        port: int = 0,
     ) -> None:
         """``replica_in_flight``: when set, the gateway forwards at most that many requests
-        per *active* replica (the autoscaler's ready replicas) instead of ``max_in_flight``."""
+        per *active* replica (the autoscaler's ready replicas) instead of ``max_in_flight``.
+        ``pool``: the InferencePool name on ``inference_pool_*`` metrics; ``port`` 0: a free one."""
         if not upstreams:
             raise ConfigError("gateway.upstreams: at least one pod URL is required")
         self.upstreams = [u.rstrip("/") for u in upstreams]
-        self.host, self.port = host, 0
+        self.host, self.port = host, port
         self.policy, self.router_down_policy = policy, router_down_policy
         self.max_queue = max_queue
         self.health_interval_s = health_interval_s
@@ -81,26 +86,9 @@ class Gateway:
         self._forwarded = 0
         self._waiting = 0
         self._rr = itertools.cycle(range(len(self.upstreams)))
-        self.registry = CollectorRegistry()
-        self._requests = Counter(
-            "llmslo_sim_gateway_requests",
-            "Requests answered",
-            ["code", "reason"],
-            registry=self.registry,
-        )
-        self._decisions = Counter(
-            "llmslo_sim_gateway_routing_decisions",
-            "Endpoints picked",
-            ["mode"],
-            registry=self.registry,
-        )
-        self._queue = Gauge(
-            "llmslo_sim_gateway_queue_depth", "Requests waiting", registry=self.registry
-        )
-        self._router_up = Gauge(
-            "llmslo_sim_gateway_router_up", "1 when the router answers", registry=self.registry
-        )
-        self._router_up.set(1)
+        self.metrics = GatewayMetrics(pool)
+        self.registry = self.metrics.registry
+        self.metrics.set_ready_pods(len(self.upstreams))
         self.locality = LocalityIndex(self.upstreams)
         self._prefix = {
             name: Counter(f"llmslo_sim_router_prefix_{name}", doc, registry=self.registry)
@@ -156,19 +144,23 @@ class Gateway:
             raise ConfigError(f"gateway fault: unknown {name!r}; known: {sorted(GATEWAY_FAULTS)}")
         self.faults.add(name)
         if name == "router_down":
-            self._router_up.set(0)
+            self.metrics.router_up.set(0)
         if name == "stale_kv_index":
             self.locality.set_stale()
         if name == "gateway_down" and self._site is not None:
             await self._site.stop()
             self._site = None
+            # A gateway that is down is down for clients already connected too: stopping the
+            # listener alone leaves keep-alive connections (the prober's, the collector's) served.
+            if self._runner is not None and self._runner.server is not None:
+                await self._runner.server.shutdown(0)
 
     async def clear_fault(self, name: str) -> bool:
         """Switch ``name`` off; returns whether it was on."""
         was = name in self.faults
         self.faults.discard(name)
         if name == "router_down":
-            self._router_up.set(1)
+            self.metrics.router_up.set(1)
         if name == "stale_kv_index" and was:
             self.locality.clear_stale()
         if name == "gateway_down" and self._site is None and self._runner is not None:
@@ -187,6 +179,7 @@ class Gateway:
                         self.ready[upstream] = r.status == 200
                 except (aiohttp.ClientError, TimeoutError):
                     self.ready[upstream] = False
+            self.metrics.set_ready_pods(sum(self.ready[u] for u in self.active))
             await asyncio.sleep(self.health_interval_s)
 
     def pick(self, prompt: str = "") -> tuple[str | None, str]:
@@ -212,8 +205,8 @@ class Gateway:
                 return candidate, "round_robin"
         return eligible[0], "round_robin"
 
-    def _refuse(self, code: int, reason: str) -> web.Response:
-        self._requests.labels(str(code), reason).inc()
+    def _refuse(self, code: int, reason: str, model: str = "") -> web.Response:
+        self.metrics.refused(code, reason, model)
         return web.json_response(
             {"error": {"message": reason, "type": reason, "code": code}}, status=code
         )
@@ -244,14 +237,14 @@ class Gateway:
         if self._forwarded >= self.capacity() and self._waiting >= self.max_queue:
             return False
         self._waiting += 1
-        self._queue.set(self._waiting)
+        self.metrics.queued(self._waiting)
         try:
             async with self._admission:
                 await self._admission.wait_for(lambda: self._forwarded < self.capacity())
                 self._forwarded += 1
         finally:
             self._waiting -= 1
-            self._queue.set(self._waiting)
+            self.metrics.queued(self._waiting)
         return True
 
     async def _release(self) -> None:
@@ -260,20 +253,26 @@ class Gateway:
             self._admission.notify_all()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        prompt, model = _fields_of(body)
         if not await self._admit():
-            return self._refuse(429, "queue_full")
+            return self._refuse(429, "queue_full", model)
         try:
-            body = await request.read()
-            upstream, mode = self.pick(_prompt_of(body))
+            upstream, mode = self.pick(prompt)
             if upstream is None:
                 code = (
                     429
                     if mode == "router_unavailable" and self.router_down_policy == "reject"
                     else 503
                 )
-                return self._refuse(code, mode)
-            self._decisions.labels(mode).inc()
-            return await self._proxy(request, upstream, body)
+                return self._refuse(code, mode, model)
+            self.metrics.scheduled(mode, model)
+            running = self.metrics.running.labels(model)
+            running.inc()
+            try:
+                return await self._proxy(request, upstream, body)
+            finally:
+                running.dec()
         finally:
             await self._release()
 
@@ -293,11 +292,11 @@ class Gateway:
                 async for piece in up.content.iter_any():
                     await response.write(piece)
                 await response.write_eof()
-                self._requests.labels(str(up.status), "upstream").inc()
+                self.metrics.answers.labels(str(up.status), "upstream").inc()
                 return response
         except (aiohttp.ClientError, TimeoutError, ConnectionError):
             if response is not None:  # mid-stream: the client sees the stream end without [DONE]
-                self._requests.labels(str(response.status), "upstream_cut").inc()
+                self.metrics.answers.labels(str(response.status), "upstream_cut").inc()
                 return response
             return self._refuse(502, "upstream_error")
         finally:
@@ -310,15 +309,17 @@ class Gateway:
         return web.Response(text="ok")
 
 
-def _prompt_of(body: bytes) -> str:
-    """The prompt text routing keys on (first message, or ``prompt``); '' when unreadable."""
+def _fields_of(body: bytes) -> tuple[str, str]:
+    """The prompt text routing keys on (first message, or ``prompt``) and the model name;
+    '' for what is unreadable."""
     try:
         parsed = json.loads(body)
     except ValueError:
-        return ""
+        return "", ""
     if not isinstance(parsed, dict):
-        return ""
+        return "", ""
+    model = str(parsed.get("model", ""))
     messages = parsed.get("messages")
     if isinstance(messages, list) and messages and isinstance(messages[0], dict):
-        return str(messages[0].get("content", ""))
-    return str(parsed.get("prompt", ""))
+        return str(messages[0].get("content", "")), model
+    return str(parsed.get("prompt", "")), model

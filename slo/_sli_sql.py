@@ -1,4 +1,7 @@
-"""SQL for one SLO's per-minute good/total counts, from tap records or engine histograms.
+"""SQL for one SLO's per-minute good/total counts, from request records or engine histograms.
+
+Request records are the taps' (``source`` null) or the prober's (``source = 'probe'``); an
+SLO counts one kind only, by its ``sli.source``.
 
 Private: :mod:`slo.rollup` runs these. Thresholds are validated floats rendered with
 ``repr``; selector values are always bound parameters.
@@ -66,6 +69,11 @@ def _tap_good_eligible(slo: Slo) -> tuple[str, str]:
     return f"NOT {_FAILED} AND {met}", "true"
 
 
+def _records_of(slo: Slo) -> str:
+    """The request records an SLO counts: the prober's for ``source: probe``, else the taps'."""
+    return "source = 'probe'" if slo.sli.source == "probe" else "source IS DISTINCT FROM 'probe'"
+
+
 def _dims(slo: Slo) -> str:
     tenant = "coalesce(tenant, '')" if "tenant" in slo.group_by else "''"
     route = "coalesce(route, '')" if "route" in slo.group_by else "''"
@@ -73,7 +81,8 @@ def _dims(slo: Slo) -> str:
 
 
 def tap_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[object]]:
-    """Rows (slo_id, ts_ms, pool, instance, tenant, route, total, bad) from ``requests``.
+    """Rows (slo_id, ts_ms, pool, instance, tenant, route, total, bad) from ``requests``
+    (the taps' records, or the prober's for ``sli.source: probe``).
 
     One event per **client request** (``original_request_id``; a record without one is its
     own request), DESIGN §4: the request's last attempt decides good or bad (it is what the
@@ -90,7 +99,8 @@ def tap_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[obj
     # the join's build side stays small and a first build costs about what it did per attempt.
     sql = f"""
         WITH scoped AS (
-            SELECT * FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?),
+            SELECT * FROM requests
+            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {_records_of(slo)}),
         retried AS (
             SELECT {client} AS client, max(attempt) AS last_attempt,
                    min(received_ts_ms) AS first_ts_ms

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from slo._edge_detectors import (
+    detect_entry_unavailable,
+    detect_gateway_queue_full,
+    detect_no_eligible_endpoint,
+    detect_router_unavailable,
+)
 from slo._engine_detectors import (
     detect_fragmentation,
     detect_ghosts,
@@ -57,6 +63,10 @@ DETECTORS: dict[str, Detector] = {
     "slow_prefill": detect_slow_prefill,
     "slow_decode": detect_slow_decode,
     "hot_rank": detect_hot_rank,
+    "entry_unavailable": detect_entry_unavailable,
+    "router_unavailable": detect_router_unavailable,
+    "no_eligible_endpoint": detect_no_eligible_endpoint,
+    "gateway_queue_full": detect_gateway_queue_full,
 }
 
 

@@ -95,6 +95,19 @@ class DetectorConfig(BaseModel):
         le=1,
         description="share of a pool's instances with a signal that raises it on the pool",
     )
+    entry_window_s: float = Field(
+        default=60, gt=0, description="recent probes an entry point is judged on"
+    )
+    entry_min_failures: int = Field(default=2, ge=1, description="failed probes needed")
+    entry_failure_share: float = Field(
+        default=0.5, gt=0, le=1, description="failed share of recent probes that is an outage"
+    )
+    gateway_window_s: float = Field(
+        default=60, gt=0, description="window over which gateway refusals are counted"
+    )
+    gateway_min_refusals: int = Field(
+        default=3, ge=1, description="refusals of one kind in the window needed to report"
+    )
     gpu_pods: dict[str, str] = Field(
         default={}, description="dcgm pod label → engine instance, when they differ"
     )

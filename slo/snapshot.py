@@ -4,6 +4,9 @@ Engine samples are folded per instance and scrape: gauges ``running``/``waiting`
 counter are summed over engine ranks, ``kv_usage`` takes the max (never summed, DESIGN §3);
 ``requests_finished`` is split by its ``finished_reason`` label into
 ``requests_finished:<reason>``. GPU samples are keyed by the pod they are allocated to.
+Request stats are the taps' (``source`` null); the prober's records (``source='probe'``)
+are kept apart per entry point in ``probes``, and a gateway router's signals (dialect
+``epp``) apart per gateway in ``gateways``, so neither joins a pool of engines.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import duckdb
 import numpy as np
 
 __all__ = [
+    "GATEWAY_SIGNALS",
     "RANK_SIGNALS",
+    "ProbeSeries",
     "RequestStats",
     "Series",
     "Snapshot",
@@ -83,6 +88,18 @@ class RequestStats:
 
 
 @dataclass(frozen=True)
+class ProbeSeries:
+    """One entry point's probe records (``source='probe'``), oldest first."""
+
+    ts_ms: np.ndarray  # received_ts_ms
+    ok: np.ndarray  # bool: outcome ok
+    error_kind: list[str | None]  # connect_refused, http_503, read_timeout, …
+
+    def __len__(self) -> int:
+        return len(self.ts_ms)
+
+
+@dataclass(frozen=True)
 class TargetHealthSeries:
     """One instance's scrape outcomes (``target_health`` rows), oldest first.
 
@@ -121,6 +138,10 @@ class Snapshot:
     ranks: dict[str, dict[str, dict[str, Series]]] = field(
         default_factory=dict
     )  # instance → engine rank → signal → series (instances with more than one rank)
+    probes: dict[str, ProbeSeries] = field(default_factory=dict)  # entry point → probes
+    gateways: dict[str, dict[str, Series]] = field(
+        default_factory=dict
+    )  # gateway instance → signal (split by label, see _GATEWAY_SPLIT) → series
 
     def series(self, instance: str, signal: str) -> Series | None:
         return self.engine.get(instance, {}).get(signal)
@@ -199,6 +220,7 @@ def _requests(
                    FILTER (WHERE received_ts_ms >= ?), 0),
                coalesce(sum(power(coalesce(completion_tokens, token_chunks, 0), 2)), 0)
         FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ?
+          AND source IS DISTINCT FROM 'probe'
         GROUP BY instance
         """,
         [half, ghost_grace_ms, half, start_ms, snap.now_ms],
@@ -262,6 +284,7 @@ def _latency(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> N
                list(tpot_s) FILTER (WHERE tpot_s IS NOT NULL)
         FROM requests
         WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND outcome = 'ok'
+          AND source IS DISTINCT FROM 'probe'
         GROUP BY instance
         """,
         [start_ms, snap.now_ms],
@@ -303,6 +326,63 @@ def _health(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> No
         )
 
 
+#: Signals of a gateway router (collector dialect ``epp``), and the labels that split them.
+GATEWAY_SIGNALS = ("router_up", "pool_ready_pods", "gateway_queue", "gateway_requests")
+_GATEWAY_SPLIT = {
+    "gateway_answers": ("code", "reason"),  # gateway_answers:503:router_unavailable
+    "gateway_request_errors": ("error_code",),  # gateway_request_errors:ServiceUnavailable
+    "gateway_decisions": ("mode",),  # gateway_decisions:fail_open
+}
+
+
+def _gateways(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
+    split = " ".join(
+        f"WHEN {signal!r} THEN {signal!r} || "
+        + " || ".join(
+            f"':' || coalesce(json_extract_string(labels_json, '$.{k}'), '')" for k in keys
+        )
+        for signal, keys in _GATEWAY_SPLIT.items()
+    )
+    names = ", ".join(repr(s) for s in (*GATEWAY_SIGNALS, *_GATEWAY_SPLIT))
+    rows = con.execute(
+        f"""
+        SELECT instance, any_value(coalesce(pool, model, '')),
+               CASE signal {split} ELSE signal END AS sig, ts_ms, sum(value)
+        FROM engine_samples
+        WHERE ts_ms >= ? AND ts_ms <= ? AND kind IN ('gauge', 'counter') AND signal IN ({names})
+        GROUP BY instance, sig, ts_ms ORDER BY instance, sig, ts_ms
+        """,
+        [start_ms, snap.now_ms],
+    ).fetchall()
+    grouped: dict[tuple[str, str], tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+    for instance, pool, sig, ts, value in rows:
+        snap.pools.setdefault(instance, pool or "")
+        grouped[(instance, sig)][0].append(ts)
+        grouped[(instance, sig)][1].append(value)
+    for (instance, sig), (ts_list, values) in grouped.items():
+        snap.gateways.setdefault(instance, {})[sig] = Series(
+            np.array(ts_list, np.int64), np.array(values)
+        )
+
+
+def _probes(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
+    rows = con.execute(
+        """
+        SELECT instance, any_value(coalesce(pool, model, '')),
+               list(received_ts_ms ORDER BY received_ts_ms),
+               list(outcome = 'ok' ORDER BY received_ts_ms),
+               list(error_kind ORDER BY received_ts_ms)
+        FROM requests
+        WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND source = 'probe'
+        GROUP BY instance
+        """,
+        [start_ms, snap.now_ms],
+    ).fetchall()
+    for instance, pool, ts, ok, kinds in rows:
+        snap.pools.setdefault(instance, pool or "")
+        snap.probes[instance] = ProbeSeries(np.array(ts, np.int64), np.array(ok, bool), kinds)
+
+
 def load_snapshot(
     con: duckdb.DuckDBPyConnection, now_ms: int, lookback_ms: int, ghost_grace_ms: int = 2_000
 ) -> Snapshot:
@@ -315,4 +395,6 @@ def load_snapshot(
     _ranks(con, snap, start)
     _latency(con, snap, start)
     _health(con, snap, start)
+    _gateways(con, snap, start)
+    _probes(con, snap, start)
     return snap

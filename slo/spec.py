@@ -13,7 +13,7 @@ Shape (see ``config/slo.example.yaml``)::
       - name: ttft-p99
         objective: 0.99              # fraction in (0, 1)
         period: 30d                  # picks the alert-window catalog (30d, 28d, 7d)
-        sli: {kind: latency, metric: ttft, threshold_s: 2.0, source: tap}
+        sli: {kind: latency, metric: ttft, threshold_s: 2.0, source: tap}  # or engine, probe
         selector: {pool: llama-3-8b} # model, pool, tenant, route, instance (value or list)
         group_by: [pool]             # evaluate per pool (pool, instance, tenant, route)
         alerting: {min_events: 100}  # low-traffic guard on the long window of each pair
@@ -74,6 +74,8 @@ class LatencySpec(_Spec):
 
     ``source: engine`` counts histogram buckets instead of tap records: the threshold must
     then be an existing bucket bound (checked by :func:`slo.buckets.check_bucket_bounds`).
+    ``source: probe`` counts the synthetic prober's records (``llmslo probe``, requests through
+    the entry point) instead of the taps' users' requests; it has no ITL statistics.
     ``statistic`` applies to ITL from the tap: the per-request p99 gap (default), the largest
     gap, the mean gap, or ``jitter`` = p99 gap − median gap (DESIGN §4; the tap records it
     per request, for requests with at least 10 token-bearing chunks; others are no event).
@@ -82,7 +84,7 @@ class LatencySpec(_Spec):
     kind: Literal["latency"]
     metric: Literal["ttft", "tpot", "itl", "e2e"]
     threshold_s: float = Field(gt=0, le=86_400)
-    source: Literal["tap", "engine"] = "tap"
+    source: Literal["tap", "engine", "probe"] = "tap"
     statistic: Literal["p99", "max", "mean", "jitter"] = "p99"
     dialect: str | None = Field(
         default=None, description="engine dialect whose default buckets apply"
@@ -92,14 +94,20 @@ class LatencySpec(_Spec):
     def _statistic_only_for_itl(self) -> LatencySpec:
         if self.statistic != "p99" and (self.metric != "itl" or self.source != "tap"):
             raise ValueError("statistic applies only to metric itl with source tap")
+        if self.source == "probe" and self.metric == "itl":
+            raise ValueError("source probe records no ITL: use ttft, tpot or e2e")
         return self
 
 
 class AvailabilitySpec(_Spec):
-    """Good = outcome ``ok`` and the client did not disconnect; every other outcome is bad."""
+    """Good = outcome ``ok`` and the client did not disconnect; every other outcome is bad.
+
+    ``source: tap`` counts users' requests as the taps saw them; ``source: probe`` the
+    prober's requests through the entry point (a gateway refusing connections fails them
+    while the taps behind it see nothing)."""
 
     kind: Literal["availability"]
-    source: Literal["tap"] = "tap"
+    source: Literal["tap", "probe"] = "tap"
 
 
 class GoodputSpec(_Spec):

@@ -25,7 +25,7 @@ __all__ = ["register"]
 log = logging.getLogger(__name__)
 
 
-DIALECT_CHOICES = ("auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm")
+DIALECT_CHOICES = ("auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm", "epp")
 
 
 def register(subparsers: Any) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 from app.options import add_common_options, add_subcommand, print_json, resolve_config
@@ -13,7 +15,7 @@ from pipeline.bus import Bus
 from pipeline.errors import ConfigError
 from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
 
-__all__ = ["register"]
+__all__ = ["probe_until", "register"]
 
 EXAMPLES = """\
 llmslo probe --url http://127.0.0.1:8080 --interval 10 --bootstrap-servers 127.0.0.1:9092
@@ -37,6 +39,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--timeout", type=float, default=30.0, help="per-probe deadline, seconds")
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens per probe (default 8)")
     parser.add_argument("--pool", help="pool label of the records (default: the model)")
+    parser.add_argument(
+        "--instance", help="entry point name in the records (default: the URL's host:port)"
+    )
     parser.add_argument("--rounds", type=int, help="stop after this many probes")
     parser.set_defaults(handler=run_probe)
 
@@ -50,6 +55,7 @@ def run_probe(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             max_tokens=args.max_tokens,
             pool=args.pool,
+            instance=args.instance,
         )
     except ValueError as exc:
         raise ConfigError(f"probe: {exc}") from exc
@@ -80,3 +86,26 @@ async def _run_until_signal(prober: Prober, rounds: int | None) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, prober.stop)
     await prober.run(rounds=rounds)
+
+
+def probe_until(bus: Bus, configs: Sequence[ProbeConfig], stop: threading.Event) -> int:
+    """Probe every entry point of ``configs`` (one prober each), publishing their records on
+    ``bus``, until ``stop`` is set; returns the probes sent. What ``llmslo run`` runs for a
+    ``probe:`` section, and the demo against its gateway."""
+    buffer = PublishBuffer(10_000, PublishMetrics("probe"))
+    publisher = KafkaPublisher(bus.producer, buffer).start()
+    probers = [Prober(config, buffer.put) for config in configs]
+
+    async def run_all() -> None:
+        tasks = [asyncio.create_task(p.run()) for p in probers]
+        await asyncio.to_thread(stop.wait)
+        for prober in probers:
+            prober.stop()
+        await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(run_all())
+    finally:
+        publisher.stop(drain_timeout_s=10)
+        publisher.close()
+    return sum(p.probes for p in probers)

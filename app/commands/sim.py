@@ -28,6 +28,7 @@ from simulator.config import (
     DIALECTS,
     EngineConfig,
     FleetConfig,
+    GatewayConfig,
     load_fleet_config,
     simple_fleet,
 )
@@ -53,7 +54,9 @@ def register(subparsers: Any) -> None:
         "llmslo sim --pods 8 --load-rate 20        # with background Poisson load\n"
         "llmslo sim --config config/simulator.example.yaml \\\n"
         "    --scenario config/simulator.scenario.example.yaml\n"
-        "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb",
+        "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb\n"
+        "llmslo sim --pods 4 --gateway --router-down-policy fail_close   # + gateway/router\n"
+        "llmslo probe --url GATEWAY_URL --bootstrap-servers ...           # probe it",
     )
     sim.add_argument(
         "--config",
@@ -90,6 +93,17 @@ def register(subparsers: Any) -> None:
         type=int,
         default=128,
         help="mean output tokens of that load (default 128)",
+    )
+    sim.add_argument(
+        "--gateway",
+        action="store_true",
+        help="start a gateway + router in front of the pods (the entry point: its URL is "
+        "printed under 'gateway'; also the simulator: section's gateway: key)",
+    )
+    sim.add_argument(
+        "--router-down-policy",
+        choices=("fail_open", "fail_close", "reject"),
+        help="the gateway's answer while its router is down (default fail_close)",
     )
     sim.set_defaults(handler=run_sim)
     sim_sub = sim.add_subparsers(dest="sim_command", required=False, metavar="SUBCOMMAND")
@@ -154,24 +168,31 @@ def register(subparsers: Any) -> None:
 
 def _fleet_config(args: argparse.Namespace) -> FleetConfig:
     if args.config:
-        return load_fleet_config(args.config)
-    engine = (
-        {}
-        if args.prefill_chunk_tokens is None
-        else {"prefill_chunk_tokens": args.prefill_chunk_tokens}
-    )
-    try:
-        engine_config = EngineConfig.model_validate(engine)
-    except ValidationError as exc:
-        raise ConfigError(f"--prefill-chunk-tokens: {exc.errors()[0]['msg']}") from exc
-    return simple_fleet(
-        args.pods,
-        [d.strip() for d in args.dialects.split(",") if d.strip()],
-        model=args.model,
-        speed=args.speed,
-        seed=args.seed,
-        engine=engine_config,
-    )
+        config = load_fleet_config(args.config)
+    else:
+        engine = (
+            {}
+            if args.prefill_chunk_tokens is None
+            else {"prefill_chunk_tokens": args.prefill_chunk_tokens}
+        )
+        try:
+            engine_config = EngineConfig.model_validate(engine)
+        except ValidationError as exc:
+            raise ConfigError(f"--prefill-chunk-tokens: {exc.errors()[0]['msg']}") from exc
+        config = simple_fleet(
+            args.pods,
+            [d.strip() for d in args.dialects.split(",") if d.strip()],
+            model=args.model,
+            speed=args.speed,
+            seed=args.seed,
+            engine=engine_config,
+        )
+    if not (args.gateway or args.router_down_policy):
+        return config
+    gateway = config.gateway or GatewayConfig()
+    if args.router_down_policy:
+        gateway = gateway.model_copy(update={"router_down_policy": args.router_down_policy})
+    return config.model_copy(update={"gateway": gateway})
 
 
 def run_sim(args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ __all__ = [
 
 _DIR = Path(__file__).parent
 #: Values accepted by ``--dialect`` and ``targets[].dialect`` besides ``auto``.
-DIALECT_NAMES = ("vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm")
+DIALECT_NAMES = ("vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm", "epp")
 
 
 class _Model(BaseModel):

@@ -50,8 +50,11 @@ def test_example_spec_lists_what_only_the_jobs_can_compute(tmp_path: Path) -> No
     assert [re.search(r"slos\[\d\] (\S+):", line).group(1) for line in header] == [  # type: ignore[union-attr]
         "itl-jitter",
         "goodput",
+        "probe-availability",
+        "probe-ttft",
     ]
     assert "per chunk, not per request" in header[0]
+    assert all("prober's records are stored" in line for line in header[2:])
 
 
 def test_the_seeds_latency_targets_are_tap_bucket_bounds_so_they_become_rules() -> None:

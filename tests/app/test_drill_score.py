@@ -9,7 +9,9 @@ from app.drill_modes import FLAG, MODES, DrillMode, matches
 from app.drill_score import FindingRow, FlagRow, ModeResult, false_positives, score_mode
 from collectors.tap.config import TapConfig
 from pipeline.errors import ConfigError
+from simulator.config import GatewayConfig
 from simulator.faults import validate_fault
+from simulator.gateway import GATEWAY_FAULTS
 from simulator.load import LoadConfig
 
 POD, OTHER = "127.0.0.1:9001", "127.0.0.1:9002"
@@ -118,7 +120,44 @@ def test_an_unknown_mode_is_refused_by_name() -> None:
 
 @pytest.mark.parametrize("mode", list(MODES.values()), ids=lambda m: m.name)
 def test_every_modes_fault_load_and_tap_options_are_valid(mode: DrillMode) -> None:
-    if mode.fault is not None:
+    if mode.on_gateway:  # set on the fleet's gateway, not on a pod
+        assert mode.fault in GATEWAY_FAULTS and not mode.params
+    elif mode.fault is not None:
         validate_fault(mode.fault, dict(mode.params))
+    GatewayConfig.model_validate(mode.gateway)
     LoadConfig.model_validate({"targets": ["http://127.0.0.1:1"], **mode.load})
     TapConfig.model_validate({"upstreams": ["http://127.0.0.1:1"], **mode.tap})
+
+
+def test_the_modes_in_front_of_the_taps_get_a_gateway_fleet_each_and_router_down_fails_closed() -> (
+    None
+):
+    gateway_down, router_down = MODES["gateway_down"], MODES["router_down"]
+    assert gateway_down.on_gateway and router_down.on_gateway
+    assert gateway_down.expected == {"entry_unavailable"}
+    assert router_down.expected == {"router_unavailable", "entry_unavailable"}
+    assert router_down.gateway == {"router_down_policy": "fail_close"}
+    plan = plan_fleets([MODES["stall"], gateway_down, router_down], per_fleet=5)
+    assert [[m.name for m in fleet] for fleet in plan] == [
+        ["stall"],
+        ["gateway_down"],
+        ["router_down"],
+    ]
+    assert not MODES["stall"].on_gateway
+
+
+def test_a_gateway_mode_is_scored_on_the_gateway_and_pods_stay_healthy() -> None:
+    gateway = "127.0.0.1:9100"
+    result = ModeResult("router_down", "fleet0", gateway, "router_down", T0, T1)
+    rows = [
+        FindingRow(T0 + 3_000, "firing", "router_unavailable", "instance", gateway),
+        FindingRow(T0 + 5_000, "firing", "entry_unavailable", "instance", gateway),
+        FindingRow(T0 + 5_000, "firing", "target_down", "instance", POD),
+        FindingRow(T1 + 9_000, "resolved", "router_unavailable", "instance", gateway),
+        FindingRow(T1 + 11_000, "resolved", "entry_unavailable", "instance", gateway),
+    ]
+    scored = score_mode(result, MODES["router_down"], rows, [], END)
+    assert scored.detected and scored.detect_s == 3.0 and scored.clear_s == 11.0
+    assert scored.detected_by == ["entry_unavailable", "router_unavailable"]
+    (fp,) = false_positives("fleet0", rows, [], {gateway: (T0, MODES["router_down"])})
+    assert (fp.name, fp.scope_id) == ("target_down", POD)

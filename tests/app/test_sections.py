@@ -21,7 +21,15 @@ BAD = (
 
 
 def test_every_package_section_is_in_the_table() -> None:
-    assert sorted(SECTIONS) == ["alertmanager", "api", "collect", "simulator", "slo", "tap"]
+    assert sorted(SECTIONS) == [
+        "alertmanager",
+        "api",
+        "collect",
+        "probe",
+        "simulator",
+        "slo",
+        "tap",
+    ]
 
 
 def test_a_process_without_the_command_line_gets_the_same_errors(

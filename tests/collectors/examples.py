@@ -372,6 +372,31 @@ def llamacpp_exposition(*, seed: int = 0) -> str:
     return generate_latest(reg).decode()
 
 
+def epp_exposition(*, legacy: bool = False, model: str = "llama-3-8b", seed: int = 0) -> str:
+    """Gateway API Inference Extension endpoint picker (EPP) on :9090: ``inference_objective_*``
+    (v1) or ``inference_model_*`` (v0.x, InferenceModel), pool gauges by ``name``."""
+    rng = random.Random(seed)
+    reg = CollectorRegistry()
+    prefix = "inference_model" if legacy else "inference_objective"
+    labels = ["model_name", "target_model_name"]
+    Counter(f"{prefix}_request", "requests", labels, registry=reg).labels(model, model).inc(
+        rng.randint(100, 1000)
+    )
+    errors = Counter(f"{prefix}_request_error", "errors", [*labels, "error_code"], registry=reg)
+    errors.labels(model, model, "ServiceUnavailable").inc(rng.randint(0, 10))
+    Gauge(f"{prefix}_running_requests", "running", ["model_name"], registry=reg).labels(model).set(
+        3
+    )
+    Gauge("inference_pool_ready_pods", "ready", ["name"], registry=reg).labels("pool-a").set(4)
+    Gauge("inference_pool_average_queue_size", "queue", ["name"], registry=reg).labels(
+        "pool-a"
+    ).set(1)
+    Gauge("inference_pool_average_kv_cache_utilization", "kv", ["name"], registry=reg).labels(
+        "pool-a"
+    ).set(0.4)
+    return generate_latest(reg).decode()
+
+
 _DCGM_FIELDS = (
     (
         "DCGM_FI_DEV_SM_CLOCK",

@@ -13,6 +13,7 @@ from collectors.exposition import ExpositionParser
 from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS
 from tests.collectors.examples import (
     dcgm_exposition,
+    epp_exposition,
     llamacpp_exposition,
     sglang_exposition,
     triton_exposition,
@@ -74,6 +75,18 @@ def signal_rows(rows: list[dict[str, Any]], signal: str) -> list[dict[str, Any]]
         (trtllm_serve_exposition(), "trtllm", "serve", {"ttft", "tpot", "e2e", "queue_time"}),
         (llamacpp_exposition(), "llamacpp", "llama", {"running", "waiting", "generation_tokens"}),
         (
+            epp_exposition(),
+            "epp",
+            "v1",
+            {"gateway_requests", "gateway_request_errors", "gateway_running", "pool_ready_pods"},
+        ),
+        (
+            epp_exposition(legacy=True),
+            "epp",
+            "v0",
+            {"gateway_requests", "gateway_request_errors", "gateway_running", "pool_ready_pods"},
+        ),
+        (
             dcgm_exposition(),
             "dcgm",
             "Hostname",
@@ -88,6 +101,8 @@ def signal_rows(rows: list[dict[str, Any]], signal: str) -> list[dict[str, Any]]
         "triton",
         "trtllm-serve",
         "llama.cpp",
+        "gateway router (EPP) v1",
+        "gateway router (EPP) v0 InferenceModel",
         "dcgm",
     ],
 )
@@ -358,3 +373,16 @@ def test_llamacpp_process_start_header_marks_a_restart() -> None:
     assert [r["labels_json"] for r in rows if r["signal"] == "counter_reset"] == [
         '{"reason": "process_start"}'
     ]
+
+
+def test_epp_rows_are_the_gateway_component_with_model_and_error_code() -> None:
+    rows = rows_of(epp_exposition(), canonicalizer=TargetCanonicalizer("gw:9090", pool="pool-a"))
+    (errors,) = signal_rows(rows, "gateway_request_errors")
+    assert (errors["instance"], errors["model"], errors["pool"]) == (
+        "gw:9090",
+        "llama-3-8b",
+        "pool-a",
+    )
+    assert json.loads(errors["labels_json"])["error_code"] == "ServiceUnavailable"
+    (ready,) = signal_rows(rows, "pool_ready_pods")
+    assert ready["value"] == 4 and ready["pool"] == "pool-a"

@@ -94,3 +94,24 @@ def test_a_restart_shows_as_a_new_process_start_and_counter_resets() -> None:
     assert before[0]["ready"] is None  # readiness_interval_s = 0: never probed
     assert rows[1]["process_start_s"] > rows[0]["process_start_s"]
     assert rows[1]["counter_resets"] > 0
+
+
+def test_a_gateway_router_is_scraped_but_not_probed_for_a_model() -> None:
+    """A router (dialect epp) serves no model: a readiness probe would find no /v1/models
+    and make a healthy gateway look like a model-load failure."""
+    config = simulator.FleetConfig(
+        pods=[simulator.PodConfig(name="p0")], gateway=simulator.GatewayConfig(), seed=1
+    )
+    with simulator.Fleet(config) as fleet:
+        assert fleet.gateway is not None
+        rows = _rounds(
+            [f"{fleet.gateway.url}/metrics", fleet.pods[0].url], 1, readiness_interval_s=60
+        )
+    gateway, pod = rows
+    assert (gateway["dialect"], gateway["up"], gateway["ready"], gateway["models"]) == (
+        "epp",
+        True,
+        None,
+        None,
+    )
+    assert (pod["ready"], pod["models"]) == (True, 1)

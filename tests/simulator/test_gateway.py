@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.cli import main
+from collectors.canonical import TargetCanonicalizer
+from collectors.exposition import ExpositionParser
 from collectors.probe import ProbeConfig, Prober
 from pipeline.errors import ConfigError
 from pipeline.schema import RecordSchema
-from simulator import Fleet, FleetConfig, PodConfig
+from simulator import Fleet, FleetConfig, GatewayConfig, PodConfig
 from simulator.gateway import Gateway
 from tests.simulator.conftest import get
 
@@ -51,12 +56,14 @@ def probe(url: str, rounds: int = 1, **overrides: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def metric(base_url: str, name: str, **labels: str) -> float:
-    """The value of sample ``name`` with ``labels`` at ``base_url``/metrics (0 when absent)."""
+def metric(base_url: str, sample_name: str, **labels: str) -> float:
+    """The value of ``sample_name`` with ``labels`` at ``base_url``/metrics (0 when absent)."""
     _, body = get(f"{base_url}/metrics")
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+            if sample.name == sample_name and all(
+                sample.labels.get(k) == v for k, v in labels.items()
+            ):
                 return float(sample.value)
     return 0.0
 
@@ -70,6 +77,11 @@ def test_a_healthy_gateway_serves_streams_and_spreads_them_over_the_pods(
     assert metric(gw.url, "llmslo_sim_gateway_routing_decisions_total", mode="round_robin") == 4
     assert metric(gw.url, "llmslo_sim_gateway_router_up") == 1
     assert metric(gw.url, "llmslo_sim_gateway_requests_total", code="503") == 0
+    # the router's own counters under the Inference Extension EPP's names
+    assert metric(gw.url, "inference_objective_request_total", model_name="llama-3-8b") == 4
+    assert metric(gw.url, "inference_objective_request_error_total") == 0
+    assert metric(gw.url, "inference_pool_ready_pods", name="default") == 2
+    assert metric(gw.url, "inference_objective_running_requests", model_name="llama-3-8b") == 0
 
 
 def test_gateway_down_refuses_connections_and_comes_back(
@@ -123,6 +135,13 @@ def test_no_ready_pod_is_no_eligible_endpoint(fleet: Fleet, gateway_factory: Any
             )
             == 1
         )
+        assert metric(gw.url, "inference_pool_ready_pods", name="default") == 0
+        assert (
+            metric(
+                gw.url, "inference_objective_request_error_total", error_code="ServiceUnavailable"
+            )
+            == 1
+        )
     finally:
         for pod in fleet.pods:
             fleet.clear_fault(pod.name, "not_ready")
@@ -149,9 +168,94 @@ def test_a_full_queue_rejects_with_429(fleet: Fleet, gateway_factory: Any) -> No
             fleet.clear_fault(pod.name, "stall")
     assert sorted(r["error_kind"] or "" for r in rows).count("http_429") == 1
     assert metric(gw.url, "llmslo_sim_gateway_requests_total", code="429", reason="queue_full") == 1
+    exhausted = {"error_code": "InferencePoolResourceExhausted", "model_name": "llama-3-8b"}
+    assert metric(gw.url, "inference_objective_request_error_total", **exhausted) == 1
 
 
 def test_an_unknown_gateway_fault_is_refused(fleet: Fleet, gateway_factory: Any) -> None:
     gw = gateway_factory()
     with pytest.raises(ConfigError, match="unknown 'stall'"):
         fleet.call(gw.set_fault("stall"))
+
+
+def test_the_collector_reads_the_gateway_as_an_epp_component(
+    fleet: Fleet, gateway_factory: Any
+) -> None:
+    gw = gateway_factory(router_down_policy="fail_close")
+    probe(gw.url, rounds=2)
+    fleet.call(gw.set_fault("router_down"))
+    probe(gw.url)
+    _, body = get(f"{gw.url}/metrics")
+    canonicalizer = TargetCanonicalizer(f"127.0.0.1:{gw.port}")
+    rows = canonicalizer.canonicalize(ExpositionParser().parse(body.decode()), 1000).table
+    assert canonicalizer.detection is not None and canonicalizer.detection.dialect == "epp"
+    by_signal = {
+        (r["signal"], json.dumps(json.loads(r["labels_json"]), separators=(",", ":"))): r["value"]
+        for r in rows.to_pylist()
+        if r["signal"]
+    }
+    assert by_signal[("router_up", "{}")] == 0
+    refused = '{"code":"503","reason":"router_unavailable"}'
+    assert by_signal[("gateway_answers", refused)] == 1
+    assert by_signal[("gateway_requests", '{"target_model_name":"llama-3-8b"}')] == 2
+
+
+def test_a_fleet_config_with_a_gateway_starts_it_in_front_of_its_pods() -> None:
+    config = FleetConfig(
+        pods=[PodConfig(name="a"), PodConfig(name="b")],
+        gateway=GatewayConfig(router_down_policy="reject", health_interval_s=0.2),
+    )
+    with Fleet(config) as fleet:
+        assert fleet.gateway is not None
+        described = fleet.describe()["gateway"]
+        assert described["url"] == fleet.gateway.url and described["router_down_policy"] == "reject"
+        assert {
+            "targets": [fleet.gateway_instance],
+            "labels": {"dialect": "epp"},
+        } in fleet.file_sd()
+        assert [r["outcome"] for r in probe(fleet.gateway.url, rounds=2)] == ["ok", "ok"]
+        fleet.set_gateway_fault("router_down", on=True)
+        (row,) = probe(fleet.gateway.url)
+        assert (row["error_kind"], row["instance"]) == ("http_429", fleet.gateway_instance)
+        fleet.set_gateway_fault("router_down", on=False)
+        assert probe(fleet.gateway.url)[0]["outcome"] == "ok"
+        with pytest.raises(ConfigError, match="unknown 'stall'"):
+            fleet.set_gateway_fault("stall")
+
+
+def test_llmslo_sim_gateway_prints_the_gateway_url(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "sim",
+        "--pods",
+        "1",
+        "--gateway",
+        "--router-down-policy",
+        "fail_open",
+        "--seconds",
+        "0.5",
+    ]
+    assert main(argv) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["gateway"]["url"].startswith("http://127.0.0.1:")
+    assert described["gateway"]["router_down_policy"] == "fail_open"
+
+
+def test_gateway_down_also_cuts_kept_alive_connections(fleet: Fleet, gateway_factory: Any) -> None:
+    """A gateway that goes down is gone for clients already connected too (keep-alive):
+    the prober's and the collector's sessions reuse their connections."""
+    gw = gateway_factory()
+    config = ProbeConfig(url=gw.url, max_tokens=4, timeout_s=5)
+
+    async def before_and_during() -> tuple[dict[str, Any], dict[str, Any]]:
+        prober = Prober(config, lambda schema, table: None)
+        async with aiohttp.ClientSession() as session:
+            before = await prober.probe_once(session)
+            await asyncio.to_thread(fleet.call, gw.set_fault("gateway_down"))
+            during = await prober.probe_once(session)
+        return before, during
+
+    before, during = asyncio.run(before_and_during())
+    fleet.call(gw.clear_fault("gateway_down"))
+    assert before["outcome"] == "ok"
+    assert during["outcome"] == "error_before_first_token"
+    assert during["error_kind"] in ("connect_refused", "stream_cut", "connect_error")

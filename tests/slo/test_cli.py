@@ -17,7 +17,7 @@ EXAMPLE = str(Path(__file__).parents[2] / "config" / "slo.example.yaml")
 
 def test_validate_accepts_the_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["slo", "validate", EXAMPLE]) == 0
-    assert "valid (6 SLOs)" in capsys.readouterr().out
+    assert "valid (8 SLOs)" in capsys.readouterr().out  # 6 + the two probe SLOs
 
 
 def test_validate_reports_field_paths_and_exits_2(

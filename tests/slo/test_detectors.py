@@ -240,6 +240,10 @@ def test_gini_and_the_detector_table() -> None:
         "numeric_anomaly",
         "queue_growth",
         "oom_risk",
+        "entry_unavailable",
+        "router_unavailable",
+        "no_eligible_endpoint",
+        "gateway_queue_full",
     }
 
 

@@ -370,3 +370,48 @@ def test_a_retry_in_the_next_minute_counts_in_the_minute_the_client_asked(store:
     Rollup(store.con, m, horizon_ms=40 * 86_400_000).update(first + 5_000)
     rows = store.con.execute("SELECT ts_ms, total, bad FROM slo_minute ORDER BY ts_ms").fetchall()
     assert rows == [(first - first % MIN, 1, 0)]
+
+
+def _probe(ts_ms: int, **overrides: Any) -> dict[str, Any]:
+    """A synthetic probe through the gateway (``source='probe'``)."""
+    return request(ts_ms, instance="gw:8080", tap_id="probe:gw:8080", source="probe", **overrides)
+
+
+def _probes() -> list[dict[str, Any]]:
+    """Five probes: three fine, one refused at the entry point, one with a 3.5 s TTFT."""
+    return [_probe(T0_MS + i * 1000) for i in range(3)] + [
+        _probe(
+            T0_MS + 5000,
+            outcome="error_before_first_token",
+            error_kind="connect_refused",
+            ttft_s=None,
+        ),
+        _probe(T0_MS + 6000, ttft_s=3.5),
+    ]
+
+
+def test_probe_records_never_count_in_a_tap_slo(store: Store) -> None:
+    """Probes are synthetic requests through the gateway, not users' requests."""
+    insert(store, requests=[request(T0_MS + i * 1000) for i in range(8)] + _probes())
+    m = model(TTFT, AVAIL)
+    assert status(store, m, T0_MS + 20_000, "avail").period == WindowCounts(8, 0)
+    assert status(store, m, T0_MS + 20_000, "ttft").period == WindowCounts(8, 0)
+
+
+PROBE_AVAIL = {
+    "name": "probe-avail",
+    "objective": 0.99,
+    "sli": {"kind": "availability", "source": "probe"},
+}
+PROBE_TTFT = {
+    "name": "probe-ttft",
+    "objective": 0.99,
+    "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2.0, "source": "probe"},
+}
+
+
+def test_a_probe_slo_counts_only_probe_records(store: Store) -> None:
+    insert(store, requests=[request(T0_MS + i * 1000) for i in range(8)] + _probes())
+    m = model(PROBE_AVAIL, PROBE_TTFT)
+    assert status(store, m, T0_MS + 20_000, "probe-avail").period == WindowCounts(5, 1)
+    assert status(store, m, T0_MS + 20_000, "probe-ttft").period == WindowCounts(5, 2)

@@ -48,6 +48,9 @@ def test_the_example_spec_is_valid_and_carries_the_seed_targets() -> None:
     assert by_name["tpot-p99"].sli.threshold_s == 0.08  # type: ignore[union-attr]
     assert by_name["itl-jitter"].sli.threshold_s == 0.03  # type: ignore[union-attr]
     assert "availability" in by_name
+    # the prober's own SLOs: availability and TTFT through the entry point
+    assert by_name["probe-availability"].sli.source == "probe"
+    assert by_name["probe-ttft"].sli.source == "probe"
     assert check_bucket_bounds(model) == []
     assert model.warnings == ()
 
@@ -133,6 +136,14 @@ def _error(mutate: Any) -> str:
             lambda r: r["slos"][0]["sli"].update(statistic="max"),
             "statistic applies only to metric itl",
         ),
+        (
+            lambda r: r["slos"][0]["sli"].update(metric="itl", source="probe"),
+            "slos[0].sli: source probe records no ITL",
+        ),
+        (
+            lambda r: r["slos"][1]["sli"].update(source="engine"),
+            "slos[1].sli.source: Input should be 'tap' or 'probe'",
+        ),
         (lambda r: r.update(version="sloth/v1"), "version: Input should be 'llmslo/v1'"),
         (lambda r: r.update(slos=[]), "slos: List should have at least 1 item"),
     ],
@@ -150,6 +161,8 @@ def _error(mutate: Any) -> str:
         "negative min_events",
         "engine source grouped by tenant",
         "statistic on ttft",
+        "itl from the prober",
+        "availability from engine histograms",
         "foreign version",
         "no slos",
     ],
