@@ -18,7 +18,11 @@ END_MS = T0_MS + 120_000
 
 def probe(ts_ms: int, ok: bool = True, kind: str | None = None) -> dict[str, Any]:
     """One probe record through the gateway (a failed one has ``kind``)."""
-    failed = {"outcome": "error_before_first_token", "error_kind": kind, "http_status": None}
+    failed: dict[str, Any] = {
+        "outcome": "error_before_first_token",
+        "error_kind": kind,
+        "http_status": None,
+    }
     if kind and kind.startswith("http_"):
         failed.update(outcome="rejected", http_status=int(kind[5:]))
     extra = {} if ok else {**failed, "ttft_s": None, "tpot_s": None, "token_chunks": 0}

@@ -147,7 +147,7 @@ def test_outcome_counts_from_the_rollups_equal_the_raw_counts(
 ) -> None:
     raw, rolled = cons
     start, end, bucket = grid
-    args = {"start_ms": start, "end_ms": end, "bucket_ms": bucket, **scope}
+    args: dict[str, Any] = {"start_ms": start, "end_ms": end, "bucket_ms": bucket, **scope}
     expected = queries.outcome_counts(raw, **args)
     answer = queries.outcome_counts(rolled, **args)
     assert answer.schema == queries.OUTCOMES_SCHEMA
@@ -158,7 +158,7 @@ def test_outcome_counts_from_the_rollups_equal_the_raw_counts(
 def test_retried_requests_count_once_per_outcome(cons: tuple[Any, Any]) -> None:
     _, rolled = cons
     t = END_MS - 5 * HOUR_MS
-    args = {"start_ms": t, "end_ms": t + HOUR_MS, "bucket_ms": HOUR_MS}
+    args: dict[str, Any] = {"start_ms": t, "end_ms": t + HOUR_MS, "bucket_ms": HOUR_MS}
     per_pool = {
         row["outcome"]: (row["attempts"], row["requests"])
         for row in queries.outcome_counts(rolled, **args).to_pylist()
@@ -175,7 +175,7 @@ def test_retried_requests_count_once_per_outcome(cons: tuple[Any, Any]) -> None:
 def test_a_request_retried_across_buckets_counts_once_in_the_first(cons: tuple[Any, Any]) -> None:
     raw, rolled = cons
     t = END_MS - 5 * HOUR_MS + 30 * MINUTE_MS  # c2: pod-0 at +50 s, pod-2 at +75 s
-    args = {"start_ms": t, "end_ms": t + 2 * MINUTE_MS, "bucket_ms": MINUTE_MS}
+    args: dict[str, Any] = {"start_ms": t, "end_ms": t + 2 * MINUTE_MS, "bucket_ms": MINUTE_MS}
 
     def rejected(con: Any) -> list[tuple[int, int]]:
         rows = queries.outcome_counts(con, **args).to_pylist()
@@ -290,7 +290,7 @@ def test_late_records_are_read_raw_until_settled_then_rolled_up(store: Store) ->
     rollup.update(now)
     coverage = read_coverage(store.con)
     assert coverage is not None and coverage.settled_ms == now + MINUTE_MS - 10 * MINUTE_MS
-    args = {"start_ms": END_MS, "end_ms": now + MINUTE_MS, "bucket_ms": HOUR_MS}
+    args: dict[str, Any] = {"start_ms": END_MS, "end_ms": now + MINUTE_MS, "bucket_ms": HOUR_MS}
 
     def attempts() -> int:
         return sum(queries.outcome_counts(store.con, **args)["attempts"].to_pylist())
