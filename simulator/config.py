@@ -73,6 +73,14 @@ class EngineConfig(_Model):
         description="data-parallel ranks the metrics report (SGLang dp_rank); the ranks "
         "share this engine model and split its tokens and queue (evenly unless hot_rank)",
     )
+    prefix_cache_prefixes: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="prompt prefixes (first 256 characters) this pod keeps cached, LRU: a "
+        "request hits the prefix cache only when its prefix is held (what a locality router "
+        "aims for); None: every request shares the pool's one system prompt, always cached",
+    )
     honours_include_usage: bool = Field(
         default=True,
         description="send the usage chunk when a stream asks for it with "

@@ -36,7 +36,16 @@ __all__ = [
 
 _DIR = Path(__file__).parent
 #: Values accepted by ``--dialect`` and ``targets[].dialect`` besides ``auto``.
-DIALECT_NAMES = ("vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm")
+DIALECT_NAMES = (
+    "vllm",
+    "vllm-legacy",
+    "sglang",
+    "trtllm",
+    "llamacpp",
+    "dcgm",
+    "kube-state-metrics",
+    "llmslo-gateway",
+)
 
 
 class _Model(BaseModel):
