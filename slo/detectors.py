@@ -25,6 +25,11 @@ from slo._health_detectors import (
     detect_target_down,
     detect_xid,
 )
+from slo._infra_detectors import (
+    detect_autoscaler_lag,
+    detect_kv_index_stale,
+    detect_kv_transfer_timeout,
+)
 from slo._latency_detectors import detect_slow_decode, detect_slow_prefill
 from slo._traffic_detectors import (
     by_pool,
@@ -57,6 +62,9 @@ DETECTORS: dict[str, Detector] = {
     "slow_prefill": detect_slow_prefill,
     "slow_decode": detect_slow_decode,
     "hot_rank": detect_hot_rank,
+    "kv_transfer_timeout": detect_kv_transfer_timeout,
+    "kv_index_stale": detect_kv_index_stale,
+    "autoscaler_lag": detect_autoscaler_lag,
 }
 
 

@@ -95,6 +95,39 @@ class DetectorConfig(BaseModel):
         le=1,
         description="share of a pool's instances with a signal that raises it on the pool",
     )
+    kv_transfer_window_s: float = Field(
+        default=120, gt=0, description="recent window of the P/D KV-transfer counters"
+    )
+    kv_transfer_min_failures: int = Field(
+        default=3, ge=1, description="failed + expired transfers in the window to report"
+    )
+    kv_transfer_p99_s: float = Field(
+        default=1.0, gt=0, description="p99 transfer time, seconds, that counts as slow"
+    )
+    kv_transfer_p99_ratio: float = Field(
+        default=3.0, gt=1, description="p99 now / p99 before that counts as a shift"
+    )
+    kv_transfer_min_transfers: int = Field(default=10, ge=1)
+    kv_index_window_s: float = Field(
+        default=120, gt=0, description="recent window of router hints and engine prefix hits"
+    )
+    kv_index_min_rejections: int = Field(
+        default=5, ge=1, description="router hints rejected in the window to report"
+    )
+    kv_index_drop: float = Field(
+        default=0.5, gt=0, lt=1, description="relative fall of the prefix-cache hit ratio"
+    )
+    kv_index_min_baseline: float = Field(
+        default=0.1, ge=0, lt=1, description="hit ratio before below which nothing can fall"
+    )
+    autoscaler_lag_for_s: float = Field(
+        default=180,
+        gt=0,
+        description="desired > ready this long is a lag (longer than a pod's normal start-up)",
+    )
+    autoscaler_min_queue_growth: float = Field(
+        default=3, ge=0, description="requests the queue in front of the pool grew by meanwhile"
+    )
     gpu_pods: dict[str, str] = Field(
         default={}, description="dcgm pod label → engine instance, when they differ"
     )

@@ -240,6 +240,9 @@ def test_gini_and_the_detector_table() -> None:
         "numeric_anomaly",
         "queue_growth",
         "oom_risk",
+        "kv_transfer_timeout",
+        "kv_index_stale",
+        "autoscaler_lag",
     }
 
 
