@@ -22,8 +22,9 @@ from pipeline.bus import Bus
 from pipeline.errors import ConfigError
 from pipeline.publisher import Publisher
 from pipeline.store import Store
-from simulator.config import DIALECTS, FleetConfig, load_fleet_config, simple_fleet
+from simulator.config import DIALECTS, EngineConfig, FleetConfig, load_fleet_config, simple_fleet
 from simulator.fleet import Fleet
+from simulator.frontends import FrontEnds
 from simulator.history import BusSink, HistoryConfig, HistoryGenerator, HistorySink, StoreSink
 from simulator.load import LoadConfig, run_load_sync
 from simulator.scenario import ScenarioRunner, load_scenario
@@ -42,6 +43,8 @@ def register(subparsers: Any) -> None:
         "Run a simulated fleet (engine pods + dcgm exporters) until SIGTERM.",
         "llmslo sim --pods 8 --dialects vllm,sglang,trtllm,vllm-legacy\n"
         "llmslo sim --pods 8 --load-rate 20        # with background Poisson load\n"
+        "llmslo sim --pods 4 --gateway prefix_locality --prefix-cache 64 --autoscaler\n"
+        "llmslo sim --pods 2 --pd pod-0,pod-1      # a prefill/decode pair over two pods\n"
         "llmslo sim --config config/simulator.example.yaml \\\n"
         "    --scenario config/simulator.scenario.example.yaml\n"
         "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb",
@@ -76,6 +79,7 @@ def register(subparsers: Any) -> None:
         default=128,
         help="mean output tokens of that load (default 128)",
     )
+    _add_front_end_options(sim)
     sim.set_defaults(handler=run_sim)
     sim_sub = sim.add_subparsers(dest="sim_command", required=False, metavar="SUBCOMMAND")
     history = sim_sub.add_parser(
@@ -137,16 +141,56 @@ def register(subparsers: Any) -> None:
     load.set_defaults(handler=run_load_cmd)
 
 
+def _add_front_end_options(sim: argparse.ArgumentParser) -> None:
+    """Flags for what stands in front of the pods (or ``front_ends:`` in --config)."""
+    sim.add_argument(
+        "--gateway",
+        choices=["round_robin", "least_in_flight", "prefix_locality"],
+        help="start a gateway + router with this policy in front of the pods",
+    )
+    sim.add_argument(
+        "--autoscaler",
+        action="store_true",
+        help="scale the gateway's pods (kube-state-metrics names on its own /metrics)",
+    )
+    sim.add_argument(
+        "--pd", metavar="PREFILL,DECODE", help="a prefill/decode pair over these two pods"
+    )
+    sim.add_argument(
+        "--prefix-cache",
+        type=int,
+        metavar="N",
+        help="each pod caches N prompt prefixes (LRU) instead of one shared system prompt",
+    )
+
+
+def _front_ends(args: argparse.Namespace) -> dict[str, Any]:
+    front: dict[str, Any] = {}
+    if args.gateway or args.autoscaler:
+        front["gateway"] = {"policy": args.gateway or "least_in_flight"}
+        if args.autoscaler:
+            front["gateway"]["autoscaler"] = {}
+    if args.pd:
+        names = [n.strip() for n in args.pd.split(",")]
+        if len(names) != 2:
+            raise ConfigError("--pd: give two pod names, PREFILL,DECODE")
+        front["pd"] = {"prefill": names[0], "decode": names[1]}
+    return front
+
+
 def _fleet_config(args: argparse.Namespace) -> FleetConfig:
     if args.config:
         return load_fleet_config(args.config)
-    return simple_fleet(
+    config = simple_fleet(
         args.pods,
         [d.strip() for d in args.dialects.split(",") if d.strip()],
         model=args.model,
         speed=args.speed,
         seed=args.seed,
+        engine=EngineConfig(prefix_cache_prefixes=args.prefix_cache) if args.prefix_cache else None,
     )
+    front = _front_ends(args)
+    return load_fleet_config({**config.model_dump(), "front_ends": front}) if front else config
 
 
 def run_sim(args: argparse.Namespace) -> int:
@@ -158,8 +202,12 @@ def run_sim(args: argparse.Namespace) -> int:
     )
     stopped = threading.Event()
     install_stop_handlers(stopped.set)
-    with Fleet(config) as fleet:
-        print_json(fleet.describe())
+    with Fleet(config) as fleet, FrontEnds(fleet) as fronts:
+        described = fleet.describe()
+        if fronts.targets():
+            described["front_ends"] = fronts.describe()
+            described["file_sd"] += fronts.file_sd()
+        print_json(described)
         runner = ScenarioRunner(fleet, scenario).start() if scenario else None
         loaders = _start_background_load(fleet, args, stopped) if args.load_rate > 0 else []
         deadline = time.monotonic() + args.seconds if args.seconds else None
