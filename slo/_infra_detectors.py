@@ -136,34 +136,49 @@ def _hit_ratio(
     return (hits / queries if queries > 0 else None), queries
 
 
+def _first_increase(series: Series) -> int | None:
+    """Timestamp (ms) of the first scrape at which a counter had risen; ``None`` if flat."""
+    risen = np.flatnonzero(np.diff(series.values) != 0)
+    return None if not len(risen) else int(series.ts_ms[risen[0] + 1])
+
+
 def detect_kv_index_stale(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """On a router: its locality hints rejected (≥ ``kv_index_min_rejections`` in the last
-    ``kv_index_window_s``; a rejected hint is a *returning* prefix, so prompts still share
-    prefixes) while the prefix-cache hit ratio of the engines it fronts fell by
-    ≥ ``kv_index_drop`` against their own ratio earlier in the lookback (basis
-    ``hints_rejected``). Evidence: rejections, lookups, hit ratio now and before, engines."""
+    """On a router: its locality hints were rejected (≥ ``kv_index_min_rejections`` since the
+    first rejection of the lookback, the *onset*; a rejected hint is a returning prefix, so
+    prompts still share prefixes) and the prefix-cache hit ratio of the engines it fronts
+    over the last ``kv_index_window_s`` (from the onset at the earliest) fell by
+    ≥ ``kv_index_drop`` against their ratio before the onset (basis ``hints_rejected``).
+
+    A stale index rejects each known prefix's next hint once (that pod then caches it) and
+    never learns new prefixes, so the rejections come as a burst and the ratio stays low:
+    the finding holds while the onset is in the lookback. Evidence: rejections, lookups,
+    ratio now and before, the onset, the engines."""
     findings = []
-    start = snap.now_ms - int(cfg.kv_index_window_s * 1000)
     for router, signals in snap.engine.items():
         rejected_series = signals.get("router_hints_rejected")
-        if rejected_series is None or int(rejected_series.ts_ms[0]) > start:
-            continue  # not a router, or too new to have a baseline
-        rejected = _increase(rejected_series, start)
+        if rejected_series is None or len(rejected_series) < 2:
+            continue
+        onset = _first_increase(rejected_series)
+        if onset is None:
+            continue
+        rejected = _increase(rejected_series, onset - 1)
         if rejected < cfg.kv_index_min_rejections:
             continue
         engines = _fronted(snap, router)
-        now, queried = _hit_ratio(snap, engines, start, None)
-        before, _ = _hit_ratio(snap, engines, 0, start)
+        recent = max(onset, snap.now_ms - int(cfg.kv_index_window_s * 1000))
+        now, queried = _hit_ratio(snap, engines, recent, None)
+        before, _ = _hit_ratio(snap, engines, 0, onset)
         if now is None or before is None or before < cfg.kv_index_min_baseline:
             continue
         if now > before * (1 - cfg.kv_index_drop):
             continue
         evidence = {
             "hints_rejected": rejected,
-            "lookups": _increase(signals.get("router_prefix_lookups"), start),
+            "lookups": _increase(signals.get("router_prefix_lookups"), recent),
             "hit_ratio": round(now, 4),
             "hit_ratio_before": round(before, 4),
             "prompt_tokens_queried": queried,
+            "onset_ts_ms": onset,
             "engines": engines,
             "window_s": cfg.kv_index_window_s,
         }

@@ -109,10 +109,10 @@ class DetectorConfig(BaseModel):
     )
     kv_transfer_min_transfers: int = Field(default=10, ge=1)
     kv_index_window_s: float = Field(
-        default=120, gt=0, description="recent window of router hints and engine prefix hits"
+        default=120, gt=0, description="recent window of the engines' prefix-cache hit ratio"
     )
     kv_index_min_rejections: int = Field(
-        default=5, ge=1, description="router hints rejected in the window to report"
+        default=5, ge=1, description="router hints rejected since the onset to report"
     )
     kv_index_drop: float = Field(
         default=0.5, gt=0, lt=1, description="relative fall of the prefix-cache hit ratio"
