@@ -143,6 +143,7 @@ class Autoscaler:
     def clear_fault(self, name: str) -> bool:
         was = name == "autoscaler_lag" and self.lag is not None
         self.lag = None
+        self._pending_ready_at = None  # a scale-out held back by the lag starts over, normally
         self._lagging.set(0)
         return was
 

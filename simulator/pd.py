@@ -199,9 +199,14 @@ class PdPair:
                 headers={k: v for k, v in up.headers.items() if k.lower() not in _HOP_HEADERS},
             )
             await response.prepare(request)
-            async for piece in up.content.iter_any():
-                await response.write(piece)
-            await response.write_eof()
+            try:
+                async for piece in up.content.iter_any():
+                    await response.write(piece)
+                await response.write_eof()
+            except (ConnectionError, aiohttp.ClientError):
+                # the client left mid-stream: closing the upstream aborts the decode request
+                self._requests.labels("client_gone").inc()
+                return response
             self._requests.labels(str(up.status)).inc()
             return response
 
