@@ -58,9 +58,9 @@ class FrontEndFleet:
 FRONT_END_FLEETS: dict[str, FrontEndFleet] = {
     # a P/D pair over two pods, and one pod beside it that serves nothing (healthy)
     "pd": FrontEndFleet(3, {"pd": {"prefill": "p0", "decode": "p1"}}, "pd", "pd", 3.0),
-    # three pods that each cache 64 prefixes, behind a prefix-locality router
+    # four pods that each cache 64 prefixes, behind a prefix-locality router
     "locality": FrontEndFleet(
-        3,
+        4,
         {"gateway": {"policy": "prefix_locality"}},
         "gateway",
         "gateway",

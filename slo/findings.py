@@ -112,10 +112,15 @@ class DetectorConfig(BaseModel):
         default=120, gt=0, description="recent window of the engines' prefix-cache hit ratio"
     )
     kv_index_min_rejections: int = Field(
-        default=5, ge=1, description="router hints rejected since the onset to report"
+        default=3, ge=1, description="router hints rejected since the onset to report"
     )
     kv_index_drop: float = Field(
-        default=0.5, gt=0, lt=1, description="relative fall of the prefix-cache hit ratio"
+        default=0.3,
+        gt=0,
+        lt=1,
+        description="relative fall of the prefix-cache hit ratio (token-weighted: a "
+        "conversation's first turn always misses and long prompts hit only their prefix, so "
+        "a stale index lowers it by a third to a half, not to zero)",
     )
     kv_index_min_baseline: float = Field(
         default=0.1, ge=0, lt=1, description="hit ratio before below which nothing can fall"

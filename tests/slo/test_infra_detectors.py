@@ -11,7 +11,7 @@ import pytest
 from pipeline.store import Store
 from slo.detectors import DetectorConfig, Finding, detect_all
 from slo.snapshot import load_snapshot
-from tests.slo.factories import T0_MS, engine_sample, insert
+from tests.slo.factories import T0_MS, engine_sample, insert, request
 
 CFG = DetectorConfig()
 STEP_S, END_S = 5, 600
@@ -212,3 +212,19 @@ def test_a_healthy_infra_run_finds_nothing_at_all(store: Store) -> None:
     rows = _pd(fault_from_s=None) + _engines(lambda t: 0.6) + _router(lambda t: 0.0)
     rows += _autoscaler(lambda t: 2.0, lambda t: 2.0, lambda t: 1.0)
     assert _detect(store, rows) == []
+
+
+def test_an_entry_point_tapped_alone_is_not_a_hot_instance_against_its_untapped_pods(
+    store: Store,
+) -> None:
+    """A tap in front of a P/D pair or gateway sees every request of the pool; the engines
+    behind it have no tap, so their share is unknown, not 0."""
+    requests = [
+        request(T0_MS + i * 2_000, instance=PD) for i in range(END_S // 2)
+    ]  # 300 requests, every one through the pair
+    rows = _pd(fault_from_s=None)
+    for pod in ENGINES:  # engines scraped, not tapped
+        rows += _gauge(pod, "running", lambda t: 2.0)
+    insert(store, requests=requests, engine=rows)
+    snap = load_snapshot(store.con, NOW_MS, int(CFG.lookback_s * 1000))
+    assert [f for f in detect_all(snap, CFG) if f.signal == "hot_instance"] == []
