@@ -14,13 +14,13 @@ from types import TracebackType
 from typing import Any
 
 from pipeline.errors import ConfigError
-from simulator.autoscaler import Autoscaler
+from simulator.autoscaler import Autoscaler, AutoscalerLagParams
 from simulator.config import FrontEndsConfig
 from simulator.fleet import Fleet
 from simulator.gateway import Gateway
-from simulator.pd import PdPair
+from simulator.pd import KvTransferTimeoutParams, PdPair
 
-__all__ = ["FRONT_END_FAULTS", "FrontEnds"]
+__all__ = ["FRONT_END_FAULTS", "FrontEnds", "validate_front_end_fault"]
 
 #: Fault → the front end that takes it.
 FRONT_END_FAULTS = {
@@ -28,6 +28,20 @@ FRONT_END_FAULTS = {
     "autoscaler_lag": "autoscaler",
     "kv_transfer_timeout": "pd",
 }
+
+
+def validate_front_end_fault(fault: str, params: dict[str, Any]) -> None:
+    """Check a front-end fault and its params without a fleet; raises ConfigError."""
+    if fault not in FRONT_END_FAULTS:
+        raise ConfigError(f"front-end fault: unknown {fault!r}; known: {list(FRONT_END_FAULTS)}")
+    model = {"kv_transfer_timeout": KvTransferTimeoutParams, "autoscaler_lag": AutoscalerLagParams}
+    try:
+        if fault in model:
+            model[fault].model_validate(params)
+        elif params:
+            raise ValueError(f"takes no params, got {sorted(params)}")
+    except ValueError as exc:
+        raise ConfigError(f"{fault}: {exc}") from exc
 
 
 class FrontEnds:

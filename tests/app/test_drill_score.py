@@ -10,6 +10,7 @@ from app.drill_score import FindingRow, FlagRow, ModeResult, false_positives, sc
 from collectors.tap.config import TapConfig
 from pipeline.errors import ConfigError
 from simulator.faults import validate_fault
+from simulator.frontends import validate_front_end_fault
 from simulator.load import LoadConfig
 
 POD, OTHER = "127.0.0.1:9001", "127.0.0.1:9002"
@@ -118,7 +119,9 @@ def test_an_unknown_mode_is_refused_by_name() -> None:
 
 @pytest.mark.parametrize("mode", list(MODES.values()), ids=lambda m: m.name)
 def test_every_modes_fault_load_and_tap_options_are_valid(mode: DrillMode) -> None:
-    if mode.fault is not None:
+    if mode.fault is not None and mode.front_end is not None:
+        validate_front_end_fault(mode.fault, dict(mode.params))
+    elif mode.fault is not None:
         validate_fault(mode.fault, dict(mode.params))
     LoadConfig.model_validate({"targets": ["http://127.0.0.1:1"], **mode.load})
     TapConfig.model_validate({"upstreams": ["http://127.0.0.1:1"], **mode.tap})
