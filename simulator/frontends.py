@@ -13,6 +13,8 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
+from pydantic import BaseModel
+
 from pipeline.errors import ConfigError
 from simulator.autoscaler import Autoscaler, AutoscalerLagParams
 from simulator.config import FrontEndsConfig
@@ -34,7 +36,10 @@ def validate_front_end_fault(fault: str, params: dict[str, Any]) -> None:
     """Check a front-end fault and its params without a fleet; raises ConfigError."""
     if fault not in FRONT_END_FAULTS:
         raise ConfigError(f"front-end fault: unknown {fault!r}; known: {list(FRONT_END_FAULTS)}")
-    model = {"kv_transfer_timeout": KvTransferTimeoutParams, "autoscaler_lag": AutoscalerLagParams}
+    model: dict[str, type[BaseModel]] = {
+        "kv_transfer_timeout": KvTransferTimeoutParams,
+        "autoscaler_lag": AutoscalerLagParams,
+    }
     try:
         if fault in model:
             model[fault].model_validate(params)
