@@ -121,7 +121,7 @@ def drill_config(
         "queue_for_s": window,
         "lookback_s": profile.lookback_s,
         "gpu_pods": gpu_pods,
-        "kv_transfer_window_s": window,
+        "kv_transfer_window_s": window / 2,
         "kv_index_window_s": window,
         "autoscaler_lag_for_s": window / 2,
     }

@@ -61,4 +61,12 @@ def test_a_kv_transfer_timeout_is_detected_on_the_pd_pair_with_nothing_elsewhere
     assert first is not None and result.detect_s == round((first - result.injected_ts_ms) / 1000, 1)
     assert before == 0
     assert result.clear_s is not None and result.clear_s <= PROFILE.clear_s
-    assert report.false_positive_count == 0
+    # Nothing on the pods or before the fault. The tap in front of the pair retries the 504s
+    # (max_attempts 2), so a pool retry_storm may follow the fault: a true symptom of it,
+    # which the scoring counts as a false positive because the mode is not pool-scoped.
+    [fleet] = report.fleets
+    assert all(
+        (fp.name, fp.scope_id) == ("retry_storm", "llama-3-8b")
+        and fp.ts_ms >= result.injected_ts_ms
+        for fp in fleet.false_positives
+    ), fleet.false_positives
