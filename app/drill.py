@@ -126,6 +126,9 @@ def drill_config(
         "entry_window_s": profile.edge_window_s,
         "gateway_window_s": profile.edge_window_s,
         "gpu_pods": gpu_pods,
+        "kv_transfer_window_s": window / 2,
+        "kv_index_window_s": window,
+        "autoscaler_lag_for_s": window / 2,
     }
     raw = {
         "bus": {"bootstrap_servers": bootstrap, "partitions": 4},
@@ -162,7 +165,14 @@ def run_drill(
         plan.append([])
     for index, fleet_modes in enumerate(plan):
         name = f"fleet{index}" if fleet_modes else "healthy"
-        results, run = _run_fleet(name, fleet_modes, profile, workdir / name, rng, say)
+        if fleet_modes and fleet_modes[0].front_end:
+            # imported here: app.drill_fronts builds on this module's profile and helpers
+            from app.drill_fronts import run_front_end_fleet
+
+            mode = fleet_modes[0]
+            results, run = run_front_end_fleet(name, mode, profile, workdir / name, rng, say)
+        else:
+            results, run = _run_fleet(name, fleet_modes, profile, workdir / name, rng, say)
         report.results += results
         report.fleets.append(run)
     return report

@@ -39,6 +39,9 @@ class DrillMode:
     instance). ``tap``: extra :class:`collectors.tap.config.TapConfig` fields. ``pool_scoped``: the failure is a pool's (every pod
     faulted; pool findings count). ``needs_gateway``: the fleet starts a gateway (with
     ``gateway``: :class:`simulator.config.GatewayConfig` fields) and a prober through it.
+    ``front_end``: the fault is set on a front end (a P/D pair,
+    a locality router, an autoscaler) in a fleet of its own (:mod:`app.drill_fronts`); the
+    finding is expected on that front end.
     """
 
     name: str
@@ -52,12 +55,19 @@ class DrillMode:
     needs_gateway: bool = False
     gateway: Mapping[str, Any] = field(default_factory=dict)
 
+    front_end: str | None = None  # app.drill_fronts.FRONT_END_FLEETS: the fault is the front end's
+
     @property
     def own_fleet(self) -> bool:
         """Whether the mode changes the load, the taps or the entry point, so it cannot
         share a fleet."""
         return bool(
-            self.load or self.tap or self.pool_scoped or self.extra_rate_per_s or self.needs_gateway
+            self.load
+            or self.tap
+            or self.pool_scoped
+            or self.extra_rate_per_s
+            or self.needs_gateway
+            or self.front_end
         )
 
     @property
@@ -125,6 +135,32 @@ MODES: dict[str, DrillMode] = {
             {"router_unavailable", "entry_unavailable"},
             needs_gateway=True,
             gateway={"router_down_policy": "fail_close"},
+        ),
+        # Front ends (app/drill_fronts.py). Half the transfers hang 2 s and fail, a third of
+        # those leak their blocks.
+        _mode(
+            "kv_transfer_timeout",
+            "kv_transfer_timeout",
+            {"kv_transfer_timeout"},
+            params={"fraction": 0.5, "timeout_s": 2.0, "cleanup_fail_fraction": 0.3},
+            front_end="pd",
+        ),
+        # Conversations of four turns through a prefix-locality router.
+        _mode(
+            "stale_kv_index",
+            "stale_kv_index",
+            {"kv_index_stale"},
+            load={"conversation_turns": 4},
+            front_end="locality",
+        ),
+        # A load ramp (+3 req/s) arrives with the fault: each scale-out takes 60 s longer.
+        _mode(
+            "autoscaler_lag",
+            "autoscaler_lag",
+            {"autoscaler_lag"},
+            params={"lag_s": 60},
+            extra_rate_per_s=3.0,
+            front_end="autoscaler",
         ),
     )
 }

@@ -35,6 +35,11 @@ def render_markdown(report: DrillReport) -> str:
         f"{p.healthy_pods} healthy pods per shared fleet. Alerts: no Alertmanager push in this "
         "drill (column always —). Flag levels: seconds from injection to the flag / to the first scraped KV usage past that level's line.",
         "",
+        f"Front-end windows: P/D transfer failures {p.detector_window_s / 2:g} s, KV-index hit "
+        f"ratio {p.detector_window_s:g} s, autoscaler behind ≥ {p.detector_window_s / 2:g} s "
+        "(defaults 120, 120, 180 s); front-end modes run in fleets of their own "
+        "(`app/drill_fronts.py`).",
+        "",
         "| mode | fleet | detected | by | detect s | first finding s | first flag s | first alert s | clear s | other signals |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---|",
     ]

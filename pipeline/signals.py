@@ -67,6 +67,44 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
         "fraction 0–1 of prompt tokens served from the prefix cache, as the engine reports it "
         "(vLLM V0 gpu_prefix_cache_hit_rate, SGLang cache_hit_rate)",
     ),
+    (
+        "router_prefix_lookups",
+        "counter",
+        "router: requests routed by prefix locality (a KV-index lookup each), cumulative",
+    ),
+    (
+        "router_hints_rejected",
+        "counter",
+        "router: locality hints the engine could not use (the hinted pod did not hold the "
+        "prefix's KV), cumulative",
+    ),
+    (
+        "kv_transfer_time",
+        "histogram",
+        "P/D: KV transfer time prefill → decode, seconds (vLLM nixl_xfer_time_seconds, "
+        "SGLang kv_transfer_latency_ms × 0.001)",
+    ),
+    ("kv_transfer_failures", "counter", "P/D: KV transfers that failed or timed out, cumulative"),
+    (
+        "kv_transfer_expired",
+        "counter",
+        "P/D: requests whose transferred-or-pending KV expired and was freed by the producer "
+        "(the cleanup of an abandoned transfer), cumulative",
+    ),
+    (
+        "kv_transfer_queue",
+        "gauge",
+        "P/D: requests waiting on a KV transfer at the decode side",
+    ),
+    (
+        "kv_transfer_leaked_blocks",
+        "gauge",
+        "P/D: KV blocks of failed transfers never cleaned up (the simulator's; no engine "
+        "exports it)",
+    ),
+    ("replicas_desired", "gauge", "autoscaler: replicas the HPA wants (kube-state-metrics)"),
+    ("replicas_current", "gauge", "autoscaler: replicas the HPA has created"),
+    ("replicas_ready", "gauge", "autoscaler: replicas of the deployment that are ready"),
     ("ttft", "histogram", "time to first token, seconds (bucket / sum / count samples)"),
     ("itl", "histogram", "inter-token latency per engine step, seconds"),
     ("tpot", "histogram", "per-request time per output token, seconds"),

@@ -7,8 +7,11 @@ under the ``autoscaler_lag`` fault every scale-out takes ``lag_s`` longer, so th
 queue grows while ready < desired, which is the matrix's evidence. A scale-in happens
 after ``desired`` has stayed below ready for ``cooldown_s``.
 
-Gauges on the gateway's ``/metrics``: ``llmslo_sim_autoscaler_desired_replicas``,
-``llmslo_sim_autoscaler_ready_replicas``, ``llmslo_sim_autoscaler_lag_active``.
+It serves its own ``/metrics`` (``url``), as kube-state-metrics does for a real HPA:
+``kube_horizontalpodautoscaler_status_desired_replicas`` and ``..._current_replicas``
+(labels ``namespace``, ``horizontalpodautoscaler``) and
+``kube_deployment_status_replicas_ready`` (``namespace``, ``deployment``), plus the
+simulator's own ``llmslo_sim_autoscaler_lag_active``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import asyncio
 import math
 import time
 
-from prometheus_client import Gauge
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, Field
 
 from pipeline.config import STRICT
@@ -53,7 +57,11 @@ class Autoscaler:
         startup_s: float = 1.0,
         cooldown_s: float = 30.0,
         tick_s: float = 0.2,
+        name: str = "llm-pool",
+        namespace: str = "serving",
     ) -> None:
+        """``name``/``namespace``: the HPA's and its deployment's, as kube-state-metrics
+        labels them."""
         if not 1 <= min_replicas <= len(gateway.upstreams):
             raise ConfigError("autoscaler.min_replicas: between 1 and the gateway's upstreams")
         self.gateway = gateway
@@ -64,14 +72,37 @@ class Autoscaler:
         self._pending_ready_at: float | None = None
         self._below_since: float | None = None
         self._task: asyncio.Task[None] | None = None
-        r = gateway.registry
+        self.host, self.port = "127.0.0.1", 0
+        self._runner: web.AppRunner | None = None
+        r = self.registry = CollectorRegistry()
+        hpa = {"namespace": namespace, "horizontalpodautoscaler": name}
         self._desired = Gauge(
-            "llmslo_sim_autoscaler_desired_replicas", "Replicas wanted", registry=r
-        )
-        self._ready = Gauge("llmslo_sim_autoscaler_ready_replicas", "Replicas serving", registry=r)
+            "kube_horizontalpodautoscaler_status_desired_replicas",
+            "Desired number of replicas of pods managed by this autoscaler.",
+            list(hpa),
+            registry=r,
+        ).labels(**hpa)
+        self._current = Gauge(
+            "kube_horizontalpodautoscaler_status_current_replicas",
+            "Current number of replicas of pods managed by this autoscaler.",
+            list(hpa),
+            registry=r,
+        ).labels(**hpa)
+        deployment = {"namespace": namespace, "deployment": name}
+        self._ready = Gauge(
+            "kube_deployment_status_replicas_ready",
+            "The number of ready replicas per deployment.",
+            list(deployment),
+            registry=r,
+        ).labels(**deployment)
         self._lagging = Gauge(
             "llmslo_sim_autoscaler_lag_active", "1 under autoscaler_lag", registry=r
         )
+
+    @property
+    def url(self) -> str:
+        """Base URL of the autoscaler's ``/metrics`` (after :meth:`start`)."""
+        return f"http://{self.host}:{self.port}"
 
     @property
     def ready(self) -> int:
@@ -80,11 +111,22 @@ class Autoscaler:
     async def start(self) -> None:
         """Scale the gateway in to ``min_replicas`` and start ticking (on the gateway's loop)."""
         await self.gateway.set_active(self.gateway.upstreams[: self.min_replicas])
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = self._runner.addresses[0][1]
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), content_type="text/plain")
 
     def set_fault(self, name: str, params: dict[str, float] | None = None) -> None:
         """Switch on ``autoscaler_lag``; ConfigError for an unknown name or bad params."""
@@ -101,6 +143,7 @@ class Autoscaler:
     def clear_fault(self, name: str) -> bool:
         was = name == "autoscaler_lag" and self.lag is not None
         self.lag = None
+        self._pending_ready_at = None  # a scale-out held back by the lag starts over, normally
         self._lagging.set(0)
         return was
 
@@ -129,4 +172,5 @@ class Autoscaler:
         else:
             self._below_since = None
         self._desired.set(self.desired)
+        self._current.set(self.ready + (self._pending_ready_at is not None))
         self._ready.set(self.ready)

@@ -18,10 +18,14 @@ from simulator.perf import PROFILES
 
 __all__ = [
     "DIALECTS",
+    "AutoscalerSpec",
     "EngineConfig",
     "FleetConfig",
+    "FrontEndsConfig",
     "GatewayConfig",
+    "GatewaySpec",
     "NodeConfig",
+    "PdSpec",
     "PodConfig",
     "load_fleet_config",
     "simple_fleet",
@@ -73,6 +77,14 @@ class EngineConfig(_Model):
         le=64,
         description="data-parallel ranks the metrics report (SGLang dp_rank); the ranks "
         "share this engine model and split its tokens and queue (evenly unless hot_rank)",
+    )
+    prefix_cache_prefixes: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="prompt prefixes (first 256 characters) this pod keeps cached, LRU: a "
+        "request hits the prefix cache only when its prefix is held (what a locality router "
+        "aims for); None: every request shares the pool's one system prompt, always cached",
     )
     honours_include_usage: bool = Field(
         default=True,
@@ -130,6 +142,46 @@ class GatewayConfig(_Model):
     port: FreePortOr | None = Field(default=None, description="fixed port; default a free one")
 
 
+class AutoscalerSpec(_Model):
+    """The gateway's autoscaler (:class:`simulator.autoscaler.Autoscaler`)."""
+
+    min_replicas: int = Field(default=1, ge=1)
+    target_in_flight: float = Field(default=4.0, gt=0, description="requests per replica")
+    startup_s: float = Field(default=1.0, ge=0, description="a new replica's model load")
+    cooldown_s: float = Field(default=30.0, ge=0)
+    replica_in_flight: int = Field(
+        default=4, ge=1, description="requests the gateway forwards per ready replica"
+    )
+
+
+class GatewaySpec(_Model):
+    """A gateway + router (:class:`simulator.gateway.Gateway`) in front of ``pods``."""
+
+    policy: Literal["round_robin", "least_in_flight", "prefix_locality"] = "round_robin"
+    pods: list[str] | None = Field(
+        default=None, description="pod names it routes to; default every pod not in the P/D pair"
+    )
+    max_in_flight: int = Field(default=64, ge=1)
+    max_queue: int = Field(default=64, ge=0)
+    autoscaler: AutoscalerSpec | None = None
+
+
+class PdSpec(_Model):
+    """A prefill/decode pair (:class:`simulator.pd.PdPair`) over two of the fleet's pods."""
+
+    prefill: str = Field(min_length=1)
+    decode: str = Field(min_length=1)
+    transfer_base_s: float = Field(default=0.002, ge=0)
+    transfer_per_block_s: float = Field(default=0.0002, ge=0)
+
+
+class FrontEndsConfig(_Model):
+    """What stands in front of the pods: a gateway (with an autoscaler) and a P/D pair."""
+
+    gateway: GatewaySpec | None = None
+    pd: PdSpec | None = None
+
+
 class FleetConfig(_Model):
     """The whole simulated fleet.
 
@@ -145,6 +197,7 @@ class FleetConfig(_Model):
     gateway: GatewayConfig | None = Field(
         default=None, description="a gateway + router in front of the pods (none by default)"
     )
+    front_ends: FrontEndsConfig = Field(default_factory=FrontEndsConfig)
 
     @model_validator(mode="after")
     def _placement(self) -> FleetConfig:
@@ -162,7 +215,18 @@ class FleetConfig(_Model):
             bad = [g for g in pod.gpus if not 0 <= g < node.gpus]
             if bad:
                 raise ValueError(f"pod {pod.name!r} uses GPUs {bad} that node {node.name!r} lacks")
+        self._front_ends_name_pods()
         return self
+
+    def _front_ends_name_pods(self) -> None:
+        names = {p.name for p in self.pods}
+        pd, gateway = self.front_ends.pd, self.front_ends.gateway
+        named = ([pd.prefill, pd.decode] if pd else []) + ((gateway.pods or []) if gateway else [])
+        unknown = [n for n in named if n not in names]
+        if unknown:
+            raise ValueError(f"front_ends: unknown pods {unknown}")
+        if pd is not None and pd.prefill == pd.decode:
+            raise ValueError("front_ends.pd: prefill and decode must be two pods")
 
 
 def _format_error(exc: ValidationError, prefix: str) -> str:

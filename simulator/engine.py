@@ -49,6 +49,7 @@ class SimRequest:
     cut_after: int | None = None
     error_before_first_token: bool = False
     corrupted: bool = False
+    prefix_cached: bool = True  # the prompt's shared prefix was in the pod's prefix cache
 
     @property
     def done(self) -> bool:

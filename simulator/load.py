@@ -58,6 +58,14 @@ class LoadConfig(BaseModel):
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     request_timeout_s: float = Field(default=300.0, gt=0)
     seed: int = 0
+    conversation_turns: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="prompts open with a conversation's own prefix: a new conversation every "
+        "N requests, its N turns two conversations apart (what a prefix-locality router "
+        "keys on); None: every prompt shares one prefix",
+    )
 
 
 @dataclass
@@ -125,6 +133,7 @@ class _Client:
         self.rng = random.Random(config.seed)
         self.semaphore = asyncio.Semaphore(config.concurrency)
         self._rr = 0
+        self._bodies = 0  # bodies rendered, numbering conversation turns
 
     def pick_target(self) -> str:
         targets = self.config.targets
@@ -138,6 +147,10 @@ class _Client:
         prompt_tokens = min(req.prompt_tokens, cfg.max_prompt_tokens or req.prompt_tokens)
         output = min(req.output_tokens, cfg.max_output_tokens or req.output_tokens)
         text = "abcd" * prompt_tokens  # 4 characters per simulated token
+        turns = cfg.conversation_turns
+        if turns is not None:
+            n, self._bodies = self._bodies, self._bodies + 1
+            text = f"conversation {max(n // turns - 2 * (n % turns), 0)} {text}"
         payload: dict[str, Any] = {
             "model": cfg.model,
             "max_tokens": output,

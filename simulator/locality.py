@@ -2,7 +2,9 @@
 
 Each pod holds the KV of its ``capacity`` most recent prompt prefixes (LRU): that is the
 truth. The router keeps an *index* (prefix → pod) that it routes by: a prefix it knows
-goes to the indexed pod (the hint), an unknown one round robin. A hint
+goes to the indexed pod (the hint), an unknown one to a pod drawn at random (seeded): a
+load-balancing fallback spreads without a period, where round robin would send every
+k-th request back to the same pod and fake locality. A hint
 is a **cache hit** when the pod really holds the prefix; otherwise the engine **rejects the
 hint** (it recomputes the prefill). Healthy, the index
 is updated on every request, so hints are right until the LRU evicts.
@@ -16,6 +18,7 @@ hit ratio drops. Clearing the fault rebuilds the index from the truth.
 from __future__ import annotations
 
 import hashlib
+import random
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,24 +44,21 @@ class RouteChoice:
 class LocalityIndex:
     """Prefix → pod index over ``upstreams``, each pod caching ``capacity`` prefixes."""
 
-    def __init__(self, upstreams: Sequence[str], capacity: int = 64) -> None:
+    def __init__(self, upstreams: Sequence[str], capacity: int = 64, seed: int = 0) -> None:
         self.upstreams = list(upstreams)
         self.capacity = capacity
         self.cached: dict[str, OrderedDict[str, None]] = {u: OrderedDict() for u in self.upstreams}
         self.index: dict[str, str] = {}
         self.stale = False
         self.lookups = self.hits = self.hints_rejected = 0
-        self._rr = -1
+        self._rng = random.Random(seed)
 
     def route(self, key: str, eligible: Sequence[str]) -> RouteChoice:
         """Pick the pod for prefix ``key`` among ``eligible`` and record the outcome."""
         hint = self.index.get(key)
         hinted = hint is not None and hint in eligible
-        if hint is not None and hinted:
-            upstream = hint
-        else:  # no hint: spread (round robin), as a router without locality would
-            self._rr += 1
-            upstream = eligible[self._rr % len(eligible)]
+        # no hint: spread, as a router without locality would
+        upstream = hint if hint is not None and hinted else self._rng.choice(list(eligible))
         hit = key in self.cached[upstream]
         self.lookups += 1
         self.hits += hit

@@ -8,8 +8,13 @@ hangs until ``timeout_s`` and fails: the client gets **504** ``kv_transfer_timeo
 before any token, and the transfer's blocks are cleaned up — or, for a
 ``cleanup_fail_fraction`` of them, not (they stay pinned: ``leaked_blocks``).
 
-``/metrics`` (``llmslo_sim_pd_*``): transfer latency histogram, timeouts, cleanups by
-result (completed, failed), leaked blocks, requests by code.
+``/metrics`` speaks vLLM's NIXL KV-connector names (the decode side's, reference §1), with
+``model_name`` and ``engine`` labels like the engine's own families:
+``vllm:nixl_xfer_time_seconds`` (transfer time histogram), ``vllm:nixl_num_failed_transfers``
+(timeouts) and ``vllm:nixl_num_kv_expired_reqs`` (a failed transfer whose blocks the
+producer freed: the cleanup completed). What no engine exports stays ``llmslo_sim_pd_*``:
+``cleanup_failures`` and the ``leaked_blocks`` gauge (failed transfers never freed), and
+the pair's answers by code.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class PdPair:
         block_size: int = 16,
         transfer_base_s: float = 0.002,
         transfer_per_block_s: float = 0.0002,
+        model: str = "llama-3-8b",
         seed: int = 0,
     ) -> None:
         self.prefill_url, self.decode_url = prefill_url.rstrip("/"), decode_url.rstrip("/")
@@ -67,19 +73,30 @@ class PdPair:
         self.leaked_blocks = 0
         self._rng = random.Random(seed)
         r = self.registry = CollectorRegistry()
+        names = ["model_name", "engine"]
+        labels = {"model_name": model, "engine": "0"}
         self._latency = Histogram(
-            "llmslo_sim_pd_kv_transfer_seconds",
-            "KV transfer time, prefill to decode pod",
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            names,
             registry=r,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10),
-        )
-        self._timeouts = Counter(
-            "llmslo_sim_pd_kv_transfer_timeouts", "Transfers that timed out", registry=r
-        )
-        self._cleanups = Counter(
-            "llmslo_sim_pd_kv_transfer_cleanups",
-            "Cleanups of failed transfers",
-            ["result"],
+        ).labels(**labels)
+        self._failed = Counter(
+            "vllm:nixl_num_failed_transfers",
+            "Number of failed NIXL KV Cache transfers.",
+            names,
+            registry=r,
+        ).labels(**labels)
+        self._expired = Counter(
+            "vllm:nixl_num_kv_expired_reqs",
+            "Number of requests that had their KV expire.",
+            names,
+            registry=r,
+        ).labels(**labels)
+        self._cleanup_failures = Counter(
+            "llmslo_sim_pd_kv_transfer_cleanup_failures",
+            "Failed transfers whose blocks were never freed",
             registry=r,
         )
         self._leaked = Gauge(
@@ -143,13 +160,13 @@ class PdPair:
         if fault is not None and self._rng.random() < fault.fraction:
             await asyncio.sleep(fault.timeout_s)
             self._latency.observe(fault.timeout_s)
-            self._timeouts.inc()
+            self._failed.inc()
             if self._rng.random() < fault.cleanup_fail_fraction:
-                self._cleanups.labels("failed").inc()
+                self._cleanup_failures.inc()
                 self.leaked_blocks += blocks
                 self._leaked.set(self.leaked_blocks)
             else:
-                self._cleanups.labels("completed").inc()
+                self._expired.inc()
             return False
         seconds = self.transfer_base_s + self.transfer_per_block_s * blocks
         await asyncio.sleep(seconds)
@@ -182,9 +199,14 @@ class PdPair:
                 headers={k: v for k, v in up.headers.items() if k.lower() not in _HOP_HEADERS},
             )
             await response.prepare(request)
-            async for piece in up.content.iter_any():
-                await response.write(piece)
-            await response.write_eof()
+            try:
+                async for piece in up.content.iter_any():
+                    await response.write(piece)
+                await response.write_eof()
+            except (ConnectionError, aiohttp.ClientError):
+                # the client left mid-stream: closing the upstream aborts the decode request
+                self._requests.labels("client_gone").inc()
+                return response
             self._requests.labels(str(up.status)).inc()
             return response
 

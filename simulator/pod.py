@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -23,8 +24,10 @@ from simulator.config import PodConfig
 from simulator.dialects import MetricsDialect, make_dialect
 from simulator.engine import EngineModel, SimRequest
 from simulator.faults import FaultBoard, UnknownFaultError
+from simulator.locality import prefix_key
 from simulator.openai import (
     ChatRequest,
+    CompletionRequest,
     RequestError,
     StreamRenderer,
     count_prompt_tokens,
@@ -59,6 +62,7 @@ class EnginePod:
         self.speed = speed
         self.seed = seed
         self.faults = FaultBoard()
+        self.prefix_cache: OrderedDict[str, None] = OrderedDict()  # prefix keys held, LRU
         self.started_wall_s = time.time()
         self.restarts = 0
         self.listening = False
@@ -268,6 +272,7 @@ class EnginePod:
             ignore_eos=body.ignore_eos,
             streaming=body.stream,
         )
+        req.prefix_cached = self._prefix_cached(body)
         engine.add(req)
         self._wake.set()
         renderer = StreamRenderer(rid, self.model, int(time.time()), chat=chat)
@@ -282,6 +287,28 @@ class EnginePod:
             if "ghost" not in self.faults:
                 engine.abort(req)
             raise
+
+    def _prefix_cached(self, body: CompletionRequest | ChatRequest) -> bool:
+        """Whether the prompt's prefix is in this pod's prefix cache (then cache it, LRU).
+
+        Without ``engine.prefix_cache_prefixes`` every prompt shares the pool's one system
+        prompt, always cached. The key is the first message (chat) or the prompt, as the
+        gateway's locality router keys it."""
+        capacity = self.config.engine.prefix_cache_prefixes
+        if capacity is None:
+            return True
+        if isinstance(body, ChatRequest):
+            first = body.messages[0].content
+            text = first if isinstance(first, str) else ""
+        else:
+            text = body.prompt if isinstance(body.prompt, str) else "".join(body.prompt)
+        key = prefix_key(text)
+        held = key in self.prefix_cache
+        self.prefix_cache[key] = None
+        self.prefix_cache.move_to_end(key)
+        while len(self.prefix_cache) > capacity:
+            self.prefix_cache.popitem(last=False)
+        return held
 
     async def _unary(
         self, req: SimRequest, stream: TokenStream, renderer: StreamRenderer

@@ -60,12 +60,19 @@ def _hot_halves(
     return second[0], [first[1], second[1]], [first[2], second[2]]
 
 
+def _tapped(snap: Snapshot, instance: str) -> bool:
+    return "tap_in_flight" in snap.engine.get(instance, {})
+
+
 def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """Per pool: one instance far above the mean share of requests or of tokens, in *both*
     halves of the lookback (a sustained skew, not a burst of a sampled count); with max/mean
     and Gini. Basis ``request_share`` when requests show it, else ``token_share``."""
     findings = []
-    for pool, instances in by_pool(snap).items():
+    for pool, members in by_pool(snap).items():
+        # only instances a tap sees have a share; an engine with no tap in front is unknown,
+        # not idle (a P/D pair or gateway tapped at the entry is not hot against its pods)
+        instances = [i for i in members if i in snap.requests or _tapped(snap, i)]
         stats = [snap.requests.get(i) for i in instances]
         recent = [float(s.recent_records) if s else 0.0 for s in stats]
         earlier = [float(s.records - s.recent_records) if s else 0.0 for s in stats]

@@ -31,6 +31,11 @@ from slo._health_detectors import (
     detect_target_down,
     detect_xid,
 )
+from slo._infra_detectors import (
+    detect_autoscaler_lag,
+    detect_kv_index_stale,
+    detect_kv_transfer_timeout,
+)
 from slo._latency_detectors import detect_slow_decode, detect_slow_prefill
 from slo._traffic_detectors import (
     by_pool,
@@ -67,6 +72,9 @@ DETECTORS: dict[str, Detector] = {
     "router_unavailable": detect_router_unavailable,
     "no_eligible_endpoint": detect_no_eligible_endpoint,
     "gateway_queue_full": detect_gateway_queue_full,
+    "kv_transfer_timeout": detect_kv_transfer_timeout,
+    "kv_index_stale": detect_kv_index_stale,
+    "autoscaler_lag": detect_autoscaler_lag,
 }
 
 

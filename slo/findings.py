@@ -108,6 +108,44 @@ class DetectorConfig(BaseModel):
     gateway_min_refusals: int = Field(
         default=3, ge=1, description="refusals of one kind in the window needed to report"
     )
+    kv_transfer_window_s: float = Field(
+        default=120, gt=0, description="recent window of the P/D KV-transfer counters"
+    )
+    kv_transfer_min_failures: int = Field(
+        default=3, ge=1, description="failed + expired transfers in the window to report"
+    )
+    kv_transfer_p99_s: float = Field(
+        default=1.0, gt=0, description="p99 transfer time, seconds, that counts as slow"
+    )
+    kv_transfer_p99_ratio: float = Field(
+        default=3.0, gt=1, description="p99 now / p99 before that counts as a shift"
+    )
+    kv_transfer_min_transfers: int = Field(default=10, ge=1)
+    kv_index_window_s: float = Field(
+        default=120, gt=0, description="recent window of the engines' prefix-cache hit ratio"
+    )
+    kv_index_min_rejections: int = Field(
+        default=3, ge=1, description="router hints rejected since the onset to report"
+    )
+    kv_index_drop: float = Field(
+        default=0.3,
+        gt=0,
+        lt=1,
+        description="relative fall of the prefix-cache hit ratio (token-weighted: a "
+        "conversation's first turn always misses and long prompts hit only their prefix, so "
+        "a stale index lowers it by a third to a half, not to zero)",
+    )
+    kv_index_min_baseline: float = Field(
+        default=0.1, ge=0, lt=1, description="hit ratio before below which nothing can fall"
+    )
+    autoscaler_lag_for_s: float = Field(
+        default=180,
+        gt=0,
+        description="desired > ready this long is a lag (longer than a pod's normal start-up)",
+    )
+    autoscaler_min_queue_growth: float = Field(
+        default=3, ge=0, description="requests the queue in front of the pool grew by meanwhile"
+    )
     gpu_pods: dict[str, str] = Field(
         default={}, description="dcgm pod label → engine instance, when they differ"
     )

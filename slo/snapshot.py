@@ -18,6 +18,7 @@ import duckdb
 import numpy as np
 
 __all__ = [
+    "BUCKET_SIGNALS",
     "GATEWAY_SIGNALS",
     "RANK_SIGNALS",
     "ProbeSeries",
@@ -40,7 +41,22 @@ _SUMMED = (
     "corrupted_requests",
     "tap_in_flight",
     "tap_disconnects",
+    # P/D KV transfer, prefix locality, autoscaling (slo._infra_detectors)
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "router_prefix_lookups",
+    "router_hints_rejected",
+    "kv_transfer_failures",
+    "kv_transfer_expired",
+    "kv_transfer_queue",
+    "kv_transfer_leaked_blocks",
+    "replicas_desired",
+    "replicas_current",
+    "replicas_ready",
+    "gateway_queue",
 )
+#: Histogram signals whose cumulative buckets are kept per instance (quantiles over a window).
+BUCKET_SIGNALS = ("kv_transfer_time",)
 _MAXED = ("kv_usage", "ready", "gauges_unchanged_s")
 _GPU = ("gpu_util", "engine_active", "fb_used_mib", "fb_free_mib", "xid")
 
@@ -142,6 +158,9 @@ class Snapshot:
     gateways: dict[str, dict[str, Series]] = field(
         default_factory=dict
     )  # gateway instance → signal (split by label, see _GATEWAY_SPLIT) → series
+    buckets: dict[str, dict[str, dict[float, Series]]] = field(
+        default_factory=dict
+    )  # instance → histogram signal → le → cumulative count series (BUCKET_SIGNALS)
 
     def series(self, instance: str, signal: str) -> Series | None:
         return self.engine.get(instance, {}).get(signal)
@@ -177,6 +196,28 @@ def _engine(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> No
         snap.engine.setdefault(instance, {})[sig] = Series(
             np.array(ts_list, np.int64), np.array(values)
         )
+
+
+def _buckets(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
+    rows = con.execute(
+        f"""
+        SELECT instance, signal, le, ts_ms, sum(value)
+        FROM engine_samples
+        WHERE ts_ms >= ? AND ts_ms <= ? AND kind = 'bucket' AND le IS NOT NULL
+          AND signal IN ({", ".join(repr(s) for s in BUCKET_SIGNALS)})
+        GROUP BY ALL ORDER BY instance, signal, le, ts_ms
+        """,
+        [start_ms, snap.now_ms],
+    ).fetchall()
+    grouped: dict[tuple[str, str, float], tuple[list[int], list[float]]] = defaultdict(
+        lambda: ([], [])
+    )
+    for instance, signal, le, ts, value in rows:
+        grouped[(instance, signal, float(le))][0].append(ts)
+        grouped[(instance, signal, float(le))][1].append(value)
+    for (instance, signal, le), (ts_list, values) in grouped.items():
+        per_signal = snap.buckets.setdefault(instance, {}).setdefault(signal, {})
+        per_signal[le] = Series(np.array(ts_list, np.int64), np.array(values))
 
 
 def _gpu(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
@@ -397,4 +438,5 @@ def load_snapshot(
     _health(con, snap, start)
     _gateways(con, snap, start)
     _probes(con, snap, start)
+    _buckets(con, snap, start)
     return snap

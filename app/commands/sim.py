@@ -33,6 +33,7 @@ from simulator.config import (
     simple_fleet,
 )
 from simulator.fleet import Fleet
+from simulator.frontends import FrontEnds
 from simulator.history import BusSink, HistoryConfig, HistoryGenerator, HistorySink, StoreSink
 from simulator.load import LoadConfig, run_load_sync
 from simulator.scenario import ScenarioRunner, load_scenario
@@ -52,6 +53,8 @@ def register(subparsers: Any) -> None:
         "Run a simulated fleet (engine pods + dcgm exporters) until SIGTERM.",
         "llmslo sim --pods 8 --dialects vllm,sglang,trtllm,vllm-legacy\n"
         "llmslo sim --pods 8 --load-rate 20        # with background Poisson load\n"
+        "llmslo sim --pods 4 --gateway prefix_locality --prefix-cache 64 --autoscaler\n"
+        "llmslo sim --pods 2 --pd pod-0,pod-1      # a prefill/decode pair over two pods\n"
         "llmslo sim --config config/simulator.example.yaml \\\n"
         "    --scenario config/simulator.scenario.example.yaml\n"
         "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb\n"
@@ -95,16 +98,11 @@ def register(subparsers: Any) -> None:
         help="mean output tokens of that load (default 128)",
     )
     sim.add_argument(
-        "--gateway",
-        action="store_true",
-        help="start a gateway + router in front of the pods (the entry point: its URL is "
-        "printed under 'gateway'; also the simulator: section's gateway: key)",
-    )
-    sim.add_argument(
         "--router-down-policy",
         choices=("fail_open", "fail_close", "reject"),
         help="the gateway's answer while its router is down (default fail_close)",
     )
+    _add_front_end_options(sim)
     sim.set_defaults(handler=run_sim)
     sim_sub = sim.add_subparsers(dest="sim_command", required=False, metavar="SUBCOMMAND")
     history = sim_sub.add_parser(
@@ -166,33 +164,81 @@ def register(subparsers: Any) -> None:
     load.set_defaults(handler=run_load_cmd)
 
 
+def _add_front_end_options(sim: argparse.ArgumentParser) -> None:
+    """Flags for what stands in front of the pods (or ``front_ends:`` in --config)."""
+    sim.add_argument(
+        "--gateway",
+        nargs="?",
+        const="round_robin",
+        choices=["round_robin", "least_in_flight", "prefix_locality"],
+        help="start a gateway + router (policy: default round_robin) in front of the pods; "
+        "its URL is printed under 'gateway'",
+    )
+    sim.add_argument(
+        "--autoscaler",
+        action="store_true",
+        help="scale the gateway's pods (kube-state-metrics names on its own /metrics)",
+    )
+    sim.add_argument(
+        "--pd", metavar="PREFILL,DECODE", help="a prefill/decode pair over these two pods"
+    )
+    sim.add_argument(
+        "--prefix-cache",
+        type=int,
+        metavar="N",
+        help="each pod caches N prompt prefixes (LRU) instead of one shared system prompt",
+    )
+
+
+def _front_ends(args: argparse.Namespace) -> dict[str, Any]:
+    """``front_ends:`` from the flags: an autoscaler (over a gateway) and a P/D pair."""
+    front: dict[str, Any] = {}
+    if args.autoscaler:
+        front["gateway"] = {"policy": args.gateway or "least_in_flight", "autoscaler": {}}
+    if args.pd:
+        names = [n.strip() for n in args.pd.split(",")]
+        if len(names) != 2:
+            raise ConfigError("--pd: give two pod names, PREFILL,DECODE")
+        front["pd"] = {"prefill": names[0], "decode": names[1]}
+    return front
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    engine: dict[str, Any] = {}
+    if args.prefill_chunk_tokens is not None:
+        engine["prefill_chunk_tokens"] = args.prefill_chunk_tokens
+    if args.prefix_cache is not None:
+        engine["prefix_cache_prefixes"] = args.prefix_cache
+    try:
+        return EngineConfig.model_validate(engine)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        flag = "--prefix-cache" if "prefix" in str(error["loc"]) else "--prefill-chunk-tokens"
+        raise ConfigError(f"{flag}: {error['msg']}") from exc
+
+
 def _fleet_config(args: argparse.Namespace) -> FleetConfig:
     if args.config:
         config = load_fleet_config(args.config)
     else:
-        engine = (
-            {}
-            if args.prefill_chunk_tokens is None
-            else {"prefill_chunk_tokens": args.prefill_chunk_tokens}
-        )
-        try:
-            engine_config = EngineConfig.model_validate(engine)
-        except ValidationError as exc:
-            raise ConfigError(f"--prefill-chunk-tokens: {exc.errors()[0]['msg']}") from exc
         config = simple_fleet(
             args.pods,
             [d.strip() for d in args.dialects.split(",") if d.strip()],
             model=args.model,
             speed=args.speed,
             seed=args.seed,
-            engine=engine_config,
+            engine=_engine_config(args),
         )
-    if not (args.gateway or args.router_down_policy):
-        return config
+    front = _front_ends(args)
+    if front:
+        config = load_fleet_config({**config.model_dump(), "front_ends": front})
+    if args.autoscaler or not (args.gateway or args.router_down_policy):
+        return config  # with --autoscaler the gateway is the front ends' (it scales that one)
     gateway = config.gateway or GatewayConfig()
+    update = {"policy": args.gateway} if args.gateway else {}
     if args.router_down_policy:
-        gateway = gateway.model_copy(update={"router_down_policy": args.router_down_policy})
-    return config.model_copy(update={"gateway": gateway})
+        update["router_down_policy"] = args.router_down_policy
+    return config.model_copy(update={"gateway": gateway.model_copy(update=update)})
 
 
 def run_sim(args: argparse.Namespace) -> int:
@@ -204,8 +250,12 @@ def run_sim(args: argparse.Namespace) -> int:
     )
     stopped = threading.Event()
     install_stop_handlers(stopped.set)
-    with Fleet(config) as fleet:
-        print_json(fleet.describe())
+    with Fleet(config) as fleet, FrontEnds(fleet) as fronts:
+        described = fleet.describe()
+        if fronts.targets():
+            described["front_ends"] = fronts.describe()
+            described["file_sd"] += fronts.file_sd()
+        print_json(described)
         runner = ScenarioRunner(fleet, scenario).start() if scenario else None
         loaders = _start_background_load(fleet, args, stopped) if args.load_rate > 0 else []
         deadline = time.monotonic() + args.seconds if args.seconds else None

@@ -36,7 +36,16 @@ __all__ = [
 
 _DIR = Path(__file__).parent
 #: Values accepted by ``--dialect`` and ``targets[].dialect`` besides ``auto``.
-DIALECT_NAMES = ("vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm", "epp")
+DIALECT_NAMES = (
+    "vllm",
+    "vllm-legacy",
+    "sglang",
+    "trtllm",
+    "llamacpp",
+    "dcgm",
+    "epp",
+    "kube-state-metrics",
+)
 
 
 class _Model(BaseModel):

@@ -156,7 +156,7 @@ class SglangDialect(MetricsDialect):
 
     def on_first_token(self, req: SimRequest, ttft_s: float) -> None:
         self._prefix_queries += req.prompt_tokens
-        self._prefix_hits += prefix_hit_tokens(req.prompt_tokens)
+        self._prefix_hits += prefix_hit_tokens(req.prompt_tokens) if req.prefix_cached else 0
         self.ttft.labels(**self._tok, is_streaming=self._flag(req)).observe(ttft_s)
 
     def on_tokens(self, req: SimRequest, tokens: int, itl_s: float | None) -> None:

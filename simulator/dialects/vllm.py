@@ -245,7 +245,7 @@ class VllmDialect(MetricsDialect):
         # vLLM counts a request's prompt once, when its prefill completes (not on recompute)
         self.prompt_tokens.inc(req.prompt_tokens)
         self.prefix_queries.inc(req.prompt_tokens)
-        self.prefix_hits.inc(prefix_hit_tokens(req.prompt_tokens))
+        self.prefix_hits.inc(prefix_hit_tokens(req.prompt_tokens) if req.prefix_cached else 0)
         if not self.legacy:
             self.prompt_local.inc(req.prompt_tokens)
 

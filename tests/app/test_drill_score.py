@@ -11,6 +11,7 @@ from collectors.tap.config import TapConfig
 from pipeline.errors import ConfigError
 from simulator.config import GatewayConfig
 from simulator.faults import validate_fault
+from simulator.frontends import validate_front_end_fault
 from simulator.gateway import GATEWAY_FAULTS
 from simulator.load import LoadConfig
 
@@ -122,6 +123,8 @@ def test_an_unknown_mode_is_refused_by_name() -> None:
 def test_every_modes_fault_load_and_tap_options_are_valid(mode: DrillMode) -> None:
     if mode.on_gateway:  # set on the fleet's gateway, not on a pod
         assert mode.fault in GATEWAY_FAULTS and not mode.params
+    elif mode.fault is not None and mode.front_end is not None:
+        validate_front_end_fault(mode.fault, dict(mode.params))
     elif mode.fault is not None:
         validate_fault(mode.fault, dict(mode.params))
     GatewayConfig.model_validate(mode.gateway)

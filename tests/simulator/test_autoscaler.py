@@ -15,6 +15,7 @@ from simulator import Fleet, FleetConfig, PodConfig
 from simulator.autoscaler import Autoscaler
 from simulator.gateway import Gateway
 from tests.simulator.conftest import MODEL, post_quietly
+from tests.simulator.test_gateway import metric
 
 
 @pytest.fixture
@@ -83,3 +84,18 @@ def test_an_unknown_autoscaler_fault_or_bad_lag_is_refused(
         scaler.set_fault("stall")
     with pytest.raises(ConfigError, match="lag_s"):
         scaler.set_fault("autoscaler_lag", {"lag_s": -1})
+
+
+def test_the_autoscaler_exports_kube_state_metrics_names_with_desired_above_ready_under_lag(
+    scaled: tuple[Fleet, Gateway, Autoscaler],
+) -> None:
+    _, gw, scaler = scaled
+    hpa = {"namespace": "serving", "horizontalpodautoscaler": "llm-pool"}
+    desired = "kube_horizontalpodautoscaler_status_desired_replicas"
+    ready = "kube_deployment_status_replicas_ready"
+    assert metric(scaler.url, desired, **hpa) == metric(scaler.url, ready, deployment="llm-pool")
+    scaler.set_fault("autoscaler_lag", {"lag_s": 3.0})
+    _burst_and_watch(gw, scaler, 1.0)
+    assert metric(scaler.url, desired, **hpa) > metric(scaler.url, ready, deployment="llm-pool")
+    assert metric(scaler.url, "llmslo_sim_autoscaler_lag_active") == 1
+    scaler.clear_fault("autoscaler_lag")

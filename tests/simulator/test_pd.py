@@ -17,6 +17,8 @@ from simulator import Fleet, FleetConfig, PodConfig
 from simulator.pd import PdPair
 from tests.simulator.test_gateway import metric
 
+LABELS = {"model_name": "llama-3-8b", "engine": "0"}
+
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[PdPair]:
@@ -47,14 +49,14 @@ def test_a_healthy_pair_streams_and_transfers_fast_with_nothing_timed_out(pair: 
     assert [r["outcome"] for r in rows] == ["ok"] * 3 and all(
         r["completion_tokens"] == 4 for r in rows
     )
-    assert metric(pair.url, "llmslo_sim_pd_kv_transfer_seconds_count") == 3
-    assert metric(pair.url, "llmslo_sim_pd_kv_transfer_seconds_sum") < 0.1
-    assert metric(pair.url, "llmslo_sim_pd_kv_transfer_timeouts_total") == 0
+    assert metric(pair.url, "vllm:nixl_xfer_time_seconds_count", **LABELS) == 3
+    assert metric(pair.url, "vllm:nixl_xfer_time_seconds_sum", **LABELS) < 0.1
+    assert metric(pair.url, "vllm:nixl_num_failed_transfers_total", **LABELS) == 0
 
 
 def test_kv_transfer_timeout_fails_before_the_first_token_and_may_leak_blocks(pair: PdPair) -> None:
     fleet: Fleet = pair.fleet  # type: ignore[attr-defined]
-    before = metric(pair.url, "llmslo_sim_pd_kv_transfer_timeouts_total")
+    before = metric(pair.url, "vllm:nixl_num_failed_transfers_total", **LABELS)
     pair.set_fault("kv_transfer_timeout", {"timeout_s": 0.5, "cleanup_fail_fraction": 1.0})
     try:
         rows = _probe(pair.url, 2)
@@ -64,8 +66,8 @@ def test_kv_transfer_timeout_fails_before_the_first_token_and_may_leak_blocks(pa
         ("error_before_first_token", "http_504")
     ] * 2
     assert all(r["e2e_s"] >= 0.5 for r in rows)
-    assert metric(pair.url, "llmslo_sim_pd_kv_transfer_timeouts_total") == before + 2
-    assert metric(pair.url, "llmslo_sim_pd_kv_transfer_cleanups_total", result="failed") == 2
+    assert metric(pair.url, "vllm:nixl_num_failed_transfers_total", **LABELS) == before + 2
+    assert metric(pair.url, "llmslo_sim_pd_kv_transfer_cleanup_failures_total") == 2
     assert metric(pair.url, "llmslo_sim_pd_kv_transfer_leaked_blocks") >= 2
     assert _probe(pair.url, 1)[0]["outcome"] == "ok"  # off again: served
     assert fleet.pods[1].faults.snapshot() == {}

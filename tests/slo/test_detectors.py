@@ -244,6 +244,9 @@ def test_gini_and_the_detector_table() -> None:
         "router_unavailable",
         "no_eligible_endpoint",
         "gateway_queue_full",
+        "kv_transfer_timeout",
+        "kv_index_stale",
+        "autoscaler_lag",
     }
 
 

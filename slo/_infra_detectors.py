@@ -1,0 +1,268 @@
+"""Detectors for the serving infrastructure around the engines (the matrix's last rows):
+a P/D KV transfer that times out, a router KV-locality index gone stale, an autoscaler that
+lags behind its load.
+
+Each finding sits on the component that fails — the instance exporting the transfer
+counters (the decode engine, or the simulator's P/D pair), the router, the
+kube-state-metrics target — and carries the engines' side as evidence. Routers and
+autoscalers join the engines of their pool; one whose pool is unlabelled (``''``) is taken
+to front every engine of the snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from slo.findings import DetectorConfig, Finding
+from slo.snapshot import Series, Snapshot
+
+__all__ = [
+    "detect_autoscaler_lag",
+    "detect_kv_index_stale",
+    "detect_kv_transfer_timeout",
+    "histogram_quantile",
+]
+
+
+def _increase(series: Series | None, start_ms: int, end_ms: int | None = None) -> float:
+    """Counter increase between ``start_ms`` and ``end_ms`` (resets as restarts from 0)."""
+    if series is None:
+        return 0.0
+    keep = series.ts_ms >= start_ms
+    if end_ms is not None:
+        keep &= series.ts_ms <= end_ms
+    return Series(series.ts_ms[keep], series.values[keep]).increase()
+
+
+def histogram_quantile(q: float, increases: dict[float, float]) -> float | None:
+    """The ``q`` quantile of cumulative bucket increases (``le`` → count), interpolated
+    linearly inside the bucket as Prometheus does; ``None`` without observations. A quantile
+    in the ``+Inf`` bucket is the highest finite bound."""
+    bounds = sorted(increases)
+    if not bounds or increases[bounds[-1]] <= 0:
+        return None
+    rank = q * increases[bounds[-1]]
+    lower_bound, lower_count = 0.0, 0.0
+    for le in bounds:
+        count = increases[le]
+        if count >= rank:
+            if math.isinf(le):
+                return lower_bound
+            if count == lower_count:
+                return le
+            return lower_bound + (le - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = le, count
+    return lower_bound
+
+
+def _bucket_increases(
+    snap: Snapshot, instance: str, signal: str, start_ms: int, end_ms: int | None = None
+) -> dict[float, float]:
+    buckets = snap.buckets.get(instance, {}).get(signal, {})
+    return {le: _increase(series, start_ms, end_ms) for le, series in buckets.items()}
+
+
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def detect_kv_transfer_timeout(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """KV transfers failing or expiring (basis ``failed_transfers``, page), or their p99
+    time shifted past ``kv_transfer_p99_s`` and ``kv_transfer_p99_ratio`` × the instance's
+    own earlier p99 (``latency_shift``, ticket), over the last ``kv_transfer_window_s``.
+    Evidence: failed, expired (the producer freed the blocks: cleanup completed), transfers,
+    p99 now and before, leaked blocks and their growth (cleanup failed) where exported."""
+    findings = []
+    start = snap.now_ms - int(cfg.kv_transfer_window_s * 1000)
+    for instance, signals in snap.engine.items():
+        has_buckets = "kv_transfer_time" in snap.buckets.get(instance, {})
+        if "kv_transfer_failures" not in signals and not has_buckets:
+            continue
+        failed = _increase(signals.get("kv_transfer_failures"), start)
+        expired = _increase(signals.get("kv_transfer_expired"), start)
+        recent = _bucket_increases(snap, instance, "kv_transfer_time", start)
+        before = _bucket_increases(snap, instance, "kv_transfer_time", 0, start)
+        p99, p99_before = histogram_quantile(0.99, recent), histogram_quantile(0.99, before)
+        transfers = max(recent.values(), default=0.0)
+        leaked = signals.get("kv_transfer_leaked_blocks")
+        evidence: dict[str, Any] = {
+            "failed_transfers": failed,
+            "expired_requests": expired,
+            "transfers": transfers,
+            "p99_transfer_s": _rounded(p99),
+            "p99_transfer_before_s": _rounded(p99_before),
+            "window_s": cfg.kv_transfer_window_s,
+        }
+        if leaked is not None and len(leaked):
+            evidence["leaked_blocks"] = leaked.last()
+            evidence["leaked_blocks_added"] = leaked.last() - float(leaked.since(start).values[0])
+        if failed + expired >= cfg.kv_transfer_min_failures:
+            basis, severity = "failed_transfers", "page"
+        elif (
+            p99 is not None
+            and p99_before is not None
+            and transfers >= cfg.kv_transfer_min_transfers
+            and p99 >= cfg.kv_transfer_p99_s
+            and p99 >= cfg.kv_transfer_p99_ratio * p99_before
+        ):
+            basis, severity = "latency_shift", "ticket"
+        else:
+            continue
+        findings.append(
+            Finding.on_instance(snap, "kv_transfer_timeout", instance, severity, basis, evidence)
+        )
+    return findings
+
+
+def _fronted(snap: Snapshot, component: str) -> list[str]:
+    """The engines a router / autoscaler in ``component``'s pool fronts (every engine when
+    its pool is unlabelled), itself excluded."""
+    pool = snap.pools.get(component, "")
+    return sorted(
+        i for i in snap.engine if i != component and (not pool or snap.pools.get(i, "") == pool)
+    )
+
+
+def _hit_ratio(
+    snap: Snapshot, engines: list[str], start_ms: int, end_ms: int | None
+) -> tuple[float | None, float]:
+    hits = sum(_increase(snap.series(i, "prefix_cache_hits"), start_ms, end_ms) for i in engines)
+    queries = sum(
+        _increase(snap.series(i, "prefix_cache_queries"), start_ms, end_ms) for i in engines
+    )
+    return (hits / queries if queries > 0 else None), queries
+
+
+def _first_increase(series: Series) -> int | None:
+    """Timestamp (ms) of the first scrape at which a counter had risen; ``None`` if flat."""
+    risen = np.flatnonzero(np.diff(series.values) != 0)
+    return None if not len(risen) else int(series.ts_ms[risen[0] + 1])
+
+
+def detect_kv_index_stale(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """On a router: its locality hints were rejected (≥ ``kv_index_min_rejections`` since the
+    first rejection of the lookback, the *onset*; a rejected hint is a returning prefix, so
+    prompts still share prefixes) and the prefix-cache hit ratio of the engines it fronts
+    over the last ``kv_index_window_s`` (from the onset at the earliest) fell by
+    ≥ ``kv_index_drop`` against their ratio before the onset (basis ``hints_rejected``).
+
+    A stale index rejects each known prefix's next hint once (that pod then caches it) and
+    never learns new prefixes, so the rejections come as a burst and the ratio stays low:
+    the finding holds while the onset is in the lookback. Evidence: rejections, lookups,
+    ratio now and before, the onset, the engines."""
+    findings = []
+    for router, signals in snap.engine.items():
+        rejected_series = signals.get("router_hints_rejected")
+        if rejected_series is None or len(rejected_series) < 2:
+            continue
+        onset = _first_increase(rejected_series)
+        if onset is None:
+            continue
+        rejected = _increase(rejected_series, onset - 1)
+        if rejected < cfg.kv_index_min_rejections:
+            continue
+        engines = _fronted(snap, router)
+        recent = max(onset, snap.now_ms - int(cfg.kv_index_window_s * 1000))
+        now, queried = _hit_ratio(snap, engines, recent, None)
+        before, _ = _hit_ratio(snap, engines, 0, onset)
+        if now is None or before is None or before < cfg.kv_index_min_baseline:
+            continue
+        if now > before * (1 - cfg.kv_index_drop):
+            continue
+        evidence = {
+            "hints_rejected": rejected,
+            "lookups": _increase(signals.get("router_prefix_lookups"), recent),
+            "hit_ratio": round(now, 4),
+            "hit_ratio_before": round(before, 4),
+            "prompt_tokens_queried": queried,
+            "onset_ts_ms": onset,
+            "engines": engines,
+            "window_s": cfg.kv_index_window_s,
+        }
+        findings.append(
+            Finding.on_instance(
+                snap, "kv_index_stale", router, "ticket", "hints_rejected", evidence
+            )
+        )
+    return findings
+
+
+def _behind_since(desired: Series, ready: Series) -> int | None:
+    """Timestamp (ms) from which desired > ready at every shared scrape up to the last one;
+    ``None`` when the last shared scrape is not behind."""
+    shared, at_desired, at_ready = np.intersect1d(desired.ts_ms, ready.ts_ms, return_indices=True)
+    if not len(shared):
+        return None
+    behind = desired.values[at_desired] > ready.values[at_ready]
+    if not behind[-1]:
+        return None
+    caught_up = np.flatnonzero(~behind)
+    first = int(caught_up[-1]) + 1 if len(caught_up) else 0
+    return int(shared[first])
+
+
+def _queue(snap: Snapshot, engines: list[str], component: str) -> Series | None:
+    """The queue in front of the pool: the gateways' queues, else the engines' waiting,
+    summed (from the time every contributing series has a value)."""
+    pool = snap.pools.get(component, "")
+    gateways = [
+        s
+        for i, sig in snap.engine.items()
+        if (s := sig.get("gateway_queue")) is not None and (not pool or snap.pools.get(i) == pool)
+    ]
+    parts = gateways or [s for i in engines if (s := snap.series(i, "waiting")) is not None]
+    if not parts:
+        return None
+    # targets are scraped milliseconds apart: each part's latest value at every scrape time
+    grid = np.unique(np.concatenate([p.ts_ms for p in parts]))
+    grid = grid[grid >= max(int(p.ts_ms[0]) for p in parts)]
+    total = np.zeros(len(grid))
+    for part in parts:
+        total += part.values[np.searchsorted(part.ts_ms, grid, side="right") - 1]
+    return Series(grid, total)
+
+
+def detect_autoscaler_lag(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """On an autoscaler (kube-state-metrics target): desired replicas above ready at every
+    scrape for ≥ ``autoscaler_lag_for_s`` while the queue in front of its pool (gateway
+    queue, else engines' waiting) grew by ≥ ``autoscaler_min_queue_growth`` (basis
+    ``queue_growth``, page). Evidence: desired, ready, current, how long behind, the queue
+    at the start, now and at most."""
+    findings = []
+    for scaler, signals in snap.engine.items():
+        desired, ready = signals.get("replicas_desired"), signals.get("replicas_ready")
+        if desired is None or ready is None:
+            continue
+        since = _behind_since(desired, ready)
+        if since is None or int(desired.ts_ms[0]) >= since:
+            continue  # caught up, or behind since before we saw it (no start to measure from)
+        behind_s = (snap.now_ms - since) / 1000
+        if behind_s < cfg.autoscaler_lag_for_s:
+            continue
+        queue = _queue(snap, _fronted(snap, scaler), scaler)
+        if queue is None:
+            continue
+        during = queue.since(since)
+        if len(during) < 2:
+            continue
+        growth = float(during.values.max() - during.values[0])
+        if growth < cfg.autoscaler_min_queue_growth:
+            continue
+        current = signals.get("replicas_current")
+        evidence = {
+            "desired": desired.last(),
+            "ready": ready.last(),
+            "current": None if current is None else current.last(),
+            "behind_s": round(behind_s, 1),
+            "queue_at_start": float(during.values[0]),
+            "queue_now": during.last(),
+            "queue_max": float(during.values.max()),
+            "lag_for_s": cfg.autoscaler_lag_for_s,
+        }
+        findings.append(
+            Finding.on_instance(snap, "autoscaler_lag", scaler, "page", "queue_growth", evidence)
+        )
+    return findings
