@@ -18,6 +18,7 @@ from slo._engine_detectors import (
     detect_queue_growth,
     detect_stall,
 )
+from slo._failure_detectors import detect_prefill_failure, detect_stream_interrupted
 from slo._health_detectors import (
     detect_model_load_failure,
     detect_not_ready,
@@ -57,6 +58,8 @@ DETECTORS: dict[str, Detector] = {
     "slow_prefill": detect_slow_prefill,
     "slow_decode": detect_slow_decode,
     "hot_rank": detect_hot_rank,
+    "prefill_failure": detect_prefill_failure,
+    "stream_interrupted": detect_stream_interrupted,
 }
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from slo._failures import FailureStats, load_failures
+
 __all__ = [
     "RANK_SIGNALS",
     "RequestStats",
@@ -121,6 +123,7 @@ class Snapshot:
     ranks: dict[str, dict[str, dict[str, Series]]] = field(
         default_factory=dict
     )  # instance → engine rank → signal → series (instances with more than one rank)
+    failures: dict[str, FailureStats] = field(default_factory=dict)  # instance → tap failures
 
     def series(self, instance: str, signal: str) -> Series | None:
         return self.engine.get(instance, {}).get(signal)
@@ -315,4 +318,5 @@ def load_snapshot(
     _ranks(con, snap, start)
     _latency(con, snap, start)
     _health(con, snap, start)
+    snap.failures = load_failures(con, start, now_ms)
     return snap

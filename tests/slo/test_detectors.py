@@ -240,6 +240,8 @@ def test_gini_and_the_detector_table() -> None:
         "numeric_anomaly",
         "queue_growth",
         "oom_risk",
+        "prefill_failure",
+        "stream_interrupted",
     }
 
 
