@@ -53,6 +53,7 @@ class FailureStats:
     attempts: int = 0
     first_token_attempts: int = 0  # attempts that delivered at least one token
     client_cancelled: int = 0
+    retries: int = 0  # attempts here that were a retry (attempt > 1), whatever caused them
     retries_caused: int = 0  # later attempts of requests whose previous attempt failed here
     kinds: dict[str, FailureKind] = field(default_factory=dict)  # outcome → its failures
 
@@ -66,17 +67,18 @@ def load_failures(
 ) -> dict[str, FailureStats]:
     """Per instance, the tap's attempts between ``start_ms`` and ``now_ms`` (received time)."""
     stats: dict[str, FailureStats] = {}
-    for instance, attempts, first, cancelled in con.execute(
+    for instance, attempts, first, cancelled, retries in con.execute(
         """
         SELECT instance, count(*),
                count(*) FILTER (WHERE ttft_s IS NOT NULL OR coalesce(token_chunks, 0) > 0),
-               count(*) FILTER (WHERE outcome = 'client_cancelled')
+               count(*) FILTER (WHERE outcome = 'client_cancelled'),
+               count(*) FILTER (WHERE attempt > 1)
         FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ?
         GROUP BY instance
         """,
         [start_ms, now_ms],
     ).fetchall():
-        stats[instance] = FailureStats(attempts, first, cancelled)
+        stats[instance] = FailureStats(attempts, first, cancelled, retries)
     for row in con.execute(
         f"""
         SELECT instance, outcome, count(*),

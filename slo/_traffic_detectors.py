@@ -172,7 +172,8 @@ def detect_hot_rank(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
 
 
 def detect_retry_storm(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """Per pool: retries amplifying the pool's load, driven by failures across the pool.
+    """Per pool: retries amplifying the pool's load, driven by failures across the pool
+    (attempts of the second half of the lookback, as the failure detectors count them).
 
     A retry is attributed to the instance whose attempt failed before it. When instances
     causing retries (their caused retries over ``retry_share`` of their own attempts) are at
@@ -184,19 +185,14 @@ def detect_retry_storm(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """
     findings = []
     for pool, instances in by_pool(snap).items():
-        attempts = sum(snap.requests[i].records for i in instances if i in snap.requests)
-        retries = sum(snap.requests[i].retries for i in instances if i in snap.requests)
+        stats = {i: snap.failures[i] for i in instances if i in snap.failures}
+        attempts = sum(s.attempts for s in stats.values())
+        retries = sum(s.retries for s in stats.values())
         if attempts < cfg.retry_min_attempts or retries / attempts <= cfg.retry_share:
             continue
-        caused = {
-            i: snap.failures[i].retries_caused
-            for i in instances
-            if i in snap.failures and snap.failures[i].retries_caused
-        }
+        caused = {i: s.retries_caused for i, s in stats.items() if s.retries_caused}
         causing = sorted(
-            i
-            for i, n in caused.items()
-            if n / max(snap.requests[i].records if i in snap.requests else 0, 1) > cfg.retry_share
+            i for i, n in caused.items() if n / max(stats[i].attempts, 1) > cfg.retry_share
         )
         widespread = len(causing) / len(instances) > cfg.pool_share
         pooled = retries if widespread else retries - sum(caused[i] for i in causing)

@@ -123,7 +123,9 @@ class Snapshot:
     ranks: dict[str, dict[str, dict[str, Series]]] = field(
         default_factory=dict
     )  # instance → engine rank → signal → series (instances with more than one rank)
-    failures: dict[str, FailureStats] = field(default_factory=dict)  # instance → tap failures
+    failures: dict[str, FailureStats] = field(
+        default_factory=dict
+    )  # instance → tap attempts and failures in the second half of the lookback
 
     def series(self, instance: str, signal: str) -> Series | None:
         return self.engine.get(instance, {}).get(signal)
@@ -318,5 +320,6 @@ def load_snapshot(
     _ranks(con, snap, start)
     _latency(con, snap, start)
     _health(con, snap, start)
-    snap.failures = load_failures(con, start, now_ms)
+    # the recent half only: a failure finding clears within half a lookback once they stop
+    snap.failures = load_failures(con, (start + now_ms) // 2, now_ms)
     return snap

@@ -71,14 +71,15 @@ def cancelled(tokens: int) -> dict[str, Any]:
 def traffic(
     shares: list[float], fields: dict[str, Any], per_pod: int = 200, seed: int = 1
 ) -> list[dict[str, Any]]:
-    """``per_pod`` first attempts on each pod over the run; pod i's fail with ``fields`` at
-    ``shares[i]`` (a fixed count, spread at random)."""
+    """``per_pod`` first attempts on each pod in the second half of the run (the half the
+    failure detectors judge); pod i's fail with ``fields`` at ``shares[i]`` (a fixed count,
+    spread at random)."""
     rng = random.Random(seed)
     rows = []
     for i, share in enumerate(shares):
         bad = set(rng.sample(range(per_pod), round(share * per_pod)))
         for n in range(per_pod):
-            ts = T0_MS + rng.randrange(SECONDS * 1000)
+            ts = T0_MS + SECONDS * 500 + rng.randrange(SECONDS * 500)  # the judged half
             extra = fields if n in bad else {"upstream_status": 200}
             rows.append(request(ts, instance=pod(i), pool=POOL, model=POOL, **extra))
     return rows
@@ -331,3 +332,11 @@ def test_unaligned_samples_match_only_within_the_match_window() -> None:
     tap = Series(np.array([700, 5700, 10700]), np.array([1.0, 3.0, 2.0]))
     # 0 has no tap sample before it, 40000 none after within 15 s
     assert _running_over_tap(running, tap, 15_000).tolist() == [2.0, 2.0]
+
+
+def test_failures_that_stopped_half_a_lookback_ago_are_cleared(store: Store) -> None:
+    rows = traffic([0, 0.5, 0, 0], prefill_error())
+    for r in rows:  # the same traffic, in the first half of the lookback
+        r["received_ts_ms"] -= SECONDS * 500
+    rows += traffic([0, 0, 0, 0], {}, seed=5)
+    assert not on(detect(store, rows), "prefill_failure")
