@@ -340,3 +340,42 @@ def test_failures_that_stopped_half_a_lookback_ago_are_cleared(store: Store) -> 
         r["received_ts_ms"] -= SECONDS * 500
     rows += traffic([0, 0, 0, 0], {}, seed=5)
     assert not on(detect(store, rows), "prefill_failure")
+
+
+def two_taps(ghosts: int, aborts_follow: bool) -> list[dict[str, Any]]:
+    """As :func:`ghost_samples`, with two taps in front of the pod (each with half of the
+    streams and disconnects), publishing 2.5 s apart from each other."""
+    rows = [r for r in ghost_samples(0, ghosts, aborts_follow) if r["dialect"] != "tap"]
+    live = {r["ts_ms"]: r["value"] - ghosts for r in rows if r["signal"] == "running"}
+    tap = {"instance": pod(0), "pool": POOL, "model": POOL, "dialect": "tap", "engine": ""}
+    for name, offset_ms in (("tap-a", 700), ("tap-b", 3200)):
+        for s in range(0, SECONDS - 4, 5):
+            ts = T0_MS + s * 1000 + offset_ms
+            streams = live[T0_MS + (s - s % 2) * 1000] / 2
+            for signal, value, kind in (
+                ("tap_in_flight", streams, "gauge"),
+                ("tap_disconnects", 0.75 * s, "counter"),
+            ):
+                rows.append(
+                    engine_sample(
+                        ts, signal, value, kind=kind, labels_json=labels(tap_id=name), **tap
+                    )
+                )
+    return rows
+
+
+def test_two_taps_publishing_at_their_own_moments_are_summed_not_taken_one_at_a_time(
+    store: Store,
+) -> None:
+    insert(store, engine=two_taps(ghosts=0, aborts_follow=True))
+    snap = snapshot(store)
+    in_flight, running = snap.series(pod(0), "tap_in_flight"), snap.series(pod(0), "running")
+    assert in_flight is not None and running is not None
+    assert in_flight.values.mean() == pytest.approx(running.values.mean(), rel=0.15)
+    assert snap.series(pod(0), "tap_disconnects").increase() == pytest.approx(1.5 * 590, abs=8)
+    assert not on(detect_all(snap, CFG), "ghost_requests")
+
+
+def test_ghosts_behind_two_taps_are_found(store: Store) -> None:
+    findings = detect(store, [], two_taps(ghosts=3, aborts_follow=False))
+    assert set(on(findings, "ghost_requests")) == {pod(0)}
