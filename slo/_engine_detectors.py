@@ -121,7 +121,8 @@ def _increase_between(series: Series | None, start_ms: int, end_ms: int) -> floa
 def _unmatched_disconnects(
     snap: Snapshot, instance: str, start_ms: int
 ) -> tuple[float, float] | None:
-    """(tap disconnects, engine aborts) over the span both were observed since ``start_ms``."""
+    """(tap disconnects, engine aborts) over the span both were observed since ``start_ms``;
+    disconnects from streams the engine had already finished are not counted."""
     disconnects = snap.series(instance, "tap_disconnects")
     running = snap.series(instance, "running")
     if disconnects is None or running is None or len(disconnects) < 2:
@@ -134,7 +135,9 @@ def _unmatched_disconnects(
         _increase_between(snap.series(instance, name), lo, hi)
         for name in ("requests_finished:abort", "requests_aborted")
     )
-    return _increase_between(disconnects, lo, hi), aborts
+    finished = snap.finished_cancels_ms.get(instance, np.empty(0, np.int64))
+    after_the_end = int(((finished >= lo) & (finished <= hi)).sum())
+    return max(_increase_between(disconnects, lo, hi) - after_the_end, 0.0), aborts
 
 
 def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:

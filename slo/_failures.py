@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import duckdb
+import numpy as np
 
 __all__ = [
     "AFTER_FIRST_TOKEN",
@@ -25,6 +26,7 @@ __all__ = [
     "FailureKind",
     "FailureStats",
     "load_failures",
+    "load_finished_cancels",
 ]
 
 BEFORE_FIRST_TOKEN = "error_before_first_token"
@@ -113,3 +115,23 @@ def load_failures(
     ).fetchall():
         stats.setdefault(instance, FailureStats()).retries_caused = int(caused)
     return stats
+
+
+def load_finished_cancels(
+    con: duckdb.DuckDBPyConnection, start_ms: int, now_ms: int
+) -> dict[str, np.ndarray]:
+    """Per instance, when (ms) clients hung up on a stream the engine had already finished
+    (``client_cancelled`` with a ``finish_reason``: a client that closes right after the last
+    token without reading ``[DONE]``). The tap counts these as disconnects; the engine has
+    nothing left to abort, so the ghost detector takes them out of the disconnect count."""
+    rows = con.execute(
+        """
+        SELECT instance, list(disconnect_ts_ms ORDER BY disconnect_ts_ms)
+        FROM requests
+        WHERE disconnect_ts_ms >= ? AND disconnect_ts_ms <= ?
+          AND outcome = 'client_cancelled' AND finish_reason IS NOT NULL
+        GROUP BY instance
+        """,
+        [start_ms, now_ms],
+    ).fetchall()
+    return {instance: np.array(ts, np.int64) for instance, ts in rows}

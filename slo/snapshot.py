@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from slo._failures import FailureStats, load_failures
+from slo._failures import FailureStats, load_failures, load_finished_cancels
 
 __all__ = [
     "RANK_SIGNALS",
@@ -126,6 +126,9 @@ class Snapshot:
     failures: dict[str, FailureStats] = field(
         default_factory=dict
     )  # instance → tap attempts and failures in the second half of the lookback
+    finished_cancels_ms: dict[str, np.ndarray] = field(
+        default_factory=dict
+    )  # instance → when clients hung up on streams the engine had finished (not ghosts)
 
     def series(self, instance: str, signal: str) -> Series | None:
         return self.engine.get(instance, {}).get(signal)
@@ -371,4 +374,5 @@ def load_snapshot(
     _health(con, snap, start)
     # the recent half only: a failure finding clears within half a lookback once they stop
     snap.failures = load_failures(con, (start + now_ms) // 2, now_ms)
+    snap.finished_cancels_ms = load_finished_cancels(con, start, now_ms)
     return snap

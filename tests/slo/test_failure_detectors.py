@@ -379,3 +379,26 @@ def test_two_taps_publishing_at_their_own_moments_are_summed_not_taken_one_at_a_
 def test_ghosts_behind_two_taps_are_found(store: Store) -> None:
     findings = detect(store, [], two_taps(ghosts=3, aborts_follow=False))
     assert set(on(findings, "ghost_requests")) == {pod(0)}
+
+
+def test_clients_hanging_up_on_finished_streams_are_no_ghosts(store: Store) -> None:
+    """The drill's healthy pod: clients that close right after the last token are counted
+    as disconnects by the tap (and recorded ``client_cancelled`` with a finish reason), the
+    engine has nothing to abort; the tap's 5 s gauge misses short streams, so running looks
+    above it. Neither is a ghost."""
+    engine = ghost_samples(0, ghosts=2, aborts_follow=False)
+    finished = [
+        request(
+            T0_MS + n * 2000 // 3 - 3000,
+            instance=pod(0),
+            pool=POOL,
+            model=POOL,
+            outcome="client_cancelled",
+            error_kind="client_disconnected",
+            finish_reason="length",
+            client_disconnected=True,
+            disconnect_ts_ms=T0_MS + n * 2000 // 3,
+        )
+        for n in range(1, int(1.5 * SECONDS))
+    ]
+    assert not on(detect(store, finished, engine), "ghost_requests")
