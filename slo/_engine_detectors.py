@@ -118,7 +118,7 @@ def _increase_between(series: Series | None, start_ms: int, end_ms: int) -> floa
     return float(np.interp(end_ms, ts, total) - np.interp(start_ms, ts, total))
 
 
-def _unmatched_disconnects(
+def _disconnects_and_aborts(
     snap: Snapshot, instance: str, start_ms: int
 ) -> tuple[float, float] | None:
     """(tap disconnects, engine aborts) over the span both were observed since ``start_ms``;
@@ -162,7 +162,7 @@ def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             recent = running.since(start)
             excess = _running_over_tap(recent, in_flight, int(cfg.ghost_match_s * 1000))
             spread = np.ptp(recent.ts_ms) if len(recent) else 0
-            seen = _unmatched_disconnects(snap, instance, start)
+            seen = _disconnects_and_aborts(snap, instance, start)
             if len(excess) >= 3 and spread >= cfg.ghost_grace_s * 1000 and seen is not None:
                 disconnects, aborts = seen
                 unmatched = disconnects - aborts
