@@ -89,9 +89,68 @@ def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     return findings
 
 
+def _running_over_tap(running: Series, in_flight: Series, match_ms: int) -> np.ndarray:
+    """Engine ``running`` minus tap in-flight at each engine sample that has tap samples at
+    most ``match_ms`` before *and* after it. Scrapes and tap gauges are never simultaneous,
+    so the tap side is the larger of its two neighbours: a stream that opened or closed in
+    between is given to the tap, and only an excess that both neighbours leave is counted."""
+    tap_ts, tap_values = in_flight.ts_ms, in_flight.values
+    if len(tap_ts) == 0 or len(running) == 0:
+        return np.empty(0)
+    last = len(tap_ts) - 1
+    before = np.searchsorted(tap_ts, running.ts_ms, side="right") - 1
+    after = np.searchsorted(tap_ts, running.ts_ms, side="left")
+    ok = (before >= 0) & (after <= last)
+    before, after = np.clip(before, 0, last), np.clip(after, 0, last)
+    ok &= (running.ts_ms - tap_ts[before] <= match_ms) & (tap_ts[after] - running.ts_ms <= match_ms)
+    bound = np.maximum(tap_values[before], tap_values[after])
+    return (running.values - bound)[ok]
+
+
+def _increase_between(series: Series | None, start_ms: int, end_ms: int) -> float:
+    """Counter increase from ``start_ms`` to ``end_ms`` (resets as restarts), interpolated
+    between samples so that two counters scraped at different moments compare fairly."""
+    if series is None or len(series) < 2:
+        return 0.0
+    deltas = np.diff(series.values)
+    total = np.concatenate(([0.0], np.cumsum(np.where(deltas < 0, series.values[1:], deltas))))
+    ts = series.ts_ms.astype(float)
+    return float(np.interp(end_ms, ts, total) - np.interp(start_ms, ts, total))
+
+
+def _disconnects_and_aborts(
+    snap: Snapshot, instance: str, start_ms: int
+) -> tuple[float, float] | None:
+    """(tap disconnects, engine aborts) over the span both were observed since ``start_ms``;
+    disconnects from streams the engine had already finished are not counted."""
+    disconnects = snap.series(instance, "tap_disconnects")
+    running = snap.series(instance, "running")
+    if disconnects is None or running is None or len(disconnects) < 2:
+        return None
+    lo = max(start_ms, int(disconnects.ts_ms[0]), int(running.ts_ms[0]))
+    hi = min(int(disconnects.ts_ms[-1]), int(running.ts_ms[-1]))
+    if hi <= lo:
+        return None
+    aborts = sum(
+        _increase_between(snap.series(instance, name), lo, hi)
+        for name in ("requests_finished:abort", "requests_aborted")
+    )
+    finished = snap.finished_cancels_ms.get(instance, np.empty(0, np.int64))
+    after_the_end = int(((finished >= lo) & (finished <= hi)).sum())
+    return max(_increase_between(disconnects, lo, hi) - after_the_end, 0.0), aborts
+
+
 def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """Engine keeps requests the tap has let go: running > tap in-flight, unmatched disconnects."""
+    """Requests the engine keeps after the tap let them go (the client left), two ways:
+
+    - live: over ``ghost_window_s``, engine ``running`` stays above the tap's in-flight
+      (matched within ``ghost_match_s``, ≥ 3 samples ≥ ``ghost_grace_s`` apart in all) by
+      ``ghost_min`` on average, *and* the engine aborted fewer than
+      1 − ``ghost_unmatched_share`` of the tap's disconnects over the same span;
+    - drain mode: the tap kept reading after a disconnect and tokens still came.
+    """
     findings = []
+    start = snap.now_ms - int(cfg.ghost_window_s * 1000)
     for instance in snap.engine:
         evidence: dict[str, Any] = {}
         count = 0
@@ -100,25 +159,23 @@ def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             snap.series(instance, "tap_in_flight"),
         )
         if running is not None and in_flight is not None:
-            common, ri, ti = np.intersect1d(running.ts_ms, in_flight.ts_ms, return_indices=True)
-            excess = running.values[ri] - in_flight.values[ti]
-            # persistent: over at the last two common scrapes, at least ghost_grace apart
-            if len(common) >= 2 and common[-1] - common[-2] >= cfg.ghost_grace_s * 1000:
-                persistent = float(min(excess[-1], excess[-2]))
-                if persistent >= cfg.ghost_min:
-                    count = max(count, int(persistent))
-                    evidence["running_over_tap_in_flight"] = persistent
-        disconnects = snap.series(instance, "tap_disconnects")
-        if disconnects is not None and len(disconnects) >= 2:
-            aborts = sum(
-                s.since(int(disconnects.ts_ms[0])).increase()
-                for name in ("requests_finished:abort", "requests_aborted")
-                if (s := snap.series(instance, name)) is not None
-            )
-            unmatched = disconnects.increase() - aborts
-            evidence.update(tap_disconnects=disconnects.increase(), engine_aborts=aborts)
-            if unmatched >= cfg.ghost_min and count:
-                count = max(count, int(unmatched))
+            recent = running.since(start)
+            excess = _running_over_tap(recent, in_flight, int(cfg.ghost_match_s * 1000))
+            spread = np.ptp(recent.ts_ms) if len(recent) else 0
+            seen = _disconnects_and_aborts(snap, instance, start)
+            if len(excess) >= 3 and spread >= cfg.ghost_grace_s * 1000 and seen is not None:
+                disconnects, aborts = seen
+                unmatched = disconnects - aborts
+                evidence.update(
+                    running_over_tap_in_flight=float(excess.mean()),
+                    matched_samples=len(excess),
+                    tap_disconnects=disconnects,
+                    engine_aborts=aborts,
+                )
+                if excess.mean() >= cfg.ghost_min and unmatched >= max(
+                    cfg.ghost_min, cfg.ghost_unmatched_share * disconnects
+                ):
+                    count = max(round(float(excess.mean())), 1)
         stats = snap.requests.get(instance)
         if stats and stats.tokens_after_disconnect > 0:
             evidence["tokens_after_disconnect"] = stats.tokens_after_disconnect

@@ -179,24 +179,47 @@ def detect_hot_rank(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
 
 
 def detect_retry_storm(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """Per pool: retried attempts as a share of all attempts above ``retry_share``."""
+    """Per pool: retries amplifying the pool's load, driven by failures across the pool
+    (attempts of the second half of the lookback, as the failure detectors count them).
+
+    A retry is attributed to the instance whose attempt failed before it. When instances
+    causing retries (their caused retries over ``retry_share`` of their own attempts) are at
+    most ``pool_share`` of the pool, their retries are *their* evidence (not-ready, prefill
+    failure), not a storm, and are left out; the pool is raised when the retries that remain
+    (from failures spread over the pool, or of unknown cause) exceed ``retry_share`` of its
+    attempts. Evidence: the shares, retries by causing instance, and the load amplification
+    (attempts per first attempt).
+    """
     findings = []
     for pool, instances in by_pool(snap).items():
-        attempts = sum(snap.requests[i].records for i in instances if i in snap.requests)
-        retries = sum(snap.requests[i].retries for i in instances if i in snap.requests)
-        if attempts >= cfg.retry_min_attempts and retries / attempts > cfg.retry_share:
-            findings.append(
-                Finding(
-                    snap.now_ms,
-                    "retry_storm",
-                    "pool",
-                    pool,
-                    pool,
-                    "ticket",
-                    "tap_attempts",
-                    {"retry_share": retries / attempts, "attempts": attempts, "retries": retries},
-                )
+        stats = {i: snap.failures[i] for i in instances if i in snap.failures}
+        attempts = sum(s.attempts for s in stats.values())
+        retries = sum(s.retries for s in stats.values())
+        if attempts < cfg.retry_min_attempts or retries / attempts <= cfg.retry_share:
+            continue
+        caused = {i: s.retries_caused for i, s in stats.items() if s.retries_caused}
+        causing = sorted(
+            i for i, n in caused.items() if n / max(stats[i].attempts, 1) > cfg.retry_share
+        )
+        widespread = len(causing) / len(instances) > cfg.pool_share
+        pooled = retries if widespread else retries - sum(caused[i] for i in causing)
+        if pooled / attempts <= cfg.retry_share:
+            continue
+        evidence = {
+            "retry_share": retries / attempts,
+            "pooled_retry_share": pooled / attempts,
+            "attempts": attempts,
+            "retries": retries,
+            "amplification": attempts / max(attempts - retries, 1),
+            "retries_by_cause": caused,
+            "unattributed_retries": retries - sum(caused.values()),
+            "causing_instances": causing,
+        }
+        findings.append(
+            Finding(
+                snap.now_ms, "retry_storm", "pool", pool, pool, "ticket", "tap_attempts", evidence
             )
+        )
     return findings
 
 

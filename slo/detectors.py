@@ -24,6 +24,7 @@ from slo._engine_detectors import (
     detect_queue_growth,
     detect_stall,
 )
+from slo._failure_detectors import detect_prefill_failure, detect_stream_interrupted
 from slo._health_detectors import (
     detect_model_load_failure,
     detect_not_ready,
@@ -75,6 +76,8 @@ DETECTORS: dict[str, Detector] = {
     "kv_transfer_timeout": detect_kv_transfer_timeout,
     "kv_index_stale": detect_kv_index_stale,
     "autoscaler_lag": detect_autoscaler_lag,
+    "prefill_failure": detect_prefill_failure,
+    "stream_interrupted": detect_stream_interrupted,
 }
 
 

@@ -149,6 +149,43 @@ class DetectorConfig(BaseModel):
     gpu_pods: dict[str, str] = Field(
         default={}, description="dcgm pod label → engine instance, when they differ"
     )
+    failure_min_count: int = Field(
+        default=5, ge=1, description="failed attempts an instance needs before it is judged"
+    )
+    failure_share: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="share of an instance's attempts failing that is"
+        " reported whatever its pool does",
+    )
+    failure_over_pool: float = Field(
+        default=3.0, gt=1, description="instance failure share / rest of the pool's that counts"
+    )
+    failure_min_share: float = Field(
+        default=0.02, gt=0, le=1, description="least failure share judged against the pool"
+    )
+    failure_p_value: float = Field(
+        default=1e-3, gt=0, lt=1, description="one-sided binomial p-value against the pool"
+    )
+    failure_page_share: float = Field(
+        default=0.25, gt=0, le=1, description="failure share from which a finding pages"
+    )
+    ghost_window_s: float = Field(
+        default=60, gt=0, description="window of the running-vs-tap and disconnect comparison"
+    )
+    ghost_match_s: float = Field(
+        default=15,
+        gt=0,
+        description="tap in-flight samples this close before and after an engine sample are"
+        " matched with it (covers the scrape and the tap's gauge interval)",
+    )
+    ghost_unmatched_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="share of tap disconnects the engine never aborted that counts as ghosts",
+    )
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from slo._failures import FailureStats, load_failures, load_finished_cancels
+
 __all__ = [
     "BUCKET_SIGNALS",
     "GATEWAY_SIGNALS",
@@ -161,6 +163,12 @@ class Snapshot:
     buckets: dict[str, dict[str, dict[float, Series]]] = field(
         default_factory=dict
     )  # instance → histogram signal → le → cumulative count series (BUCKET_SIGNALS)
+    failures: dict[str, FailureStats] = field(
+        default_factory=dict
+    )  # instance → tap attempts and failures in the second half of the lookback
+    finished_cancels_ms: dict[str, np.ndarray] = field(
+        default_factory=dict
+    )  # instance → when clients hung up on streams the engine had finished (not ghosts)
 
     def series(self, instance: str, signal: str) -> Series | None:
         return self.engine.get(instance, {}).get(signal)
@@ -283,6 +291,54 @@ def _requests(
             int(recent_tokens),
             float(tokens_sq),
         )
+
+
+#: The tap's own samples (one series per tap process, ``tap_id`` label) and how long a tap
+#: that stopped publishing still counts: past this its in-flight streams are gone.
+_TAP_SIGNALS = ("tap_in_flight", "tap_disconnects")
+_TAP_STALE_MS = 30_000
+
+
+def _combine_taps(taps: list[Series], gauge: bool) -> Series:
+    """Several taps in front of one instance publish at their own moments: their sum at
+    every moment any of them published, from when all had (each tap's latest value; a
+    gauge older than ``_TAP_STALE_MS`` counts 0, a counter keeps its last value)."""
+    first = max(int(s.ts_ms[0]) for s in taps)
+    ts = np.unique(np.concatenate([s.ts_ms for s in taps]))
+    ts = ts[ts >= first]
+    total = np.zeros(len(ts))
+    for series in taps:
+        latest = np.searchsorted(series.ts_ms, ts, side="right") - 1
+        values = series.values[latest]
+        if gauge:
+            values = np.where(ts - series.ts_ms[latest] <= _TAP_STALE_MS, values, 0.0)
+        total += values
+    return Series(ts, total)
+
+
+def _taps(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
+    """Replace the per-timestamp sums of tap signals by :func:`_combine_taps` where more
+    than one tap reports an instance (their samples rarely share a timestamp)."""
+    rows = con.execute(
+        f"""
+        SELECT instance, signal, coalesce(json_extract_string(labels_json, '$.tap_id'), ''),
+               list(ts_ms ORDER BY ts_ms), list(value ORDER BY ts_ms)
+        FROM engine_samples
+        WHERE ts_ms >= ? AND ts_ms <= ? AND dialect = 'tap'
+          AND signal IN ({", ".join(repr(s) for s in _TAP_SIGNALS)})
+        GROUP BY ALL
+        """,
+        [start_ms, snap.now_ms],
+    ).fetchall()
+    per_instance: dict[tuple[str, str], list[Series]] = defaultdict(list)
+    for instance, signal, _tap, ts, values in rows:
+        per_instance[(instance, signal)].append(
+            Series(np.array(ts, np.int64), np.array(values, float))
+        )
+    for (instance, signal), taps in per_instance.items():
+        if len(taps) > 1:
+            combined = _combine_taps(taps, gauge=signal == "tap_in_flight")
+            snap.engine.setdefault(instance, {})[signal] = combined
 
 
 #: Per-rank signals kept for rank skew (hot DP rank): throughput and queue.
@@ -431,6 +487,7 @@ def load_snapshot(
     snap = Snapshot(now_ms)
     start = now_ms - lookback_ms
     _engine(con, snap, start)
+    _taps(con, snap, start)
     _gpu(con, snap, start)
     _requests(con, snap, start, ghost_grace_ms)
     _ranks(con, snap, start)
@@ -439,4 +496,7 @@ def load_snapshot(
     _gateways(con, snap, start)
     _probes(con, snap, start)
     _buckets(con, snap, start)
+    # the recent half only: a failure finding clears within half a lookback once they stop
+    snap.failures = load_failures(con, (start + now_ms) // 2, now_ms)
+    snap.finished_cancels_ms = load_finished_cancels(con, start, now_ms)
     return snap

@@ -247,6 +247,8 @@ def test_gini_and_the_detector_table() -> None:
         "kv_transfer_timeout",
         "kv_index_stale",
         "autoscaler_lag",
+        "prefill_failure",
+        "stream_interrupted",
     }
 
 
