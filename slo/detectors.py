@@ -25,7 +25,7 @@ from slo._health_detectors import (
     detect_target_down,
     detect_xid,
 )
-from slo._latency_detectors import detect_slow_decode, detect_slow_prefill
+from slo._latency_detectors import detect_itl_jitter, detect_slow_decode, detect_slow_prefill
 from slo._traffic_detectors import (
     by_pool,
     detect_hot_instance,
@@ -57,11 +57,12 @@ DETECTORS: dict[str, Detector] = {
     "slow_prefill": detect_slow_prefill,
     "slow_decode": detect_slow_decode,
     "hot_rank": detect_hot_rank,
+    "itl_jitter": detect_itl_jitter,
 }
 
 
 #: Signals that compare an instance with its pool: most of a pool cannot hold them at once.
-_NOT_POOLED = ("hot_instance", "slow_prefill", "slow_decode")
+_NOT_POOLED = ("hot_instance", "slow_prefill", "slow_decode", "itl_jitter")
 
 
 def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) -> list[Finding]:
