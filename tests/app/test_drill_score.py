@@ -6,7 +6,16 @@ import pytest
 
 from app.drill import plan_fleets, select_modes
 from app.drill_modes import FLAG, MODES, DrillMode, matches
-from app.drill_score import FindingRow, FlagRow, ModeResult, false_positives, score_mode
+from app.drill_score import (
+    AlertRow,
+    FindingRow,
+    FlagRow,
+    ModeResult,
+    alert_false_positives,
+    false_positives,
+    score_alerts,
+    score_mode,
+)
 from collectors.tap.config import TapConfig
 from pipeline.errors import ConfigError
 from simulator.faults import validate_fault
@@ -122,3 +131,41 @@ def test_every_modes_fault_load_and_tap_options_are_valid(mode: DrillMode) -> No
         validate_fault(mode.fault, dict(mode.params))
     LoadConfig.model_validate({"targets": ["http://127.0.0.1:1"], **mode.load})
     TapConfig.model_validate({"upstreams": ["http://127.0.0.1:1"], **mode.tap})
+
+
+def test_the_first_alert_received_about_the_instance_after_injection_times_the_alert() -> None:
+    alerts = [
+        AlertRow(T0 - 2_000, "LlmEngineStalled", POD, "pool", False),  # before injection
+        AlertRow(T0 + 9_000, "LlmEngineStalled", OTHER, "pool", False),  # another pod
+        AlertRow(T0 + 12_000, "InferenceAvailability", None, "pool", True),  # the pool's SLO
+        AlertRow(T0 + 23_500, "LlmEngineStalled", POD, "pool", False),
+        AlertRow(T0 + 31_000, "LlmDegradationLevel", POD, "pool", False),
+        AlertRow(END + 1_000, "LlmCrash", POD, "pool", False),  # after the run
+    ]
+    result = score_alerts(_result(), MODES["stall"], alerts, END)
+    assert result.first_alert_s == 23.5
+    assert result.alerted_by == ["LlmDegradationLevel", "LlmEngineStalled"]
+    assert score_alerts(_result(), MODES["stall"], alerts[:3], END).first_alert_s is None
+    pooled = ModeResult("retry_storm", "fleet0", POD, "prefill_failure", T0, T1)
+    assert score_alerts(pooled, MODES["retry_storm"], alerts, END).first_alert_s == 12.0
+
+
+def test_alerts_nothing_explains_are_false_positives() -> None:
+    faulted = {POD: (T0, MODES["stall"])}
+    alerts = [
+        AlertRow(T0 + 5_000, "LlmEngineStalled", POD, "pool", False),  # the fault's
+        AlertRow(T0 - 5_000, "LlmSlowPrefill", POD, "pool", False),  # before injection
+        AlertRow(T0 + 5_000, "LlmSlowPrefill", OTHER, "pool", False),  # a healthy pod
+        AlertRow(T0 + 8_000, "InferenceAvailability", None, "pool", True),  # burnt by the fault
+        AlertRow(T0 - 8_000, "InferenceTtftP99", None, "pool", True),  # before any fault
+        AlertRow(T0 + 8_000, "LlmRetryStorm", None, "pool", False),  # a signal on the pool
+    ]
+    found = alert_false_positives("fleet0", alerts, faulted)
+    assert [(p.kind, p.name, p.scope_id) for p in found] == [
+        ("alert", "InferenceTtftP99", "pool"),
+        ("alert", "LlmSlowPrefill", POD),
+        ("alert", "LlmSlowPrefill", OTHER),
+        ("alert", "LlmRetryStorm", "pool"),
+    ]
+    # The healthy control: every alert counts.
+    assert len(alert_false_positives("healthy", alerts, {})) == len(alerts)
