@@ -209,7 +209,7 @@ def score_alerts(
     start = result.injected_ts_ms
     mine = [
         a
-        for a in sorted(alerts)
+        for a in sorted(alerts, key=lambda a: (a.received_ts_ms, a.name))
         if start <= a.received_ts_ms <= end_ms
         and (a.instance == result.instance or (mode.pool_scoped and a.instance is None))
     ]

@@ -169,3 +169,14 @@ def test_alerts_nothing_explains_are_false_positives() -> None:
     ]
     # The healthy control: every alert counts.
     assert len(alert_false_positives("healthy", alerts, {})) == len(alerts)
+
+
+def test_alerts_received_in_one_post_score_whatever_their_labels() -> None:
+    """One POST carries a pool's SLO alerts and an instance's alert with the same name and
+    receipt time (a real drill crashed on sorting them)."""
+    alerts = [
+        AlertRow(T0 + 4_000, "LlmX", None, "pool", True),
+        AlertRow(T0 + 4_000, "LlmX", POD, None, False),
+    ]
+    assert score_alerts(_result(), MODES["stall"], alerts, END).first_alert_s == 4.0
+    assert [p.scope_id for p in alert_false_positives("healthy", alerts, {})] == [POD, "pool"]
