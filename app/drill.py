@@ -66,7 +66,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DrillProfile:
-    """Timings (seconds) and sizes of a drill; the defaults fit the matrix in ~15 minutes."""
+    """Timings (seconds) and sizes of a drill; the defaults fit the matrix in ~15 minutes.
+
+    Compressed against the production defaults, and stated in every report: scrape and
+    jobs every 2 s (5 s and 15 s), ``stall_for_s`` 20 (60), flag dwell 20 s (120),
+    fragmentation/queue windows 40 s (300/120), detector lookback 60 s (600), a crash
+    reported 40 s after the restart (300). Everything else (the fault, the engine's speed,
+    the other detector thresholds, the SLO windows) runs as in production.
+    ``healthy_load``: the control fleet's offered load as a share of one pod's capacity
+    (``simulator.capacity.measure_capacity``); ``None`` runs it at ``rate_per_pod``.
+    """
 
     warmup_s: float = 30.0
     jitter_s: float = 15.0  # injection at warm-up + uniform(0, jitter)
