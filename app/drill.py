@@ -16,7 +16,7 @@ lookback and a crash reported for 40 s after the restart instead of 60 s, 120 s,
 
 Alerts: with ``prometheus-alertmanager`` installed each fleet gets a real Alertmanager on
 loopback that the pipeline's alert pusher posts to; ``first_alert_s`` is when it received
-the first alert naming the mode's instance (:mod:`app.drill_alerts`). Load is stated as a
+the first alert of a detecting signal on the mode's instance (:mod:`app.drill_alerts`). Load is stated as a
 share of one pod's capacity (:mod:`simulator.capacity`, measured on the engine model).
 """
 

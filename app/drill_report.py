@@ -54,8 +54,11 @@ def render_markdown(report: DrillReport) -> str:
     p = report.profile
     alerting = (
         f"Alerts: a real Alertmanager per fleet ({report.alertmanager}) on loopback, fed by "
-        "the pipeline's alert pusher; first alert s = Alertmanager's updatedAt (its receipt) "
-        "of the first alert naming the instance, read from /api/v2/alerts."
+        "the pipeline's alert pusher; first alert s = Alertmanager's updatedAt (its receipt, "
+        "read from /api/v2/alerts) of the first alert of a detecting signal on the instance "
+        "(the degradation alert where a flag detects); in brackets every alert received "
+        "about it. False positives include alerts on healthy instances and, in the control "
+        "fleet, on the pool."
         if report.alertmanager is not None
         else "Alerts: not run (prometheus-alertmanager is not installed)."
     )

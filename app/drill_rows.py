@@ -62,6 +62,7 @@ def alert_rows(received: Sequence[ReceivedAlert]) -> list[AlertRow]:
             a.labels.get("instance"),
             a.labels.get("pool"),
             "slo_id" in a.labels,
+            a.labels.get("signal"),
         )
         for a in received
     ]

@@ -55,6 +55,7 @@ class AlertRow(NamedTuple):
     instance: str | None  # its instance label (finding, flag and per-instance SLO alerts)
     pool: str | None
     slo: bool  # an SLO burn alert (has slo_id), not a signal or a flag
+    signal: str | None = None  # a finding's signal, "degradation" for a flag, None for SLOs
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,9 @@ def score_alerts(
 ) -> ModeResult:
     """Fill ``first_alert_s`` and ``alerted_by`` from the alerts Alertmanager received
     between injection and ``end_ms`` that name the mode's instance (any alert on the pool
-    too, for a pool-scoped mode)."""
+    too, for a pool-scoped mode). ``first_alert_s`` times the first alert of a signal that
+    detects the mode (the degradation alert where a flag does), as ``first_finding_s``
+    does for findings; ``alerted_by`` lists every alert received about it."""
     start = result.injected_ts_ms
     mine = [
         a
@@ -213,9 +216,16 @@ def score_alerts(
         if start <= a.received_ts_ms <= end_ms
         and (a.instance == result.instance or (mode.pool_scoped and a.instance is None))
     ]
-    result.first_alert_s = _seconds(mine[0].received_ts_ms, start) if mine else None
+    detecting = [a for a in mine if _detects(mode, a)]
+    result.first_alert_s = _seconds(detecting[0].received_ts_ms, start) if detecting else None
     result.alerted_by = sorted({a.name for a in mine})
     return result
+
+
+def _detects(mode: DrillMode, alert: AlertRow) -> bool:
+    if alert.signal == "degradation":
+        return FLAG in mode.expected
+    return alert.signal is not None and matches(mode.expected, alert.signal)
 
 
 def alert_false_positives(

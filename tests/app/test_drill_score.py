@@ -135,19 +135,24 @@ def test_every_modes_fault_load_and_tap_options_are_valid(mode: DrillMode) -> No
 
 def test_the_first_alert_received_about_the_instance_after_injection_times_the_alert() -> None:
     alerts = [
-        AlertRow(T0 - 2_000, "LlmEngineStalled", POD, "pool", False),  # before injection
-        AlertRow(T0 + 9_000, "LlmEngineStalled", OTHER, "pool", False),  # another pod
+        AlertRow(T0 - 2_000, "LlmEngineStalled", POD, "pool", False, "stall"),  # before
+        AlertRow(T0 + 9_000, "LlmEngineStalled", OTHER, "pool", False, "stall"),  # another pod
         AlertRow(T0 + 12_000, "InferenceAvailability", None, "pool", True),  # the pool's SLO
-        AlertRow(T0 + 23_500, "LlmEngineStalled", POD, "pool", False),
-        AlertRow(T0 + 31_000, "LlmDegradationLevel", POD, "pool", False),
-        AlertRow(END + 1_000, "LlmCrash", POD, "pool", False),  # after the run
+        AlertRow(T0 + 15_000, "LlmQueueGrowth", POD, "pool", False, "queue_growth"),
+        AlertRow(T0 + 23_500, "LlmEngineStalled", POD, "pool", False, "stall"),
+        AlertRow(T0 + 31_000, "LlmDegradationLevel", POD, "pool", False, "degradation"),
+        AlertRow(END + 1_000, "LlmCrash", POD, "pool", False, "crash"),  # after the run
     ]
     result = score_alerts(_result(), MODES["stall"], alerts, END)
+    # The queue grew first, but the stall's own alert is what times the detection.
     assert result.first_alert_s == 23.5
-    assert result.alerted_by == ["LlmDegradationLevel", "LlmEngineStalled"]
-    assert score_alerts(_result(), MODES["stall"], alerts[:3], END).first_alert_s is None
+    assert result.alerted_by == ["LlmDegradationLevel", "LlmEngineStalled", "LlmQueueGrowth"]
+    assert score_alerts(_result(), MODES["stall"], alerts[:4], END).first_alert_s is None
+    leak = ModeResult("kv_leak", "fleet0", POD, "kv_leak", T0, T1)
+    assert score_alerts(leak, MODES["kv_leak"], alerts, END).first_alert_s == 31.0  # the flag
     pooled = ModeResult("retry_storm", "fleet0", POD, "prefill_failure", T0, T1)
-    assert score_alerts(pooled, MODES["retry_storm"], alerts, END).first_alert_s == 12.0
+    storm = [*alerts, AlertRow(T0 + 14_000, "LlmRetryStorm", None, "pool", False, "retry_storm")]
+    assert score_alerts(pooled, MODES["retry_storm"], storm, END).first_alert_s == 14.0
 
 
 def test_alerts_nothing_explains_are_false_positives() -> None:
@@ -176,7 +181,7 @@ def test_alerts_received_in_one_post_score_whatever_their_labels() -> None:
     receipt time (a real drill crashed on sorting them)."""
     alerts = [
         AlertRow(T0 + 4_000, "LlmX", None, "pool", True),
-        AlertRow(T0 + 4_000, "LlmX", POD, None, False),
+        AlertRow(T0 + 4_000, "LlmX", POD, None, False, "stall"),
     ]
     assert score_alerts(_result(), MODES["stall"], alerts, END).first_alert_s == 4.0
     assert [p.scope_id for p in alert_false_positives("healthy", alerts, {})] == [POD, "pool"]
