@@ -1,5 +1,6 @@
 """The drill's Alertmanager: started on loopback, read for when it received each alert, and
-"not run" (or an error under ``LLMSLO_REQUIRE_TOOLS=1``) when the binary is missing."""
+"not run" (or an error under ``LLMSLO_REQUIRE_TOOLS=1``) when the binary is missing; the
+command's ``--healthy-load``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.cli import main
 from app.drill import DrillProfile, DrillReport, run_drill
 from app.drill_alerts import Alertmanager, AlertWatch, find_alertmanager
 from app.drill_report import render_markdown
@@ -67,3 +69,13 @@ def test_required_tools_make_a_missing_alertmanager_an_error(
     with pytest.raises(ConfigError, match="prometheus-alertmanager is not installed"):
         run_drill([], tmp_path / "drill", DrillProfile(healthy_minutes=0.1))
     assert not (tmp_path / "drill").exists()  # refused before anything ran
+
+
+def test_the_command_states_load_as_a_share_of_capacity_and_refuses_nonsense(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["drill", "--modes", "none", "--healthy-minutes", "1", "--workdir", str(tmp_path)]
+    assert main([*argv, "--healthy-load", "5"]) == 2
+    assert "healthy_load must be a share of capacity in (0, 2]" in capsys.readouterr().err
+    assert main([*argv, "--healthy-load", "0"]) == 2
+    assert not any(tmp_path.iterdir())  # refused before any fleet ran
