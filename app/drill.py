@@ -16,8 +16,9 @@ lookback and a crash reported for 40 s after the restart instead of 60 s, 120 s,
 
 Alerts: with ``prometheus-alertmanager`` installed each fleet gets a real Alertmanager on
 loopback that the pipeline's alert pusher posts to; ``first_alert_s`` is when it received
-the first alert of a detecting signal on the mode's instance (:mod:`app.drill_alerts`). Load is stated as a
-share of one pod's capacity (:mod:`simulator.capacity`, measured on the engine model).
+the first alert of a detecting signal on the mode's instance (:mod:`app.drill_alerts`).
+Load is stated as a share of one pod's capacity (:mod:`simulator.capacity`, measured on
+the engine model); the report gives the harness's own event-loop lateness beside it.
 """
 
 from __future__ import annotations
