@@ -233,14 +233,15 @@ def alert_false_positives(
 ) -> list[FalsePositive]:
     """Alerts nothing in the drill explains: on a healthy instance, on a faulted one before
     its injection, and on the pool when no fault ran in the fleet (or, for a signal's pool
-    alert, when no pool-scoped mode ran, as for findings). An SLO burn of the pool in a
-    fleet with a faulted instance is that fault's doing, not a false positive."""
+    alert, when no pool-scoped mode ran, as for findings). An SLO burn or a degradation
+    level of the pool in a fleet with a faulted instance is that fault's doing (the pool's
+    level follows its pods'), not a false positive."""
     pool_faulted = any(mode.pool_scoped for _, mode in faulted.values())
     out = []
     for a in alerts:
         if a.instance is not None:
             explained = a.instance in faulted and a.received_ts_ms >= faulted[a.instance][0]
-        elif a.slo:
+        elif a.slo or a.signal == "degradation":  # the pool's SLO, or its level (from its pods)
             explained = any(a.received_ts_ms >= injected for injected, _ in faulted.values())
         else:
             explained = pool_faulted

@@ -164,6 +164,7 @@ def test_alerts_nothing_explains_are_false_positives() -> None:
         AlertRow(T0 + 8_000, "InferenceAvailability", None, "pool", True),  # burnt by the fault
         AlertRow(T0 - 8_000, "InferenceTtftP99", None, "pool", True),  # before any fault
         AlertRow(T0 + 8_000, "LlmRetryStorm", None, "pool", False),  # a signal on the pool
+        AlertRow(T0 + 9_000, "LlmDegradationLevel", None, "pool", False, "degradation"),
     ]
     found = alert_false_positives("fleet0", alerts, faulted)
     assert [(p.kind, p.name, p.scope_id) for p in found] == [
