@@ -11,12 +11,20 @@ raised on them is a false positive. A healthy control fleet (no faults) runs las
 
 Time is compressed where that is honest (:class:`DrillProfile`, stated in the report):
 scrape and jobs every 2 s, ``stall_for_s`` 20, flag dwell 20 s, entry/gateway windows 20 s
-with a probe every 2 s (defaults 60 s and 10 s) and a 60-second detector
-lookback instead of 60 s, 120 s and 600 s; the fault itself runs at the simulator's real speed.
+with a probe every 2 s, a 60-second detector lookback and a crash reported for 40 s after
+the restart instead of 60 s, 120 s, 60 s and 10 s, 600 s and 300 s; the fault itself runs at
+the simulator's real speed.
+
+Alerts: with ``prometheus-alertmanager`` installed each fleet gets a real Alertmanager on
+loopback that the pipeline's alert pusher posts to; ``first_alert_s`` is when it received
+the first alert of a detecting signal on the mode's instance (:mod:`app.drill_alerts`).
+Load is stated as a share of one pod's capacity (:mod:`simulator.capacity`, measured on
+the engine model); the report gives the harness's own event-loop lateness beside it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -27,14 +35,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.drill_alerts import Alertmanager, AlertWatch, find_alertmanager
 from app.drill_edges import DrillEdges
+from app.drill_lag import LoopLag
 from app.drill_modes import FLAG, MODES, DrillMode
+from app.drill_rows import alert_rows, kv_crossings, read_rows
 from app.drill_score import (
     FalsePositive,
-    FindingRow,
-    FlagRow,
     ModeResult,
+    alert_false_positives,
     false_positives,
+    score_alerts,
     score_mode,
 )
 from app.run import Pipeline, load_model
@@ -43,15 +54,30 @@ from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
 from simulator import Fleet, FleetConfig, GatewayConfig, NodeConfig, PodConfig
+from simulator.capacity import Capacity, measure_capacity
+from simulator.config import EngineConfig
 
 __all__ = ["DrillProfile", "DrillReport", "FleetRun", "plan_fleets", "run_drill"]
+
+#: The drill's token mix (``simulator.traces.poisson_arrivals`` defaults, exponential).
+MEAN_PROMPT_TOKENS = 512.0
+MEAN_OUTPUT_TOKENS = 128.0
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DrillProfile:
-    """Timings (seconds) and sizes of a drill; the defaults fit the matrix in ~15 minutes."""
+    """Timings (seconds) and sizes of a drill; the defaults fit the matrix in ~15 minutes.
+
+    Compressed against the production defaults, and stated in every report: scrape and
+    jobs every 2 s (5 s and 15 s), ``stall_for_s`` 20 (60), flag dwell 20 s (120),
+    fragmentation/queue windows 40 s (300/120), detector lookback 60 s (600), a crash
+    reported 40 s after the restart (300). Everything else (the fault, the engine's speed,
+    the other detector thresholds, the SLO windows) runs as in production.
+    ``healthy_load``: the control fleet's offered load as a share of one pod's capacity
+    (``simulator.capacity.measure_capacity``); ``None`` runs it at ``rate_per_pod``.
+    """
 
     warmup_s: float = 30.0
     jitter_s: float = 15.0  # injection at warm-up + uniform(0, jitter)
@@ -65,7 +91,9 @@ class DrillProfile:
     edge_window_s: float = 20.0  # entry_window_s and gateway_window_s (defaults 60, 60)
     probe_interval_s: float = 2.0  # the prober's interval where a gateway runs (default 10)
     lookback_s: float = 60.0  # raw rows per cycle (default 600): hot_instance compares halves
-    rate_per_pod: float = 1.5  # requests per second
+    restart_hold_s: float = 40.0  # a crash stays reported this long (default 300)
+    rate_per_pod: float = 1.5  # requests per second (the mode fleets)
+    healthy_load: float | None = None  # control fleet's share of capacity; None: rate_per_pod
     modes_per_fleet: int = 7
     healthy_pods: int = 2
     healthy_minutes: float = 2.0
@@ -81,6 +109,10 @@ class FleetRun:
     healthy_instances: list[str]
     minutes: float
     false_positives: list[FalsePositive] = field(default_factory=list)
+    rate_per_pod: float = 0.0  # requests per second offered to each pod
+    load_share: float | None = None  # rate_per_pod / one pod's capacity
+    alerts: list[str] = field(default_factory=list)  # every alertname Alertmanager received
+    harness_lag_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # loop lateness
 
 
 @dataclass
@@ -91,6 +123,9 @@ class DrillReport:
     profile: DrillProfile
     results: list[ModeResult] = field(default_factory=list)
     fleets: list[FleetRun] = field(default_factory=list)
+    alertmanager: str | None = None  # the binary used; None: not run (not installed)
+    capacity_rps: float | None = None  # one pod's capacity at the drill's token mix
+    capacity_method: str = ""
 
     @property
     def false_positive_count(self) -> int:
@@ -103,6 +138,10 @@ class DrillReport:
             "results": [asdict(r) for r in self.results],
             "fleets": [asdict(f) for f in self.fleets],
             "false_positives": self.false_positive_count,
+            "alertmanager": self.alertmanager,
+            "capacity_rps": self.capacity_rps,
+            "capacity_method": self.capacity_method,
+            "healthy_load": self.profile.healthy_load,
         }
 
 
@@ -114,9 +153,14 @@ def plan_fleets(modes: Sequence[DrillMode], per_fleet: int) -> list[list[DrillMo
 
 
 def drill_config(
-    bootstrap: str, db: Path, profile: DrillProfile, gpu_pods: dict[str, str]
+    bootstrap: str,
+    db: Path,
+    profile: DrillProfile,
+    gpu_pods: dict[str, str],
+    alertmanager_url: str | None = None,
 ) -> LlmsloConfig:
-    """Embedded defaults with the drill profile's compressed windows."""
+    """Embedded defaults with the drill profile's compressed windows (and the alert pusher
+    posting to ``alertmanager_url`` when given)."""
     window = profile.detector_window_s
     detectors = {
         "stall_for_s": profile.stall_for_s,
@@ -125,6 +169,7 @@ def drill_config(
         "lookback_s": profile.lookback_s,
         "entry_window_s": profile.edge_window_s,
         "gateway_window_s": profile.edge_window_s,
+        "restart_hold_s": profile.restart_hold_s,
         "gpu_pods": gpu_pods,
         "kv_transfer_window_s": window / 2,
         "kv_index_window_s": window,
@@ -140,6 +185,8 @@ def drill_config(
             "flags": {"dwell_s": profile.dwell_s},
         },
     }
+    if alertmanager_url is not None:
+        raw["alertmanager"] = {"url": alertmanager_url}
     return parse_config(raw, source="drill profile")
 
 
@@ -153,18 +200,29 @@ def run_drill(
 ) -> DrillReport:
     """Drill every mode, then (``healthy_control``) a fleet with no faults; returns the report.
 
-    Raises :class:`ConfigError` when nothing is to be run. ``say(text)`` gets progress lines.
+    Raises :class:`ConfigError` when nothing is to be run, or when Alertmanager is required
+    (``LLMSLO_REQUIRE_TOOLS=1``) but not installed. ``say(text)`` gets progress lines.
     """
     if not modes and not healthy_control:
         raise ConfigError("drill: no modes and no healthy control run: nothing to do")
+    if profile.healthy_load is not None and not 0 < profile.healthy_load <= 2:
+        raise ConfigError("drill: healthy_load must be a share of capacity in (0, 2]")
+    binary = find_alertmanager()
     workdir.mkdir(parents=True, exist_ok=True)
-    report = DrillReport(int(time.time() * 1000), profile)
+    capacity = _pod_capacity()
+    report = DrillReport(
+        int(time.time() * 1000), profile, alertmanager=binary, capacity_rps=capacity.rps
+    )
+    report.capacity_method = capacity.describe()
     rng = random.Random(profile.seed)
     plan = plan_fleets(modes, profile.modes_per_fleet)
     if healthy_control:
         plan.append([])
     for index, fleet_modes in enumerate(plan):
         name = f"fleet{index}" if fleet_modes else "healthy"
+        rate = profile.rate_per_pod
+        if not fleet_modes and profile.healthy_load is not None:
+            rate = profile.healthy_load * capacity.rps
         if fleet_modes and fleet_modes[0].front_end:
             # imported here: app.drill_fronts builds on this module's profile and helpers
             from app.drill_fronts import run_front_end_fleet
@@ -172,10 +230,19 @@ def run_drill(
             mode = fleet_modes[0]
             results, run = run_front_end_fleet(name, mode, profile, workdir / name, rng, say)
         else:
-            results, run = _run_fleet(name, fleet_modes, profile, workdir / name, rng, say)
+            results, run = _run_fleet(
+                name, fleet_modes, profile, workdir / name, rng, say, rate=rate, alertmanager=binary
+            )
+            run.rate_per_pod, run.load_share = round(rate, 3), round(rate / capacity.rps, 3)
         report.results += results
         report.fleets.append(run)
     return report
+
+
+@functools.cache
+def _pod_capacity() -> Capacity:
+    """One default pod's capacity at the drill's token mix (a few seconds of CPU, once)."""
+    return measure_capacity(EngineConfig(), MEAN_PROMPT_TOKENS, MEAN_OUTPUT_TOKENS)
 
 
 def _fleet_config(
@@ -199,6 +266,9 @@ def _run_fleet(
     workdir: Path,
     rng: random.Random,
     say: Any,
+    *,
+    rate: float,
+    alertmanager: str | None,
 ) -> tuple[list[ModeResult], FleetRun]:
     pool_scoped = any(m.pool_scoped for m in modes)
     healthy = 0 if pool_scoped else profile.healthy_pods
@@ -211,14 +281,17 @@ def _run_fleet(
     end_s = max((t + profile.hold_s for t in schedule), default=profile.healthy_minutes * 60)
     end_s += profile.clear_s if modes else 0
     with ExitStack() as stack:
+        watch, alertmanager_url = None, None
+        if alertmanager is not None:
+            manager = stack.enter_context(Alertmanager(alertmanager, workdir / "alertmanager"))
+            watch, alertmanager_url = stack.enter_context(AlertWatch(manager.url)), manager.url
         bus = stack.enter_context(Bus(load_config(None).bus))
         gateway = _gateway_config(modes)
         fleet = stack.enter_context(Fleet(_fleet_config(name, pod_count, profile.seed, gateway)))
         entry = fleet.gateway.url if fleet.gateway is not None else None
         gpu_pods = {p.name: p.instance for p in fleet.pods}
-        pipeline = Pipeline(
-            drill_config(bus.bootstrap_servers, db, profile, gpu_pods), load_model(None)
-        )
+        config = drill_config(bus.bootstrap_servers, db, profile, gpu_pods, alertmanager_url)
+        pipeline = Pipeline(config, load_model(None))
         stack.callback(pipeline.stop)
         pipeline.start()
         edges = stack.enter_context(
@@ -234,7 +307,7 @@ def _run_fleet(
                     ]
                 ],
                 scrape_s=profile.scrape_s,
-                rate_per_s=profile.rate_per_pod * pod_count,
+                rate_per_s=rate * pod_count,
                 duration_s=end_s + 5,
                 tap_options={k: v for m in modes for k, v in m.tap.items()},
                 load_options={k: v for m in modes for k, v in m.load.items()},
@@ -244,28 +317,38 @@ def _run_fleet(
         )
         if say:
             say(
-                f"[drill] {name}: {pod_count} pods, modes {[m.name for m in modes] or 'none'}, {end_s:.0f} s"
+                f"[drill] {name}: {pod_count} pods at {rate:.2f} req/s each, "
+                f"modes {[m.name for m in modes] or 'none'}, {end_s:.0f} s"
             )
+        lags = {"pods": LoopLag(fleet.loop), "taps": LoopLag(edges.loop)}
         t0 = time.monotonic()
         results = _play(fleet, edges, modes, schedule, profile, t0, name, say)
-        _sleep_until(t0 + end_s)
+        _wait_out(t0, end_s, name, say)
         end_ms = int(time.time() * 1000)
+        harness_lag = {name: lag.stop() for name, lag in lags.items()}
         time.sleep(2 * profile.scrape_s)
         pipeline.final_cycle()
-        time.sleep(3.0)  # the final cycle's flag transitions travel the bus into the store
-        findings, flags = _read_rows(pipeline)
+        time.sleep(3.0)  # flag transitions travel the bus into the store; alerts are posted
+        findings, flags = read_rows(pipeline.store.con)
+        alerts = alert_rows(watch.received()) if watch is not None else []
         faulted: dict[str, tuple[int, DrillMode]] = {}
         for result, mode in zip(results, modes, strict=True):
             score_mode(result, mode, findings, flags, end_ms)
+            score_alerts(result, mode, alerts, end_ms)
             if FLAG in mode.expected:
-                result.kv_crossing_s = _kv_crossings(pipeline, result, profile)
+                result.kv_crossing_s = kv_crossings(
+                    pipeline.store.con, pipeline.jobs.config.flags, result
+                )
             faulted[result.instance] = (result.injected_ts_ms, mode)
     run = FleetRun(
         name,
         [m.name for m in modes],
         [p for p in gpu_pods.values() if p not in faulted],
         round(end_s / 60, 2),
-        false_positives(name, findings, flags, faulted),
+        false_positives(name, findings, flags, faulted)
+        + alert_false_positives(name, alerts, faulted),
+        alerts=sorted({a.name for a in alerts}),
+        harness_lag_ms=harness_lag,
     )
     return results, run
 
@@ -276,6 +359,15 @@ def _gateway_config(modes: list[DrillMode]) -> GatewayConfig | None:
         return None
     options = {k: v for m in modes for k, v in m.gateway.items()}
     return GatewayConfig.model_validate({"health_interval_s": 1.0, **options})
+
+
+def _wait_out(t0: float, end_s: float, name: str, say: Any, every_s: float = 300.0) -> None:
+    """Sleep until ``t0 + end_s``, saying how far the run is every ``every_s`` (long
+    healthy runs print progress)."""
+    while time.monotonic() < t0 + end_s:
+        _sleep_until(min(t0 + end_s, time.monotonic() + every_s))
+        if say and time.monotonic() < t0 + end_s - 1:
+            say(f"[drill] {name}: {(time.monotonic() - t0) / 60:.1f} of {end_s / 60:.1f} min")
 
 
 def _schedule(modes: list[DrillMode], profile: DrillProfile, rng: random.Random) -> list[float]:
@@ -342,43 +434,6 @@ def _play(
                 f"[drill] {fleet_name} t={at_s:5.1f}s {action} {mode.name} on {results[i].instance}"
             )
     return results
-
-
-def _read_rows(pipeline: Pipeline) -> tuple[list[FindingRow], list[FlagRow]]:
-    cursor = pipeline.store.con.cursor()
-    findings = [
-        FindingRow(*row)
-        for row in cursor.execute(
-            "SELECT ts_ms, state, signal, scope, scope_id FROM slo_findings ORDER BY ts_ms"
-        ).fetchall()
-    ]
-    flags = [
-        FlagRow(*row)
-        for row in cursor.execute(
-            "SELECT ts_ms, scope, scope_id, from_level, to_level FROM flag_transitions ORDER BY ts_ms"
-        ).fetchall()
-    ]
-    return findings, flags
-
-
-def _kv_crossings(
-    pipeline: Pipeline, result: ModeResult, profile: DrillProfile
-) -> dict[int, float]:
-    """Seconds from injection to the first scraped KV usage past each flag line (L1–L3), so
-    the flag's own lag (flag time − crossing) can be judged against the scrape interval."""
-    policy = pipeline.jobs.config.flags
-    lines = {1: policy.l1_free, 2: policy.l2_free, 3: policy.l3_free}
-    out = {}
-    cursor = pipeline.store.con.cursor()
-    for level, free in lines.items():
-        (first,) = cursor.execute(
-            "SELECT min(ts_ms) FROM engine_samples WHERE instance = ? AND signal = 'kv_usage' "
-            "AND value > ? AND ts_ms >= ?",
-            [result.instance, 1 - free, result.injected_ts_ms],
-        ).fetchone() or (None,)
-        if first is not None:
-            out[level] = round((int(first) - result.injected_ts_ms) / 1000, 1)
-    return out
 
 
 def select_modes(spec: str) -> list[DrillMode]:

@@ -33,7 +33,13 @@ from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
 from simulator.load import LoadConfig, run_load_sync
 from simulator.traces import poisson_arrivals
 
-__all__ = ["DrillEdges"]
+__all__ = ["CLIENT_DEADLINE_S", "DrillEdges"]
+
+#: The load clients give up after this long (s): longer than any healthy stream, so a
+#: client's deadline never counts against a healthy fleet (a 3,000-token answer, ~23 means
+#: of the drill's exponential output length, streams in ~140 s at 70 % load), while a
+#: stalled pod's clients still give up. The old 30 s cut ~0.7 % of healthy streams.
+CLIENT_DEADLINE_S = 180.0
 
 T = TypeVar("T")
 
@@ -92,6 +98,11 @@ class DrillEdges:
         self._extra: list[threading.Event] = []
         self._load: threading.Thread | None = None
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The taps' and the collector's event loop."""
+        return self._loop
+
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(60)
 
@@ -122,7 +133,9 @@ class DrillEdges:
         """Extra Poisson load at ``rate_per_s`` through tap ``tap_index`` only, for
         ``duration_s`` or until the returned event is set (a hot instance, injected)."""
         stop = threading.Event()
-        config = LoadConfig(targets=[self.tap_urls[tap_index]], deadline_s=30, seed=tap_index + 1)
+        config = LoadConfig(
+            targets=[self.tap_urls[tap_index]], deadline_s=CLIENT_DEADLINE_S, seed=tap_index + 1
+        )
         requests = list(poisson_arrivals(rate_per_s, duration_s))
         threading.Thread(
             target=run_load_sync,
@@ -135,7 +148,9 @@ class DrillEdges:
         return stop
 
     def _run_load(self) -> None:
-        config = LoadConfig(targets=self.tap_urls, deadline_s=30, **self._load_options)
+        config = LoadConfig(
+            targets=self.tap_urls, deadline_s=CLIENT_DEADLINE_S, **self._load_options
+        )
         run_load_sync(
             config,
             list(poisson_arrivals(self._rate, self._duration)),

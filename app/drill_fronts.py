@@ -20,13 +20,13 @@ from typing import Any
 from app.drill import (
     DrillProfile,
     FleetRun,
-    _read_rows,
     _schedule,
     _sleep_until,
     drill_config,
 )
 from app.drill_edges import DrillEdges
 from app.drill_modes import DrillMode
+from app.drill_rows import read_rows
 from app.drill_score import ModeResult, false_positives, score_mode
 from app.run import Pipeline, load_model
 from app.sections import load_config
@@ -182,7 +182,7 @@ def run_front_end_fleet(
         time.sleep(2 * profile.scrape_s)
         pipeline.final_cycle()
         time.sleep(3.0)  # the final cycle's flag transitions travel the bus into the store
-        findings, flags = _read_rows(pipeline)
+        findings, flags = read_rows(pipeline.store.con)
         score_mode(result, mode, findings, flags, end_ms)
         others = [p.instance for p in fleet.pods] + [
             _address(u) for f, u in urls.items() if f != kind.faulted

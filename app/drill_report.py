@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict
 
 import duckdb
 import pyarrow as pa
 
 from app.drill import DrillReport
+from app.drill_score import FalsePositive
 from slo.queries import DRILLS_SCHEMA
 from slo.tables import DRILLS
 
@@ -19,9 +21,47 @@ def _s(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f}"
 
 
-def render_markdown(report: DrillReport) -> str:
-    """The report: profile, one row per mode, false positives per fleet."""
+def _alert_cell(report: DrillReport, value: float | None) -> str:
+    return "not run" if report.alertmanager is None else _s(value)
+
+
+def _lag(lag: dict[str, dict[str, float]]) -> str:
+    """p99 / max wake-up lateness of the pods' and the taps' event loops (ms)."""
+    parts = [f"{name} p99 {v['p99_ms']:g} / max {v['max_ms']:g} ms" for name, v in lag.items() if v]
+    return ", ".join(parts) or "not measured"
+
+
+def _tally(fps: list[FalsePositive]) -> str:
+    counts = Counter(f"{p.kind} {p.name}" for p in fps)
+    return f" ({', '.join(f'{k} ×{n}' for k, n in sorted(counts.items()))})" if counts else ""
+
+
+def _load_line(report: DrillReport) -> str:
     p = report.profile
+    healthy = (
+        f"the healthy control at {p.healthy_load:g} of capacity"
+        if p.healthy_load is not None
+        else "the healthy control the same"
+    )
+    return (
+        f"Load: Poisson, {p.rate_per_pod:g} req/s per pod in the mode fleets, {healthy} "
+        f"(per fleet below). Capacity: {report.capacity_method or 'not measured'}."
+    )
+
+
+def render_markdown(report: DrillReport) -> str:
+    """The report: profile, load, alerting, one row per mode, false positives per fleet."""
+    p = report.profile
+    alerting = (
+        f"Alerts: a real Alertmanager per fleet ({report.alertmanager}) on loopback, fed by "
+        "the pipeline's alert pusher; first alert s = Alertmanager's updatedAt (its receipt, "
+        "read from /api/v2/alerts) of the first alert of a detecting signal on the instance "
+        "(the degradation alert where a flag detects); in brackets every alert received "
+        "about it. False positives include alerts on healthy instances and, in the control "
+        "fleet, on the pool."
+        if report.alertmanager is not None
+        else "Alerts: not run (prometheus-alertmanager is not installed)."
+    )
     lines = [
         "# llmslo drill",
         "",
@@ -29,11 +69,15 @@ def render_markdown(report: DrillReport) -> str:
         f"{p.interval_s:g} s, stall_for_s {p.stall_for_s:g}, flag dwell {p.dwell_s:g} s, "
         f"fragmentation/queue windows {p.detector_window_s:g} s, entry/gateway windows "
         f"{p.edge_window_s:g} s with a probe every {p.probe_interval_s:g} s, detector lookback "
-        f"{p.lookback_s:g} s; warm-up {p.warmup_s:g} s + "
-        f"random 0–{p.jitter_s:g} s (seed {p.seed}), fault held {p.hold_s:g} s, then "
-        f"{p.clear_s:g} s to clear; load {p.rate_per_pod:g} req/s per pod; "
-        f"{p.healthy_pods} healthy pods per shared fleet. Alerts: no Alertmanager push in this "
-        "drill (column always —). Flag levels: seconds from injection to the flag / to the first scraped KV usage past that level's line.",
+        f"{p.lookback_s:g} s, crash reported for {p.restart_hold_s:g} s; warm-up "
+        f"{p.warmup_s:g} s + random 0–{p.jitter_s:g} s (seed {p.seed}), fault held "
+        f"{p.hold_s:g} s, then {p.clear_s:g} s to clear; {p.healthy_pods} healthy pods per "
+        "shared fleet. Flag levels: seconds from injection to the flag / to the first "
+        "scraped KV usage past that level's line.",
+        "",
+        _load_line(report),
+        "",
+        alerting,
         "",
         f"Front-end windows: P/D transfer failures {p.detector_window_s / 2:g} s, KV-index hit "
         f"ratio {p.detector_window_s:g} s, autoscaler behind ≥ {p.detector_window_s / 2:g} s "
@@ -51,7 +95,9 @@ def render_markdown(report: DrillReport) -> str:
         lines.append(
             f"| {r.mode} | {r.fleet} | {'yes' if r.detected else '**missed**'} | "
             f"{', '.join(r.detected_by) or '—'} | {_s(r.detect_s)} | {_s(r.first_finding_s)} | "
-            f"{_s(r.first_flag_s)}{' (' + levels + ')' if levels else ''} | {_s(r.first_alert_s)} | "
+            f"{_s(r.first_flag_s)}{' (' + levels + ')' if levels else ''} | "
+            f"{_alert_cell(report, r.first_alert_s)}"
+            f"{' (' + ', '.join(r.alerted_by) + ')' if r.alerted_by else ''} | "
             f"{_s(r.clear_s) if r.detected else '—'} | {', '.join(r.other_signals) or '—'} |"
         )
     detected = sum(r.detected for r in report.results)
@@ -63,9 +109,13 @@ def render_markdown(report: DrillReport) -> str:
         "",
     ]
     for fleet in report.fleets:
+        share = "" if fleet.load_share is None else f" = {fleet.load_share:.2f} of capacity"
         lines.append(
-            f"- {fleet.name} ({fleet.minutes:g} min, healthy instances: "
-            f"{', '.join(fleet.healthy_instances) or 'none'}): {len(fleet.false_positives)}"
+            f"- {fleet.name} ({fleet.minutes:g} min at {fleet.rate_per_pod:g} req/s per pod"
+            f"{share}; healthy instances: {', '.join(fleet.healthy_instances) or 'none'}; "
+            f"alerts received: {', '.join(fleet.alerts) or 'none'}; harness loop lateness "
+            f"{_lag(fleet.harness_lag_ms)}): {len(fleet.false_positives)}"
+            + _tally(fleet.false_positives)
         )
         for fp in fleet.false_positives:
             lines.append(f"  - {fp.kind} {fp.name} on {fp.scope_id} at {fp.ts_ms}")

@@ -15,11 +15,14 @@ from typing import NamedTuple
 from app.drill_modes import FLAG, DrillMode, matches
 
 __all__ = [
+    "AlertRow",
     "FalsePositive",
     "FindingRow",
     "FlagRow",
     "ModeResult",
+    "alert_false_positives",
     "false_positives",
+    "score_alerts",
     "score_mode",
 ]
 
@@ -44,13 +47,24 @@ class FlagRow(NamedTuple):
     to_level: int
 
 
+class AlertRow(NamedTuple):
+    """One firing alert as Alertmanager received it (``app.drill_alerts.ReceivedAlert``)."""
+
+    received_ts_ms: int
+    name: str  # alertname
+    instance: str | None  # its instance label (finding, flag and per-instance SLO alerts)
+    pool: str | None
+    slo: bool  # an SLO burn alert (has slo_id), not a signal or a flag
+    signal: str | None = None  # a finding's signal, "degradation" for a flag, None for SLOs
+
+
 @dataclass(frozen=True)
 class FalsePositive:
     """A finding or flag rise where nothing was wrong: on a healthy pod, or before injection."""
 
     fleet: str
-    kind: str  # finding | flag
-    name: str  # signal, or "L<n>" for a flag
+    kind: str  # finding | flag | alert
+    name: str  # signal, "L<n>" for a flag, alertname for an alert
     scope_id: str
     ts_ms: int
 
@@ -70,7 +84,8 @@ class ModeResult:
     detect_s: float | None = None
     first_finding_s: float | None = None
     first_flag_s: float | None = None
-    first_alert_s: float | None = None  # no alert push in this drill yet: always None
+    first_alert_s: float | None = None  # Alertmanager's receipt of the first alert naming it
+    alerted_by: list[str] = field(default_factory=list)  # alertnames received
     flag_level_s: dict[int, float] = field(default_factory=dict)
     kv_crossing_s: dict[int, float] = field(default_factory=dict)  # engine KV past L1/L2/L3 line
     clear_s: float | None = None
@@ -183,4 +198,54 @@ def false_positives(
             continue
         if not (r.scope_id in faulted and r.ts_ms >= faulted[r.scope_id][0]):
             out.append(FalsePositive(fleet, "flag", f"L{r.to_level}", r.scope_id, r.ts_ms))
+    return sorted(out, key=lambda p: (p.ts_ms, p.scope_id, p.name))
+
+
+def score_alerts(
+    result: ModeResult, mode: DrillMode, alerts: Sequence[AlertRow], end_ms: int
+) -> ModeResult:
+    """Fill ``first_alert_s`` and ``alerted_by`` from the alerts Alertmanager received
+    between injection and ``end_ms`` that name the mode's instance (any alert on the pool
+    too, for a pool-scoped mode). ``first_alert_s`` times the first alert of a signal that
+    detects the mode (the degradation alert where a flag does), as ``first_finding_s``
+    does for findings; ``alerted_by`` lists every alert received about it."""
+    start = result.injected_ts_ms
+    mine = [
+        a
+        for a in sorted(alerts, key=lambda a: (a.received_ts_ms, a.name))
+        if start <= a.received_ts_ms <= end_ms
+        and (a.instance == result.instance or (mode.pool_scoped and a.instance is None))
+    ]
+    detecting = [a for a in mine if _detects(mode, a)]
+    result.first_alert_s = _seconds(detecting[0].received_ts_ms, start) if detecting else None
+    result.alerted_by = sorted({a.name for a in mine})
+    return result
+
+
+def _detects(mode: DrillMode, alert: AlertRow) -> bool:
+    if alert.signal == "degradation":
+        return FLAG in mode.expected
+    return alert.signal is not None and matches(mode.expected, alert.signal)
+
+
+def alert_false_positives(
+    fleet: str, alerts: Iterable[AlertRow], faulted: dict[str, tuple[int, DrillMode]]
+) -> list[FalsePositive]:
+    """Alerts nothing in the drill explains: on a healthy instance, on a faulted one before
+    its injection, and on the pool when no fault ran in the fleet (or, for a signal's pool
+    alert, when no pool-scoped mode ran, as for findings). An SLO burn or a degradation
+    level of the pool in a fleet with a faulted instance is that fault's doing (the pool's
+    level follows its pods'), not a false positive."""
+    pool_faulted = any(mode.pool_scoped for _, mode in faulted.values())
+    out = []
+    for a in alerts:
+        if a.instance is not None:
+            explained = a.instance in faulted and a.received_ts_ms >= faulted[a.instance][0]
+        elif a.slo or a.signal == "degradation":  # the pool's SLO, or its level (from its pods)
+            explained = any(a.received_ts_ms >= injected for injected, _ in faulted.values())
+        else:
+            explained = pool_faulted
+        if not explained:
+            where = a.instance or a.pool or ""
+            out.append(FalsePositive(fleet, "alert", a.name, where, a.received_ts_ms))
     return sorted(out, key=lambda p: (p.ts_ms, p.scope_id, p.name))

@@ -7,7 +7,12 @@ Prints the Markdown report; ``--quick`` drills only stall and KV leak with a 30-
 control. Last line is JSON::
 
     {"bench": "drill", "modes": …, "detected": …, "median_detect_s": …, "stall_detect_s": …,
-     "false_positives": …, "healthy_minutes": …}
+     "false_positives": …, "healthy_minutes": …, "healthy_load": …, "capacity_rps": …,
+     "median_alert_s": …, "alertmanager": true|false}
+
+``healthy_load`` is the control run's share of one pod's capacity (``--healthy-load``; null:
+the mode fleets' rate), ``median_alert_s`` the median time from injection to Alertmanager's
+receipt of the first alert (null when no Alertmanager ran).
 
 Targets (DESIGN §8): every mode detected; stall within ``stall_for_s`` + one scrape
 interval; L1–L3 within two scrape intervals of the crossing; no false positives.
@@ -34,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="stall and kv_leak, 0.5 healthy min")
     parser.add_argument("--modes", default="all")
     parser.add_argument("--healthy-minutes", type=float, default=None)
+    parser.add_argument("--healthy-load", type=float, default=None, help="e.g. 0.7 of capacity")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, help="logs and stores (default: a temporary dir)")
     args = parser.parse_args(argv)
@@ -41,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     minutes = (
         args.healthy_minutes if args.healthy_minutes is not None else (0.5 if args.quick else 2.0)
     )
-    profile = DrillProfile(healthy_minutes=minutes, seed=args.seed)
+    profile = DrillProfile(healthy_minutes=minutes, healthy_load=args.healthy_load, seed=args.seed)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llmslo-drill-") as tmp:
         workdir = args.workdir or Path(tmp)
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_markdown(report))
     times = [r.detect_s for r in report.results if r.detect_s is not None]
     stall = next((r.detect_s for r in report.results if r.mode == "stall"), None)
+    alerts = [r.first_alert_s for r in report.results if r.first_alert_s is not None]
     print(f"wall time {time.monotonic() - started:.0f} s")
     print(
         json.dumps(
@@ -66,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                 "stall_detect_s": stall,
                 "false_positives": report.false_positive_count,
                 "healthy_minutes": minutes,
+                "healthy_load": profile.healthy_load,
+                "capacity_rps": report.capacity_rps,
+                "median_alert_s": round(statistics.median(alerts), 1) if alerts else None,
+                "alertmanager": report.alertmanager is not None,
             }
         )
     )

@@ -413,7 +413,7 @@ FLAG_TRANSITIONS = RecordSchema(
             _field("scope", _DICT_STR, "pool or instance", nullable=False),
             _field("scope_id", _DICT_STR, "the pool name or the instance address", nullable=False),
             _field("pool", _DICT_STR, "pool of the scope"),
-            _field("from_level", pa.int8(), "level before, 0–3", nullable=False),
+            _field("from_level", pa.int8(), "level before, 0–3; −1 = unknown", nullable=False),
             _field(
                 "to_level",
                 pa.int8(),
@@ -640,7 +640,8 @@ VALUE_RULES: dict[tuple[str, int], tuple[ValueRule, ...]] = {
     ("flag_transition", 1): (
         *_timestamps("ts_ms"),
         ValueRule("scope", allowed=("pool", "instance")),
-        *_ranged(0, 3, "from_level", "to_level"),
+        # −1 is the flag board's "unknown" (the instance is down or its data is stale)
+        *_ranged(-1, 3, "from_level", "to_level"),
         *_ranged(0, 1, "kv_free_ratio"),
     ),
     ("alert", 1): (

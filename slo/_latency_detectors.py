@@ -1,6 +1,7 @@
 """Detectors of one instance's latency shifted against the rest of its pool.
 
-Slow prefill (TTFT) and slow decode (TPOT) are signals of their own, not only SLO burn: an
+Slow prefill (TTFT), slow decode (TPOT) and ITL jitter (per request p99 gap − median gap,
+the tap's ``itl_jitter_s``) are signals of their own, not only SLO burn: an
 instance whose distribution sits above its pool's, by a one-sided Mann–Whitney U test
 (scipy) *and* an effect size (median ratio and the probability of superiority U/(n·m)), with
 a minimum number of tap records on each side.
@@ -15,7 +16,7 @@ from slo._traffic_detectors import by_pool
 from slo.findings import DetectorConfig, Finding
 from slo.snapshot import Snapshot
 
-__all__ = ["detect_slow_decode", "detect_slow_prefill"]
+__all__ = ["detect_itl_jitter", "detect_slow_decode", "detect_slow_prefill"]
 
 
 def _shifted(snap: Snapshot, cfg: DetectorConfig, metric: str, signal: str) -> list[Finding]:
@@ -59,3 +60,10 @@ def detect_slow_prefill(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
 def detect_slow_decode(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """An instance's TPOT shifted above the rest of its pool (ok tap records)."""
     return _shifted(snap, cfg, "tpot_s", "slow_decode")
+
+
+def detect_itl_jitter(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """An instance's per-request ITL jitter (p99 gap − median gap, requests with ≥ 10 token
+    chunks) shifted above the rest of its pool: a stuttering stream, even when the mean
+    TPOT barely moves (ok tap records)."""
+    return _shifted(snap, cfg, "itl_jitter_s", "itl_jitter")

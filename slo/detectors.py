@@ -37,7 +37,7 @@ from slo._infra_detectors import (
     detect_kv_index_stale,
     detect_kv_transfer_timeout,
 )
-from slo._latency_detectors import detect_slow_decode, detect_slow_prefill
+from slo._latency_detectors import detect_itl_jitter, detect_slow_decode, detect_slow_prefill
 from slo._traffic_detectors import (
     by_pool,
     detect_hot_instance,
@@ -78,11 +78,12 @@ DETECTORS: dict[str, Detector] = {
     "autoscaler_lag": detect_autoscaler_lag,
     "prefill_failure": detect_prefill_failure,
     "stream_interrupted": detect_stream_interrupted,
+    "itl_jitter": detect_itl_jitter,
 }
 
 
 #: Signals that compare an instance with its pool: most of a pool cannot hold them at once.
-_NOT_POOLED = ("hot_instance", "slow_prefill", "slow_decode")
+_NOT_POOLED = ("hot_instance", "slow_prefill", "slow_decode", "itl_jitter")
 
 
 def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) -> list[Finding]:

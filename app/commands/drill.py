@@ -19,7 +19,7 @@ __all__ = ["register"]
 EXAMPLES = """\
 llmslo drill                                   # every mode + 2 healthy minutes (~15 min)
 llmslo drill --modes stall,kv_leak --healthy-minutes 1 -o var/drill.md --json var/drill.json
-llmslo drill --modes none --healthy-minutes 30  # healthy control only: everything is a false positive
+llmslo drill --modes none --healthy-minutes 30 --healthy-load 0.7  # DESIGN §8's healthy run
 """
 
 
@@ -40,6 +40,14 @@ def register(subparsers: Any) -> None:
         default=2.0,
         help="length of the fault-free control run, 0 for none (default 2)",
     )
+    parser.add_argument(
+        "--healthy-load",
+        type=float,
+        default=None,
+        help="the healthy control's load as a share of one pod's capacity, e.g. 0.7 "
+        "(capacity measured on the simulator's engine model; default: the mode fleets' "
+        f"{DrillProfile.rate_per_pod:g} req/s per pod)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="injection moments (default 0)")
     parser.add_argument("-o", "--output", default="-", help="Markdown report file, - for stdout")
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
@@ -54,7 +62,9 @@ def run_drill_cmd(args: argparse.Namespace) -> int:
     if args.healthy_minutes < 0:
         raise ConfigError("--healthy-minutes: must be ≥ 0")
     modes = [] if args.modes.strip() == "none" else select_modes(args.modes)
-    profile = DrillProfile(healthy_minutes=args.healthy_minutes, seed=args.seed)
+    profile = DrillProfile(
+        healthy_minutes=args.healthy_minutes, healthy_load=args.healthy_load, seed=args.seed
+    )
     report = run_drill(
         modes,
         args.workdir,

@@ -2,7 +2,8 @@
 
 One drill run (module fixture, ~3 minutes): stall and KV leak on their own pods, a third
 pod stalled under a mode whose expected signal no detector emits (it must be reported as
-missed), two healthy pods, then a short healthy control fleet. Every assertion is checked
+missed), two healthy pods, then a short healthy control fleet at half its capacity. With
+``prometheus-alertmanager`` installed each fleet's alerts go to a real Alertmanager. Every assertion is checked
 against what the pipeline stored, not against the runner's own bookkeeping.
 """
 
@@ -17,6 +18,7 @@ from app.drill import DrillProfile, DrillReport, run_drill
 from app.drill_modes import MODES, DrillMode
 from app.drill_report import render_markdown, write_drills
 from slo.queries import drills
+from tests.conftest import require_tool
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +28,7 @@ PROFILE = DrillProfile(
     hold_s=40,
     clear_s=35,
     healthy_minutes=0.75,
+    healthy_load=0.5,
     modes_per_fleet=3,
     seed=7,
 )
@@ -144,3 +147,39 @@ def test_the_report_lands_in_the_drills_table_the_dashboard_reads(
         r.detect_s for r in report.results if r.mode == "stall"
     )
     assert rows["healthy"]["false_positives"] == len(report.fleets[1].false_positives)
+
+
+def test_the_stall_alert_reached_alertmanager_right_after_its_finding(
+    drilled: tuple[DrillReport, Path],
+) -> None:
+    report, workdir = drilled
+    if report.alertmanager is None:
+        require_tool("prometheus-alertmanager", "alertmanager")  # skip, or fail under CI
+    stall = next(r for r in report.results if r.mode == "stall")
+    assert "LlmEngineStalled" in stall.alerted_by
+    assert stall.first_alert_s is not None and stall.first_finding_s is not None
+    # Pushed by the cycle that found it; the pusher's thread posts within a second.
+    assert stall.first_finding_s <= stall.first_alert_s <= stall.first_finding_s + 5
+    (recorded,) = _stored(
+        workdir,
+        stall.fleet,
+        "SELECT min(ts_ms) FROM alerts WHERE alertname = 'LlmEngineStalled' "
+        f"AND state = 'firing' AND labels_json LIKE '%{stall.instance}%'",
+    )
+    received_ms = stall.injected_ts_ms + stall.first_alert_s * 1000
+    assert int(str(recorded[0])) <= received_ms + 100  # recorded at the cycle, then received
+
+
+def test_the_healthy_control_runs_at_the_stated_share_of_capacity(
+    drilled: tuple[DrillReport, Path],
+) -> None:
+    report, workdir = drilled
+    control = report.fleets[-1]
+    assert report.capacity_rps is not None and 3 < report.capacity_rps < 15
+    assert control.load_share == 0.5
+    assert control.rate_per_pod == pytest.approx(0.5 * report.capacity_rps, abs=0.01)
+    pods = len(control.healthy_instances)
+    ((served,),) = _stored(workdir, control.name, "SELECT count(*) FROM requests")
+    offered = control.rate_per_pod * pods * control.minutes * 60
+    assert 0.7 * offered <= int(str(served)) <= 1.3 * offered  # Poisson, ~180 requests
+    assert "0.5 of capacity" in render_markdown(report)

@@ -6,7 +6,16 @@ import pytest
 
 from app.drill import plan_fleets, select_modes
 from app.drill_modes import FLAG, MODES, DrillMode, matches
-from app.drill_score import FindingRow, FlagRow, ModeResult, false_positives, score_mode
+from app.drill_score import (
+    AlertRow,
+    FindingRow,
+    FlagRow,
+    ModeResult,
+    alert_false_positives,
+    false_positives,
+    score_alerts,
+    score_mode,
+)
 from collectors.tap.config import TapConfig
 from pipeline.errors import ConfigError
 from simulator.config import GatewayConfig
@@ -164,3 +173,58 @@ def test_a_gateway_mode_is_scored_on_the_gateway_and_pods_stay_healthy() -> None
     assert scored.detected_by == ["entry_unavailable", "router_unavailable"]
     (fp,) = false_positives("fleet0", rows, [], {gateway: (T0, MODES["router_down"])})
     assert (fp.name, fp.scope_id) == ("target_down", POD)
+
+
+def test_the_first_alert_received_about_the_instance_after_injection_times_the_alert() -> None:
+    alerts = [
+        AlertRow(T0 - 2_000, "LlmEngineStalled", POD, "pool", False, "stall"),  # before
+        AlertRow(T0 + 9_000, "LlmEngineStalled", OTHER, "pool", False, "stall"),  # another pod
+        AlertRow(T0 + 12_000, "InferenceAvailability", None, "pool", True),  # the pool's SLO
+        AlertRow(T0 + 15_000, "LlmQueueGrowth", POD, "pool", False, "queue_growth"),
+        AlertRow(T0 + 23_500, "LlmEngineStalled", POD, "pool", False, "stall"),
+        AlertRow(T0 + 31_000, "LlmDegradationLevel", POD, "pool", False, "degradation"),
+        AlertRow(END + 1_000, "LlmCrash", POD, "pool", False, "crash"),  # after the run
+    ]
+    result = score_alerts(_result(), MODES["stall"], alerts, END)
+    # The queue grew first, but the stall's own alert is what times the detection.
+    assert result.first_alert_s == 23.5
+    assert result.alerted_by == ["LlmDegradationLevel", "LlmEngineStalled", "LlmQueueGrowth"]
+    assert score_alerts(_result(), MODES["stall"], alerts[:4], END).first_alert_s is None
+    leak = ModeResult("kv_leak", "fleet0", POD, "kv_leak", T0, T1)
+    assert score_alerts(leak, MODES["kv_leak"], alerts, END).first_alert_s == 31.0  # the flag
+    pooled = ModeResult("retry_storm", "fleet0", POD, "prefill_failure", T0, T1)
+    storm = [*alerts, AlertRow(T0 + 14_000, "LlmRetryStorm", None, "pool", False, "retry_storm")]
+    assert score_alerts(pooled, MODES["retry_storm"], storm, END).first_alert_s == 14.0
+
+
+def test_alerts_nothing_explains_are_false_positives() -> None:
+    faulted = {POD: (T0, MODES["stall"])}
+    alerts = [
+        AlertRow(T0 + 5_000, "LlmEngineStalled", POD, "pool", False),  # the fault's
+        AlertRow(T0 - 5_000, "LlmSlowPrefill", POD, "pool", False),  # before injection
+        AlertRow(T0 + 5_000, "LlmSlowPrefill", OTHER, "pool", False),  # a healthy pod
+        AlertRow(T0 + 8_000, "InferenceAvailability", None, "pool", True),  # burnt by the fault
+        AlertRow(T0 - 8_000, "InferenceTtftP99", None, "pool", True),  # before any fault
+        AlertRow(T0 + 8_000, "LlmRetryStorm", None, "pool", False),  # a signal on the pool
+        AlertRow(T0 + 9_000, "LlmDegradationLevel", None, "pool", False, "degradation"),
+    ]
+    found = alert_false_positives("fleet0", alerts, faulted)
+    assert [(p.kind, p.name, p.scope_id) for p in found] == [
+        ("alert", "InferenceTtftP99", "pool"),
+        ("alert", "LlmSlowPrefill", POD),
+        ("alert", "LlmSlowPrefill", OTHER),
+        ("alert", "LlmRetryStorm", "pool"),
+    ]
+    # The healthy control: every alert counts.
+    assert len(alert_false_positives("healthy", alerts, {})) == len(alerts)
+
+
+def test_alerts_received_in_one_post_score_whatever_their_labels() -> None:
+    """One POST carries a pool's SLO alerts and an instance's alert with the same name and
+    receipt time (a real drill crashed on sorting them)."""
+    alerts = [
+        AlertRow(T0 + 4_000, "LlmX", None, "pool", True),
+        AlertRow(T0 + 4_000, "LlmX", POD, None, False, "stall"),
+    ]
+    assert score_alerts(_result(), MODES["stall"], alerts, END).first_alert_s == 4.0
+    assert [p.scope_id for p in alert_false_positives("healthy", alerts, {})] == [POD, "pool"]

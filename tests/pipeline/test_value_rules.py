@@ -94,6 +94,7 @@ def _json_reason(schema: RecordSchema, rows: list[dict[str, object]]) -> DecodeE
         (ENGINE_SAMPLES, "ts_ms", -1, "ts_ms=-1"),
         (GPU_SAMPLES, "gpu", -1, "gpu=-1"),
         (FLAG_TRANSITIONS, "to_level", 7, "to_level=7"),
+        (FLAG_TRANSITIONS, "from_level", -2, "from_level=-2"),
         (FLAG_TRANSITIONS, "kv_free_ratio", 1.5, "kv_free_ratio=1.5"),
         (FLAG_TRANSITIONS, "scope", "galaxy", "scope='galaxy'"),
         (ALERTS, "state", "exploded", "state='exploded'"),
@@ -109,6 +110,18 @@ def test_a_value_outside_its_rule_is_refused_naming_field_and_value(
     error = _json_reason(schema, [good, {**good, field: value}])
     assert error.reason == "invalid_value"
     assert words in str(error) and "row 1" in str(error)
+
+
+def test_a_flag_going_unknown_and_coming_back_is_a_valid_transition() -> None:
+    """Level −1 is the flag board's "unknown" (target down, data stale): the jobs publish
+    L0 → L−1 and L−1 → L0, and losing them to the dead letters hid every crash from the
+    flag timeline."""
+    rows = [
+        {**_MINIMAL[FLAG_TRANSITIONS], "scope": "instance", "from_level": 0, "to_level": -1},
+        {**_MINIMAL[FLAG_TRANSITIONS], "scope": "instance", "from_level": -1, "to_level": 0},
+    ]
+    decoded = decode_message(encode_json(rows), headers_for(FLAG_TRANSITIONS, JSON_CONTENT_TYPE))
+    assert decoded.table.column("to_level").to_pylist() == [-1, 0]
 
 
 def test_the_reason_holds_a_bounded_excerpt_of_a_huge_value() -> None:

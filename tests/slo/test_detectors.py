@@ -106,6 +106,10 @@ def slow_decode(s: State, _: float) -> None:
     s["tpot_s"] = 0.075
 
 
+def itl_jitter(s: State, _: float) -> None:
+    s["request"] = {"itl_jitter_s": 0.2}  # p99 gap 200 ms above the median (pool: 16 ms)
+
+
 def hot_by_tokens(s: State, _: float) -> None:
     s["request"] = {"completion_tokens": 600, "token_chunks": 600}  # same requests, 6× tokens
 
@@ -156,6 +160,7 @@ CASES: list[tuple[str, Callable[[State, float], None], str, str]] = [
     ),
     ("slow prefill: TTFT shifted against the pool", slow_prefill, "slow_prefill", "mann_whitney"),
     ("slow decode: TPOT shifted against the pool", slow_decode, "slow_decode", "mann_whitney"),
+    ("ITL jitter shifted against the pool", itl_jitter, "itl_jitter", "mann_whitney"),
     ("hot instance by tokens, not requests", hot_by_tokens, "hot_instance", "token_share"),
     ("hot DP rank within an instance", hot_rank, "hot_rank", "rank_throughput"),
     ("XID 79: fallen off the bus", xid(79), "xid_fallen_off_bus", "dcgm_xid"),
@@ -249,6 +254,7 @@ def test_gini_and_the_detector_table() -> None:
         "autoscaler_lag",
         "prefill_failure",
         "stream_interrupted",
+        "itl_jitter",
     }
 
 
@@ -320,7 +326,15 @@ def test_a_healthy_dp_deployment_raises_no_hot_rank(store: Store) -> None:
 
 def test_the_faulty_instance_is_the_only_one_with_a_finding(store: Store) -> None:
     """Each new mode on instance 1 of 4: every finding is on instance 1 (no collateral)."""
-    for fault in (crash, down, not_ready, model_load_failure, slow_prefill, slow_decode):
+    for fault in (
+        crash,
+        down,
+        not_ready,
+        model_load_failure,
+        slow_prefill,
+        slow_decode,
+        itl_jitter,
+    ):
         store.con.execute("DELETE FROM engine_samples_values; DELETE FROM requests")
         store.con.execute("DELETE FROM gpu_samples_values; DELETE FROM target_health")
         fleet = FleetTimeline(instances=4, seconds=900).add_fault(1, 300, fault)

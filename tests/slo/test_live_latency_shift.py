@@ -101,6 +101,9 @@ def test_slow_prefill_slow_decode_and_hot_tokens_are_found_on_their_pod_only(
     # chunked prefill: pod-1's TPOT may shift too. The healthy pods never.
     assert "pod-2" in found.get("slow_decode", set())
     assert found["slow_decode"] <= {"pod-1", "pod-2"}
-    assert set(found) == {"hot_instance", "slow_prefill", "slow_decode"}  # nothing else
+    # Likewise the long prefill steps interleaved with decodes widen pod-1's ITL tail: the
+    # stutter itl_jitter looks for. Longer streams alone (pod-3) never raise it.
+    assert found.get("itl_jitter", set()) <= {"pod-1", "pod-2"}
+    assert set(found) - {"itl_jitter"} == {"hot_instance", "slow_prefill", "slow_decode"}
     healthy = _findings(tmp_path / "healthy", lambda _: None, [24, 24, 24, 24])
     assert healthy == {}
