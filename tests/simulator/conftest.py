@@ -77,7 +77,8 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, interval: flo
 
 
 def open_stream(port: int, body: dict[str, Any], route: str = "/v1/completions") -> socket.socket:
-    """Start a streaming request on a raw socket and read the response head."""
+    """Start a streaming request on a raw socket and read the response head (not a byte
+    more: the first events may arrive in the same segment as the head)."""
     payload = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.sendall(
@@ -85,7 +86,11 @@ def open_stream(port: int, body: dict[str, Any], route: str = "/v1/completions")
         f"Content-Length: {len(payload)}\r\n\r\n".encode()
         + payload
     )
-    head = sock.recv(4096)
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):  # the head only: body bytes stay for the caller
+        byte = sock.recv(1)
+        assert byte, f"connection closed inside the response head: {head[:200]!r}"
+        head += byte
     assert head.startswith(b"HTTP/1.1 200"), head[:200]
     return sock
 
