@@ -113,7 +113,9 @@ class Autoscaler:
         await self.gateway.set_active(self.gateway.upstreams[: self.min_replicas])
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, handle_signals=False, handler_cancellation=True, shutdown_timeout=0.1
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
         self.port = self._runner.addresses[0][1]

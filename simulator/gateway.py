@@ -118,7 +118,9 @@ class Gateway:
         app.router.add_post("/v1/completions", self._forward)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._own_health)
-        self._runner = web.AppRunner(app, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, handle_signals=False, handler_cancellation=True, shutdown_timeout=0.1
+        )
         await self._runner.setup()
         await self._listen()
         self._health = asyncio.create_task(self._check_health())

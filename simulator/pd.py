@@ -117,7 +117,9 @@ class PdPair:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._serve)
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, handle_signals=False, handler_cancellation=True, shutdown_timeout=0.1
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
