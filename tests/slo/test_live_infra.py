@@ -139,7 +139,10 @@ def test_a_stale_kv_index_is_found_on_the_router_and_not_before(store: Store) ->
         found = _findings(store, "kv_index_stale")
     assert [(f.scope_id, f.basis) for f in found] == [("gateway", "hints_rejected")]
     ev = found[0].evidence
-    assert ev["hints_rejected"] >= 3 and ev["hit_ratio"] <= ev["hit_ratio_before"] / 2
+    # A stale index lowers the token-weighted hit ratio by a third to a half (first turns always
+    # miss): the fall the detector requires, not more.
+    fall = DetectorConfig().kv_index_drop
+    assert ev["hints_rejected"] >= 3 and ev["hit_ratio"] <= ev["hit_ratio_before"] * (1 - fall)
     assert ev["engines"] == ["pod-0", "pod-1", "pod-2"]
 
 
