@@ -42,8 +42,9 @@ __all__ = ["FRONT_END_FLEETS", "FrontEndFleet", "run_front_end_fleet"]
 class FrontEndFleet:
     """Pods, front ends and load of one kind of front-end drill fleet.
 
-    ``front_ends``: the fleet config's ``gateway``/``pd`` keys; ``entry``: the front end the load goes through (``gateway`` or ``pd``); ``faulted``:
-    the one that takes the fault; ``rate_per_s``: background Poisson load in total.
+    ``front_ends``: the fleet config's ``gateway``/``pd`` keys; ``entry``: the front end
+    the load goes through (``gateway`` or ``pd``); ``faulted``: the one that takes the
+    fault; ``rate_per_s``: background Poisson load in total.
     """
 
     pods: int
