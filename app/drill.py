@@ -416,7 +416,10 @@ def _play(
         elif i in extra:
             extra.pop(i).set()
         if mode.on_gateway and mode.fault is not None:
-            fleet.set_gateway_fault(mode.fault, on=action == "set")
+            if action == "set":
+                fleet.set_front_end_fault(mode.fault)
+            else:
+                fleet.clear_front_end_fault(mode.fault)
             pods = []
         for pod in pods:
             if mode.fault is None:

@@ -1,5 +1,6 @@
 """Drill fleets whose fault sits in front of the pods: a P/D pair, a prefix-locality router,
-an autoscaler (:mod:`simulator.frontends`).
+an autoscaler: the fleet's ``gateway:`` and ``pd:`` (:mod:`simulator.frontends`), the same
+front ends ``llmslo sim`` and the gateway modes of :mod:`app.drill` start.
 
 Each such mode gets a fleet of its own: pods, the front end, the real pipeline and edges of
 :mod:`app.drill` (one stream tap in front of the entry point, the collector over the pods,
@@ -33,7 +34,6 @@ from app.sections import load_config
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
 from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
-from simulator.frontends import FrontEnds
 
 __all__ = ["FRONT_END_FLEETS", "FrontEndFleet", "run_front_end_fleet"]
 
@@ -42,8 +42,9 @@ __all__ = ["FRONT_END_FLEETS", "FrontEndFleet", "run_front_end_fleet"]
 class FrontEndFleet:
     """Pods, front ends and load of one kind of front-end drill fleet.
 
-    ``entry``: the front end the load goes through (``gateway`` or ``pd``); ``faulted``:
-    the one that takes the fault; ``rate_per_s``: background Poisson load in total.
+    ``front_ends``: the fleet config's ``gateway``/``pd`` keys; ``entry``: the front end
+    the load goes through (``gateway`` or ``pd``); ``faulted``: the one that takes the
+    fault; ``rate_per_s``: background Poisson load in total.
     """
 
     pods: int
@@ -104,7 +105,7 @@ def _fleet_config(name: str, kind: FrontEndFleet, seed: int) -> FleetConfig:
                 )
                 for i in range(kind.pods)
             ],
-            "front_ends": kind.front_ends,
+            **kind.front_ends,
             "seed": seed,
         }
     )
@@ -136,8 +137,7 @@ def run_front_end_fleet(
     with ExitStack() as stack:
         bus = stack.enter_context(Bus(load_config(None).bus))
         fleet = stack.enter_context(Fleet(_fleet_config(name, kind, profile.seed)))
-        fronts = stack.enter_context(FrontEnds(fleet))
-        urls = {front: url for front, url, _ in fronts.targets()}
+        urls = {front: url for front, url, _ in fleet.front_ends.targets()}
         gpu_pods = {p.name: p.instance for p in fleet.pods}
         pipeline = Pipeline(
             drill_config(bus.bootstrap_servers, db, profile, gpu_pods), load_model(None)
@@ -168,14 +168,14 @@ def run_front_end_fleet(
             if mode.extra_rate_per_s
             else None
         )
-        fronts.set_fault(mode.fault, **dict(mode.params))
+        fleet.set_front_end_fault(mode.fault, **dict(mode.params))
         result.injected_ts_ms = int(time.time() * 1000)
         if say:
             say(f"[drill] {name} t={inject_s:5.1f}s set {mode.name} on {kind.faulted}")
         _sleep_until(t0 + inject_s + profile.hold_s)
         if extra is not None:
             extra.set()
-        fronts.clear_fault(mode.fault)
+        fleet.clear_front_end_fault(mode.fault)
         result.removed_ts_ms = int(time.time() * 1000)
         _sleep_until(t0 + end_s)
         end_ms = int(time.time() * 1000)

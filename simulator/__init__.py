@@ -13,19 +13,25 @@ Public API (others code against it)::
     with Fleet(FleetConfig(nodes=[...], pods=[...], speed=1.0, seed=0)) as fleet:
         fleet.pods[0].url; fleet.dcgm[0].url
         fleet.set_fault("pod-0", "stall"); fleet.clear_fault("pod-0", "stall")
-    # a gateway + router in front of the pods (the entry point; faults gateway_down, router_down)
-    with Fleet(FleetConfig(pods=[...], gateway=GatewayConfig(router_down_policy="fail_close"))) as fleet:
-        fleet.gateway.url; fleet.set_gateway_fault("router_down", on=True)
+    # what stands in front of the pods, started by the fleet (simulator.frontends): a gateway +
+    # router (faults gateway_down, router_down, stale_kv_index) with an optional autoscaler
+    # (autoscaler_lag), and a prefill/decode pair (kv_transfer_timeout)
+    gateway = GatewayConfig(router_down_policy="fail_close", autoscaler=AutoscalerConfig())
+    with Fleet(FleetConfig(pods=[...], gateway=gateway, pd=PdConfig(prefill="a", decode="b"))) as fleet:
+        fleet.gateway.url; fleet.autoscaler.url; fleet.pd.url
+        fleet.set_front_end_fault("router_down"); fleet.clear_front_end_fault("router_down")
 """
 
 from __future__ import annotations
 
 from simulator.config import (
     DIALECTS,
+    AutoscalerConfig,
     EngineConfig,
     FleetConfig,
     GatewayConfig,
     NodeConfig,
+    PdConfig,
     PodConfig,
     load_fleet_config,
     simple_fleet,
@@ -36,12 +42,14 @@ from simulator.fleet import Fleet
 __all__ = [
     "DIALECTS",
     "FAULTS",
+    "AutoscalerConfig",
     "EngineConfig",
     "FaultBoard",
     "Fleet",
     "FleetConfig",
     "GatewayConfig",
     "NodeConfig",
+    "PdConfig",
     "PodConfig",
     "UnknownFaultError",
     "load_fleet_config",

@@ -59,9 +59,10 @@ class Autoscaler:
         tick_s: float = 0.2,
         name: str = "llm-pool",
         namespace: str = "serving",
+        host: str = "127.0.0.1",
     ) -> None:
         """``name``/``namespace``: the HPA's and its deployment's, as kube-state-metrics
-        labels them."""
+        labels them; ``host``: where its ``/metrics`` listens (a free port)."""
         if not 1 <= min_replicas <= len(gateway.upstreams):
             raise ConfigError("autoscaler.min_replicas: between 1 and the gateway's upstreams")
         self.gateway = gateway
@@ -72,7 +73,7 @@ class Autoscaler:
         self._pending_ready_at: float | None = None
         self._below_since: float | None = None
         self._task: asyncio.Task[None] | None = None
-        self.host, self.port = "127.0.0.1", 0
+        self.host, self.port = host, 0
         self._runner: web.AppRunner | None = None
         r = self.registry = CollectorRegistry()
         hpa = {"namespace": namespace, "horizontalpodautoscaler": name}

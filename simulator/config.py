@@ -18,14 +18,12 @@ from simulator.perf import PROFILES
 
 __all__ = [
     "DIALECTS",
-    "AutoscalerSpec",
+    "AutoscalerConfig",
     "EngineConfig",
     "FleetConfig",
-    "FrontEndsConfig",
     "GatewayConfig",
-    "GatewaySpec",
     "NodeConfig",
-    "PdSpec",
+    "PdConfig",
     "PodConfig",
     "load_fleet_config",
     "simple_fleet",
@@ -124,25 +122,7 @@ class PodConfig(_Model):
     )
 
 
-class GatewayConfig(_Model):
-    """A gateway with its router in front of every pod (:class:`simulator.gateway.Gateway`):
-    the entry point clients and ``llmslo probe`` call; its ``/metrics`` speak the Inference
-    Extension EPP's names (collector dialect ``epp``)."""
-
-    policy: Literal["round_robin", "least_in_flight", "prefix_locality"] = "round_robin"
-    router_down_policy: Literal["fail_open", "fail_close", "reject"] = Field(
-        default="fail_close",
-        description="while the router is down: route blind (fail_open), 503 (fail_close), "
-        "429 (reject)",
-    )
-    max_in_flight: int = Field(default=64, ge=1, description="requests forwarded at once")
-    max_queue: int = Field(default=64, ge=0, description="requests waiting; more get 429")
-    health_interval_s: float = Field(default=1.0, gt=0, le=60, description="pod readiness checks")
-    pool: str = Field(default="default", min_length=1, description="InferencePool name")
-    port: FreePortOr | None = Field(default=None, description="fixed port; default a free one")
-
-
-class AutoscalerSpec(_Model):
+class AutoscalerConfig(_Model):
     """The gateway's autoscaler (:class:`simulator.autoscaler.Autoscaler`)."""
 
     min_replicas: int = Field(default=1, ge=1)
@@ -154,32 +134,43 @@ class AutoscalerSpec(_Model):
     )
 
 
-class GatewaySpec(_Model):
-    """A gateway + router (:class:`simulator.gateway.Gateway`) in front of ``pods``."""
+class GatewayConfig(_Model):
+    """A gateway with its router (:class:`simulator.gateway.Gateway`) in front of ``pods``:
+    the entry point clients and ``llmslo probe`` call; its ``/metrics`` speak the Inference
+    Extension EPP's names (collector dialect ``epp``). With ``autoscaler`` the gateway's pods
+    are scaled between ``min_replicas`` and all of them."""
 
     policy: Literal["round_robin", "least_in_flight", "prefix_locality"] = "round_robin"
+    router_down_policy: Literal["fail_open", "fail_close", "reject"] = Field(
+        default="fail_close",
+        description="while the router is down: route blind (fail_open), 503 (fail_close), "
+        "429 (reject)",
+    )
     pods: list[str] | None = Field(
         default=None, description="pod names it routes to; default every pod not in the P/D pair"
     )
-    max_in_flight: int = Field(default=64, ge=1)
-    max_queue: int = Field(default=64, ge=0)
-    autoscaler: AutoscalerSpec | None = None
+    max_in_flight: int = Field(default=64, ge=1, description="requests forwarded at once")
+    max_queue: int = Field(default=64, ge=0, description="requests waiting; more get 429")
+    health_interval_s: float = Field(default=1.0, gt=0, le=60, description="pod readiness checks")
+    pool: str | None = Field(
+        default=None,
+        min_length=1,
+        description="InferencePool name (inference_pool_* metrics) and the pool label of its "
+        "scrape target; default the model its pods serve ('default' when they serve several)",
+    )
+    port: FreePortOr | None = Field(default=None, description="fixed port; default a free one")
+    autoscaler: AutoscalerConfig | None = Field(
+        default=None, description="scale the gateway's pods (none by default: all serve)"
+    )
 
 
-class PdSpec(_Model):
+class PdConfig(_Model):
     """A prefill/decode pair (:class:`simulator.pd.PdPair`) over two of the fleet's pods."""
 
     prefill: str = Field(min_length=1)
     decode: str = Field(min_length=1)
     transfer_base_s: float = Field(default=0.002, ge=0)
     transfer_per_block_s: float = Field(default=0.0002, ge=0)
-
-
-class FrontEndsConfig(_Model):
-    """What stands in front of the pods: a gateway (with an autoscaler) and a P/D pair."""
-
-    gateway: GatewaySpec | None = None
-    pd: PdSpec | None = None
 
 
 class FleetConfig(_Model):
@@ -195,9 +186,22 @@ class FleetConfig(_Model):
     seed: int = 0
     host: str = "127.0.0.1"
     gateway: GatewayConfig | None = Field(
-        default=None, description="a gateway + router in front of the pods (none by default)"
+        default=None,
+        description="a gateway + router (and its autoscaler) in front of the pods (none by default)",
     )
-    front_ends: FrontEndsConfig = Field(default_factory=FrontEndsConfig)
+    pd: PdConfig | None = Field(
+        default=None, description="a prefill/decode pair over two pods (none by default)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_front_ends_key(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "front_ends" in data:
+            raise ValueError(
+                "front_ends: no longer a key; write its gateway: (with autoscaler:) and pd: "
+                "at the top level of the fleet config"
+            )
+        return data
 
     @model_validator(mode="after")
     def _placement(self) -> FleetConfig:
@@ -215,18 +219,30 @@ class FleetConfig(_Model):
             bad = [g for g in pod.gpus if not 0 <= g < node.gpus]
             if bad:
                 raise ValueError(f"pod {pod.name!r} uses GPUs {bad} that node {node.name!r} lacks")
-        self._front_ends_name_pods()
+        self._front_end_pods()
         return self
 
-    def _front_ends_name_pods(self) -> None:
+    def _front_end_pods(self) -> None:
         names = {p.name for p in self.pods}
-        pd, gateway = self.front_ends.pd, self.front_ends.gateway
-        named = ([pd.prefill, pd.decode] if pd else []) + ((gateway.pods or []) if gateway else [])
-        unknown = [n for n in named if n not in names]
-        if unknown:
-            raise ValueError(f"front_ends: unknown pods {unknown}")
-        if pd is not None and pd.prefill == pd.decode:
-            raise ValueError("front_ends.pd: prefill and decode must be two pods")
+        if self.pd is not None:
+            unknown = [n for n in (self.pd.prefill, self.pd.decode) if n not in names]
+            if unknown:
+                raise ValueError(f"pd: unknown pods {unknown}")
+            if self.pd.prefill == self.pd.decode:
+                raise ValueError("pd: prefill and decode must be two pods")
+        if self.gateway is not None:
+            unknown = [n for n in self.gateway.pods or [] if n not in names]
+            if unknown:
+                raise ValueError(f"gateway.pods: unknown pods {unknown}")
+            if not self.gateway_pods():
+                raise ValueError("gateway: no pods to route to (every pod is in the P/D pair)")
+
+    def gateway_pods(self) -> list[str]:
+        """Pod names behind the gateway: as configured, else every pod not in the P/D pair."""
+        if self.gateway is not None and self.gateway.pods:
+            return list(self.gateway.pods)
+        paired = {self.pd.prefill, self.pd.decode} if self.pd is not None else set()
+        return [p.name for p in self.pods if p.name not in paired]
 
 
 def _format_error(exc: ValidationError, prefix: str) -> str:

@@ -1,7 +1,8 @@
 """The fleet: every pod and dcgm exporter on one asyncio event loop in a background thread.
 
 ``with Fleet(config) as fleet:`` binds free loopback ports and returns once every server
-listens; fault calls from the caller's thread are marshalled onto the loop.
+listens, the front ends of ``config.gateway``/``config.pd`` (:mod:`simulator.frontends`)
+included; fault calls from the caller's thread are marshalled onto the loop.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from pipeline.errors import ConfigError, LlmsloError
+from simulator.autoscaler import Autoscaler
 from simulator.config import FleetConfig
 from simulator.dcgm import DcgmExporter
-from simulator.gateway import GATEWAY_FAULTS, Gateway
+from simulator.frontends import FrontEnds
+from simulator.gateway import Gateway
+from simulator.pd import PdPair
 from simulator.pod import EnginePod
 
 __all__ = ["Fleet"]
@@ -29,15 +33,17 @@ class Fleet:
     ``pods`` and ``dcgm`` are in config order; each has ``.url`` and ``.instance`` (its
     ``host:port``). Scrape targets and taps name pods by their config name (``pod-0``, …):
     :meth:`file_sd` gives the targets with those names, :meth:`describe` both. With
-    ``config.gateway`` a :class:`~simulator.gateway.Gateway` fronts every pod
-    (:attr:`gateway`; its faults through :meth:`set_gateway_fault`).
+    ``config.gateway`` a :class:`~simulator.gateway.Gateway` fronts its pods
+    (:attr:`gateway`, scaled by :attr:`autoscaler` when configured); with ``config.pd`` a
+    :class:`~simulator.pd.PdPair` serves over two pods (:attr:`pd`). Their faults go
+    through :meth:`set_front_end_fault`.
     """
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
         self.pods: list[EnginePod] = []
         self.dcgm: list[DcgmExporter] = []
-        self.gateway: Gateway | None = None
+        self.front_ends = FrontEnds(config, self.pods)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -83,15 +89,7 @@ class Fleet:
             if pod_config.node is not None:
                 by_node[pod_config.node].attach(pod)
         await asyncio.gather(*(p.start() for p in self.pods), *(d.start() for d in self.dcgm))
-        gw = self.config.gateway
-        if gw is not None:
-            self.gateway = Gateway(
-                [p.url for p in self.pods],
-                host=self.config.host,
-                port=gw.port or 0,
-                **gw.model_dump(exclude={"port"}),
-            )
-            await self.gateway.start()
+        await self.front_ends.start()
 
     def close(self) -> None:
         """Stop every server and the loop thread (idempotent)."""
@@ -109,13 +107,27 @@ class Fleet:
         self._loop = None
 
     async def _stop(self) -> None:
-        if self.gateway is not None:
-            await self.gateway.stop()
+        await self.front_ends.stop()
         await asyncio.gather(
             *(p.stop() for p in self.pods), *(d.stop() for d in self.dcgm), return_exceptions=True
         )
 
     # ---- access -----------------------------------------------------------------------
+    @property
+    def gateway(self) -> Gateway | None:
+        """The gateway + router of ``config.gateway`` (``None`` without one)."""
+        return self.front_ends.gateway
+
+    @property
+    def autoscaler(self) -> Autoscaler | None:
+        """The autoscaler of ``config.gateway.autoscaler``, scaling :attr:`gateway`."""
+        return self.front_ends.autoscaler
+
+    @property
+    def pd(self) -> PdPair | None:
+        """The prefill/decode pair of ``config.pd``."""
+        return self.front_ends.pd
+
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -143,15 +155,15 @@ class Fleet:
         target = self.pod(pod)
         return self.call(target.clear_fault(fault))
 
-    def set_gateway_fault(self, fault: str, on: bool = True) -> None:
-        """Switch a gateway fault (:data:`simulator.gateway.GATEWAY_FAULTS`) on or off;
-        raises ConfigError without a gateway or for an unknown fault."""
-        if self.gateway is None:
-            raise ConfigError(f"gateway fault {fault!r}: this fleet has no gateway")
-        if fault not in GATEWAY_FAULTS:
-            raise ConfigError(f"gateway fault: unknown {fault!r}; known: {sorted(GATEWAY_FAULTS)}")
-        gateway = self.gateway
-        self.call(gateway.set_fault(fault) if on else gateway.clear_fault(fault))
+    def set_front_end_fault(self, fault: str, **params: Any) -> None:
+        """Switch on a fault of the gateway, its autoscaler or the P/D pair
+        (:data:`simulator.frontends.FRONT_END_FAULTS`); raises ConfigError for an unknown
+        fault, a front end this fleet lacks or bad params."""
+        self.call(self.front_ends.set_fault(fault, params))
+
+    def clear_front_end_fault(self, fault: str) -> bool:
+        """Switch it off again; returns whether it was on. ConfigError as the setter."""
+        return self.call(self.front_ends.clear_fault(fault))
 
     def active_faults(self, pod: str) -> dict[str, dict[str, Any]]:
         """Same as ``GET {pod.url}/admin/faults``."""
@@ -162,7 +174,8 @@ class Fleet:
 
         A pod is labelled ``pod`` (its name, which DCGM's ``pod`` label carries too, so GPUs
         join the engine they serve), ``node`` and ``model``; an exporter is named by its node.
-        One target per group (a naming label names one target).
+        One target per group (a naming label names one target). The front ends follow
+        (:meth:`simulator.frontends.FrontEnds.file_sd`).
         """
         groups: list[dict[str, Any]] = [
             {
@@ -177,14 +190,13 @@ class Fleet:
             {"targets": [d.instance], "labels": {"instance": d.node, "node": d.node}}
             for d in self.dcgm
         ]
-        if self.gateway is not None:
-            groups.append({"targets": [self.gateway_instance], "labels": {"dialect": "epp"}})
-        return groups
+        return groups + self.front_ends.file_sd()
 
     @property
     def gateway_instance(self) -> str:
-        """The gateway's ``host:port``: the name of its scrape rows and of probe records
-        through it (the prober names an entry point by its URL's host:port)."""
+        """The gateway's ``host:port``: the name of its scrape rows and probe records when
+        it is addressed by URL (as the drill does; the prober names an entry point by its
+        URL's host:port unless told otherwise). Its file_sd group names it ``gateway``."""
         if self.gateway is None:
             raise ConfigError("this fleet has no gateway")
         return f"{self.gateway.host}:{self.gateway.port}"
@@ -193,7 +205,7 @@ class Fleet:
         """Pod and dcgm endpoints as JSON-ready data (what ``llmslo sim`` prints).
 
         ``instance`` is the name records carry (the pod's or node's name); ``address`` its
-        ``host:port``.
+        ``host:port``. ``gateway``, ``autoscaler`` and ``pd`` are ``None`` when absent.
         """
         return {
             "pods": [
@@ -213,13 +225,6 @@ class Fleet:
                 {"node": d.node, "url": d.url, "instance": d.node, "address": d.instance}
                 for d in self.dcgm
             ],
-            "gateway": None
-            if self.gateway is None
-            else {
-                "url": self.gateway.url,
-                "metrics": f"{self.gateway.url}/metrics",
-                "instance": self.gateway_instance,
-                "router_down_policy": self.gateway.router_down_policy,
-            },
+            **self.front_ends.describe(),
             "file_sd": self.file_sd(),
         }

@@ -28,12 +28,10 @@ from simulator.config import (
     DIALECTS,
     EngineConfig,
     FleetConfig,
-    GatewayConfig,
     load_fleet_config,
     simple_fleet,
 )
 from simulator.fleet import Fleet
-from simulator.frontends import FrontEnds
 from simulator.history import BusSink, HistoryConfig, HistoryGenerator, HistorySink, StoreSink
 from simulator.load import LoadConfig, run_load_sync
 from simulator.scenario import ScenarioRunner, load_scenario
@@ -53,13 +51,14 @@ def register(subparsers: Any) -> None:
         "Run a simulated fleet (engine pods + dcgm exporters) until SIGTERM.",
         "llmslo sim --pods 8 --dialects vllm,sglang,trtllm,vllm-legacy\n"
         "llmslo sim --pods 8 --load-rate 20        # with background Poisson load\n"
+        "llmslo sim --pods 4 --gateway --router-down-policy fail_close   # + gateway/router\n"
+        "llmslo probe --url GATEWAY_URL --instance gateway --bootstrap-servers ...  # probe it\n"
         "llmslo sim --pods 4 --gateway prefix_locality --prefix-cache 64 --autoscaler\n"
+        "llmslo sim --pods 4 --gateway --autoscaler --pd pod-2,pod-3  # gateway over pod-0,1\n"
         "llmslo sim --pods 2 --pd pod-0,pod-1      # a prefill/decode pair over two pods\n"
         "llmslo sim --config config/simulator.example.yaml \\\n"
         "    --scenario config/simulator.scenario.example.yaml\n"
-        "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb\n"
-        "llmslo sim --pods 4 --gateway --router-down-policy fail_close   # + gateway/router\n"
-        "llmslo probe --url GATEWAY_URL --bootstrap-servers ...           # probe it",
+        "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb",
     )
     sim.add_argument(
         "--config",
@@ -96,11 +95,6 @@ def register(subparsers: Any) -> None:
         type=int,
         default=128,
         help="mean output tokens of that load (default 128)",
-    )
-    sim.add_argument(
-        "--router-down-policy",
-        choices=("fail_open", "fail_close", "reject"),
-        help="the gateway's answer while its router is down (default fail_close)",
     )
     _add_front_end_options(sim)
     sim.set_defaults(handler=run_sim)
@@ -165,22 +159,33 @@ def register(subparsers: Any) -> None:
 
 
 def _add_front_end_options(sim: argparse.ArgumentParser) -> None:
-    """Flags for what stands in front of the pods (or ``front_ends:`` in --config)."""
+    """Flags for what stands in front of the pods (``gateway:`` and ``pd:`` in --config);
+    they combine, and override what the config says."""
     sim.add_argument(
         "--gateway",
         nargs="?",
         const="round_robin",
         choices=["round_robin", "least_in_flight", "prefix_locality"],
-        help="start a gateway + router (policy: default round_robin) in front of the pods; "
-        "its URL is printed under 'gateway'",
+        metavar="POLICY",
+        help="start a gateway + router in front of the pods (policy round_robin, "
+        "least_in_flight or prefix_locality; default round_robin, or least_in_flight when "
+        "only --autoscaler asks for the gateway); its URL is printed under 'gateway'",
+    )
+    sim.add_argument(
+        "--router-down-policy",
+        choices=("fail_open", "fail_close", "reject"),
+        help="the gateway's answer while its router is down (default fail_close; implies --gateway)",
     )
     sim.add_argument(
         "--autoscaler",
         action="store_true",
-        help="scale the gateway's pods (kube-state-metrics names on its own /metrics)",
+        help="scale the gateway's pods (implies --gateway; kube-state-metrics names on its "
+        "own /metrics)",
     )
     sim.add_argument(
-        "--pd", metavar="PREFILL,DECODE", help="a prefill/decode pair over these two pods"
+        "--pd",
+        metavar="PREFILL,DECODE",
+        help="a prefill/decode pair over these two pods (the gateway then fronts the others)",
     )
     sim.add_argument(
         "--prefix-cache",
@@ -190,11 +195,23 @@ def _add_front_end_options(sim: argparse.ArgumentParser) -> None:
     )
 
 
-def _front_ends(args: argparse.Namespace) -> dict[str, Any]:
-    """``front_ends:`` from the flags: an autoscaler (over a gateway) and a P/D pair."""
-    front: dict[str, Any] = {}
-    if args.autoscaler:
-        front["gateway"] = {"policy": args.gateway or "least_in_flight", "autoscaler": {}}
+def _front_end_config(args: argparse.Namespace, config: FleetConfig) -> dict[str, Any]:
+    """``gateway:`` and ``pd:`` of ``config`` with the flags applied on top."""
+    front: dict[str, Any] = {
+        "gateway": config.gateway.model_dump(exclude_unset=True) if config.gateway else None,
+        "pd": config.pd.model_dump(exclude_unset=True) if config.pd else None,
+    }
+    if args.gateway or args.router_down_policy or args.autoscaler:
+        gateway = front["gateway"] or {}
+        if args.gateway:
+            gateway["policy"] = args.gateway
+        elif "policy" not in gateway and args.autoscaler:
+            gateway["policy"] = "least_in_flight"  # spreads by load, which is what it scales on
+        if args.router_down_policy:
+            gateway["router_down_policy"] = args.router_down_policy
+        if args.autoscaler:
+            gateway.setdefault("autoscaler", {})
+        front["gateway"] = gateway
     if args.pd:
         names = [n.strip() for n in args.pd.split(",")]
         if len(names) != 2:
@@ -229,16 +246,10 @@ def _fleet_config(args: argparse.Namespace) -> FleetConfig:
             seed=args.seed,
             engine=_engine_config(args),
         )
-    front = _front_ends(args)
-    if front:
-        config = load_fleet_config({**config.model_dump(), "front_ends": front})
-    if args.autoscaler or not (args.gateway or args.router_down_policy):
-        return config  # with --autoscaler the gateway is the front ends' (it scales that one)
-    gateway = config.gateway or GatewayConfig()
-    update = {"policy": args.gateway} if args.gateway else {}
-    if args.router_down_policy:
-        update["router_down_policy"] = args.router_down_policy
-    return config.model_copy(update={"gateway": gateway.model_copy(update=update)})
+    if not (args.gateway or args.router_down_policy or args.autoscaler or args.pd):
+        return config
+    # validated again as a whole: pod names in gateway.pods / pd must exist
+    return load_fleet_config({**config.model_dump(), **_front_end_config(args, config)})
 
 
 def run_sim(args: argparse.Namespace) -> int:
@@ -250,12 +261,8 @@ def run_sim(args: argparse.Namespace) -> int:
     )
     stopped = threading.Event()
     install_stop_handlers(stopped.set)
-    with Fleet(config) as fleet, FrontEnds(fleet) as fronts:
-        described = fleet.describe()
-        if fronts.targets():
-            described["front_ends"] = fronts.describe()
-            described["file_sd"] += fronts.file_sd()
-        print_json(described)
+    with Fleet(config) as fleet:
+        print_json(fleet.describe())
         runner = ScenarioRunner(fleet, scenario).start() if scenario else None
         loaders = _start_background_load(fleet, args, stopped) if args.load_rate > 0 else []
         deadline = time.monotonic() + args.seconds if args.seconds else None

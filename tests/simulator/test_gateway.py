@@ -211,16 +211,16 @@ def test_a_fleet_config_with_a_gateway_starts_it_in_front_of_its_pods() -> None:
         assert described["url"] == fleet.gateway.url and described["router_down_policy"] == "reject"
         assert {
             "targets": [fleet.gateway_instance],
-            "labels": {"dialect": "epp"},
+            "labels": {"instance": "gateway", "pool": "llama-3-8b", "dialect": "epp"},
         } in fleet.file_sd()
         assert [r["outcome"] for r in probe(fleet.gateway.url, rounds=2)] == ["ok", "ok"]
-        fleet.set_gateway_fault("router_down", on=True)
+        fleet.set_front_end_fault("router_down")
         (row,) = probe(fleet.gateway.url)
         assert (row["error_kind"], row["instance"]) == ("http_429", fleet.gateway_instance)
-        fleet.set_gateway_fault("router_down", on=False)
+        fleet.clear_front_end_fault("router_down")
         assert probe(fleet.gateway.url)[0]["outcome"] == "ok"
         with pytest.raises(ConfigError, match="unknown 'stall'"):
-            fleet.set_gateway_fault("stall")
+            fleet.set_front_end_fault("stall")
 
 
 def test_llmslo_sim_gateway_prints_the_gateway_url(capsys: pytest.CaptureFixture[str]) -> None:

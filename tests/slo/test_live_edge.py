@@ -120,7 +120,7 @@ def test_a_healthy_gateway_and_entry_point_raise_nothing(tmp_path: Any) -> None:
 
 
 def test_gateway_down_is_entry_unavailable_with_refused_connections(tmp_path: Any) -> None:
-    instance, findings = _run(tmp_path, lambda f: f.set_gateway_fault("gateway_down"))
+    instance, findings = _run(tmp_path, lambda f: f.set_front_end_fault("gateway_down"))
     entry = _last(findings, "entry_unavailable")
     assert entry.scope_id == instance
     assert set(entry.evidence["error_kinds"]) == {"connect_refused"}
@@ -130,7 +130,7 @@ def test_gateway_down_is_entry_unavailable_with_refused_connections(tmp_path: An
 
 def test_router_down_fail_close_says_so_and_fails_the_probes(tmp_path: Any) -> None:
     instance, findings = _run(
-        tmp_path, lambda f: f.set_gateway_fault("router_down"), router_down_policy="fail_close"
+        tmp_path, lambda f: f.set_front_end_fault("router_down"), router_down_policy="fail_close"
     )
     router = _last(findings, "router_unavailable")
     assert (router.scope_id, router.basis) == (instance, "router_up_gauge")

@@ -23,7 +23,6 @@ from collectors.config import CollectConfig, TargetConfig
 from pipeline.schema import RecordSchema
 from pipeline.store import Store
 from simulator import Fleet, FleetConfig, PodConfig
-from simulator.frontends import FrontEnds
 from slo.detectors import DetectorConfig, Finding, detect_all
 from slo.snapshot import load_snapshot
 from tests.simulator.conftest import MODEL, post_quietly
@@ -41,7 +40,7 @@ _LOCK = threading.Lock()  # one DuckDB connection: the collector's commits and o
 
 
 @contextmanager
-def _collecting(store: Store, fleet: Fleet, fronts: FrontEnds) -> Iterator[None]:
+def _collecting(store: Store, fleet: Fleet) -> Iterator[None]:
     """The real collector over the pods and the front ends (named as ``llmslo sim`` names
     them) every 0.5 s, committing into ``store``, until the block ends."""
     lock = _LOCK
@@ -53,7 +52,7 @@ def _collecting(store: Store, fleet: Fleet, fronts: FrontEnds) -> Iterator[None]
     targets = [TargetConfig(url=f"{p.url}/metrics", labels={"pod": p.name}) for p in fleet.pods]
     targets += [
         TargetConfig(url=f"{url}/metrics", pool=pool or None, labels={"instance": name})
-        for name, url, pool in fronts.targets()
+        for name, url, pool in fleet.front_ends.targets()
     ]
     config = CollectConfig(targets=targets, interval_s=0.5, jitter_s=0, timeout_s=2.0)
     collector = Collector(config, sink)
@@ -97,15 +96,15 @@ def _chat(content: str, max_tokens: int = 4) -> dict[str, Any]:
 def test_kv_transfer_timeout_is_found_on_the_pd_pair_and_not_before(store: Store) -> None:
     config = FleetConfig(
         pods=[PodConfig(name="prefill"), PodConfig(name="decode")],
-        front_ends={"pd": {"prefill": "prefill", "decode": "decode"}},
+        pd={"prefill": "prefill", "decode": "decode"},
     )
-    with Fleet(config) as fleet, FrontEnds(fleet) as fronts, _collecting(store, fleet, fronts):
-        assert fronts.pd is not None
-        _send_for(fronts.pd.url, 6, 4, lambda i: _chat(f"hello {i}"))
+    with Fleet(config) as fleet, _collecting(store, fleet):
+        assert fleet.pd is not None
+        _send_for(fleet.pd.url, 6, 4, lambda i: _chat(f"hello {i}"))
         assert _findings(store, "kv_transfer_timeout") == []
         params = {"fraction": 0.5, "timeout_s": 0.5, "cleanup_fail_fraction": 0.5}
-        fronts.set_fault("kv_transfer_timeout", **params)
-        _send_for(fronts.pd.url, 5, 4, lambda i: _chat(f"hello {i}"))
+        fleet.set_front_end_fault("kv_transfer_timeout", **params)
+        _send_for(fleet.pd.url, 5, 4, lambda i: _chat(f"hello {i}"))
         time.sleep(1.0)
         found = _findings(store, "kv_transfer_timeout")
     assert [(f.scope_id, f.basis) for f in found] == [("pd", "failed_transfers")]
@@ -118,7 +117,7 @@ def test_a_stale_kv_index_is_found_on_the_router_and_not_before(store: Store) ->
     engine = {"prefix_cache_prefixes": 64}
     config = FleetConfig(
         pods=[PodConfig(name=f"pod-{i}", engine=engine) for i in range(3)],
-        front_ends={"gateway": {"policy": "prefix_locality"}},
+        gateway={"policy": "prefix_locality"},
     )
 
     sent = itertools.count()
@@ -129,12 +128,12 @@ def test_a_stale_kv_index_is_found_on_the_router_and_not_before(store: Store) ->
         turn = n % 4
         return _chat(f"conversation {max(n // 4 - 2 * turn, 0)} " + "system prompt " * 30)
 
-    with Fleet(config) as fleet, FrontEnds(fleet) as fronts, _collecting(store, fleet, fronts):
-        assert fronts.gateway is not None
-        _send_for(fronts.gateway.url, 8, 6, prompt)
+    with Fleet(config) as fleet, _collecting(store, fleet):
+        assert fleet.gateway is not None
+        _send_for(fleet.gateway.url, 8, 6, prompt)
         assert _findings(store, "kv_index_stale") == []
-        fronts.set_fault("stale_kv_index")
-        _send_for(fronts.gateway.url, 8, 6, prompt)
+        fleet.set_front_end_fault("stale_kv_index")
+        _send_for(fleet.gateway.url, 8, 6, prompt)
         time.sleep(1.0)
         found = _findings(store, "kv_index_stale")
     assert [(f.scope_id, f.basis) for f in found] == [("gateway", "hints_rejected")]
@@ -150,24 +149,24 @@ def _scaled_fleet() -> FleetConfig:
     autoscaler = {"target_in_flight": 2, "replica_in_flight": 2, "startup_s": 0.3, "cooldown_s": 60}
     return FleetConfig(
         pods=[PodConfig(name=f"pod-{i}") for i in range(3)],
-        front_ends={"gateway": {"policy": "least_in_flight", "autoscaler": autoscaler}},
+        gateway={"policy": "least_in_flight", "autoscaler": autoscaler},
     )
 
 
-def _ramp(fleet: Fleet, fronts: FrontEnds) -> None:
+def _ramp(fleet: Fleet) -> None:
     for pod in fleet.pods:  # each request holds its slot for seconds
         fleet.set_fault(pod.name, "slow_decode", factor=20)
-    assert fronts.gateway is not None
-    _send_for(fronts.gateway.url, 4, 3, lambda i: _chat(f"ramp {i}", max_tokens=8))
+    assert fleet.gateway is not None
+    _send_for(fleet.gateway.url, 4, 3, lambda i: _chat(f"ramp {i}", max_tokens=8))
 
 
 def test_autoscaler_lag_is_found_on_the_autoscaler_when_ready_stays_behind(store: Store) -> None:
     fleet = Fleet(_scaled_fleet())
-    with fleet, FrontEnds(fleet) as fronts, _collecting(store, fleet, fronts):
+    with fleet, _collecting(store, fleet):
         time.sleep(2)
         assert _findings(store, "autoscaler_lag") == []
-        fronts.set_fault("autoscaler_lag", lag_s=30)
-        _ramp(fleet, fronts)
+        fleet.set_front_end_fault("autoscaler_lag", lag_s=30)
+        _ramp(fleet)
         time.sleep(1.0)
         found = _findings(store, "autoscaler_lag")
     assert [(f.scope_id, f.basis) for f in found] == [("autoscaler", "queue_growth")]
@@ -178,7 +177,7 @@ def test_autoscaler_lag_is_found_on_the_autoscaler_when_ready_stays_behind(store
 
 def test_a_ramp_the_autoscaler_follows_in_time_is_no_lag(store: Store) -> None:
     fleet = Fleet(_scaled_fleet())
-    with fleet, FrontEnds(fleet) as fronts, _collecting(store, fleet, fronts):
-        _ramp(fleet, fronts)
+    with fleet, _collecting(store, fleet):
+        _ramp(fleet)
         time.sleep(1.0)
         assert _findings(store, "autoscaler_lag") == []
