@@ -192,6 +192,18 @@ def run_front_end_fleet(
         [mode.name],
         others,
         round(end_s / 60, 2),
-        false_positives(name, findings, flags, {instance: (result.injected_ts_ms, mode)}),
+        # Every request goes through the faulted front end or the one in front of it (the
+        # gateway queues while its autoscaler lags; the tap retries a P/D pair's 504s), so
+        # what the entry front end and the pool raise after injection is the fault's doing.
+        false_positives(
+            name,
+            findings,
+            flags,
+            {
+                instance: (result.injected_ts_ms, mode),
+                _address(urls[kind.entry]): (result.injected_ts_ms, mode),
+            },
+            pool_faulted_ms=result.injected_ts_ms,
+        ),
     )
     return [result], run

@@ -175,12 +175,15 @@ def false_positives(
     findings: Iterable[FindingRow],
     flags: Iterable[FlagRow],
     faulted: dict[str, tuple[int, DrillMode]],
+    *,
+    pool_faulted_ms: int | None = None,
 ) -> list[FalsePositive]:
     """Findings and flag rises nothing in the drill explains.
 
     ``faulted`` maps a faulted instance to (injection ms, its mode): what it raises after
     injection is the fault's doing (scored by :func:`score_mode`); before, it was healthy.
-    A pool finding counts unless a pool-scoped mode was running.
+    A pool finding counts unless a pool-scoped mode was running, or it came at or after
+    ``pool_faulted_ms`` (a fleet whose every request goes through the faulted front end).
     """
     pool_faulted = any(mode.pool_scoped for _, mode in faulted.values())
     out = []
@@ -188,7 +191,7 @@ def false_positives(
         if f.state != "firing":
             continue
         if f.scope == "pool":
-            explained = pool_faulted
+            explained = pool_faulted or (pool_faulted_ms is not None and f.ts_ms >= pool_faulted_ms)
         else:
             explained = f.scope_id in faulted and f.ts_ms >= faulted[f.scope_id][0]
         if not explained:

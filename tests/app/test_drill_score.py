@@ -113,6 +113,20 @@ def test_false_positives_are_healthy_pods_pre_injection_and_unexplained_pool_fin
     assert len(false_positives("f", rows[-1:], [], {POD: (T0, pool_mode)})) == 0
 
 
+def test_in_a_front_end_fleet_pool_findings_after_injection_are_the_faults_doing() -> None:
+    lag = MODES["autoscaler_lag"]
+    rows = [
+        FindingRow(T0 - 1_000, "firing", "retry_storm", "pool", "llama"),  # before: unexplained
+        FindingRow(T0 + 9_000, "firing", "retry_storm", "pool", "llama"),  # the tap retrying 429s
+        FindingRow(T0 + 9_000, "firing", "hot_instance", "instance", OTHER),  # a pod behind it
+    ]
+    fps = false_positives("f", rows, [], {POD: (T0, lag)}, pool_faulted_ms=T0)
+    assert [(p.name, p.scope_id, p.ts_ms) for p in fps] == [
+        ("retry_storm", "llama", T0 - 1_000),
+        ("hot_instance", OTHER, T0 + 9_000),
+    ]
+
+
 def test_modes_that_change_load_or_taps_get_their_own_fleet() -> None:
     plan = plan_fleets(list(MODES.values()), per_fleet=5)
     shared = [fleet for fleet in plan if len(fleet) > 1]
