@@ -98,7 +98,9 @@ def detect_kv_transfer_timeout(snap: Snapshot, cfg: DetectorConfig) -> list[Find
         }
         if leaked is not None and len(leaked):
             evidence["leaked_blocks"] = leaked.last()
-            evidence["leaked_blocks_added"] = leaked.last() - float(leaked.since(start).values[0])
+            recent_leaked = leaked.since(start)  # empty when the target stopped exporting it
+            if len(recent_leaked):
+                evidence["leaked_blocks_added"] = leaked.last() - float(recent_leaked.values[0])
         if failed + expired >= cfg.kv_transfer_min_failures:
             basis, severity = "failed_transfers", "page"
         elif (

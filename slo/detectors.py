@@ -8,7 +8,9 @@ row there (see ``slo/README.md``).
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
+from collections.abc import Callable
 
 from slo._edge_detectors import (
     detect_entry_unavailable,
@@ -49,6 +51,8 @@ from slo.findings import Detector, DetectorConfig, Finding, gini
 from slo.snapshot import Snapshot
 
 __all__ = ["DETECTORS", "DetectorConfig", "Finding", "detect_all", "gini", "pool_findings"]
+
+log = logging.getLogger(__name__)
 
 
 DETECTORS: dict[str, Detector] = {
@@ -109,8 +113,21 @@ def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) 
     return out
 
 
-def detect_all(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """Run every detector, then the pool roll-up; sorted by (signal, scope, scope id)."""
-    findings = [f for detector in DETECTORS.values() for f in detector(snap, cfg)]
+def detect_all(
+    snap: Snapshot, cfg: DetectorConfig, on_error: Callable[[str], None] | None = None
+) -> list[Finding]:
+    """Run every detector, then the pool roll-up; sorted by (signal, scope, scope id).
+
+    A detector that raises on odd data is logged and skipped (``on_error(name)`` is told),
+    so one broken detector never costs the cycle the others' findings, flags and alerts.
+    """
+    findings: list[Finding] = []
+    for name, detector in DETECTORS.items():
+        try:
+            findings += detector(snap, cfg)
+        except Exception:
+            log.exception("detector %s failed at %d; its findings are skipped", name, snap.now_ms)
+            if on_error is not None:
+                on_error(name)
     findings += pool_findings(snap, findings, cfg)
     return sorted(findings, key=lambda f: f.key)

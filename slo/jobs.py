@@ -187,6 +187,9 @@ class SloJobs:
         finally:
             self.metrics.duration.labels(job).observe(time.perf_counter() - started)
 
+    def _detector_failed(self, name: str) -> None:
+        self.metrics.errors.labels(f"detector:{name}").inc()
+
     def run_once(self, now_ms: int | None = None) -> CycleResult | None:
         """One cycle at ``now_ms`` (default: the clock). ``None`` when there is no data yet."""
         now = now_ms if now_ms is not None else self.clock()
@@ -201,7 +204,11 @@ class SloJobs:
         snap = self._timed("snapshot", result, lambda: self._snapshot(now))
         if snap is not None:
             result.findings = (
-                self._timed("signals", result, lambda: detect_all(snap, self.config.detectors))
+                self._timed(
+                    "signals",
+                    result,
+                    lambda: detect_all(snap, self.config.detectors, self._detector_failed),
+                )
                 or []
             )
             result.transitions = (

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from pipeline.store import Store
+from slo import detectors
 from slo.detectors import DETECTORS, DetectorConfig, Finding, detect_all, gini
-from slo.snapshot import load_snapshot
+from slo.snapshot import Snapshot, load_snapshot
 from tests.slo.factories import T0_MS, engine_sample, insert
 from tests.slo.fleet import FleetTimeline, State
 
@@ -387,3 +388,19 @@ def test_an_engines_ready_gauge_at_zero_is_a_not_ready_worker(store: Store) -> N
     (finding,) = [f for f in detect_all(snap, CFG) if f.signal == "worker_not_ready"]
     assert (finding.scope_id, finding.basis) == (fleet.instance(1), "gauge")
     assert finding.evidence["not_ready_for_s"] == 90
+
+
+def test_a_detector_that_raises_costs_only_its_own_findings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+        raise IndexError("a series empty after its window was cut")
+
+    def working(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+        return [Finding(snap.now_ms, "stall", "instance", "pod-0", "pool", "page", "b", {})]
+
+    monkeypatch.setattr(detectors, "DETECTORS", {"broken": broken, "stall": working})
+    failed: list[str] = []
+    found = detect_all(Snapshot(T0_MS), DetectorConfig(), failed.append)
+    assert [(f.signal, f.scope_id) for f in found] == [("stall", "pod-0")]
+    assert failed == ["broken"]
