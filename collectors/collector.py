@@ -354,8 +354,10 @@ class Collector:
             counter_resets=sum(batch.resets.values()),
         )
         interval = self.config.readiness_interval_s
-        # dcgm-exporters and gateway routers (epp) serve no model: nothing to be ready for
-        engine = not {"dcgm", "epp"} & {health.dialect, target.config.dialect}
+        # dcgm-exporters, gateway routers (epp) and kube-state-metrics serve no model:
+        # nothing to be ready for
+        not_engines = {"dcgm", "epp", "kube-state-metrics"}
+        engine = not not_engines & {health.dialect, target.config.dialect}
         if interval and engine and time.monotonic() >= target.next_probe_s:
             target.next_probe_s = time.monotonic() + interval
             readiness = await probe_readiness(session, target.config.url, self.config.timeout_s)

@@ -51,7 +51,15 @@ NAMING_LABELS = ("instance", "pod")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 DialectChoice = Literal[
-    "auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm", "epp"
+    "auto",
+    "vllm",
+    "vllm-legacy",
+    "sglang",
+    "trtllm",
+    "llamacpp",
+    "dcgm",
+    "epp",
+    "kube-state-metrics",
 ]
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from collectors.canonical import TargetCanonicalizer
+from collectors.config import TargetConfig
+from collectors.dialects import DIALECT_NAMES
 from tests.collectors.test_canonical import rows_of
 
 NIXL = (
@@ -114,3 +116,11 @@ def test_front_end_metrics_are_detected_and_become_signals(
     assert canonicalizer.detection is not None and canonicalizer.detection.dialect == dialect
     for key, value in expected.items():
         assert signals[key] == value, key
+
+
+def test_a_kube_state_metrics_target_can_be_pinned_to_its_dialect() -> None:
+    assert TargetConfig(url="127.0.0.1:8080", dialect="kube-state-metrics").dialect == (
+        "kube-state-metrics"
+    )
+    pinnable = set(TargetConfig.model_fields["dialect"].annotation.__args__)  # type: ignore[union-attr]
+    assert set(DIALECT_NAMES) <= pinnable  # every dialect --dialect knows, targets[] knows too
