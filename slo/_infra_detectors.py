@@ -138,10 +138,13 @@ def _hit_ratio(
     return (hits / queries if queries > 0 else None), queries
 
 
-def _first_increase(series: Series) -> int | None:
-    """Timestamp (ms) of the first scrape at which a counter had risen; ``None`` if flat."""
+def _first_increase(series: Series) -> tuple[int, int] | None:
+    """Timestamps (ms) of the last scrape before a counter first rose and of the scrape that
+    saw it risen; ``None`` if it stayed flat."""
     risen = np.flatnonzero(np.diff(series.values) != 0)
-    return None if not len(risen) else int(series.ts_ms[risen[0] + 1])
+    if not len(risen):
+        return None
+    return int(series.ts_ms[risen[0]]), int(series.ts_ms[risen[0] + 1])
 
 
 def detect_kv_index_stale(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
@@ -160,10 +163,11 @@ def detect_kv_index_stale(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         rejected_series = signals.get("router_hints_rejected")
         if rejected_series is None or len(rejected_series) < 2:
             continue
-        onset = _first_increase(rejected_series)
-        if onset is None:
+        rise = _first_increase(rejected_series)
+        if rise is None:
             continue
-        rejected = _increase(rejected_series, onset - 1)
+        before_rise, onset = rise
+        rejected = _increase(rejected_series, before_rise)  # the onset's own jump included
         if rejected < cfg.kv_index_min_rejections:
             continue
         engines = _fronted(snap, router)

@@ -140,6 +140,17 @@ def test_hints_rejected_while_the_engines_hit_ratio_falls_is_a_stale_kv_index(
     assert ev["engines"] == ENGINES
 
 
+def test_a_burst_of_rejections_within_one_scrape_counts_from_the_scrape_before_it(
+    store: Store,
+) -> None:
+    """A stale index rejects each known prefix once: the whole burst can land between two
+    scrapes. It must count (the jump at the onset is the rejections)."""
+    rows = _engines(lambda t: 0.05 if t >= 500 else 0.6)
+    rows += _router(lambda t: 1.0 if 500 <= t < 500 + STEP_S else 0.0)  # 5, then flat
+    [found] = _only(_detect(store, rows), "kv_index_stale")
+    assert found.evidence["hints_rejected"] == 5
+
+
 @pytest.mark.parametrize(
     ("hit_ratio", "rejections"),
     [
