@@ -101,7 +101,9 @@ def detect_kv_transfer_timeout(snap: Snapshot, cfg: DetectorConfig) -> list[Find
             recent_leaked = leaked.since(start)  # empty when the target stopped exporting it
             if len(recent_leaked):
                 evidence["leaked_blocks_added"] = leaked.last() - float(recent_leaked.values[0])
-        if failed + expired >= cfg.kv_transfer_min_failures:
+        # One timed-out transfer can count on both sides (the decode's failed read and the
+        # prefill's expired blocks): the larger count, not the sum, is the number of events.
+        if max(failed, expired) >= cfg.kv_transfer_min_failures:
             basis, severity = "failed_transfers", "page"
         elif (
             p99 is not None

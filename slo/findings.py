@@ -112,7 +112,9 @@ class DetectorConfig(BaseModel):
         default=120, gt=0, description="recent window of the P/D KV-transfer counters"
     )
     kv_transfer_min_failures: int = Field(
-        default=3, ge=1, description="failed + expired transfers in the window to report"
+        default=3,
+        ge=1,
+        description="failed (or expired, the larger) transfers in the window to report",
     )
     kv_transfer_p99_s: float = Field(
         default=1.0, gt=0, description="p99 transfer time, seconds, that counts as slow"

@@ -239,3 +239,16 @@ def test_an_entry_point_tapped_alone_is_not_a_hot_instance_against_its_untapped_
     insert(store, requests=requests, engine=rows)
     snap = load_snapshot(store.con, NOW_MS, int(CFG.lookback_s * 1000))
     assert [f for f in detect_all(snap, CFG) if f.signal == "hot_instance"] == []
+
+
+@pytest.mark.parametrize(("failed", "found"), [(2, False), (3, True)])
+def test_a_timed_out_transfer_seen_on_both_sides_counts_once(
+    store: Store, failed: int, found: bool
+) -> None:
+    """Each timeout shows as the decode's failed read and the prefill's expired blocks."""
+    burst = lambda t: failed / STEP_S if 500 <= t < 500 + STEP_S else 0.0  # noqa: E731
+    rows = _transfer_histogram(PD, None)
+    rows += _counter(PD, "kv_transfer_failures", burst)
+    rows += _counter(PD, "kv_transfer_expired", burst)
+    rows += _gauge(PD, "kv_transfer_leaked_blocks", lambda t: 0.0)
+    assert bool(_only(_detect(store, rows), "kv_transfer_timeout")) is found
