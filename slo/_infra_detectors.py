@@ -245,8 +245,10 @@ def detect_autoscaler_lag(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         if desired is None or ready is None:
             continue
         since = _behind_since(desired, ready)
-        if since is None or int(desired.ts_ms[0]) >= since:
-            continue  # caught up, or behind since before we saw it (no start to measure from)
+        if since is None:
+            continue  # caught up
+        # Behind at every scrape we hold (a lag longer than the lookback): at least that long.
+        behind_before_lookback = since <= int(desired.ts_ms[0])
         behind_s = (snap.now_ms - since) / 1000
         if behind_s < cfg.autoscaler_lag_for_s:
             continue
@@ -265,6 +267,7 @@ def detect_autoscaler_lag(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             "ready": ready.last(),
             "current": None if current is None else current.last(),
             "behind_s": round(behind_s, 1),
+            "behind_s_is_at_least": behind_before_lookback,
             "queue_at_start": float(during.values[0]),
             "queue_now": during.last(),
             "queue_max": float(during.values.max()),

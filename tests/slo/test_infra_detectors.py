@@ -252,3 +252,10 @@ def test_a_timed_out_transfer_seen_on_both_sides_counts_once(
     rows += _counter(PD, "kv_transfer_expired", burst)
     rows += _gauge(PD, "kv_transfer_leaked_blocks", lambda t: 0.0)
     assert bool(_only(_detect(store, rows), "kv_transfer_timeout")) is found
+
+
+def test_a_lag_longer_than_the_lookback_stays_reported(store: Store) -> None:
+    """Behind at every scrape of the lookback: still a lag, at least that long."""
+    rows = _autoscaler(desired=lambda t: 3.0, ready=lambda t: 1.0, queue=lambda t: t / 10)
+    [found] = _only(_detect(store, rows), "autoscaler_lag")
+    assert found.evidence["behind_s"] >= 300 and found.evidence["behind_s_is_at_least"]
