@@ -20,9 +20,18 @@ __all__ = [
 ]
 
 
+#: Signals only an engine exports: a gateway, router, autoscaler or P/D connector target
+#: in ``snap.engine`` without them is not a member of its pool.
+_ENGINE_SIGNALS = ("running", "waiting", "generation_tokens", "kv_usage")
+
+
 def by_pool(snap: Snapshot) -> dict[str, list[str]]:
+    """Engine instances per pool: those taps saw, and scraped targets with engine signals."""
+    engines = {
+        i for i, signals in snap.engine.items() if any(s in signals for s in _ENGINE_SIGNALS)
+    }
     pools: dict[str, list[str]] = defaultdict(list)
-    for instance in sorted(set(snap.requests) | set(snap.engine)):
+    for instance in sorted(set(snap.requests) | engines):
         pools[snap.pools.get(instance, "")].append(instance)
     return pools
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pipeline.store import Store
 from slo import detectors
 from slo.detectors import DETECTORS, DetectorConfig, Finding, detect_all, gini
-from slo.snapshot import Snapshot, load_snapshot
+from slo.snapshot import Series, Snapshot, load_snapshot
 from tests.slo.factories import T0_MS, engine_sample, insert
 from tests.slo.fleet import FleetTimeline, State
 
@@ -404,3 +405,24 @@ def test_a_detector_that_raises_costs_only_its_own_findings(
     found = detect_all(Snapshot(T0_MS), DetectorConfig(), failed.append)
     assert [(f.signal, f.scope_id) for f in found] == [("stall", "pod-0")]
     assert failed == ["broken"]
+
+
+def test_front_end_targets_are_not_members_of_their_pool() -> None:
+    """Two of three engines stalled is most of the pool, whatever stands in front of it."""
+    flat = Series(np.array([T0_MS, T0_MS + 5_000], np.int64), np.array([1.0, 1.0]))
+    snap = Snapshot(T0_MS + 5_000)
+    for name, signal in [
+        ("pod-0", "running"),
+        ("pod-1", "running"),
+        ("pod-2", "running"),
+        ("gateway", "gateway_queue"),
+        ("autoscaler", "replicas_ready"),
+    ]:
+        snap.engine[name] = {signal: flat}
+        snap.pools[name] = "llama"
+    stalled = [
+        Finding(snap.now_ms, "stall", "instance", pod, "llama", "page", "b", {})
+        for pod in ("pod-0", "pod-1")
+    ]
+    [pool] = detectors.pool_findings(snap, stalled, DetectorConfig())
+    assert (pool.scope_id, pool.evidence["pool_instances"]) == ("llama", 3)
