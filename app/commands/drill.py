@@ -17,7 +17,7 @@ from pipeline.store import Store
 __all__ = ["register"]
 
 EXAMPLES = """\
-llmslo drill                                   # every mode + 2 healthy minutes (~15 min)
+llmslo drill                                   # every mode + 2 healthy minutes (~30 min, 22 modes)
 llmslo drill --modes stall,kv_leak --healthy-minutes 1 -o var/drill.md --json var/drill.json
 llmslo drill --modes none --healthy-minutes 30 --healthy-load 0.7  # DESIGN §8's healthy run
 """
