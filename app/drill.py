@@ -37,11 +37,12 @@ from typing import Any
 
 from app.drill_alerts import Alertmanager, AlertWatch, find_alertmanager
 from app.drill_edges import DrillEdges
+from app.drill_fronts import run_front_end_fleet
 from app.drill_lag import LoopLag
 from app.drill_modes import FLAG, MODES, DrillMode
+from app.drill_profile import DrillProfile, FleetRun, drill_config, injection_times, sleep_until
 from app.drill_rows import alert_rows, kv_crossings, read_rows
 from app.drill_score import (
-    FalsePositive,
     ModeResult,
     alert_false_positives,
     false_positives,
@@ -49,9 +50,8 @@ from app.drill_score import (
     score_mode,
 )
 from app.run import Pipeline, load_model
-from app.sections import load_config, parse_config
+from app.sections import load_config
 from pipeline.bus import Bus
-from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
 from simulator import Fleet, FleetConfig, GatewayConfig, NodeConfig, PodConfig
 from simulator.capacity import Capacity, measure_capacity
@@ -64,55 +64,6 @@ MEAN_PROMPT_TOKENS = 512.0
 MEAN_OUTPUT_TOKENS = 128.0
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DrillProfile:
-    """Timings (seconds) and sizes of a drill (the 22-mode matrix took ~29 minutes on 2 cores).
-
-    Compressed against the production defaults, and stated in every report: scrape and
-    jobs every 2 s (5 s and 15 s), ``stall_for_s`` 20 (60), flag dwell 20 s (120),
-    fragmentation/queue windows 40 s (300/120), detector lookback 60 s (600), a crash
-    reported 40 s after the restart (300). Everything else (the fault, the engine's speed,
-    the other detector thresholds, the SLO windows) runs as in production.
-    ``healthy_load``: the control fleet's offered load as a share of one pod's capacity
-    (``simulator.capacity.measure_capacity``); ``None`` runs it at ``rate_per_pod``.
-    """
-
-    warmup_s: float = 30.0
-    jitter_s: float = 15.0  # injection at warm-up + uniform(0, jitter)
-    hold_s: float = 50.0
-    clear_s: float = 40.0
-    scrape_s: float = 2.0
-    interval_s: float = 2.0
-    stall_for_s: float = 20.0
-    dwell_s: float = 20.0
-    detector_window_s: float = 40.0  # fragmentation_for_s and queue_for_s (defaults 300, 120)
-    edge_window_s: float = 20.0  # entry_window_s and gateway_window_s (defaults 60, 60)
-    probe_interval_s: float = 2.0  # the prober's interval where a gateway runs (default 10)
-    lookback_s: float = 60.0  # raw rows per cycle (default 600): hot_instance compares halves
-    restart_hold_s: float = 40.0  # a crash stays reported this long (default 300)
-    rate_per_pod: float = 1.5  # requests per second (the mode fleets)
-    healthy_load: float | None = None  # control fleet's share of capacity; None: rate_per_pod
-    modes_per_fleet: int = 7
-    healthy_pods: int = 2
-    healthy_minutes: float = 2.0
-    seed: int = 0
-
-
-@dataclass
-class FleetRun:
-    """One fleet of the drill: its modes, its healthy instances and its false positives."""
-
-    name: str
-    modes: list[str]
-    healthy_instances: list[str]
-    minutes: float
-    false_positives: list[FalsePositive] = field(default_factory=list)
-    rate_per_pod: float = 0.0  # requests per second offered to each pod
-    load_share: float | None = None  # rate_per_pod / one pod's capacity
-    alerts: list[str] = field(default_factory=list)  # every alertname Alertmanager received
-    harness_lag_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # loop lateness
 
 
 @dataclass
@@ -152,44 +103,6 @@ def plan_fleets(modes: Sequence[DrillMode], per_fleet: int) -> list[list[DrillMo
     return plan + [[m] for m in modes if m.own_fleet]
 
 
-def drill_config(
-    bootstrap: str,
-    db: Path,
-    profile: DrillProfile,
-    gpu_pods: dict[str, str],
-    alertmanager_url: str | None = None,
-) -> LlmsloConfig:
-    """Embedded defaults with the drill profile's compressed windows (and the alert pusher
-    posting to ``alertmanager_url`` when given)."""
-    window = profile.detector_window_s
-    detectors = {
-        "stall_for_s": profile.stall_for_s,
-        "fragmentation_for_s": window,
-        "queue_for_s": window,
-        "lookback_s": profile.lookback_s,
-        "entry_window_s": profile.edge_window_s,
-        "gateway_window_s": profile.edge_window_s,
-        "restart_hold_s": profile.restart_hold_s,
-        "gpu_pods": gpu_pods,
-        "kv_transfer_window_s": window / 2,
-        "kv_index_window_s": window,
-        "autoscaler_lag_for_s": window / 2,
-    }
-    raw = {
-        "bus": {"bootstrap_servers": bootstrap, "partitions": 4},
-        "store": {"path": str(db)},
-        "ingest": {"group_id": "llmslo-drill", "batch_max_ms": 250},
-        "slo": {
-            "interval_s": profile.interval_s,
-            "detectors": detectors,
-            "flags": {"dwell_s": profile.dwell_s},
-        },
-    }
-    if alertmanager_url is not None:
-        raw["alertmanager"] = {"url": alertmanager_url}
-    return parse_config(raw, source="drill profile")
-
-
 def run_drill(
     modes: Sequence[DrillMode],
     workdir: Path,
@@ -224,9 +137,6 @@ def run_drill(
         if not fleet_modes and profile.healthy_load is not None:
             rate = profile.healthy_load * capacity.rps
         if fleet_modes and fleet_modes[0].front_end:
-            # imported here: app.drill_fronts builds on this module's profile and helpers
-            from app.drill_fronts import run_front_end_fleet
-
             mode = fleet_modes[0]
             results, run = run_front_end_fleet(name, mode, profile, workdir / name, rng, say)
         else:
@@ -277,7 +187,7 @@ def _run_fleet(
     db = workdir / "drill.duckdb"
     for stale in (db, db.with_suffix(".duckdb.wal")):
         stale.unlink(missing_ok=True)
-    schedule = _schedule(modes, profile, rng)
+    schedule = injection_times(modes, profile, rng)
     end_s = max((t + profile.hold_s for t in schedule), default=profile.healthy_minutes * 60)
     end_s += profile.clear_s if modes else 0
     with ExitStack() as stack:
@@ -365,17 +275,9 @@ def _wait_out(t0: float, end_s: float, name: str, say: Any, every_s: float = 300
     """Sleep until ``t0 + end_s``, saying how far the run is every ``every_s`` (long
     healthy runs print progress)."""
     while time.monotonic() < t0 + end_s:
-        _sleep_until(min(t0 + end_s, time.monotonic() + every_s))
+        sleep_until(min(t0 + end_s, time.monotonic() + every_s))
         if say and time.monotonic() < t0 + end_s - 1:
             say(f"[drill] {name}: {(time.monotonic() - t0) / 60:.1f} of {end_s / 60:.1f} min")
-
-
-def _schedule(modes: list[DrillMode], profile: DrillProfile, rng: random.Random) -> list[float]:
-    return [round(profile.warmup_s + rng.uniform(0, profile.jitter_s), 1) for _ in modes]
-
-
-def _sleep_until(deadline: float) -> None:
-    time.sleep(max(0.0, deadline - time.monotonic()))
 
 
 def _play(
@@ -407,7 +309,7 @@ def _play(
         for i, m in enumerate(modes)
     ]
     for at_s, action, i in events:
-        _sleep_until(t0 + at_s)
+        sleep_until(t0 + at_s)
         mode = modes[i]
         pods = fleet.pods if mode.pool_scoped else [fleet.pods[i]]
         now_ms = int(time.time() * 1000)

@@ -18,15 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.drill import (
-    DrillProfile,
-    FleetRun,
-    _schedule,
-    _sleep_until,
-    drill_config,
-)
 from app.drill_edges import DrillEdges
 from app.drill_modes import DrillMode
+from app.drill_profile import DrillProfile, FleetRun, drill_config, injection_times, sleep_until
 from app.drill_rows import read_rows
 from app.drill_score import ModeResult, false_positives, score_mode
 from app.run import Pipeline, load_model
@@ -132,7 +126,7 @@ def run_front_end_fleet(
     db = workdir / "drill.duckdb"
     for stale in (db, db.with_suffix(".duckdb.wal")):
         stale.unlink(missing_ok=True)
-    [inject_s] = _schedule([mode], profile, rng)
+    [inject_s] = injection_times([mode], profile, rng)
     end_s = inject_s + profile.hold_s + profile.clear_s
     with ExitStack() as stack:
         bus = stack.enter_context(Bus(load_config(None).bus))
@@ -162,7 +156,7 @@ def run_front_end_fleet(
             say(f"[drill] {name}: {mode.name} on {kind.faulted} {instance}, {end_s:.0f} s")
         t0 = time.monotonic()
         result = ModeResult(mode.name, name, instance, mode.fault, 0, 0)
-        _sleep_until(t0 + inject_s)
+        sleep_until(t0 + inject_s)
         extra = (
             edges.extra_load(0, mode.extra_rate_per_s, profile.hold_s)
             if mode.extra_rate_per_s
@@ -172,12 +166,12 @@ def run_front_end_fleet(
         result.injected_ts_ms = int(time.time() * 1000)
         if say:
             say(f"[drill] {name} t={inject_s:5.1f}s set {mode.name} on {kind.faulted}")
-        _sleep_until(t0 + inject_s + profile.hold_s)
+        sleep_until(t0 + inject_s + profile.hold_s)
         if extra is not None:
             extra.set()
         fleet.clear_front_end_fault(mode.fault)
         result.removed_ts_ms = int(time.time() * 1000)
-        _sleep_until(t0 + end_s)
+        sleep_until(t0 + end_s)
         end_ms = int(time.time() * 1000)
         time.sleep(2 * profile.scrape_s)
         pipeline.final_cycle()
