@@ -25,10 +25,6 @@ __all__ = [
 ]
 
 
-def _window_start(snap: Snapshot, seconds: float) -> int:
-    return snap.now_ms - int(seconds * 1000)
-
-
 def _taps_behind(snap: Snapshot, pool: str) -> dict[str, int]:
     """What the taps of ``pool`` saw over the lookback (evidence that they saw nothing wrong)."""
     stats = [s for inst, s in snap.requests.items() if snap.pools.get(inst, "") == pool]
@@ -44,7 +40,7 @@ def detect_entry_unavailable(snap: Snapshot, cfg: DetectorConfig) -> list[Findin
     the entry point in the last ``entry_window_s``. Evidence: error kinds with counts, the
     last successful probe, and what the taps of the pool saw meanwhile."""
     findings = []
-    since = _window_start(snap, cfg.entry_window_s)
+    since = snap.ago_ms(cfg.entry_window_s)
     for entry, probes in sorted(snap.probes.items()):
         recent = probes.ts_ms >= since
         total = int(recent.sum())
@@ -104,7 +100,7 @@ def detect_router_unavailable(snap: Snapshot, cfg: DetectorConfig) -> list[Findi
     force as observed — ``fail_close`` (503s), ``reject`` (429s), ``fail_open`` (requests
     still routed, blind) — and the counts."""
     findings = []
-    since = _window_start(snap, cfg.gateway_window_s)
+    since = snap.ago_ms(cfg.gateway_window_s)
     for gateway, signals in sorted(snap.gateways.items()):
         up = signals.get("router_up")
         down = up is not None and len(up) > 0 and up.last() == 0
@@ -153,7 +149,7 @@ def _refusal_finding(
     """One finding per gateway whose router refused ≥ ``gateway_min_refusals`` requests with
     EPP ``error_code`` (else, where the EPP counter is absent, gateway answers ``answer``)."""
     findings = []
-    since = _window_start(snap, cfg.gateway_window_s)
+    since = snap.ago_ms(cfg.gateway_window_s)
     for gateway, signals in sorted(snap.gateways.items()):
         epp = _refusals(signals, f"gateway_request_errors:{error_code}", "", since)
         refused = epp or _refusals(signals, "gateway_answers:", f":{answer}", since)

@@ -53,7 +53,7 @@ def _stall_basis(
 def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """running > 0 and no generated token for ≥ stall_for (gauges frozen counts as flat)."""
     findings = []
-    start = snap.now_ms - int(cfg.stall_for_s * 1000)
+    start = snap.ago_ms(cfg.stall_for_s)
     for instance in snap.engine:
         full = snap.series(instance, "running")
         if full is None or not covers(full, start):
@@ -150,7 +150,7 @@ def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     - drain mode: the tap kept reading after a disconnect and tokens still came.
     """
     findings = []
-    start = snap.now_ms - int(cfg.ghost_window_s * 1000)
+    start = snap.ago_ms(cfg.ghost_window_s)
     for instance in snap.engine:
         evidence: dict[str, Any] = {}
         count = 0
@@ -239,7 +239,7 @@ def detect_preemption_cascade(snap: Snapshot, cfg: DetectorConfig) -> list[Findi
 def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """From block stats when present, else the admission signature (waiting grows with room)."""
     findings = []
-    start = snap.now_ms - int(cfg.fragmentation_for_s * 1000)
+    start = snap.ago_ms(cfg.fragmentation_for_s)
     for instance in snap.engine:
         free, run = (
             snap.series(instance, "kv_free_blocks"),
@@ -301,7 +301,7 @@ def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
 def detect_queue_growth(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """Waiting requests rising steadily for ``queue_for_s``."""
     findings = []
-    start = snap.now_ms - int(cfg.queue_for_s * 1000)
+    start = snap.ago_ms(cfg.queue_for_s)
     for instance in snap.engine:
         waiting = snap.series(instance, "waiting")
         if not covers(waiting, start) or waiting is None:

@@ -115,7 +115,7 @@ def detect_restart(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """A crash / restart within ``restart_hold_s``: the process start time changed, counters
     reset, or the target was down and came back. A target still down is ``target_down``."""
     findings = []
-    since_ms = snap.now_ms - int(cfg.restart_hold_s * 1000)
+    since_ms = snap.ago_ms(cfg.restart_hold_s)
     for instance in sorted(set(snap.engine) | set(snap.health)):
         health = snap.health.get(instance)
         if health is not None and len(health) and not health.up[-1]:

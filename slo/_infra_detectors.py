@@ -76,7 +76,7 @@ def detect_kv_transfer_timeout(snap: Snapshot, cfg: DetectorConfig) -> list[Find
     Evidence: failed, expired (the producer freed the blocks: cleanup completed), transfers,
     p99 now and before, leaked blocks and their growth (cleanup failed) where exported."""
     findings = []
-    start = snap.now_ms - int(cfg.kv_transfer_window_s * 1000)
+    start = snap.ago_ms(cfg.kv_transfer_window_s)
     for instance, signals in snap.engine.items():
         has_buckets = "kv_transfer_time" in snap.buckets.get(instance, {})
         if "kv_transfer_failures" not in signals and not has_buckets:
@@ -173,7 +173,7 @@ def detect_kv_index_stale(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         if rejected < cfg.kv_index_min_rejections:
             continue
         engines = _fronted(snap, router)
-        recent = max(onset, snap.now_ms - int(cfg.kv_index_window_s * 1000))
+        recent = max(onset, snap.ago_ms(cfg.kv_index_window_s))
         now, queried = _hit_ratio(snap, engines, recent, None)
         before, _ = _hit_ratio(snap, engines, 0, onset)
         if now is None or before is None or before < cfg.kv_index_min_baseline:

@@ -232,7 +232,7 @@ class SloJobs:
     def _step_flags(self, snap: Snapshot, findings: list[Finding]) -> list[FlagTransition]:
         pins = _l3_pins(findings)
         down = {f.scope_id: f.evidence for f in findings if f.signal == "target_down"}
-        stale = snap.now_ms - int(self.config.kv_stale_s * 1000)
+        stale = snap.ago_ms(self.config.kv_stale_s)
         pools: dict[str, dict[str, float]] = {}
         unknown: dict[str, list[str]] = {}
         transitions: list[FlagTransition | None] = []
@@ -279,7 +279,7 @@ class SloJobs:
             return free
         # worst_held: the best (highest) free ratio over the dwell time is the level the
         # instance has held throughout it; an instance not yet observed that long counts 1.0
-        start = snap.now_ms - int(self.config.flags.dwell_s * 1000)
+        start = snap.ago_ms(self.config.flags.dwell_s)
         kv = snap.series(instance, "kv_usage")
         if kv is None or int(kv.ts_ms[0]) > start:
             return 1.0

@@ -170,6 +170,10 @@ class Snapshot:
         default_factory=dict
     )  # instance → when clients hung up on streams the engine had finished (not ghosts)
 
+    def ago_ms(self, seconds: float) -> int:
+        """The time ``seconds`` before the snapshot (ms): where a detector's window starts."""
+        return self.now_ms - int(seconds * 1000)
+
     def series(self, instance: str, signal: str) -> Series | None:
         return self.engine.get(instance, {}).get(signal)
 
