@@ -54,7 +54,7 @@ from app.sections import load_config
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
 from simulator import Fleet, FleetConfig, GatewayConfig, NodeConfig, PodConfig
-from simulator.capacity import Capacity, measure_capacity
+from simulator.capacity import Capacity, Sustainable, measure_capacity, sustainable_capacity
 from simulator.config import EngineConfig
 
 __all__ = ["DrillProfile", "DrillReport", "FleetRun", "plan_fleets", "run_drill"]
@@ -75,8 +75,10 @@ class DrillReport:
     results: list[ModeResult] = field(default_factory=list)
     fleets: list[FleetRun] = field(default_factory=list)
     alertmanager: str | None = None  # the binary used; None: not run (not installed)
-    capacity_rps: float | None = None  # one pod's capacity at the drill's token mix
+    capacity_rps: float | None = None  # one pod's saturated throughput at the drill's mix
     capacity_method: str = ""
+    sustainable_rps: float | None = None  # what it serves without degrading (healthy_load's base)
+    sustainable_method: str = ""
 
     @property
     def false_positive_count(self) -> int:
@@ -92,6 +94,8 @@ class DrillReport:
             "alertmanager": self.alertmanager,
             "capacity_rps": self.capacity_rps,
             "capacity_method": self.capacity_method,
+            "sustainable_rps": self.sustainable_rps,
+            "sustainable_method": self.sustainable_method,
             "healthy_load": self.profile.healthy_load,
         }
 
@@ -122,11 +126,16 @@ def run_drill(
         raise ConfigError("drill: healthy_load must be a share of capacity in (0, 2]")
     binary = find_alertmanager()
     workdir.mkdir(parents=True, exist_ok=True)
-    capacity = _pod_capacity()
+    capacity = _pod_capacity(profile.prefill_chunk_tokens)
     report = DrillReport(
         int(time.time() * 1000), profile, alertmanager=binary, capacity_rps=capacity.rps
     )
     report.capacity_method = capacity.describe()
+    sustainable = None
+    if profile.healthy_load is not None:
+        sustainable = _sustainable_capacity(profile.prefill_chunk_tokens)
+        report.sustainable_rps = round(sustainable.rps, 3)
+        report.sustainable_method = sustainable.describe()
     rng = random.Random(profile.seed)
     plan = plan_fleets(modes, profile.modes_per_fleet)
     if healthy_control:
@@ -134,8 +143,8 @@ def run_drill(
     for index, fleet_modes in enumerate(plan):
         name = f"fleet{index}" if fleet_modes else "healthy"
         rate = profile.rate_per_pod
-        if not fleet_modes and profile.healthy_load is not None:
-            rate = profile.healthy_load * capacity.rps
+        if not fleet_modes and sustainable is not None and profile.healthy_load is not None:
+            rate = profile.healthy_load * sustainable.rps
         if fleet_modes and fleet_modes[0].front_end:
             mode = fleet_modes[0]
             results, run = run_front_end_fleet(name, mode, profile, workdir / name, rng, say)
@@ -144,24 +153,52 @@ def run_drill(
                 name, fleet_modes, profile, workdir / name, rng, say, rate=rate, alertmanager=binary
             )
             run.rate_per_pod, run.load_share = round(rate, 3), round(rate / capacity.rps, 3)
+            if sustainable is not None:
+                run.sustainable_share = round(rate / sustainable.rps, 3)
         report.results += results
         report.fleets.append(run)
     return report
 
 
 @functools.cache
-def _pod_capacity() -> Capacity:
-    """One default pod's capacity at the drill's token mix (a few seconds of CPU, once)."""
-    return measure_capacity(EngineConfig(), MEAN_PROMPT_TOKENS, MEAN_OUTPUT_TOKENS)
+def _pod_capacity(prefill_chunk_tokens: int) -> Capacity:
+    """One drill pod's saturated throughput at the drill's token mix (seconds of CPU, once)."""
+    return measure_capacity(
+        EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens),
+        MEAN_PROMPT_TOKENS,
+        MEAN_OUTPUT_TOKENS,
+    )
+
+
+@functools.cache
+def _sustainable_capacity(prefill_chunk_tokens: int) -> Sustainable:
+    """The rate one drill pod serves without degrading (~20 s of CPU, once): the base of
+    ``healthy_load``. A share of the saturated throughput is no healthy load for a KV-bound
+    engine: at 0.7 of it the pod runs out of KV blocks about once a minute and preempts."""
+    return sustainable_capacity(
+        EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens),
+        MEAN_PROMPT_TOKENS,
+        MEAN_OUTPUT_TOKENS,
+    )
 
 
 def _fleet_config(
-    name: str, pods: int, seed: int, gateway: GatewayConfig | None = None
+    name: str,
+    pods: int,
+    seed: int,
+    prefill_chunk_tokens: int,
+    gateway: GatewayConfig | None = None,
 ) -> FleetConfig:
     return FleetConfig(
         nodes=[NodeConfig(name=f"{name}-node", gpus=max(pods, 1))],
         pods=[
-            PodConfig(name=f"{name}-p{i}", dialect="vllm", node=f"{name}-node", gpus=[i])
+            PodConfig(
+                name=f"{name}-p{i}",
+                dialect="vllm",
+                node=f"{name}-node",
+                gpus=[i],
+                engine=EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens),
+            )
             for i in range(pods)
         ],
         seed=seed,
@@ -197,7 +234,11 @@ def _run_fleet(
             watch, alertmanager_url = stack.enter_context(AlertWatch(manager.url)), manager.url
         bus = stack.enter_context(Bus(load_config(None).bus))
         gateway = _gateway_config(modes)
-        fleet = stack.enter_context(Fleet(_fleet_config(name, pod_count, profile.seed, gateway)))
+        fleet = stack.enter_context(
+            Fleet(
+                _fleet_config(name, pod_count, profile.seed, profile.prefill_chunk_tokens, gateway)
+            )
+        )
         entry = fleet.gateway.url if fleet.gateway is not None else None
         gpu_pods = {p.name: p.instance for p in fleet.pods}
         config = drill_config(bus.bootstrap_servers, db, profile, gpu_pods, alertmanager_url)

@@ -83,7 +83,9 @@ FRONT_END_FLEETS: dict[str, FrontEndFleet] = {
 }
 
 
-def _fleet_config(name: str, kind: FrontEndFleet, seed: int) -> FleetConfig:
+def _fleet_config(
+    name: str, kind: FrontEndFleet, seed: int, prefill_chunk_tokens: int
+) -> FleetConfig:
     return FleetConfig.model_validate(
         {
             "nodes": [NodeConfig(name=f"{name}-node", gpus=kind.pods)],
@@ -94,7 +96,10 @@ def _fleet_config(name: str, kind: FrontEndFleet, seed: int) -> FleetConfig:
                         "dialect": "vllm",
                         "node": f"{name}-node",
                         "gpus": [i],
-                        "engine": kind.engine or {},
+                        "engine": {
+                            "prefill_chunk_tokens": prefill_chunk_tokens,
+                            **(kind.engine or {}),
+                        },
                     }
                 )
                 for i in range(kind.pods)
@@ -130,7 +135,9 @@ def run_front_end_fleet(
     end_s = inject_s + profile.hold_s + profile.clear_s
     with ExitStack() as stack:
         bus = stack.enter_context(Bus(load_config(None).bus))
-        fleet = stack.enter_context(Fleet(_fleet_config(name, kind, profile.seed)))
+        fleet = stack.enter_context(
+            Fleet(_fleet_config(name, kind, profile.seed, profile.prefill_chunk_tokens))
+        )
         urls = {front: url for front, url, _ in fleet.front_ends.targets()}
         gpu_pods = {p.name: p.instance for p in fleet.pods}
         pipeline = Pipeline(

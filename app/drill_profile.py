@@ -26,8 +26,11 @@ class DrillProfile:
     fragmentation/queue windows 40 s (300/120), detector lookback 60 s (600), a crash
     reported 40 s after the restart (300). Everything else (the fault, the engine's speed,
     the other detector thresholds, the SLO windows) runs as in production.
-    ``healthy_load``: the control fleet's offered load as a share of one pod's capacity
-    (``simulator.capacity.measure_capacity``); ``None`` runs it at ``rate_per_pod``.
+    ``healthy_load``: the control fleet's offered load as a share of the rate one pod serves
+    without degrading (``simulator.capacity.sustainable_capacity``); ``None`` runs it at
+    ``rate_per_pod``. ``prefill_chunk_tokens``: the pods' step budget, the demo's 256 (an
+    operator's setting for the example spec's 30 ms ITL-jitter target; the engine default
+    512 leaves ~5 ms of modelled margin, so host scheduling noise alone burns that SLO).
     """
 
     warmup_s: float = 30.0
@@ -44,7 +47,8 @@ class DrillProfile:
     lookback_s: float = 60.0  # raw rows per cycle (default 600): hot_instance compares halves
     restart_hold_s: float = 40.0  # a crash stays reported this long (default 300)
     rate_per_pod: float = 1.5  # requests per second (the mode fleets)
-    healthy_load: float | None = None  # control fleet's share of capacity; None: rate_per_pod
+    healthy_load: float | None = None  # control's share of sustainable capacity; None: rate_per_pod
+    prefill_chunk_tokens: int = 256  # the pods' engine step budget (engine default 512)
     modes_per_fleet: int = 7
     healthy_pods: int = 2
     healthy_minutes: float = 2.0
@@ -61,7 +65,8 @@ class FleetRun:
     minutes: float
     false_positives: list[FalsePositive] = field(default_factory=list)
     rate_per_pod: float = 0.0  # requests per second offered to each pod
-    load_share: float | None = None  # rate_per_pod / one pod's capacity
+    load_share: float | None = None  # rate_per_pod / one pod's saturated throughput
+    sustainable_share: float | None = None  # rate_per_pod / the rate served without degrading
     alerts: list[str] = field(default_factory=list)  # every alertname Alertmanager received
     harness_lag_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # loop lateness
 

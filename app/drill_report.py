@@ -39,13 +39,16 @@ def _tally(fps: list[FalsePositive]) -> str:
 def _load_line(report: DrillReport) -> str:
     p = report.profile
     healthy = (
-        f"the healthy control at {p.healthy_load:g} of capacity"
+        f"the healthy control at {p.healthy_load:g} of the rate a pod serves without degrading"
         if p.healthy_load is not None
         else "the healthy control the same"
     )
     return (
         f"Load: Poisson, {p.rate_per_pod:g} req/s per pod in the mode fleets, {healthy} "
-        f"(per fleet below). Capacity: {report.capacity_method or 'not measured'}."
+        f"(per fleet below). Pods run a {p.prefill_chunk_tokens}-token prefill chunk (engine "
+        "default 512: the step budget an operator sets for the 30 ms ITL-jitter target). "
+        f"Saturated capacity: {report.capacity_method or 'not measured'}."
+        + (f" Without degrading: {report.sustainable_method}." if report.sustainable_method else "")
     )
 
 
@@ -109,7 +112,9 @@ def render_markdown(report: DrillReport) -> str:
         "",
     ]
     for fleet in report.fleets:
-        share = "" if fleet.load_share is None else f" = {fleet.load_share:.2f} of capacity"
+        share = "" if fleet.load_share is None else f" = {fleet.load_share:.2f} of saturated"
+        if fleet.sustainable_share is not None:
+            share += f", {fleet.sustainable_share:.2f} of sustainable"
         lines.append(
             f"- {fleet.name} ({fleet.minutes:g} min at {fleet.rate_per_pod:g} req/s per pod"
             f"{share}; healthy instances: {', '.join(fleet.healthy_instances) or 'none'}; "

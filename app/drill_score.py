@@ -4,6 +4,11 @@ Pure functions over the rows of ``slo_findings`` and ``flag_transitions`` (no I/
 rules are tested without a fleet. Times are Unix epoch ms in, seconds out. A finding's
 ``ts_ms`` is the jobs' evaluation (event) time, i.e. the newest scraped sample, so time to
 detect includes scrape, publish, ingest and one job cycle.
+
+A sample is stamped when its scrape starts, and the exporter renders the body after that:
+a scrape stamped a little before the injection can already carry the fault (a NaN burst
+rendered ~0.1 s after its scrape's stamp was scored as a miss). So a finding or flag counts
+from :data:`SCRAPE_STAMP_GRACE_MS` before the injection, and its time to detect is then 0.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import NamedTuple
 from app.drill_modes import FLAG, DrillMode, matches
 
 __all__ = [
+    "SCRAPE_STAMP_GRACE_MS",
     "AlertRow",
     "FalsePositive",
     "FindingRow",
@@ -25,6 +31,11 @@ __all__ = [
     "score_alerts",
     "score_mode",
 ]
+
+
+#: How far a scrape's stamp may precede what its body shows: the collector's and the
+#: exporter's event-loop lateness (p99 0.1–0.2 s in the drills) plus the HTTP exchange.
+SCRAPE_STAMP_GRACE_MS = 500
 
 
 class FindingRow(NamedTuple):
@@ -100,6 +111,11 @@ def _seconds(ts_ms: int, since_ms: int) -> float:
     return round((ts_ms - since_ms) / 1000, 1)
 
 
+def _since_injection(ts_ms: int, injected_ms: int) -> float:
+    """Seconds from injection to a stored (data-clock) time; 0 inside the stamp grace."""
+    return max(0.0, _seconds(ts_ms, injected_ms))
+
+
 def score_mode(
     result: ModeResult,
     mode: DrillMode,
@@ -109,10 +125,12 @@ def score_mode(
 ) -> ModeResult:
     """Fill ``result`` from the stored rows between injection and ``end_ms``."""
     start, removed = result.injected_ts_ms, result.removed_ts_ms
+    counted_from = start - SCRAPE_STAMP_GRACE_MS
     mine = [
         f
         for f in sorted(findings)
-        if _in_scope(mode, result.instance, f.scope, f.scope_id) and start <= f.ts_ms <= end_ms
+        if _in_scope(mode, result.instance, f.scope, f.scope_id)
+        and counted_from <= f.ts_ms <= end_ms
     ]
     hits = [f for f in mine if f.state == "firing" and matches(mode.expected, f.signal)]
     result.other_signals = sorted(
@@ -120,20 +138,20 @@ def score_mode(
     )
     by = sorted({f.signal for f in hits})
     if hits:
-        result.first_finding_s = _seconds(hits[0].ts_ms, start)
+        result.first_finding_s = _since_injection(hits[0].ts_ms, start)
     rises = [
         r
         for r in sorted(flags)
         if r.scope == "instance"
         and r.scope_id == result.instance
         and r.to_level > max(r.from_level, 0)
-        and start <= r.ts_ms <= end_ms
+        and counted_from <= r.ts_ms <= end_ms
     ]
     for r in rises:  # entering L3 straight from L0 puts L1 and L2 in force at that moment too
         for level in range(max(r.from_level, 0) + 1, r.to_level + 1):
-            result.flag_level_s.setdefault(level, _seconds(r.ts_ms, start))
+            result.flag_level_s.setdefault(level, _since_injection(r.ts_ms, start))
     if rises and FLAG in mode.expected:
-        result.first_flag_s = _seconds(rises[0].ts_ms, start)
+        result.first_flag_s = _since_injection(rises[0].ts_ms, start)
         by += [f"flag L{level}" for level in sorted(result.flag_level_s)]
     elif rises:
         result.other_signals.append("flag")
@@ -191,17 +209,24 @@ def false_positives(
         if f.state != "firing":
             continue
         if f.scope == "pool":
-            explained = pool_faulted or (pool_faulted_ms is not None and f.ts_ms >= pool_faulted_ms)
+            explained = pool_faulted or (
+                pool_faulted_ms is not None and _after(f.ts_ms, pool_faulted_ms)
+            )
         else:
-            explained = f.scope_id in faulted and f.ts_ms >= faulted[f.scope_id][0]
+            explained = f.scope_id in faulted and _after(f.ts_ms, faulted[f.scope_id][0])
         if not explained:
             out.append(FalsePositive(fleet, "finding", f.signal, f.scope_id, f.ts_ms))
     for r in flags:
         if r.scope != "instance" or r.to_level <= max(r.from_level, 0):
             continue
-        if not (r.scope_id in faulted and r.ts_ms >= faulted[r.scope_id][0]):
+        if not (r.scope_id in faulted and _after(r.ts_ms, faulted[r.scope_id][0])):
             out.append(FalsePositive(fleet, "flag", f"L{r.to_level}", r.scope_id, r.ts_ms))
     return sorted(out, key=lambda p: (p.ts_ms, p.scope_id, p.name))
+
+
+def _after(ts_ms: int, injected_ms: int) -> bool:
+    """Whether a stored (data-clock) time can show a fault injected at ``injected_ms``."""
+    return ts_ms >= injected_ms - SCRAPE_STAMP_GRACE_MS
 
 
 def score_alerts(

@@ -8,10 +8,11 @@ control. Last line is JSON::
 
     {"bench": "drill", "modes": …, "detected": …, "median_detect_s": …, "stall_detect_s": …,
      "false_positives": …, "healthy_minutes": …, "healthy_load": …, "capacity_rps": …,
-     "median_alert_s": …, "alertmanager": true|false}
+     "sustainable_rps": …, "median_alert_s": …, "alertmanager": true|false}
 
-``healthy_load`` is the control run's share of one pod's capacity (``--healthy-load``; null:
-the mode fleets' rate), ``median_alert_s`` the median time from injection to Alertmanager's
+``healthy_load`` is the control run's share of the rate one pod serves without degrading
+(``sustainable_rps``: no preemption, KV free never below 10 %; ``--healthy-load``; null: the
+mode fleets' rate), ``capacity_rps`` the pod's saturated throughput, ``median_alert_s`` the median time from injection to Alertmanager's
 receipt of the first alert (null when no Alertmanager ran).
 
 Targets (DESIGN §8): every mode detected; stall within ``stall_for_s`` + one scrape
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="stall and kv_leak, 0.5 healthy min")
     parser.add_argument("--modes", default="all")
     parser.add_argument("--healthy-minutes", type=float, default=None)
-    parser.add_argument("--healthy-load", type=float, default=None, help="e.g. 0.7 of capacity")
+    parser.add_argument("--healthy-load", type=float, default=None, help="e.g. 0.7 of sustainable")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, help="logs and stores (default: a temporary dir)")
     args = parser.parse_args(argv)
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 "healthy_minutes": minutes,
                 "healthy_load": profile.healthy_load,
                 "capacity_rps": report.capacity_rps,
+                "sustainable_rps": report.sustainable_rps,
                 "median_alert_s": round(statistics.median(alerts), 1) if alerts else None,
                 "alertmanager": report.alertmanager is not None,
             }

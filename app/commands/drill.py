@@ -44,8 +44,9 @@ def register(subparsers: Any) -> None:
         "--healthy-load",
         type=float,
         default=None,
-        help="the healthy control's load as a share of one pod's capacity, e.g. 0.7 "
-        "(capacity measured on the simulator's engine model; default: the mode fleets' "
+        help="the healthy control's load as a share of the rate one pod serves without "
+        "degrading, e.g. 0.7 (no preemption and KV free never below 10 %%, measured on the "
+        "simulator's engine model in virtual time, ~20 s; default: the mode fleets' "
         f"{DrillProfile.rate_per_pod:g} req/s per pod)",
     )
     parser.add_argument("--seed", type=int, default=0, help="injection moments (default 0)")

@@ -170,16 +170,19 @@ def test_the_stall_alert_reached_alertmanager_right_after_its_finding(
     assert int(str(recorded[0])) <= received_ms + 100  # recorded at the cycle, then received
 
 
-def test_the_healthy_control_runs_at_the_stated_share_of_capacity(
+def test_the_healthy_control_runs_at_the_stated_share_of_sustainable_capacity(
     drilled: tuple[DrillReport, Path],
 ) -> None:
     report, workdir = drilled
     control = report.fleets[-1]
     assert report.capacity_rps is not None and 3 < report.capacity_rps < 15
-    assert control.load_share == 0.5
-    assert control.rate_per_pod == pytest.approx(0.5 * report.capacity_rps, abs=0.01)
+    assert report.sustainable_rps is not None
+    assert 0.2 * report.capacity_rps < report.sustainable_rps < report.capacity_rps
+    assert control.sustainable_share == 0.5
+    assert control.rate_per_pod == pytest.approx(0.5 * report.sustainable_rps, abs=0.01)
+    assert control.load_share == pytest.approx(control.rate_per_pod / report.capacity_rps, abs=0.01)
     pods = len(control.healthy_instances)
     ((served,),) = _stored(workdir, control.name, "SELECT count(*) FROM requests")
     offered = control.rate_per_pod * pods * control.minutes * 60
     assert 0.7 * offered <= int(str(served)) <= 1.3 * offered  # Poisson, ~180 requests
-    assert "0.5 of capacity" in render_markdown(report)
+    assert "0.5 of the rate a pod serves without degrading" in render_markdown(report)

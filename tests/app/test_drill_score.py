@@ -7,6 +7,7 @@ import pytest
 from app.drill import plan_fleets, select_modes
 from app.drill_modes import FLAG, MODES, DrillMode, matches
 from app.drill_score import (
+    SCRAPE_STAMP_GRACE_MS,
     AlertRow,
     FindingRow,
     FlagRow,
@@ -46,6 +47,18 @@ def test_the_first_expected_finding_after_injection_detects_and_its_resolution_c
     assert result.detect_s == result.first_finding_s == 24.0
     assert result.clear_s == 7.0
     assert result.other_signals == ["queue_growth"]
+
+
+def test_a_scrape_stamped_just_before_injection_can_show_the_fault() -> None:
+    # The NaN burst of the last matrix: the finding's data-clock time was 0.1 s before the
+    # injection's wall time (the scrape is stamped at its start, rendered after the fault).
+    just_before = FindingRow(T0 - 100, "firing", "numeric_anomaly", "instance", POD)
+    result = score_mode(_result("nan_burst"), MODES["nan_burst"], [just_before], [], END)
+    assert result.detected and result.detect_s == 0.0
+    assert false_positives("f", [just_before], [], {POD: (T0, MODES["nan_burst"])}) == []
+    too_early = just_before._replace(ts_ms=T0 - SCRAPE_STAMP_GRACE_MS - 1)
+    assert not score_mode(_result("nan_burst"), MODES["nan_burst"], [too_early], [], END).detected
+    assert len(false_positives("f", [too_early], [], {POD: (T0, MODES["nan_burst"])})) == 1
 
 
 def test_a_finding_still_firing_at_the_end_is_not_cleared() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import ConfigError
-from simulator.capacity import capacity_rps, measure_capacity, measure_rps
+from simulator.capacity import capacity_rps, measure_capacity, measure_rps, sustainable_capacity
 from simulator.config import EngineConfig
 
 ENGINE = EngineConfig()
@@ -37,6 +37,24 @@ def test_above_capacity_the_queue_grows_and_throughput_stays_at_capacity(
     # ±10 %: ~1,600 exponential output lengths per half-run move the mean by a few percent
     assert run.steady_rps == pytest.approx(measured, rel=0.1)
     assert run.waiting_at_end > 0.1 * run.offered_rps * run.seconds
+
+
+def test_seventy_percent_of_the_saturated_rate_runs_the_kv_pool_out(measured: float) -> None:
+    # A KV-bound engine reaches its saturated throughput only with a full KV pool: at 70 %
+    # of it, Poisson bursts take the free ratio below the L1 (10 %) and L2 (5 %) lines.
+    run = measure_rps(ENGINE, 0.7 * measured, 900, prompt_tokens=PROMPT, output_tokens=OUTPUT)
+    assert run.degraded() and run.scrapes_below > 0 and run.min_kv_free < 0.05
+
+
+def test_the_sustainable_rate_does_not_degrade_and_a_little_more_does() -> None:
+    sustainable = sustainable_capacity(ENGINE, PROMPT, OUTPUT, seconds=600, seeds=(0,))
+    assert 0.25 < sustainable.share_of_saturated < 0.8
+    at = measure_rps(ENGINE, sustainable.rps, 600, prompt_tokens=PROMPT, output_tokens=OUTPUT)
+    assert not at.degraded() and at.min_kv_free >= 0.10
+    above = 1.1 * sustainable.rps
+    run = measure_rps(ENGINE, above, 600, prompt_tokens=PROMPT, output_tokens=OUTPUT)
+    assert run.degraded()
+    assert "never preempted" in sustainable.describe()
 
 
 def test_a_bigger_kv_pool_raises_the_capacity() -> None:
