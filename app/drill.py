@@ -40,6 +40,7 @@ from app.drill_edges import DrillEdges
 from app.drill_fronts import run_front_end_fleet
 from app.drill_lag import LoopLag
 from app.drill_modes import FLAG, MODES, DrillMode
+from app.drill_pipeline import PipelineProcess
 from app.drill_profile import DrillProfile, FleetRun, drill_config, injection_times, sleep_until
 from app.drill_rows import alert_rows, kv_crossings, read_rows
 from app.drill_score import (
@@ -49,7 +50,6 @@ from app.drill_score import (
     score_alerts,
     score_mode,
 )
-from app.run import Pipeline, load_model
 from app.sections import load_config
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
@@ -242,9 +242,7 @@ def _run_fleet(
         entry = fleet.gateway.url if fleet.gateway is not None else None
         gpu_pods = {p.name: p.instance for p in fleet.pods}
         config = drill_config(bus.bootstrap_servers, db, profile, gpu_pods, alertmanager_url)
-        pipeline = Pipeline(config, load_model(None))
-        stack.callback(pipeline.stop)
-        pipeline.start()
+        pipeline = stack.enter_context(PipelineProcess(config))
         edges = stack.enter_context(
             DrillEdges(
                 bus,
@@ -278,18 +276,16 @@ def _run_fleet(
         end_ms = int(time.time() * 1000)
         harness_lag = {name: lag.stop() for name, lag in lags.items()}
         time.sleep(2 * profile.scrape_s)
-        pipeline.final_cycle()
-        time.sleep(3.0)  # flag transitions travel the bus into the store; alerts are posted
-        findings, flags = read_rows(pipeline.store.con)
+        pipeline.finish()
+        stored = stack.enter_context(pipeline.stored())
+        findings, flags = read_rows(stored)
         alerts = alert_rows(watch.received()) if watch is not None else []
         faulted: dict[str, tuple[int, DrillMode]] = {}
         for result, mode in zip(results, modes, strict=True):
             score_mode(result, mode, findings, flags, end_ms)
             score_alerts(result, mode, alerts, end_ms)
             if FLAG in mode.expected:
-                result.kv_crossing_s = kv_crossings(
-                    pipeline.store.con, pipeline.jobs.config.flags, result
-                )
+                result.kv_crossing_s = kv_crossings(stored, pipeline.flag_policy, result)
             faulted[result.instance] = (result.injected_ts_ms, mode)
     run = FleetRun(
         name,
@@ -355,7 +351,7 @@ def _play(
         pods = fleet.pods if mode.pool_scoped else [fleet.pods[i]]
         now_ms = int(time.time() * 1000)
         if mode.extra_rate_per_s and action == "set":
-            extra[i] = edges.extra_load(i, mode.extra_rate_per_s, profile.hold_s)
+            extra[i] = edges.extra_load(i, mode.extra_rate_per_s, profile.hold_s, mode.extra_load)
         elif i in extra:
             extra.pop(i).set()
         if mode.on_gateway and mode.fault is not None:

@@ -129,12 +129,22 @@ class DrillEdges:
         self._load.start()
         return self
 
-    def extra_load(self, tap_index: int, rate_per_s: float, duration_s: float) -> threading.Event:
+    def extra_load(
+        self,
+        tap_index: int,
+        rate_per_s: float,
+        duration_s: float,
+        options: Mapping[str, Any] | None = None,
+    ) -> threading.Event:
         """Extra Poisson load at ``rate_per_s`` through tap ``tap_index`` only, for
-        ``duration_s`` or until the returned event is set (a hot instance, injected)."""
+        ``duration_s`` or until the returned event is set (a hot instance, injected);
+        ``options``: more :class:`LoadConfig` fields (clients that cancel, for ghosts)."""
         stop = threading.Event()
         config = LoadConfig(
-            targets=[self.tap_urls[tap_index]], deadline_s=CLIENT_DEADLINE_S, seed=tap_index + 1
+            targets=[self.tap_urls[tap_index]],
+            deadline_s=CLIENT_DEADLINE_S,
+            seed=tap_index + 1,
+            **dict(options or {}),
         )
         requests = list(poisson_arrivals(rate_per_s, duration_s))
         threading.Thread(

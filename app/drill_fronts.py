@@ -20,10 +20,10 @@ from typing import Any
 
 from app.drill_edges import DrillEdges
 from app.drill_modes import DrillMode
+from app.drill_pipeline import PipelineProcess
 from app.drill_profile import DrillProfile, FleetRun, drill_config, injection_times, sleep_until
 from app.drill_rows import read_rows
 from app.drill_score import ModeResult, false_positives, score_mode
-from app.run import Pipeline, load_model
 from app.sections import load_config
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
@@ -140,11 +140,9 @@ def run_front_end_fleet(
         )
         urls = {front: url for front, url, _ in fleet.front_ends.targets()}
         gpu_pods = {p.name: p.instance for p in fleet.pods}
-        pipeline = Pipeline(
-            drill_config(bus.bootstrap_servers, db, profile, gpu_pods), load_model(None)
+        pipeline = stack.enter_context(
+            PipelineProcess(drill_config(bus.bootstrap_servers, db, profile, gpu_pods))
         )
-        stack.callback(pipeline.stop)
-        pipeline.start()
         metrics = [p.url for p in fleet.pods] + [d.url for d in fleet.dcgm] + list(urls.values())
         edges = stack.enter_context(
             DrillEdges(
@@ -165,7 +163,7 @@ def run_front_end_fleet(
         result = ModeResult(mode.name, name, instance, mode.fault, 0, 0)
         sleep_until(t0 + inject_s)
         extra = (
-            edges.extra_load(0, mode.extra_rate_per_s, profile.hold_s)
+            edges.extra_load(0, mode.extra_rate_per_s, profile.hold_s, mode.extra_load)
             if mode.extra_rate_per_s
             else None
         )
@@ -181,9 +179,8 @@ def run_front_end_fleet(
         sleep_until(t0 + end_s)
         end_ms = int(time.time() * 1000)
         time.sleep(2 * profile.scrape_s)
-        pipeline.final_cycle()
-        time.sleep(3.0)  # the final cycle's flag transitions travel the bus into the store
-        findings, flags = read_rows(pipeline.store.con)
+        pipeline.finish()
+        findings, flags = read_rows(stack.enter_context(pipeline.stored()))
         score_mode(result, mode, findings, flags, end_ms)
         others = [p.instance for p in fleet.pods] + [
             _address(u) for f, u in urls.items() if f != kind.faulted

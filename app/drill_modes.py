@@ -36,7 +36,8 @@ class DrillMode:
     failure comes from the load alone). ``load``: extra :class:`simulator.load.LoadConfig`
     fields for its fleet's whole run (e.g. ``{"cancel_after_s": 2.0}``). ``extra_rate_per_s``: Poisson
     requests per second sent to the target pod alone while the mode is injected (a hot
-    instance). ``tap``: extra :class:`collectors.tap.config.TapConfig` fields. ``pool_scoped``: the failure is a pool's (every pod
+    instance); ``extra_load``: more :class:`simulator.load.LoadConfig` fields for those
+    requests alone. ``tap``: extra :class:`collectors.tap.config.TapConfig` fields. ``pool_scoped``: the failure is a pool's (every pod
     faulted; pool findings count). ``needs_gateway``: the fleet starts a gateway (with
     ``gateway``: :class:`simulator.config.GatewayConfig` fields) and a prober through it.
     ``front_end``: the fault is set on a front end (a P/D pair,
@@ -52,6 +53,7 @@ class DrillMode:
     tap: Mapping[str, Any] = field(default_factory=dict)
     pool_scoped: bool = False
     extra_rate_per_s: float = 0.0
+    extra_load: Mapping[str, Any] = field(default_factory=dict)
     needs_gateway: bool = False
     gateway: Mapping[str, Any] = field(default_factory=dict)
 
@@ -93,8 +95,16 @@ MODES: dict[str, DrillMode] = {
         ),
         _mode("fragmentation", "fragmentation", {"fragmentation", "queue_growth"}),
         _mode("preemption_cascade", "preemption_cascade", {"preemption_cascade"}),
-        # Ghosts need clients that go away: every request is cancelled after 2 s.
-        _mode("ghost", "ghost", {"ghost_requests"}, load={"cancel_after_s": 2.0}),
+        # Ghosts need clients that go away: from injection, the pod gets two pods' shares more
+        # of requests whose clients cancel after 1 s (before, nobody cancels: in a fleet whose
+        # every client hangs up, the availability SLO burns from the start, rightly).
+        _mode(
+            "ghost",
+            "ghost",
+            {"ghost_requests"},
+            extra_rate_per_s=3.0,
+            extra_load={"cancel_after_s": 1.0},
+        ),
         # Three times a pod's share on top, on one pod, from injection to removal.
         _mode("hot_instance", None, {"hot_instance"}, extra_rate_per_s=4.5),
         _mode("slow_prefill", "slow_prefill", {"slow_prefill"}, params={"factor": 5}),

@@ -23,8 +23,8 @@ class DrillProfile:
 
     Compressed against the production defaults, and stated in every report: scrape and
     jobs every 2 s (5 s and 15 s), ``stall_for_s`` 20 (60), flag dwell 20 s (120),
-    fragmentation/queue windows 40 s (300/120), detector lookback 60 s (600), a crash
-    reported 40 s after the restart (300). Everything else (the fault, the engine's speed,
+    fragmentation/queue windows 40 s (300/120), ghost window 20 s (60), detector lookback
+    60 s (600), a crash reported 40 s after the restart (300). Everything else (the fault, the engine's speed,
     the other detector thresholds, the SLO windows) runs as in production.
     ``healthy_load``: the control fleet's offered load as a share of the rate one pod serves
     without degrading (``simulator.capacity.sustainable_capacity``); ``None`` runs it at
@@ -91,6 +91,7 @@ def drill_config(
         "restart_hold_s": profile.restart_hold_s,
         "gpu_pods": gpu_pods,
         "kv_transfer_window_s": window / 2,
+        "ghost_window_s": window / 2,
         "kv_index_window_s": window,
         "autoscaler_lag_for_s": window / 2,
     }

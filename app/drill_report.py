@@ -70,7 +70,8 @@ def render_markdown(report: DrillReport) -> str:
         "",
         f"Profile (time compression, stated): scrape every {p.scrape_s:g} s, jobs every "
         f"{p.interval_s:g} s, stall_for_s {p.stall_for_s:g}, flag dwell {p.dwell_s:g} s, "
-        f"fragmentation/queue windows {p.detector_window_s:g} s, entry/gateway windows "
+        f"fragmentation/queue windows {p.detector_window_s:g} s (300/120), ghost window "
+        f"{p.detector_window_s / 2:g} s (60), entry/gateway windows "
         f"{p.edge_window_s:g} s with a probe every {p.probe_interval_s:g} s, detector lookback "
         f"{p.lookback_s:g} s, crash reported for {p.restart_hold_s:g} s; warm-up "
         f"{p.warmup_s:g} s + random 0–{p.jitter_s:g} s (seed {p.seed}), fault held "

@@ -165,6 +165,8 @@ def test_every_modes_fault_load_and_tap_options_are_valid(mode: DrillMode) -> No
         validate_fault(mode.fault, dict(mode.params))
     GatewayConfig.model_validate(mode.gateway)
     LoadConfig.model_validate({"targets": ["http://127.0.0.1:1"], **mode.load})
+    LoadConfig.model_validate({"targets": ["http://127.0.0.1:1"], **mode.extra_load})
+    assert mode.extra_rate_per_s or not mode.extra_load  # options of an extra load that runs
     TapConfig.model_validate({"upstreams": ["http://127.0.0.1:1"], **mode.tap})
 
 
