@@ -2,7 +2,8 @@
 
 A :class:`Cohort` selects request records by instance list and/or by label columns of the
 ``requests`` table (``pool``, ``model``, ``tenant``, ``route``, ``tap_id``, and ``revision`` /
-``cohort`` once the tap stamps them). A :class:`TimeRange` is a validated, bounded
+``cohort`` once the tap stamps them), among the stream taps' records only: the synthetic
+prober's (``source = 'probe'``) are no user's requests and in no cohort. A :class:`TimeRange` is a validated, bounded
 ``[start_ms, end_ms)`` over ``received_ts_ms``. :func:`load_samples` returns what the judge
 needs: per-request latency samples and bad-event counts. All SQL is parameterised; column
 names come only from the allow-list below. Kept in one module so it can move onto
@@ -19,6 +20,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from api.errors import QueryError, UnknownCohortError
+from slo.request_rollup import SOURCE_FILTERS
 
 __all__ = [
     "LABEL_COLUMNS",
@@ -168,7 +170,7 @@ def _where(con: duckdb.DuckDBPyConnection, cohort: Cohort) -> tuple[str, list[ob
         missing = sorted(set(cohort.labels) - _existing_columns(con))
         if missing:
             raise QueryError(f"request records carry no {missing} label yet; select by instances")
-    clauses: list[str] = []
+    clauses = [SOURCE_FILTERS["tap"]]  # probe records cross the entry point, not a cohort
     params: list[object] = []
     if cohort.instances:
         clauses.append("list_contains(?, instance)")

@@ -6,6 +6,8 @@ the buckets are whole hours, the edges from the ``*_minute`` tables, and raw ``r
 before and after (the unsettled tail, a range edge inside a minute), turned into the same
 minute rows by the rollup's own SQL. So one answer never mixes exact and binned
 percentiles. Without rollups (an older file) the exact SQL over raw records answers.
+Reads count the taps' records (user traffic) unless the scope asks for the prober's
+(``source = "probe"``): those are few and never rolled up, so they are always read exactly.
 Parameters arrive validated; every value is bound.
 """
 
@@ -20,6 +22,7 @@ from slo.request_rollup import (
     HOUR_MS,
     LATENCY_COLUMNS,
     MINUTE_MS,
+    SOURCE_FILTERS,
     RequestCoverage,
     bin_value_sql,
     latency_minutes_sql,
@@ -34,12 +37,18 @@ _QUANTILES = (0.5, 0.9, 0.99)
 
 @dataclass(frozen=True)
 class RequestScope:
-    """A validated request query: grid, breakdown (``pool`` | ``instance``) and filters."""
+    """A validated request query: grid, breakdown (``pool`` | ``instance``), filters and
+    whose records (``source``: ``tap``, the users' requests, or ``probe``)."""
 
     grid: Grid
     by: str
     pool: str | None = None
     instance: str | None = None
+    source: str = "tap"
+
+    def coverage(self, con: duckdb.DuckDBPyConnection) -> RequestCoverage | None:
+        """The rollups' reach for this scope: none for probe records (never rolled up)."""
+        return read_coverage(con) if self.source == "tap" else None
 
     def where(self) -> tuple[str, list[object]]:
         """Filter clauses (`` AND …``) on ``pool``/``instance`` and their values."""
@@ -107,7 +116,7 @@ def _union(
 
 def latency_sql(con: duckdb.DuckDBPyConnection, metric: str, scope: RequestScope) -> Query:
     """Samples, mean, p50/p90/p99 and max of ``metric`` per bucket and group (LATENCY_SCHEMA)."""
-    coverage = read_coverage(con)
+    coverage = scope.coverage(con)
     if coverage is None:
         return _exact_latency_sql(metric, scope)
     pieces = _pieces(scope.grid, coverage)
@@ -118,7 +127,7 @@ def latency_sql(con: duckdb.DuckDBPyConnection, metric: str, scope: RequestScope
         pieces,
         "request_latency",
         columns,
-        lambda lo, hi: latency_minutes_sql(lo, hi, (metric,)),
+        lambda lo, hi: latency_minutes_sql(lo, hi, (metric,), scope.source),
         ("request_latency_pool_hour", columns.replace("instance", "NULL AS instance"))
         if per_pool
         else None,
@@ -152,7 +161,7 @@ def latency_sql(con: duckdb.DuckDBPyConnection, metric: str, scope: RequestScope
 
 def outcome_sql(con: duckdb.DuckDBPyConnection, scope: RequestScope) -> Query:
     """Attempts and client requests per bucket, group and outcome (OUTCOMES_SCHEMA)."""
-    coverage = read_coverage(con)
+    coverage = scope.coverage(con)
     group, pool_sql, instance_sql = scope.columns()
     where, filters = scope.where()
     bucket = scope.grid.bucket_ms
@@ -161,14 +170,16 @@ def outcome_sql(con: duckdb.DuckDBPyConnection, scope: RequestScope) -> Query:
         sql = f"""
             SELECT received_ts_ms // ? * ? AS bucket_ts_ms, {pool_sql}, {instance_sql}, outcome,
                    count(*), count(DISTINCT coalesce(original_request_id, request_id))
-            FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?{where}
+            FROM requests
+            WHERE received_ts_ms >= ? AND received_ts_ms < ?{where}
+              AND {SOURCE_FILTERS[scope.source]}
             GROUP BY bucket_ts_ms, {group}, outcome ORDER BY bucket_ts_ms, {group}, outcome"""
         return ["requests"], sql, [bucket, bucket, grid.start_ms, grid.end_ms, *filters]
     tables, rows_sql, rows_params = _union(
         _pieces(scope.grid, coverage),
         "request",
         "ts_ms, pool, instance, outcome, attempts, requests, pool_requests",
-        outcome_minutes_sql,
+        lambda lo, hi: outcome_minutes_sql(lo, hi, scope.source),
     )
     # One instance's attempts: its first attempts are the distinct requests in any grouping.
     requests = "pool_requests" if group == "pool" and scope.instance is None else "requests"
@@ -185,7 +196,7 @@ def _exact_latency_sql(metric: str, scope: RequestScope) -> Query:
     group, pool_sql, instance_sql = scope.columns()
     where, filters = scope.where()
     grid = scope.grid
-    rows = "received_ts_ms >= ? AND received_ts_ms < ?" + where
+    rows = f"received_ts_ms >= ? AND received_ts_ms < ?{where} AND {SOURCE_FILTERS[scope.source]}"
     source = (
         f"(SELECT *, unnest(itl_gaps_s)::DOUBLE AS gap_s FROM requests WHERE {rows})"
         if metric == "itl"
@@ -202,14 +213,15 @@ def _exact_latency_sql(metric: str, scope: RequestScope) -> Query:
 
 
 def request_names_sql(con: duckdb.DuckDBPyConnection) -> tuple[str, list[object]]:
-    """SQL of the distinct (instance, pool, address) of request records: the rollup's hours
-    where it reaches, raw records elsewhere (a 30-day file: ~10⁵ rows instead of ~10⁷)."""
+    """SQL of the distinct (instance, pool, address) of the taps' request records (a probed
+    entry point is no engine instance): the rollup's hours where it reaches, raw records
+    elsewhere (a 30-day file: ~10⁵ rows instead of ~10⁷)."""
     coverage = read_coverage(con)
-    raw = "SELECT DISTINCT instance, pool, address FROM requests"
+    raw = f"SELECT DISTINCT instance, pool, address FROM requests WHERE {SOURCE_FILTERS['tap']}"
     if coverage is None:
         return raw, []
     return (
         "SELECT DISTINCT instance, pool, address FROM request_hour UNION "
-        f"{raw} WHERE received_ts_ms < ? OR received_ts_ms >= ?",
+        f"{raw} AND (received_ts_ms < ? OR received_ts_ms >= ?)",
         [coverage.start_ms, coverage.settled_ms],
     )

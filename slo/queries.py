@@ -53,6 +53,7 @@ from slo._query_sql import present_tables
 from slo._query_sql import run_query as _run
 from slo._request_reads import RequestScope, latency_sql, outcome_sql, request_names_sql
 from slo.alert_queries import alerts, drills
+from slo.request_rollup import SOURCE_FILTERS
 from slo.rollup import HOUR_MS
 from slo.series_queries import engine_series, gpu_series
 
@@ -87,6 +88,9 @@ __all__ = [
 
 LatencyMetric = Literal["ttft", "tpot", "itl", "e2e"]
 Breakdown = Literal["pool", "instance"]
+#: Whose request records a read counts: the stream taps' (``tap``: the users' requests) or
+#: the synthetic prober's (``probe``: ``source = 'probe'``, the entry point as a client sees it).
+RequestSource = Literal["tap", "probe"]
 
 _GROUP_COLUMNS = ("pool", "instance", "tenant", "route")
 
@@ -248,7 +252,7 @@ def _request_filter(
     start_ms: int, end_ms: int, bucket_ms: int, pool: str | None, instance: str | None
 ) -> tuple[int, str, list[object]]:
     grid = check_grid(start_ms, end_ms, bucket_ms)
-    where = "received_ts_ms >= ? AND received_ts_ms < ?"
+    where = f"received_ts_ms >= ? AND received_ts_ms < ? AND {SOURCE_FILTERS['tap']}"
     params: list[object] = [grid.start_ms, grid.end_ms]
     for column, value in (("pool", pool), ("instance", instance)):
         clause, values = _optional(column, value, column)
@@ -257,13 +261,20 @@ def _request_filter(
 
 
 def _request_scope(
-    start_ms: int, end_ms: int, bucket_ms: int, by: object, pool: object, instance: object
+    start_ms: int,
+    end_ms: int,
+    bucket_ms: int,
+    by: object,
+    pool: object,
+    instance: object,
+    source: object,
 ) -> RequestScope:
     return RequestScope(
         check_grid(start_ms, end_ms, bucket_ms),
         check_choice("by", by, ("pool", "instance")),
         None if pool is None else check_text("pool", pool),
         None if instance is None else check_text("instance", instance),
+        check_choice("source", source, tuple(SOURCE_FILTERS)),
     )
 
 
@@ -277,17 +288,21 @@ def latency_percentiles(
     by: Breakdown = "pool",
     pool: str | None = None,
     instance: str | None = None,
+    source: RequestSource = "tap",
 ) -> pa.Table:
     """Mean, p50, p90, p99 and max of one latency (seconds) per bucket and pool or instance.
 
-    From tap request records received in the range: TTFT, TPOT and E2E one value per
-    attempt that has it; ITL every gap between token chunks (chunk-weighted, DESIGN §3).
-    Where the request rollups reach (:mod:`slo.request_rollup`), percentiles come from its
-    log bins: within 1 % (relative) of the sample of rank ⌊q·(n − 1)⌋; count, mean and max
-    stay exact. Without rollups they are exact (``quantile_cont``).
+    From request records received in the range: TTFT, TPOT and E2E one value per attempt
+    that has it; ITL every gap between token chunks (chunk-weighted, DESIGN §3). ``source``
+    ``tap`` (default) reads the users' requests as the stream taps saw them; ``probe`` the
+    synthetic prober's (its ``instance`` is the probed entry point; it records no ITL).
+    Where the request rollups reach (:mod:`slo.request_rollup`, tap records only),
+    percentiles come from its log bins: within 1 % (relative) of the sample of rank
+    ⌊q·(n − 1)⌋; count, mean and max stay exact. Elsewhere, and for probe records, they are
+    exact (``quantile_cont``). Raises :class:`QueryError` for an unknown ``source``.
     """
     name = check_choice("metric", metric, ("ttft", "tpot", "itl", "e2e"))
-    scope = _request_scope(start_ms, end_ms, bucket_ms, by, pool, instance)
+    scope = _request_scope(start_ms, end_ms, bucket_ms, by, pool, instance, source)
     tables, sql, params = latency_sql(con, name, scope)
     return _run(con, LATENCY_SCHEMA, tables, sql, params)
 
@@ -301,11 +316,15 @@ def outcome_counts(
     by: Breakdown = "pool",
     pool: str | None = None,
     instance: str | None = None,
+    source: RequestSource = "tap",
 ) -> pa.Table:
     """Attempts and client requests (distinct ``original_request_id``) per outcome, bucket and
-    pool or instance. From the request rollups where they reach: there a client request whose
-    same-outcome attempts fall in two buckets counts once, in the first."""
-    scope = _request_scope(start_ms, end_ms, bucket_ms, by, pool, instance)
+    pool or instance. ``source`` ``tap`` (default): the users' requests the stream taps saw;
+    ``probe``: the synthetic prober's (per entry point with ``by="instance"``), read exactly.
+    From the request rollups where they reach (tap records): there a client request whose
+    same-outcome attempts fall in two buckets counts once, in the first. Raises
+    :class:`QueryError` for an unknown ``source``."""
+    scope = _request_scope(start_ms, end_ms, bucket_ms, by, pool, instance, source)
     tables, sql, params = outcome_sql(con, scope)
     return _run(con, OUTCOMES_SCHEMA, tables, sql, params)
 
@@ -320,9 +339,10 @@ def ghost_counts(
     pool: str | None = None,
     instance: str | None = None,
 ) -> pa.Table:
-    """Per bucket and instance, the tap's side of ghost requests (DESIGN §3): client
-    disconnects, attempts whose upstream closed more than ``ghost_grace_s`` after the client
-    left, and tokens the engine generated after a disconnect (drain mode). The engine's side
+    """Per bucket and instance, the taps' side of ghost requests (DESIGN §3; probe records
+    are no client's): client disconnects, attempts whose upstream closed more than
+    ``ghost_grace_s`` after the client left, and tokens the engine generated after a
+    disconnect (drain mode). The engine's side
     (running above the tap's in-flight) is in the ``ghost_requests`` findings."""
     grace_ms = round(check_seconds("ghost_grace_s", ghost_grace_s, high=3600.0) * 1000)
     bucket, where, params = _request_filter(start_ms, end_ms, bucket_ms, pool, instance)
@@ -342,9 +362,10 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """What the data covers, for the dashboards' filters (JSON-ready, not a table).
 
     ``data_start_ms``/``data_end_ms``: the first and last sample or request time (Unix epoch
-    ms; null on an empty store); ``pools``: sorted pool names; ``instances``: one
-    ``{"instance", "pool", "address"}`` per engine instance seen in engine samples or
-    request records (``address``: its host:port, or the instance where records carry none);
+    ms; null on an empty store; probe records count); ``pools``: sorted pool names;
+    ``instances``: one ``{"instance", "pool", "address"}`` per engine instance seen in engine
+    samples or the taps' request records (a probed entry point is none; ``address``: its
+    host:port, or the instance where records carry none);
     ``slos``: SLO ids the jobs have rolled up or evaluated.
     """
     present = present_tables(con)

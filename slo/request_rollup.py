@@ -1,4 +1,8 @@
-"""Per-minute (and per-hour) rollups of the tap's request records, for long-range reads.
+"""Per-minute (and per-hour) rollups of the taps' request records, for long-range reads.
+
+Only user traffic is rolled up: the records of the stream taps (``source`` null), not the
+synthetic prober's (``source = 'probe'``, ``llmslo probe``), whose few requests per minute
+are read raw when asked for (:data:`SOURCE_FILTERS`).
 
 Tables (declared in :mod:`slo.tables`, created here):
 
@@ -47,6 +51,7 @@ __all__ = [
     "RELATIVE_ERROR",
     "REQUEST_ROLLUP_VERSION",
     "RETRY_LOOKBACK_MS",
+    "SOURCE_FILTERS",
     "RequestCoverage",
     "RequestRollup",
     "bin_value_sql",
@@ -69,12 +74,16 @@ BIN_GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
 #: Values are clamped to [MIN_S, MAX_S] seconds before binning (the bound holds inside).
 MIN_S, MAX_S = 1e-6, 1e5
 #: Bumped when the bin layout or the counting rules change: stored rollups are rebuilt.
-REQUEST_ROLLUP_VERSION = 1
+#: 2: probe records are left out (version 1 counted them as user requests).
+REQUEST_ROLLUP_VERSION = 2
 #: How far before a recomputed range earlier attempts of the same client request are sought.
 RETRY_LOOKBACK_MS = 10 * MINUTE_MS
 _LN_GAMMA = math.log(BIN_GAMMA)
 #: Request-record column of each latency metric (ITL: every gap, chunk-weighted).
 LATENCY_COLUMNS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "gap_s"}
+#: Which ``requests`` rows each source reads (SQL condition): the stream taps' (``source``
+#: null: user traffic) or the synthetic prober's. Rollups hold the taps' only.
+SOURCE_FILTERS = {"tap": "source IS DISTINCT FROM 'probe'", "probe": "source = 'probe'"}
 
 
 def _bin_sql(value: str) -> str:
@@ -94,9 +103,12 @@ def _ceil(ts_ms: int, step_ms: int) -> int:
     return -(-ts_ms // step_ms) * step_ms
 
 
-def outcome_minutes_sql(start_ms: int, end_ms: int) -> tuple[str, list[object]]:
+def outcome_minutes_sql(
+    start_ms: int, end_ms: int, source: str = "tap"
+) -> tuple[str, list[object]]:
     """SQL of ``request_minute`` rows for attempts received in ``[start_ms, end_ms)`` (any ms,
-    need not be whole minutes), from raw ``requests``; the columns of the table."""
+    need not be whole minutes), from raw ``requests`` of ``source`` (a key of
+    :data:`SOURCE_FILTERS`); the columns of the table."""
     sql = f"""
         SELECT received_ts_ms // {MINUTE_MS} * {MINUTE_MS} AS ts_ms, pool, instance, address,
                outcome::VARCHAR AS outcome, count(*) AS attempts,
@@ -111,32 +123,38 @@ def outcome_minutes_sql(start_ms: int, end_ms: int) -> tuple[str, list[object]]:
                    row_number() OVER (PARTITION BY coalesce(original_request_id, request_id),
                                       pool, outcome
                                       ORDER BY received_ts_ms, request_id) = 1 AS first_in_pool
-            FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?
+            FROM requests
+            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {SOURCE_FILTERS[source]}
         ) WHERE received_ts_ms >= ?
         GROUP BY ALL"""
     return sql, [start_ms - RETRY_LOOKBACK_MS, end_ms, start_ms]
 
 
 def latency_minutes_sql(
-    start_ms: int, end_ms: int, metrics: tuple[str, ...] = tuple(LATENCY_COLUMNS)
+    start_ms: int,
+    end_ms: int,
+    metrics: tuple[str, ...] = tuple(LATENCY_COLUMNS),
+    source: str = "tap",
 ) -> tuple[str, list[object]]:
     """SQL of ``request_latency_minute`` rows of ``metrics`` for attempts received in
-    ``[start_ms, end_ms)``, from raw ``requests``; the columns of the table."""
+    ``[start_ms, end_ms)``, from raw ``requests`` of ``source`` (a key of
+    :data:`SOURCE_FILTERS`); the columns of the table."""
     parts, params = [], list[object]()
+    rows = f"received_ts_ms >= ? AND received_ts_ms < ? AND {SOURCE_FILTERS[source]}"
     for metric in metrics:
         column = LATENCY_COLUMNS[metric]
-        source = (
+        records = (
             "(SELECT received_ts_ms, pool, instance, unnest(itl_gaps_s)::DOUBLE AS gap_s "
-            "FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?)"
+            f"FROM requests WHERE {rows})"
             if metric == "itl"
-            else "(SELECT * FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?)"
+            else f"(SELECT * FROM requests WHERE {rows})"
         )
         parts.append(
             f"""SELECT received_ts_ms // {MINUTE_MS} * {MINUTE_MS} AS ts_ms,
                        pool::VARCHAR AS pool, instance::VARCHAR AS instance,
                        '{metric}' AS metric, {_bin_sql(column)} AS bin, count(*) AS samples,
                        sum({column}) AS sum_s, max({column}) AS max_s
-                FROM {source} WHERE {column} IS NOT NULL AND isfinite({column})
+                FROM {records} WHERE {column} IS NOT NULL AND isfinite({column})
                 GROUP BY ALL"""
         )
         params += [start_ms, end_ms]

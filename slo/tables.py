@@ -172,7 +172,10 @@ def _request_latency(grain: str) -> tuple[tuple[str, str, str], ...]:
 
 REQUEST_MINUTE = TableDoc(
     name="request_minute",
-    doc="Attempts and client requests per minute × pool × instance × outcome, recomputed from `requests`.",
+    doc=(
+        "Attempts and client requests per minute × pool × instance × outcome, recomputed from "
+        "the taps' `requests` (user traffic: probe records, `source = 'probe'`, are left out)."
+    ),
     facts=(
         "key: none (`ts_ms`, `pool`, `instance`, `address`, `outcome` unique); written by the "
         "SLO jobs and "
@@ -190,8 +193,9 @@ REQUEST_HOUR = TableDoc(
 REQUEST_LATENCY_MINUTE = TableDoc(
     name="request_latency_minute",
     doc=(
-        "TTFT / TPOT / E2E / ITL of tap records as fixed log-bin histograms per minute × pool × "
-        "instance: percentiles over any range are a sum of bins (relative error ≤ 1 %)."
+        "TTFT / TPOT / E2E / ITL of tap records (not probe records) as fixed log-bin histograms "
+        "per minute × pool × instance: percentiles over any range are a sum of bins (relative "
+        "error ≤ 1 %)."
     ),
     facts=(
         "key: none (`ts_ms`, `pool`, `instance`, `metric`, `bin` unique); written by the SLO "

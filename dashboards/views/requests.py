@@ -1,4 +1,5 @@
-"""Requests: outcomes, retries, ghosts per window with their evidence, disconnects."""
+"""Requests: outcomes, retries, ghosts per window with their evidence, disconnects; and,
+apart from the users' requests, the entry points as the synthetic prober sees them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import altair as alt
 import streamlit as st
 
 from dashboards.charts import frame, line_chart
-from dashboards.context import PageContext, fmt_count, fmt_pct
+from dashboards.context import PageContext, fmt_count, fmt_pct, fmt_seconds
 from dashboards.views.common import no_data, page
 
 __all__ = ["PAGE"]
@@ -119,9 +120,68 @@ def _ghosts(ctx: PageContext) -> None:
         )
 
 
+def _probes(ctx: PageContext) -> None:
+    """The prober's records (``source=probe``), counted nowhere else on the pages: whether
+    the front door answers, per entry point. The instance filter names engines, not entry
+    points, so only the pool filter applies."""
+    f = ctx.filters
+    st.subheader("Probes (entry points)")
+    scope = {
+        "start_ms": f.start_ms,
+        "end_ms": f.end_ms,
+        "bucket_ms": f.bucket_ms,
+        "pool": f.pool,
+        "by": "instance",
+        "source": "probe",
+    }
+    outcomes = ctx.table("outcome_counts", **scope)
+    if outcomes is None:
+        return
+    if outcomes.num_rows == 0:
+        st.caption(
+            "No probe records in this range (`llmslo probe`, or a `probe:` section of "
+            "`llmslo run`, sends them through an entry point)."
+        )
+        return
+    df = frame(outcomes).rename(columns={"instance": "entry point"})
+    df["ok"] = df["attempts"].where(df["outcome"] == "ok", 0)
+    per = df.groupby(["time", "entry point"], as_index=False)[["attempts", "ok"]].sum()
+    per["ok share"] = per["ok"] / per["attempts"]
+    ttft = ctx.table("latency_percentiles", metric="ttft", **scope)
+    ttft_df = None
+    if ttft is not None and ttft.num_rows:
+        ttft_df = frame(ttft).rename(columns={"instance": "entry point"})
+    rows = []
+    for entry, group in per.groupby("entry point"):
+        probes, ok = int(group["attempts"].sum()), int(group["ok"].sum())
+        mine = None if ttft_df is None else ttft_df[ttft_df["entry point"] == entry]
+        rows.append(
+            {
+                "entry point": entry,
+                "probes": fmt_count(probes),
+                "failed": fmt_count(probes - ok),
+                "ok share": fmt_pct(ok / probes if probes else None),
+                "TTFT p50 (median bucket)": fmt_seconds(
+                    None if mine is None or mine.empty else float(mine["p50_s"].median())
+                ),
+                "TTFT p99 (worst bucket)": fmt_seconds(
+                    None if mine is None or mine.empty else float(mine["p99_s"].max())
+                ),
+            }
+        )
+    st.dataframe(rows, hide_index=True, width="stretch")
+    st.altair_chart(
+        line_chart(
+            per, "ok share", y_title="ok probes / probes", y_format=".0%", color="entry point"
+        ),
+        width="stretch",
+    )
+
+
 def _body(ctx: PageContext) -> None:
     _outcomes(ctx)
     _ghosts(ctx)
+    _probes(ctx)
 
 
 PAGE = page("Requests", _body)

@@ -100,3 +100,18 @@ def test_ranges_are_validated_and_bounded(start: int, end: int) -> None:
 def test_a_cohort_must_select_something() -> None:
     with pytest.raises(ValidationError, match="instances or labels"):
         Cohort()
+
+
+def test_probe_records_are_in_no_cohort(store) -> None:
+    """The prober's requests through the entry point carry the pool and model of the users'
+    (and fail when the entry point does): a cohort selected by labels must not count them."""
+    probes = cohort_rows(
+        "gateway:8080", 60, seed=4, outcomes={"error_before_first_token": 20}, source="probe"
+    )
+    insert(store, requests=cohort_rows(BASELINE, 200, seed=1) + probes)
+    samples = load_samples(store.con, Cohort(labels={"pool": "llama-3-8b"}), HOUR)
+    assert samples.requests == 200
+    assert samples.rates["availability"] == (200, 200)
+    assert samples.latency["ttft_s"].size == 200
+    with pytest.raises(UnknownCohortError):
+        load_samples(store.con, Cohort(instances=("gateway:8080",)), HOUR)
