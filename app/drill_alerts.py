@@ -168,6 +168,9 @@ class AlertWatch:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._failing = False
+        # One client for every poll: a new one builds a TLS context each time (~20 ms of
+        # CPU, every 0.5 s), a fifth of the drill process's CPU, beside the taps it times.
+        self._http = httpx.Client(timeout=5)
         self._thread = threading.Thread(target=self._run, name="drill-alert-watch", daemon=True)
 
     def __enter__(self) -> AlertWatch:
@@ -183,6 +186,7 @@ class AlertWatch:
         self._stop.set()
         self._thread.join(timeout=10)
         self.poll()  # what arrived since the last tick
+        self._http.close()
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -191,7 +195,7 @@ class AlertWatch:
     def poll(self) -> None:
         """One look at Alertmanager's alerts (also called by the thread)."""
         try:
-            response = httpx.get(self.url, timeout=5)
+            response = self._http.get(self.url)
             response.raise_for_status()
             alerts: list[dict[str, Any]] = response.json()
         except (httpx.HTTPError, ValueError) as exc:
