@@ -218,7 +218,7 @@ def _queue(snap: Snapshot, engines: list[str], component: str) -> Series | None:
     pool = snap.pools.get(component, "")
     gateways = [
         s
-        for i, sig in snap.engine.items()
+        for i, sig in snap.gateways.items()
         if (s := sig.get("gateway_queue")) is not None and (not pool or snap.pools.get(i) == pool)
     ]
     parts = gateways or [s for i in engines if (s := snap.series(i, "waiting")) is not None]

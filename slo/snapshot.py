@@ -55,7 +55,6 @@ _SUMMED = (
     "replicas_desired",
     "replicas_current",
     "replicas_ready",
-    "gateway_queue",
 )
 #: Histogram signals whose cumulative buckets are kept per instance (quantiles over a window).
 BUCKET_SIGNALS = ("kv_transfer_time",)
