@@ -28,8 +28,7 @@ SERIES: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def renamed(store: Store) -> Store:
+def insert_renamed(store: Store) -> None:
     """Ten minutes of one engine and its GPU, named differently by the two exporters."""
     minutes = [T0_MS + m * 60_000 for m in range(10)]
     insert(
@@ -37,6 +36,11 @@ def renamed(store: Store) -> Store:
         engine=[engine_sample(ts, "running", 4, instance=ENGINE, pool=POOL) for ts in minutes],
         gpu=[gpu_sample(ts, "gpu_util", 80, pod=POD) for ts in minutes],
     )
+
+
+@pytest.fixture
+def renamed(store: Store) -> Store:
+    insert_renamed(store)
     return store
 
 
