@@ -251,9 +251,22 @@ def test_the_gateway_queue_is_read_once_as_a_gateway_signal_never_as_an_engine_o
     assert GATEWAY not in snap.engine  # an EPP scrape holds no engine signal
 
 
-def test_a_gateway_that_goes_down_gets_no_degradation_flag(store: Store) -> None:
-    """Degradation levels are about engines' KV: a gateway that stops answering its scrape is
-    ``target_down``, not an instance whose level turned unknown."""
+#: What else a front-end target may export into ``engine_samples`` beside the EPP's names:
+#: the simulated gateway's prefix-locality counters, an autoscaler's replica gauges.
+FRONT_END_EXTRAS = {
+    "an EPP gateway": (),
+    "a gateway with a prefix-locality router": ("router_prefix_lookups", "router_hints_rejected"),
+    "a gateway with kube-state-metrics replica gauges": ("replicas_desired", "replicas_ready"),
+}
+
+
+@pytest.mark.parametrize("extras", FRONT_END_EXTRAS.values(), ids=FRONT_END_EXTRAS.keys())
+def test_a_front_end_that_goes_down_gets_no_degradation_flag(
+    store: Store, extras: tuple[str, ...]
+) -> None:
+    """Degradation levels are about engines' KV: a gateway (or any target without a KV
+    signal) that stops answering its scrape is ``target_down``, not an instance whose level
+    turned unknown."""
     up_until_s = 90
     health = [
         health_row(
@@ -266,7 +279,12 @@ def test_a_gateway_that_goes_down_gets_no_degradation_flag(store: Store) -> None
         )
         for t_s in range(0, 120, 2)
     ]
-    engine = [row for row in gateway(queue=3) if row["ts_ms"] < T0_MS + up_until_s * 1000]
+    engine = gateway(queue=3) + [
+        engine_sample(T0_MS + t_s * 1000, signal, t_s, instance=GATEWAY, dialect="epp")
+        for t_s in range(0, 120, 2)
+        for signal in extras
+    ]
+    engine = [row for row in engine if row["ts_ms"] < T0_MS + up_until_s * 1000]
     insert(store, requests=taps(), engine=engine, health=health)
     sink = ListTransitionSink()
     jobs = SloJobs(store.con, build_model(parse_spec(SPEC)), JobsConfig(), sink=sink)
