@@ -23,7 +23,7 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, closing
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -145,6 +145,7 @@ def create_app(
     model: SloModel | None = None,
     flag_sink: TransitionSink | None = None,
     read_only: bool = False,
+    gpu_pods: Mapping[str, str] | None = None,
 ) -> FastAPI:
     """Build the app. ``token`` overrides the one read from ``config.token_env``.
 
@@ -152,7 +153,9 @@ def create_app(
     objectives fill in the budget route. ``flag_sink`` receives the transitions of manual
     overrides (the Kafka ``flags`` topic inside ``llmslo run``). ``read_only``: the store
     is opened read-only, so verdicts are computed but not stored (the answer says
-    ``"stored": false``) and overrides cannot be set (503). Otherwise the API's tables
+    ``"stored": false``) and overrides cannot be set (503). ``gpu_pods`` maps dcgm-exporter's
+    ``pod`` label to the engine instance where the two differ (the SLO config's
+    ``detectors.gpu_pods``), so ``/api/v1/gpus`` joins GPUs to engines as the detectors do. Otherwise the API's tables
     (``verdicts``, ``flag_overrides``) are created when missing; ``/readyz`` says what is
     missing when that failed.
     """
@@ -191,7 +194,12 @@ def create_app(
     def require_token(authorization: str | None) -> None:
         check_token(expected, bearer(authorization), config.token_env)
 
-    add_read_routes(app, connection_provider, {slo.id: slo.objective for slo in model.slos})
+    add_read_routes(
+        app,
+        connection_provider,
+        {slo.id: slo.objective for slo in model.slos},
+        {"gpu_pods": dict(gpu_pods or {})},
+    )
     add_flag_routes(app, watcher)
     add_change_routes(
         app,

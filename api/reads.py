@@ -39,11 +39,16 @@ _MAX_QUERY_VALUES = 512
 
 @dataclass(frozen=True)
 class ReadRoute:
-    """``GET path`` answers ``query(cursor, **parameters)``."""
+    """``GET path`` answers ``query(cursor, **parameters)``.
+
+    ``configured`` names keyword parameters the server fills from its configuration (see
+    :func:`add_read_routes`), never from the query string.
+    """
 
     path: str
     query: Callable[..., pa.Table]
     summary: str
+    configured: tuple[str, ...] = ()
 
 
 def _no_alerts(con: duckdb.DuckDBPyConnection) -> pa.Table:
@@ -64,7 +69,7 @@ READ_ROUTES = (
     ReadRoute("/api/v1/outcomes", queries.outcome_counts, "Outcome counts over time."),
     ReadRoute("/api/v1/ghosts", queries.ghost_counts, "Ghost-request evidence over time."),
     ReadRoute("/api/v1/engines", queries.engine_series, "Engine signals over time."),
-    ReadRoute("/api/v1/gpus", queries.gpu_series, "GPU (DCGM) signals over time."),
+    ReadRoute("/api/v1/gpus", queries.gpu_series, "GPU (DCGM) signals over time.", ("gpu_pods",)),
     ReadRoute("/api/v1/alerts", _alerts, "Alerts the pipeline computed itself."),
 )
 
@@ -155,14 +160,19 @@ def table_response(request: Request, table: pa.Table) -> Response:
 
 
 def _endpoint(
-    route: ReadRoute, connection_provider: Callable[[], duckdb.DuckDBPyConnection]
+    route: ReadRoute,
+    connection_provider: Callable[[], duckdb.DuckDBPyConnection],
+    configured: Mapping[str, object],
 ) -> Callable[[Request], Response]:
     kinds, required = _kinds(route.query)
+    for name in route.configured:
+        kinds.pop(name)
+    settings = {name: configured[name] for name in route.configured if name in configured}
 
     def endpoint(request: Request) -> Response:
         arguments = parse_query(request, kinds, required)
         with closing(connection_provider()) as con:
-            return table_response(request, route.query(con, **arguments))
+            return table_response(request, route.query(con, **arguments, **settings))
 
     endpoint.__doc__ = (
         f"{route.summary}\n\nParameters: {', '.join(sorted(kinds)) or 'none'} "
@@ -175,16 +185,18 @@ def add_read_routes(
     app: FastAPI,
     connection_provider: Callable[[], duckdb.DuckDBPyConnection],
     objectives: Mapping[str, float],
+    configured: Mapping[str, object] | None = None,
 ) -> None:
     """Register every read route, the budget route and ``/api/v1/meta`` on ``app``.
 
     ``objectives`` (SLO id → objective from the loaded spec) fill in the budget route's
-    ``objective`` when the caller leaves it out.
+    ``objective`` when the caller leaves it out. ``configured`` holds the values of the
+    routes' :attr:`ReadRoute.configured` parameters (``gpu_pods``); one left out takes the
+    query function's default.
     """
     for route in READ_ROUTES:
-        app.add_api_route(
-            route.path, _endpoint(route, connection_provider), methods=["GET"], tags=["read"]
-        )
+        endpoint = _endpoint(route, connection_provider, configured or {})
+        app.add_api_route(route.path, endpoint, methods=["GET"], tags=["read"])
     budget_kinds, _ = _kinds(queries.budget_series)
     budget_kinds.pop("slo_id")
 

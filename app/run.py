@@ -244,7 +244,10 @@ def serve_api(
             )
         )
     )
-    app = create_app(pipeline.store.con.cursor, settings, model=model, flag_sink=sink)
+    gpu_pods = pipeline.config.section("slo", JobsConfig).detectors.gpu_pods
+    app = create_app(
+        pipeline.store.con.cursor, settings, model=model, flag_sink=sink, gpu_pods=gpu_pods
+    )
     server = ApiServer(app, settings.host, settings.port).start()
     stack.callback(server.stop)
     return server

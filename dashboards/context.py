@@ -20,7 +20,15 @@ import pyarrow as pa
 import streamlit as st
 
 from dashboards.filters import Filters, parse_filters
-from dashboards.sources import SOURCE_ENV, ApiSource, DataSource, DuckDBSource, Meta, SourceError
+from dashboards.sources import (
+    GPU_PODS_ENV,
+    SOURCE_ENV,
+    ApiSource,
+    DataSource,
+    DuckDBSource,
+    Meta,
+    SourceError,
+)
 from pipeline.errors import LlmsloError
 
 __all__ = [
@@ -46,13 +54,28 @@ REFRESH_S = 30
 
 @st.cache_resource(show_spinner=False)
 def open_source(spec: str) -> DataSource:
-    """The source named ``db:PATH`` or ``api:URL`` (one per server process)."""
+    """The source named ``db:PATH`` or ``api:URL`` (one per server process); a file source
+    joins GPUs to engines through ``LLMSLO_DASHBOARD_GPU_PODS`` (set by ``llmslo dashboard``)."""
     kind, _, where = spec.partition(":")
     if kind == "db" and where:
-        return DuckDBSource(where)
+        return DuckDBSource(where, gpu_pods=_gpu_pods())
     if kind == "api" and where:
         return ApiSource(where)
     raise SourceError(f"{SOURCE_ENV}={spec!r}: expected db:PATH or api:URL")
+
+
+def _gpu_pods() -> dict[str, str]:
+    """``GPU_PODS_ENV`` as a mapping; a malformed value is refused naming the variable."""
+    raw = os.environ.get(GPU_PODS_ENV, "")
+    try:
+        mapping = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{GPU_PODS_ENV}: not JSON ({exc})") from exc
+    if not isinstance(mapping, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
+    ):
+        raise SourceError(f"{GPU_PODS_ENV}: expected a JSON object of pod → instance strings")
+    return mapping
 
 
 @st.cache_data(ttl=CACHE_TTL_S, show_spinner=False)

@@ -31,6 +31,7 @@ from slo import queries
 
 __all__ = [
     "ARROW_STREAM",
+    "GPU_PODS_ENV",
     "QUESTIONS",
     "ROUTES",
     "SOURCE_ENV",
@@ -44,6 +45,9 @@ __all__ = [
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 #: Environment variable naming the dashboards' source: ``db:PATH`` or ``api:URL``.
 SOURCE_ENV = "LLMSLO_DASHBOARD_SOURCE"
+#: Environment variable with the SLO config's ``detectors.gpu_pods`` (JSON object, dcgm pod
+#: label → engine instance) for a DuckDB source; an API source's server applies its own.
+GPU_PODS_ENV = "LLMSLO_DASHBOARD_GPU_PODS"
 
 #: Question name → route of the read API (``{slo_id}`` is filled from the parameters).
 ROUTES: Mapping[str, str] = {
@@ -141,11 +145,14 @@ _QUERY_FUNCTIONS: Mapping[str, Callable[..., pa.Table]] = {
 class DuckDBSource:
     """A DuckDB file nobody writes, opened read-only once; each question runs on a cursor.
 
-    Raises :class:`SourceError` when the file is missing or another process holds it.
+    ``gpu_pods`` (dcgm pod label → engine instance) joins GPUs to engines in ``gpu_series``
+    as ``/api/v1/gpus`` does. Raises :class:`SourceError` when the file is missing or
+    another process holds it.
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, gpu_pods: Mapping[str, str] | None = None) -> None:
         self.path = Path(path)
+        self._gpu_pods = dict(gpu_pods or {})
         self.key = f"db:{self.path.resolve()}"
         if not self.path.exists():
             raise SourceError(f"{self.path}: no such DuckDB file")
@@ -170,6 +177,8 @@ class DuckDBSource:
         try:
             if question == "verdicts":
                 return read_verdicts(cursor, **params)
+            if question == "gpu_series":
+                params = {**params, "gpu_pods": self._gpu_pods}
             return _QUERY_FUNCTIONS[question](cursor, **params)
         finally:
             cursor.close()

@@ -70,25 +70,17 @@ def detect_entry_unavailable(snap: Snapshot, cfg: DetectorConfig) -> list[Findin
     return findings
 
 
-def _increase(series: Series | None, since_ms: int, first_scrape_ms: int) -> float:
-    """A counter's increase since ``since_ms``; a series born after the gateway's first scrape
-    in the lookback started from 0 (client libraries create a labelled child on first use)."""
-    if series is None:
-        return 0.0
-    recent = series.since(since_ms)
-    born = int(series.ts_ms[0]) > first_scrape_ms and int(series.ts_ms[0]) >= since_ms
-    return recent.increase() + (float(series.values[0]) if born else 0.0)
-
-
 def _refusals(
     signals: dict[str, Series], prefix: str, suffix: str, since_ms: int
 ) -> dict[str, float]:
-    """Increase per split signal ``prefix…suffix`` since ``since_ms`` (non-zero ones)."""
+    """Increase per split signal ``prefix…suffix`` since ``since_ms`` (non-zero ones); a
+    series born after the gateway's first scrape in the lookback started from 0 (client
+    libraries create a labelled child on first use)."""
     first = min((int(s.ts_ms[0]) for s in signals.values() if len(s)), default=0)
     out = {}
     for sig, series in signals.items():
         if sig.startswith(prefix) and sig.endswith(suffix):
-            grown = _increase(series, since_ms, first)
+            grown = series.increase(since_ms, from_zero=int(series.ts_ms[0]) > first)
             if grown > 0:
                 out[sig] = grown
     return out

@@ -32,7 +32,7 @@ def _stall_basis(
     frozen = all(s is None or np.ptp(s.since(start).values) == 0 for s in gauges)
     tokens_flat = None
     if tokens is not None and covers(tokens, start):
-        tokens_flat = tokens.since(start).increase() == 0
+        tokens_flat = tokens.increase(start) == 0
     unchanged_s = unchanged.last() if unchanged is not None and len(unchanged) else None
     if unchanged_s is not None and unchanged_s >= cfg.stall_for_s:
         # the collector's frozen-gauge clock (SGLang's hung scheduler); tokens must agree
@@ -107,17 +107,6 @@ def _running_over_tap(running: Series, in_flight: Series, match_ms: int) -> np.n
     return (running.values - bound)[ok]
 
 
-def _increase_between(series: Series | None, start_ms: int, end_ms: int) -> float:
-    """Counter increase from ``start_ms`` to ``end_ms`` (resets as restarts), interpolated
-    between samples so that two counters scraped at different moments compare fairly."""
-    if series is None or len(series) < 2:
-        return 0.0
-    deltas = np.diff(series.values)
-    total = np.concatenate(([0.0], np.cumsum(np.where(deltas < 0, series.values[1:], deltas))))
-    ts = series.ts_ms.astype(float)
-    return float(np.interp(end_ms, ts, total) - np.interp(start_ms, ts, total))
-
-
 def _disconnects_and_aborts(
     snap: Snapshot, instance: str, start_ms: int
 ) -> tuple[float, float] | None:
@@ -131,13 +120,15 @@ def _disconnects_and_aborts(
     hi = min(int(disconnects.ts_ms[-1]), int(running.ts_ms[-1]))
     if hi <= lo:
         return None
+    # interpolated: the tap and the engine are scraped at different moments
     aborts = sum(
-        _increase_between(snap.series(instance, name), lo, hi)
+        s.increase(lo, hi, interpolate=True)
         for name in ("requests_finished:abort", "requests_aborted")
+        if (s := snap.series(instance, name)) is not None
     )
     finished = snap.finished_cancels_ms.get(instance, np.empty(0, np.int64))
     after_the_end = int(((finished >= lo) & (finished <= hi)).sum())
-    return max(_increase_between(disconnects, lo, hi) - after_the_end, 0.0), aborts
+    return max(disconnects.increase(lo, hi, interpolate=True) - after_the_end, 0.0), aborts
 
 
 def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
@@ -271,7 +262,7 @@ def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         if not covers(waiting, start) or kv is None or waiting is None:
             continue
         w, k = waiting.since(start).values, kv.since(start).values
-        preempted = pre.since(start).increase() if pre is not None else 0.0
+        preempted = pre.increase(start) if pre is not None else 0.0
         room = float(1 - k.max()) if len(k) else 0.0
         # admission stalls: the queue only grows (never drains) while KV has room
         growing = (

@@ -27,16 +27,6 @@ __all__ = [
 ]
 
 
-def _increase(series: Series | None, start_ms: int, end_ms: int | None = None) -> float:
-    """Counter increase between ``start_ms`` and ``end_ms`` (resets as restarts from 0)."""
-    if series is None:
-        return 0.0
-    keep = series.ts_ms >= start_ms
-    if end_ms is not None:
-        keep &= series.ts_ms <= end_ms
-    return Series(series.ts_ms[keep], series.values[keep]).increase()
-
-
 def histogram_quantile(q: float, increases: dict[float, float]) -> float | None:
     """The ``q`` quantile of cumulative bucket increases (``le`` → count), interpolated
     linearly inside the bucket as Prometheus does; ``None`` without observations. A quantile
@@ -62,7 +52,7 @@ def _bucket_increases(
     snap: Snapshot, instance: str, signal: str, start_ms: int, end_ms: int | None = None
 ) -> dict[float, float]:
     buckets = snap.buckets.get(instance, {}).get(signal, {})
-    return {le: _increase(series, start_ms, end_ms) for le, series in buckets.items()}
+    return {le: series.increase(start_ms, end_ms) for le, series in buckets.items()}
 
 
 def _rounded(value: float | None, digits: int = 4) -> float | None:
@@ -81,8 +71,10 @@ def detect_kv_transfer_timeout(snap: Snapshot, cfg: DetectorConfig) -> list[Find
         has_buckets = "kv_transfer_time" in snap.buckets.get(instance, {})
         if "kv_transfer_failures" not in signals and not has_buckets:
             continue
-        failed = _increase(signals.get("kv_transfer_failures"), start)
-        expired = _increase(signals.get("kv_transfer_expired"), start)
+        failed, expired = (
+            s.increase(start) if (s := signals.get(name)) is not None else 0.0
+            for name in ("kv_transfer_failures", "kv_transfer_expired")
+        )
         recent = _bucket_increases(snap, instance, "kv_transfer_time", start)
         before = _bucket_increases(snap, instance, "kv_transfer_time", 0, start)
         p99, p99_before = histogram_quantile(0.99, recent), histogram_quantile(0.99, before)
@@ -133,9 +125,11 @@ def _fronted(snap: Snapshot, component: str) -> list[str]:
 def _hit_ratio(
     snap: Snapshot, engines: list[str], start_ms: int, end_ms: int | None
 ) -> tuple[float | None, float]:
-    hits = sum(_increase(snap.series(i, "prefix_cache_hits"), start_ms, end_ms) for i in engines)
-    queries = sum(
-        _increase(snap.series(i, "prefix_cache_queries"), start_ms, end_ms) for i in engines
+    hits, queries = (
+        sum(
+            s.increase(start_ms, end_ms) for i in engines if (s := snap.series(i, name)) is not None
+        )
+        for name in ("prefix_cache_hits", "prefix_cache_queries")
     )
     return (hits / queries if queries > 0 else None), queries
 
@@ -169,7 +163,7 @@ def detect_kv_index_stale(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         if rise is None:
             continue
         before_rise, onset = rise
-        rejected = _increase(rejected_series, before_rise)  # the onset's own jump included
+        rejected = rejected_series.increase(before_rise)  # the onset's own jump included
         if rejected < cfg.kv_index_min_rejections:
             continue
         engines = _fronted(snap, router)
@@ -182,7 +176,9 @@ def detect_kv_index_stale(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             continue
         evidence = {
             "hints_rejected": rejected,
-            "lookups": _increase(signals.get("router_prefix_lookups"), recent),
+            "lookups": lookups.increase(recent)
+            if (lookups := signals.get("router_prefix_lookups")) is not None
+            else 0.0,
             "hit_ratio": round(now, 4),
             "hit_ratio_before": round(before, 4),
             "prompt_tokens_queried": queried,
@@ -218,7 +214,7 @@ def _queue(snap: Snapshot, engines: list[str], component: str) -> Series | None:
     pool = snap.pools.get(component, "")
     gateways = [
         s
-        for i, sig in snap.engine.items()
+        for i, sig in snap.gateways.items()
         if (s := sig.get("gateway_queue")) is not None and (not pool or snap.pools.get(i) == pool)
     ]
     parts = gateways or [s for i in engines if (s := snap.series(i, "waiting")) is not None]

@@ -237,9 +237,13 @@ class SloJobs:
         unknown: dict[str, list[str]] = {}
         transitions: list[FlagTransition | None] = []
         for instance in sorted(set(snap.engine) | set(down)):
-            if instance not in snap.engine and ("instance", instance) not in self.board.states:
-                continue  # never flagged (a dcgm exporter, an engine never seen up): no level
             kv = snap.series(instance, "kv_usage")
+            flagged_before = ("instance", instance) in self.board.states
+            pinned = instance in pins and instance in snap.engine
+            if kv is None and not (flagged_before or pinned):
+                # nothing to judge a level on: a gateway, an autoscaler, a dcgm exporter, an
+                # engine never seen up (one without a level cannot turn unknown either)
+                continue
             fresh = kv is not None and len(kv) and kv.ts_ms[-1] >= stale
             free = 1.0 - kv.last() if kv is not None and fresh else None
             pool = snap.pools.get(instance, "")

@@ -8,7 +8,7 @@ buckets of whole minutes, values bound as parameters; a bad parameter raises
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -75,12 +75,15 @@ def gpu_series(
     instances: Sequence[str] | None = None,
     pool: str | None = None,
     hostname: str | None = None,
+    gpu_pods: Mapping[str, str] | None = None,
 ) -> pa.Table:
     """DCGM signals per bucket and GPU, each GPU named by the engine instance it serves.
 
     ``instance`` is the engine instance the GPU is allocated to: dcgm-exporter's ``pod``
-    label, which is the engine's instance name (``collectors.config.instance_name``); null
-    for a GPU no pod holds. ``pool`` is that engine's pool (from its engine samples; null
+    label mapped through ``gpu_pods`` (pod → engine instance, the detectors'
+    ``DetectorConfig.gpu_pods``, for engines not named by their pod), else the label itself,
+    which is the engine's instance name by default (``collectors.config.instance_name``);
+    null for a GPU no pod holds. ``pool`` is that engine's pool (from its engine samples; null
     when unknown). ``exporter`` and ``address`` name the dcgm-exporter that reported the
     GPU and its host:port; ``hostname`` the node, ``gpu`` its index there, ``uuid`` its
     UUID. ``value`` is the mean and ``value_max`` the maximum in the bucket.
@@ -102,16 +105,23 @@ def gpu_series(
     )
     sql = f"""
         WITH engines AS ({engines}),
+        pod_engines AS (
+            SELECT unnest(?::VARCHAR[]) AS pod, unnest(?::VARCHAR[]) AS instance),
+        gpus AS (
+            SELECT g.*, coalesce(m.instance, g.pod) AS engine_instance
+            FROM gpu_samples AS g LEFT JOIN pod_engines AS m ON m.pod = g.pod
+            WHERE g.ts_ms >= ? AND g.ts_ms < ?),
         samples AS (
-            SELECT g.ts_ms, g.pod AS instance, e.pool, g.instance AS exporter, g.address,
-                   g.hostname, g.gpu, g.uuid, g.signal, g.value
-            FROM gpu_samples AS g LEFT JOIN engines AS e ON e.instance = g.pod
-            WHERE g.ts_ms >= ? AND g.ts_ms < ?
+            SELECT g.ts_ms, g.engine_instance AS instance, e.pool, g.instance AS exporter,
+                   g.address, g.hostname, g.gpu, g.uuid, g.signal, g.value
+            FROM gpus AS g LEFT JOIN engines AS e ON e.instance = g.engine_instance
         )
         SELECT ts_ms // ? * ? AS bucket_ts_ms, instance, any_value(pool), exporter,
                any_value(address), any_value(hostname), gpu, uuid, signal, avg(value), max(value)
         FROM samples WHERE {where}
         GROUP BY bucket_ts_ms, instance, exporter, gpu, uuid, signal
         ORDER BY bucket_ts_ms, instance NULLS LAST, exporter, gpu, signal"""
-    bound = [grid.start_ms, grid.end_ms, grid.bucket_ms, grid.bucket_ms, *params]
+    pods = sorted(gpu_pods or {})
+    bound = [pods, [(gpu_pods or {})[p] for p in pods], grid.start_ms, grid.end_ms]
+    bound += [grid.bucket_ms, grid.bucket_ms, *params]
     return run_query(con, GPU_SERIES_SCHEMA, ["gpu_samples"], sql, bound)

@@ -18,6 +18,7 @@ import duckdb
 import numpy as np
 
 from slo._failures import FailureStats, load_failures, load_finished_cancels
+from slo._series import Series
 
 __all__ = [
     "BUCKET_SIGNALS",
@@ -55,37 +56,11 @@ _SUMMED = (
     "replicas_desired",
     "replicas_current",
     "replicas_ready",
-    "gateway_queue",
 )
 #: Histogram signals whose cumulative buckets are kept per instance (quantiles over a window).
 BUCKET_SIGNALS = ("kv_transfer_time",)
 _MAXED = ("kv_usage", "ready", "gauges_unchanged_s")
 _GPU = ("gpu_util", "engine_active", "fb_used_mib", "fb_free_mib", "xid")
-
-
-@dataclass(frozen=True)
-class Series:
-    """Timestamps (ms, ascending) and values of one signal of one scope."""
-
-    ts_ms: np.ndarray
-    values: np.ndarray
-
-    def since(self, start_ms: int) -> Series:
-        keep = self.ts_ms >= start_ms
-        return Series(self.ts_ms[keep], self.values[keep])
-
-    def __len__(self) -> int:
-        return len(self.ts_ms)
-
-    def increase(self) -> float:
-        """Counter increase over the series, resets taken as restarts from 0."""
-        if len(self.values) < 2:
-            return 0.0
-        deltas = np.diff(self.values)
-        return float(np.where(deltas < 0, self.values[1:], deltas).sum())
-
-    def last(self) -> float:
-        return float(self.values[-1])
 
 
 @dataclass

@@ -57,7 +57,8 @@ def register(subparsers: Any) -> None:
 def run_api(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     settings = api_config(args, config)
-    model = load_model(args.spec or config.section("slo", JobsConfig).spec)
+    jobs = config.section("slo", JobsConfig)
+    model = load_model(args.spec or jobs.spec)
     path = config.store.path
     if args.read_only:
         if not Path(path).exists():
@@ -69,7 +70,13 @@ def run_api(args: argparse.Namespace) -> int:
     else:
         con = Store(path).con
     try:
-        app = create_app(con.cursor, settings, model=model, read_only=args.read_only)
+        app = create_app(
+            con.cursor,
+            settings,
+            model=model,
+            read_only=args.read_only,
+            gpu_pods=jobs.detectors.gpu_pods,  # GPUs joined to engines as the detectors do
+        )
         server = ApiServer(app, settings.host, settings.port).start()
         mode = "read-only" if args.read_only else "read-write"
         print(

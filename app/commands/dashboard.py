@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -14,9 +15,11 @@ from typing import Any
 
 from app.options import add_common_options, add_subcommand, install_stop_handlers, resolve_config
 from dashboards import APP_SCRIPT, SOURCE_ENV, DuckDBSource
+from dashboards.sources import GPU_PODS_ENV
 from pipeline.errors import ConfigError, LlmsloError
+from slo.jobs import JobsConfig
 
-__all__ = ["dashboard_command", "register", "run_dashboard"]
+__all__ = ["dashboard_command", "dashboard_env", "register", "run_dashboard"]
 
 _HEALTH_TIMEOUT_S = 60.0
 
@@ -41,17 +44,21 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run_dashboard)
 
 
-def _source_spec(args: argparse.Namespace) -> str:
-    """``api:URL`` or ``db:PATH``; a DuckDB file is opened read-only once to fail early."""
+def dashboard_env(args: argparse.Namespace) -> dict[str, str]:
+    """The pages' source, ``api:URL`` or ``db:PATH`` (a DuckDB file is opened read-only once
+    to fail early); for a file also the SLO config's ``detectors.gpu_pods``, so GPUs join
+    engines as the API's server does for an ``api:`` source."""
     if args.api and args.db:
         raise ConfigError("give --api or --db, not both")
     if args.api:
         if not str(args.api).startswith(("http://", "https://")):
             raise ConfigError(f"--api {args.api!r}: expected an http:// or https:// URL")
-        return f"api:{str(args.api).rstrip('/')}"
-    path = Path(resolve_config(args).store.path)
+        return {SOURCE_ENV: f"api:{str(args.api).rstrip('/')}"}
+    config = resolve_config(args)
+    path = Path(config.store.path)
     DuckDBSource(path).close()  # SourceError now, rather than on every page
-    return f"db:{path.resolve()}"
+    gpu_pods = config.section("slo", JobsConfig).detectors.gpu_pods
+    return {SOURCE_ENV: f"db:{path.resolve()}", GPU_PODS_ENV: json.dumps(gpu_pods)}
 
 
 def _port(requested: int) -> int:
@@ -91,11 +98,12 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
 
 def run_dashboard(args: argparse.Namespace) -> int:
     """Start Streamlit, wait until it serves, print the URL, run until SIGTERM/SIGINT."""
-    spec = _source_spec(args)
+    source_env = dashboard_env(args)
+    spec = source_env[SOURCE_ENV]
     port = _port(args.port)
     url = f"http://127.0.0.1:{port}/"
     root = str(APP_SCRIPT.parent.parent)  # so the script imports this very package
-    env = {**os.environ, SOURCE_ENV: spec}
+    env = {**os.environ, **source_env}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     process = subprocess.Popen(dashboard_command(port), env=env, stdout=subprocess.DEVNULL)
     stopping = False

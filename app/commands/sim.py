@@ -79,8 +79,9 @@ def register(subparsers: Any) -> None:
     sim.add_argument(
         "--prefill-chunk-tokens",
         type=int,
-        help="engines' chunked-prefill token budget per step when no --config "
-        "(default 512; smaller steps keep ITL jitter down, as vLLM's max_num_batched_tokens)",
+        help="engines' chunked-prefill token budget per step, for every pod (with --config: "
+        "overrides each pod's engine setting; default 512 or what the file says; smaller "
+        "steps keep ITL jitter down, as vLLM's max_num_batched_tokens)",
     )
     sim.add_argument("--scenario", type=Path, help="fault timeline YAML to play")
     sim.add_argument("--seconds", type=float, help="stop after this long (default: until SIGTERM)")
@@ -191,7 +192,8 @@ def _add_front_end_options(sim: argparse.ArgumentParser) -> None:
         "--prefix-cache",
         type=int,
         metavar="N",
-        help="each pod caches N prompt prefixes (LRU) instead of one shared system prompt",
+        help="every pod caches N prompt prefixes (LRU) instead of one shared system prompt "
+        "(with --config: overrides each pod's engine setting)",
     )
 
 
@@ -220,21 +222,29 @@ def _front_end_config(args: argparse.Namespace, config: FleetConfig) -> dict[str
     return front
 
 
-def _engine_config(args: argparse.Namespace) -> EngineConfig:
+def _engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Engine settings the flags give (only those given), checked so an error names the flag.
+
+    Raises :class:`ConfigError` naming the flag when a value is out of range.
+    """
     engine: dict[str, Any] = {}
     if args.prefill_chunk_tokens is not None:
         engine["prefill_chunk_tokens"] = args.prefill_chunk_tokens
     if args.prefix_cache is not None:
         engine["prefix_cache_prefixes"] = args.prefix_cache
     try:
-        return EngineConfig.model_validate(engine)
+        EngineConfig.model_validate(engine)
     except ValidationError as exc:
         error = exc.errors()[0]
         flag = "--prefix-cache" if "prefix" in str(error["loc"]) else "--prefill-chunk-tokens"
         raise ConfigError(f"{flag}: {error['msg']}") from exc
+    return engine
 
 
 def _fleet_config(args: argparse.Namespace) -> FleetConfig:
+    """The fleet of ``--config`` (or of ``--pods``/``--dialects``) with the flags on top:
+    engine flags override every pod's engine, front-end flags the ``gateway:``/``pd:`` keys."""
+    engine = _engine_overrides(args)
     if args.config:
         config = load_fleet_config(args.config)
     else:
@@ -244,12 +254,18 @@ def _fleet_config(args: argparse.Namespace) -> FleetConfig:
             model=args.model,
             speed=args.speed,
             seed=args.seed,
-            engine=_engine_config(args),
+            engine=EngineConfig.model_validate(engine),
         )
-    if not (args.gateway or args.router_down_policy or args.autoscaler or args.pd):
+    overrides_engines = bool(engine and args.config)
+    front_end_flags = args.gateway or args.router_down_policy or args.autoscaler or args.pd
+    if not (overrides_engines or front_end_flags):
         return config
+    data = config.model_dump()
+    if overrides_engines:
+        for pod in data["pods"]:
+            pod["engine"] = {**pod["engine"], **engine}
     # validated again as a whole: pod names in gateway.pods / pd must exist
-    return load_fleet_config({**config.model_dump(), **_front_end_config(args, config)})
+    return load_fleet_config({**data, **_front_end_config(args, config)})
 
 
 def run_sim(args: argparse.Namespace) -> int:

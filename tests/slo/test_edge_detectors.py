@@ -8,12 +8,21 @@ import pytest
 
 from pipeline.store import Store
 from slo.detectors import DetectorConfig, Finding, detect_all
+from slo.jobs import JobsConfig, SloJobs
+from slo.model import build_model
+from slo.sinks import ListTransitionSink
 from slo.snapshot import load_snapshot
-from tests.slo.factories import T0_MS, engine_sample, insert, labels, request
+from slo.spec import parse_spec
+from tests.slo.factories import T0_MS, engine_sample, health_row, insert, labels, request
 
 CFG = DetectorConfig(entry_window_s=30, gateway_window_s=30)
 GATEWAY = "gw:8080"
 END_MS = T0_MS + 120_000
+SPEC = {
+    "version": "llmslo/v1",
+    "service": "svc",
+    "slos": [{"name": "avail", "objective": 0.99, "sli": {"kind": "availability"}}],
+}
 
 
 def probe(ts_ms: int, ok: bool = True, kind: str | None = None) -> dict[str, Any]:
@@ -230,3 +239,58 @@ def test_refusals_count_from_a_counter_born_in_the_window(
     snap = load_snapshot(store.con, T0_MS + until_s * 1000, int(CFG.lookback_s * 1000))
     signals = [f.signal for f in detect_all(snap, CFG)]
     assert signals == (["no_eligible_endpoint"] if reported else [])
+
+
+def test_the_gateway_queue_is_read_once_as_a_gateway_signal_never_as_an_engine_one(
+    store: Store,
+) -> None:
+    insert(store, requests=taps(), engine=gateway(queue=7))
+    snap = load_snapshot(store.con, END_MS, int(CFG.lookback_s * 1000))
+    assert snap.gateways[GATEWAY]["gateway_queue"].last() == 7.0
+    assert [i for i, signals in snap.engine.items() if "gateway_queue" in signals] == []
+    assert GATEWAY not in snap.engine  # an EPP scrape holds no engine signal
+
+
+#: What else a front-end target may export into ``engine_samples`` beside the EPP's names:
+#: the simulated gateway's prefix-locality counters, an autoscaler's replica gauges.
+FRONT_END_EXTRAS = {
+    "an EPP gateway": (),
+    "a gateway with a prefix-locality router": ("router_prefix_lookups", "router_hints_rejected"),
+    "a gateway with kube-state-metrics replica gauges": ("replicas_desired", "replicas_ready"),
+}
+
+
+@pytest.mark.parametrize("extras", FRONT_END_EXTRAS.values(), ids=FRONT_END_EXTRAS.keys())
+def test_a_front_end_that_goes_down_gets_no_degradation_flag(
+    store: Store, extras: tuple[str, ...]
+) -> None:
+    """Degradation levels are about engines' KV: a gateway (or any target without a KV
+    signal) that stops answering its scrape is ``target_down``, not an instance whose level
+    turned unknown."""
+    up_until_s = 90
+    health = [
+        health_row(
+            T0_MS + t_s * 1000,
+            instance=GATEWAY,
+            target=f"http://{GATEWAY}/metrics",
+            dialect="epp",
+            up=t_s < up_until_s,
+            error_kind=None if t_s < up_until_s else "connect_refused",
+        )
+        for t_s in range(0, 120, 2)
+    ]
+    engine = gateway(queue=3) + [
+        engine_sample(T0_MS + t_s * 1000, signal, t_s, instance=GATEWAY, dialect="epp")
+        for t_s in range(0, 120, 2)
+        for signal in extras
+    ]
+    engine = [row for row in engine if row["ts_ms"] < T0_MS + up_until_s * 1000]
+    insert(store, requests=taps(), engine=engine, health=health)
+    sink = ListTransitionSink()
+    jobs = SloJobs(store.con, build_model(parse_spec(SPEC)), JobsConfig(), sink=sink)
+    results = [jobs.run_once(T0_MS + t_s * 1000) for t_s in range(30, 121, 10)]
+    assert all(r is not None and r.errors == [] for r in results)
+    last = results[-1]
+    assert last is not None
+    assert any(f.signal == "target_down" and f.scope_id == GATEWAY for f in last.findings)
+    assert [t for t in sink.transitions if t.scope_id == GATEWAY] == []
