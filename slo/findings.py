@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -147,6 +147,11 @@ class DetectorConfig(BaseModel):
     )
     autoscaler_min_queue_growth: float = Field(
         default=3, ge=0, description="requests the queue in front of the pool grew by meanwhile"
+    )
+    autoscalers: list[Annotated[str, Field(pattern=r"^[^/\s]+/[^/\s]+$")]] = Field(
+        default=[],
+        description="HPAs autoscaler_lag judges, as namespace/name (kube-state-metrics "
+        "labels); empty: every HPA a kube-state-metrics target exports",
     )
     gpu_pods: dict[str, str] = Field(
         default={}, description="dcgm pod label → engine instance, when they differ"
