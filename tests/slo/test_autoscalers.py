@@ -7,15 +7,18 @@ without an HPA, series nobody maps) through the real canonicalizer into DuckDB.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
+from app.sections import load_config
 from collectors.canonical import TargetCanonicalizer
 from collectors.exposition import ExpositionParser
+from pipeline.errors import ConfigError
 from pipeline.store import Store
 from slo.detectors import DetectorConfig, Finding, detect_all
 from slo.jobs import JobsConfig, SloJobs
@@ -260,9 +263,19 @@ def test_detectors_autoscalers_limits_which_hpas_are_judged(
     assert bool(lag_findings(snap, DetectorConfig(autoscalers=chosen))) is found
 
 
-def test_an_autoscaler_not_written_as_namespace_slash_name_is_refused() -> None:
-    with pytest.raises(ValidationError, match="autoscalers"):
-        DetectorConfig(autoscalers=["llm-pool"])
+def test_an_autoscaler_not_written_as_namespace_slash_name_is_refused_by_field_path(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "llmslo.yaml"
+    path.write_text("slo:\n  detectors: {autoscalers: [serving/llm-pool, llm-pool]}\n")
+    with pytest.raises(
+        ConfigError, match=r"slo\.detectors\.autoscalers\[1\]: .*'llm-pool' is not namespace/name"
+    ):
+        load_config(path)
+    path.write_text("slo:\n  detectors: {autoscalers: [serving/llm-pool]}\n")
+    assert load_config(path).section("slo", JobsConfig).detectors.autoscalers == [
+        "serving/llm-pool"
+    ]
 
 
 def _without_info(ns: str, hpa: str, dep: str) -> dict[str, str] | None:
@@ -331,3 +344,39 @@ def test_the_jobs_count_the_hpas_they_cannot_judge_by_reason(store: Store) -> No
         for reason in ("target_kind:StatefulSet", "target_not_exported", "no_info")
     }
     assert counts == {"target_kind:StatefulSet": 1.0, "target_not_exported": 1.0, "no_info": None}
+
+
+def test_the_collector_keeps_every_hpa_and_deployment_apart_in_its_rows() -> None:
+    canonicalizer = TargetCanonicalizer(KSM)
+    text = ksm_scrape(0, {**HEALTHY, "llm-pool": steady(4, 1)})
+    rows = canonicalizer.canonicalize(ExpositionParser().parse(text), T0_MS).table.to_pylist()
+    assert canonicalizer.detection is not None
+    assert canonicalizer.detection.dialect == "kube-state-metrics"
+
+    def named(signal: str, label: str) -> dict[tuple[str, str], Any]:
+        out = {}
+        for row in rows:
+            if row["signal"] == signal:
+                labels = json.loads(row["labels_json"])
+                out[(labels["namespace"], labels[label])] = (row["kind"], row["value"], labels)
+        return out
+
+    desired = named("replicas_desired", "horizontalpodautoscaler")
+    assert {k: v[1] for k, v in desired.items()} == {
+        ("serving", "llm-pool"): 4.0,
+        ("serving", "embedder"): 2.0,
+        ("batch", "reranker"): 2.0,
+    }
+    ready = named("replicas_ready", "deployment")
+    assert {k: v[1] for k, v in ready.items()} == {
+        ("serving", "llm-pool"): 1.0,
+        ("serving", "embedder-v2"): 2.0,
+        ("batch", "reranker"): 6.0,
+        ("kube-system", "coredns"): 2.0,
+    }
+    info = named("autoscaler_target", "horizontalpodautoscaler")
+    assert {k: (v[0], v[2]["scaletargetref_name"]) for k, v in info.items()} == {
+        ("serving", "llm-pool"): ("info", "llm-pool"),
+        ("serving", "embedder"): ("info", "embedder-v2"),
+        ("batch", "reranker"): ("info", "reranker"),
+    }
