@@ -15,7 +15,9 @@ ready replicas, in this order:
 
 An HPA none of these pairs is not judged: it is listed in ``unpaired`` with the reason
 (``info_without_target``, ``target_kind:<Kind>``, ``target_not_exported``, ``no_info``,
-``no_desired_replicas``) and logged once per target, HPA and reason.
+``no_desired_replicas``) and logged once per target, HPA and reason. Samples whose
+``labels_json`` is not JSON (a third-party producer's) are dropped, counted in
+``malformed_samples`` and logged once per target.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Autoscalers:
     paired: dict[str, AutoscalerSeries]
     unpaired: dict[str, str]
     pool: str = ""  # the target's (``targets[].pool``), '' when it fronts every pool
+    malformed_samples: int = 0  # samples dropped: their labels_json is not JSON
 
 
 def _name(key: _Key) -> str:
@@ -81,17 +84,20 @@ class _Target:
     deployments: dict[_Key, dict[str, Series]]
     info: dict[_Key, tuple[int, str, str]]  # latest (ts_ms, scaletargetref kind, name)
     pool: str = ""
+    malformed: int = 0
 
 
 def _read(con: duckdb.DuckDBPyConnection, start_ms: int, end_ms: int) -> dict[str, _Target]:
-    def label(name: str) -> str:
-        return f"coalesce(json_extract_string(labels_json, '$.{name}'), '')"
+    def label(*names: str) -> str:
+        labels = "coalesce(labels_json, '{}')"
+        found = ", ".join(f"json_extract_string({labels}, '$.{n}')" for n in names)
+        # a third-party producer's malformed labels_json must not fail the whole snapshot
+        return f"CASE WHEN json_valid({labels}) THEN coalesce({found}, '') END"
 
     rows = con.execute(
         f"""
-        SELECT instance, any_value(coalesce(pool, model, '')), signal, {label("namespace")},
-               coalesce(json_extract_string(labels_json, '$.horizontalpodautoscaler'),
-                        json_extract_string(labels_json, '$.deployment'), ''),
+        SELECT instance, any_value(coalesce(pool, model, '')), signal,
+               {label("namespace")}, {label("horizontalpodautoscaler", "deployment")},
                {label("scaletargetref_kind")}, {label("scaletargetref_name")},
                list(ts_ms ORDER BY ts_ms), list(value ORDER BY ts_ms)
         FROM engine_samples
@@ -105,15 +111,18 @@ def _read(con: duckdb.DuckDBPyConnection, start_ms: int, end_ms: int) -> dict[st
     for instance, pool, signal, namespace, name, kind, target_name, ts, values in rows:
         target, key = targets[instance], (namespace, name)
         target.pool = target.pool or pool
-        if signal == _INFO:
+        if namespace is None:  # labels_json not JSON: whose series it is cannot be told
+            target.malformed += len(ts)
+            _log_once(instance, "", "malformed labels_json")
+        elif signal == _INFO:
             latest = (int(ts[-1]), kind, target_name)
             target.info[key] = max(target.info.get(key, latest), latest)
-            continue
-        ts_ms, vals = np.array(ts, np.int64), np.array(values, float)
-        # one value per scrape (a duplicated series keeps its last)
-        last = np.append(ts_ms[1:] != ts_ms[:-1], True)
-        group = target.hpas if signal in _HPA_SIGNALS else target.deployments
-        group.setdefault(key, {})[signal] = Series(ts_ms[last], vals[last])
+        else:
+            ts_ms, vals = np.array(ts, np.int64), np.array(values, float)
+            # one value per scrape (a duplicated series keeps its last)
+            last = np.append(ts_ms[1:] != ts_ms[:-1], True)
+            group = target.hpas if signal in _HPA_SIGNALS else target.deployments
+            group.setdefault(key, {})[signal] = Series(ts_ms[last], vals[last])
     return targets
 
 
@@ -138,7 +147,7 @@ def _scale_target(target: _Target, key: _Key) -> tuple[_Key | None, str]:
 
 
 def _pair(instance: str, target: _Target) -> Autoscalers:
-    out = Autoscalers({}, {}, target.pool)
+    out = Autoscalers({}, {}, target.pool, target.malformed)
     for key, signals in sorted(target.hpas.items()):
         name = _name(key)
         deployment, how = _scale_target(target, key)
@@ -168,6 +177,9 @@ def _log_once(instance: str, name: str, reason: str) -> None:
     if (instance, name, reason) in _logged:
         return
     _logged.add((instance, name, reason))
+    if not name:
+        log.warning("%s: autoscaler samples dropped: %s", instance, reason)
+        return
     log.warning(
         "%s: autoscaler %r not paired with the workload it scales (%s); "
         "autoscaler_lag does not judge it",

@@ -93,6 +93,12 @@ class JobMetrics:
             ["instance", "reason"],
             registry=r,
         )
+        self.autoscaler_samples_malformed = Gauge(
+            "llmslo_autoscaler_samples_malformed",
+            "kube-state-metrics samples in the lookback dropped: labels_json is not JSON",
+            ["instance"],
+            registry=r,
+        )
         self.last_eval = Gauge(
             "llmslo_job_last_evaluation_timestamp_seconds",
             "event time of the last cycle",
@@ -122,7 +128,10 @@ class JobMetrics:
 
     def record_autoscalers(self, autoscalers: Mapping[str, Autoscalers]) -> None:
         self.autoscalers_unpaired.clear()
+        self.autoscaler_samples_malformed.clear()
         for instance, scalers in autoscalers.items():
+            if scalers.malformed_samples:
+                self.autoscaler_samples_malformed.labels(instance).set(scalers.malformed_samples)
             for reason, count in Tally(scalers.unpaired.values()).items():
                 self.autoscalers_unpaired.labels(instance, reason).set(count)
 

@@ -157,8 +157,11 @@ def snapshot(
     replicas: dict[str, Replicas],
     queue: Callable[[float], float] = lambda t: 0.0,
     info: Callable[[str, str, str], dict[str, str] | None] | None = None,
+    instance: str = KSM,
 ) -> Snapshot:
-    tables = scrape_rows(lambda t: ksm_scrape(t, replicas, info))
+    """Ten minutes of scrapes of one kube-state-metrics target named ``instance`` (each
+    problem is logged once per process and target: tests that read the log name their own)."""
+    tables = scrape_rows(lambda t: ksm_scrape(t, replicas, info), instance)
     store.commit_batch({"engine_samples": tables}, group_id="test", offsets={}, now_ts_ms=0)
     insert(store, engine=gateway_queue(queue))
     return load_snapshot(store.con, NOW_MS, int(CFG.lookback_s * 1000))
@@ -318,15 +321,16 @@ def test_missing_or_malformed_info_pairs_what_it_can_and_reports_the_rest(
     unpaired: dict[str, str],
 ) -> None:
     replicas = {**HEALTHY, "llm-pool": lagging_from(300, 1, 4)}
+    target = f"ksm-{info.__name__}:8080"
     with caplog.at_level(logging.WARNING, logger="slo._autoscalers"):
-        snap = snapshot(store, replicas, QUEUE_GROWS, info)
+        snap = snapshot(store, replicas, QUEUE_GROWS, info, target)
         load_snapshot(store.con, NOW_MS, int(CFG.lookback_s * 1000))  # the next cycle
-    scalers = snap.autoscalers[KSM]
+    scalers = snap.autoscalers[target]
     assert {n: s.paired_by for n, s in scalers.paired.items()} == paired
     assert scalers.unpaired == unpaired
     for name, reason in unpaired.items():  # logged once, with the target and the reason
-        logged = [r.getMessage() for r in caplog.records if name in r.getMessage()]
-        assert len(logged) == 1 and KSM in logged[0] and reason in logged[0], logged
+        logged = [r.getMessage() for r in caplog.records if f"'{name}'" in r.getMessage()]
+        assert len(logged) == 1 and target in logged[0] and reason in logged[0], logged
     [found] = lag_findings(snap)  # what could be paired is still judged
     assert found.evidence["autoscaler"] == "serving/llm-pool"
 
@@ -380,3 +384,36 @@ def test_the_collector_keeps_every_hpa_and_deployment_apart_in_its_rows() -> Non
         ("serving", "embedder"): ("info", "embedder-v2"),
         ("batch", "reranker"): ("info", "reranker"),
     }
+
+
+def test_samples_with_malformed_labels_are_dropped_and_counted_not_fatal(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A third-party JSON producer's labels that are not JSON: whose replicas they are
+    cannot be told, so they are dropped; the rest of the target is still judged."""
+    target = "ksm-malformed-labels:8080"
+    broken = {"instance": target, "pool": "", "model": None, "dialect": "kube-state-metrics"}
+    insert(
+        store,
+        engine=[
+            engine_sample(T0_MS + t * 1000, "replicas_desired", 9, labels_json="{bad", **broken)
+            for t in (500, 505)
+        ],
+    )
+    with caplog.at_level(logging.WARNING, logger="slo._autoscalers"):
+        snap = snapshot(
+            store, {**HEALTHY, "llm-pool": lagging_from(300, 1, 4)}, QUEUE_GROWS, None, target
+        )
+    assert snap.autoscalers[target].malformed_samples == 2
+    assert any(target in r.getMessage() and "labels_json" in r.getMessage() for r in caplog.records)
+    [found] = lag_findings(snap)
+    assert (found.evidence["autoscaler"], found.evidence["desired"]) == ("serving/llm-pool", 4.0)
+    metrics = JobMetrics()
+    jobs = SloJobs(store.con, MODEL, JobsConfig(), sink=ListTransitionSink(), metrics=metrics)
+    assert jobs.run_once(NOW_MS) is not None
+    assert (
+        metrics.registry.get_sample_value(
+            "llmslo_autoscaler_samples_malformed", {"instance": target}
+        )
+        == 2.0
+    )
