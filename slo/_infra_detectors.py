@@ -233,9 +233,14 @@ def _queue(snap: Snapshot, engines: list[str], component: str) -> Series | None:
     return Series(grid, total)
 
 
-def _lag(snap: Snapshot, cfg: DetectorConfig, scaler: AutoscalerSeries) -> dict[str, Any] | None:
+def _lag(
+    snap: Snapshot, cfg: DetectorConfig, scaler: AutoscalerSeries, scraped_ms: int
+) -> dict[str, Any] | None:
     """How long ``scaler``'s desired replicas have been above its workload's ready ones,
-    when at least ``autoscaler_lag_for_s`` (else ``None``)."""
+    when at least ``autoscaler_lag_for_s`` (else ``None``). An HPA or workload missing from
+    the target's last scrape (``scraped_ms``) was deleted or renamed: not judged."""
+    if min(int(scaler.desired.ts_ms[-1]), int(scaler.ready.ts_ms[-1])) < scraped_ms:
+        return None
     since = _behind_since(scaler.desired, scaler.ready)
     if since is None:
         return None  # caught up
@@ -277,10 +282,14 @@ def detect_autoscaler_lag(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     findings = []
     chosen = set(cfg.autoscalers)
     for target, scalers in sorted(snap.autoscalers.items()):
+        if not scalers.paired:
+            continue
+        scraped_ms = max(int(s.desired.ts_ms[-1]) for s in scalers.paired.values())
         lagging = [
             lag
             for name, scaler in sorted(scalers.paired.items())
-            if (not chosen or name in chosen) and (lag := _lag(snap, cfg, scaler)) is not None
+            if (not chosen or name in chosen)
+            and (lag := _lag(snap, cfg, scaler, scraped_ms)) is not None
         ]
         queue = _queue(snap, _fronted(snap, target), target) if lagging else None
         if queue is None:

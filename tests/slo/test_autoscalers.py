@@ -417,3 +417,23 @@ def test_samples_with_malformed_labels_are_dropped_and_counted_not_fatal(
         )
         == 2.0
     )
+
+
+def test_an_hpa_deleted_while_behind_is_no_longer_judged(store: Store) -> None:
+    """Behind from t = 300 s, deleted with its deployment at 500 s: its rows stay in the
+    lookback, but the target's newer scrapes no longer have it."""
+    replicas = {**HEALTHY, "llm-pool": lagging_from(300, 1, 4)}
+
+    def text_at(t: float) -> str:
+        text = ksm_scrape(t, replicas)
+        if t < 500:
+            return text
+        return "".join(line + "\n" for line in text.splitlines() if "llm-pool" not in line)
+
+    store.commit_batch(
+        {"engine_samples": scrape_rows(text_at)}, group_id="test", offsets={}, now_ts_ms=0
+    )
+    insert(store, engine=gateway_queue(QUEUE_GROWS))
+    snap = load_snapshot(store.con, NOW_MS, int(CFG.lookback_s * 1000))
+    assert "serving/llm-pool" in snap.autoscalers[KSM].paired  # still in the lookback
+    assert lag_findings(snap) == []
