@@ -8,8 +8,9 @@ ready replicas, in this order:
 
 1. ``info``: ``kube_horizontalpodautoscaler_info``'s ``scaletargetref_name`` (kind
    ``Deployment``), in the HPA's namespace;
-2. ``same_name``: without a usable info series (kube-state-metrics before v2.7 has none), a
-   deployment of the HPA's namespace and name, the usual convention;
+2. ``same_name``: without a usable info series (an older kube-state-metrics, or the family
+   not allowed by ``--metric-allowlist``), a deployment of the HPA's namespace and name, the
+   usual convention (HPAs named otherwise, like KEDA's ``keda-hpa-<name>``, need the info);
 3. ``only_one``: the target exports one HPA and one deployment (a single-workload exporter,
    or series without those labels).
 
