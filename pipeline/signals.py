@@ -102,19 +102,10 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
         "P/D: KV blocks of failed transfers never cleaned up (the simulator's; no engine "
         "exports it)",
     ),
-    (
-        "replicas_desired",
-        "gauge",
-        "autoscaler: replicas the HPA wants (kube-state-metrics); labels namespace, "
-        "horizontalpodautoscaler",
-    ),
+    ("replicas_desired", "gauge", "autoscaler: replicas the HPA wants (kube-state-metrics)"),
     ("replicas_current", "gauge", "autoscaler: replicas the HPA has created"),
+    ("replicas_ready", "gauge", "autoscaler: replicas of the deployment that are ready"),
     ("replicas_max", "gauge", "autoscaler: the HPA's maxReplicas"),
-    (
-        "replicas_ready",
-        "gauge",
-        "autoscaler: replicas of the deployment that are ready; labels namespace, deployment",
-    ),
     ("replicas_spec", "gauge", "autoscaler: replicas the deployment's spec asks for"),
     (
         "autoscaler_target",
