@@ -127,6 +127,8 @@ class JobMetrics:
             self.signal.labels(f.signal, f.scope, f.scope_id, f.pool, f.basis).set(1)
 
     def record_autoscalers(self, autoscalers: Mapping[str, Autoscalers]) -> None:
+        """This cycle's HPAs left unjudged and dropped samples, per kube-state-metrics target
+        (re-set every cycle: a target whose problems went away shows none)."""
         self.autoscalers_unpaired.clear()
         self.autoscaler_samples_malformed.clear()
         for instance, scalers in autoscalers.items():
