@@ -9,7 +9,8 @@ Per target it also detects what a dashboard cannot see in one sample:
 
 * counter resets: a cumulative series (counter, bucket, count) whose value dropped, a
   changed ``*_created`` timestamp, or a changed ``process_start_time_seconds`` — emitted
-  as ``counter_reset`` rows (label ``reason``) so rate logic can restart at the right scrape;
+  as ``counter_reset`` rows (label ``reason``) so rate logic can restart at the right scrape
+  (for a dialect with ``object_series``, kube-state-metrics, only the process start);
 * frozen scheduler gauges (SGLang): the dialect's ``frozen_gauges`` are fingerprinted and
   ``gauges_unchanged_s`` says how long they have been bit-identical;
 * dcgm-exporter blank sentinels (values meaning "not available"): dropped and counted;
@@ -428,6 +429,9 @@ class TargetCanonicalizer:
             "created": self._created[idx] & seen & (values != prev),
             "process_start": self._process_start[idx] & seen & (values != prev),
         }
+        engine = self.detection.engine if self.detection else None
+        if engine is not None and engine.object_series:
+            del checks["value_drop"], checks["created"]  # objects recreated, not a restart
         known = ~np.isnan(values)  # NaN is "no value": the last real value stays the reference
         self._prev[idx[known]] = values[known]
         rows = []

@@ -105,6 +105,14 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
     ("replicas_desired", "gauge", "autoscaler: replicas the HPA wants (kube-state-metrics)"),
     ("replicas_current", "gauge", "autoscaler: replicas the HPA has created"),
     ("replicas_ready", "gauge", "autoscaler: replicas of the deployment that are ready"),
+    ("replicas_max", "gauge", "autoscaler: the HPA's maxReplicas"),
+    ("replicas_spec", "gauge", "autoscaler: replicas the deployment's spec asks for"),
+    (
+        "autoscaler_target",
+        "info",
+        "autoscaler: 1 per HPA, naming what it scales (labels namespace, "
+        "horizontalpodautoscaler, scaletargetref_kind, scaletargetref_name)",
+    ),
     ("ttft", "histogram", "time to first token, seconds (bucket / sum / count samples)"),
     ("itl", "histogram", "inter-token latency per engine step, seconds"),
     ("tpot", "histogram", "per-request time per output token, seconds"),

@@ -7,11 +7,16 @@ under the ``autoscaler_lag`` fault every scale-out takes ``lag_s`` longer, so th
 queue grows while ready < desired, which is the matrix's evidence. A scale-in happens
 after ``desired`` has stayed below ready for ``cooldown_s``.
 
-It serves its own ``/metrics`` (``url``), as kube-state-metrics does for a real HPA:
-``kube_horizontalpodautoscaler_status_desired_replicas`` and ``..._current_replicas``
-(labels ``namespace``, ``horizontalpodautoscaler``) and
-``kube_deployment_status_replicas_ready`` (``namespace``, ``deployment``), plus the
-simulator's own ``llmslo_sim_autoscaler_lag_active``.
+It serves its own ``/metrics`` (``url``) shaped like a cluster-wide kube-state-metrics:
+per HPA (labels ``namespace``, ``horizontalpodautoscaler``)
+``kube_horizontalpodautoscaler_status_desired_replicas``, ``..._current_replicas``,
+``..._spec_min_replicas``/``..._spec_max_replicas`` and ``kube_horizontalpodautoscaler_info``
+naming the deployment it scales (``scaletargetref_kind``, ``scaletargetref_name``); per
+deployment (``namespace``, ``deployment``) ``kube_deployment_spec_replicas`` and
+``kube_deployment_status_replicas_ready``; plus the simulator's own
+``llmslo_sim_autoscaler_lag_active``. Beside the gateway's HPA it exports an unrelated one
+(:data:`NEIGHBOUR`, scaling in: more ready than desired), as a real cluster has: a reader
+that sums the cluster's gauges sees no lag at all.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from typing import NamedTuple
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -28,7 +34,7 @@ from pipeline.config import STRICT
 from pipeline.errors import ConfigError
 from simulator.gateway import Gateway
 
-__all__ = ["AUTOSCALER_FAULTS", "Autoscaler", "AutoscalerLagParams"]
+__all__ = ["AUTOSCALER_FAULTS", "NEIGHBOUR", "Autoscaler", "AutoscalerLagParams", "Workload"]
 
 
 class AutoscalerLagParams(BaseModel):
@@ -39,10 +45,55 @@ class AutoscalerLagParams(BaseModel):
     lag_s: float = Field(default=30.0, gt=0, le=3600)
 
 
+class Workload(NamedTuple):
+    """An HPA and the deployment it scales, as kube-state-metrics names them."""
+
+    namespace: str
+    hpa: str
+    deployment: str
+    desired: int
+    ready: int
+    max_replicas: int
+
+
+#: An unrelated workload's HPA and deployment on the same exporter, held still: a scale-in
+#: in progress (ready above desired), so its numbers would hide the gateway's lag in a sum.
+NEIGHBOUR = Workload("batch", "reranker", "reranker-v3", desired=2, ready=5, max_replicas=6)
+
 #: The autoscaler's faults, with the signal an observer should see.
 AUTOSCALER_FAULTS = {
     "autoscaler_lag": "ready replicas stay below desired for lag_s; the gateway queue grows",
 }
+
+
+_HPA_LABELS = ["namespace", "horizontalpodautoscaler"]
+_DEPLOYMENT_LABELS = ["namespace", "deployment"]
+_DESIRED = "kube_horizontalpodautoscaler_status_desired_replicas"
+_CURRENT = "kube_horizontalpodautoscaler_status_current_replicas"
+_MIN = "kube_horizontalpodautoscaler_spec_min_replicas"
+_MAX = "kube_horizontalpodautoscaler_spec_max_replicas"
+_INFO = "kube_horizontalpodautoscaler_info"
+_SPEC = "kube_deployment_spec_replicas"
+_READY = "kube_deployment_status_replicas_ready"
+#: kube-state-metrics' families (name, help, labels), as v2.x exports them.
+_FAMILIES = (
+    (_DESIRED, "Desired number of replicas of pods managed by this autoscaler.", _HPA_LABELS),
+    (_CURRENT, "Current number of replicas of pods managed by this autoscaler.", _HPA_LABELS),
+    (_MIN, "Lower limit for the number of pods that can be set by the autoscaler.", _HPA_LABELS),
+    (_MAX, "Upper limit for the number of pods that can be set by the autoscaler.", _HPA_LABELS),
+    (
+        _INFO,
+        "Information about this autoscaler.",
+        [
+            *_HPA_LABELS,
+            "scaletargetref_api_version",
+            "scaletargetref_kind",
+            "scaletargetref_name",
+        ],
+    ),
+    (_SPEC, "Number of desired pods for a deployment.", _DEPLOYMENT_LABELS),
+    (_READY, "The number of ready replicas per deployment.", _DEPLOYMENT_LABELS),
+)
 
 
 class Autoscaler:
@@ -76,29 +127,36 @@ class Autoscaler:
         self.host, self.port = host, 0
         self._runner: web.AppRunner | None = None
         r = self.registry = CollectorRegistry()
-        hpa = {"namespace": namespace, "horizontalpodautoscaler": name}
-        self._desired = Gauge(
-            "kube_horizontalpodautoscaler_status_desired_replicas",
-            "Desired number of replicas of pods managed by this autoscaler.",
-            list(hpa),
-            registry=r,
-        ).labels(**hpa)
-        self._current = Gauge(
-            "kube_horizontalpodautoscaler_status_current_replicas",
-            "Current number of replicas of pods managed by this autoscaler.",
-            list(hpa),
-            registry=r,
-        ).labels(**hpa)
-        deployment = {"namespace": namespace, "deployment": name}
-        self._ready = Gauge(
-            "kube_deployment_status_replicas_ready",
-            "The number of ready replicas per deployment.",
-            list(deployment),
-            registry=r,
-        ).labels(**deployment)
+        self._hpa = {"namespace": namespace, "horizontalpodautoscaler": name}
+        self._deployment = {"namespace": namespace, "deployment": name}
+        self._gauges = {
+            metric: Gauge(metric, doc, labels, registry=r) for metric, doc, labels in _FAMILIES
+        }
         self._lagging = Gauge(
             "llmslo_sim_autoscaler_lag_active", "1 under autoscaler_lag", registry=r
         )
+        self._export_static(name, len(gateway.upstreams))
+
+    def _export_static(self, name: str, max_replicas: int) -> None:
+        """The series that do not move: both HPAs' info and limits, the neighbour's numbers."""
+        g, n = self._gauges, NEIGHBOUR
+        target = {"scaletargetref_api_version": "apps/v1", "scaletargetref_kind": "Deployment"}
+        g[_INFO].labels(**self._hpa, **target, scaletargetref_name=name).set(1)
+        g[_MIN].labels(**self._hpa).set(self.min_replicas)
+        g[_MAX].labels(**self._hpa).set(max_replicas)
+        for family in (_DESIRED, _CURRENT):
+            g[family].labels(**self._hpa)  # 0 until the first tick
+        for family in (_SPEC, _READY):
+            g[family].labels(**self._deployment)
+        hpa = {"namespace": n.namespace, "horizontalpodautoscaler": n.hpa}
+        deployment = {"namespace": n.namespace, "deployment": n.deployment}
+        g[_INFO].labels(**hpa, **target, scaletargetref_name=n.deployment).set(1)
+        g[_MIN].labels(**hpa).set(1)
+        g[_MAX].labels(**hpa).set(n.max_replicas)
+        g[_DESIRED].labels(**hpa).set(n.desired)
+        g[_CURRENT].labels(**hpa).set(n.ready)
+        g[_SPEC].labels(**deployment).set(n.desired)
+        g[_READY].labels(**deployment).set(n.ready)
 
     @property
     def url(self) -> str:
@@ -174,6 +232,8 @@ class Autoscaler:
                 self._below_since = None
         else:
             self._below_since = None
-        self._desired.set(self.desired)
-        self._current.set(self.ready + (self._pending_ready_at is not None))
-        self._ready.set(self.ready)
+        g = self._gauges
+        g[_DESIRED].labels(**self._hpa).set(self.desired)
+        g[_CURRENT].labels(**self._hpa).set(self.ready + (self._pending_ready_at is not None))
+        g[_SPEC].labels(**self._deployment).set(self.desired)  # the HPA writes spec.replicas
+        g[_READY].labels(**self._deployment).set(self.ready)

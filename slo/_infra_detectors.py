@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from slo.findings import DetectorConfig, Finding
-from slo.snapshot import Series, Snapshot
+from slo.snapshot import AutoscalerSeries, Series, Snapshot
 
 __all__ = [
     "detect_autoscaler_lag",
@@ -229,47 +229,90 @@ def _queue(snap: Snapshot, engines: list[str], component: str) -> Series | None:
     return Series(grid, total)
 
 
-def detect_autoscaler_lag(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """On an autoscaler (kube-state-metrics target): desired replicas above ready at every
-    scrape for ≥ ``autoscaler_lag_for_s`` while the queue in front of its pool (gateway
-    queue, else engines' waiting) grew by ≥ ``autoscaler_min_queue_growth`` (basis
-    ``queue_growth``, page). Evidence: desired, ready, current, how long behind, the queue
-    at the start, now and at most."""
-    findings = []
-    for scaler, signals in snap.engine.items():
-        desired, ready = signals.get("replicas_desired"), signals.get("replicas_ready")
-        if desired is None or ready is None:
-            continue
-        since = _behind_since(desired, ready)
-        if since is None:
-            continue  # caught up
+def _lag(
+    snap: Snapshot, cfg: DetectorConfig, scaler: AutoscalerSeries, scraped_ms: int
+) -> dict[str, Any] | None:
+    """How long ``scaler``'s desired replicas have been above its workload's ready ones,
+    when at least ``autoscaler_lag_for_s`` (else ``None``). An HPA or workload missing from
+    the target's last scrape (``scraped_ms``) was deleted or renamed: not judged."""
+    if min(int(scaler.desired.ts_ms[-1]), int(scaler.ready.ts_ms[-1])) < scraped_ms:
+        return None
+    since = _behind_since(scaler.desired, scaler.ready)
+    if since is None:
+        return None  # caught up
+    behind_s = (snap.now_ms - since) / 1000
+    if behind_s < cfg.autoscaler_lag_for_s:
+        return None
+    return {
+        "autoscaler": scaler.name,
+        "deployment": scaler.deployment,
+        "paired_by": scaler.paired_by,
+        "desired": scaler.desired.last(),
+        "ready": scaler.ready.last(),
+        "current": _last(scaler.current),
+        "max_replicas": _last(scaler.max_replicas),
+        "deployment_spec_replicas": _last(scaler.spec_replicas),
+        "behind_s": round(behind_s, 1),
         # Behind at every scrape we hold (a lag longer than the lookback): at least that long.
-        behind_before_lookback = since <= int(desired.ts_ms[0])
-        behind_s = (snap.now_ms - since) / 1000
-        if behind_s < cfg.autoscaler_lag_for_s:
+        "behind_s_is_at_least": since <= int(scaler.desired.ts_ms[0]),
+        "since_ts_ms": since,
+    }
+
+
+def _last(series: Series | None) -> float | None:
+    return None if series is None or not len(series) else series.last()
+
+
+def detect_autoscaler_lag(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """Per HPA of a kube-state-metrics target (``cfg.autoscalers`` when given, else all):
+    its desired replicas above the ready replicas of the deployment it scales at every
+    scrape for ≥ ``autoscaler_lag_for_s`` while the queue in front of the target's pool
+    (gateway queue, else engines' waiting) grew by ≥ ``autoscaler_min_queue_growth``
+    (basis ``queue_growth``, page). HPAs are never summed: an unrelated workload's
+    replicas cannot hide or fake a lag.
+
+    One finding per target, on the target: evidence names the HPA (``namespace/name``)
+    that lags longest, its deployment and how they were paired, desired, ready, current,
+    max replicas, how long behind, the queue at the start, now and at most; any other
+    lagging HPA of the target is listed in ``also_lagging``."""
+    findings = []
+    chosen = set(cfg.autoscalers)
+    for target, scalers in sorted(snap.autoscalers.items()):
+        if not scalers.paired:
             continue
-        queue = _queue(snap, _fronted(snap, scaler), scaler)
+        scraped_ms = max(int(s.desired.ts_ms[-1]) for s in scalers.paired.values())
+        lagging = [
+            lag
+            for name, scaler in sorted(scalers.paired.items())
+            if (not chosen or name in chosen)
+            and (lag := _lag(snap, cfg, scaler, scraped_ms)) is not None
+        ]
+        queue = _queue(snap, _fronted(snap, target), target) if lagging else None
         if queue is None:
             continue
-        during = queue.since(since)
-        if len(during) < 2:
+        queued = [lag for lag in lagging if _queue_grew(queue, lag, cfg)]
+        if not queued:
             continue
-        growth = float(during.values.max() - during.values[0])
-        if growth < cfg.autoscaler_min_queue_growth:
-            continue
-        current = signals.get("replicas_current")
-        evidence = {
-            "desired": desired.last(),
-            "ready": ready.last(),
-            "current": None if current is None else current.last(),
-            "behind_s": round(behind_s, 1),
-            "behind_s_is_at_least": behind_before_lookback,
-            "queue_at_start": float(during.values[0]),
-            "queue_now": during.last(),
-            "queue_max": float(during.values.max()),
-            "lag_for_s": cfg.autoscaler_lag_for_s,
-        }
+        queued.sort(key=lambda lag: -lag["behind_s"])
+        evidence = {**queued[0], "lag_for_s": cfg.autoscaler_lag_for_s}
+        if len(queued) > 1:
+            keep = ("autoscaler", "deployment", "desired", "ready", "behind_s")
+            evidence["also_lagging"] = [{k: lag[k] for k in keep} for lag in queued[1:]]
         findings.append(
-            Finding.on_instance(snap, "autoscaler_lag", scaler, "page", "queue_growth", evidence)
+            Finding.on_instance(snap, "autoscaler_lag", target, "page", "queue_growth", evidence)
         )
     return findings
+
+
+def _queue_grew(queue: Series, lag: dict[str, Any], cfg: DetectorConfig) -> bool:
+    """Whether the queue grew by ``autoscaler_min_queue_growth`` while ``lag`` held; adds
+    the queue at its start, now and at most to ``lag``."""
+    during = queue.since(lag.pop("since_ts_ms"))
+    if len(during) < 2 or during.values.max() - during.values[0] < cfg.autoscaler_min_queue_growth:
+        return False
+    lag.update(
+        queue_at_start=float(during.values[0]),
+        queue_now=during.last(),
+        queue_max=float(during.values.max()),
+    )
+    return True

@@ -7,15 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from pipeline.config import STRICT
 from slo.snapshot import Series, Snapshot
 
 __all__ = ["Detector", "DetectorConfig", "Finding", "covers", "gini", "gpu_of"]
+
+
+def _namespace_slash_name(value: str) -> str:
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name or value != value.strip():
+        raise ValueError(f"{value!r} is not namespace/name (an HPA's kube-state-metrics labels)")
+    return value
 
 
 class DetectorConfig(BaseModel):
@@ -147,6 +154,11 @@ class DetectorConfig(BaseModel):
     )
     autoscaler_min_queue_growth: float = Field(
         default=3, ge=0, description="requests the queue in front of the pool grew by meanwhile"
+    )
+    autoscalers: list[Annotated[str, AfterValidator(_namespace_slash_name)]] = Field(
+        default=[],
+        description="HPAs autoscaler_lag judges, as namespace/name (kube-state-metrics "
+        "labels); empty: every HPA a kube-state-metrics target exports",
     )
     gpu_pods: dict[str, str] = Field(
         default={}, description="dcgm pod label → engine instance, when they differ"

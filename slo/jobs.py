@@ -203,6 +203,7 @@ class SloJobs:
         )
         snap = self._timed("snapshot", result, lambda: self._snapshot(now))
         if snap is not None:
+            self.metrics.record_autoscalers(snap.autoscalers)
             result.findings = (
                 self._timed(
                     "signals",

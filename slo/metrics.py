@@ -7,12 +7,14 @@ signals) are cleared and re-set every cycle, so a resolved signal disappears.
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from slo.detectors import Finding
 from slo.evaluate import SloStatus
+from slo.snapshot import Autoscalers
 from slo.windows import format_duration
 
 __all__ = ["JobMetrics", "group_label"]
@@ -84,6 +86,19 @@ class JobMetrics:
             ["job"],
             registry=r,
         )
+        self.autoscalers_unpaired = Gauge(
+            "llmslo_autoscalers_unpaired",
+            "HPAs of a kube-state-metrics target that autoscaler_lag cannot judge (no "
+            "workload paired), by reason",
+            ["instance", "reason"],
+            registry=r,
+        )
+        self.autoscaler_samples_malformed = Gauge(
+            "llmslo_autoscaler_samples_malformed",
+            "kube-state-metrics samples in the lookback dropped: labels_json is not JSON",
+            ["instance"],
+            registry=r,
+        )
         self.last_eval = Gauge(
             "llmslo_job_last_evaluation_timestamp_seconds",
             "event time of the last cycle",
@@ -110,6 +125,17 @@ class JobMetrics:
         self.signal.clear()
         for f in findings:
             self.signal.labels(f.signal, f.scope, f.scope_id, f.pool, f.basis).set(1)
+
+    def record_autoscalers(self, autoscalers: Mapping[str, Autoscalers]) -> None:
+        """This cycle's HPAs left unjudged and dropped samples, per kube-state-metrics target
+        (re-set every cycle: a target whose problems went away shows none)."""
+        self.autoscalers_unpaired.clear()
+        self.autoscaler_samples_malformed.clear()
+        for instance, scalers in autoscalers.items():
+            if scalers.malformed_samples:
+                self.autoscaler_samples_malformed.labels(instance).set(scalers.malformed_samples)
+            for reason, count in Tally(scalers.unpaired.values()).items():
+                self.autoscalers_unpaired.labels(instance, reason).set(count)
 
     def record_levels(self, levels: Mapping[tuple[str, str], tuple[str, int]]) -> None:
         for (scope, scope_id), (pool, level) in levels.items():

@@ -6,7 +6,9 @@ counter are summed over engine ranks, ``kv_usage`` takes the max (never summed, 
 ``requests_finished:<reason>``. GPU samples are keyed by the pod they are allocated to.
 Request stats are the taps' (``source`` null); the prober's records (``source='probe'``)
 are kept apart per entry point in ``probes``, and a gateway router's signals (dialect
-``epp``) apart per gateway in ``gateways``, so neither joins a pool of engines.
+``epp``) apart per gateway in ``gateways``, so neither joins a pool of engines. A
+kube-state-metrics target's replica gauges are kept per HPA in ``autoscalers``, each
+paired with the deployment it scales (:mod:`slo._autoscalers`), never summed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from slo._autoscalers import Autoscalers, AutoscalerSeries, load_autoscalers
 from slo._failures import FailureStats, load_failures, load_finished_cancels
 from slo._series import Series
 
@@ -24,6 +27,8 @@ __all__ = [
     "BUCKET_SIGNALS",
     "GATEWAY_SIGNALS",
     "RANK_SIGNALS",
+    "AutoscalerSeries",
+    "Autoscalers",
     "ProbeSeries",
     "RequestStats",
     "Series",
@@ -53,9 +58,6 @@ _SUMMED = (
     "kv_transfer_expired",
     "kv_transfer_queue",
     "kv_transfer_leaked_blocks",
-    "replicas_desired",
-    "replicas_current",
-    "replicas_ready",
 )
 #: Histogram signals whose cumulative buckets are kept per instance (quantiles over a window).
 BUCKET_SIGNALS = ("kv_transfer_time",)
@@ -144,6 +146,9 @@ class Snapshot:
     finished_cancels_ms: dict[str, np.ndarray] = field(
         default_factory=dict
     )  # instance → when clients hung up on streams the engine had finished (not ghosts)
+    autoscalers: dict[str, Autoscalers] = field(
+        default_factory=dict
+    )  # kube-state-metrics instance → its HPAs, each paired with its workload (never summed)
 
     def ago_ms(self, seconds: float) -> int:
         """The time ``seconds`` before the snapshot (ms): where a detector's window starts."""
@@ -480,4 +485,7 @@ def load_snapshot(
     # the recent half only: a failure finding clears within half a lookback once they stop
     snap.failures = load_failures(con, (start + now_ms) // 2, now_ms)
     snap.finished_cancels_ms = load_finished_cancels(con, start, now_ms)
+    snap.autoscalers = load_autoscalers(con, start, now_ms)
+    for instance, scalers in snap.autoscalers.items():
+        snap.pools.setdefault(instance, scalers.pool)
     return snap

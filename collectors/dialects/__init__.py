@@ -114,6 +114,10 @@ class DialectMap(_Model):
     metrics: dict[str, MetricRule]
     frozen_gauges: tuple[str, ...] = ()
     blank_sentinels: bool = False
+    #: The series describe objects the exporter watches (kube-state-metrics: pods, HPAs):
+    #: an object recreated restarts its counters and ``*_created``, the exporter did not
+    #: restart, so only a changed process start counts as a reset.
+    object_series: bool = False
 
     @field_validator("metrics", mode="before")
     @classmethod

@@ -9,6 +9,7 @@ import pytest
 from collectors.canonical import TargetCanonicalizer
 from collectors.config import TargetConfig
 from collectors.dialects import DIALECT_NAMES
+from collectors.exposition import ExpositionParser
 from tests.collectors.test_canonical import rows_of
 
 NIXL = (
@@ -124,3 +125,34 @@ def test_a_kube_state_metrics_target_can_be_pinned_to_its_dialect() -> None:
     )
     pinnable = set(TargetConfig.model_fields["dialect"].annotation.__args__)  # type: ignore[union-attr]
     assert set(DIALECT_NAMES) <= pinnable  # every dialect --dialect knows, targets[] knows too
+
+
+def _cluster_objects(pod_created_s: float, restarts: float) -> str:
+    return (
+        KSM
+        + "# TYPE kube_pod_created gauge\n"
+        + f'kube_pod_created{{namespace="s",pod="llm-0"}} {pod_created_s}\n'
+        + "# TYPE kube_pod_container_status_restarts_total counter\n"
+        + 'kube_pod_container_status_restarts_total{namespace="s",pod="llm-0",container="vllm"} '
+        + f"{restarts}\n"
+    )
+
+
+def test_a_kube_state_metrics_target_reports_no_reset_when_cluster_objects_are_recreated() -> None:
+    """Its series describe the cluster's objects, not the exporter: a pod recreated under
+    the same name (new ``kube_pod_created``, restarts counted from 0) is not a restart of
+    kube-state-metrics, so no counter_reset rows (which would page ``crash`` on it)."""
+    canonicalizer = TargetCanonicalizer("ksm:8080")
+    rows_of(_cluster_objects(1_700_000_000, 4), canonicalizer=canonicalizer, ts_ms=1_000)
+    parsed = ExpositionParser().parse(_cluster_objects(1_700_000_900, 0))
+    batch = canonicalizer.canonicalize(parsed, 2_000)
+    assert batch.resets == {}
+    assert [r for r in batch.table.to_pylist() if r["signal"] == "counter_reset"] == []
+
+
+def test_an_engine_whose_counter_drops_still_reports_a_reset() -> None:
+    text = "# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{{}} {v}\n"
+    canonicalizer = TargetCanonicalizer("pod-0:8000")
+    rows_of(text.format(v=9), canonicalizer=canonicalizer, ts_ms=1_000)
+    batch = canonicalizer.canonicalize(ExpositionParser().parse(text.format(v=1)), 2_000)
+    assert batch.resets == {"value_drop": 1}

@@ -10,11 +10,15 @@ from typing import Any
 
 import pytest
 
+from collectors.canonical import TargetCanonicalizer
+from collectors.exposition import ExpositionParser
 from pipeline.errors import ConfigError
+from pipeline.store import Store
 from simulator import Fleet, FleetConfig, PodConfig
-from simulator.autoscaler import Autoscaler
+from simulator.autoscaler import NEIGHBOUR, Autoscaler
 from simulator.gateway import Gateway
-from tests.simulator.conftest import MODEL, post_quietly
+from slo.snapshot import load_snapshot
+from tests.simulator.conftest import MODEL, get, post_quietly, scrape
 from tests.simulator.test_gateway import metric
 
 
@@ -99,3 +103,42 @@ def test_the_autoscaler_exports_kube_state_metrics_names_with_desired_above_read
     assert metric(scaler.url, desired, **hpa) > metric(scaler.url, ready, deployment="llm-pool")
     assert metric(scaler.url, "llmslo_sim_autoscaler_lag_active") == 1
     scaler.clear_fault("autoscaler_lag")
+
+
+def test_the_exporter_is_cluster_wide_and_each_hpa_pairs_with_its_own_deployment(
+    scaled: tuple[Fleet, Gateway, Autoscaler], store: Store
+) -> None:
+    """Beside the gateway's HPA the exporter shows an unrelated one scaling in; read per
+    HPA (through the real canonicalizer and the SLO snapshot), the gateway's lag shows and
+    the neighbour's numbers stay its own. Summed over the cluster the lag would vanish."""
+    _, gw, scaler = scaled
+    infos = {
+        labels["horizontalpodautoscaler"]: (
+            labels["namespace"],
+            labels["scaletargetref_kind"],
+            labels["scaletargetref_name"],
+        )
+        for labels, _, _ in scrape(scaler.url)["kube_horizontalpodautoscaler_info"]
+    }
+    assert infos == {
+        "llm-pool": ("serving", "Deployment", "llm-pool"),
+        NEIGHBOUR.hpa: (NEIGHBOUR.namespace, "Deployment", NEIGHBOUR.deployment),
+    }
+    scaler.set_fault("autoscaler_lag", {"lag_s": 3.0})
+    _burst_and_watch(gw, scaler, 1.0)
+    canonicalizer, now_ms = TargetCanonicalizer("autoscaler"), int(time.time() * 1000)
+    _, body = get(f"{scaler.url}/metrics")
+    batch = canonicalizer.canonicalize(ExpositionParser().parse(body.decode()), now_ms)
+    store.commit_batch({"engine_samples": [batch.table]}, group_id="t", offsets={}, now_ts_ms=0)
+    scaler.clear_fault("autoscaler_lag")
+    snap = load_snapshot(store.con, now_ms, 60_000)
+    paired = snap.autoscalers["autoscaler"].paired
+    llm, neighbour = paired["serving/llm-pool"], paired[f"{NEIGHBOUR.namespace}/{NEIGHBOUR.hpa}"]
+    assert (llm.deployment, llm.paired_by) == ("serving/llm-pool", "info")
+    assert llm.desired.last() > llm.ready.last() == 1
+    assert (neighbour.deployment, neighbour.desired.last(), neighbour.ready.last()) == (
+        f"{NEIGHBOUR.namespace}/{NEIGHBOUR.deployment}",
+        NEIGHBOUR.desired,
+        NEIGHBOUR.ready,
+    )
+    assert llm.desired.last() + NEIGHBOUR.desired <= llm.ready.last() + NEIGHBOUR.ready

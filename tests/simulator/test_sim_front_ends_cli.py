@@ -47,8 +47,9 @@ def _printed(capsys: pytest.CaptureFixture[str], timeout_s: float = 30) -> dict[
     raise AssertionError(f"llmslo sim printed no JSON in {timeout_s} s: {text!r}")
 
 
-def _gauge(url: str, name: str) -> float:
-    (value,) = [v for _, v, _ in scrape(url)[name]]
+def _gauge(url: str, name: str, **labels: str) -> float:
+    """The one series of ``name`` whose labels include ``labels``."""
+    (value,) = [v for s, v, _ in scrape(url)[name] if labels.items() <= s.items()]
     return value
 
 
@@ -57,7 +58,8 @@ def _scale_through_the_gateway(out: dict[str, Any]) -> dict[str, float]:
     through the printed gateway URL has had time to make the autoscaler scale out."""
     gateway, autoscaler = out["gateway"], out["autoscaler"]
     ready = "kube_deployment_status_replicas_ready"
-    seen = {"at_rest": _gauge(autoscaler["url"], ready)}
+    # the gateway's deployment, not the unrelated one the exporter shows beside it
+    seen = {"at_rest": _gauge(autoscaler["url"], ready, deployment="llm-pool")}
     for i in range(8):
         body = {
             "model": MODEL,
@@ -69,7 +71,7 @@ def _scale_through_the_gateway(out: dict[str, Any]) -> dict[str, float]:
         threading.Thread(target=post_quietly, args=(url, body), daemon=True).start()
     deadline = time.monotonic() + 6
     while time.monotonic() < deadline:
-        seen["under_load"] = _gauge(autoscaler["url"], ready)
+        seen["under_load"] = _gauge(autoscaler["url"], ready, deployment="llm-pool")
         # the gateway's own count of ready pods in its active set (health checks every 1 s)
         seen["gateway_ready_pods"] = _gauge(gateway["url"], "inference_pool_ready_pods")
         if seen["under_load"] == seen["gateway_ready_pods"] == 2:

@@ -165,9 +165,15 @@ def test_latency_percentiles_are_those_of_the_tap_records_alone(
     con: Any, metric: str, by: str, kind: str
 ) -> None:
     for start, end, bucket in RANGES.values():
-        args: dict[str, Any] = {"start_ms": start, "end_ms": end, "bucket_ms": bucket, "by": by}
-        expected = queries.latency_percentiles(con("tap" + kind), metric=metric, **args)
-        answer = queries.latency_percentiles(con("mixed" + kind), metric=metric, **args)
+        args: dict[str, Any] = {
+            "start_ms": start,
+            "end_ms": end,
+            "bucket_ms": bucket,
+            "by": by,
+            "metric": metric,
+        }
+        expected = queries.latency_percentiles(con("tap" + kind), **args)
+        answer = queries.latency_percentiles(con("mixed" + kind), **args)
         assert expected.num_rows > 0
         assert _rows(answer) == _rows(expected)
 
