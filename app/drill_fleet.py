@@ -181,6 +181,7 @@ def run_fleet(
         inject_s=list(plan.inject_s),
         started_ts_ms=started_ts_ms,
         wall_s=round(time.monotonic() - started, 1),
+        setup_s=round(t0 - started, 1),
     )
     return results, run
 

@@ -155,6 +155,7 @@ def run_plans(
     outcomes: list[FleetOutcome | None] = [None] * len(plans)
     waiting = collections.deque(sorted(range(len(plans)), key=lambda i: -plans[i].end_s(profile)))
     running: dict[concurrent.futures.Future[FleetOutcome], int] = {}
+    submitted: dict[int, float] = {}
     started = time.monotonic()
     pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=min(jobs, max(len(plans), 1)),
@@ -168,6 +169,7 @@ def run_plans(
         args = (runner, plans[i], profile, workdir, alertmanager, progress, watchdog_s)
         try:
             running[pool.submit(_work, *args)] = i
+            submitted[i] = time.monotonic()
         except BrokenProcessPool:
             outcomes[i] = _failure(plans[i], "not started: a worker of the pool ended abruptly")
 
@@ -180,7 +182,8 @@ def run_plans(
                 i = running.pop(future)
                 outcomes[i] = outcome = _outcome(future, plans[i], watchdog_s)
                 if say:
-                    say(_done_line(plans[i].name, outcome, outcomes, started))
+                    worker_s = time.monotonic() - submitted[i]
+                    say(_done_line(plans[i].name, outcome, outcomes, started, worker_s))
                 if waiting:
                     start_next()
     except BaseException:
@@ -195,12 +198,16 @@ def _failure(plan: FleetPlan, error: str, detail: str = "") -> FleetFailure:
 
 
 def _done_line(
-    name: str, outcome: FleetOutcome, outcomes: list[FleetOutcome | None], started: float
+    name: str,
+    outcome: FleetOutcome,
+    outcomes: list[FleetOutcome | None],
+    started: float,
+    worker_s: float,
 ) -> str:
     what = (
         f"FAILED: {outcome.error}"
         if isinstance(outcome, FleetFailure)
-        else f"done in {outcome[1].wall_s} s"
+        else f"done in {outcome[1].wall_s} s ({worker_s:.0f} s with the worker's start)"
     )
     done = sum(o is not None for o in outcomes)
     elapsed = time.monotonic() - started

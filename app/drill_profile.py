@@ -26,7 +26,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DrillProfile:
-    """Timings (seconds) and sizes of a drill (the 22-mode matrix took ~29 minutes on 2 cores).
+    """Timings (seconds) and sizes of a drill (the 22-mode matrix took ~29 minutes on 2 cores, one fleet at a time).
 
     Compressed against the production defaults, and stated in every report: scrape and
     jobs every 2 s (5 s and 15 s), ``stall_for_s`` 20 (60), flag dwell 20 s (120),
@@ -74,6 +74,7 @@ class FleetRun:
     inject_s: list[float] = field(default_factory=list)  # each mode's injection, s from start
     started_ts_ms: int = 0  # the start its schedule counts from: load begins (Unix epoch ms)
     wall_s: float | None = None  # the fleet's wall seconds, start-up to teardown
+    setup_s: float | None = None  # of which starting it (Alertmanager, broker, pipeline, edges)
 
 
 def drill_config(

@@ -57,7 +57,7 @@ def _timing_line(report: DrillReport) -> str:
         f"Run: {len(report.fleets) + len(report.failed)} fleets, {report.jobs} at a time "
         f"(a worker process each, longest first); drill wall time {_s(report.wall_s)} s; "
         f"fleet wall times sum to {sum(walls):.0f} s "
-        f"({', '.join(f'{f.name} {_s(f.wall_s)}' for f in report.fleets) or 'none'})."
+        f"({', '.join(f'{f.name} {_s(f.wall_s)} (setup {_s(f.setup_s)})' for f in report.fleets) or 'none'})."
     )
 
 
@@ -95,6 +95,8 @@ def render_markdown(report: DrillReport) -> str:
         f"ratio {p.detector_window_s:g} s, autoscaler behind ≥ {p.detector_window_s / 2:g} s "
         "(defaults 120, 120, 180 s); front-end modes run in fleets of their own "
         "(`app/drill_fronts.py`).",
+        "",
+        _timing_line(report),
         "",
         "| mode | fleet | detected | by | detect s | first finding s | first flag s | first alert s | clear s | other signals |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---|",

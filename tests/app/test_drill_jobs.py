@@ -20,8 +20,9 @@ import pytest
 from app.drill import DrillProfile, run_drill
 from app.drill_fleet import FleetPlan, Say
 from app.drill_jobs import FleetFailure, run_plans
-from app.drill_modes import MODES
+from app.drill_modes import MODES, DrillMode
 from app.drill_profile import FleetRun
+from app.drill_report import render_markdown
 from app.drill_score import ModeResult
 from simulator import FleetConfig, NodeConfig, PodConfig
 
@@ -149,6 +150,23 @@ def test_ctrl_c_stops_the_workers_and_each_tears_its_fleet_down(tmp_path: Path) 
 
 
 @pytest.mark.slow
+def test_a_real_fleet_that_fails_in_its_worker_is_named_in_the_report(tmp_path: Path) -> None:
+    # Its load options are refused when the edges start, after broker, fleet and pipeline.
+    bad = DrillMode("stall_bad_load", "stall", frozenset({"stall"}), load={"no_such": 1})
+    started = time.monotonic()
+    report = run_drill([bad], tmp_path, DrillProfile(), healthy_control=False)
+    [failure] = report.failed
+    assert failure.name == "fleet0" and failure.modes == ["stall_bad_load"]
+    assert (
+        failure.error.startswith("ConfigError: drill mode options") and "no_such" in failure.error
+    )
+    assert report.results == [] and report.fleets == []
+    text = render_markdown(report)
+    assert "## Failed fleets" in text and "- fleet0 (stall_bad_load): ConfigError" in text
+    assert time.monotonic() - started < 120  # refused at start, not after the fleet's 2 minutes
+
+
+@pytest.mark.slow
 def test_two_fleets_at_once_give_the_same_report_shape_and_injection_offsets_as_one_at_a_time(
     tmp_path: Path,
 ) -> None:
@@ -178,6 +196,11 @@ def test_two_fleets_at_once_give_the_same_report_shape_and_injection_offsets_as_
     assert one.fleets[0].inject_s != one.fleets[1].inject_s  # one rng per fleet, not a copy
     assert [sorted(asdict(r)) for r in one.results] == [sorted(asdict(r)) for r in two.results]
     assert sorted(one.as_dict()) == sorted(two.as_dict())
+    text = render_markdown(two)
+    assert (
+        f"2 fleets, 2 at a time (a worker process each, longest first); drill wall time {two.wall_s:.1f} s"
+        in text
+    )
     # One at a time the fleets follow each other; two at a time they overlap.
     a, b = sorted(one.fleets, key=lambda f: f.started_ts_ms)
     assert b.started_ts_ms >= a.started_ts_ms + a.minutes * 60_000
