@@ -24,6 +24,7 @@ import collections
 import concurrent.futures
 import faulthandler
 import functools
+import logging
 import multiprocessing
 import os
 import signal
@@ -114,8 +115,13 @@ def _work(
     alertmanager: str | None,
     progress: bool,
     watchdog_s: float,
+    log_level: int = logging.WARNING,
 ) -> FleetOutcome:
     """One fleet in a worker process; an error comes back as a :class:`FleetFailure`."""
+    # A spawned interpreter has no logging set up: the parent's level, lines named by fleet.
+    logging.basicConfig(
+        level=log_level, format=f"%(asctime)s [{plan.name}] %(levelname)s %(name)s: %(message)s"
+    )
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGINT, _stop_on_signal)
     timer = _watchdog(plan.name, plan.end_s(profile) + watchdog_s)
@@ -153,6 +159,7 @@ def run_plans(
     if jobs < 1:
         raise ValueError(f"jobs must be ≥ 1, not {jobs}")
     outcomes: list[FleetOutcome | None] = [None] * len(plans)
+    log_level = logging.getLogger().getEffectiveLevel()
     waiting = collections.deque(sorted(range(len(plans)), key=lambda i: -plans[i].end_s(profile)))
     running: dict[concurrent.futures.Future[FleetOutcome], int] = {}
     submitted: dict[int, float] = {}
@@ -166,7 +173,7 @@ def run_plans(
     def start_next() -> None:
         # One fleet per free worker, no more: a queued call could not be cancelled on Ctrl-C.
         i = waiting.popleft()
-        args = (runner, plans[i], profile, workdir, alertmanager, progress, watchdog_s)
+        args = (runner, plans[i], profile, workdir, alertmanager, progress, watchdog_s, log_level)
         try:
             running[pool.submit(_work, *args)] = i
             submitted[i] = time.monotonic()

@@ -72,14 +72,18 @@ def run_drill_cmd(args: argparse.Namespace) -> int:
     profile = DrillProfile(
         healthy_minutes=args.healthy_minutes, healthy_load=args.healthy_load, seed=args.seed
     )
-    report = run_drill(
-        modes,
-        args.workdir,
-        profile,
-        healthy_control=args.healthy_minutes > 0,
-        jobs=args.jobs,
-        say=lambda text: print(text, file=sys.stderr, flush=True),
-    )
+    try:
+        report = run_drill(
+            modes,
+            args.workdir,
+            profile,
+            healthy_control=args.healthy_minutes > 0,
+            jobs=args.jobs,
+            say=lambda text: print(text, file=sys.stderr, flush=True),
+        )
+    except KeyboardInterrupt:
+        print("llmslo drill: interrupted; the fleets were stopped", file=sys.stderr)
+        return 130
     text = render_markdown(report)
     if args.output == "-":
         sys.stdout.write(text)

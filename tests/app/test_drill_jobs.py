@@ -206,3 +206,55 @@ def test_two_fleets_at_once_give_the_same_report_shape_and_injection_offsets_as_
     assert b.started_ts_ms >= a.started_ts_ms + a.minutes * 60_000
     a, b = sorted(two.fleets, key=lambda f: f.started_ts_ms)
     assert b.started_ts_ms < a.started_ts_ms + a.minutes * 60_000
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_stops_llmslo_drill_and_its_fleet(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    argv = ["--modes", "stall", "--healthy-minutes", "0", "--workdir", str(tmp_path)]
+    command = subprocess.Popen(
+        [sys.executable, "-m", "app", "drill", *argv, "-o", str(tmp_path / "report.md")],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    try:
+        assert command.stderr is not None
+        for line in command.stderr:  # the worker says so once its fleet is up
+            if line.startswith("[fleet0]") and "pods" in line:
+                break
+        os.killpg(command.pid, signal.SIGINT)  # Ctrl-C: every process of the group
+        assert command.wait(timeout=90) == 130
+        assert "interrupted" in command.stderr.read()
+    finally:
+        if command.poll() is None:
+            os.killpg(command.pid, signal.SIGKILL)
+    # Nothing of the fleet is left running: the group (workers, Alertmanager) is empty...
+    deadline = time.monotonic() + 10
+    while _group_alive(command.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(command.pid)
+    # ... and nothing else runs with the drill's workdir in its command line.
+    left = [
+        p
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and str(tmp_path) in _cmdline(p) and int(p.name) != command.pid
+    ]
+    assert left == []
+    assert not (tmp_path / "report.md").exists()
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
