@@ -191,8 +191,8 @@ def run_plans(
                 if say:
                     worker_s = time.monotonic() - submitted[i]
                     say(_done_line(plans[i].name, outcome, outcomes, started, worker_s))
-                if waiting:
-                    start_next()
+            while waiting and len(running) < jobs:  # a broken pool fails every waiting fleet
+                start_next()
     except BaseException:
         _stop_workers(pool, say)
         raise

@@ -91,11 +91,19 @@ def test_a_fleet_that_raises_is_reported_by_name_and_the_others_still_finish(
     assert not isinstance(last, FleetFailure) and last[1].name == "last"
 
 
-def test_a_worker_that_dies_is_reported_by_name_instead_of_hanging(tmp_path: Path) -> None:
+def test_a_worker_that_dies_is_reported_by_name_and_so_is_every_fleet_after_it(
+    tmp_path: Path,
+) -> None:
     started = time.monotonic()
-    [outcome] = run_plans([_plan("dies", 0.5)], PROFILE, tmp_path, None, runner=_sleeping_runner)
-    assert isinstance(outcome, FleetFailure) and outcome.name == "dies"
-    assert "ended abruptly" in outcome.error
+    plans = [_plan("dies", 1.0), _plan("next", 0.5), _plan("last", 0.2)]  # in this order
+    dies, *after = run_plans(plans, PROFILE, tmp_path, None, jobs=1, runner=_sleeping_runner)
+    assert isinstance(dies, FleetFailure) and dies.name == "dies"
+    assert "ended abruptly" in dies.error
+    # The dead worker broke the pool: the fleets waiting for it are named, not lost.
+    assert [(f.name, f.error) for f in after if isinstance(f, FleetFailure)] == [
+        ("next", "not started: a worker of the pool ended abruptly"),
+        ("last", "not started: a worker of the pool ended abruptly"),
+    ]
     assert time.monotonic() - started < 60
 
 
