@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from app.drill import DrillProfile, run_drill
@@ -209,6 +210,18 @@ def test_two_fleets_at_once_give_the_same_report_shape_and_injection_offsets_as_
         f"2 fleets, 2 at a time (a worker process each, longest first); drill wall time {two.wall_s:.1f} s"
         in text
     )
+    # Side by side, nothing crossed: each fleet's store holds its own pods' samples only.
+    for fleet in two.fleets:
+        own = set(fleet.healthy_instances) | {
+            r.instance for r in two.results if r.fleet == fleet.name
+        }
+        with duckdb.connect(
+            str(tmp_path / "two" / fleet.name / "drill.duckdb"), read_only=True
+        ) as con:
+            stored = {
+                i for (i,) in con.execute("SELECT DISTINCT instance FROM engine_samples").fetchall()
+            }
+        assert stored and stored <= own, (fleet.name, stored, own)
     # One at a time the fleets follow each other; two at a time they overlap.
     a, b = sorted(one.fleets, key=lambda f: f.started_ts_ms)
     assert b.started_ts_ms >= a.started_ts_ms + a.minutes * 60_000
