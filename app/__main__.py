@@ -2,4 +2,7 @@
 
 from app.cli import console_main
 
-console_main()
+# Guarded: drill workers are spawned interpreters that import the parent's ``__main__``
+# module (as ``__mp_main__``); unguarded, each would run the parent's command again.
+if __name__ == "__main__":
+    console_main()

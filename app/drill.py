@@ -1,13 +1,16 @@
 """Chaos drills: inject each failure mode into a simulated fleet and score the real pipeline.
 
 Per fleet: the embedded broker, the pipeline of ``llmslo run`` (ingest + SLO jobs on a fresh
-DuckDB file), a simulated fleet, one stream tap per pod, the collector and Poisson load
-through the taps, all in this process (:mod:`app.drill_edges`).
-After a warm-up each mode's fault is set on its own pod at a seeded random moment, held,
-then removed, and the run goes on to see it clear. The stored ``slo_findings`` and
-``flag_transitions`` are then scored (:mod:`app.drill_score`) against the expected
-signals (:mod:`app.drill_modes`). Pods without a fault are the healthy instances: anything
-raised on them is a false positive. A healthy control fleet (no faults) runs last.
+DuckDB file), a simulated fleet, one stream tap per pod (or one in front of the fleet's entry
+front end), the collector and Poisson load through the taps, all in one worker process of
+its own (:mod:`app.drill_fleet` runs a fleet, :mod:`app.drill_jobs` runs ``jobs`` of them at
+a time, longest first). Here the fleets are planned as data (:class:`FleetPlan`).
+After a warm-up each mode's fault is set on its own pod (or front end) at a random moment
+seeded by (seed, fleet index), held, then removed, and the run goes on to see it clear. The
+stored ``slo_findings`` and ``flag_transitions`` are then scored (:mod:`app.drill_score`)
+against the expected signals (:mod:`app.drill_modes`). Pods without a fault are the healthy
+instances: anything raised on them is a false positive. A healthy control fleet (no
+faults) is planned last.
 
 Time is compressed where that is honest (:class:`DrillProfile`, stated in the report):
 scrape and jobs every 2 s, ``stall_for_s`` 20, flag dwell 20 s, entry/gateway windows 20 s
@@ -26,38 +29,25 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
-import threading
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.drill_alerts import Alertmanager, AlertWatch, find_alertmanager
-from app.drill_edges import DrillEdges
-from app.drill_fronts import run_front_end_fleet
-from app.drill_lag import LoopLag
-from app.drill_modes import FLAG, MODES, DrillMode
-from app.drill_pipeline import PipelineProcess
-from app.drill_profile import DrillProfile, FleetRun, drill_config, injection_times, sleep_until
-from app.drill_rows import alert_rows, kv_crossings, read_rows
-from app.drill_score import (
-    ModeResult,
-    alert_false_positives,
-    false_positives,
-    score_alerts,
-    score_mode,
-)
-from app.sections import load_config
-from pipeline.bus import Bus
+from app.drill_alerts import find_alertmanager
+from app.drill_fleet import FleetPlan
+from app.drill_fronts import front_end_config, front_end_fleet
+from app.drill_jobs import FleetFailure, run_plans
+from app.drill_modes import MODES, DrillMode
+from app.drill_profile import DrillProfile, FleetRun, fleet_rng, injection_times
+from app.drill_score import ModeResult
 from pipeline.errors import ConfigError
-from simulator import Fleet, FleetConfig, GatewayConfig, NodeConfig, PodConfig
+from simulator import FleetConfig, GatewayConfig, NodeConfig, PodConfig
 from simulator.capacity import Capacity, Sustainable, measure_capacity, sustainable_capacity
 from simulator.config import EngineConfig
 
-__all__ = ["DrillProfile", "DrillReport", "FleetRun", "plan_fleets", "run_drill"]
+__all__ = ["DrillProfile", "DrillReport", "FleetFailure", "FleetRun", "plan_fleets", "run_drill"]
 
 #: The drill's token mix (``simulator.traces.poisson_arrivals`` defaults, exponential).
 MEAN_PROMPT_TOKENS = 512.0
@@ -79,6 +69,9 @@ class DrillReport:
     capacity_method: str = ""
     sustainable_rps: float | None = None  # what it serves without degrading (healthy_load's base)
     sustainable_method: str = ""
+    jobs: int = 1  # fleets run at a time (worker processes)
+    wall_s: float | None = None  # the whole drill's wall seconds, first start to last teardown
+    failed: list[FleetFailure] = field(default_factory=list)  # fleets that did not finish
 
     @property
     def false_positive_count(self) -> int:
@@ -97,6 +90,9 @@ class DrillReport:
             "sustainable_rps": self.sustainable_rps,
             "sustainable_method": self.sustainable_method,
             "healthy_load": self.profile.healthy_load,
+            "jobs": self.jobs,
+            "wall_s": self.wall_s,
+            "failed": [asdict(f) for f in self.failed],
         }
 
 
@@ -113,51 +109,108 @@ def run_drill(
     profile: DrillProfile = DrillProfile(),
     *,
     healthy_control: bool = True,
+    jobs: int = 2,
     say: Any = None,
 ) -> DrillReport:
     """Drill every mode, then (``healthy_control``) a fleet with no faults; returns the report.
 
-    Raises :class:`ConfigError` when nothing is to be run, or when Alertmanager is required
-    (``LLMSLO_REQUIRE_TOOLS=1``) but not installed. ``say(text)`` gets progress lines.
+    Each fleet runs in a worker process of its own, ``jobs`` at a time (:mod:`app.drill_jobs`);
+    a fleet that fails is listed in ``DrillReport.failed`` with its error, the others are
+    reported. ``say(text)`` gets the drill's own progress lines, and with ``say`` the
+    workers print theirs to stderr. Raises :class:`ConfigError` when nothing is to be run,
+    for a bad profile, ``jobs`` or front end, or when Alertmanager is required
+    (``LLMSLO_REQUIRE_TOOLS=1``) but not installed.
     """
     if not modes and not healthy_control:
         raise ConfigError("drill: no modes and no healthy control run: nothing to do")
     if profile.healthy_load is not None and not 0 < profile.healthy_load <= 2:
         raise ConfigError("drill: healthy_load must be a share of capacity in (0, 2]")
+    if jobs < 1:
+        raise ConfigError(f"drill: jobs must be ≥ 1, not {jobs}")
+    groups = plan_fleets(modes, profile.modes_per_fleet) + ([[]] if healthy_control else [])
+    for group in groups:
+        if group and group[0].front_end:
+            front_end_fleet(group[0])  # refuse an unknown front end before anything starts
     binary = find_alertmanager()
     workdir.mkdir(parents=True, exist_ok=True)
     capacity = _pod_capacity(profile.prefill_chunk_tokens)
     report = DrillReport(
-        int(time.time() * 1000), profile, alertmanager=binary, capacity_rps=capacity.rps
+        int(time.time() * 1000), profile, alertmanager=binary, capacity_rps=capacity.rps, jobs=jobs
     )
     report.capacity_method = capacity.describe()
+    healthy_rps = profile.rate_per_pod
     sustainable = None
     if profile.healthy_load is not None:
         sustainable = _sustainable_capacity(profile.prefill_chunk_tokens)
         report.sustainable_rps = round(sustainable.rps, 3)
         report.sustainable_method = sustainable.describe()
-    rng = random.Random(profile.seed)
-    plan = plan_fleets(modes, profile.modes_per_fleet)
-    if healthy_control:
-        plan.append([])
-    for index, fleet_modes in enumerate(plan):
-        name = f"fleet{index}" if fleet_modes else "healthy"
-        rate = profile.rate_per_pod
-        if not fleet_modes and sustainable is not None and profile.healthy_load is not None:
-            rate = profile.healthy_load * sustainable.rps
-        if fleet_modes and fleet_modes[0].front_end:
-            mode = fleet_modes[0]
-            results, run = run_front_end_fleet(name, mode, profile, workdir / name, rng, say)
+        healthy_rps = profile.healthy_load * sustainable.rps
+    plans = [
+        _plan(index, group, profile, capacity.rps, healthy_rps)
+        for index, group in enumerate(groups)
+    ]
+    if say:
+        say(f"[drill] {len(plans)} fleets, {jobs} at a time, longest first")
+    started = time.monotonic()
+    outcomes = run_plans(
+        plans, profile, workdir, binary, jobs=jobs, progress=say is not None, say=say
+    )
+    report.wall_s = round(time.monotonic() - started, 1)
+    for outcome in outcomes:
+        if isinstance(outcome, FleetFailure):
+            report.failed.append(outcome)
         else:
-            results, run = _run_fleet(
-                name, fleet_modes, profile, workdir / name, rng, say, rate=rate, alertmanager=binary
-            )
-            run.rate_per_pod, run.load_share = round(rate, 3), round(rate / capacity.rps, 3)
-            if sustainable is not None:
-                run.sustainable_share = round(rate / sustainable.rps, 3)
-        report.results += results
-        report.fleets.append(run)
+            results, run = outcome
+            if sustainable is not None and not run.modes:
+                run.sustainable_share = round(run.rate_per_pod / sustainable.rps, 3)
+            report.results += results
+            report.fleets.append(run)
     return report
+
+
+def _plan(
+    index: int,
+    modes: list[DrillMode],
+    profile: DrillProfile,
+    capacity_rps: float,
+    healthy_rps: float,
+) -> FleetPlan:
+    """Fleet ``index`` of the drill as data (``healthy_rps``: each pod's load in the healthy
+    control); its injection moments come from its own rng (seed, index), so they do not
+    depend on which fleets run, or in what order."""
+    name = f"fleet{index}" if modes else "healthy"
+    inject_s = tuple(injection_times(modes, profile, fleet_rng(profile.seed, index)))
+    if modes and modes[0].front_end:
+        kind = front_end_fleet(modes[0])
+        rate = kind.rate_per_s / kind.pods
+        return FleetPlan(
+            name,
+            tuple(modes),
+            front_end_config(name, kind, profile.seed, profile.prefill_chunk_tokens),
+            inject_s,
+            kind.rate_per_s,
+            rate,
+            round(rate / capacity_rps, 3),
+            entry=kind.entry,
+            faulted=kind.faulted,
+        )
+    rate = profile.rate_per_pod if modes else healthy_rps
+    pool_scoped = any(m.pool_scoped for m in modes)
+    healthy = 0 if pool_scoped else profile.healthy_pods
+    pods = max(len(modes), 1) + healthy if modes else profile.healthy_pods + 1
+    return FleetPlan(
+        name,
+        tuple(modes),
+        _fleet_config(
+            name, pods, profile.seed, profile.prefill_chunk_tokens, _gateway_config(modes)
+        ),
+        inject_s,
+        rate * pods,
+        rate,
+        round(rate / capacity_rps, 3),
+        probe=any(m.needs_gateway for m in modes),
+        healthy_minutes=profile.healthy_minutes,
+    )
 
 
 @functools.cache
@@ -206,176 +259,12 @@ def _fleet_config(
     )
 
 
-def _run_fleet(
-    name: str,
-    modes: list[DrillMode],
-    profile: DrillProfile,
-    workdir: Path,
-    rng: random.Random,
-    say: Any,
-    *,
-    rate: float,
-    alertmanager: str | None,
-) -> tuple[list[ModeResult], FleetRun]:
-    pool_scoped = any(m.pool_scoped for m in modes)
-    healthy = 0 if pool_scoped else profile.healthy_pods
-    pod_count = max(len(modes), 1) + healthy if modes else profile.healthy_pods + 1
-    workdir.mkdir(parents=True, exist_ok=True)
-    db = workdir / "drill.duckdb"
-    for stale in (db, db.with_suffix(".duckdb.wal")):
-        stale.unlink(missing_ok=True)
-    schedule = injection_times(modes, profile, rng)
-    end_s = max((t + profile.hold_s for t in schedule), default=profile.healthy_minutes * 60)
-    end_s += profile.clear_s if modes else 0
-    with ExitStack() as stack:
-        watch, alertmanager_url = None, None
-        if alertmanager is not None:
-            manager = stack.enter_context(Alertmanager(alertmanager, workdir / "alertmanager"))
-            watch, alertmanager_url = stack.enter_context(AlertWatch(manager.url)), manager.url
-        bus = stack.enter_context(Bus(load_config(None).bus))
-        gateway = _gateway_config(modes)
-        fleet = stack.enter_context(
-            Fleet(
-                _fleet_config(name, pod_count, profile.seed, profile.prefill_chunk_tokens, gateway)
-            )
-        )
-        entry = fleet.gateway.url if fleet.gateway is not None else None
-        gpu_pods = {p.name: p.instance for p in fleet.pods}
-        config = drill_config(bus.bootstrap_servers, db, profile, gpu_pods, alertmanager_url)
-        pipeline = stack.enter_context(PipelineProcess(config))
-        edges = stack.enter_context(
-            DrillEdges(
-                bus,
-                [p.url for p in fleet.pods],
-                [
-                    f"{url}/metrics"
-                    for url in [
-                        *(p.url for p in fleet.pods),
-                        *(d.url for d in fleet.dcgm),
-                        *([entry] if entry else []),
-                    ]
-                ],
-                scrape_s=profile.scrape_s,
-                rate_per_s=rate * pod_count,
-                duration_s=end_s + 5,
-                tap_options={k: v for m in modes for k, v in m.tap.items()},
-                load_options={k: v for m in modes for k, v in m.load.items()},
-                probe_url=entry,
-                probe_interval_s=profile.probe_interval_s,
-            )
-        )
-        if say:
-            say(
-                f"[drill] {name}: {pod_count} pods at {rate:.2f} req/s each, "
-                f"modes {[m.name for m in modes] or 'none'}, {end_s:.0f} s"
-            )
-        lags = {"pods": LoopLag(fleet.loop), "taps": LoopLag(edges.loop)}
-        t0 = time.monotonic()
-        results = _play(fleet, edges, modes, schedule, profile, t0, name, say)
-        _wait_out(t0, end_s, name, say)
-        end_ms = int(time.time() * 1000)
-        harness_lag = {name: lag.stop() for name, lag in lags.items()}
-        time.sleep(2 * profile.scrape_s)
-        pipeline.finish()
-        stored = stack.enter_context(pipeline.stored())
-        findings, flags = read_rows(stored)
-        alerts = alert_rows(watch.received()) if watch is not None else []
-        faulted: dict[str, tuple[int, DrillMode]] = {}
-        for result, mode in zip(results, modes, strict=True):
-            score_mode(result, mode, findings, flags, end_ms)
-            score_alerts(result, mode, alerts, end_ms)
-            if FLAG in mode.expected:
-                result.kv_crossing_s = kv_crossings(stored, pipeline.flag_policy, result)
-            faulted[result.instance] = (result.injected_ts_ms, mode)
-    run = FleetRun(
-        name,
-        [m.name for m in modes],
-        [p for p in gpu_pods.values() if p not in faulted],
-        round(end_s / 60, 2),
-        false_positives(name, findings, flags, faulted)
-        + alert_false_positives(name, alerts, faulted),
-        alerts=sorted({a.name for a in alerts}),
-        harness_lag_ms=harness_lag,
-    )
-    return results, run
-
-
 def _gateway_config(modes: list[DrillMode]) -> GatewayConfig | None:
     """The fleet's gateway when a mode needs one (``None``: no gateway, no prober)."""
     if not any(m.needs_gateway for m in modes):
         return None
     options = {k: v for m in modes for k, v in m.gateway.items()}
     return GatewayConfig.model_validate({"health_interval_s": 1.0, **options})
-
-
-def _wait_out(t0: float, end_s: float, name: str, say: Any, every_s: float = 300.0) -> None:
-    """Sleep until ``t0 + end_s``, saying how far the run is every ``every_s`` (long
-    healthy runs print progress)."""
-    while time.monotonic() < t0 + end_s:
-        sleep_until(min(t0 + end_s, time.monotonic() + every_s))
-        if say and time.monotonic() < t0 + end_s - 1:
-            say(f"[drill] {name}: {(time.monotonic() - t0) / 60:.1f} of {end_s / 60:.1f} min")
-
-
-def _play(
-    fleet: Fleet,
-    edges: DrillEdges,
-    modes: list[DrillMode],
-    schedule: list[float],
-    profile: DrillProfile,
-    t0: float,
-    fleet_name: str,
-    say: Any,
-) -> list[ModeResult]:
-    """Set and clear each mode's fault on its pod (pod i for mode i; every pod when the mode
-    is pool-scoped) at its scheduled time; returns the results with real wall times."""
-    events = sorted(
-        [(t, "set", i) for i, t in enumerate(schedule)]
-        + [(t + profile.hold_s, "clear", i) for i, t in enumerate(schedule)]
-    )
-    extra: dict[int, threading.Event] = {}
-    results = [
-        ModeResult(
-            m.name,
-            fleet_name,
-            fleet.gateway_instance if m.on_gateway else fleet.pods[i].instance,
-            m.fault,
-            0,
-            0,
-        )
-        for i, m in enumerate(modes)
-    ]
-    for at_s, action, i in events:
-        sleep_until(t0 + at_s)
-        mode = modes[i]
-        pods = fleet.pods if mode.pool_scoped else [fleet.pods[i]]
-        now_ms = int(time.time() * 1000)
-        if mode.extra_rate_per_s and action == "set":
-            extra[i] = edges.extra_load(i, mode.extra_rate_per_s, profile.hold_s, mode.extra_load)
-        elif i in extra:
-            extra.pop(i).set()
-        if mode.on_gateway and mode.fault is not None:
-            if action == "set":
-                fleet.set_front_end_fault(mode.fault)
-            else:
-                fleet.clear_front_end_fault(mode.fault)
-            pods = []
-        for pod in pods:
-            if mode.fault is None:
-                continue
-            if action == "set":
-                fleet.set_fault(pod.name, mode.fault, **dict(mode.params))
-            else:
-                fleet.clear_fault(pod.name, mode.fault)
-        if action == "set":
-            results[i].injected_ts_ms = now_ms
-        else:
-            results[i].removed_ts_ms = now_ms
-        if say:
-            say(
-                f"[drill] {fleet_name} t={at_s:5.1f}s {action} {mode.name} on {results[i].instance}"
-            )
-    return results
 
 
 def select_modes(spec: str) -> list[DrillMode]:

@@ -17,7 +17,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -63,37 +62,40 @@ def find_alertmanager() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+#: Alertmanager's (exporter-toolkit's) log line naming the address it listens on.
+_LISTENING = re.compile(rb'msg="Listening on" address=127\.0\.0\.1:(\d+)')
 
 
 class Alertmanager:
     """One Alertmanager process on 127.0.0.1 (context manager); its log is in ``directory``.
 
-    Raises :class:`ConfigError` when it does not become ready within ``ready_timeout_s``.
+    It listens on a port the kernel picks (port 0), read from its log, so Alertmanagers
+    started at once (parallel drill fleets) never race for one: ``port`` and ``url`` are
+    set once it is entered. Raises :class:`ConfigError` when it does not become ready
+    within ``ready_timeout_s``.
     """
 
     def __init__(self, binary: str, directory: Path, ready_timeout_s: float = 30.0) -> None:
         self.binary = binary
         self.directory = directory
         self.ready_timeout_s = ready_timeout_s
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0
+        self.url = ""
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Alertmanager:
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "alertmanager.yml"
         config.write_text(render_yaml(alertmanager_config(group_wait="1s"), header=""))
-        with (self.directory / "alertmanager.log").open("ab") as log_file:
+        log_path = self.directory / "alertmanager.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0  # earlier runs' lines
+        with log_path.open("ab") as log_file:
             self._process = subprocess.Popen(
                 [
                     self.binary,
                     f"--config.file={config}",
                     f"--storage.path={self.directory / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--web.listen-address=127.0.0.1:0",
                     "--cluster.listen-address=",  # no gossip: one instance, loopback only
                 ],
                 stdout=log_file,
@@ -103,6 +105,13 @@ class Alertmanager:
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 break
+            if not self.port:
+                found = _LISTENING.search(log_path.read_bytes()[offset:])
+                if found is None:
+                    time.sleep(0.1)
+                    continue
+                self.port = int(found.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
             try:
                 if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
                     return self
@@ -111,8 +120,7 @@ class Alertmanager:
             time.sleep(0.2)
         self.__exit__(None, None, None)
         raise ConfigError(
-            f"drill: Alertmanager did not become ready on {self.url} "
-            f"(see {self.directory / 'alertmanager.log'})"
+            f"drill: Alertmanager did not become ready on {self.url or 'any port'} (see {log_path})"
         )
 
     def __exit__(

@@ -2,34 +2,24 @@
 an autoscaler: the fleet's ``gateway:`` and ``pd:`` (:mod:`simulator.frontends`), the same
 front ends ``llmslo sim`` and the gateway modes of :mod:`app.drill` start.
 
-Each such mode gets a fleet of its own: pods, the front end, the real pipeline and edges of
-:mod:`app.drill` (one stream tap in front of the entry point, the collector over the pods,
-the dcgm exporters and the front ends). After the warm-up the fault is set on the front
-end, held and removed; the finding is expected on the front end's instance, and anything
-raised elsewhere is a false positive.
+Each such mode gets a fleet of its own, run by the one fleet runner (:mod:`app.drill_fleet`)
+from the data here: pods, the front ends, the entry front end (one stream tap in front of it)
+and the front end that takes the fault. The collector scrapes the pods, the dcgm exporters
+and the front ends. After the warm-up the fault is set on the front end, held and removed;
+the finding is expected on the front end's instance; what the entry front end and the pool
+raise after injection is the fault's doing, anything else raised is a false positive.
 """
 
 from __future__ import annotations
 
-import random
-import time
-from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from app.drill_edges import DrillEdges
 from app.drill_modes import DrillMode
-from app.drill_pipeline import PipelineProcess
-from app.drill_profile import DrillProfile, FleetRun, drill_config, injection_times, sleep_until
-from app.drill_rows import read_rows
-from app.drill_score import ModeResult, false_positives, score_mode
-from app.sections import load_config
-from pipeline.bus import Bus
 from pipeline.errors import ConfigError
-from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
+from simulator import FleetConfig, NodeConfig, PodConfig
 
-__all__ = ["FRONT_END_FLEETS", "FrontEndFleet", "run_front_end_fleet"]
+__all__ = ["FRONT_END_FLEETS", "FrontEndFleet", "front_end_config", "front_end_fleet"]
 
 
 @dataclass(frozen=True)
@@ -83,9 +73,11 @@ FRONT_END_FLEETS: dict[str, FrontEndFleet] = {
 }
 
 
-def _fleet_config(
+def front_end_config(
     name: str, kind: FrontEndFleet, seed: int, prefill_chunk_tokens: int
 ) -> FleetConfig:
+    """The simulated fleet of one front-end drill fleet: ``kind.pods`` pods (named
+    ``p0``, …, with the drill's prefill chunk) and its front ends."""
     return FleetConfig.model_validate(
         {
             "nodes": [NodeConfig(name=f"{name}-node", gpus=kind.pods)],
@@ -110,98 +102,10 @@ def _fleet_config(
     )
 
 
-def _address(url: str) -> str:
-    return url.removeprefix("http://")
-
-
-def run_front_end_fleet(
-    name: str,
-    mode: DrillMode,
-    profile: DrillProfile,
-    workdir: Path,
-    rng: random.Random,
-    say: Any,
-) -> tuple[list[ModeResult], FleetRun]:
-    """Drill ``mode`` (with ``front_end`` set) on a fleet of its own; returns its result and
-    the fleet's false positives. Raises ConfigError for an unknown ``front_end``."""
+def front_end_fleet(mode: DrillMode) -> FrontEndFleet:
+    """The fleet kind of a mode with ``front_end`` set; raises ConfigError for an unknown
+    ``front_end`` (or a mode without a fault to set on it)."""
     kind = FRONT_END_FLEETS.get(mode.front_end or "")
     if kind is None or mode.fault is None:
         raise ConfigError(f"drill mode {mode.name}: unknown front_end {mode.front_end!r}")
-    workdir.mkdir(parents=True, exist_ok=True)
-    db = workdir / "drill.duckdb"
-    for stale in (db, db.with_suffix(".duckdb.wal")):
-        stale.unlink(missing_ok=True)
-    [inject_s] = injection_times([mode], profile, rng)
-    end_s = inject_s + profile.hold_s + profile.clear_s
-    with ExitStack() as stack:
-        bus = stack.enter_context(Bus(load_config(None).bus))
-        fleet = stack.enter_context(
-            Fleet(_fleet_config(name, kind, profile.seed, profile.prefill_chunk_tokens))
-        )
-        urls = {front: url for front, url, _ in fleet.front_ends.targets()}
-        gpu_pods = {p.name: p.instance for p in fleet.pods}
-        pipeline = stack.enter_context(
-            PipelineProcess(drill_config(bus.bootstrap_servers, db, profile, gpu_pods))
-        )
-        metrics = [p.url for p in fleet.pods] + [d.url for d in fleet.dcgm] + list(urls.values())
-        edges = stack.enter_context(
-            DrillEdges(
-                bus,
-                [urls[kind.entry]],
-                [f"{url}/metrics" for url in metrics],
-                scrape_s=profile.scrape_s,
-                rate_per_s=kind.rate_per_s,
-                duration_s=end_s + 5,
-                tap_options=dict(mode.tap),
-                load_options=dict(mode.load),
-            )
-        )
-        instance = _address(urls[kind.faulted])
-        if say:
-            say(f"[drill] {name}: {mode.name} on {kind.faulted} {instance}, {end_s:.0f} s")
-        t0 = time.monotonic()
-        result = ModeResult(mode.name, name, instance, mode.fault, 0, 0)
-        sleep_until(t0 + inject_s)
-        extra = (
-            edges.extra_load(0, mode.extra_rate_per_s, profile.hold_s, mode.extra_load)
-            if mode.extra_rate_per_s
-            else None
-        )
-        fleet.set_front_end_fault(mode.fault, **dict(mode.params))
-        result.injected_ts_ms = int(time.time() * 1000)
-        if say:
-            say(f"[drill] {name} t={inject_s:5.1f}s set {mode.name} on {kind.faulted}")
-        sleep_until(t0 + inject_s + profile.hold_s)
-        if extra is not None:
-            extra.set()
-        fleet.clear_front_end_fault(mode.fault)
-        result.removed_ts_ms = int(time.time() * 1000)
-        sleep_until(t0 + end_s)
-        end_ms = int(time.time() * 1000)
-        time.sleep(2 * profile.scrape_s)
-        pipeline.finish()
-        findings, flags = read_rows(stack.enter_context(pipeline.stored()))
-        score_mode(result, mode, findings, flags, end_ms)
-        others = [p.instance for p in fleet.pods] + [
-            _address(u) for f, u in urls.items() if f != kind.faulted
-        ]
-    run = FleetRun(
-        name,
-        [mode.name],
-        others,
-        round(end_s / 60, 2),
-        # Every request goes through the faulted front end or the one in front of it (the
-        # gateway queues while its autoscaler lags; the tap retries a P/D pair's 504s), so
-        # what the entry front end and the pool raise after injection is the fault's doing.
-        false_positives(
-            name,
-            findings,
-            flags,
-            {
-                instance: (result.injected_ts_ms, mode),
-                _address(urls[kind.entry]): (result.injected_ts_ms, mode),
-            },
-            pool_faulted_ms=result.injected_ts_ms,
-        ),
-    )
-    return [result], run
+    return kind

@@ -1,6 +1,6 @@
 """The drill's profile (its compressed timings, stated in the report), the config it gives
 the pipeline, one fleet's run record and the scheduling helpers :mod:`app.drill` and
-:mod:`app.drill_fronts` share."""
+:mod:`app.drill_fleet` share."""
 
 from __future__ import annotations
 
@@ -14,12 +14,19 @@ from app.drill_score import FalsePositive
 from app.sections import parse_config
 from pipeline.config import LlmsloConfig
 
-__all__ = ["DrillProfile", "FleetRun", "drill_config", "injection_times", "sleep_until"]
+__all__ = [
+    "DrillProfile",
+    "FleetRun",
+    "drill_config",
+    "fleet_rng",
+    "injection_times",
+    "sleep_until",
+]
 
 
 @dataclass(frozen=True)
 class DrillProfile:
-    """Timings (seconds) and sizes of a drill (the 22-mode matrix took ~29 minutes on 2 cores).
+    """Timings (seconds) and sizes of a drill (the 22-mode matrix took ~29 minutes on 2 cores, one fleet at a time).
 
     Compressed against the production defaults, and stated in every report: scrape and
     jobs every 2 s (5 s and 15 s), ``stall_for_s`` 20 (60), flag dwell 20 s (120),
@@ -69,6 +76,10 @@ class FleetRun:
     sustainable_share: float | None = None  # rate_per_pod / the rate served without degrading
     alerts: list[str] = field(default_factory=list)  # every alertname Alertmanager received
     harness_lag_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # loop lateness
+    inject_s: list[float] = field(default_factory=list)  # each mode's injection, s from start
+    started_ts_ms: int = 0  # the start its schedule counts from: load begins (Unix epoch ms)
+    wall_s: float | None = None  # the fleet's wall seconds, start-up to teardown
+    setup_s: float | None = None  # of which starting it (Alertmanager, broker, pipeline, edges)
 
 
 def drill_config(
@@ -116,6 +127,12 @@ def injection_times(
     """Seconds from a fleet's start at which each mode's fault is set: the warm-up plus a
     seeded uniform draw in ``[0, jitter_s]``, so detection is not timed to a known moment."""
     return [round(profile.warmup_s + rng.uniform(0, profile.jitter_s), 1) for _ in modes]
+
+
+def fleet_rng(seed: int, fleet_index: int) -> random.Random:
+    """The random source of fleet ``fleet_index``'s injection moments: derived from (seed,
+    index) alone, so they do not depend on which other fleets run or in what order."""
+    return random.Random(f"llmslo-drill:{seed}:{fleet_index}")
 
 
 def sleep_until(deadline: float) -> None:

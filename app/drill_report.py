@@ -52,6 +52,18 @@ def _load_line(report: DrillReport) -> str:
     )
 
 
+def _timing_line(report: DrillReport) -> str:
+    """How the fleets were run: jobs at a time, the drill's wall time, and the sum of the
+    fleets' (their estimate alone divided by jobs)."""
+    walls = [f.wall_s for f in report.fleets if f.wall_s is not None]
+    return (
+        f"Run: {len(report.fleets) + len(report.failed)} fleets, {report.jobs} at a time "
+        f"(a worker process each, longest first); drill wall time {_s(report.wall_s)} s; "
+        f"fleet wall times sum to {sum(walls):.0f} s "
+        f"({', '.join(f'{f.name} {_s(f.wall_s)} (setup {_s(f.setup_s)})' for f in report.fleets) or 'none'})."
+    )
+
+
 def render_markdown(report: DrillReport) -> str:
     """The report: profile, load, alerting, one row per mode, false positives per fleet."""
     p = report.profile
@@ -88,6 +100,8 @@ def render_markdown(report: DrillReport) -> str:
         "(defaults 120, 120, 180 s); front-end modes run in fleets of their own "
         "(`app/drill_fronts.py`).",
         "",
+        _timing_line(report),
+        "",
         "| mode | fleet | detected | by | detect s | first finding s | first flag s | first alert s | clear s | other signals |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
@@ -105,13 +119,14 @@ def render_markdown(report: DrillReport) -> str:
             f"{_s(r.clear_s) if r.detected else '—'} | {', '.join(r.other_signals) or '—'} |"
         )
     detected = sum(r.detected for r in report.results)
-    lines += [
-        "",
-        f"Detected {detected} of {len(report.results)} modes.",
-        "",
-        "## False positives",
-        "",
-    ]
+    lines += ["", f"Detected {detected} of {len(report.results)} modes.", ""]
+    if report.failed:
+        lines += ["## Failed fleets (their modes were not drilled)", ""]
+        lines += [
+            f"- {f.name} ({', '.join(f.modes) or 'control'}): {f.error}" for f in report.failed
+        ]
+        lines.append("")
+    lines += ["## False positives", ""]
     for fleet in report.fleets:
         share = "" if fleet.load_share is None else f" = {fleet.load_share:.2f} of saturated"
         if fleet.sustainable_share is not None:
@@ -119,6 +134,7 @@ def render_markdown(report: DrillReport) -> str:
         lines.append(
             f"- {fleet.name} ({fleet.minutes:g} min at {fleet.rate_per_pod:g} req/s per pod"
             f"{share}; healthy instances: {', '.join(fleet.healthy_instances) or 'none'}; "
+            f"{_s(fleet.wall_s)} s wall; "
             f"alerts received: {', '.join(fleet.alerts) or 'none'}; harness loop lateness "
             f"{_lag(fleet.harness_lag_ms)}): {len(fleet.false_positives)}"
             + _tally(fleet.false_positives)

@@ -8,12 +8,15 @@ control. Last line is JSON::
 
     {"bench": "drill", "modes": …, "detected": …, "median_detect_s": …, "stall_detect_s": …,
      "false_positives": …, "healthy_minutes": …, "healthy_load": …, "capacity_rps": …,
-     "sustainable_rps": …, "median_alert_s": …, "alertmanager": true|false}
+     "sustainable_rps": …, "median_alert_s": …, "alertmanager": true|false, "wall_s": …,
+     "jobs": …, "failed_fleets": …}
 
 ``healthy_load`` is the control run's share of the rate one pod serves without degrading
 (``sustainable_rps``: no preemption, KV free never below 10 %; ``--healthy-load``; null: the
 mode fleets' rate), ``capacity_rps`` the pod's saturated throughput, ``median_alert_s`` the median time from injection to Alertmanager's
-receipt of the first alert (null when no Alertmanager ran).
+receipt of the first alert (null when no Alertmanager ran), ``wall_s`` the whole run's wall
+seconds with ``jobs`` fleets at a time (``--jobs``, default 2), ``failed_fleets`` the
+fleets that did not finish (their modes are missing from ``modes``).
 
 Targets (DESIGN §8): every mode detected; stall within ``stall_for_s`` + one scrape
 interval; L1–L3 within two scrape intervals of the crossing; no false positives.
@@ -42,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--healthy-minutes", type=float, default=None)
     parser.add_argument("--healthy-load", type=float, default=None, help="e.g. 0.7 of sustainable")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=2, help="fleets at a time (default 2)")
     parser.add_argument("--workdir", type=Path, help="logs and stores (default: a temporary dir)")
     args = parser.parse_args(argv)
     modes = select_modes("stall,kv_leak" if args.quick else args.modes)
@@ -57,13 +61,15 @@ def main(argv: list[str] | None = None) -> int:
             workdir,
             profile,
             healthy_control=minutes > 0,
+            jobs=args.jobs,
             say=lambda text: print(text, file=sys.stderr, flush=True),
         )
     print(render_markdown(report))
     times = [r.detect_s for r in report.results if r.detect_s is not None]
     stall = next((r.detect_s for r in report.results if r.mode == "stall"), None)
     alerts = [r.first_alert_s for r in report.results if r.first_alert_s is not None]
-    print(f"wall time {time.monotonic() - started:.0f} s")
+    wall_s = round(time.monotonic() - started, 1)
+    print(f"wall time {wall_s:.0f} s")
     print(
         json.dumps(
             {
@@ -79,10 +85,13 @@ def main(argv: list[str] | None = None) -> int:
                 "sustainable_rps": report.sustainable_rps,
                 "median_alert_s": round(statistics.median(alerts), 1) if alerts else None,
                 "alertmanager": report.alertmanager is not None,
+                "wall_s": wall_s,
+                "jobs": args.jobs,
+                "failed_fleets": len(report.failed),
             }
         )
     )
-    return 0
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

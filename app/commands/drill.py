@@ -17,7 +17,8 @@ from pipeline.store import Store
 __all__ = ["register"]
 
 EXAMPLES = """\
-llmslo drill                                   # every mode + 2 healthy minutes (~30 min, 22 modes)
+llmslo drill                                   # every mode + 2 healthy minutes (22 modes, 11 fleets)
+llmslo drill --jobs 1                          # one fleet at a time (~29 min on 2 cores)
 llmslo drill --modes stall,kv_leak --healthy-minutes 1 -o var/drill.md --json var/drill.json
 llmslo drill --modes none --healthy-minutes 30 --healthy-load 0.7  # DESIGN §8's healthy run
 """
@@ -50,6 +51,12 @@ def register(subparsers: Any) -> None:
         f"{DrillProfile.rate_per_pod:g} req/s per pod)",
     )
     parser.add_argument("--seed", type=int, default=0, help="injection moments (default 0)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="fleets run at a time, each in a worker process of its own (default 2)",
+    )
     parser.add_argument("-o", "--output", default="-", help="Markdown report file, - for stdout")
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
     parser.add_argument("--db", type=Path, help="append the results to this DuckDB's drills table")
@@ -66,13 +73,18 @@ def run_drill_cmd(args: argparse.Namespace) -> int:
     profile = DrillProfile(
         healthy_minutes=args.healthy_minutes, healthy_load=args.healthy_load, seed=args.seed
     )
-    report = run_drill(
-        modes,
-        args.workdir,
-        profile,
-        healthy_control=args.healthy_minutes > 0,
-        say=lambda text: print(text, file=sys.stderr, flush=True),
-    )
+    try:
+        report = run_drill(
+            modes,
+            args.workdir,
+            profile,
+            healthy_control=args.healthy_minutes > 0,
+            jobs=args.jobs,
+            say=lambda text: print(text, file=sys.stderr, flush=True),
+        )
+    except KeyboardInterrupt:
+        print("llmslo drill: interrupted; the fleets were stopped", file=sys.stderr)
+        return 130
     text = render_markdown(report)
     if args.output == "-":
         sys.stdout.write(text)
@@ -83,4 +95,6 @@ def run_drill_cmd(args: argparse.Namespace) -> int:
     if args.db is not None:
         with Store(args.db) as store:
             write_drills(store.con, report)
-    return 0
+    for failure in report.failed:
+        print(f"llmslo drill: fleet {failure.name} failed: {failure.error}", file=sys.stderr)
+    return 1 if report.failed else 0

@@ -1,19 +1,19 @@
-"""Front-end drill rows: each gets a fleet of its own, and one of them (the P/D pair's KV
-transfer timeout, ~2 minutes) runs end to end with its result checked against what the
-pipeline stored."""
+"""Front-end drill rows: each gets a fleet of its own, run by the one fleet runner, and one of
+them (the P/D pair's KV transfer timeout, ~2 minutes) runs end to end with its result checked
+against what the pipeline stored and what Alertmanager received."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import duckdb
 import pytest
 
 from app.drill import DrillProfile, DrillReport, plan_fleets, run_drill
-from app.drill_fronts import FRONT_END_FLEETS, run_front_end_fleet
+from app.drill_fronts import FRONT_END_FLEETS
 from app.drill_modes import MODES, DrillMode
 from pipeline.errors import ConfigError
+from tests.conftest import require_tool
 
 FRONT_END_MODES = ["kv_transfer_timeout", "stale_kv_index", "autoscaler_lag"]
 PROFILE = DrillProfile(warmup_s=20, jitter_s=5, hold_s=30, clear_s=25, seed=3)
@@ -30,7 +30,8 @@ def test_each_front_end_mode_has_a_fleet_of_its_own_and_a_known_front_end() -> N
 def test_an_unknown_front_end_is_refused_before_anything_starts(tmp_path: Path) -> None:
     mode = DrillMode("bogus", "stale_kv_index", frozenset({"kv_index_stale"}), front_end="nope")
     with pytest.raises(ConfigError, match="front_end"):
-        run_front_end_fleet("f", mode, PROFILE, tmp_path, random.Random(0), None)
+        run_drill([mode], tmp_path / "drill", PROFILE, healthy_control=False)
+    assert not (tmp_path / "drill").exists()  # refused before anything ran
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +71,21 @@ def test_a_kv_transfer_timeout_is_detected_on_the_pd_pair_with_nothing_elsewhere
         and fp.ts_ms >= result.injected_ts_ms
         for fp in fleet.false_positives
     ), fleet.false_positives
+
+
+@pytest.mark.slow
+def test_a_front_end_fleet_alerts_through_alertmanager_and_states_its_harness_lateness(
+    drilled: tuple[DrillReport, Path],
+) -> None:
+    report, _ = drilled
+    if report.alertmanager is None:
+        require_tool("prometheus-alertmanager", "alertmanager")  # skip, or fail under CI
+    [result] = report.results
+    [fleet] = report.fleets
+    # The P/D pair's finding went out as an alert and Alertmanager received it, after the
+    # finding (pushed by the cycle that found it) and within the hold.
+    assert "LlmKvTransferTimeout" in result.alerted_by and "LlmKvTransferTimeout" in fleet.alerts
+    assert result.first_alert_s is not None and result.first_finding_s is not None
+    assert result.first_finding_s <= result.first_alert_s <= result.first_finding_s + 5
+    assert fleet.harness_lag_ms["pods"] and fleet.harness_lag_ms["taps"]
+    assert fleet.rate_per_pod == pytest.approx(1.0) and fleet.load_share is not None

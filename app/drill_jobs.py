@@ -1,0 +1,254 @@
+"""Drill fleets in worker processes, ``jobs`` at a time.
+
+Each fleet runs in a fresh interpreter (a ``spawn`` process pool with
+``max_tasks_per_child=1``): the parent has threads, so fork is unsafe, and nothing of one
+fleet (broker, threads, DuckDB, event loops) can leak into the next. Every port a fleet
+opens is its own (pods, taps, prober and Alertmanager bind port 0; the embedded broker takes
+a free port) and every fleet has its own working directory, so two fleets run side by side.
+
+The longest fleets start first, one per free worker, so the workers finish together; the
+outcomes come back in the plans' order whatever the completion order. Progress lines are printed by the
+workers to stderr, prefixed with the fleet's name (a callable cannot cross processes).
+
+Failure policy: a fleet that raises is reported as a :class:`FleetFailure` naming it, with
+the error, and the other fleets go on; a worker that dies (killed, out of memory) breaks the
+pool, and every fleet not finished by then is reported failed the same way. A fleet that
+overruns its plan by ``watchdog_s`` dumps its threads' stacks to stderr and is stopped (so a
+hang costs minutes, not the drill). Ctrl-C (or any error in the parent) stops the workers:
+each tears its fleet down, and is killed if that takes over ``STOP_GRACE_S``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import faulthandler
+import functools
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from app.drill_fleet import FleetPlan, Say, run_fleet
+from app.drill_profile import DrillProfile, FleetRun
+from app.drill_score import ModeResult
+
+__all__ = ["STOP_GRACE_S", "FleetFailure", "FleetOutcome", "FleetStopped", "run_plans"]
+
+#: Seconds a stopped worker gets to tear its fleet down before it is killed.
+STOP_GRACE_S = 60.0
+
+FleetResult = tuple[list[ModeResult], FleetRun]
+Runner = Callable[[FleetPlan, DrillProfile, Path, "str | None", Say], FleetResult]
+
+
+@dataclass(frozen=True)
+class FleetFailure:
+    """A fleet that did not finish: its name, its modes (not drilled), why, and the
+    worker's traceback when there is one."""
+
+    name: str
+    modes: list[str]
+    error: str
+    detail: str = field(default="", repr=False)
+
+
+FleetOutcome = FleetResult | FleetFailure
+
+
+class FleetStopped(KeyboardInterrupt):
+    """Raised in a worker's main thread by SIGTERM/SIGINT or its watchdog: tear the fleet
+    down (a ``KeyboardInterrupt``, so no ``except Exception`` on the way swallows it)."""
+
+
+def _say(name: str, text: str) -> None:
+    print(f"[{name}] {text}", file=sys.stderr, flush=True)
+
+
+#: Why this worker was stopped, when its watchdog did it (read by the signal handler).
+_watchdog_fired: list[str] = []
+
+
+def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
+    # Once: a second signal must not interrupt the teardown the first one started.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise FleetStopped(
+        _watchdog_fired[0] if _watchdog_fired else f"stopped by {signal.Signals(signum).name}"
+    )
+
+
+def _watchdog(name: str, after_s: float) -> threading.Timer:
+    """After ``after_s``: dump every thread's stack to stderr and SIGTERM this worker (its
+    fleet is torn down); if it still runs ``STOP_GRACE_S`` later, exit at once."""
+
+    def fire() -> None:
+        _watchdog_fired.append(f"stopped by its watchdog, still running after {after_s:.0f} s")
+        _say(name, f"still running {after_s:.0f} s after start: stopping it; stacks follow")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        hard = threading.Timer(STOP_GRACE_S, os._exit, args=(70,))
+        hard.daemon = True
+        hard.start()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    timer = threading.Timer(after_s, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _work(
+    runner: Runner,
+    plan: FleetPlan,
+    profile: DrillProfile,
+    workdir: Path,
+    alertmanager: str | None,
+    progress: bool,
+    watchdog_s: float,
+    log_level: int = logging.WARNING,
+) -> FleetOutcome:
+    """One fleet in a worker process; an error comes back as a :class:`FleetFailure`."""
+    # A spawned interpreter has no logging set up: the parent's level, lines named by fleet.
+    logging.basicConfig(
+        level=log_level, format=f"%(asctime)s [{plan.name}] %(levelname)s %(name)s: %(message)s"
+    )
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGINT, _stop_on_signal)
+    timer = _watchdog(plan.name, plan.end_s(profile) + watchdog_s)
+    say = functools.partial(_say, plan.name) if progress else None
+    try:
+        return runner(plan, profile, workdir / plan.name, alertmanager, say)
+    except (Exception, FleetStopped) as exc:
+        if progress:
+            _say(plan.name, f"failed: {type(exc).__name__}: {exc}")
+        return _failure(plan, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    finally:
+        timer.cancel()
+
+
+def run_plans(
+    plans: list[FleetPlan],
+    profile: DrillProfile,
+    workdir: Path,
+    alertmanager: str | None,
+    *,
+    jobs: int = 2,
+    progress: bool = False,
+    say: Say = None,
+    runner: Runner = run_fleet,
+    watchdog_s: float = 600.0,
+) -> list[FleetOutcome]:
+    """Run every plan in its own worker process, ``jobs`` at a time, longest first; returns
+    the outcomes in the plans' order. ``runner`` (a module-level function: it is pickled by
+    name) runs one fleet; ``progress``: the workers print their progress lines to stderr;
+    ``say`` gets the parent's lines (a fleet done, a fleet failed).
+
+    Raises ``ValueError`` when ``jobs`` < 1; ``KeyboardInterrupt`` (and any error of the
+    parent) after stopping the workers.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be ≥ 1, not {jobs}")
+    outcomes: list[FleetOutcome | None] = [None] * len(plans)
+    log_level = logging.getLogger().getEffectiveLevel()
+    waiting = collections.deque(sorted(range(len(plans)), key=lambda i: -plans[i].end_s(profile)))
+    running: dict[concurrent.futures.Future[FleetOutcome], int] = {}
+    submitted: dict[int, float] = {}
+    started = time.monotonic()
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=min(jobs, max(len(plans), 1)),
+        mp_context=multiprocessing.get_context("spawn"),
+        max_tasks_per_child=1,
+    )
+
+    def start_next() -> None:
+        # One fleet per free worker, no more: a queued call could not be cancelled on Ctrl-C.
+        i = waiting.popleft()
+        args = (runner, plans[i], profile, workdir, alertmanager, progress, watchdog_s, log_level)
+        try:
+            running[pool.submit(_work, *args)] = i
+            submitted[i] = time.monotonic()
+        except BrokenProcessPool:
+            outcomes[i] = _failure(plans[i], "not started: a worker of the pool ended abruptly")
+
+    try:
+        while waiting and len(running) < jobs:
+            start_next()
+        while running:
+            done, _ = concurrent.futures.wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                i = running.pop(future)
+                outcomes[i] = outcome = _outcome(future, plans[i], watchdog_s)
+                if say:
+                    worker_s = time.monotonic() - submitted[i]
+                    say(_done_line(plans[i].name, outcome, outcomes, started, worker_s))
+            while waiting and len(running) < jobs:  # a broken pool fails every waiting fleet
+                start_next()
+    except BaseException:
+        _stop_workers(pool, say)
+        raise
+    pool.shutdown(wait=True)
+    return [o for o in outcomes if o is not None]
+
+
+def _failure(plan: FleetPlan, error: str, detail: str = "") -> FleetFailure:
+    return FleetFailure(plan.name, [m.name for m in plan.modes], error, detail)
+
+
+def _done_line(
+    name: str,
+    outcome: FleetOutcome,
+    outcomes: list[FleetOutcome | None],
+    started: float,
+    worker_s: float,
+) -> str:
+    what = (
+        f"FAILED: {outcome.error}"
+        if isinstance(outcome, FleetFailure)
+        else f"done in {outcome[1].wall_s} s ({worker_s:.0f} s with the worker's start)"
+    )
+    done = sum(o is not None for o in outcomes)
+    elapsed = time.monotonic() - started
+    return f"[drill] {name} {what} ({done} of {len(outcomes)} fleets, {elapsed:.0f} s)"
+
+
+def _outcome(
+    future: concurrent.futures.Future[FleetOutcome], plan: FleetPlan, watchdog_s: float
+) -> FleetOutcome:
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        error = (
+            "its worker process ended abruptly (killed, out of memory, or not stopping "
+            f"{STOP_GRACE_S:.0f} s after its {watchdog_s:.0f}-second watchdog); see stderr"
+        )
+    except Exception as exc:  # the outcome did not come back (e.g. it did not pickle)
+        error = f"{type(exc).__name__}: {exc}"
+    return _failure(plan, error)
+
+
+def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor, say: Say) -> None:
+    """Cancel what has not started, SIGTERM the running workers (each tears its fleet down),
+    kill the ones still alive after ``STOP_GRACE_S``."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    if say and multiprocessing.active_children():
+        say(f"[drill] stopping {len(multiprocessing.active_children())} worker(s)")
+    deadline = time.monotonic() + STOP_GRACE_S
+    # Again until none is left: the pool replaces a worker that ends (an idle one).
+    while workers := multiprocessing.active_children():
+        for worker in workers:
+            if time.monotonic() < deadline:
+                worker.terminate()
+            else:
+                worker.kill()
+        for worker in workers:
+            worker.join(max(0.1, min(1.0, deadline + 5 - time.monotonic())))
