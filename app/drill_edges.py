@@ -95,6 +95,9 @@ class DrillEdges:
         self._collector_task: concurrent.futures.Future[None] | None = None
         self._publisher: KafkaPublisher | None = None
         self._stop_load = threading.Event()
+        # Set at exit: the run is scored by then, so the streams still open are cut rather
+        # than waited for (a pod whose GPU fell off the bus holds them to the deadline).
+        self._abort_load = threading.Event()
         self._extra: list[threading.Event] = []
         self._load: threading.Thread | None = None
 
@@ -150,7 +153,7 @@ class DrillEdges:
         threading.Thread(
             target=run_load_sync,
             args=(config, requests),
-            kwargs={"stop": stop, "keep_results": False},
+            kwargs={"stop": stop, "abort": self._abort_load, "keep_results": False},
             name="drill-extra-load",
             daemon=True,
         ).start()
@@ -165,6 +168,7 @@ class DrillEdges:
             config,
             list(poisson_arrivals(self._rate, self._duration)),
             stop=self._stop_load,
+            abort=self._abort_load,
             keep_results=False,
         )
 
@@ -174,7 +178,7 @@ class DrillEdges:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop_load.set()
+        self._abort_load.set()
         for stop in self._extra:
             stop.set()
         if self._load is not None:

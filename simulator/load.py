@@ -326,12 +326,14 @@ async def run_load(
     requests: Iterable[TraceRequest],
     *,
     stop: threading.Event | None = None,
+    abort: threading.Event | None = None,
     keep_results: bool = True,
 ) -> LoadReport:
     """Replay ``requests`` (in arrival order) against ``config.targets``; returns the report.
 
     ``requests`` may be an endless iterator (background load); ``stop`` ends the arrivals
-    and waits for the requests in flight. With ``keep_results=False`` only outcome counts
+    and waits for the requests in flight; ``abort`` ends the arrivals and cancels the
+    requests in flight (they are left out of the report). With ``keep_results=False`` only outcome counts
     are kept (long runs), and the report's ``results`` list is empty.
     """
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -353,19 +355,28 @@ async def run_load(
 
         if isinstance(requests, list):
             requests = sorted(requests, key=lambda r: r.offset_s)
+
+        def ended() -> bool:
+            return any(e is not None and e.is_set() for e in (stop, abort))
+
         for req in requests:
-            if stop is not None and stop.is_set():
+            if ended():
                 break
             # open loop: spawn each request at its arrival time (few timers in flight)
             delay = t0 + req.offset_s / config.time_scale - time.monotonic() - 0.002
-            while delay > 0 and not (stop is not None and stop.is_set()):
+            while delay > 0 and not ended():
                 await asyncio.sleep(min(delay, 0.5))
                 delay = t0 + req.offset_s / config.time_scale - time.monotonic() - 0.002
             task = asyncio.create_task(client.one(req))
             in_flight.add(task)
             task.add_done_callback(collect)
         while in_flight:
-            await asyncio.wait(set(in_flight))
+            if abort is not None and abort.is_set():
+                for task in in_flight:
+                    task.cancel()
+                await asyncio.gather(*in_flight, return_exceptions=True)
+                break
+            await asyncio.wait(set(in_flight), timeout=0.2)
         results.sort(key=lambda r: r.scheduled_s)
         report = LoadReport(results, time.monotonic() - t0)
         report.outcome_counts = dict(outcomes)
@@ -377,7 +388,10 @@ def run_load_sync(
     requests: Iterable[TraceRequest],
     *,
     stop: threading.Event | None = None,
+    abort: threading.Event | None = None,
     keep_results: bool = True,
 ) -> LoadReport:
     """:func:`run_load` on a fresh event loop (for CLIs, threads and tests)."""
-    return asyncio.run(run_load(config, requests, stop=stop, keep_results=keep_results))
+    return asyncio.run(
+        run_load(config, requests, stop=stop, abort=abort, keep_results=keep_results)
+    )

@@ -152,6 +152,36 @@ def test_deadline_exceeded_and_interrupted_stream_outcomes(make_fleet):
     assert cut.results[0].outcome == "interrupted_after_first_token"
 
 
+def test_abort_cuts_the_streams_in_flight_and_stop_waits_for_them(make_fleet):
+    import threading
+    import time
+
+    fleet = make_fleet(["vllm"], speed=1.0)
+    config = LoadConfig(targets=[fleet.pods[0].url])
+    long = [TraceRequest(0.0, 16, 5000)]  # ~4 minutes of decode
+    ended = {}
+
+    def run(name: str, stop: threading.Event | None, abort: threading.Event | None) -> None:
+        run_load_sync(config, long, stop=stop, abort=abort)
+        ended[name] = time.monotonic()
+
+    stop, abort = threading.Event(), threading.Event()
+    # daemon: the waiting one ends when the fleet stops its pod after the test
+    waiting = threading.Thread(target=run, args=("stop", stop, None), daemon=True)
+    cut = threading.Thread(target=run, args=("abort", None, abort), daemon=True)
+    waiting.start()
+    cut.start()
+    time.sleep(1.0)
+    stop.set()
+    abort.set()
+    asked = time.monotonic()
+    cut.join(timeout=10)
+    assert "abort" in ended and ended["abort"] - asked < 2  # cut at once
+    waiting.join(timeout=2)
+    assert "stop" not in ended  # still waiting for its stream
+    assert value(scrape(fleet.pods[0].url), "vllm:num_requests_running") >= 1
+
+
 def test_hot_share_skews_routing(make_fleet):
     fleet = make_fleet(["vllm", "vllm", "vllm", "vllm"], speed=50)
     config = LoadConfig(targets=[p.url for p in fleet.pods], hot_share=0.7, chat=False)
