@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import faulthandler
 import functools
 import logging
@@ -88,6 +89,27 @@ def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
     )
 
 
+def _kill_children(pid: int) -> None:
+    """SIGKILL the processes ``pid`` started (a fleet's broker, Alertmanager and pipeline),
+    and theirs: a worker killed without its teardown would leave them running (the broker
+    runs in a session of its own, so no terminal signal reaches it). Linux ``/proc``."""
+    for listing in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children = [int(c) for c in listing.read_text().split()]
+        except (OSError, ValueError):  # the task ended meanwhile
+            continue
+        for child in children:
+            _kill_children(child)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+
+def _hard_exit() -> None:
+    """The worker did not stop in time: kill what its fleet started, then exit at once."""
+    _kill_children(os.getpid())
+    os._exit(70)
+
+
 def _watchdog(name: str, after_s: float) -> threading.Timer:
     """After ``after_s``: dump every thread's stack to stderr and SIGTERM this worker (its
     fleet is torn down); if it still runs ``STOP_GRACE_S`` later, exit at once."""
@@ -96,7 +118,7 @@ def _watchdog(name: str, after_s: float) -> threading.Timer:
         _watchdog_fired.append(f"stopped by its watchdog, still running after {after_s:.0f} s")
         _say(name, f"still running {after_s:.0f} s after start: stopping it; stacks follow")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        hard = threading.Timer(STOP_GRACE_S, os._exit, args=(70,))
+        hard = threading.Timer(STOP_GRACE_S, _hard_exit)
         hard.daemon = True
         hard.start()
         os.kill(os.getpid(), signal.SIGTERM)
@@ -231,7 +253,7 @@ def _outcome(
             "its worker process ended abruptly (killed, out of memory, or not stopping "
             f"{STOP_GRACE_S:.0f} s after its {watchdog_s:.0f}-second watchdog); see stderr"
         )
-    except Exception as exc:  # the outcome did not come back (e.g. it did not pickle)
+    except BaseException as exc:  # it did not come back (did not pickle, or was stopped)
         error = f"{type(exc).__name__}: {exc}"
     return _failure(plan, error)
 
@@ -248,7 +270,8 @@ def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor, say: Say) -> Non
         for worker in workers:
             if time.monotonic() < deadline:
                 worker.terminate()
-            else:
+            elif worker.pid is not None:
+                _kill_children(worker.pid)  # its fleet's broker and Alertmanager too
                 worker.kill()
         for worker in workers:
             worker.join(max(0.1, min(1.0, deadline + 5 - time.monotonic())))

@@ -75,17 +75,22 @@ class PipelineProcess:
         self.config = config
         self._start_timeout_s = start_timeout_s
         context = multiprocessing.get_context("spawn")
-        self._commands, child_end = context.Pipe()
+        self._commands, self._child_end = context.Pipe()
         self._process = context.Process(
             target=_serve,
-            args=(config, child_end, logging.getLogger().getEffectiveLevel()),
+            args=(config, self._child_end, logging.getLogger().getEffectiveLevel()),
             name="drill-pipeline",
             daemon=True,
         )
 
     def __enter__(self) -> PipelineProcess:
         self._process.start()
-        self._expect("started", self._start_timeout_s)
+        self._child_end.close()  # the child's end lives in the child: its death reads as EOF
+        try:
+            self._expect("started", self._start_timeout_s)
+        except BaseException:  # no __exit__ follows a failed __enter__
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def finish(self, timeout_s: float = 120.0) -> None:
@@ -100,6 +105,8 @@ class PipelineProcess:
         self._process.join(timeout_s)
         if self._process.is_alive():
             raise DrillPipelineError(f"drill pipeline did not stop within {timeout_s:g} s")
+        if self._process.exitcode != 0:  # stopping failed: the last rows may be missing
+            raise self._exited("stopped")
 
     @property
     def pid(self) -> int | None:
@@ -147,6 +154,8 @@ class PipelineProcess:
         tb: TracebackType | None,
     ) -> None:
         self._commands.close()  # the child's recv() sees EOF and stops the pipeline
+        if self._process.pid is None:  # never started
+            return
         self._process.join(30)
         if self._process.is_alive():
             log.warning("drill pipeline still running 30 s after the drill ended: killed")

@@ -7,8 +7,8 @@ Prints the Markdown report; ``--quick`` drills only stall and KV leak with a 30-
 control. Last line is JSON::
 
     {"bench": "drill", "modes": …, "detected": …, "median_detect_s": …, "stall_detect_s": …,
-     "false_positives": …, "healthy_minutes": …, "healthy_load": …, "capacity_rps": …,
-     "sustainable_rps": …, "median_alert_s": …, "alertmanager": true|false, "wall_s": …,
+     "false_positives": …, "healthy_minutes": …, "healthy_load": …,
+     "healthy_load_basis": "sustainable", "capacity_rps": …, "sustainable_rps": …, "median_alert_s": …, "alertmanager": true|false, "wall_s": …,
      "jobs": …, "failed_fleets": …}
 
 ``healthy_load`` is the control run's share of the rate one pod serves without degrading
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 "false_positives": report.false_positive_count,
                 "healthy_minutes": minutes,
                 "healthy_load": profile.healthy_load,
+                "healthy_load_basis": "sustainable",  # was the saturated rate before Dec 2026
                 "capacity_rps": report.capacity_rps,
                 "sustainable_rps": report.sustainable_rps,
                 "median_alert_s": round(statistics.median(alerts), 1) if alerts else None,

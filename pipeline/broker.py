@@ -54,6 +54,7 @@ class EmbeddedBroker:
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.host = host
+        self._own_port = port is None  # picked here: another may be picked if it is lost
         self.port = port or free_port(host)
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -66,7 +67,22 @@ class EmbeddedBroker:
         return self._process.pid if self._process else None
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
-        """Start the broker and wait until it accepts Kafka connections."""
+        """Start the broker and wait until it accepts Kafka connections.
+
+        A port picked here is free when picked, not when the broker binds it: another
+        process may take it in between (the broker then exits). It is picked again, twice."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout_s)
+            except BusError:
+                exited = self._process is not None and self._process.poll() is not None
+                if not (self._own_port and exited and attempt < 2):
+                    raise
+                log.warning("embedded broker lost port %d: trying another", self.port)
+                self.port = free_port(self.host)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start(self, timeout_s: float) -> EmbeddedBroker:
         url = f"tcp://{self.host}:{self.port}"
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "error"))
         self._process = subprocess.Popen(
@@ -94,10 +110,15 @@ class EmbeddedBroker:
                 )
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.5):
-                    log.info("embedded broker ready on %s (pid %d)", url, self._process.pid)
-                    return self
+                    pass
             except OSError:
                 time.sleep(0.05)
+                continue
+            # Something listens; ours, unless the broker found the port taken and exits.
+            time.sleep(0.2)
+            if self._process.poll() is None:
+                log.info("embedded broker ready on %s (pid %d)", url, self._process.pid)
+                return self
         self.stop()
         raise BusError(f"embedded broker did not listen on {url} within {timeout_s:.0f} s")
 

@@ -48,7 +48,8 @@ class Series:
         scraped at different moments compare fairly over the same span (bounds outside the
         samples are clamped to the first and last). ``from_zero``: the counter was created
         at its first sample (client libraries add a labelled child on first use), so when
-        that sample lies in the window its value counts as increase too.
+        that sample lies in the window its value counts as increase too (not with
+        ``interpolate``, whose cumulative curve starts at the first sample).
         """
         if len(self.values) == 0:
             return 0.0

@@ -49,7 +49,7 @@ def test_a_child_that_cannot_start_is_a_clear_error(broker: EmbeddedBroker, tmp_
     blocker.write_text("a file where the store's directory should be")
     started = time.monotonic()
     with (
-        pytest.raises(DrillPipelineError, match="drill pipeline"),
+        pytest.raises(DrillPipelineError, match="drill pipeline failed: FileExistsError"),
         PipelineProcess(_config(broker, blocker / "drill.duckdb")),
     ):
         pass
