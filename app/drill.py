@@ -153,7 +153,14 @@ def run_drill(
         say(f"[drill] {len(plans)} fleets, {jobs} at a time, longest first")
     started = time.monotonic()
     outcomes = run_plans(
-        plans, profile, workdir, binary, jobs=jobs, progress=say is not None, say=say
+        plans,
+        profile,
+        workdir,
+        binary,
+        jobs=jobs,
+        progress=say is not None,
+        say=say,
+        start_gap_s=profile.start_gap_s if jobs > 1 else 0.0,
     )
     report.wall_s = round(time.monotonic() - started, 1)
     for outcome in outcomes:

@@ -169,11 +169,13 @@ def run_plans(
     say: Say = None,
     runner: Runner = run_fleet,
     watchdog_s: float = 600.0,
+    start_gap_s: float = 0.0,
 ) -> list[FleetOutcome]:
     """Run every plan in its own worker process, ``jobs`` at a time, longest first; returns
     the outcomes in the plans' order. ``runner`` (a module-level function: it is pickled by
     name) runs one fleet; ``progress``: the workers print their progress lines to stderr;
-    ``say`` gets the parent's lines (a fleet done, a fleet failed).
+    ``say`` gets the parent's lines (a fleet done, a fleet failed); ``start_gap_s``: the
+    least time between two fleets' starts.
 
     Raises ``ValueError`` when ``jobs`` < 1; ``KeyboardInterrupt`` (and any error of the
     parent) after stopping the workers.
@@ -192,8 +194,14 @@ def run_plans(
         max_tasks_per_child=1,
     )
 
+    last_start = [-start_gap_s]
+
     def start_next() -> None:
         # One fleet per free worker, no more: a queued call could not be cancelled on Ctrl-C.
+        # Never two starts within start_gap_s: fleets of equal length would otherwise start
+        # in lockstep, each start's burst of CPU on the other's warm-up.
+        time.sleep(max(0.0, last_start[0] + start_gap_s - time.monotonic()))
+        last_start[0] = time.monotonic()
         i = waiting.popleft()
         args = (runner, plans[i], profile, workdir, alertmanager, progress, watchdog_s, log_level)
         try:

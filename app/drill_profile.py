@@ -26,7 +26,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DrillProfile:
-    """Timings (seconds) and sizes of a drill (the 22-mode matrix took ~29 minutes on 2 cores, one fleet at a time).
+    """Timings (seconds) and sizes of a drill (the 22-mode matrix: 838 s on 2 cores with two
+    fleets at a time, ~29 minutes one at a time).
 
     Compressed against the production defaults, and stated in every report: scrape and
     jobs every 2 s (5 s and 15 s), ``stall_for_s`` 20 (60), flag dwell 20 s (120),
@@ -56,6 +57,7 @@ class DrillProfile:
     rate_per_pod: float = 1.5  # requests per second (the mode fleets)
     healthy_load: float | None = None  # control's share of sustainable capacity; None: rate_per_pod
     prefill_chunk_tokens: int = 256  # the pods' engine step budget (engine default 512)
+    start_gap_s: float = 20.0  # least time between two fleets' starts (app.drill_jobs)
     modes_per_fleet: int = 7
     healthy_pods: int = 2
     healthy_minutes: float = 2.0

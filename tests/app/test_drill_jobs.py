@@ -7,6 +7,7 @@ the last one runs two real fleets with ``jobs=1`` and with ``jobs=2`` (~4 minute
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -78,6 +79,14 @@ def test_outcomes_come_back_in_plan_order_longest_fleet_first_each_in_a_fresh_pr
     assert sorted(ran, key=lambda n: ran[n][1]) == ["long", "middle", "short"]
     pids = {pid for pid, _ in ran.values()}
     assert len(pids) == 3 and os.getpid() not in pids  # a fresh interpreter per fleet
+
+
+def test_two_fleets_never_start_within_the_start_gap(tmp_path: Path) -> None:
+    plans = [_plan("a", 0.5), _plan("b", 0.5), _plan("c", 0.5)]
+    run_plans(plans, PROFILE, tmp_path, None, jobs=2, runner=_sleeping_runner, start_gap_s=3.0)
+    starts = sorted(_ran(tmp_path, p.name)[1] for p in plans)
+    # submitted 3 s apart; a spawned interpreter takes a second or two, not always the same
+    assert all(later - earlier >= 1.5 for earlier, later in itertools.pairwise(starts))
 
 
 def test_a_fleet_that_raises_is_reported_by_name_and_the_others_still_finish(
