@@ -239,6 +239,7 @@ def _sustainable_capacity(prefill_chunk_tokens: int) -> Sustainable:
         EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens),
         MEAN_PROMPT_TOKENS,
         MEAN_OUTPUT_TOKENS,
+        saturated=_pod_capacity(prefill_chunk_tokens),  # measured once for both
     )
 
 

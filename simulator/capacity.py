@@ -272,17 +272,19 @@ def sustainable_capacity(
     seconds: float = 1800.0,
     seeds: tuple[int, ...] = (0, 1),
     resolution: float = 0.025,
+    saturated: Capacity | None = None,
 ) -> Sustainable:
-    """Bisect the rate (as a share of :func:`measure_capacity`, to ``resolution``) for the
-    highest one at which no seed's run degrades (:meth:`Measured.degraded`). The defaults
-    match the drill's healthy 30 minutes. Deterministic; ~20 s of CPU with the defaults."""
-    saturated = measure_capacity(engine, prompt_tokens, output_tokens).rps
+    """Bisect the rate (as a share of the saturated ``saturated``, measured here when not
+    given, to ``resolution``) for the highest one at which no seed's run degrades
+    (:meth:`Measured.degraded`). The defaults match the drill's healthy 30 minutes.
+    Deterministic; ~20 s of CPU with the defaults."""
+    saturated_rps = (saturated or measure_capacity(engine, prompt_tokens, output_tokens)).rps
 
     def degrades(share: float) -> bool:
         return any(
             measure_rps(
                 engine,
-                share * saturated,
+                share * saturated_rps,
                 seconds,
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
@@ -296,4 +298,4 @@ def sustainable_capacity(
     while high - low > resolution:
         middle = (low + high) / 2
         low, high = (low, middle) if degrades(middle) else (middle, high)
-    return Sustainable(low * saturated, saturated, kv_free_floor, seconds, seeds)
+    return Sustainable(low * saturated_rps, saturated_rps, kv_free_floor, seconds, seeds)
