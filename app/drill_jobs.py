@@ -7,7 +7,10 @@ opens is its own (pods, taps, prober and Alertmanager bind port 0; the embedded 
 a free port) and every fleet has its own working directory, so two fleets run side by side.
 
 The longest fleets start first, one per free worker, so the workers finish together; the
-outcomes come back in the plans' order whatever the completion order. Progress lines are printed by the
+outcomes come back in the plans' order whatever the completion order. Two fleets never
+start within ``start_gap_s`` of each other, counted from the moment each worker reports its
+fleet started (a spawned interpreter takes one to several seconds to get there, more on a
+busy machine, so the moment of submission says little). Progress lines are printed by the
 workers to stderr, prefixed with the fleet's name (a callable cannot cross processes).
 
 Failure policy: a fleet that raises is reported as a :class:`FleetFailure` naming it, with
@@ -28,6 +31,7 @@ import functools
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
@@ -37,6 +41,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from multiprocessing.queues import Queue
 from pathlib import Path
 from types import FrameType
 
@@ -129,6 +134,16 @@ def _watchdog(name: str, after_s: float) -> threading.Timer:
     return timer
 
 
+#: Where a worker reports ``(fleet name, time.monotonic())`` as its fleet starts; set by the
+#: pool's initializer. CLOCK_MONOTONIC is one clock for every process on Linux.
+_starts: Queue[tuple[str, float]] | None = None
+
+
+def _init_worker(starts: Queue[tuple[str, float]]) -> None:
+    global _starts
+    _starts = starts
+
+
 def _work(
     runner: Runner,
     plan: FleetPlan,
@@ -148,6 +163,8 @@ def _work(
     signal.signal(signal.SIGINT, _stop_on_signal)
     timer = _watchdog(plan.name, plan.end_s(profile) + watchdog_s)
     say = functools.partial(_say, plan.name) if progress else None
+    if _starts is not None:
+        _starts.put((plan.name, time.monotonic()))
     try:
         return runner(plan, profile, workdir / plan.name, alertmanager, say)
     except (Exception, FleetStopped) as exc:
@@ -188,27 +205,45 @@ def run_plans(
     running: dict[concurrent.futures.Future[FleetOutcome], int] = {}
     submitted: dict[int, float] = {}
     started = time.monotonic()
+    context = multiprocessing.get_context("spawn")
+    starts: Queue[tuple[str, float]] = context.Queue()
     pool = concurrent.futures.ProcessPoolExecutor(
         max_workers=min(jobs, max(len(plans), 1)),
-        mp_context=multiprocessing.get_context("spawn"),
+        mp_context=context,
         max_tasks_per_child=1,
+        initializer=_init_worker,
+        initargs=(starts,),
     )
+    reported: dict[str, float] = {}  # fleet name → when its worker reported its start
+    last: list[tuple[concurrent.futures.Future[FleetOutcome], str]] = []
 
-    last_start = [-start_gap_s]
+    def last_start() -> float | None:
+        """When the fleet submitted last reported its start (waiting for it), or None when
+        there is none or its worker ended before it got there."""
+        if not last:
+            return None
+        future, name = last[0]
+        while name not in reported and not future.done():
+            with contextlib.suppress(queue.Empty):
+                reported.update([starts.get(timeout=0.1)])
+        return reported.get(name)
 
     def start_next() -> None:
         # One fleet per free worker, no more: a queued call could not be cancelled on Ctrl-C.
         # Never two starts within start_gap_s: fleets of equal length would otherwise start
         # in lockstep, each start's burst of CPU on the other's warm-up.
-        time.sleep(max(0.0, last_start[0] + start_gap_s - time.monotonic()))
-        last_start[0] = time.monotonic()
+        if start_gap_s > 0 and (previous := last_start()) is not None:
+            time.sleep(max(0.0, previous + start_gap_s - time.monotonic()))
         i = waiting.popleft()
         args = (runner, plans[i], profile, workdir, alertmanager, progress, watchdog_s, log_level)
         try:
-            running[pool.submit(_work, *args)] = i
-            submitted[i] = time.monotonic()
+            future = pool.submit(_work, *args)
         except BrokenProcessPool:
             outcomes[i] = _failure(plans[i], "not started: a worker of the pool ended abruptly")
+            return
+        running[future] = i
+        submitted[i] = time.monotonic()
+        last[:] = [(future, plans[i].name)]
 
     try:
         while waiting and len(running) < jobs:
@@ -227,6 +262,7 @@ def run_plans(
         _stop_workers(pool, say)
         raise
     pool.shutdown(wait=True)
+    starts.close()
     return [o for o in outcomes if o is not None]
 
 

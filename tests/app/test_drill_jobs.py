@@ -2,7 +2,7 @@
 
 The first tests run real spawned worker processes with small runners defined here (they
 sleep, raise, die or hang as a fleet could) so the process handling is checked in seconds;
-the last one runs two real fleets with ``jobs=1`` and with ``jobs=2`` (~4 minutes).
+the last ones run real fleets two at a time (~1.5 minutes).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import duckdb
@@ -23,7 +22,7 @@ from app.drill import DrillProfile, run_drill
 from app.drill_fleet import FleetPlan, Say
 from app.drill_jobs import FleetFailure, run_plans
 from app.drill_modes import MODES, DrillMode
-from app.drill_profile import FleetRun
+from app.drill_profile import FleetRun, fleet_rng, injection_times
 from app.drill_report import render_markdown
 from app.drill_score import ModeResult
 from simulator import FleetConfig, NodeConfig, PodConfig
@@ -48,7 +47,7 @@ def _sleeping_runner(
     returns (and notes when it is torn down)."""
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    (workdir / "pid").write_text(f"{os.getpid()} {started}")
+    (workdir / "pid").write_text(f"{os.getpid()} {started} {time.monotonic()}")
     if plan.name.startswith("broken"):
         raise ValueError("the simulated fleet would not start")
     if plan.name.startswith("dies"):
@@ -61,7 +60,8 @@ def _sleeping_runner(
 
 
 def _ran(workdir: Path, name: str) -> tuple[int, float]:
-    pid, started = (workdir / name / "pid").read_text().split()
+    """The process id that ran fleet ``name`` and when it started (``time.monotonic()``)."""
+    pid, _, started = (workdir / name / "pid").read_text().split()
     return int(pid), float(started)
 
 
@@ -83,10 +83,12 @@ def test_outcomes_come_back_in_plan_order_longest_fleet_first_each_in_a_fresh_pr
 
 def test_two_fleets_never_start_within_the_start_gap(tmp_path: Path) -> None:
     plans = [_plan("a", 0.5), _plan("b", 0.5), _plan("c", 0.5)]
-    run_plans(plans, PROFILE, tmp_path, None, jobs=2, runner=_sleeping_runner, start_gap_s=3.0)
+    run_plans(plans, PROFILE, tmp_path, None, jobs=2, runner=_sleeping_runner, start_gap_s=2.0)
     starts = sorted(_ran(tmp_path, p.name)[1] for p in plans)
-    # submitted 3 s apart; a spawned interpreter takes a second or two, not always the same
-    assert all(later - earlier >= 1.5 for earlier, later in itertools.pairwise(starts))
+    # The gap is counted from each fleet's real start in its worker, so a spawned
+    # interpreter that is slow to come up (a busy machine) does not eat into it; the margin
+    # is the time between a worker's report and its runner's first line.
+    assert all(later - earlier >= 1.9 for earlier, later in itertools.pairwise(starts))
 
 
 def test_a_fleet_that_raises_is_reported_by_name_and_the_others_still_finish(
@@ -185,35 +187,37 @@ def test_a_real_fleet_that_fails_in_its_worker_is_named_in_the_report(tmp_path: 
 
 
 @pytest.mark.slow
-def test_two_fleets_at_once_give_the_same_report_shape_and_injection_offsets_as_one_at_a_time(
+def test_two_fleets_at_once_inject_at_their_planned_offsets_and_keep_their_stores_apart(
     tmp_path: Path,
 ) -> None:
     profile = DrillProfile(
-        warmup_s=10, jitter_s=5, hold_s=20, clear_s=10, modes_per_fleet=1, healthy_pods=1, seed=5
+        warmup_s=10,
+        jitter_s=5,
+        hold_s=20,
+        clear_s=10,
+        modes_per_fleet=1,
+        healthy_pods=1,
+        seed=5,
+        start_gap_s=5,
     )
     modes = [MODES["stall"], MODES["crash"]]
-    one = run_drill(modes, tmp_path / "one", profile, healthy_control=False, jobs=1)
     two = run_drill(modes, tmp_path / "two", profile, healthy_control=False, jobs=2)
-    assert not one.failed and not two.failed
-    assert (one.jobs, two.jobs) == (1, 2)
-    for report in (one, two):
-        assert [(r.mode, r.fleet) for r in report.results] == [
-            ("stall", "fleet0"),
-            ("crash", "fleet1"),
-        ]
-        assert [(f.name, f.modes) for f in report.fleets] == [
-            ("fleet0", ["stall"]),
-            ("fleet1", ["crash"]),
-        ]
-        assert report.wall_s is not None and all(f.wall_s for f in report.fleets)
-        # Each fault went in at its planned offset from its fleet's start.
-        for result, fleet in zip(report.results, report.fleets, strict=True):
-            offset_s = (result.injected_ts_ms - fleet.started_ts_ms) / 1000
-            assert abs(offset_s - fleet.inject_s[0]) < 2.0
-    assert [f.inject_s for f in one.fleets] == [f.inject_s for f in two.fleets]
-    assert one.fleets[0].inject_s != one.fleets[1].inject_s  # one rng per fleet, not a copy
-    assert [sorted(asdict(r)) for r in one.results] == [sorted(asdict(r)) for r in two.results]
-    assert sorted(one.as_dict()) == sorted(two.as_dict())
+    assert not two.failed and two.jobs == 2
+    assert [(r.mode, r.fleet) for r in two.results] == [("stall", "fleet0"), ("crash", "fleet1")]
+    assert [(f.name, f.modes) for f in two.fleets] == [("fleet0", ["stall"]), ("fleet1", ["crash"])]
+    assert two.wall_s is not None and all(f.wall_s for f in two.fleets)
+    # Each fleet's moments come from its own rng (seed, fleet index), whatever ran beside it
+    # or before it, so two at a time inject where one at a time would.
+    planned = [
+        injection_times([mode], profile, fleet_rng(profile.seed, index))
+        for index, mode in enumerate(modes)
+    ]
+    assert [f.inject_s for f in two.fleets] == planned
+    assert planned[0] != planned[1]  # one rng per fleet, not a copy
+    # Each fault went in at its planned offset from its fleet's start.
+    for result, fleet in zip(two.results, two.fleets, strict=True):
+        offset_s = (result.injected_ts_ms - fleet.started_ts_ms) / 1000
+        assert abs(offset_s - fleet.inject_s[0]) < 2.0
     text = render_markdown(two)
     assert (
         f"2 fleets, 2 at a time (a worker process each, longest first); drill wall time {two.wall_s:.1f} s"
@@ -231,9 +235,7 @@ def test_two_fleets_at_once_give_the_same_report_shape_and_injection_offsets_as_
                 i for (i,) in con.execute("SELECT DISTINCT instance FROM engine_samples").fetchall()
             }
         assert stored and stored <= own, (fleet.name, stored, own)
-    # One at a time the fleets follow each other; two at a time they overlap.
-    a, b = sorted(one.fleets, key=lambda f: f.started_ts_ms)
-    assert b.started_ts_ms >= a.started_ts_ms + a.minutes * 60_000
+    # Two at a time they overlap.
     a, b = sorted(two.fleets, key=lambda f: f.started_ts_ms)
     assert b.started_ts_ms < a.started_ts_ms + a.minutes * 60_000
 
