@@ -21,6 +21,7 @@ from tests.alerts.conftest import EXAMPLE_SPECS, REPO, SPECS, generate, run
 GOLDEN = Path(__file__).parent / "golden"
 
 
+@pytest.mark.slow  # promtool evaluates the whole rule file at every step of every test
 @pytest.mark.parametrize("spec", EXAMPLE_SPECS, ids=lambda p: p.stem)
 def test_every_generated_rule_file_and_test_passes_promtool(
     spec: Path, tmp_path: Path, promtool: str

@@ -22,6 +22,8 @@ from tests.conftest import require_tool
 from tests.dashboards.browser import HeadlessChromium, blank
 from tests.dashboards.conftest import END_MS, HOUR_MS, History
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "var" / "screenshots" / "dashboards"
 #: page → charts it must draw on the history (Fleet and Canary are tables).

@@ -39,6 +39,8 @@ from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
 from tests.dashboards.browser import HeadlessChromium, blank
 from tests.dashboards.test_browser import ROOT, SHOTS, chromium, start_dashboard  # noqa: F401
 
+pytestmark = pytest.mark.slow
+
 LIVE_SHOTS = SHOTS / "live"
 PODS = ("pod-0", "pod-1")
 #: Pages that must show data from the live run, and the charts each must draw then.

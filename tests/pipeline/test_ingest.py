@@ -156,6 +156,7 @@ def _metric(url: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_batch_and_exits_zero(bus: Bus, tmp_path: Path) -> None:
     produce_numbered(bus, total=20_000, per_message=1_000)
     port = free_port()
@@ -179,6 +180,7 @@ def test_sigterm_finishes_the_batch_and_exits_zero(bus: Bus, tmp_path: Path) -> 
     assert stored == summary["rows"] == 20_000
 
 
+@pytest.mark.slow
 def test_metrics_endpoint_reports_rows_dead_letters_and_commit_latency(
     bus: Bus, tmp_path: Path
 ) -> None:
@@ -229,6 +231,7 @@ class _FailingStore(Store):
         super().commit_batch(*args, **kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_a_failed_commit_stops_ingest_without_skipping_its_rows(bus: Bus, tmp_path: Path) -> None:
     produce_numbered(bus, total=500, per_message=100)
     path = tmp_path / "failing.duckdb"

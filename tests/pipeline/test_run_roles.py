@@ -13,12 +13,15 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pytest
 import yaml
 
 from pipeline.bus import Bus
 from pipeline.lake import lake_view_sql
 from pipeline.schema import ENGINE_SAMPLES
 from tests.pipeline.ingest_helpers import STARTED, numbered_samples
+
+pytestmark = pytest.mark.slow
 
 
 def _config(

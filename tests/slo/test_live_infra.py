@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
@@ -26,6 +27,8 @@ from simulator import Fleet, FleetConfig, PodConfig
 from slo.detectors import DetectorConfig, Finding, detect_all
 from slo.snapshot import load_snapshot
 from tests.simulator.conftest import MODEL, post_quietly
+
+pytestmark = pytest.mark.slow
 
 CFG = DetectorConfig(
     lookback_s=60,
