@@ -20,7 +20,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from api.errors import QueryError, UnknownCohortError
-from slo.request_rollup import SOURCE_FILTERS
+from slo.request_sources import source_filter
 
 __all__ = [
     "LABEL_COLUMNS",
@@ -170,7 +170,7 @@ def _where(con: duckdb.DuckDBPyConnection, cohort: Cohort) -> tuple[str, list[ob
         missing = sorted(set(cohort.labels) - _existing_columns(con))
         if missing:
             raise QueryError(f"request records carry no {missing} label yet; select by instances")
-    clauses = [SOURCE_FILTERS["tap"]]  # probe records cross the entry point, not a cohort
+    clauses = [source_filter()]  # probe records cross the entry point, not a cohort
     params: list[object] = []
     if cohort.instances:
         clauses.append("list_contains(?, instance)")

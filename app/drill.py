@@ -37,13 +37,13 @@ from typing import Any
 
 from app.drill_alerts import find_alertmanager
 from app.drill_fleet import FleetPlan
-from app.drill_fronts import front_end_config, front_end_fleet
+from app.drill_fronts import drill_fleet_config, front_end_config, front_end_fleet
 from app.drill_jobs import FleetFailure, run_plans
 from app.drill_modes import MODES, DrillMode
 from app.drill_profile import DrillProfile, FleetRun, fleet_rng, injection_times
 from app.drill_score import ModeResult
 from pipeline.errors import ConfigError
-from simulator import FleetConfig, GatewayConfig, NodeConfig, PodConfig
+from simulator import GatewayConfig
 from simulator.capacity import Capacity, Sustainable, measure_capacity, sustainable_capacity
 from simulator.config import EngineConfig
 
@@ -208,8 +208,13 @@ def _plan(
     return FleetPlan(
         name,
         tuple(modes),
-        _fleet_config(
-            name, pods, profile.seed, profile.prefill_chunk_tokens, _gateway_config(modes)
+        drill_fleet_config(
+            name,
+            pods,
+            profile.seed,
+            profile.prefill_chunk_tokens,
+            pod_prefix=f"{name}-",
+            front_ends=_gateway_config(modes),
         ),
         inject_s,
         rate * pods,
@@ -243,36 +248,12 @@ def _sustainable_capacity(prefill_chunk_tokens: int) -> Sustainable:
     )
 
 
-def _fleet_config(
-    name: str,
-    pods: int,
-    seed: int,
-    prefill_chunk_tokens: int,
-    gateway: GatewayConfig | None = None,
-) -> FleetConfig:
-    return FleetConfig(
-        nodes=[NodeConfig(name=f"{name}-node", gpus=max(pods, 1))],
-        pods=[
-            PodConfig(
-                name=f"{name}-p{i}",
-                dialect="vllm",
-                node=f"{name}-node",
-                gpus=[i],
-                engine=EngineConfig(prefill_chunk_tokens=prefill_chunk_tokens),
-            )
-            for i in range(pods)
-        ],
-        seed=seed,
-        gateway=gateway,
-    )
-
-
-def _gateway_config(modes: list[DrillMode]) -> GatewayConfig | None:
-    """The fleet's gateway when a mode needs one (``None``: no gateway, no prober)."""
+def _gateway_config(modes: list[DrillMode]) -> dict[str, GatewayConfig]:
+    """The fleet's gateway when a mode needs one (none: no gateway, no prober)."""
     if not any(m.needs_gateway for m in modes):
-        return None
+        return {}
     options = {k: v for m in modes for k, v in m.gateway.items()}
-    return GatewayConfig.model_validate({"health_interval_s": 1.0, **options})
+    return {"gateway": GatewayConfig.model_validate({"health_interval_s": 1.0, **options})}
 
 
 def select_modes(spec: str) -> list[DrillMode]:

@@ -8,10 +8,13 @@ and the front end that takes the fault. The collector scrapes the pods, the dcgm
 and the front ends. After the warm-up the fault is set on the front end, held and removed;
 the finding is expected on the front end's instance; what the entry front end and the pool
 raise after injection is the fault's doing, anything else raised is a false positive.
+
+:func:`drill_fleet_config` builds the pods of every drill fleet, these and :mod:`app.drill`'s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +22,13 @@ from app.drill_modes import DrillMode
 from pipeline.errors import ConfigError
 from simulator import FleetConfig, NodeConfig, PodConfig
 
-__all__ = ["FRONT_END_FLEETS", "FrontEndFleet", "front_end_config", "front_end_fleet"]
+__all__ = [
+    "FRONT_END_FLEETS",
+    "FrontEndFleet",
+    "drill_fleet_config",
+    "front_end_config",
+    "front_end_fleet",
+]
 
 
 @dataclass(frozen=True)
@@ -73,32 +82,54 @@ FRONT_END_FLEETS: dict[str, FrontEndFleet] = {
 }
 
 
-def front_end_config(
-    name: str, kind: FrontEndFleet, seed: int, prefill_chunk_tokens: int
+def drill_fleet_config(
+    name: str,
+    pods: int,
+    seed: int,
+    prefill_chunk_tokens: int,
+    *,
+    pod_prefix: str = "",
+    engine: Mapping[str, Any] | None = None,
+    front_ends: Mapping[str, Any] | None = None,
 ) -> FleetConfig:
-    """The simulated fleet of one front-end drill fleet: ``kind.pods`` pods (named
-    ``p0``, …, with the drill's prefill chunk) and its front ends."""
+    """The simulated fleet of a drill fleet ``name``: ``pods`` vLLM pods named
+    ``{pod_prefix}p0``, … on one node ``{name}-node``, one GPU each, with the drill's
+    ``prefill_chunk_tokens`` and ``engine``'s other settings, and ``front_ends`` (the fleet
+    config's ``gateway``/``pd`` keys). Raises ``ValidationError`` for a front end or engine
+    setting the simulator refuses."""
     return FleetConfig.model_validate(
         {
-            "nodes": [NodeConfig(name=f"{name}-node", gpus=kind.pods)],
+            "nodes": [NodeConfig(name=f"{name}-node", gpus=max(pods, 1))],
             "pods": [
                 PodConfig.model_validate(
                     {
-                        "name": f"p{i}",
+                        "name": f"{pod_prefix}p{i}",
                         "dialect": "vllm",
                         "node": f"{name}-node",
                         "gpus": [i],
-                        "engine": {
-                            "prefill_chunk_tokens": prefill_chunk_tokens,
-                            **(kind.engine or {}),
-                        },
+                        "engine": {"prefill_chunk_tokens": prefill_chunk_tokens, **(engine or {})},
                     }
                 )
-                for i in range(kind.pods)
+                for i in range(pods)
             ],
-            **kind.front_ends,
+            **(front_ends or {}),
             "seed": seed,
         }
+    )
+
+
+def front_end_config(
+    name: str, kind: FrontEndFleet, seed: int, prefill_chunk_tokens: int
+) -> FleetConfig:
+    """The simulated fleet of one front-end drill fleet: ``kind.pods`` pods (named ``p0``,
+    …: the front ends name them so) and its front ends."""
+    return drill_fleet_config(
+        name,
+        kind.pods,
+        seed,
+        prefill_chunk_tokens,
+        engine=kind.engine,
+        front_ends=kind.front_ends,
     )
 
 

@@ -7,7 +7,7 @@ Example (``config/collectors.example.yaml``)::
       timeout_s: 3
       targets:
         - url: http://10.0.0.7:8000/metrics
-          dialect: auto          # or vllm, vllm-legacy, sglang, trtllm, llamacpp, dcgm, epp
+          dialect: auto          # or a dialect of collectors/dialects/*.yaml: vllm, sglang, …
           pool: llama-3-8b       # default: the model label of each series
         - url: 10.0.0.9:9400     # http:// and /metrics are implied
           labels: {instance: gpu-node-3}
@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from collectors.dialects import DialectName
 from pipeline.config import STRICT, FreePortOr, check_url_port
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "MAX_TARGET_LABELS",
     "NAMING_LABELS",
     "CollectConfig",
+    "DialectChoice",
     "TargetConfig",
     "check_label_value",
     "check_labels",
@@ -50,17 +52,8 @@ MAX_TARGET_LABELS = 32
 NAMING_LABELS = ("instance", "pod")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
-DialectChoice = Literal[
-    "auto",
-    "vllm",
-    "vllm-legacy",
-    "sglang",
-    "trtllm",
-    "llamacpp",
-    "dcgm",
-    "epp",
-    "kube-state-metrics",
-]
+#: A target's ``dialect``: ``auto`` (detected per scrape) or one of the maps' dialects.
+DialectChoice = Literal["auto", DialectName]
 
 
 def normalise_url(url: str, metrics_path: str = "/metrics", scheme: str = "http") -> str:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from slo.request_sources import source_filter
+
 __all__ = [
     "AFTER_FIRST_TOKEN",
     "BEFORE_FIRST_TOKEN",
@@ -70,13 +72,12 @@ def load_failures(
     """Per instance, the tap's attempts between ``start_ms`` and ``now_ms`` (received time)."""
     stats: dict[str, FailureStats] = {}
     for instance, attempts, first, cancelled, retries in con.execute(
-        """
+        f"""
         SELECT instance, count(*),
                count(*) FILTER (WHERE ttft_s IS NOT NULL OR coalesce(token_chunks, 0) > 0),
                count(*) FILTER (WHERE outcome = 'client_cancelled'),
                count(*) FILTER (WHERE attempt > 1)
-        FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ?
-          AND source IS DISTINCT FROM 'probe'
+        FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND {source_filter()}
         GROUP BY instance
         """,
         [start_ms, now_ms],
@@ -91,7 +92,7 @@ def load_failures(
                median(coalesce(completion_tokens, token_chunks, 0)),
                max(coalesce(completion_tokens, token_chunks, 0))
         FROM requests
-        WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND source IS DISTINCT FROM 'probe'
+        WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND {source_filter()}
           AND (outcome = '{AFTER_FIRST_TOKEN}'
                OR (outcome = '{BEFORE_FIRST_TOKEN}' AND upstream_status IS NOT NULL))
         GROUP BY instance, outcome
@@ -103,14 +104,14 @@ def load_failures(
             count, dict(statuses), dict(kinds), list(ids), float(median or 0), float(top or 0)
         )
     for instance, caused in con.execute(
-        """
+        f"""
         SELECT earlier.instance, count(*)
         FROM requests AS retry JOIN requests AS earlier
           ON earlier.original_request_id = retry.original_request_id
          AND earlier.attempt = retry.attempt - 1
         WHERE retry.received_ts_ms >= ? AND retry.received_ts_ms <= ? AND retry.attempt > 1
           AND earlier.received_ts_ms >= ? AND earlier.received_ts_ms <= ?
-          AND retry.source IS DISTINCT FROM 'probe'
+          AND {source_filter(table="retry")}
         GROUP BY earlier.instance
         """,
         [start_ms, now_ms, start_ms - _RETRY_REACH_MS, now_ms],
@@ -127,12 +128,12 @@ def load_finished_cancels(
     token without reading ``[DONE]``). The tap counts these as disconnects; the engine has
     nothing left to abort, so the ghost detector takes them out of the disconnect count."""
     rows = con.execute(
-        """
+        f"""
         SELECT instance, list(disconnect_ts_ms ORDER BY disconnect_ts_ms)
         FROM requests
         WHERE disconnect_ts_ms >= ? AND disconnect_ts_ms <= ?
           AND outcome = 'client_cancelled' AND finish_reason IS NOT NULL
-          AND source IS DISTINCT FROM 'probe'
+          AND {source_filter()}
         GROUP BY instance
         """,
         [start_ms, now_ms],

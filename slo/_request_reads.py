@@ -22,13 +22,13 @@ from slo.request_rollup import (
     HOUR_MS,
     LATENCY_COLUMNS,
     MINUTE_MS,
-    SOURCE_FILTERS,
     RequestCoverage,
     bin_value_sql,
     latency_minutes_sql,
     outcome_minutes_sql,
     read_coverage,
 )
+from slo.request_sources import RequestSource, source_filter
 
 __all__ = ["RequestScope", "latency_sql", "outcome_sql", "request_names_sql"]
 
@@ -44,7 +44,7 @@ class RequestScope:
     by: str
     pool: str | None = None
     instance: str | None = None
-    source: str = "tap"
+    source: RequestSource = "tap"
 
     def coverage(self, con: duckdb.DuckDBPyConnection) -> RequestCoverage | None:
         """The rollups' reach for this scope: none for probe records (never rolled up)."""
@@ -172,7 +172,7 @@ def outcome_sql(con: duckdb.DuckDBPyConnection, scope: RequestScope) -> Query:
                    count(*), count(DISTINCT coalesce(original_request_id, request_id))
             FROM requests
             WHERE received_ts_ms >= ? AND received_ts_ms < ?{where}
-              AND {SOURCE_FILTERS[scope.source]}
+              AND {source_filter(scope.source)}
             GROUP BY bucket_ts_ms, {group}, outcome ORDER BY bucket_ts_ms, {group}, outcome"""
         return ["requests"], sql, [bucket, bucket, grid.start_ms, grid.end_ms, *filters]
     tables, rows_sql, rows_params = _union(
@@ -196,7 +196,7 @@ def _exact_latency_sql(metric: str, scope: RequestScope) -> Query:
     group, pool_sql, instance_sql = scope.columns()
     where, filters = scope.where()
     grid = scope.grid
-    rows = f"received_ts_ms >= ? AND received_ts_ms < ?{where} AND {SOURCE_FILTERS[scope.source]}"
+    rows = f"received_ts_ms >= ? AND received_ts_ms < ?{where} AND {source_filter(scope.source)}"
     source = (
         f"(SELECT *, unnest(itl_gaps_s)::DOUBLE AS gap_s FROM requests WHERE {rows})"
         if metric == "itl"
@@ -217,7 +217,7 @@ def request_names_sql(con: duckdb.DuckDBPyConnection) -> tuple[str, list[object]
     entry point is no engine instance): the rollup's hours where it reaches, raw records
     elsewhere (a 30-day file: ~10⁵ rows instead of ~10⁷)."""
     coverage = read_coverage(con)
-    raw = f"SELECT DISTINCT instance, pool, address FROM requests WHERE {SOURCE_FILTERS['tap']}"
+    raw = f"SELECT DISTINCT instance, pool, address FROM requests WHERE {source_filter()}"
     if coverage is None:
         return raw, []
     return (

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from slo.model import Slo
+from slo.request_sources import source_filter
 from slo.spec import AvailabilitySpec, GoodputSpec, LatencySpec
 
 __all__ = ["engine_minutes_sql", "tap_minutes_sql"]
@@ -71,7 +72,7 @@ def _tap_good_eligible(slo: Slo) -> tuple[str, str]:
 
 def _records_of(slo: Slo) -> str:
     """The request records an SLO counts: the prober's for ``source: probe``, else the taps'."""
-    return "source = 'probe'" if slo.sli.source == "probe" else "source IS DISTINCT FROM 'probe'"
+    return source_filter("probe" if slo.sli.source == "probe" else "tap")
 
 
 def _dims(slo: Slo) -> str:

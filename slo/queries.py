@@ -53,7 +53,7 @@ from slo._query_sql import present_tables
 from slo._query_sql import run_query as _run
 from slo._request_reads import RequestScope, latency_sql, outcome_sql, request_names_sql
 from slo.alert_queries import alerts, drills
-from slo.request_rollup import SOURCE_FILTERS
+from slo.request_sources import REQUEST_SOURCES, RequestSource, source_filter
 from slo.rollup import HOUR_MS
 from slo.series_queries import engine_series, gpu_series
 
@@ -88,9 +88,6 @@ __all__ = [
 
 LatencyMetric = Literal["ttft", "tpot", "itl", "e2e"]
 Breakdown = Literal["pool", "instance"]
-#: Whose request records a read counts: the stream taps' (``tap``: the users' requests) or
-#: the synthetic prober's (``probe``: ``source = 'probe'``, the entry point as a client sees it).
-RequestSource = Literal["tap", "probe"]
 
 _GROUP_COLUMNS = ("pool", "instance", "tenant", "route")
 
@@ -252,7 +249,7 @@ def _request_filter(
     start_ms: int, end_ms: int, bucket_ms: int, pool: str | None, instance: str | None
 ) -> tuple[int, str, list[object]]:
     grid = check_grid(start_ms, end_ms, bucket_ms)
-    where = f"received_ts_ms >= ? AND received_ts_ms < ? AND {SOURCE_FILTERS['tap']}"
+    where = f"received_ts_ms >= ? AND received_ts_ms < ? AND {source_filter()}"
     params: list[object] = [grid.start_ms, grid.end_ms]
     for column, value in (("pool", pool), ("instance", instance)):
         clause, values = _optional(column, value, column)
@@ -274,7 +271,7 @@ def _request_scope(
         check_choice("by", by, ("pool", "instance")),
         None if pool is None else check_text("pool", pool),
         None if instance is None else check_text("instance", instance),
-        check_choice("source", source, tuple(SOURCE_FILTERS)),
+        check_choice("source", source, REQUEST_SOURCES),
     )
 
 

@@ -2,7 +2,7 @@
 
 Only user traffic is rolled up: the records of the stream taps (``source`` null), not the
 synthetic prober's (``source = 'probe'``, ``llmslo probe``), whose few requests per minute
-are read raw when asked for (:data:`SOURCE_FILTERS`).
+are read raw when asked for (:func:`slo.request_sources.source_filter`).
 
 Tables (declared in :mod:`slo.tables`, created here):
 
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from slo.request_sources import RequestSource, source_filter
 from slo.tables import REQUEST_ROLLUP_TABLES
 
 __all__ = [
@@ -51,7 +52,6 @@ __all__ = [
     "RELATIVE_ERROR",
     "REQUEST_ROLLUP_VERSION",
     "RETRY_LOOKBACK_MS",
-    "SOURCE_FILTERS",
     "RequestCoverage",
     "RequestRollup",
     "bin_value_sql",
@@ -81,9 +81,6 @@ RETRY_LOOKBACK_MS = 10 * MINUTE_MS
 _LN_GAMMA = math.log(BIN_GAMMA)
 #: Request-record column of each latency metric (ITL: every gap, chunk-weighted).
 LATENCY_COLUMNS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "gap_s"}
-#: Which ``requests`` rows each source reads (SQL condition): the stream taps' (``source``
-#: null: user traffic) or the synthetic prober's. Rollups hold the taps' only.
-SOURCE_FILTERS = {"tap": "source IS DISTINCT FROM 'probe'", "probe": "source = 'probe'"}
 
 
 def _bin_sql(value: str) -> str:
@@ -104,11 +101,11 @@ def _ceil(ts_ms: int, step_ms: int) -> int:
 
 
 def outcome_minutes_sql(
-    start_ms: int, end_ms: int, source: str = "tap"
+    start_ms: int, end_ms: int, source: RequestSource = "tap"
 ) -> tuple[str, list[object]]:
     """SQL of ``request_minute`` rows for attempts received in ``[start_ms, end_ms)`` (any ms,
-    need not be whole minutes), from raw ``requests`` of ``source`` (a key of
-    :data:`SOURCE_FILTERS`); the columns of the table."""
+    need not be whole minutes), from raw ``requests`` of ``source`` (the taps',
+    user traffic, by default); the columns of the table."""
     sql = f"""
         SELECT received_ts_ms // {MINUTE_MS} * {MINUTE_MS} AS ts_ms, pool, instance, address,
                outcome::VARCHAR AS outcome, count(*) AS attempts,
@@ -124,7 +121,7 @@ def outcome_minutes_sql(
                                       pool, outcome
                                       ORDER BY received_ts_ms, request_id) = 1 AS first_in_pool
             FROM requests
-            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {SOURCE_FILTERS[source]}
+            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {source_filter(source)}
         ) WHERE received_ts_ms >= ?
         GROUP BY ALL"""
     return sql, [start_ms - RETRY_LOOKBACK_MS, end_ms, start_ms]
@@ -134,13 +131,13 @@ def latency_minutes_sql(
     start_ms: int,
     end_ms: int,
     metrics: tuple[str, ...] = tuple(LATENCY_COLUMNS),
-    source: str = "tap",
+    source: RequestSource = "tap",
 ) -> tuple[str, list[object]]:
     """SQL of ``request_latency_minute`` rows of ``metrics`` for attempts received in
-    ``[start_ms, end_ms)``, from raw ``requests`` of ``source`` (a key of
-    :data:`SOURCE_FILTERS`); the columns of the table."""
+    ``[start_ms, end_ms)``, from raw ``requests`` of ``source`` (the taps',
+    user traffic, by default); the columns of the table."""
     parts, params = [], list[object]()
-    rows = f"received_ts_ms >= ? AND received_ts_ms < ? AND {SOURCE_FILTERS[source]}"
+    rows = f"received_ts_ms >= ? AND received_ts_ms < ? AND {source_filter(source)}"
     for metric in metrics:
         column = LATENCY_COLUMNS[metric]
         records = (

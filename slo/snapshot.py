@@ -22,6 +22,7 @@ import numpy as np
 from slo._autoscalers import Autoscalers, AutoscalerSeries, load_autoscalers
 from slo._failures import FailureStats, load_failures, load_finished_cancels
 from slo._series import Series
+from slo.request_sources import source_filter
 
 __all__ = [
     "BUCKET_SIGNALS",
@@ -238,7 +239,7 @@ def _requests(
 ) -> None:
     half = (start_ms + snap.now_ms) // 2
     rows = con.execute(
-        """
+        f"""
         SELECT instance, any_value(coalesce(pool, model, '')), count(*),
                count(*) FILTER (WHERE received_ts_ms >= ?),
                count(*) FILTER (WHERE attempt > 1),
@@ -253,7 +254,7 @@ def _requests(
                    FILTER (WHERE received_ts_ms >= ?), 0),
                coalesce(sum(power(coalesce(completion_tokens, token_chunks, 0), 2)), 0)
         FROM requests WHERE received_ts_ms >= ? AND received_ts_ms <= ?
-          AND source IS DISTINCT FROM 'probe'
+          AND {source_filter()}
         GROUP BY instance
         """,
         [half, ghost_grace_ms, half, start_ms, snap.now_ms],
@@ -360,13 +361,13 @@ def _ranks(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> Non
 
 def _latency(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
     rows = con.execute(
-        """
+        f"""
         SELECT instance, list(ttft_s) FILTER (WHERE ttft_s IS NOT NULL),
                list(tpot_s) FILTER (WHERE tpot_s IS NOT NULL),
                list(itl_jitter_s) FILTER (WHERE itl_jitter_s IS NOT NULL)
         FROM requests
         WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND outcome = 'ok'
-          AND source IS DISTINCT FROM 'probe'
+          AND {source_filter()}
         GROUP BY instance
         """,
         [start_ms, snap.now_ms],
@@ -450,13 +451,13 @@ def _gateways(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> 
 
 def _probes(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
     rows = con.execute(
-        """
+        f"""
         SELECT instance, any_value(coalesce(pool, model, '')),
                list(received_ts_ms ORDER BY received_ts_ms),
                list(outcome = 'ok' ORDER BY received_ts_ms),
                list(error_kind ORDER BY received_ts_ms)
         FROM requests
-        WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND source = 'probe'
+        WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND {source_filter("probe")}
         GROUP BY instance
         """,
         [start_ms, snap.now_ms],

@@ -7,13 +7,13 @@ import asyncio
 import logging
 import signal
 import threading
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import start_http_server
 
 from app.options import add_common_options, add_subcommand, print_json, resolve_config
 from collectors.collector import Collector
-from collectors.config import CollectConfig, TargetConfig
+from collectors.config import CollectConfig, DialectChoice, TargetConfig
 from collectors.inspect import inspect_url, render_report
 from collectors.metrics import CollectorMetrics
 from pipeline.bus import Bus, BusProducer
@@ -25,7 +25,8 @@ __all__ = ["register"]
 log = logging.getLogger(__name__)
 
 
-DIALECT_CHOICES = ("auto", "vllm", "vllm-legacy", "sglang", "trtllm", "llamacpp", "dcgm", "epp")
+#: ``--dialect`` takes what a target's ``dialect`` takes.
+DIALECT_CHOICES = get_args(DialectChoice)
 
 
 def register(subparsers: Any) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -28,6 +28,7 @@ __all__ = [
     "DIALECT_NAMES",
     "Detection",
     "DialectMap",
+    "DialectName",
     "MetricRule",
     "VersionRule",
     "detect_dialect",
@@ -35,8 +36,10 @@ __all__ = [
 ]
 
 _DIR = Path(__file__).parent
-#: Values accepted by ``--dialect`` and ``targets[].dialect`` besides ``auto``.
-DIALECT_NAMES = (
+#: A dialect (the ``dialect`` column): those of the maps beside this module, one ``versions``
+#: entry's ``dialect`` each (a test holds the two equal). ``--dialect`` and
+#: ``targets[].dialect`` accept these and ``auto``.
+DialectName = Literal[
     "vllm",
     "vllm-legacy",
     "sglang",
@@ -45,7 +48,9 @@ DIALECT_NAMES = (
     "dcgm",
     "epp",
     "kube-state-metrics",
-)
+]
+#: The values of :data:`DialectName`, in its order.
+DIALECT_NAMES: tuple[DialectName, ...] = get_args(DialectName)
 
 
 class _Model(BaseModel):
