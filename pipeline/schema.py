@@ -115,7 +115,12 @@ ENGINE_SAMPLES = RecordSchema(
             _field("ts_ms", pa.int64(), "scrape time, Unix epoch ms", nullable=False),
             _field("instance", _DICT_STR, _INSTANCE_DOC + ", e.g. vllm-0", nullable=False),
             _field("pool", _DICT_STR, "serving pool the instance belongs to (often the model)"),
-            _field("dialect", _DICT_STR, "vllm, vllm-legacy, sglang, trtllm, llamacpp, epp, tap"),
+            _field(
+                "dialect",
+                _DICT_STR,
+                "the exporter's dialect (vllm, vllm-legacy, sglang, trtllm, llamacpp, epp, "
+                "kube-state-metrics: collectors.dialects) or tap",
+            ),
             _field("model", _DICT_STR, "served model name (model_name label)"),
             _field("engine", _DICT_STR, "engine core / DP rank within the instance, '' if none"),
             _field("metric", _DICT_STR, "metric name exactly as exposed", nullable=False),
