@@ -100,10 +100,6 @@ class PoolBaseline:
     serving: list[str]  # sorted
     left_out: dict[str, str] = field(default_factory=dict)  # instance → reason
 
-    def judged(self, cfg: DetectorConfig) -> bool:
-        """Whether the pool has enough serving instances for a pool verdict."""
-        return len(self.serving) >= cfg.pool_min_serving
-
 
 def pool_baselines(snap: Snapshot, cfg: DetectorConfig) -> dict[str, PoolBaseline]:
     """Per pool (:func:`by_pool`), its serving instances and the ones left out, with why."""

@@ -136,7 +136,7 @@ def test_a_jittery_pod_among_serving_peers_is_found_while_others_fail() -> None:
 def test_a_pod_with_no_serving_peer_gets_no_pool_verdict() -> None:
     snap = pool(healthy=1, failing=8, hot=0, jittery=0)
     assert [f for f in detect_all(snap, CFG) if f.signal in POOL_SIGNALS] == []
-    assert not pool_baselines(snap, CFG)[POOL].judged(CFG)
+    assert len(pool_baselines(snap, CFG)[POOL].serving) < CFG.pool_min_serving
 
 
 def test_client_cancels_are_not_failures_and_few_failures_are_not_failing() -> None:
