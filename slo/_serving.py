@@ -26,8 +26,9 @@ Client cancels are neither served nor failed: a pod whose clients hang up (ghost
 serves. A crash that came back is judged by what it does now, not by ``restart_hold_s``.
 A pool with fewer than ``pool_min_serving`` (2) serving instances gives **no pool verdict**
 (an instance needs at least one serving peer); the instances left out are in every pool
-finding's evidence (``left_out``: instance → reason). The non-serving instances' own
-findings report them; the pool detectors neither judge them nor count them.
+finding's evidence (``left_out``: instance → reason). Hot instance and the latency shifts
+neither judge a non-serving instance (its own findings report it) nor count it; the failure
+detectors still judge it (a failing pod is what they report), against its serving peers.
 """
 
 from __future__ import annotations
