@@ -7,7 +7,10 @@ An instance is reported when its failure share of attempts is
   every instance and then on the pool by :func:`slo.detectors.pool_findings`), or
 - at least ``failure_min_share``, ``failure_over_pool`` × the rest of the pool's share, and
   unlikely under it (one-sided binomial test, p < ``failure_p_value``; the pool's share
-  gets a pseudo-count so a pool with no failure still gives a finite baseline),
+  gets a pseudo-count so a pool with no failure still gives a finite baseline). The rest of
+  the pool is its *serving* instances other than this one (:mod:`slo._serving`: a pod down,
+  stalled, not ready or failing most of its requests is no baseline), and this rule needs
+  at least ``pool_min_serving`` − 1 of them,
 
 and holds at least ``failure_min_count`` failures. Severity: ``page`` from
 ``failure_page_share`` on (most requests see it), else ``ticket``.
@@ -21,7 +24,7 @@ from typing import Any
 from scipy.stats import binomtest
 
 from slo._failures import AFTER_FIRST_TOKEN, BEFORE_FIRST_TOKEN, FailureStats
-from slo._traffic_detectors import by_pool
+from slo._serving import pool_baselines
 from slo.findings import DetectorConfig, Finding
 from slo.snapshot import Snapshot
 
@@ -35,20 +38,23 @@ def _judge(
 ) -> list[tuple[str, dict[str, Any]]]:
     """(instance, evidence) of every instance whose ``outcome`` share stands out."""
     found = []
-    for instances in by_pool(snap).values():
+    for pool in pool_baselines(snap, cfg).values():
+        instances = [*pool.serving, *pool.left_out]
         stats = {i: snap.failures[i] for i in instances if i in snap.failures}
-        pool_n = sum(denominator(s) for s in stats.values())
-        pool_k = sum(s.failed(outcome) for s in stats.values())
         for instance, s in sorted(stats.items()):
             n, k = denominator(s), s.failed(outcome)
             if k < cfg.failure_min_count or n == 0:
                 continue
             share = k / n
-            rest_n, rest_k = pool_n - n, pool_k - k
+            # the rest of the pool is its serving instances other than this one (slo._serving)
+            peers = [stats[i] for i in pool.serving if i != instance and i in stats]
+            rest_n = sum(denominator(p) for p in peers)
+            rest_k = sum(p.failed(outcome) for p in peers)
             baseline = (rest_k + 1) / (rest_n + 2)  # Laplace: finite when the rest never fails
             p_value = float(binomtest(k, n, baseline, alternative="greater").pvalue)
             relative = (
-                rest_n > 0
+                len(peers) + 1 >= cfg.pool_min_serving
+                and rest_n > 0
                 and share >= cfg.failure_min_share
                 and share >= cfg.failure_over_pool * (rest_k / rest_n)
                 and p_value < cfg.failure_p_value
@@ -71,6 +77,7 @@ def _judge(
                         "sample_request_ids": kind.sample_request_ids,
                         "retries_caused": s.retries_caused,
                         "client_cancelled": s.client_cancelled,
+                        "left_out": pool.left_out,
                     },
                 )
             )

@@ -60,6 +60,7 @@ class FailureStats:
     retries: int = 0  # attempts here that were a retry (attempt > 1), whatever caused them
     retries_caused: int = 0  # later attempts of requests whose previous attempt failed here
     kinds: dict[str, FailureKind] = field(default_factory=dict)  # outcome → its failures
+    served: int = 0  # attempts answered ok without finish_reason=error (slo._serving)
 
     def failed(self, outcome: str) -> int:
         kind = self.kinds.get(outcome)
@@ -71,9 +72,10 @@ def load_failures(
 ) -> dict[str, FailureStats]:
     """Per instance, the tap's attempts between ``start_ms`` and ``now_ms`` (received time)."""
     stats: dict[str, FailureStats] = {}
-    for instance, attempts, first, cancelled, retries in con.execute(
+    for instance, attempts, served, first, cancelled, retries in con.execute(
         f"""
         SELECT instance, count(*),
+               count(*) FILTER (WHERE outcome = 'ok' AND finish_reason IS DISTINCT FROM 'error'),
                count(*) FILTER (WHERE ttft_s IS NOT NULL OR coalesce(token_chunks, 0) > 0),
                count(*) FILTER (WHERE outcome = 'client_cancelled'),
                count(*) FILTER (WHERE attempt > 1)
@@ -82,7 +84,7 @@ def load_failures(
         """,
         [start_ms, now_ms],
     ).fetchall():
-        stats[instance] = FailureStats(attempts, first, cancelled, retries)
+        stats[instance] = FailureStats(attempts, first, cancelled, retries, served=served)
     for row in con.execute(
         f"""
         SELECT instance, outcome, count(*),

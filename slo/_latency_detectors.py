@@ -4,7 +4,9 @@ Slow prefill (TTFT), slow decode (TPOT) and ITL jitter (per request p99 gap − 
 the tap's ``itl_jitter_s``) are signals of their own, not only SLO burn: an
 instance whose distribution sits above its pool's, by a one-sided Mann–Whitney U test
 (scipy) *and* an effect size (median ratio and the probability of superiority U/(n·m)), with
-a minimum number of tap records on each side.
+a minimum number of tap records on each side. The pool is its serving instances only
+(:mod:`slo._serving`): a pod failing most requests, down, stalled or not ready is neither
+judged nor part of the baseline.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from slo._traffic_detectors import by_pool
+from slo._serving import pool_baselines
 from slo.findings import DetectorConfig, Finding
 from slo.snapshot import Snapshot
 
@@ -20,9 +22,14 @@ __all__ = ["detect_itl_jitter", "detect_slow_decode", "detect_slow_prefill"]
 
 
 def _shifted(snap: Snapshot, cfg: DetectorConfig, metric: str, signal: str) -> list[Finding]:
+    """Serving instances (:func:`slo._serving.pool_baselines`) whose ``metric`` sits above
+    the rest of their pool's serving instances; none in a pool with fewer than
+    ``pool_min_serving`` serving instances holding samples."""
     findings = []
-    for instances in by_pool(snap).values():
-        samples = {i: snap.latency[i][metric] for i in instances if i in snap.latency}
+    for baseline in pool_baselines(snap, cfg).values():
+        samples = {i: snap.latency[i][metric] for i in baseline.serving if i in snap.latency}
+        if len(samples) < cfg.pool_min_serving:
+            continue
         for instance, mine in samples.items():
             rest = [v for other, v in samples.items() if other != instance]
             if len(mine) < cfg.slow_min_samples or not rest:
@@ -45,6 +52,7 @@ def _shifted(snap: Snapshot, cfg: DetectorConfig, metric: str, signal: str) -> l
                 "p_value": float(test.pvalue),
                 "n": len(mine),
                 "pool_n": len(pool),
+                "left_out": baseline.left_out,
             }
             findings.append(
                 Finding.on_instance(snap, signal, instance, "ticket", "mann_whitney", evidence)

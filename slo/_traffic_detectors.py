@@ -3,37 +3,20 @@ hot DP rank, retry storm, numeric anomaly."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
+from slo._serving import by_pool, pool_baselines
 from slo.findings import DetectorConfig, Finding, gini
 from slo.snapshot import Series, Snapshot
 
 __all__ = [
-    "by_pool",
     "detect_hot_instance",
     "detect_hot_rank",
     "detect_numeric_anomaly",
     "detect_retry_storm",
 ]
-
-
-#: Signals only an engine exports: a gateway, router, autoscaler or P/D connector target
-#: in ``snap.engine`` without them is not a member of its pool.
-_ENGINE_SIGNALS = ("running", "waiting", "generation_tokens", "kv_usage")
-
-
-def by_pool(snap: Snapshot) -> dict[str, list[str]]:
-    """Engine instances per pool: those taps saw, and scraped targets with engine signals."""
-    engines = {
-        i for i, signals in snap.engine.items() if any(s in signals for s in _ENGINE_SIGNALS)
-    }
-    pools: dict[str, list[str]] = defaultdict(list)
-    for instance in sorted(set(snap.requests) | engines):
-        pools[snap.pools.get(instance, "")].append(instance)
-    return pools
 
 
 def _hot(
@@ -74,14 +57,19 @@ def _tapped(snap: Snapshot, instance: str) -> bool:
 
 
 def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
-    """Per pool: one instance far above the mean share of requests or of tokens, in *both*
-    halves of the lookback (a sustained skew, not a burst of a sampled count); with max/mean
-    and Gini. Basis ``request_share`` when requests show it, else ``token_share``."""
+    """Per pool, among its serving instances (:func:`slo._serving.pool_baselines`; fewer
+    than ``pool_min_serving`` of them: no verdict): one instance far above the mean share of
+    requests or of tokens, in *both* halves of the lookback (a sustained skew, not a burst
+    of a sampled count); with max/mean and Gini over the serving instances, and the
+    instances left out with why. Basis ``request_share`` when requests show it, else
+    ``token_share``."""
     findings = []
-    for pool, members in by_pool(snap).items():
+    for pool, baseline in pool_baselines(snap, cfg).items():
         # only instances a tap sees have a share; an engine with no tap in front is unknown,
         # not idle (a P/D pair or gateway tapped at the entry is not hot against its pods)
-        instances = [i for i in members if i in snap.requests or _tapped(snap, i)]
+        instances = [i for i in baseline.serving if i in snap.requests or _tapped(snap, i)]
+        if len(instances) < cfg.pool_min_serving:
+            continue
         stats = [snap.requests.get(i) for i in instances]
         recent = [float(s.recent_records) if s else 0.0 for s in stats]
         earlier = [float(s.records - s.recent_records) if s else 0.0 for s in stats]
@@ -110,6 +98,7 @@ def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             "token_gini": gini(token_counts),
             "requests": dict(zip(instances, counts, strict=True)),
             "tokens": dict(zip(instances, token_counts, strict=True)),
+            "left_out": baseline.left_out,
         }
         basis = "request_share" if by_requests is not None else "token_share"
         findings.append(

@@ -40,8 +40,8 @@ from slo._infra_detectors import (
     detect_kv_transfer_timeout,
 )
 from slo._latency_detectors import detect_itl_jitter, detect_slow_decode, detect_slow_prefill
+from slo._serving import by_pool
 from slo._traffic_detectors import (
-    by_pool,
     detect_hot_instance,
     detect_hot_rank,
     detect_numeric_anomaly,

@@ -102,6 +102,19 @@ class DetectorConfig(BaseModel):
         le=1,
         description="share of a pool's instances with a signal that raises it on the pool",
     )
+    serving_min_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="share of an instance's answered attempts (client cancels aside) that must"
+        " be served (ok, no finish_reason=error) for it to count in its pool's baseline",
+    )
+    pool_min_serving: int = Field(
+        default=2,
+        ge=2,
+        description="serving instances a pool needs for any pool-relative verdict (hot "
+        "instance, latency shift, failure share over the pool)",
+    )
     entry_window_s: float = Field(
         default=60, gt=0, description="recent probes an entry point is judged on"
     )
