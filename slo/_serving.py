@@ -103,7 +103,19 @@ class PoolBaseline:
 
 
 def pool_baselines(snap: Snapshot, cfg: DetectorConfig) -> dict[str, PoolBaseline]:
-    """Per pool (:func:`by_pool`), its serving instances and the ones left out, with why."""
+    """Per pool (:func:`by_pool`), its serving instances and the ones left out, with why.
+
+    Worked out once per snapshot and config (six detectors ask, and the rule runs five
+    detectors of its own): kept in ``snap.derived``."""
+    cached = snap.derived.get("pool_baselines")
+    if isinstance(cached, tuple) and cached[0] is cfg:
+        return cached[1]
+    baselines = _pool_baselines(snap, cfg)
+    snap.derived["pool_baselines"] = (cfg, baselines)
+    return baselines
+
+
+def _pool_baselines(snap: Snapshot, cfg: DetectorConfig) -> dict[str, PoolBaseline]:
     reasons = not_serving(snap, cfg)
     baselines = {}
     for pool, members in by_pool(snap).items():

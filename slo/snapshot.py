@@ -150,6 +150,10 @@ class Snapshot:
     autoscalers: dict[str, Autoscalers] = field(
         default_factory=dict
     )  # kube-state-metrics instance → its HPAs, each paired with its workload (never summed)
+    #: Views derived from the rows above that several detectors share (see
+    #: ``slo._serving.pool_baselines``), computed once per snapshot: a snapshot is read, never
+    #: changed, once loaded.
+    derived: dict[str, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def ago_ms(self, seconds: float) -> int:
         """The time ``seconds`` before the snapshot (ms): where a detector's window starts."""
