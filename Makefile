@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)          ## the whole pipeline on embedded defaults, then a summary
 	$(BIN)/llmslo demo
 
+# Four workers on two cores: most tests wait on brokers, child processes and sleeps (at
+# four the CPU was 78 % busy, on an idle machine). A file is one unit (module fixtures run once);
+# files holding slow tests are handed out first (tests/conftest.py).
 test: $(STAMP)          ## the test suite (real broker, DuckDB files, binaries when installed)
-	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile
+	$(BIN)/pytest -q -p no:cacheprovider -n 4 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
