@@ -226,6 +226,15 @@ def _crash_and_back(s: State, since: float) -> None:
         s["up"], s["requests"], s["process_start_s"] = True, 8, 2e9 + since
 
 
+_nan = _request(finish_reason="error", completion_tokens=12, token_chunks=12)
+
+
+def _nan_burst(s: State, since: float) -> None:
+    """A NaN burst: a dozen tokens, then finish_reason=error; its few streams run smooth."""
+    _nan(s, since)
+    s["request"].update(itl_jitter_s=0.005)
+
+
 @pytest.fixture
 def seven_faults() -> FleetTimeline:
     fleet = FleetTimeline(instances=9, seconds=900)
@@ -233,9 +242,7 @@ def seven_faults() -> FleetTimeline:
     fleet.add_fault(3, 0, _not_ready)
     fleet.add_fault(4, 0, lambda s, t: _not_ready(s, t, models=0))
     fleet.add_fault(5, 0, _stall)
-    # a NaN burst: a dozen tokens, then finish_reason=error; its few streams run smooth
-    nan = _request(finish_reason="error", completion_tokens=12, token_chunks=12)
-    fleet.add_fault(6, 0, lambda s, t: (nan(s, t), s["request"].update(itl_jitter_s=0.005)))
+    fleet.add_fault(6, 0, _nan_burst)
     fleet.add_fault(7, 0, _stalled_gpu_lost)
     fleet.add_fault(8, 0, _prefill_failures_or_smooth)
     return fleet
