@@ -219,11 +219,13 @@ def run_plans(
 
     def last_start() -> float | None:
         """When the fleet submitted last reported its start (waiting for it), or None when
-        there is none or its worker ended before it got there."""
+        there is none, its worker ended before it got there, or it did not get there within
+        ``STOP_GRACE_S`` (a worker stuck in its start: not a reason to hold the others)."""
         if not last:
             return None
         future, name = last[0]
-        while name not in reported and not future.done():
+        deadline = time.monotonic() + STOP_GRACE_S
+        while name not in reported and not future.done() and time.monotonic() < deadline:
             with contextlib.suppress(queue.Empty):
                 reported.update([starts.get(timeout=0.1)])
         return reported.get(name)
@@ -261,8 +263,9 @@ def run_plans(
     except BaseException:
         _stop_workers(pool, say)
         raise
+    finally:
+        starts.close()
     pool.shutdown(wait=True)
-    starts.close()
     return [o for o in outcomes if o is not None]
 
 

@@ -77,6 +77,9 @@ def test_outcomes_come_back_in_plan_order_longest_fleet_first_each_in_a_fresh_pr
     ]
     ran = {p.name: _ran(tmp_path, p.name) for p in plans}
     assert sorted(ran, key=lambda n: ran[n][1]) == ["long", "middle", "short"]
+    # One at a time: each fleet starts once the one before has run its length.
+    assert ran["middle"][1] - ran["long"][1] >= 1.5
+    assert ran["short"][1] - ran["middle"][1] >= 0.8
     pids = {pid for pid, _ in ran.values()}
     assert len(pids) == 3 and os.getpid() not in pids  # a fresh interpreter per fleet
 
