@@ -52,7 +52,7 @@ def _shifted(snap: Snapshot, cfg: DetectorConfig, metric: str, signal: str) -> l
                 "p_value": float(test.pvalue),
                 "n": len(mine),
                 "pool_n": len(pool),
-                "left_out": baseline.left_out,
+                "left_out": dict(baseline.left_out),
             }
             findings.append(
                 Finding.on_instance(snap, signal, instance, "ticket", "mann_whitney", evidence)

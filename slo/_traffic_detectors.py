@@ -98,7 +98,7 @@ def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
             "token_gini": gini(token_counts),
             "requests": dict(zip(instances, counts, strict=True)),
             "tokens": dict(zip(instances, token_counts, strict=True)),
-            "left_out": baseline.left_out,
+            "left_out": dict(baseline.left_out),
         }
         basis = "request_share" if by_requests is not None else "token_share"
         findings.append(
