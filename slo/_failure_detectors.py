@@ -77,7 +77,7 @@ def _judge(
                         "sample_request_ids": kind.sample_request_ids,
                         "retries_caused": s.retries_caused,
                         "client_cancelled": s.client_cancelled,
-                        "left_out": pool.left_out,
+                        "left_out": dict(pool.left_out),
                     },
                 )
             )

@@ -36,6 +36,20 @@ AFTER_FIRST_TOKEN = "interrupted_after_first_token"
 #: How far before the window a retried attempt's predecessor is looked for (ms).
 _RETRY_REACH_MS = 120_000
 _SAMPLE_IDS = 5
+#: An attempt whose answer shows the pod itself failing (``slo._serving``): a 5xx (503 of a
+#: worker not ready too), an error before the first token that is no 4xx (a stream that
+#: ended or errored first, a reset, a refused connection), a stream cut after it, a
+#: ``finish_reason=error``, a connect timeout. Not a 429 (a full queue, or the tap's own L2
+#: refusal, never sent upstream), a deadline, a first-token or read timeout (what an
+#: overloaded or slow pod produces) nor a 4xx (the request's fault): neither served nor
+#: failed, like a client cancel.
+_POD_FAILED = f"""
+    outcome = '{AFTER_FIRST_TOKEN}'
+    OR (outcome = 'ok' AND finish_reason = 'error')
+    OR (outcome = '{BEFORE_FIRST_TOKEN}' AND coalesce(upstream_status, 0) NOT BETWEEN 400 AND 499)
+    OR (outcome = 'rejected' AND upstream_status >= 500)
+    OR (outcome = 'upstream_timeout' AND error_kind = 'connect_timeout')
+"""
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,7 @@ class FailureStats:
     retries_caused: int = 0  # later attempts of requests whose previous attempt failed here
     kinds: dict[str, FailureKind] = field(default_factory=dict)  # outcome → its failures
     served: int = 0  # attempts answered ok without finish_reason=error (slo._serving)
+    pod_failed: int = 0  # attempts whose answer shows the pod itself failing (slo._serving)
 
     def failed(self, outcome: str) -> int:
         kind = self.kinds.get(outcome)
@@ -72,10 +87,11 @@ def load_failures(
 ) -> dict[str, FailureStats]:
     """Per instance, the tap's attempts between ``start_ms`` and ``now_ms`` (received time)."""
     stats: dict[str, FailureStats] = {}
-    for instance, attempts, served, first, cancelled, retries in con.execute(
+    for instance, attempts, served, pod_failed, first, cancelled, retries in con.execute(
         f"""
         SELECT instance, count(*),
                count(*) FILTER (WHERE outcome = 'ok' AND finish_reason IS DISTINCT FROM 'error'),
+               count(*) FILTER (WHERE {_POD_FAILED}),
                count(*) FILTER (WHERE ttft_s IS NOT NULL OR coalesce(token_chunks, 0) > 0),
                count(*) FILTER (WHERE outcome = 'client_cancelled'),
                count(*) FILTER (WHERE attempt > 1)
@@ -84,7 +100,9 @@ def load_failures(
         """,
         [start_ms, now_ms],
     ).fetchall():
-        stats[instance] = FailureStats(attempts, first, cancelled, retries, served=served)
+        stats[instance] = FailureStats(
+            attempts, first, cancelled, retries, served=served, pod_failed=pod_failed
+        )
     for row in con.execute(
         f"""
         SELECT instance, outcome, count(*),

@@ -7,36 +7,53 @@ from :func:`pool_baselines` alone. A pool whose pods mostly fail answers with al
 tokens and only from its lightly loaded pods, so its few healthy pods would otherwise stand
 out as hot and jittery against a baseline that is not a fleet at work.
 
-An instance is **not serving** in a snapshot when either holds (the first reason is kept):
+An instance is **not serving** in a snapshot when either holds (the reason given is the
+signal of its finding when it has one, else ``failing_requests``):
 
+- **most of its answered attempts failed on the pod**: over the second half of the lookback
+  (the window the failure detectors count), fewer than ``serving_min_share`` (50 %) of its
+  answered tap attempts were *served* (outcome ``ok`` and no ``finish_reason=error``), with
+  at least ``failure_min_count`` (5) *failed*. Failed counts only answers that show the pod
+  itself failing (``FailureStats.pod_failed``, one SQL rule in :mod:`slo._failures`): 5xx
+  (the 503s of a worker not ready too), errors before the first token but 4xx (a stream that
+  ended or errored first, a reset, a refused connection), streams cut after it,
+  ``finish_reason=error`` (NaN bursts), connect timeouts. A 429 (a full queue, or the tap's
+  own L2 refusal, which never reached the pod), a deadline passed, a first-token or read
+  timeout, a 4xx and a client cancel are neither served nor failed: that is what an
+  overloaded, slow or ghost-ridden pod produces, and hot instance and the latency shifts
+  must still judge it;
 - **its own finding says it cannot serve now**: ``target_down``, ``worker_not_ready``,
   ``model_load_failure``, ``stall``, or an XID that takes its GPU out (``takes_gpu_out``,
   e.g. 79 fallen off the bus) — computed by those detectors themselves, so this module
-  never restates their rules. A stalled or lost GPU holds its streams open and writes no
-  record, which no outcome count can see; a target behind a router that stops sending to it
-  writes none either;
-- **most of its answered attempts failed**: over the second half of the lookback (the
-  window the failure detectors count), fewer than ``serving_min_share`` (50 %) of its tap
-  attempts that the client did not cancel were *served* (outcome ``ok`` and no
-  ``finish_reason=error``), with at least ``failure_min_count`` (5) failed. This covers
-  prefill failures, interrupted streams, NaN bursts, the 503s of a worker not ready (before
-  ``not_ready_for_s``) and a crashed pod's refused connections, each as soon as they fail.
+  never restates their rules; one that raises is logged and skipped (it costs only the
+  instances it would have left out). A stalled or lost GPU holds its streams open and writes
+  no record, which no outcome count can see; a target behind a router that stops sending to
+  it writes none either. But a pod whose tap records show it **serving now** (served ≥
+  ``serving_min_share`` of at least ``failure_min_count`` answered) stays in whatever these
+  say — a failed /metrics scrape of an overloaded pod, an XID minutes ago on a GPU since
+  replaced — except a ``stall``: the engine's own token counter standing still now
+  outweighs records that may predate it.
 
-Client cancels are neither served nor failed: a pod whose clients hang up (ghosts) still
-serves. A crash that came back is judged by what it does now, not by ``restart_hold_s``.
+A crash that came back is judged by what it does now, not by ``restart_hold_s``.
 A pool with fewer than ``pool_min_serving`` (2) serving instances gives **no pool verdict**
 (an instance needs at least one serving peer); the instances left out are in every pool
-finding's evidence (``left_out``: instance → reason). Hot instance and the latency shifts
-neither judge a non-serving instance (its own findings report it) nor count it; the failure
-detectors still judge it (a failing pod is what they report), against its serving peers.
+finding's evidence (``left_out``: instance → reason, a copy). No detector counts a
+non-serving instance in its baseline. Hot instance and the latency shifts do not judge one
+left out by a finding (its own findings report it) but judge one left out for
+``failing_requests`` (:attr:`PoolBaseline.failing`: it still answers some) against the
+serving instances; the failure detectors judge every one of them, against its serving peers.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from slo._engine_detectors import detect_stall
+from slo._failures import FailureStats
 from slo._health_detectors import (
     detect_model_load_failure,
     detect_not_ready,
@@ -47,6 +64,8 @@ from slo.findings import Detector, DetectorConfig
 from slo.snapshot import Snapshot
 
 __all__ = ["SERVING_FAILURE", "PoolBaseline", "by_pool", "not_serving", "pool_baselines"]
+
+log = logging.getLogger(__name__)
 
 #: Signals only an engine exports: a gateway, router, autoscaler or P/D connector target
 #: in ``snap.engine`` without them is not a member of its pool.
@@ -77,29 +96,73 @@ def by_pool(snap: Snapshot) -> dict[str, list[str]]:
     return pools
 
 
+def _serves(stats: FailureStats, cfg: DetectorConfig) -> bool | None:
+    """Whether the tap's recent attempts show the instance serving (True), mostly failing
+    (False), or too few answered either way (None)."""
+    answered = stats.served + stats.pod_failed
+    if answered < cfg.failure_min_count:
+        return None
+    if stats.served >= cfg.serving_min_share * answered:
+        return True
+    return False if stats.pod_failed >= cfg.failure_min_count else None
+
+
+def _cannot_serve(snap: Snapshot, cfg: DetectorConfig) -> dict[str, list[str]]:
+    """Instances that findings of :data:`_CANNOT_SERVE` say cannot serve, each with those
+    signals in order. A detector that raises costs only its own reasons (``detect_all``'s
+    promise, which runs it again and logs it too): logged with context and skipped."""
+    signals: dict[str, list[str]] = defaultdict(list)
+    for detector in _CANNOT_SERVE:
+        try:
+            found = [
+                (f.scope_id, f.signal)
+                for f in detector(snap, cfg)
+                if not f.signal.startswith("xid_") or f.evidence["takes_gpu_out"]
+            ]
+        except Exception:
+            log.exception(
+                "serving rule: %s failed at %d; the instances it would leave out stay in",
+                getattr(detector, "__name__", detector),
+                snap.now_ms,
+            )
+            continue
+        for instance, signal in found:
+            signals[instance].append(signal)
+    return signals
+
+
 def not_serving(snap: Snapshot, cfg: DetectorConfig) -> dict[str, str]:
     """Instances that are visibly not serving in ``snap``, each with why (a signal name, or
     :data:`SERVING_FAILURE`); see the module docstring for the rule."""
-    reasons: dict[str, str] = {}
-    for detector in _CANNOT_SERVE:
-        for finding in detector(snap, cfg):
-            if finding.signal.startswith("xid_") and not finding.evidence["takes_gpu_out"]:
-                continue
-            reasons.setdefault(finding.scope_id, finding.signal)
-    for instance, stats in sorted(snap.failures.items()):
-        answered = stats.attempts - stats.client_cancelled
-        failed = answered - stats.served
-        if failed >= cfg.failure_min_count and stats.served < cfg.serving_min_share * answered:
+    serves = {i: _serves(stats, cfg) for i, stats in snap.failures.items()}
+    reasons = {
+        instance: signals[0]
+        for instance, signals in _cannot_serve(snap, cfg).items()
+        # records show it serving: a stall (its token counter standing still now) still wins
+        if not serves.get(instance) or "stall" in signals
+    }
+    for instance, serving in sorted(serves.items()):
+        if serving is False:
             reasons.setdefault(instance, SERVING_FAILURE)
     return reasons
 
 
 @dataclass(frozen=True)
 class PoolBaseline:
-    """One pool's engine instances split into those that serve and those left out."""
+    """One pool's engine instances split into those that serve and those left out; shared
+    by every detector of a snapshot (``Snapshot.derived``), so read-only."""
 
-    serving: list[str]  # sorted
-    left_out: dict[str, str] = field(default_factory=dict)  # instance → reason
+    serving: tuple[str, ...]  # sorted
+    left_out: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({})
+    )  # instance → reason
+
+    @property
+    def failing(self) -> tuple[str, ...]:
+        """Instances left out only because most of their answered attempts failed: they
+        still serve some, so hot instance and the latency shifts judge them against the
+        serving instances (never the other way round)."""
+        return tuple(i for i, reason in self.left_out.items() if reason == SERVING_FAILURE)
 
 
 def pool_baselines(snap: Snapshot, cfg: DetectorConfig) -> dict[str, PoolBaseline]:
@@ -119,6 +182,6 @@ def _pool_baselines(snap: Snapshot, cfg: DetectorConfig) -> dict[str, PoolBaseli
     reasons = not_serving(snap, cfg)
     baselines = {}
     for pool, members in by_pool(snap).items():
-        left_out = {i: reasons[i] for i in members if i in reasons}
-        baselines[pool] = PoolBaseline([i for i in members if i not in reasons], left_out)
+        left_out = MappingProxyType({i: reasons[i] for i in members if i in reasons})
+        baselines[pool] = PoolBaseline(tuple(i for i in members if i not in reasons), left_out)
     return baselines

@@ -55,7 +55,10 @@ def _pod_rows(
         completion_tokens_sq=records * per_request**2,
     )
     snap.failures[instance] = FailureStats(
-        attempts=records // 2, client_cancelled=cancelled, served=served
+        attempts=records // 2,
+        client_cancelled=cancelled,
+        served=served,
+        pod_failed=records // 2 - cancelled - served,  # the rest failed on the pod
     )
     jitter = np.exp(rng.normal(np.log(jitter_ms / 1000), 0.25, ok_records))
     snap.latency[instance] = {
@@ -105,7 +108,7 @@ def test_healthy_pods_of_a_mostly_failing_pool_are_neither_hot_nor_jittery() -> 
     assert on(found, "hot_instance") == []
     assert on(found, "itl_jitter") == []
     baseline = pool_baselines(snap, CFG)[POOL]
-    assert baseline.serving == [pod(0), pod(1)]
+    assert baseline.serving == (pod(0), pod(1))
     assert baseline.left_out == {pod(i): SERVING_FAILURE for i in range(2, 9)}
 
 
@@ -167,7 +170,10 @@ def test_the_failure_share_over_the_pool_is_judged_against_serving_peers() -> No
     for instance, attempts, failed in ((pod(0), 200, 10), (pod(3), 200, 120)):
         kind = FailureKind(failed, {"500": failed}, {"http_500": failed}, [], 0.0, 0.0)
         snap.failures[instance] = FailureStats(
-            attempts=attempts, served=attempts - failed, kinds={BEFORE_FIRST_TOKEN: kind}
+            attempts=attempts,
+            served=attempts - failed,
+            pod_failed=failed,
+            kinds={BEFORE_FIRST_TOKEN: kind},
         )
     for instance in (pod(1), pod(2)):
         snap.failures[instance] = FailureStats(attempts=200, served=200)
@@ -258,7 +264,7 @@ def test_a_fleet_of_seven_faults_leaves_its_healthy_pods_alone(
     healthy = {pod(0), pod(1)}
     assert [f.key for f in found if f.signal in POOL_SIGNALS and f.scope_id in healthy] == []
     baseline = pool_baselines(snap, CFG)[POOL]
-    assert baseline.serving == sorted(healthy)
+    assert baseline.serving == tuple(sorted(healthy))
     assert baseline.left_out == {
         pod(2): "target_down",
         pod(3): "worker_not_ready",
@@ -276,4 +282,4 @@ def test_a_crashed_pod_serving_again_is_back_in_the_baseline(store: Store) -> No
     insert(store, requests=requests, engine=engine, gpu=gpu, health=health)
     snap = load_snapshot(store.con, fleet.end_ms, int(CFG.lookback_s * 1000))
     assert on(detect_all(snap, CFG), "crash") == [pod(2)]  # still reported for restart_hold_s
-    assert pool_baselines(snap, CFG)[POOL].serving == [pod(0), pod(1), pod(2)]
+    assert pool_baselines(snap, CFG)[POOL].serving == (pod(0), pod(1), pod(2))
