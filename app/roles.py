@@ -119,10 +119,17 @@ def run_jobs_role(config: LlmsloConfig, model: SloModel) -> int:
     ):
         create_lake_views(con, lake_dir)
         jobs = SloJobs(con, model, jobs_config, sink=sink)
+        started = time.monotonic()
         while not stop.is_set():
             create_lake_views(con, lake_dir)  # picks up a table's first file
             jobs.run_once()
             cycles += 1
+            if cycles == 1:  # the role is up: its views and store answer
+                log.info(
+                    "first SLO cycle over %s done %.1f s after start",
+                    lake_dir,
+                    time.monotonic() - started,
+                )
             stop.wait(jobs_config.interval_s)
     print_json({"run": "stopped", "role": "jobs", "cycles": cycles})
     return 0

@@ -102,6 +102,8 @@ def wait_for_log(
         if needle in log.read_text(errors="replace"):
             return
         if process.poll() is not None:
-            raise AssertionError(f"ingest exited ({process.returncode}) before logging {needle!r}")
+            raise AssertionError(
+                f"{log.name}: exited ({process.returncode}) before logging {needle!r}"
+            )
         time.sleep(0.05)
-    raise AssertionError(f"ingest did not log {needle!r} within {timeout_s} s")
+    raise AssertionError(f"{log.name}: {needle!r} not logged within {timeout_s} s")

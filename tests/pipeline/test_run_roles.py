@@ -19,7 +19,7 @@ import yaml
 from pipeline.bus import Bus
 from pipeline.lake import lake_view_sql
 from pipeline.schema import ENGINE_SAMPLES
-from tests.pipeline.ingest_helpers import STARTED, numbered_samples
+from tests.pipeline.ingest_helpers import STARTED, numbered_samples, wait_for_log
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,8 @@ def test_two_ingest_roles_fill_the_lake_and_the_jobs_role_reads_it(
 
     # The jobs role evaluates over that lake from its own file, never opening the ingesters'.
     jobs = _run(config, tmp_path / "jobs.duckdb", "jobs", tmp_path / "jobs.log")
-    time.sleep(8)  # start-up, then cycles every 0.5 s
+    wait_for_log(jobs, tmp_path / "jobs.log", "first SLO cycle over")
+    time.sleep(3)  # the next cycle starts 0.5 s after it; a stop lets a started cycle end
     assert jobs.poll() is None, (tmp_path / "jobs.log").read_text()[-2000:]
     jobs.send_signal(signal.SIGTERM)
     out, _ = jobs.communicate(timeout=60)
