@@ -5,8 +5,8 @@ the tap's ``itl_jitter_s``) are signals of their own, not only SLO burn: an
 instance whose distribution sits above its pool's, by a one-sided Mann–Whitney U test
 (scipy) *and* an effect size (median ratio and the probability of superiority U/(n·m)), with
 a minimum number of tap records on each side. The pool is its serving instances only
-(:mod:`slo._serving`): a pod down, stalled or not ready is neither judged nor part of the
-baseline; one failing most of its requests is judged against it, never part of it.
+(:mod:`slo._serving`): a pod failing most requests, down, stalled or not ready is neither
+judged nor part of the baseline.
 """
 
 from __future__ import annotations
@@ -22,16 +22,15 @@ __all__ = ["detect_itl_jitter", "detect_slow_decode", "detect_slow_prefill"]
 
 
 def _shifted(snap: Snapshot, cfg: DetectorConfig, metric: str, signal: str) -> list[Finding]:
-    """Serving (or failing, ``PoolBaseline.failing``) instances whose ``metric`` sits above
-    the rest of their pool's serving instances (:func:`slo._serving.pool_baselines`); none
-    in a pool with fewer than ``pool_min_serving`` serving instances holding samples."""
+    """Serving instances (:func:`slo._serving.pool_baselines`) whose ``metric`` sits above
+    the rest of their pool's serving instances; none in a pool with fewer than
+    ``pool_min_serving`` serving instances holding samples."""
     findings = []
     for baseline in pool_baselines(snap, cfg).values():
         samples = {i: snap.latency[i][metric] for i in baseline.serving if i in snap.latency}
         if len(samples) < cfg.pool_min_serving:
             continue
-        judged = {i: snap.latency[i][metric] for i in baseline.failing if i in snap.latency}
-        for instance, mine in (samples | judged).items():
+        for instance, mine in samples.items():
             rest = [v for other, v in samples.items() if other != instance]
             if len(mine) < cfg.slow_min_samples or not rest:
                 continue

@@ -37,11 +37,10 @@ signal of its finding when it has one, else ``failing_requests``):
 A crash that came back is judged by what it does now, not by ``restart_hold_s``.
 A pool with fewer than ``pool_min_serving`` (2) serving instances gives **no pool verdict**
 (an instance needs at least one serving peer); the instances left out are in every pool
-finding's evidence (``left_out``: instance → reason, a copy). No detector counts a
-non-serving instance in its baseline. Hot instance and the latency shifts do not judge one
-left out by a finding (its own findings report it) but judge one left out for
-``failing_requests`` (:attr:`PoolBaseline.failing`: it still answers some) against the
-serving instances; the failure detectors judge every one of them, against its serving peers.
+finding's evidence (``left_out``: instance → reason, a copy). Hot instance and the latency
+shifts neither judge a non-serving instance (its own findings report it) nor count it; the
+failure detectors still judge it (a failing pod is what they report), against its serving
+peers.
 """
 
 from __future__ import annotations
@@ -156,13 +155,6 @@ class PoolBaseline:
     left_out: Mapping[str, str] = field(
         default_factory=lambda: MappingProxyType({})
     )  # instance → reason
-
-    @property
-    def failing(self) -> tuple[str, ...]:
-        """Instances left out only because most of their answered attempts failed: they
-        still serve some, so hot instance and the latency shifts judge them against the
-        serving instances (never the other way round)."""
-        return tuple(i for i, reason in self.left_out.items() if reason == SERVING_FAILURE)
 
 
 def pool_baselines(snap: Snapshot, cfg: DetectorConfig) -> dict[str, PoolBaseline]:

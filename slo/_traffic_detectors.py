@@ -56,50 +56,13 @@ def _tapped(snap: Snapshot, instance: str) -> bool:
     return "tap_in_flight" in snap.engine.get(instance, {})
 
 
-def _hot_among(
-    snap: Snapshot, cfg: DetectorConfig, instances: list[str]
-) -> tuple[int, str, dict[str, Any]] | None:
-    """(index, basis, evidence) of the one instance of ``instances`` far above the mean
-    share of requests or of tokens in both halves of the lookback, if any."""
-    stats = [snap.requests.get(i) for i in instances]
-    recent = [float(s.recent_records) if s else 0.0 for s in stats]
-    earlier = [float(s.records - s.recent_records) if s else 0.0 for s in stats]
-    tokens_recent = [float(s.recent_completion_tokens) if s else 0.0 for s in stats]
-    tokens_earlier = [
-        float(s.completion_tokens - s.recent_completion_tokens) if s else 0.0 for s in stats
-    ]
-    tokens = sum(tokens_recent) + sum(tokens_earlier)
-    by_requests = _hot_halves(earlier, recent, cfg, cfg.hot_min_requests / 2)
-    by_tokens = None
-    if sum(recent) + sum(earlier) >= cfg.hot_min_requests / 2 and tokens > 0:
-        # a token count is compound Poisson: var = rate · E[X²], so one "unit" is E[X²]/E[X]
-        unit = sum(s.completion_tokens_sq for s in stats if s) / tokens
-        by_tokens = _hot_halves(tokens_earlier, tokens_recent, cfg, cfg.hot_min_tokens / 2, unit)
-    hot = by_requests or by_tokens
-    if hot is None:
-        return None
-    counts = [a + b for a, b in zip(earlier, recent, strict=True)]
-    token_counts = [a + b for a, b in zip(tokens_earlier, tokens_recent, strict=True)]
-    evidence: dict[str, Any] = {
-        "max_over_mean": hot[1],
-        "sigma": hot[2],
-        "gini": gini(counts),
-        "token_gini": gini(token_counts),
-        "requests": dict(zip(instances, counts, strict=True)),
-        "tokens": dict(zip(instances, token_counts, strict=True)),
-    }
-    return hot[0], "request_share" if by_requests is not None else "token_share", evidence
-
-
 def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     """Per pool, among its serving instances (:func:`slo._serving.pool_baselines`; fewer
     than ``pool_min_serving`` of them: no verdict): one instance far above the mean share of
     requests or of tokens, in *both* halves of the lookback (a sustained skew, not a burst
     of a sampled count); with max/mean and Gini over the serving instances, and the
     instances left out with why. Basis ``request_share`` when requests show it, else
-    ``token_share``. An instance failing most of its requests (``PoolBaseline.failing``)
-    is judged the same way among the serving instances and itself, and reported only if it
-    is the hot one."""
+    ``token_share``."""
     findings = []
     for pool, baseline in pool_baselines(snap, cfg).items():
         # only instances a tap sees have a share; an engine with no tap in front is unknown,
@@ -107,25 +70,49 @@ def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         instances = [i for i in baseline.serving if i in snap.requests or _tapped(snap, i)]
         if len(instances) < cfg.pool_min_serving:
             continue
-        candidates = [(instances, None), *(([*instances, i], i) for i in baseline.failing)]
-        for among, judged in candidates:
-            hot = _hot_among(snap, cfg, among)
-            if hot is None or (judged is not None and among[hot[0]] != judged):
-                continue
-            index, basis, evidence = hot
-            evidence["left_out"] = dict(baseline.left_out)
-            findings.append(
-                Finding(
-                    snap.now_ms,
-                    "hot_instance",
-                    "instance",
-                    among[index],
-                    pool,
-                    "ticket",
-                    basis,
-                    evidence,
-                )
+        stats = [snap.requests.get(i) for i in instances]
+        recent = [float(s.recent_records) if s else 0.0 for s in stats]
+        earlier = [float(s.records - s.recent_records) if s else 0.0 for s in stats]
+        tokens_recent = [float(s.recent_completion_tokens) if s else 0.0 for s in stats]
+        tokens_earlier = [
+            float(s.completion_tokens - s.recent_completion_tokens) if s else 0.0 for s in stats
+        ]
+        tokens = sum(tokens_recent) + sum(tokens_earlier)
+        by_requests = _hot_halves(earlier, recent, cfg, cfg.hot_min_requests / 2)
+        by_tokens = None
+        if sum(recent) + sum(earlier) >= cfg.hot_min_requests / 2 and tokens > 0:
+            # a token count is compound Poisson: var = rate · E[X²], so one "unit" is E[X²]/E[X]
+            unit = sum(s.completion_tokens_sq for s in stats if s) / tokens
+            by_tokens = _hot_halves(
+                tokens_earlier, tokens_recent, cfg, cfg.hot_min_tokens / 2, unit
             )
+        hot = by_requests or by_tokens
+        if hot is None:
+            continue
+        counts = [a + b for a, b in zip(earlier, recent, strict=True)]
+        token_counts = [a + b for a, b in zip(tokens_earlier, tokens_recent, strict=True)]
+        evidence: dict[str, Any] = {
+            "max_over_mean": hot[1],
+            "sigma": hot[2],
+            "gini": gini(counts),
+            "token_gini": gini(token_counts),
+            "requests": dict(zip(instances, counts, strict=True)),
+            "tokens": dict(zip(instances, token_counts, strict=True)),
+            "left_out": dict(baseline.left_out),
+        }
+        basis = "request_share" if by_requests is not None else "token_share"
+        findings.append(
+            Finding(
+                snap.now_ms,
+                "hot_instance",
+                "instance",
+                instances[hot[0]],
+                pool,
+                "ticket",
+                basis,
+                evidence,
+            )
+        )
     return findings
 
 

@@ -194,23 +194,3 @@ def test_the_shared_baseline_is_read_only_and_each_finding_holds_its_own_left_ou
     with pytest.raises(TypeError):
         baseline.left_out[pod(0)] = "edited"  # type: ignore[index]
     assert isinstance(baseline.serving, tuple)
-
-
-POD_500 = _answer("error_before_first_token", 500, 500, "http_500")
-
-
-@pytest.mark.parametrize(
-    ("signal", "ok"),
-    [("hot_instance", {"requests": 24}), ("slow_prefill", {"ttft_s": 1.8})],
-    ids=["3× the traffic", "6× the TTFT"],
-)
-def test_a_pod_failing_most_requests_is_still_judged_against_the_serving_pods(
-    store: Store, signal: str, ok: dict[str, Any]
-) -> None:
-    fleet = FleetTimeline(instances=9, seconds=900)
-    fleet.add_fault(4, 0, _mostly(POD_500, 3, 5, **ok))
-    snap = _snapshot(store, fleet)
-    assert pool_baselines(snap, CFG)[POOL].left_out == {pod(4): SERVING_FAILURE}
-    found = detect_all(snap, CFG)
-    assert on(found, signal) == [pod(4)]
-    assert [f.signal for f in found if f.signal in ("hot_instance", "slow_prefill")] == [signal]
