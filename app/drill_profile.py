@@ -26,7 +26,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DrillProfile:
-    """Timings (seconds) and sizes of a drill (the 22-mode matrix: 843 s on 2 cores with two
+    """Timings (seconds) and sizes of a drill (the 22-mode matrix: 841 s on 2 cores with two
     fleets at a time, ~29 minutes one at a time).
 
     Compressed against the production defaults, and stated in every report: scrape and
