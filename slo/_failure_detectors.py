@@ -41,19 +41,22 @@ def _judge(
     for pool in pool_baselines(snap, cfg).values():
         instances = [*pool.serving, *pool.left_out]
         stats = {i: snap.failures[i] for i in instances if i in snap.failures}
+        # the rest of the pool is its serving instances other than this one (slo._serving)
+        serving = [i for i in pool.serving if i in stats]
+        serving_n = sum(denominator(stats[i]) for i in serving)
+        serving_k = sum(stats[i].failed(outcome) for i in serving)
         for instance, s in sorted(stats.items()):
             n, k = denominator(s), s.failed(outcome)
             if k < cfg.failure_min_count or n == 0:
                 continue
             share = k / n
-            # the rest of the pool is its serving instances other than this one (slo._serving)
-            peers = [stats[i] for i in pool.serving if i != instance and i in stats]
-            rest_n = sum(denominator(p) for p in peers)
-            rest_k = sum(p.failed(outcome) for p in peers)
+            own = instance in serving
+            peers = len(serving) - own
+            rest_n, rest_k = serving_n - n * own, serving_k - k * own
             baseline = (rest_k + 1) / (rest_n + 2)  # Laplace: finite when the rest never fails
             p_value = float(binomtest(k, n, baseline, alternative="greater").pvalue)
             relative = (
-                len(peers) + 1 >= cfg.pool_min_serving
+                peers + 1 >= cfg.pool_min_serving
                 and rest_n > 0
                 and share >= cfg.failure_min_share
                 and share >= cfg.failure_over_pool * (rest_k / rest_n)
