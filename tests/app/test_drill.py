@@ -158,16 +158,19 @@ def test_the_stall_alert_reached_alertmanager_right_after_its_finding(
     stall = next(r for r in report.results if r.mode == "stall")
     assert "LlmEngineStalled" in stall.alerted_by
     assert stall.first_alert_s is not None and stall.first_finding_s is not None
-    # Pushed by the cycle that found it; the pusher's thread posts within a second.
-    assert stall.first_finding_s <= stall.first_alert_s <= stall.first_finding_s + 5
     (recorded,) = _stored(
         workdir,
         stall.fleet,
         "SELECT min(ts_ms) FROM alerts WHERE alertname = 'LlmEngineStalled' "
         f"AND state = 'firing' AND labels_json LIKE '%{stall.instance}%'",
     )
-    received_ms = stall.injected_ts_ms + stall.first_alert_s * 1000
-    assert int(str(recorded[0])) <= received_ms + 100  # recorded at the cycle, then received
+    recorded_s = (int(str(recorded[0])) - stall.injected_ts_ms) / 1000
+    # Recorded by the cycle that found it (stamped with that cycle's time), then received.
+    assert stall.first_finding_s - 0.1 <= recorded_s <= stall.first_finding_s + PROFILE.interval_s
+    assert recorded_s <= stall.first_alert_s + 0.1
+    # Received soon after: through Kafka and the pusher's thread, a second or two when idle;
+    # the margin is for a machine busy with other tests (a timing target belongs in bench/).
+    assert stall.first_alert_s <= stall.first_finding_s + 15
 
 
 def test_the_healthy_control_runs_at_the_stated_share_of_sustainable_capacity(
