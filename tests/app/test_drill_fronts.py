@@ -83,9 +83,10 @@ def test_a_front_end_fleet_alerts_through_alertmanager_and_states_its_harness_la
     [result] = report.results
     [fleet] = report.fleets
     # The P/D pair's finding went out as an alert and Alertmanager received it, after the
-    # finding (pushed by the cycle that found it) and within the hold.
+    # finding (pushed by the cycle that found it) and soon: a second or two when idle, the
+    # margin for a machine busy with other tests (a timing target belongs in bench/).
     assert "LlmKvTransferTimeout" in result.alerted_by and "LlmKvTransferTimeout" in fleet.alerts
     assert result.first_alert_s is not None and result.first_finding_s is not None
-    assert result.first_finding_s <= result.first_alert_s <= result.first_finding_s + 5
+    assert result.first_finding_s <= result.first_alert_s <= result.first_finding_s + 15
     assert fleet.harness_lag_ms["pods"] and fleet.harness_lag_ms["taps"]
     assert fleet.rate_per_pod == pytest.approx(1.0) and fleet.load_share is not None
