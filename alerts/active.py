@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from alerts.push import ActiveAlert
-from slo.detectors import Finding
 from slo.evaluate import SloStatus
+from slo.signals.detectors import Finding
 from slo.windows import format_duration
 
 __all__ = [

@@ -13,8 +13,8 @@ import yaml
 from alerts.model import RuleModel
 from alerts.sloth import is_sloth, parse_sloth
 from alerts.sources import rule_model_from_slo
-from slo.loader import load_spec
-from slo.model import build_model
+from slo.spec.loader import load_spec
+from slo.spec.model import build_model
 
 __all__ = ["load_rule_model"]
 

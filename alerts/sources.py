@@ -1,6 +1,6 @@
 """Where each llmslo SLI lives in Prometheus: metric-name maps (data) and the converter.
 
-:func:`rule_model_from_slo` turns the validated :class:`slo.model.SloModel` (llmslo/v1 or
+:func:`rule_model_from_slo` turns the validated :class:`slo.spec.model.SloModel` (llmslo/v1 or
 OpenSLO v1, both through :func:`slo.spec.load_spec`) into a :class:`~alerts.model.RuleModel`.
 
 * ``source: engine`` latency SLIs read the dialect's histogram (:data:`ENGINE_HISTOGRAMS`);
@@ -28,8 +28,8 @@ from collectors.tap.telemetry import DURATION_BUCKETS_S, TPOT_BUCKETS_S, TTFT_BU
 from pipeline.buckets import VLLM_ITL_S, VLLM_REQUEST_LATENCY_S, VLLM_TTFT_S
 from pipeline.errors import ConfigError
 from slo.buckets import DEFAULT_BUCKETS
-from slo.model import Slo, SloModel
 from slo.spec import AvailabilitySpec, LatencySpec
+from slo.spec.model import Slo, SloModel
 
 __all__ = [
     "ENGINE_HISTOGRAMS",

@@ -43,9 +43,9 @@ from api.service import ApiConfig, SloStateProvider, VerdictService
 from api.tables import API_TABLES
 from pipeline.errors import QueryError as ReadQueryError
 from slo import queries
-from slo.loader import load_spec
-from slo.model import SloModel, build_model
 from slo.sinks import TransitionSink
+from slo.spec.loader import load_spec
+from slo.spec.model import SloModel, build_model
 
 __all__ = ["ConnectionProvider", "FlaggerPayload", "create_app"]
 

@@ -7,7 +7,7 @@ prober's (``source = 'probe'``) are no user's requests and in no cohort. A :clas
 ``[start_ms, end_ms)`` over ``received_ts_ms``. :func:`load_samples` returns what the judge
 needs: per-request latency samples and bad-event counts. All SQL is parameterised; column
 names come only from the allow-list below. Kept in one module so it can move onto
-``slo/queries.py`` unchanged.
+``slo/queries/`` unchanged.
 """
 
 from __future__ import annotations

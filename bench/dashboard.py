@@ -2,7 +2,7 @@
 30 days × 64 instances of history.
 
 Builds a DuckDB file with the history generator (64 pods, 30 days, one incident a day), rolls
-up its request records (``slo.request_rollup``, as ``llmslo sim history`` does) and runs the
+up its request records (``slo.rollups.requests``, as ``llmslo sim history`` does) and runs the
 SLO jobs once over it, then serves it with ``llmslo dashboard --db`` and loads each page over
 its whole 30 days (``range=30d``) in headless Debian Chromium, timing from ``Page.navigate``
 to the first state where Streamlit has finished the script and drawn every chart (see
@@ -37,15 +37,14 @@ from pathlib import Path
 import duckdb
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
 
 import simulator.history as history  # noqa: E402
 from pipeline.store import Store  # noqa: E402
 from slo.jobs import SloJobs  # noqa: E402
-from slo.model import build_model  # noqa: E402
-from slo.request_rollup import REQUEST_ROLLUP_VERSION, rollup_history  # noqa: E402
+from slo.rollups.requests import REQUEST_ROLLUP_VERSION, rollup_history  # noqa: E402
 from slo.spec import parse_spec  # noqa: E402
+from slo.spec.model import build_model  # noqa: E402
 from tests.dashboards.browser import HeadlessChromium  # noqa: E402
 
 HOUR_MS = 3_600_000
@@ -139,7 +138,7 @@ def serve(path: Path) -> tuple[subprocess.Popen[str], str]:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "dashboard", "--db", str(path), "--port", "0"],
+        [sys.executable, "-m", "llmslo", "dashboard", "--db", str(path), "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
         env=env,

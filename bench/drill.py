@@ -1,6 +1,6 @@
 """Benchmark: the whole failure matrix through ``llmslo drill``, then a healthy control run.
 
-Every mode of :data:`app.drill_modes.MODES` is injected into simulated fleets with the real
+Every mode of :data:`llmslo.drill.modes.MODES` is injected into simulated fleets with the real
 pipeline (embedded broker, ingest, SLO jobs) and scored: detected or not, by what, time to
 detect and to clear, false positives on the healthy instances and over the control run.
 Prints the Markdown report; ``--quick`` drills only stall and KV leak with a 30-second
@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.drill import DrillProfile, run_drill, select_modes
-from app.drill_report import render_markdown
+from llmslo.drill.matrix import DrillProfile, run_drill, select_modes
+from llmslo.drill.report import render_markdown
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -124,7 +124,7 @@ class IngestRun:
 def _start_ingester(config: Path, db: Path, log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "app", "-v", "ingest", "-c", str(config), "--db", str(db)],
+            [sys.executable, "-m", "llmslo", "-v", "ingest", "-c", str(config), "--db", str(db)],
             stderr=log,
             stdout=subprocess.DEVNULL,
         )

@@ -21,9 +21,9 @@ from pathlib import Path
 import duckdb
 
 from slo.evaluate import evaluate
-from slo.model import SloModel, build_model
-from slo.rollup import HOUR_MS, MINUTE_MS, Rollup, create_rollup_tables
+from slo.rollups.counts import HOUR_MS, MINUTE_MS, Rollup, create_rollup_tables
 from slo.spec import parse_spec
+from slo.spec.model import SloModel, build_model
 
 DAY_MS = 86_400_000
 NOW_MS = 1_790_000_000_000 // MINUTE_MS * MINUTE_MS + 17 * MINUTE_MS  # mid-hour on purpose

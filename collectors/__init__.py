@@ -12,7 +12,7 @@ This package owns everything between an exporter's ``/metrics`` text and the ``e
   broken histograms, duplicates): those series are rejected with a counted reason;
 * :mod:`collectors.collector` / :mod:`collectors.discovery` — the scrape loop over static
   and file_sd targets, with per-target health;
-* ``llmslo collect`` and ``llmslo scrape`` are wired in ``app/commands/collect.py``;
+* ``llmslo collect`` and ``llmslo scrape`` are wired in ``llmslo/commands/collect.py``;
 * :mod:`collectors.tap` — the sidecar stream tap (its own subpackage and README).
 
 See ``collectors/README.md`` for the dialect map format and how to add an engine.

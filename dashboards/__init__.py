@@ -4,7 +4,7 @@ Flags & findings and Canary pages over the SLO and raw tables.
 Owns the data sources the pages read (:class:`DuckDBSource` for a file nobody writes,
 :class:`ApiSource` for a running ``llmslo run``), the URL filters (deep links) and the
 Altair charts. Floor 3: imports ``slo`` and ``pipeline``, reaches ``api`` over HTTP only.
-``llmslo dashboard`` (in ``app/``) runs :data:`APP_SCRIPT` with ``streamlit run``.
+``llmslo dashboard`` (in ``llmslo/``) runs :data:`APP_SCRIPT` with ``streamlit run``.
 """
 
 from __future__ import annotations

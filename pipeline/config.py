@@ -2,7 +2,7 @@
 
 The spine owns the ``bus``, ``store`` and ``ingest`` sections. Other packages own their
 own sections (``simulator``, ``collect``, ``tap``, ``slo``, …) as pydantic models; the
-caller passes the table of them (``sections=``, the explicit table is ``app.sections``),
+caller passes the table of them (``sections=``, the explicit table is ``llmslo.sections``),
 and :func:`load_config` validates every section, so ``llmslo config validate`` reports
 all errors of a file at once, each by field path (``ingest.batch_max_rows: Input should
 be greater than 0``). Nothing registers itself on import: a process that loads the file

@@ -21,8 +21,8 @@ from pipeline.buckets import (
     VLLM_REQUEST_LATENCY_S,
     VLLM_TTFT_S,
 )
-from slo.model import SloModel
 from slo.spec import LatencySpec
+from slo.spec.model import SloModel
 
 __all__ = ["DEFAULT_BUCKETS", "check_bucket_bounds", "observed_bounds"]
 

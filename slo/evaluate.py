@@ -16,8 +16,8 @@ import duckdb
 import numpy as np
 
 from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
-from slo.model import Slo, SloModel
-from slo.rollup import HOUR_MS, MINUTE_MS, floor_to
+from slo.rollups.counts import HOUR_MS, MINUTE_MS, floor_to
+from slo.spec.model import Slo, SloModel
 from slo.windows import AlertPair, format_duration
 
 __all__ = ["PairState", "SloStatus", "count_matrix", "evaluate", "window_counts"]

@@ -22,13 +22,13 @@ from pydantic import BaseModel, Field
 from pipeline.config import STRICT
 from pipeline.errors import LlmsloError
 from slo.buckets import check_bucket_bounds, observed_bounds
-from slo.detectors import DetectorConfig, Finding, detect_all
 from slo.evaluate import SloStatus, evaluate
 from slo.flags import FlagBoard, FlagPolicy, FlagState, FlagTransition
 from slo.metrics import JobMetrics
-from slo.model import SloModel
-from slo.request_rollup import RequestRollup
-from slo.rollup import MINUTE_MS, Rollup
+from slo.rollups.counts import MINUTE_MS, Rollup
+from slo.rollups.requests import RequestRollup
+from slo.signals.detectors import DetectorConfig, Finding, detect_all
+from slo.signals.snapshot import Snapshot, load_snapshot
 from slo.sinks import (
     ListTransitionSink,
     TransitionSink,
@@ -37,7 +37,7 @@ from slo.sinks import (
     write_findings,
     write_status,
 )
-from slo.snapshot import Snapshot, load_snapshot
+from slo.spec.model import SloModel
 
 __all__ = ["DAY_MS", "CycleResult", "JobsConfig", "SloJobs", "data_clock"]
 

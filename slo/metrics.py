@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from slo.detectors import Finding
 from slo.evaluate import SloStatus
-from slo.snapshot import Autoscalers
+from slo.signals.detectors import Finding
+from slo.signals.snapshot import Autoscalers
 from slo.windows import format_duration
 
 __all__ = ["JobMetrics", "group_label"]

@@ -19,9 +19,9 @@ import duckdb
 
 from pipeline.publisher import Publisher
 from pipeline.schema import FLAG_TRANSITIONS
-from slo.detectors import Finding
 from slo.evaluate import SloStatus
 from slo.flags import FlagState, FlagTransition, transitions_table
+from slo.signals.detectors import Finding
 from slo.tables import OUTPUT_TABLES
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The SLO engine's own DuckDB tables, declared once: DDL, column comments, documentation.
 
-:mod:`slo.rollup` creates the rollup tables, :mod:`slo.sinks` the jobs' outputs, both
+:mod:`slo.rollups.counts` creates the rollup tables, :mod:`slo.sinks` the jobs' outputs, both
 from these declarations; ``llmslo tables`` renders them into ``docs/tables.md`` after the
 spine's tables; :mod:`slo.queries` reads them.
 """
@@ -162,7 +162,7 @@ def _request_latency(grain: str) -> tuple[tuple[str, str, str], ...]:
         (
             "bin",
             "SMALLINT NOT NULL",
-            "log bin i: values in (γ^(i−1), γ^i] seconds, γ = 1.01/0.99 (slo.request_rollup)",
+            "log bin i: values in (γ^(i−1), γ^i] seconds, γ = 1.01/0.99 (slo.rollups.requests)",
         ),
         ("samples", "BIGINT NOT NULL", "values in the bin"),
         ("sum_s", "DOUBLE NOT NULL", "their sum, seconds (exact means)"),
@@ -237,7 +237,7 @@ REQUEST_ROLLUP_STATE = TableDoc(
         ("watermark_ts_ms", "BIGINT NOT NULL", "minutes before this are rolled up, Unix epoch ms"),
     ),
 )
-#: Tables of the request rollup (:mod:`slo.request_rollup`), by name.
+#: Tables of the request rollup (:mod:`slo.rollups.requests`), by name.
 REQUEST_ROLLUP_TABLES: dict[str, TableDoc] = {
     t.name: t
     for t in (
@@ -269,7 +269,7 @@ DRILLS = TableDoc(
     ),
     columns=(
         ("run_ts_ms", "BIGINT NOT NULL", "when the drill run started, Unix epoch ms"),
-        ("mode", "VARCHAR NOT NULL", "failure mode (app.drill_modes.MODES), or healthy"),
+        ("mode", "VARCHAR NOT NULL", "failure mode (llmslo.drill.modes.MODES), or healthy"),
         ("fleet", "VARCHAR NOT NULL", "the simulated fleet it ran in"),
         ("instance", "VARCHAR", "the faulted instance (NULL for healthy or pool-wide)"),
         ("fault", "VARCHAR", "simulator fault set (NULL: the load shape alone)"),

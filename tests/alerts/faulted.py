@@ -9,8 +9,8 @@ from typing import Any
 
 from alerts.pusher import AlertPusher
 from pipeline.store import Store
-from slo.model import build_model
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 from tests.slo.factories import T0_MS, insert, request
 
 MINUTE = 60_000

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.commands.rules import register
+from llmslo.commands.rules import register
 from pipeline.errors import ConfigError
 
 _ENGINE = "{kind: latency, metric: ttft, threshold_s: 2.5, source: engine, dialect: vllm}"

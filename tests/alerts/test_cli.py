@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.commands.rules import register
+from llmslo.commands.rules import register
 from tests.alerts.conftest import REPO, SPECS, run
 from tests.conftest import require_tool
 

@@ -36,13 +36,13 @@ import pytest
 import yaml
 
 from alerts import load_rule_model, render_bundle, write_all
-from app.run import Pipeline
-from app.sections import parse_config
+from llmslo.run import Pipeline
+from llmslo.sections import parse_config
 from pipeline.bus import Bus
 from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
-from slo.model import build_model
 from slo.queries import slo_status
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 from tests.alerts.conftest import eventually, free_port
 from tests.conftest import require_tool
 
@@ -103,7 +103,7 @@ def rig(bus: Bus, tmp_path: Path, prometheus_binary: str) -> Iterator[dict[str, 
     with Fleet(fleet_config) as fleet:
         tap_port, tap_metrics = free_port(), free_port()
         tap = subprocess.Popen(
-            [sys.executable, "-m", "app", "tap", "-c", str(tmp_path / "llmslo.yaml"),
+            [sys.executable, "-m", "llmslo", "tap", "-c", str(tmp_path / "llmslo.yaml"),
              "--listen", f"127.0.0.1:{tap_port}", "--upstream", fleet.pod("pod-0").url,
              "--metrics-port", str(tap_metrics), "--max-attempts", "1"],
             stdout=subprocess.DEVNULL, stderr=(tmp_path / "tap.log").open("wb"),

@@ -20,14 +20,14 @@ from prometheus_client import CollectorRegistry
 from alerts.config import AlertmanagerConfig
 from alerts.pusher import AlertPusher
 from alerts.records import fingerprint, table_writer
-from app.cli import main
+from llmslo.cli import main
 from pipeline.bus import Bus
 from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from slo.jobs import SloJobs
-from slo.model import build_model
 from slo.queries import alerts as recorded_alerts
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 from tests.alerts.conftest import Alertmanager, eventually
 from tests.alerts.faulted import (
     DAY,
@@ -161,7 +161,7 @@ def test_llmslo_run_pushes_records_through_kafka_and_resolves_after_the_fault(
     (tmp_path / "llmslo.yaml").write_text(yaml.safe_dump(config))
     with (tmp_path / "run.log").open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "app", "run", "-c", str(tmp_path / "llmslo.yaml")],
+            [sys.executable, "-m", "llmslo", "run", "-c", str(tmp_path / "llmslo.yaml")],
             stdout=subprocess.PIPE, stderr=log,
         )  # fmt: skip
     try:

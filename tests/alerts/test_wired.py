@@ -15,12 +15,12 @@ from alerts.active import FlagLevel, active_alerts, deep_link
 from alerts.config import AlertmanagerConfig
 from alerts.pusher import AlertPusher, restore_state
 from alerts.records import table_writer
-from app.cli import main
+from llmslo.cli import main
 from pipeline.errors import QueryError
 from pipeline.store import Store
-from slo.detectors import Finding
 from slo.jobs import SloJobs
 from slo.queries import alerts as recorded_alerts
+from slo.signals.detectors import Finding
 from tests.alerts.faulted import (
     DAY,
     MINUTE,

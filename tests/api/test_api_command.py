@@ -16,7 +16,7 @@ import duckdb
 import httpx
 import pytest
 
-from app.cli import main
+from llmslo.cli import main
 from pipeline.store import Store
 from tests.api.conftest import BASELINE, CANARY, TOKEN, auth, cohort_rows
 from tests.slo.factories import T0_MS, insert
@@ -44,7 +44,7 @@ def db(tmp_path: Path) -> Path:
 def api_process(*args: str) -> Iterator[str]:
     env = {**os.environ, "LLMSLO_API_TOKEN": TOKEN}
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "api", "--api-port", "0", *args],
+        [sys.executable, "-m", "llmslo", "api", "--api-port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

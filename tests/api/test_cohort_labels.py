@@ -13,7 +13,7 @@ from api.cohorts import Cohort, TimeRange, load_samples
 from collectors.tap.sinks import ListSink, rows_to_table
 from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
-from tests.tap.fakes import CHAT, ScriptedUpstream, post, stream_script, tap_over
+from tests.collectors.tap.fakes import CHAT, ScriptedUpstream, post, stream_script, tap_over
 
 
 async def _serve(

@@ -38,7 +38,11 @@ def _child(stack: ExitStack, args: list[str], log: Path, **kwargs: Any) -> subpr
     env = {**os.environ, "LLMSLO_API_TOKEN": TOKEN}
     out = kwargs.pop("stdout", None) or log.open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", *args], stdout=out, stderr=log.open("a"), text=True, env=env
+        [sys.executable, "-m", "llmslo", *args],
+        stdout=out,
+        stderr=log.open("a"),
+        text=True,
+        env=env,
     )
 
     def stop() -> None:
@@ -198,7 +202,7 @@ def test_run_with_its_api_port_taken_is_a_clear_error_and_closes_the_store(
 ) -> None:
     import socket
 
-    from app.cli import main
+    from llmslo.cli import main
     from pipeline.store import Store
 
     config = {

@@ -21,8 +21,8 @@ from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
 from tests.api.conftest import TOKEN
+from tests.collectors.tap.fakes import post, tap_over
 from tests.slo.factories import to_table
-from tests.tap.fakes import post, tap_over
 
 MODEL = "llama-3-8b"
 REQUESTS_PER_POD = 60

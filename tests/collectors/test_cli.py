@@ -1,4 +1,4 @@
-"""``llmslo scrape`` and ``llmslo collect`` through ``app.cli.main``."""
+"""``llmslo scrape`` and ``llmslo collect`` through ``llmslo.cli.main``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from llmslo.cli import main
 from pipeline.broker import free_port
 from pipeline.bus import Bus
 from tests.collectors.examples import dcgm_exposition, vllm_exposition

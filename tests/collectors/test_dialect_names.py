@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
 from collectors.config import TargetConfig
 from collectors.dialects import DIALECT_NAMES, load_dialects
+from llmslo.cli import main
 from tests.collectors.examples import vllm_exposition
 from tests.collectors.piecewise import Page, PiecewiseServer
 

@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from app.cli import main
 from collectors.probe import PROBE_SOURCE, ProbeConfig, Prober
+from llmslo.cli import main
 from pipeline.schema import REQUEST_RECORDS, RecordSchema
 from pipeline.store import Store
 from simulator import Fleet, FleetConfig, PodConfig

@@ -13,8 +13,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from api import ApiConfig, create_app
-from slo.model import build_model
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 from tests.dashboards.conftest import SPEC
 
 __all__ = ["api_app", "serve"]

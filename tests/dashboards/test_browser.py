@@ -46,7 +46,11 @@ def _llmslo(*args: str) -> tuple[subprocess.Popen[str], str]:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", *args], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        [sys.executable, "-m", "llmslo", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
     )
     assert process.stdout is not None
     return process, process.stdout.readline()

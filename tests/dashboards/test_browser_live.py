@@ -58,7 +58,7 @@ def _llmslo(
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", *args],
+        [sys.executable, "-m", "llmslo", *args],
         stdout=subprocess.PIPE if args[0] == "run" else log.open("w"),
         stderr=log.open("a"),
         text=True,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.commands.dashboard import dashboard_command
+from llmslo.cli import main
+from llmslo.commands.dashboard import dashboard_command
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_a_file_another_process_writes_points_to_the_api(empty_db: Path, tmp_pat
     try:
         assert writer.stdout is not None and writer.stdout.readline().strip() == "1"
         done = subprocess.run(
-            [sys.executable, "-m", "app", "dashboard", "--db", str(path), "--port", "0"],
+            [sys.executable, "-m", "llmslo", "dashboard", "--db", str(path), "--port", "0"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     finally:

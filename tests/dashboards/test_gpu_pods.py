@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.cli import build_parser
-from app.commands.dashboard import dashboard_env
 from dashboards import SOURCE_ENV
 from dashboards.sources import GPU_PODS_ENV, DuckDBSource
+from llmslo.cli import build_parser
+from llmslo.commands.dashboard import dashboard_env
 from pipeline.store import Store
 from tests.api.test_gpu_pods import ENGINE, GPU_PODS, POD, POOL, SERIES, insert_renamed
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import build_parser, main
+from llmslo.cli import build_parser, main
 from pipeline.store import Store
 
 

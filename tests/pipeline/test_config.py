@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, Field
 
-from app.cli import main
+from llmslo.cli import main
 from pipeline.config import load_config, parse_config
 from pipeline.errors import ConfigError
 

@@ -24,7 +24,7 @@ from simulator.config import FleetConfig, load_fleet_config
 from simulator.faults import validate_fault
 from simulator.scenario import load_scenario
 from slo.jobs import JobsConfig
-from slo.loader import load_spec
+from slo.spec.loader import load_spec
 
 
 def _write(tmp_path: Path, text: str) -> Path:

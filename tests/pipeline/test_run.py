@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.run import Pipeline, load_model
+from llmslo.run import Pipeline, load_model
 from pipeline.broker import EmbeddedBroker, free_port
 from pipeline.bus import Bus
 from pipeline.config import parse_config

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from app.cli import main
+from llmslo.cli import main
 from pipeline.bus import Bus
 from pipeline.codec import (
     JSON_CONTENT_TYPE,

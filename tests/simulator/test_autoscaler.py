@@ -17,7 +17,7 @@ from pipeline.store import Store
 from simulator import Fleet, FleetConfig, PodConfig
 from simulator.autoscaler import NEIGHBOUR, Autoscaler
 from simulator.gateway import Gateway
-from slo.snapshot import load_snapshot
+from slo.signals.snapshot import load_snapshot
 from tests.simulator.conftest import MODEL, get, post_quietly, scrape
 from tests.simulator.test_gateway import metric
 

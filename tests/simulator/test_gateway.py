@@ -13,10 +13,10 @@ import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.cli import main
 from collectors.canonical import TargetCanonicalizer
 from collectors.exposition import ExpositionParser
 from collectors.probe import ProbeConfig, Prober
+from llmslo.cli import main
 from pipeline.errors import ConfigError
 from pipeline.schema import RecordSchema
 from simulator import Fleet, FleetConfig, GatewayConfig, PodConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from app.cli import main
+from llmslo.cli import main
 from pipeline.publisher import Publisher
 from pipeline.schema import OUTCOMES, REQUEST_RECORDS
 from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS

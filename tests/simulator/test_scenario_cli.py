@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.cli import main
+from llmslo.cli import main
 from pipeline.errors import ConfigError
 from simulator import load_fleet_config
 from simulator.scenario import ScenarioRunner, load_scenario
@@ -94,7 +94,7 @@ def test_llmslo_sim_prints_urls_and_stops_on_sigterm():
         [
             sys.executable,
             "-c",
-            "from app.cli import main; raise SystemExit(main())",
+            "from llmslo.cli import main; raise SystemExit(main())",
             "sim",
             "--pods",
             "2",
@@ -153,7 +153,7 @@ def test_llmslo_sim_with_background_load_keeps_pods_busy():
         [
             sys.executable,
             "-c",
-            "from app.cli import main; raise SystemExit(main())",
+            "from llmslo.cli import main; raise SystemExit(main())",
             "sim",
             "--pods",
             "2",

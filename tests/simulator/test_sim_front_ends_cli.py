@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.cli import main
+from llmslo.cli import main
 from pipeline.errors import ConfigError
 from simulator.config import load_fleet_config
 from tests.simulator.conftest import MODEL, post_quietly, scrape

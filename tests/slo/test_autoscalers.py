@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from app.sections import load_config
 from collectors.canonical import TargetCanonicalizer
 from collectors.exposition import ExpositionParser
+from llmslo.sections import load_config
 from pipeline.errors import ConfigError
 from pipeline.store import Store
-from slo.detectors import DetectorConfig, Finding, detect_all
 from slo.jobs import JobsConfig, SloJobs
 from slo.metrics import JobMetrics
+from slo.signals.detectors import DetectorConfig, Finding, detect_all
+from slo.signals.snapshot import Snapshot, load_snapshot
 from slo.sinks import ListTransitionSink
-from slo.snapshot import Snapshot, load_snapshot
 from tests.slo.factories import T0_MS, engine_sample, insert
 from tests.slo.test_jobs import MODEL
 
@@ -322,7 +322,7 @@ def test_missing_or_malformed_info_pairs_what_it_can_and_reports_the_rest(
 ) -> None:
     replicas = {**HEALTHY, "llm-pool": lagging_from(300, 1, 4)}
     target = f"ksm-{info.__name__}:8080"
-    with caplog.at_level(logging.WARNING, logger="slo._autoscalers"):
+    with caplog.at_level(logging.WARNING, logger="slo.signals._autoscalers"):
         snap = snapshot(store, replicas, QUEUE_GROWS, info, target)
         load_snapshot(store.con, NOW_MS, int(CFG.lookback_s * 1000))  # the next cycle
     scalers = snap.autoscalers[target]
@@ -400,7 +400,7 @@ def test_samples_with_malformed_labels_are_dropped_and_counted_not_fatal(
             for t in (500, 505)
         ],
     )
-    with caplog.at_level(logging.WARNING, logger="slo._autoscalers"):
+    with caplog.at_level(logging.WARNING, logger="slo.signals._autoscalers"):
         snap = snapshot(
             store, {**HEALTHY, "llm-pool": lagging_from(300, 1, 4)}, QUEUE_GROWS, None, target
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from app.cli import main
+from llmslo.cli import main
 from pipeline.store import Store
 from tests.slo.factories import T0_MS, histogram, insert, request
 

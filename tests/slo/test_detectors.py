@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from pipeline.store import Store
-from slo import detectors
-from slo.detectors import DETECTORS, DetectorConfig, Finding, detect_all, gini
-from slo.snapshot import Series, Snapshot, load_snapshot
+from slo.signals import detectors
+from slo.signals.detectors import DETECTORS, DetectorConfig, Finding, detect_all, gini
+from slo.signals.snapshot import Series, Snapshot, load_snapshot
 from tests.slo.factories import T0_MS, engine_sample, insert
 from tests.slo.fleet import FleetTimeline, State
 

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from pipeline.store import Store
-from slo.detectors import DetectorConfig, Finding, detect_all
 from slo.jobs import JobsConfig, SloJobs
-from slo.model import build_model
+from slo.signals.detectors import DetectorConfig, Finding, detect_all
+from slo.signals.snapshot import load_snapshot
 from slo.sinks import ListTransitionSink
-from slo.snapshot import load_snapshot
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 from tests.slo.factories import T0_MS, engine_sample, health_row, insert, labels, request
 
 CFG = DetectorConfig(entry_window_s=30, gateway_window_s=30)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from pipeline.store import Store
-from slo._engine_detectors import _running_over_tap
-from slo.detectors import DetectorConfig, Finding, detect_all
-from slo.snapshot import Series, Snapshot, load_snapshot
+from slo.signals.detectors import DetectorConfig, Finding, detect_all
+from slo.signals.engine import _running_over_tap
+from slo.signals.snapshot import Series, Snapshot, load_snapshot
 from tests.slo.factories import T0_MS, engine_sample, insert, labels, request
 
 CFG = DetectorConfig()

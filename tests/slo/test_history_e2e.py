@@ -9,9 +9,9 @@ import pytest
 import simulator.history as history
 from pipeline.store import Store
 from slo.evaluate import evaluate
-from slo.model import build_model
-from slo.rollup import Rollup
+from slo.rollups.counts import Rollup
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 
 END_MS = 1_790_000_000_000 // 60_000 * 60_000
 MODEL = build_model(

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from pipeline.store import Store
-from slo.detectors import DetectorConfig, Finding, detect_all
-from slo.snapshot import load_snapshot
+from slo.signals.detectors import DetectorConfig, Finding, detect_all
+from slo.signals.snapshot import load_snapshot
 from tests.slo.factories import T0_MS, engine_sample, insert, request
 
 CFG = DetectorConfig()

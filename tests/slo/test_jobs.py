@@ -16,9 +16,9 @@ from pipeline.store import Store
 from slo.flags import FlagPolicy, FlagTransition
 from slo.jobs import JobsConfig, SloJobs
 from slo.metrics import JobMetrics
-from slo.model import SloModel, build_model
 from slo.sinks import BusTransitionSink, ListTransitionSink, StoreTransitionSink
 from slo.spec import parse_spec
+from slo.spec.model import SloModel, build_model
 from tests.slo.factories import T0_MS, insert
 from tests.slo.fleet import FleetTimeline, State
 
@@ -218,7 +218,7 @@ def _levels(transitions: list[FlagTransition]) -> list[int]:
 
 
 def test_the_slo_config_section_is_validated_by_field_path(tmp_path: Any) -> None:
-    from app.sections import load_config
+    from llmslo.sections import load_config
     from pipeline.errors import ConfigError
 
     path = tmp_path / "llmslo.yaml"
@@ -231,7 +231,7 @@ def test_the_slo_config_section_is_validated_by_field_path(tmp_path: Any) -> Non
     message = str(info.value)
     assert "slo.interval_s: Input should be greater than 0" in message
     assert "slo.flags: Value error, thresholds must satisfy l3_free < l2_free < l1_free" in message
-    assert "slo.detectors.stall_for_s: Input should be greater than 0" in message
+    assert "slo.signals.detectors.stall_for_s: Input should be greater than 0" in message
 
 
 def test_the_loop_runs_every_interval_until_stopped(store: Store) -> None:

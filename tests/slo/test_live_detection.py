@@ -26,12 +26,12 @@ from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from pipeline.schema import RecordSchema
 from pipeline.store import Store
-from slo.detectors import DetectorConfig
 from slo.flags import FlagTransition
 from slo.jobs import JobsConfig, SloJobs
-from slo.model import build_model
+from slo.signals.detectors import DetectorConfig
 from slo.sinks import ListTransitionSink
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 
 MODEL = build_model(
     parse_spec(

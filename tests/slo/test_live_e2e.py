@@ -22,12 +22,12 @@ import simulator.load as load
 import simulator.traces as traces
 from pipeline.schema import RecordSchema
 from pipeline.store import Store
-from slo.detectors import DetectorConfig
 from slo.flags import FlagPolicy
 from slo.jobs import JobsConfig, SloJobs
-from slo.model import build_model
+from slo.signals.detectors import DetectorConfig
 from slo.sinks import ListTransitionSink
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 
 MODEL = build_model(
     parse_spec(

@@ -25,11 +25,11 @@ from collectors.config import CollectConfig, TargetConfig
 from collectors.probe import ProbeConfig, Prober
 from pipeline.schema import RecordSchema
 from pipeline.store import Store
-from slo.detectors import DetectorConfig, Finding
 from slo.jobs import JobsConfig, SloJobs
-from slo.model import build_model
+from slo.signals.detectors import DetectorConfig, Finding
 from slo.sinks import ListTransitionSink
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 
 pytestmark = pytest.mark.slow
 

@@ -29,10 +29,10 @@ from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS, RecordSchema
 from pipeline.store import Store
-from slo.detectors import DetectorConfig, detect_all
-from slo.snapshot import load_snapshot
+from slo.signals.detectors import DetectorConfig, detect_all
+from slo.signals.snapshot import load_snapshot
+from tests.collectors.tap.fakes import post, tap_over
 from tests.slo.factories import to_table
-from tests.tap.fakes import post, tap_over
 
 MODEL = "llama-3-8b"
 

@@ -24,8 +24,8 @@ from collectors.config import CollectConfig, TargetConfig
 from pipeline.schema import RecordSchema
 from pipeline.store import Store
 from simulator import Fleet, FleetConfig, PodConfig
-from slo.detectors import DetectorConfig, Finding, detect_all
-from slo.snapshot import load_snapshot
+from slo.signals.detectors import DetectorConfig, Finding, detect_all
+from slo.signals.snapshot import load_snapshot
 from tests.simulator.conftest import MODEL, post_quietly
 
 pytestmark = pytest.mark.slow

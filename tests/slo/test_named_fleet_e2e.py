@@ -29,11 +29,11 @@ from collectors.tap.proxy import TapProxy
 from collectors.tap.sinks import ListSink, rows_to_table
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS, RecordSchema
 from pipeline.store import Store
-from slo.detectors import DetectorConfig
 from slo.flags import FlagPolicy
 from slo.jobs import JobsConfig, SloJobs
-from slo.model import build_model
+from slo.signals.detectors import DetectorConfig
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 
 MODEL = build_model(
     parse_spec(

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from pipeline.errors import ConfigError
-from slo.loader import load_spec
-from slo.model import build_model
-from slo.openslo import openslo_to_spec
+from slo.spec.loader import load_spec
+from slo.spec.model import build_model
+from slo.spec.openslo import openslo_to_spec
 
 SLI_SOURCE = {"type": "llmslo", "spec": {"kind": "latency", "metric": "ttft", "threshold_s": 2.0}}
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from pipeline.store import Store
-from slo._failures import BEFORE_FIRST_TOKEN, FailureKind, FailureStats
-from slo._serving import SERVING_FAILURE, not_serving, pool_baselines
-from slo.detectors import DetectorConfig, Finding, detect_all
-from slo.snapshot import RequestStats, Series, Snapshot, load_snapshot
+from slo.signals._failures import BEFORE_FIRST_TOKEN, FailureKind, FailureStats
+from slo.signals._serving import SERVING_FAILURE, not_serving, pool_baselines
+from slo.signals.detectors import DetectorConfig, Finding, detect_all
+from slo.signals.snapshot import RequestStats, Series, Snapshot, load_snapshot
 from tests.slo.factories import T0_MS, insert
 from tests.slo.fleet import FleetTimeline, State
 

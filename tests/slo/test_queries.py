@@ -18,13 +18,13 @@ from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from slo import queries
 from slo.evaluate import evaluate
-from slo.findings import Finding
 from slo.flags import FlagTransition
 from slo.jobs import JobsConfig, SloJobs
-from slo.model import build_model
-from slo.rollup import HOUR_MS, MINUTE_MS, Rollup
+from slo.rollups.counts import HOUR_MS, MINUTE_MS, Rollup
+from slo.signals.findings import Finding
 from slo.sinks import StoreTransitionSink, create_output_tables, write_findings, write_status
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
 START_MS = END_MS - 86_400_000

@@ -19,12 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import simulator.history as history
-from app.cli import main
+from llmslo.cli import main
 from pipeline.store import Store
 from slo import queries
 from slo.jobs import JobsConfig, SloJobs
-from slo.model import build_model
-from slo.request_rollup import (
+from slo.rollups.requests import (
     RELATIVE_ERROR,
     RequestRollup,
     create_request_rollup_tables,
@@ -32,6 +31,7 @@ from slo.request_rollup import (
     rollup_history,
 )
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 from slo.tables import REQUEST_ROLLUP_TABLES
 from tests.slo.factories import insert, request, to_table
 

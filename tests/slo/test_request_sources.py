@@ -21,7 +21,12 @@ import simulator.history as history
 from pipeline.errors import QueryError
 from pipeline.store import Store
 from slo import queries
-from slo.request_rollup import REQUEST_ROLLUP_VERSION, RequestRollup, read_coverage, rollup_history
+from slo.rollups.requests import (
+    REQUEST_ROLLUP_VERSION,
+    RequestRollup,
+    read_coverage,
+    rollup_history,
+)
 from tests.slo.factories import insert, request
 
 HOUR_MS, MINUTE_MS = 3_600_000, 60_000

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from pipeline.store import Store
 from slo.budget import WindowCounts
 from slo.evaluate import evaluate
-from slo.model import SloModel, build_model
-from slo.rollup import Rollup
+from slo.rollups.counts import Rollup
 from slo.spec import parse_spec
+from slo.spec.model import SloModel, build_model
 from tests.slo.factories import T0_MS, histogram, insert, request
 
 MIN = 60_000

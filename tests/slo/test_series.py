@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slo.snapshot import Series
+from slo.signals.snapshot import Series
 
 Samples = list[tuple[int, float]]
 

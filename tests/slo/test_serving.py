@@ -1,4 +1,4 @@
-"""Which answers show a pod *not serving* (``slo._serving``), end to end from tap rows.
+"""Which answers show a pod *not serving* (``slo.signals._serving``), end to end from tap rows.
 
 Only answers that show the pod itself failing count against it: 5xx (503 too), errors
 before or after the first token, ``finish_reason=error``, refused or timed-out connections.
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from pipeline.store import Store
-from slo import _serving
-from slo._serving import SERVING_FAILURE, not_serving, pool_baselines
-from slo.detectors import DetectorConfig, Finding, detect_all
-from slo.snapshot import Snapshot, load_snapshot
+from slo.signals import _serving
+from slo.signals._serving import SERVING_FAILURE, not_serving, pool_baselines
+from slo.signals.detectors import DetectorConfig, Finding, detect_all
+from slo.signals.snapshot import Snapshot, load_snapshot
 from tests.slo.factories import insert
 from tests.slo.fleet import Fault, FleetTimeline, State
 
@@ -146,7 +146,7 @@ def test_one_detector_that_raises_costs_only_its_own_reason(
     fleet.add_fault(4, 0, lambda s, _: s.update(requests=24))
     fleet.add_fault(6, 450, lambda s, _: s.update(up=False, requests=0))
     snap = _snapshot(store, fleet)
-    with caplog.at_level(logging.ERROR, logger="slo._serving"):
+    with caplog.at_level(logging.ERROR, logger="slo.signals._serving"):
         found = detect_all(snap, CFG)
     assert on(found, "hot_instance") == [pod(4)]
     assert pool_baselines(snap, CFG)[POOL].left_out == {pod(6): "target_down"}

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
 from slo.buckets import check_bucket_bounds
-from slo.loader import load_spec
-from slo.model import build_model
-from slo.openslo import openslo_to_spec
 from slo.spec import parse_spec
+from slo.spec.loader import load_spec
+from slo.spec.model import build_model
+from slo.spec.openslo import openslo_to_spec
 from slo.windows import load_catalog
 
 EXAMPLE = Path(__file__).parents[2] / "config" / "slo.example.yaml"

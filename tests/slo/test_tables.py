@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.store import Store
-from slo.rollup import create_rollup_tables
+from slo.rollups.counts import create_rollup_tables
 from slo.sinks import create_output_tables
 from slo.tables import SLO_TABLES
 

@@ -29,12 +29,12 @@ import pytest
 
 from pipeline.store import Store
 from slo import queries
-from slo.model import build_model
-from slo.request_rollup import RequestRollup
 from slo.request_sources import REQUEST_SOURCES, SOURCE_VALUES, source_filter
-from slo.rollup import Rollup
-from slo.snapshot import load_snapshot
+from slo.rollups.counts import Rollup
+from slo.rollups.requests import RequestRollup
+from slo.signals.snapshot import load_snapshot
 from slo.spec import parse_spec
+from slo.spec.model import build_model
 from tests.slo.factories import T0_MS, insert, request
 
 MINUTE_MS = 60_000
@@ -269,7 +269,7 @@ def test_every_record_is_of_exactly_one_source(tmp_path: Path) -> None:
 #: Library modules that read ``requests`` without choosing a kind, and why that is right.
 READS_OF_EVERY_KIND = {
     "slo/jobs.py": "the data clock: the newest record of any kind is the event time",
-    "app/demo.py": "the demo's summary of enforced actions, whoever was refused",
+    "llmslo/demo.py": "the demo's summary of enforced actions, whoever was refused",
 }
 _LIBRARY = ("pipeline", "collectors", "simulator", "slo", "alerts", "api", "dashboards", "app")
 _READS_REQUESTS = re.compile(r"\b(?:FROM|JOIN)\s+requests\b")

@@ -1,1 +1,0 @@
-"""One module per command group, each with ``register(subparsers) -> None`` (see :mod:`app.cli`)."""

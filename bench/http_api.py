@@ -1,0 +1,383 @@
+"""Benchmark: the HTTP API over 30 days × 64 instances of request records.
+
+Fills a DuckDB file (through ``pipeline.store.Store``) with request records of 64 instances
+over 30 days (``--per-hour`` requests per instance and hour; ``--quick`` uses fewer) and a
+level per instance and pool, then measures in the same run:
+
+1. a verdict for 4 canary instances against the other 60 over the last ``--window``:
+   **api** (``POST /api/v1/verdict`` through the FastAPI app, TestClient, no network,
+   including validation, judging and storing), **in_process** (``load_samples`` + ``judge``)
+   and **duckdb** (the same SQL straight through DuckDB);
+2. read endpoints against the same :mod:`slo.queries` call made directly (the API's
+   overhead): JSON and Arrow IPC answers, TestClient;
+3. ``GET /api/v1/flags`` served by a real ``llmslo api`` process on loopback to 200
+   concurrent pollers: conditional polls (``If-None-Match`` → 304, the gateways' steady
+   state) and full answers, requests/s and p99; and 200 long-polls (``wait=``) woken by one
+   override: the time from the change to each poller's answer.
+
+Targets (DESIGN §8): verdict p99 ≤ 50 ms. The last line printed is one JSON object.
+Usage: ``python bench/http_api.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import numpy as np
+import pyarrow as pa
+from fastapi.testclient import TestClient
+
+from api.app import create_app  # noqa: E402
+from api.cohorts import LATENCY_METRICS, Cohort, SampleOptions, TimeRange, load_samples  # noqa: E402
+from api.judge import JudgeConfig, judge  # noqa: E402
+from api.params import parse_duration_ms  # noqa: E402
+from api.reads import ARROW_STREAM  # noqa: E402
+from api.service import ApiConfig  # noqa: E402
+from pipeline.schema import REQUEST_RECORDS  # noqa: E402
+from pipeline.store import Store  # noqa: E402
+from slo import queries  # noqa: E402
+from slo.flags import FlagTransition  # noqa: E402
+from slo.sinks import StoreTransitionSink  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+POLLERS = 200
+
+INSTANCES = [f"10.0.{i // 256}.{i % 256}:8000" for i in range(64)]
+CANARY, BASELINE = INSTANCES[:4], INSTANCES[4:]
+DAYS = 30
+END_MS = 1_790_000_000_000 // 3_600_000 * 3_600_000
+TOKEN = "bench"
+
+
+def records(instance_index: int, per_hour: int, rng: np.random.Generator) -> pa.Table:
+    """``per_hour`` requests an hour for 30 days on one instance, storage schema."""
+    n = DAYS * 24 * per_hour
+    start = END_MS - DAYS * 86_400_000
+    received = start + np.sort(rng.integers(0, DAYS * 86_400_000, n))
+    ttft = rng.lognormal(-1.0, 0.3, n)
+    tpot = rng.lognormal(-3.5, 0.2, n)
+    outcome = np.where(rng.random(n) < 0.002, "error_before_first_token", "ok")
+    columns = {
+        "request_id": [f"i{instance_index}-{k}" for k in range(n)],
+        "attempt": np.ones(n, dtype=np.int16),
+        "instance": [INSTANCES[instance_index]] * n,
+        "pool": ["llama-3-70b"] * n,
+        "received_ts_ms": received,
+        "outcome": outcome,
+        "streamed": np.ones(n, dtype=bool),
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "itl_p99_s": tpot * 1.5,
+        "itl_max_s": tpot * 2.0,
+        "e2e_s": ttft + 200 * tpot,
+        "client_disconnected": np.zeros(n, dtype=bool),
+    }
+    schema = REQUEST_RECORDS.storage_arrow
+    arrays = [
+        pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(n, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def fill(store: Store, per_hour: int) -> int:
+    """Commit every instance's records in time order, a day at a time, as ingest would."""
+    rng = np.random.default_rng(42)
+    table = pa.concat_tables(records(i, per_hour, rng) for i in range(len(INSTANCES)))
+    table = table.sort_by("received_ts_ms")
+    received = table.column("received_ts_ms").to_numpy()
+    start = END_MS - DAYS * 86_400_000
+    bounds = np.searchsorted(received, [start + day * 86_400_000 for day in range(DAYS + 1)])
+    for low, high in itertools.pairwise(bounds):
+        part = table.slice(int(low), int(high - low))
+        store.commit_batch({"requests": [part]}, group_id="bench", offsets={}, now_ts_ms=0)
+    return table.num_rows
+
+
+def timed(run: Callable[[], object], repeat: int) -> dict[str, float]:
+    run()  # warm-up: DuckDB caches, FastAPI routing
+    durations = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()
+        durations.append((time.perf_counter() - started) * 1000)
+    durations.sort()
+    return {
+        "p50_ms": round(statistics.median(durations), 2),
+        "p99_ms": round(durations[min(len(durations) - 1, int(len(durations) * 0.99))], 2),
+    }
+
+
+def direct_sql(store: Store, cohort: list[str], time_range: TimeRange, limit: int) -> None:
+    """The API's two queries for one side, straight through DuckDB."""
+    con = store.con.cursor()
+    where = "received_ts_ms >= ? AND received_ts_ms < ? AND list_contains(?, instance)"
+    params = [time_range.start_ms, time_range.end_ms, cohort]
+    con.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE outcome = 'ok') FROM requests WHERE {where}",
+        params,
+    ).fetchall()
+    con.execute(
+        f"SELECT ttft_s, tpot_s, itl_p99_s, e2e_s FROM requests WHERE {where} AND outcome = 'ok'"
+        " ORDER BY hash(request_id), request_id LIMIT ?",
+        [*params, limit],
+    ).fetchnumpy()
+    con.close()
+
+
+def percentiles(durations_ms: list[float]) -> dict[str, float]:
+    ordered = sorted(durations_ms)
+    return {
+        "p50_ms": round(statistics.median(ordered), 2),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+    }
+
+
+def bench_reads(store: Store, client: TestClient, repeat: int) -> dict[str, object]:
+    """Read routes vs the same ``slo.queries`` call straight on a cursor."""
+    day = {"start_ms": END_MS - 86_400_000, "end_ms": END_MS}
+    cases: dict[str, tuple[str, Callable[..., Any], dict[str, Any]]] = {
+        "latency_ttft_1d_5m_by_pool": (
+            "/api/v1/latency",
+            queries.latency_percentiles,
+            {"metric": "ttft", **day, "bucket_ms": 300_000},
+        ),
+        "outcomes_1d_10m_by_instance": (
+            "/api/v1/outcomes",
+            queries.outcome_counts,
+            {**day, "bucket_ms": 600_000, "by": "instance"},
+        ),
+    }
+    results: dict[str, object] = {}
+    for name, (path, function, kwargs) in cases.items():
+
+        def direct(function: Callable[..., Any] = function, kwargs: dict = kwargs) -> None:
+            con = store.con.cursor()
+            function(con, **kwargs)
+            con.close()
+
+        def as_json(path: str = path, kwargs: dict = kwargs) -> None:
+            assert client.get(path, params=kwargs).status_code == 200
+
+        def as_arrow(path: str = path, kwargs: dict = kwargs) -> None:
+            answer = client.get(path, params=kwargs, headers={"Accept": ARROW_STREAM})
+            assert answer.status_code == 200
+
+        rows = client.get(path, params=kwargs).json()["count"]
+        raw, json_, arrow = timed(direct, repeat), timed(as_json, repeat), timed(as_arrow, repeat)
+        results[name] = {
+            "rows": rows,
+            "duckdb": raw,
+            "api_json": json_,
+            "api_arrow": arrow,
+            "overhead_arrow_p50_ms": round(arrow["p50_ms"] - raw["p50_ms"], 2),
+            "overhead_json_p50_ms": round(json_["p50_ms"] - raw["p50_ms"], 2),
+        }
+    return results
+
+
+def add_flags(store: Store) -> None:
+    """A level for every instance and the pool, as the SLO jobs would have left them."""
+    transitions = [
+        FlagTransition(END_MS - 3_600_000, "instance", instance, "llama-3-70b", 0, i % 3, 0.05,
+                       "kv_free_below_l1", {"kv_free_ratio": 0.05})
+        for i, instance in enumerate(INSTANCES)
+    ]  # fmt: skip
+    transitions.append(
+        FlagTransition(
+            END_MS - 3_600_000, "pool", "llama-3-70b", "llama-3-70b", 0, 1, 0.08, "kv", {}
+        )
+    )
+    StoreTransitionSink(store.con).write(transitions)
+
+
+async def _poll(url: str, etag: str | None, seconds: float) -> tuple[int, list[float]]:
+    """``POLLERS`` clients GET /api/v1/flags back to back for ``seconds`` (aiohttp: a
+    lighter client than httpx, so the figures are the server's more than the client's)."""
+    headers = {"If-None-Match": etag} if etag else {}
+    durations: list[float] = []
+    connector = aiohttp.TCPConnector(limit=POLLERS)
+    async with aiohttp.ClientSession(url, connector=connector) as client:
+        deadline = time.perf_counter() + seconds
+
+        async def poller() -> None:
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                async with client.get("/api/v1/flags", headers=headers) as answer:
+                    await answer.read()
+                    assert answer.status == (304 if etag else 200), answer.status
+                durations.append((time.perf_counter() - started) * 1000)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(poller() for _ in range(POLLERS)))
+        elapsed = time.perf_counter() - started
+    return round(len(durations) / elapsed), durations
+
+
+async def _long_polls(url: str, etag: str) -> list[float]:
+    """``POLLERS`` long-polls; one override wakes them; ms from the change to each answer."""
+    answered: list[float] = []
+    connector = aiohttp.TCPConnector(limit=POLLERS + 1)
+    async with aiohttp.ClientSession(url, connector=connector) as client:
+
+        async def waiter() -> None:
+            async with client.get(
+                "/api/v1/flags", params={"wait": "30"}, headers={"If-None-Match": etag}
+            ) as answer:
+                await answer.read()
+                assert answer.status == 200, answer.status
+            answered.append(time.perf_counter())
+
+        tasks = [asyncio.create_task(waiter()) for _ in range(POLLERS)]
+        await asyncio.sleep(2.0)  # every poller is parked
+        changed = time.perf_counter()
+        override = {"scope": "pool", "scope_id": "llama-3-70b", "level": 3,
+                    "expires_in_s": 60, "reason": "bench"}  # fmt: skip
+        async with client.post(
+            "/api/v1/flags/overrides", json=override, headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as made:
+            assert made.status == 201, await made.text()
+        await asyncio.gather(*tasks)
+    return [(t - changed) * 1000 for t in answered]
+
+
+def bench_flags(db: Path, seconds: float) -> dict[str, object]:
+    """Flags from a real ``llmslo api`` process (the file is closed here first)."""
+    env = {**os.environ, "LLMSLO_API_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmslo", "api", "--db", str(db), "--api-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        assert process.stdout is not None
+        found = re.search(r"on (http://\S+) ", process.stdout.readline())
+        assert found, "llmslo api did not start"
+        url = found[1]
+        first = httpx.get(f"{url}/api/v1/flags", timeout=10)
+        etag = first.headers["etag"]
+        conditional_rps, conditional = asyncio.run(_poll(url, etag, seconds))
+        full_rps, full = asyncio.run(_poll(url, None, seconds))
+        woken = asyncio.run(_long_polls(url, etag))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    return {
+        "pollers": POLLERS,
+        "flags_rows": first.json()["count"],
+        "conditional_304": {"requests_per_s": conditional_rps, **percentiles(conditional)},
+        "full_200": {"requests_per_s": full_rps, **percentiles(full)},
+        "long_poll_wake": {"woken": len(woken), **percentiles(woken)},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests and runs (< 60 s)")
+    parser.add_argument("--per-hour", type=int, help="requests per instance and hour")
+    parser.add_argument(
+        "--window", help="verdict look-back (default 1h; 3h with --quick, for as many requests)"
+    )
+    parser.add_argument("--repeat", type=int, help="timed runs per variant")
+    args = parser.parse_args(argv)
+    per_hour = args.per_hour or (20 if args.quick else 600)
+    repeat = args.repeat or (20 if args.quick else 200)
+    args.window = args.window or ("3h" if args.quick else "1h")
+    window_ms = parse_duration_ms(args.window)
+    time_range = TimeRange(start_ms=END_MS - window_ms, end_ms=END_MS)
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bench.duckdb"
+        with Store(db) as store:
+            started = time.perf_counter()
+            rows = fill(store, per_hour)
+            fill_s = time.perf_counter() - started
+            add_flags(store)
+            verdict, api, local, raw, reads = bench_verdicts(store, args, time_range, repeat)
+        flags = bench_flags(db, 3.0 if args.quick else 20.0)
+    result = {
+        "bench": "api",
+        "instances": len(INSTANCES),
+        "days": DAYS,
+        "rows": rows,
+        "window": args.window,
+        "fill_s": round(fill_s, 2),
+        "verdict": verdict["verdict"],
+        "canary_requests": verdict["canaryRequests"],
+        "baseline_requests": verdict["baselineRequests"],
+        "latency_metrics": len(LATENCY_METRICS),
+        "api": api,
+        "in_process": local,
+        "duckdb": raw,
+        "api_overhead_p50_ms": round(api["p50_ms"] - raw["p50_ms"], 2),
+        "target_p99_ms": 50,
+        "reads": reads,
+        "flags": flags,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+def bench_verdicts(
+    store: Store, args: argparse.Namespace, time_range: TimeRange, repeat: int
+) -> tuple[dict, dict, dict, dict, dict]:
+    """Verdict via the API, in process and as raw SQL; then the read routes."""
+    options = SampleOptions()
+    config = ApiConfig(samples=options)
+    app = create_app(store.con.cursor, config, clock=lambda: END_MS / 1000, token=TOKEN)
+    body = {
+        "canary_instances": CANARY,
+        "baseline_instances": BASELINE,
+        "window": args.window,
+        "min_requests": "10",
+    }
+    with TestClient(app) as client:
+
+        def via_api() -> None:
+            response = client.post(
+                "/api/v1/verdict", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert response.status_code == 200, response.text
+
+        api = timed(via_api, repeat)
+        verdict = client.post(
+            "/api/v1/verdict", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
+        ).json()["summary"]
+        reads = bench_reads(store, client, max(10, repeat // 3))
+
+    def in_process() -> None:
+        con = store.con.cursor()
+        canary = load_samples(con, Cohort(instances=tuple(CANARY)), time_range, options)
+        baseline = load_samples(con, Cohort(instances=tuple(BASELINE)), time_range, options)
+        judge(canary, baseline, JudgeConfig(min_requests=10))
+        con.close()
+
+    def duckdb_only() -> None:
+        direct_sql(store, CANARY, time_range, options.max_samples)
+        direct_sql(store, BASELINE, time_range, options.max_samples)
+
+    local = timed(in_process, repeat)
+    raw = timed(duckdb_only, repeat)
+    return verdict, api, local, raw, reads
+
+
+if __name__ == "__main__":
+    sys.exit(main())

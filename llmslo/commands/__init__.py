@@ -1,0 +1,1 @@
+"""One module per command group, each with ``register(subparsers) -> None`` (see :mod:`llmslo.cli`)."""

@@ -1,0 +1,165 @@
+"""The collectors' subcommands: ``collect`` (the scrape loop) and ``scrape`` (one-shot look)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import threading
+from typing import Any, get_args
+
+from prometheus_client import start_http_server
+
+from collectors.collector import Collector
+from collectors.config import CollectConfig, DialectChoice, TargetConfig
+from collectors.inspect import inspect_url, render_report
+from collectors.metrics import CollectorMetrics
+from llmslo.options import add_common_options, add_subcommand, print_json, resolve_config
+from pipeline.bus import Bus, BusProducer
+from pipeline.errors import BusError
+from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+
+#: ``--dialect`` takes what a target's ``dialect`` takes.
+DIALECT_CHOICES = get_args(DialectChoice)
+
+
+def register(subparsers: Any) -> None:
+    """Add ``collect`` and ``scrape``."""
+    collect = add_subcommand(
+        subparsers,
+        "collect",
+        "Scrape engine and dcgm-exporter targets and publish them to Kafka.",
+        "llmslo collect -c config/collectors.example.yaml\n"
+        "llmslo collect --target 127.0.0.1:8000 --target 127.0.0.1:9400 \\\n"
+        "    --bootstrap-servers 127.0.0.1:9092\n"
+        "llmslo collect -c llmslo.yaml --rounds 1    # one round, then a JSON summary",
+    )
+    add_common_options(collect)
+    collect.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="extra target (http://host:port/metrics or host:port); repeatable",
+    )
+    collect.add_argument(
+        "--interval", type=float, help="seconds between rounds (overrides collect.interval_s)"
+    )
+    collect.add_argument(
+        "--rounds", type=int, help="stop after this many rounds (default: until SIGTERM)"
+    )
+    collect.add_argument(
+        "--metrics-port", type=int, help="serve the collector's /metrics on this loopback port"
+    )
+    collect.set_defaults(handler=run_collect)
+
+    scrape = add_subcommand(
+        subparsers,
+        "scrape",
+        "Scrape one endpoint once and show what llmslo sees: dialect, signals, unknown metrics.",
+        "llmslo scrape http://127.0.0.1:8000/metrics\n"
+        "llmslo scrape 10.0.0.9:9400 --dialect dcgm --json",
+    )
+    scrape.add_argument("url", help="http(s) URL of /metrics, or host:port")
+    scrape.add_argument(
+        "--dialect", choices=DIALECT_CHOICES, default="auto", help="force a dialect (default auto)"
+    )
+    scrape.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    scrape.add_argument("--json", action="store_true", help="print one JSON object")
+    scrape.set_defaults(handler=run_scrape)
+
+
+def run_scrape(args: argparse.Namespace) -> int:
+    report = inspect_url(args.url, dialect=args.dialect, timeout_s=args.timeout)
+    if args.json:
+        print_json(report)
+    else:
+        print(render_report(report), end="")
+    return 0
+
+
+def collect_config(args: argparse.Namespace) -> CollectConfig:
+    """The ``collect`` section with command-line overrides applied."""
+    config = resolve_config(args).section("collect", CollectConfig)
+    updates: dict[str, Any] = {}
+    if args.target:
+        updates["targets"] = [*config.targets, *(TargetConfig(url=url) for url in args.target)]
+    if args.interval is not None:
+        updates["interval_s"] = args.interval
+    if args.metrics_port is not None:
+        updates["metrics_port"] = args.metrics_port
+    return CollectConfig.model_validate(config.model_dump() | updates) if updates else config
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    collect = collect_config(args)
+    metrics = CollectorMetrics()
+    if collect.metrics_port is not None:
+        server, _ = start_http_server(
+            collect.metrics_port, collect.metrics_host, registry=metrics.registry
+        )
+        log.info("serving /metrics on %s:%d", collect.metrics_host, server.server_port)
+    timeout_ms = int(collect.publish_timeout_s * 1000)
+    with Bus(config.bus) as bus:
+        # Kafka may be down at start: ride it out like any outage (the buffer holds the rounds),
+        # but give a healthy cluster a moment so topics get our partition count first.
+        topics = threading.Thread(
+            target=_ensure_topics, args=(bus,), name="llmslo-collect-topics", daemon=True
+        )
+        topics.start()
+        topics.join(5.0)
+
+        def make_producer() -> BusProducer:
+            return bus.producer(
+                max_block_ms=min(timeout_ms, 5000),
+                request_timeout_ms=min(timeout_ms, 5000),
+                delivery_timeout_ms=timeout_ms + 5000,
+                reconnect_backoff_max_ms=1000,
+                bootstrap_timeout_ms=min(timeout_ms, 5000),
+            )
+
+        buffer = PublishBuffer(
+            collect.buffer_max_rows,
+            PublishMetrics("collect", metrics.registry),
+            on_drop=metrics.count_drop,
+        )
+        publisher = KafkaPublisher(
+            make_producer, buffer, publish_timeout_s=collect.publish_timeout_s
+        ).start()
+        collector = Collector(collect, buffer.put, metrics=metrics)
+        try:
+            asyncio.run(_run_until_signal(collector, args.rounds))
+        finally:
+            publisher.stop(drain_timeout_s=collect.publish_timeout_s)
+            publisher.close()
+    print_json(
+        {
+            "collect": "stopped",
+            "published_rows": publisher.published_rows,
+            "dropped_rows": buffer.dropped_rows,
+            "unpublished_rows": buffer.rows + publisher.in_flight_rows,
+            "targets": {url: h.as_dict() for url, h in collector.health.items()},
+        }
+    )
+    return 0
+
+
+def _ensure_topics(bus: Bus) -> None:
+    try:
+        bus.ensure_topics()
+    except BusError as exc:
+        log.error("cannot create topics yet (%s); publishing will retry", exc)
+
+
+async def _run_until_signal(collector: Collector, rounds: int | None) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, collector.stop)
+    await collector.run(rounds=rounds)

@@ -1,0 +1,259 @@
+"""The SLO engine's subcommands: ``slo validate``, ``slo report`` and ``jobs``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from prometheus_client import CollectorRegistry, start_http_server
+
+from alerts.config import AlertmanagerConfig
+from alerts.pusher import AlertPusher, RecordSink, restore_state
+from alerts.records import table_writer
+from llmslo.options import (
+    add_common_options,
+    add_subcommand,
+    install_stop_handlers,
+    print_json,
+    resolve_config,
+)
+from pipeline.bus import Bus
+from pipeline.config import LlmsloConfig
+from pipeline.errors import ConfigError
+from pipeline.publisher import Publisher
+from pipeline.schema import ALERTS
+from pipeline.store import Store
+from slo.buckets import check_bucket_bounds, observed_bounds
+from slo.evaluate import evaluate
+from slo.jobs import DAY_MS, JobsConfig, SloJobs, data_clock
+from slo.metrics import JobMetrics
+from slo.queries import alerts as recorded_alerts
+from slo.report import render_json, render_table
+from slo.rollups.counts import Rollup
+from slo.sinks import BusTransitionSink, StoreTransitionSink, TransitionSink
+from slo.spec.loader import load_spec
+from slo.spec.model import SloModel, build_model
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    """Add ``slo`` (validate, report) and ``jobs``."""
+    slo = add_subcommand(
+        subparsers,
+        "slo",
+        "Check SLO specs and report SLO status.",
+        "llmslo slo validate config/slo.example.yaml\n"
+        "llmslo slo report --spec config/slo.example.yaml --db var/llmslo.duckdb --json",
+    )
+    sub = slo.add_subparsers(dest="slo_command", required=True)
+    validate = sub.add_parser(
+        "validate",
+        help="validate FILE; report every error by field path",
+        description="Validate an SLO spec; engine-histogram thresholds are checked "
+        "against the bucket bounds in --db, or the dialect's defaults.",
+    )
+    validate.add_argument("file", type=Path)
+    validate.add_argument(
+        "--db", type=Path, help="check histogram thresholds against the bounds stored here"
+    )
+    validate.set_defaults(handler=run_validate)
+
+    report = sub.add_parser(
+        "report", help="SLO table: objective, SLI, budget left, burn rates, alerting pairs"
+    )
+    add_common_options(report, bus=False, db=True)
+    report.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
+    report.add_argument(
+        "--at", type=int, metavar="TS_MS", help="evaluate at this event time (default: newest data)"
+    )
+    report.add_argument("--json", action="store_true", help="one JSON object for machines")
+    report.add_argument(
+        "--no-update", action="store_true", help="use the stored rollups as they are (read-only)"
+    )
+    report.set_defaults(handler=run_report)
+
+    jobs = add_subcommand(
+        subparsers,
+        "jobs",
+        "Evaluate SLOs, signals and degradation flags every interval.",
+        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --metrics-port 9466\n"
+        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --once\n"
+        "llmslo jobs -c config/llmslo.yaml --publish --bootstrap-servers 127.0.0.1:9092",
+    )
+    add_common_options(jobs, db=True)
+    jobs.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
+    jobs.add_argument(
+        "--interval", type=float, help="seconds between cycles (default: slo.interval_s, 15)"
+    )
+    jobs.add_argument("--once", action="store_true", help="run one cycle, print a summary and exit")
+    jobs.add_argument(
+        "--at", type=int, metavar="TS_MS", help="with --once: event time (default: newest data)"
+    )
+    jobs.add_argument("--metrics-port", type=int, help="serve /metrics on this loopback port")
+    jobs.add_argument(
+        "--publish",
+        action="store_true",
+        help="publish flag transitions to Kafka (else write them to the flag_transitions table)",
+    )
+    jobs.set_defaults(handler=run_jobs)
+
+
+def _model(args: argparse.Namespace, config: LlmsloConfig) -> SloModel:
+    spec = args.spec or config.section("slo", JobsConfig).spec
+    if spec is None:
+        raise ConfigError("no SLO spec: pass --spec FILE or set slo.spec in the config")
+    model = build_model(load_spec(spec))
+    for warning in model.warnings:
+        log.warning("%s", warning)
+    return model
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    model = build_model(load_spec(args.file))
+    observed = None
+    if args.db:
+        with Store(args.db, read_only=True) as store:
+            observed = observed_bounds(store.con)
+    problems = check_bucket_bounds(model, observed)
+    if problems:
+        raise ConfigError(f"{args.file}: invalid SLO spec\n" + "\n".join(problems))
+    for warning in model.warnings:
+        print(f"warning: {warning}")
+    print(f"{args.file}: valid ({len(model.slos)} SLOs)")
+    return 0
+
+
+def _now(con: duckdb.DuckDBPyConnection, at: int | None) -> int:
+    now = at if at is not None else data_clock(con)()
+    if now is None:
+        raise ConfigError(
+            "the store holds no data yet: pass --at TS_MS to evaluate an empty period"
+        )
+    return now
+
+
+def run_report(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    model = _model(args, config)
+    jobs_config = config.section("slo", JobsConfig)
+    with Store(config.store.path, read_only=args.no_update, must_exist=True) as store:
+        now = _now(store.con, args.at)
+        if not args.no_update:
+            Rollup(
+                store.con,
+                model,
+                settle_ms=int(jobs_config.settle_s * 1000),
+                horizon_ms=int(jobs_config.rollup_horizon_days * DAY_MS),
+            ).update(now)
+        statuses = evaluate(store.con, model, now)
+    if args.json:
+        print_json(render_json(statuses))
+    else:
+        sys.stdout.write(render_table(statuses))
+    return 0
+
+
+def _sink(
+    store: Store, bus: Bus | None, stack: contextlib.ExitStack, registry: CollectorRegistry
+) -> TransitionSink:
+    if bus is not None:
+        publisher = Publisher(bus.producer, component="slo-jobs", registry=registry)
+        return stack.enter_context(contextlib.closing(BusTransitionSink(publisher)))
+    return StoreTransitionSink(store.con)
+
+
+def _alert_pusher(
+    config: LlmsloConfig,
+    store: Store,
+    bus: Bus | None,
+    stack: contextlib.ExitStack,
+    registry: CollectorRegistry,
+    background: bool,
+) -> AlertPusher:
+    """Path B: alert changes to the ``alerts`` topic (with a bus) or table, and to
+    ``alertmanager.url`` when configured; resumes from the recorded alerts."""
+    record: RecordSink = table_writer(store.con)
+    if bus is not None:
+        publisher = Publisher(bus.producer, component="slo-alerts", registry=registry)
+        stack.enter_context(contextlib.closing(publisher))
+        record = functools.partial(publisher.put, ALERTS)
+    pusher = AlertPusher(
+        config.section("alertmanager", AlertmanagerConfig),
+        record,
+        state=restore_state(recorded_alerts(store.con)),
+        background=background,
+        registry=registry,
+    )
+    stack.callback(pusher.close)
+    return pusher
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    model = _model(args, config)
+    jobs_config = config.section("slo", JobsConfig)
+    if args.interval is not None:
+        jobs_config = jobs_config.model_copy(update={"interval_s": args.interval})
+    metrics = JobMetrics()
+    port = args.metrics_port if args.metrics_port is not None else jobs_config.metrics_port
+    if port is not None:
+        server, _ = start_http_server(port, jobs_config.metrics_host, registry=metrics.registry)
+        print(
+            f"serving /metrics on http://{jobs_config.metrics_host}:{server.server_port}/metrics",
+            flush=True,
+        )
+    bus = Bus(config.bus).start() if args.publish else None
+    try:
+        with Store(config.store.path) as store, contextlib.ExitStack() as stack:
+            pusher = _alert_pusher(
+                config, store, bus, stack, metrics.registry, background=not args.once
+            )
+            jobs = SloJobs(
+                store.con,
+                model,
+                jobs_config,
+                sink=_sink(store, bus, stack, metrics.registry),
+                metrics=metrics,
+                raw_pruner=store.prune,
+                raw_retention_ms=int(config.store.raw_retention_days * DAY_MS),
+                on_cycle=pusher.on_cycle,
+            )
+            if args.once:
+                result = jobs.run_once(args.at)
+                print_json(
+                    {
+                        "jobs": "once",
+                        "ts_ms": result.now_ms if result else None,
+                        "slos": len(result.statuses) if result else 0,
+                        "alerting": sorted(
+                            {
+                                s.slo.id
+                                for s in (result.statuses if result else [])
+                                for p in s.pairs()
+                                if p.alerting
+                            }
+                        ),
+                        "signals": [
+                            f"{f.signal}:{f.scope_id}" for f in (result.findings if result else [])
+                        ],
+                        "transitions": len(result.transitions) if result else 0,
+                        "errors": result.errors if result else [],
+                    }
+                )
+                return 0
+            install_stop_handlers(jobs.stop)
+            cycles = jobs.run()
+    finally:
+        if bus is not None:
+            bus.stop()
+    print_json({"jobs": "stopped", "cycles": cycles})
+    return 0

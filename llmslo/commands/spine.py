@@ -1,0 +1,223 @@
+"""The spine's subcommands: ``broker``, ``ingest``, ``lake export``, ``config validate``, ``tables``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import start_http_server
+
+from api.tables import API_TABLES
+from llmslo.options import (
+    add_common_options,
+    add_subcommand,
+    install_stop_handlers,
+    print_json,
+    resolve_config,
+)
+from llmslo.sections import load_config
+from pipeline.broker import EmbeddedBroker
+from pipeline.bus import Bus
+from pipeline.errors import ConfigError, LlmsloError
+from pipeline.ingest import Ingester, IngestMetrics
+from pipeline.lake import export_hours
+from pipeline.store import Store
+from pipeline.tables import render_tables_doc
+from slo.tables import DOCUMENTED_TABLES
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    """Add the spine's subcommands."""
+    broker = add_subcommand(
+        subparsers,
+        "broker",
+        "Start the embedded Kafka-protocol broker and print its address.",
+        "llmslo broker\nllmslo broker --port 19092",
+    )
+    broker.add_argument("--port", type=int, help="loopback port (default: a free one)")
+    broker.set_defaults(handler=run_broker)
+
+    ingest = add_subcommand(
+        subparsers,
+        "ingest",
+        "Consume llmslo's Kafka topics into DuckDB, exactly once.",
+        "llmslo ingest --bootstrap-servers 127.0.0.1:9092 --db var/llmslo.duckdb\n"
+        "llmslo ingest -c config/llmslo.example.yaml --metrics-port 9465",
+    )
+    add_common_options(ingest, db=True)
+    ingest.add_argument("--group", help="consumer group (overrides ingest.group_id)")
+    ingest.add_argument(
+        "--instance-id", help="static group member id (restarts rejoin without a rebalance)"
+    )
+    ingest.add_argument("--metrics-port", type=int, help="serve /metrics on this loopback port")
+    ingest.add_argument(
+        "--exit-when-idle",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this long without a message (batch jobs, tests)",
+    )
+    ingest.set_defaults(handler=run_ingest)
+
+    lake = add_subcommand(
+        subparsers,
+        "lake",
+        "Export complete hours of a DuckDB file to the Parquet lake.",
+        "llmslo lake export --db var/llmslo.duckdb --lake /srv/llmslo-lake --ingester ingest-0",
+    )
+    lake_sub = lake.add_subparsers(dest="lake_command", required=True)
+    export = lake_sub.add_parser(
+        "export", help="write hours not exported yet as Hive-partitioned Parquet"
+    )
+    add_common_options(export, bus=False, db=True)
+    export.add_argument("--lake", type=Path, help="lake directory (overrides store.lake_dir)")
+    export.add_argument(
+        "--ingester", default=socket.gethostname(), help="file name of this ingester's parts"
+    )
+    export.set_defaults(handler=run_lake_export)
+
+    config = add_subcommand(
+        subparsers,
+        "config",
+        "Check a config file.",
+        "llmslo config validate config/llmslo.example.yaml",
+    )
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    validate = config_sub.add_parser(
+        "validate", help="validate FILE and report every error by field path"
+    )
+    validate.add_argument("file", type=Path)
+    validate.set_defaults(handler=run_config_validate)
+
+    tables = add_subcommand(
+        subparsers,
+        "tables",
+        "Print the documented DuckDB tables (Markdown).",
+        "llmslo tables > docs/tables.md",
+    )
+    tables.set_defaults(
+        handler=lambda args: (
+            sys.stdout.write(render_tables_doc((*DOCUMENTED_TABLES, *API_TABLES))) and 0
+        )
+    )
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    stopped = threading.Event()
+    install_stop_handlers(stopped.set)
+    with EmbeddedBroker(port=args.port) as broker:
+        print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
+        while not stopped.wait(0.5):
+            pass
+    return 0
+
+
+def run_ingest(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    ingest_config = config.ingest
+    overrides: dict[str, Any] = {}
+    if args.group:
+        overrides["group_id"] = args.group
+    if args.metrics_port is not None:
+        overrides["metrics_port"] = args.metrics_port
+    ingest_config = ingest_config.model_copy(update=overrides)
+    metrics = IngestMetrics()
+    if ingest_config.metrics_port is not None:
+        server, _ = start_http_server(
+            ingest_config.metrics_port, ingest_config.metrics_host, registry=metrics.registry
+        )
+        log.info("serving /metrics on %s:%d", ingest_config.metrics_host, server.server_port)
+    with (
+        Bus(config.bus) as bus,
+        Store(config.store.path, memory_limit=ingest_config.duckdb_memory_limit) as store,
+    ):
+        bus.ensure_topics()
+        ingester = Ingester(
+            bus,
+            store,
+            ingest_config,
+            metrics=metrics,
+            instance_id=args.instance_id,
+            crash_after_commit=_crash_hook_from_env(),
+        )
+        install_stop_handlers(ingester.stop)
+        exporting = threading.Event()
+        if config.store.lake_dir is not None:
+            ingester_id = args.instance_id or f"{socket.gethostname()}-{os.getpid()}"
+            threading.Thread(
+                target=_export_lake_periodically,
+                name="lake-export",
+                daemon=True,
+                args=(store, config.store.lake_dir, ingester_id, exporting),
+            ).start()
+        stats = ingester.run(max_idle_s=args.exit_when_idle)
+        exporting.set()
+    print_json(
+        {
+            "ingest": "stopped",
+            "messages": stats.messages,
+            "rows": stats.rows,
+            "deadletters": stats.deadletters,
+            "commits": stats.commits,
+        }
+    )
+    return 0
+
+
+def _crash_hook_from_env() -> int | None:
+    """LLMSLO_TEST_CRASH_AFTER_COMMIT=N: die after DuckDB commit N (tests only; see Ingester)."""
+    value = os.environ.get("LLMSLO_TEST_CRASH_AFTER_COMMIT")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"LLMSLO_TEST_CRASH_AFTER_COMMIT={value!r} must be a positive integer")
+    return int(value)
+
+
+def run_lake_export(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
+    lake_dir = args.lake or config.store.lake_dir
+    if lake_dir is None:
+        raise ConfigError("no lake directory: pass --lake or set store.lake_dir")
+    with Store(config.store.path, must_exist=True) as store:
+        written = export_hours(store, lake_dir, args.ingester, now_ts_ms=int(time.time() * 1000))
+    print_json(
+        {
+            "exported": [
+                {
+                    "table": w.table,
+                    "hour_start_ms": w.hour_start_ms,
+                    "rows": w.rows,
+                    "path": str(w.path),
+                }
+                for w in written
+            ]
+        }
+    )
+    return 0
+
+
+def _export_lake_periodically(
+    store: Store, lake_dir: Path, ingester_id: str, stop: threading.Event
+) -> None:
+    while not stop.wait(60.0):
+        try:
+            export_hours(store, lake_dir, ingester_id, now_ts_ms=int(time.time() * 1000))
+        except LlmsloError as exc:  # keep ingesting; the next round retries the hour
+            log.error("lake export failed: %s", exc)
+
+
+def run_config_validate(args: argparse.Namespace) -> int:
+    load_config(args.file)  # raises ConfigError listing every problem by field path
+    print(f"{args.file}: valid")
+    return 0

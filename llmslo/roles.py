@@ -1,0 +1,135 @@
+"""``llmslo run --role ingest|jobs``: the same binary as one fleet ingester or as the SLO jobs.
+
+``--role all`` (the default, :class:`llmslo.run.Pipeline`) keeps ingest and jobs in one process
+on one DuckDB file. In a fleet (docs/topology.md) the parts run apart:
+
+* ``ingest``: one member of the consumer group, its own DuckDB file, exporting to the lake
+  every ``store.lake_export_interval_s``: frozen hours once, and the open hours rewritten
+  in place (:func:`pipeline.lake.export_hours` with ``include_open``);
+* ``jobs``: the SLO jobs over the lake (:func:`pipeline.lake.create_lake_views`), writing
+  rollups and statuses to their own DuckDB file (``--db``) and flag transitions to Kafka.
+  DuckDB lets one process open a file, so the jobs never open an ingester's file: they
+  see rows at most one export interval (plus one ingest batch) old.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from contextlib import closing
+from pathlib import Path
+
+import duckdb
+
+from llmslo.options import install_stop_handlers, print_json
+from pipeline.bus import Bus
+from pipeline.config import LlmsloConfig
+from pipeline.errors import ConfigError, LlmsloError
+from pipeline.ingest import Ingester
+from pipeline.lake import create_lake_views, export_hours
+from pipeline.publisher import Publisher
+from pipeline.store import Store
+from slo.jobs import DAY_MS, JobsConfig, SloJobs
+from slo.sinks import BusTransitionSink
+from slo.spec.model import SloModel
+
+__all__ = ["ROLES", "run_ingest_role", "run_jobs_role"]
+
+log = logging.getLogger(__name__)
+
+ROLES = ("all", "ingest", "jobs")
+
+
+def _lake_dir(config: LlmsloConfig) -> Path:
+    if config.store.lake_dir is None:
+        raise ConfigError("--role ingest and --role jobs need store.lake_dir (the shared lake)")
+    return config.store.lake_dir
+
+
+def export_lake_until(
+    store: Store,
+    lake_dir: Path,
+    ingester_id: str,
+    interval_s: float,
+    stop: threading.Event,
+    retention_ms: int | None = None,
+) -> None:
+    """Export to the lake every ``interval_s`` (open hours included) until ``stop``, and once more.
+
+    With ``retention_ms``, raw rows older than that are pruned hourly (an ingest role has
+    no jobs thread to do it; the lake keeps them).
+    """
+    last_prune_s = float("-inf")
+    while True:
+        stopping = stop.wait(interval_s)
+        now_ms = int(time.time() * 1000)
+        try:
+            export_hours(store, lake_dir, ingester_id, now_ts_ms=now_ms, include_open=True)
+            if retention_ms is not None and time.monotonic() - last_prune_s >= 3600:
+                store.prune(now_ms - retention_ms)
+                last_prune_s = time.monotonic()
+        except LlmsloError as exc:  # keep ingesting; the next round retries
+            log.error("lake export or pruning failed: %s", exc)
+        if stopping:
+            return
+
+
+def run_ingest_role(config: LlmsloConfig, instance_id: str | None) -> int:
+    """One ingester of the group, exporting to the lake; returns the exit code."""
+    lake_dir = _lake_dir(config)
+    ingester_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
+    with (
+        Bus(config.bus) as bus,
+        Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit) as store,
+    ):
+        bus.ensure_topics()
+        ingester = Ingester(bus, store, config.ingest, instance_id=instance_id)
+        install_stop_handlers(ingester.stop)
+        stop = threading.Event()
+        exporter = threading.Thread(
+            target=export_lake_until,
+            args=(store, lake_dir, ingester_id, config.store.lake_export_interval_s, stop),
+            kwargs={"retention_ms": int(config.store.raw_retention_days * DAY_MS)},
+            name="lake-export",
+        )
+        exporter.start()
+        try:
+            stats = ingester.run()
+        finally:
+            stop.set()
+            exporter.join()
+    print_json({"run": "stopped", "role": "ingest", "rows": stats.rows})
+    return 0
+
+
+def run_jobs_role(config: LlmsloConfig, model: SloModel) -> int:
+    """The SLO jobs over the lake until SIGTERM; returns the exit code."""
+    lake_dir = _lake_dir(config)
+    jobs_config = config.section("slo", JobsConfig)
+    stop = threading.Event()
+    install_stop_handlers(stop.set)
+    cycles = 0
+    with (
+        Bus(config.bus) as bus,
+        duckdb.connect(str(config.store.path)) as con,
+        closing(BusTransitionSink(Publisher(bus.producer, component="slo-jobs"))) as sink,
+    ):
+        create_lake_views(con, lake_dir)
+        jobs = SloJobs(con, model, jobs_config, sink=sink)
+        started = time.monotonic()
+        while not stop.is_set():
+            create_lake_views(con, lake_dir)  # picks up a table's first file
+            jobs.run_once()
+            cycles += 1
+            if cycles == 1:  # the role is up: its views and store answer
+                log.info(
+                    "first SLO cycle over %s done %.1f s after start",
+                    lake_dir,
+                    time.monotonic() - started,
+                )
+            stop.wait(jobs_config.interval_s)
+    print_json({"run": "stopped", "role": "jobs", "cycles": cycles})
+    return 0

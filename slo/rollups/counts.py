@@ -1,0 +1,189 @@
+"""Per-minute and per-hour good/total counts per SLO × (pool, instance, tenant, route).
+
+Tables (declared in :mod:`slo.tables`, created here):
+
+* ``slo_keys``: one row per SLO × (pool, instance, tenant, route), with its integer key;
+* ``slo_minute``: one row per key and minute that had events;
+* ``slo_hour``: the same summed per hour, so a 30-day window reads ~720 rows per key;
+* ``slo_rollup_state``: per SLO, the spec fingerprint and the watermark reached.
+
+A minute is always *recomputed* from raw rows (delete, then insert, in one transaction),
+never incremented, so re-running any range gives the same rows (idempotent). Each update
+recomputes from ``watermark − settle`` to cover late records. When an SLO's definition
+changes its rows are rebuilt from whatever raw data is still retained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import duckdb
+
+from slo.rollups._sli_sql import MINUTE_MS, engine_minutes_sql, tap_minutes_sql
+from slo.spec.model import Slo, SloModel
+from slo.tables import ROLLUP_TABLES
+
+__all__ = ["HOUR_MS", "MINUTE_MS", "ROLLUP_TABLES", "Rollup", "RollupStats", "create_rollup_tables"]
+
+log = logging.getLogger(__name__)
+
+HOUR_MS = 3_600_000
+#: The integer key of one (SLO, pool, instance, tenant, route): evaluations group by an
+#: integer, not by four strings. Any key_id is fine as long as slo_keys maps it (the
+#: evaluator re-aggregates by the dimensions), so DuckDB's hash() may change across versions.
+_KEY_ID = "(hash(slo_id, pool, instance, tenant, route) >> 1)::BIGINT"
+
+
+def create_rollup_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Create the rollup tables if missing (idempotent)."""
+    for table in ROLLUP_TABLES.values():
+        table.create(con)
+
+
+#: Bumped when the meaning of an event changes, so stored rollups are rebuilt once:
+#: 2 = tap events per client request (``original_request_id``), no longer per attempt.
+EVENTS_VERSION = 2
+
+
+def fingerprint(slo: Slo) -> str:
+    """Hash of everything that decides which events are good or bad."""
+    text = repr(
+        (
+            EVENTS_VERSION,
+            slo.sli.model_dump(),
+            sorted(slo.selector.items()),
+            sorted(slo.group_by),
+        )
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def floor_to(ts_ms: int, step_ms: int) -> int:
+    return ts_ms // step_ms * step_ms
+
+
+@dataclass
+class RollupStats:
+    """What one :meth:`Rollup.update` did."""
+
+    minutes_rows: int = 0
+    rebuilt: int = 0
+
+
+class Rollup:
+    """Keeps ``slo_minute`` / ``slo_hour`` current for every SLO of a model.
+
+    ``settle_ms``: how far behind the watermark each update recomputes (late records).
+    ``horizon_ms``: the raw-data horizon; a first build or a rebuild starts there.
+    """
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        model: SloModel,
+        *,
+        settle_ms: int = 10 * MINUTE_MS,
+        horizon_ms: int = 7 * 86_400_000,
+    ) -> None:
+        self.con = con
+        self.model = model
+        self.settle_ms = settle_ms
+        self.horizon_ms = horizon_ms
+        create_rollup_tables(con)
+
+    def update(self, now_ms: int) -> RollupStats:
+        """Recompute each SLO's minutes from watermark − settle to the minute of ``now_ms``."""
+        stats = RollupStats()
+        end = floor_to(now_ms, MINUTE_MS) + MINUTE_MS
+        rows = self.con.execute(
+            "SELECT slo_id, fingerprint, watermark_ts_ms FROM slo_rollup_state"
+        ).fetchall()
+        state = {slo_id: (fp, watermark) for slo_id, fp, watermark in rows}
+        for slo in self.model.slos:
+            fp = fingerprint(slo)
+            known = state.get(slo.id)
+            if known is None or known[0] != fp:
+                start = floor_to(now_ms - self.horizon_ms, HOUR_MS)
+                stats.rebuilt += known is not None
+                self._delete(slo.id, 0, end)
+            else:
+                start = floor_to(int(known[1]) - self.settle_ms, MINUTE_MS)
+            stats.minutes_rows += self.recompute(slo, start, end, fp)
+        return stats
+
+    def recompute(self, slo: Slo, start_ms: int, end_ms: int, fp: str | None = None) -> int:
+        """Replace the SLO's minutes in [start, end) from raw rows, then its hours; returns rows."""
+        build = engine_minutes_sql if slo.sli.source == "engine" else tap_minutes_sql
+        sql, params = build(slo, start_ms, end_ms)
+        con = self.con
+        con.execute("BEGIN")
+        try:
+            con.execute(
+                "DELETE FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
+                [slo.id, start_ms, end_ms],
+            )
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE _slo_new AS "
+                f"SELECT *, {_KEY_ID} AS key_id FROM ({sql})",
+                params,
+            )
+            con.execute(
+                "INSERT INTO slo_keys "
+                "SELECT DISTINCT key_id, slo_id, pool, instance, tenant, route "
+                "FROM _slo_new ANTI JOIN slo_keys USING (key_id)"
+            )
+            con.execute(
+                "INSERT INTO slo_minute "
+                "SELECT slo_id, key_id, ts_ms, total, bad FROM _slo_new ORDER BY ts_ms"
+            )
+            con.execute("DROP TABLE _slo_new")
+            inserted = con.execute(
+                "SELECT count(*) FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
+                [slo.id, start_ms, end_ms],
+            ).fetchone()
+            self._rebuild_hours(
+                slo.id, floor_to(start_ms, HOUR_MS), floor_to(end_ms - 1, HOUR_MS) + HOUR_MS
+            )
+            con.execute(
+                "INSERT OR REPLACE INTO slo_rollup_state VALUES (?, ?, ?)",
+                [slo.id, fp or fingerprint(slo), max(end_ms - MINUTE_MS, start_ms)],
+            )
+            con.execute("COMMIT")
+        except duckdb.Error:
+            con.execute("ROLLBACK")
+            raise
+        return int(inserted[0]) if inserted else 0
+
+    def rebuild_hours(self, slo_id: str, start_ms: int, end_ms: int) -> None:
+        """Recompute ``slo_hour`` for [start, end) (hour-aligned) from ``slo_minute``."""
+        self._rebuild_hours(slo_id, start_ms, end_ms)
+
+    def _rebuild_hours(self, slo_id: str, start_ms: int, end_ms: int) -> None:
+        self.con.execute(
+            "DELETE FROM slo_hour WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
+            [slo_id, start_ms, end_ms],
+        )
+        self.con.execute(
+            f"""INSERT INTO slo_hour
+                SELECT slo_id, key_id, (ts_ms // {HOUR_MS}) * {HOUR_MS} AS hour,
+                       sum(total), sum(bad)
+                FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?
+                GROUP BY ALL ORDER BY hour""",
+            [slo_id, start_ms, end_ms],
+        )
+
+    def _delete(self, slo_id: str, start_ms: int, end_ms: int) -> None:
+        for table in ("slo_minute", "slo_hour"):
+            self.con.execute(
+                f"DELETE FROM {table} WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
+                [slo_id, start_ms, end_ms],
+            )
+
+    def prune(self, before_ts_ms: int) -> int:
+        """Drop minute rows older than ``before_ts_ms`` (keep ≥ the longest period); hours stay."""
+        result = self.con.execute(
+            "DELETE FROM slo_minute WHERE ts_ms < ?", [before_ts_ms]
+        ).fetchone()
+        return int(result[0]) if result else 0

@@ -1,0 +1,344 @@
+"""Detectors that read one instance's engine, GPU and tap series (DESIGN §3).
+
+Stall, ghost requests, preemption cascade, fragmentation, queue growth and OOM risk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from slo.signals.findings import DetectorConfig, Finding, covers, gpu_of
+from slo.signals.snapshot import Series, Snapshot
+
+__all__ = [
+    "detect_fragmentation",
+    "detect_ghosts",
+    "detect_oom_risk",
+    "detect_preemption_cascade",
+    "detect_queue_growth",
+    "detect_stall",
+]
+
+
+def _stall_basis(
+    snap: Snapshot, instance: str, running: Series, start: int, cfg: DetectorConfig
+) -> tuple[str | None, dict[str, Any]]:
+    """Why tokens count as stopped (``None``: they did not), and the first evidence."""
+    tokens = snap.series(instance, "generation_tokens")
+    unchanged = snap.series(instance, "gauges_unchanged_s")
+    gauges = (running, snap.series(instance, "waiting"), snap.series(instance, "kv_usage"))
+    frozen = all(s is None or np.ptp(s.since(start).values) == 0 for s in gauges)
+    tokens_flat = None
+    if tokens is not None and covers(tokens, start):
+        tokens_flat = tokens.increase(start) == 0
+    unchanged_s = unchanged.last() if unchanged is not None and len(unchanged) else None
+    if unchanged_s is not None and unchanged_s >= cfg.stall_for_s:
+        # the collector's frozen-gauge clock (SGLang's hung scheduler); tokens must agree
+        basis = "gauge_unchanged" if tokens_flat is not False else None
+    elif tokens_flat is not None:
+        basis = "generation_tokens_flat" if tokens_flat else None
+    else:
+        basis = "gauge_unchanged" if frozen else None
+    evidence = {
+        "running_min": float(running.values.min()),
+        "stall_for_s": cfg.stall_for_s,
+        "gauges_unchanged": frozen,
+        "gauges_unchanged_s": unchanged_s,
+    }
+    return basis, evidence
+
+
+def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """running > 0 and no generated token for ≥ stall_for (gauges frozen counts as flat)."""
+    findings = []
+    start = snap.ago_ms(cfg.stall_for_s)
+    for instance in snap.engine:
+        full = snap.series(instance, "running")
+        if full is None or not covers(full, start):
+            continue
+        running = full.since(start)
+        if len(running) < 2 or running.values.min() <= 0:
+            continue
+        basis, evidence = _stall_basis(snap, instance, running, start, cfg)
+        if basis is None:
+            continue
+        gpu = gpu_of(snap, cfg, instance)
+        for name in ("engine_active", "gpu_util"):
+            if name in gpu and len(gpu[name].since(start)):
+                evidence[f"gpu_{name}_mean"] = float(gpu[name].since(start).values.mean())
+        in_flight = snap.series(instance, "tap_in_flight")
+        stats = snap.requests.get(instance)
+        if in_flight is not None and len(in_flight.since(start)):
+            last_token = stats.last_token_ts_ms if stats else None
+            evidence["tap_in_flight"] = in_flight.last()
+            evidence["tap_streams_silent"] = in_flight.last() > 0 and (
+                last_token is None or last_token < start
+            )
+        findings.append(
+            Finding.on_instance(
+                snap,
+                "stall",
+                instance,
+                "page",
+                basis,
+                evidence,
+            )
+        )
+    return findings
+
+
+def _running_over_tap(running: Series, in_flight: Series, match_ms: int) -> np.ndarray:
+    """Engine ``running`` minus tap in-flight at each engine sample that has tap samples at
+    most ``match_ms`` before *and* after it. Scrapes and tap gauges are never simultaneous,
+    so the tap side is the larger of its two neighbours: a stream that opened or closed in
+    between is given to the tap, and only an excess that both neighbours leave is counted."""
+    tap_ts, tap_values = in_flight.ts_ms, in_flight.values
+    if len(tap_ts) == 0 or len(running) == 0:
+        return np.empty(0)
+    last = len(tap_ts) - 1
+    before = np.searchsorted(tap_ts, running.ts_ms, side="right") - 1
+    after = np.searchsorted(tap_ts, running.ts_ms, side="left")
+    ok = (before >= 0) & (after <= last)
+    before, after = np.clip(before, 0, last), np.clip(after, 0, last)
+    ok &= (running.ts_ms - tap_ts[before] <= match_ms) & (tap_ts[after] - running.ts_ms <= match_ms)
+    bound = np.maximum(tap_values[before], tap_values[after])
+    return (running.values - bound)[ok]
+
+
+def _disconnects_and_aborts(
+    snap: Snapshot, instance: str, start_ms: int
+) -> tuple[float, float] | None:
+    """(tap disconnects, engine aborts) over the span both were observed since ``start_ms``;
+    disconnects from streams the engine had already finished are not counted."""
+    disconnects = snap.series(instance, "tap_disconnects")
+    running = snap.series(instance, "running")
+    if disconnects is None or running is None or len(disconnects) < 2:
+        return None
+    lo = max(start_ms, int(disconnects.ts_ms[0]), int(running.ts_ms[0]))
+    hi = min(int(disconnects.ts_ms[-1]), int(running.ts_ms[-1]))
+    if hi <= lo:
+        return None
+    # interpolated: the tap and the engine are scraped at different moments
+    aborts = sum(
+        s.increase(lo, hi, interpolate=True)
+        for name in ("requests_finished:abort", "requests_aborted")
+        if (s := snap.series(instance, name)) is not None
+    )
+    finished = snap.finished_cancels_ms.get(instance, np.empty(0, np.int64))
+    after_the_end = int(((finished >= lo) & (finished <= hi)).sum())
+    return max(disconnects.increase(lo, hi, interpolate=True) - after_the_end, 0.0), aborts
+
+
+def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """Requests the engine keeps after the tap let them go (the client left), two ways:
+
+    - live: over ``ghost_window_s``, engine ``running`` stays above the tap's in-flight
+      (matched within ``ghost_match_s``, ≥ 3 samples ≥ ``ghost_grace_s`` apart in all) by
+      ``ghost_min`` on average, *and* the engine aborted fewer than
+      1 − ``ghost_unmatched_share`` of the tap's disconnects over the same span;
+    - drain mode: the tap kept reading after a disconnect and tokens still came.
+    """
+    findings = []
+    start = snap.ago_ms(cfg.ghost_window_s)
+    for instance in snap.engine:
+        evidence: dict[str, Any] = {}
+        count = 0
+        running, in_flight = (
+            snap.series(instance, "running"),
+            snap.series(instance, "tap_in_flight"),
+        )
+        if running is not None and in_flight is not None:
+            recent = running.since(start)
+            excess = _running_over_tap(recent, in_flight, int(cfg.ghost_match_s * 1000))
+            spread = np.ptp(recent.ts_ms) if len(recent) else 0
+            seen = _disconnects_and_aborts(snap, instance, start)
+            if len(excess) >= 3 and spread >= cfg.ghost_grace_s * 1000 and seen is not None:
+                disconnects, aborts = seen
+                unmatched = disconnects - aborts
+                evidence.update(
+                    running_over_tap_in_flight=float(excess.mean()),
+                    matched_samples=len(excess),
+                    tap_disconnects=disconnects,
+                    engine_aborts=aborts,
+                )
+                if excess.mean() >= cfg.ghost_min and unmatched >= max(
+                    cfg.ghost_min, cfg.ghost_unmatched_share * disconnects
+                ):
+                    count = max(round(float(excess.mean())), 1)
+        stats = snap.requests.get(instance)
+        if stats and stats.tokens_after_disconnect > 0:
+            evidence["tokens_after_disconnect"] = stats.tokens_after_disconnect
+            count = max(count, stats.late_upstream_close, 1)
+        if count >= cfg.ghost_min:
+            evidence["ghosts"] = count
+            findings.append(
+                Finding.on_instance(
+                    snap,
+                    "ghost_requests",
+                    instance,
+                    "ticket",
+                    "tap_vs_engine",
+                    evidence,
+                )
+            )
+    return findings
+
+
+def detect_preemption_cascade(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """Preemption rate over threshold while KV usage is high and waiting grows."""
+    findings = []
+    start = snap.now_ms - 120_000
+    for instance in snap.engine:
+        pre, kv, waiting = (
+            snap.series(instance, s) for s in ("preemptions", "kv_usage", "waiting")
+        )
+        if pre is None or kv is None or waiting is None:
+            continue
+        recent = pre.since(start)
+        if len(recent) < 2:
+            continue
+        minutes = (recent.ts_ms[-1] - recent.ts_ms[0]) / 60_000
+        rate = recent.increase() / minutes if minutes > 0 else 0.0
+        w = waiting.since(start).values
+        kv_max = float(kv.since(start).values.max()) if len(kv.since(start)) else 0.0
+        if (
+            rate > cfg.preemptions_per_min
+            and kv_max >= cfg.preemption_kv_usage
+            and len(w) >= 2
+            and w[-1] > w[0]
+        ):
+            findings.append(
+                Finding.on_instance(
+                    snap,
+                    "preemption_cascade",
+                    instance,
+                    "ticket",
+                    "engine_counters",
+                    {
+                        "preemptions_per_min": rate,
+                        "kv_usage_max": kv_max,
+                        "waiting_first": float(w[0]),
+                        "waiting_last": float(w[-1]),
+                    },
+                )
+            )
+    return findings
+
+
+def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """From block stats when present, else the admission signature (waiting grows with room)."""
+    findings = []
+    start = snap.ago_ms(cfg.fragmentation_for_s)
+    for instance in snap.engine:
+        free, run = (
+            snap.series(instance, "kv_free_blocks"),
+            snap.series(instance, "kv_largest_free_run"),
+        )
+        if covers(free, start) and run is not None and free is not None:
+            f, r = free.since(start), run.since(start)
+            common, fi, ri = np.intersect1d(f.ts_ms, r.ts_ms, return_indices=True)
+            ratio = 1 - r.values[ri] / np.maximum(f.values[fi], 1)
+            if len(common) >= 2 and ratio.min() > cfg.fragmentation_ratio:
+                findings.append(
+                    Finding.on_instance(
+                        snap,
+                        "fragmentation",
+                        instance,
+                        "ticket",
+                        "block_stats",
+                        {
+                            "external_fragmentation_min": float(ratio.min()),
+                            "threshold": cfg.fragmentation_ratio,
+                            "for_s": cfg.fragmentation_for_s,
+                        },
+                    )
+                )
+            continue
+        kv, waiting, pre = (
+            snap.series(instance, s) for s in ("kv_usage", "waiting", "preemptions")
+        )
+        if not covers(waiting, start) or kv is None or waiting is None:
+            continue
+        w, k = waiting.since(start).values, kv.since(start).values
+        preempted = pre.increase(start) if pre is not None else 0.0
+        room = float(1 - k.max()) if len(k) else 0.0
+        # admission stalls: the queue only grows (never drains) while KV has room
+        growing = (
+            len(w) >= 3
+            and bool(np.all(np.diff(w) >= 0))
+            and w[-1] - w[0] >= cfg.fragmentation_min_growth
+        )
+        if growing and w.min() > 0 and room >= cfg.fragmentation_room:
+            findings.append(
+                Finding.on_instance(
+                    snap,
+                    "fragmentation",
+                    instance,
+                    "ticket",
+                    "admission_signature",
+                    {
+                        "waiting_first": float(w[0]),
+                        "waiting_last": float(w[-1]),
+                        "kv_free_ratio_min": room,
+                        "preemptions": preempted,
+                    },
+                )
+            )
+    return findings
+
+
+def detect_queue_growth(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """Waiting requests rising steadily for ``queue_for_s``."""
+    findings = []
+    start = snap.ago_ms(cfg.queue_for_s)
+    for instance in snap.engine:
+        waiting = snap.series(instance, "waiting")
+        if not covers(waiting, start) or waiting is None:
+            continue
+        w = waiting.since(start)
+        if len(w) < 3:
+            continue
+        slope_per_min = float(np.polyfit((w.ts_ms - w.ts_ms[0]) / 60_000, w.values, 1)[0])
+        if slope_per_min >= cfg.queue_growth_per_min and w.last() >= cfg.queue_min_waiting:
+            findings.append(
+                Finding.on_instance(
+                    snap,
+                    "queue_growth",
+                    instance,
+                    "ticket",
+                    "engine_gauges",
+                    {"waiting_per_min": slope_per_min, "waiting": w.last()},
+                )
+            )
+    return findings
+
+
+def detect_oom_risk(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+    """Memory pressure only: KV nearly full or the frame buffer nearly full. An XID is no
+    memory pressure; it is its own finding (``slo.signals.xid``)."""
+    findings = []
+    for instance in sorted(set(snap.engine) | set(cfg.gpu_pods.values())):
+        evidence: dict[str, Any] = {}
+        kv = snap.series(instance, "kv_usage")
+        if kv is not None and len(kv) and kv.last() >= cfg.oom_kv_usage:
+            evidence["kv_usage"] = kv.last()
+        gpu = gpu_of(snap, cfg, instance)
+        if "fb_used_mib" in gpu and "fb_free_mib" in gpu:
+            used, free = gpu["fb_used_mib"].last(), gpu["fb_free_mib"].last()
+            if used + free > 0 and used / (used + free) >= cfg.oom_fb_used:
+                evidence["fb_used_share"] = used / (used + free)
+        if evidence:
+            basis = "+".join(k for k in ("kv_usage", "fb_used_share") if k in evidence)
+            findings.append(
+                Finding.on_instance(
+                    snap,
+                    "oom_risk",
+                    instance,
+                    "page",
+                    basis,
+                    evidence,
+                )
+            )
+    return findings

@@ -1,0 +1,76 @@
+"""Config sections are one explicit table: any process gets the CLI's validation and errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmslo.cli import main
+from llmslo.sections import SECTIONS, load_config
+
+BAD = (
+    "tap:\n  max_attempts: 0\n"
+    "slo:\n  interval_s: 0\n"
+    "collect:\n  bogus: 1\n"
+    "simulator:\n  speed: 0\n"
+    "nonsense: {}\n"
+)
+
+
+def test_every_package_section_is_in_the_table() -> None:
+    assert sorted(SECTIONS) == [
+        "alertmanager",
+        "api",
+        "collect",
+        "probe",
+        "simulator",
+        "slo",
+        "tap",
+    ]
+
+
+def test_a_process_without_the_command_line_gets_the_same_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD)
+    assert main(["config", "validate", str(path)]) == 2
+    cli_error = capsys.readouterr().err.removeprefix("llmslo config: ").strip()
+    # A fresh interpreter that imports only the loader, as a Streamlit page or a uvicorn
+    # worker would: no command module may be needed for the sections to be known.
+    worker = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "from llmslo.sections import load_config\n"
+            "from pipeline.errors import ConfigError\n"
+            "try:\n"
+            f"    load_config({str(path)!r})\n"
+            "except ConfigError as exc:\n"
+            "    print(exc)\n"
+            "print('cli imported' if any(m.startswith(('llmslo.cli', 'llmslo.commands')) for m in sys.modules) else 'no cli')\n",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    *error_lines, imported = worker.stdout.strip().splitlines()
+    assert imported == "no cli"
+    assert "\n".join(error_lines) == cli_error
+    for field in (
+        "tap.max_attempts",
+        "slo.interval_s",
+        "collect.bogus",
+        "simulator.speed",
+        "nonsense: unknown section",
+    ):
+        assert field in cli_error
+
+
+def test_the_example_config_loads_with_every_section() -> None:
+    example = Path(__file__).resolve().parents[2] / "config" / "llmslo.example.yaml"
+    assert load_config(example).bus.bootstrap_servers == "embedded"
