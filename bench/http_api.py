@@ -43,17 +43,17 @@ import numpy as np
 import pyarrow as pa
 from fastapi.testclient import TestClient
 
-from api.app import create_app  # noqa: E402
-from api.cohorts import LATENCY_METRICS, Cohort, SampleOptions, TimeRange, load_samples  # noqa: E402
-from api.judge import JudgeConfig, judge  # noqa: E402
-from api.params import parse_duration_ms  # noqa: E402
-from api.reads import ARROW_STREAM  # noqa: E402
-from api.service import ApiConfig  # noqa: E402
-from pipeline.schema import REQUEST_RECORDS  # noqa: E402
-from pipeline.store import Store  # noqa: E402
-from slo import queries  # noqa: E402
-from slo.flags import FlagTransition  # noqa: E402
-from slo.sinks import StoreTransitionSink  # noqa: E402
+from api.app import create_app
+from api.cohorts import LATENCY_METRICS, Cohort, SampleOptions, TimeRange, load_samples
+from api.judge import JudgeConfig, judge
+from api.params import parse_duration_ms
+from api.reads import ARROW_STREAM
+from api.service import ApiConfig
+from pipeline.schema import REQUEST_RECORDS
+from pipeline.store import Store
+from slo import queries
+from slo.flags import FlagTransition
+from slo.sinks import StoreTransitionSink
 
 ROOT = Path(__file__).resolve().parents[1]
 POLLERS = 200
