@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from slo.signals._serving import by_pool
+from slo.signals.config import DetectorConfig
 from slo.signals.edge import (
     detect_entry_unavailable,
     detect_gateway_queue_full,
@@ -28,7 +29,7 @@ from slo.signals.engine import (
     detect_stall,
 )
 from slo.signals.failure import detect_prefill_failure, detect_stream_interrupted
-from slo.signals.findings import Detector, DetectorConfig, Finding, gini
+from slo.signals.findings import Detector, Finding, gini
 from slo.signals.health import (
     detect_model_load_failure,
     detect_not_ready,
