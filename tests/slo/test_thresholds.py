@@ -4,6 +4,7 @@ users write stays one flat mapping of them all (:class:`slo.signals.config.Detec
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 from pathlib import Path
 from types import ModuleType
@@ -56,9 +57,9 @@ def _declared(model: type[BaseModel]) -> set[str]:
 
 def _threshold_models() -> list[type[BaseModel]]:
     """Every thresholds model defined in a module of ``slo/signals``, found by import."""
-    found = []
+    found: list[type[BaseModel]] = []
     for path in sorted(SIGNALS_DIR.glob("*.py")):
-        module = __import__(f"slo.signals.{path.stem}", fromlist=["_"])
+        module = importlib.import_module(f"slo.signals.{path.stem}")
         for value in vars(module).values():
             if (
                 inspect.isclass(value)
