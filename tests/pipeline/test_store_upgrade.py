@@ -11,9 +11,9 @@ from pipeline.store import Store
 from tests.slo.factories import request
 
 #: Columns the request record gained for retried attempts and exact ITL summaries.
-ADDED_ITL = ("upstream_status", "itl_count", "itl_p50_s", "itl_p90_s", "itl_jitter_s", "itl_histogram")
+ADDED = ("upstream_status", "itl_count", "itl_p50_s", "itl_p90_s", "itl_jitter_s", "itl_histogram")
 #: ... then for the tokens source and degradation flags that act, appended after those.
-ADDED_ENFORCEMENT = ("tokens_source", "degradation_level", "enforced_action")
+ADDED_FLAGS = ("tokens_source", "degradation_level", "enforced_action")
 #: ... then for the prober's records, appended last.
 ADDED_SOURCE = ("source",)
 
@@ -21,7 +21,7 @@ ADDED_SOURCE = ("source",)
 def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     with Store(path) as store:
-        for column in ADDED_ITL + ADDED_ENFORCEMENT + ADDED_SOURCE:  # a file from before those columns
+        for column in ADDED + ADDED_FLAGS + ADDED_SOURCE:  # a file from before those columns
             store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
         store.con.execute(
             "INSERT INTO requests (request_id, attempt, instance, received_ts_ms, outcome) VALUES ('old', 1, 'h:1', 0, 'ok')"
@@ -40,7 +40,7 @@ def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: 
 def test_a_file_from_before_the_enforcement_columns_gains_them(tmp_path: Path) -> None:
     path = tmp_path / "before_enforcement.duckdb"
     with Store(path) as store:
-        for column in ADDED_ENFORCEMENT:
+        for column in ADDED_FLAGS:
             store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
     with Store(path) as store:
         row = request(60_000, request_id="new", tokens_source="chunks", enforced_action="fail_open")
