@@ -231,7 +231,7 @@ def test_the_slo_config_section_is_validated_by_field_path(tmp_path: Any) -> Non
     message = str(info.value)
     assert "slo.interval_s: Input should be greater than 0" in message
     assert "slo.flags: Value error, thresholds must satisfy l3_free < l2_free < l1_free" in message
-    assert "slo.signals.detectors.stall_for_s: Input should be greater than 0" in message
+    assert "slo.detectors.stall_for_s: Input should be greater than 0" in message
 
 
 def test_the_loop_runs_every_interval_until_stopped(store: Store) -> None:
