@@ -98,7 +98,7 @@ def test_kv_leak_raises_l1_l2_l3_within_two_scrapes_of_each_crossing(store: Stor
 
 def test_a_gpu_fallen_off_the_bus_sends_the_instance_to_l3_as_gpu_lost(store: Store) -> None:
     """XID 79 takes the GPU out: the instance is pinned at L3 (route away), but it is no
-    memory pressure (issue 15: not every XID is OOM risk), and the pool stays."""
+    memory pressure (not every XID is OOM risk), and the pool stays."""
 
     def xid(s: State, _: float) -> None:
         s["xid"] = 79.0
