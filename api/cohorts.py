@@ -20,6 +20,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from api.errors import QueryError, UnknownCohortError
+from pipeline.units import DAY_MS
 from slo.request_sources import source_filter
 
 __all__ = [
@@ -73,7 +74,7 @@ RATE_METRICS = {
 #: Columns of ``requests`` a cohort may filter on (the only names ever put into SQL text).
 LABEL_COLUMNS = ("cohort", "model", "pool", "revision", "route", "tap_id", "tenant")
 #: Longest range a verdict may look at (31 days, in ms).
-MAX_RANGE_MS = 31 * 86_400_000
+MAX_RANGE_MS = 31 * DAY_MS
 _MAX_INSTANCES = 1024
 
 
@@ -129,7 +130,7 @@ class TimeRange(BaseModel):
         if self.end_ms <= self.start_ms:
             raise ValueError("end must be after start")
         if self.end_ms - self.start_ms > MAX_RANGE_MS:
-            raise ValueError(f"range is longer than {MAX_RANGE_MS // 86_400_000} days")
+            raise ValueError(f"range is longer than {MAX_RANGE_MS // DAY_MS} days")
         return self
 
 

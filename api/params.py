@@ -17,11 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from api.cohorts import MAX_RANGE_MS, Cohort, TimeRange
 from api.errors import QueryError
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS
 
 __all__ = ["ParsedRequest", "VerdictParams", "parse_duration_ms", "parse_params"]
 
 _DURATION = re.compile(r"^(\d{1,7})(ms|s|m|h|d)$")
-_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_UNIT_MS = {"ms": 1, "s": SECOND_MS, "m": MINUTE_MS, "h": HOUR_MS, "d": DAY_MS}
 _NAME = Field(default=None, max_length=253)
 
 
@@ -32,7 +33,7 @@ def parse_duration_ms(text: str) -> int:
         raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 1d")
     duration_ms = int(match[1]) * _UNIT_MS[match[2]]
     if duration_ms > MAX_RANGE_MS:
-        raise ValueError(f"{text!r} is longer than {MAX_RANGE_MS // 86_400_000} days")
+        raise ValueError(f"{text!r} is longer than {MAX_RANGE_MS // DAY_MS} days")
     return duration_ms
 
 

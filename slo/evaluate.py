@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
-from slo.rollups.counts import HOUR_MS, MINUTE_MS, floor_to
+from slo.rollups.counts import floor_to
 from slo.spec.model import Slo, SloModel
 from slo.windows import AlertPair, format_duration
 

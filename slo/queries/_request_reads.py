@@ -17,12 +17,11 @@ from dataclasses import dataclass
 
 import duckdb
 
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo.queries._params import Grid
 from slo.request_sources import RequestSource, source_filter
 from slo.rollups.requests import (
-    HOUR_MS,
     LATENCY_COLUMNS,
-    MINUTE_MS,
     RequestCoverage,
     bin_value_sql,
     latency_minutes_sql,

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
 from slo.request_sources import RequestSource, source_filter
 from slo.tables import REQUEST_ROLLUP_TABLES
 
@@ -64,9 +65,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MINUTE_MS = 60_000
-HOUR_MS = 3_600_000
-DAY_MS = 86_400_000
 #: Relative error of a reported bin value (α).
 RELATIVE_ERROR = 0.01
 #: Ratio of consecutive bin bounds, γ = (1 + α) / (1 − α).
