@@ -19,7 +19,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from api.errors import QueryError, UnknownCohortError
+from api.errors import UnknownCohortError
+from pipeline.errors import QueryError
 from pipeline.units import DAY_MS
 from slo.request_sources import source_filter
 
@@ -170,7 +171,9 @@ def _where(con: duckdb.DuckDBPyConnection, cohort: Cohort) -> tuple[str, list[ob
     if cohort.labels:
         missing = sorted(set(cohort.labels) - _existing_columns(con))
         if missing:
-            raise QueryError(f"request records carry no {missing} label yet; select by instances")
+            raise QueryError(
+                None, f"request records carry no {missing} label yet; select by instances"
+            )
     clauses = [source_filter()]  # probe records cross the entry point, not a cohort
     params: list[object] = []
     if cohort.instances:

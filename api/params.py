@@ -2,7 +2,7 @@
 ``metadata`` (reference/canary-and-peers.md §2.2). Every value may arrive as a string.
 
 :func:`parse_params` validates once and turns them into cohorts and a time range; any
-failure is a :class:`~api.errors.QueryError` whose message names the parameter.
+failure is a :class:`~pipeline.errors.QueryError` whose message names the parameter.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from api.cohorts import MAX_RANGE_MS, Cohort, TimeRange
-from api.errors import QueryError
+from pipeline.errors import QueryError
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS
 
 __all__ = ["ParsedRequest", "VerdictParams", "parse_duration_ms", "parse_params"]
@@ -134,11 +134,11 @@ def parse_params(raw: Mapping[str, object], now_ms: int, default_window: str) ->
             start = end - parse_duration_ms(params.window or default_window)
         time_range = TimeRange(start_ms=start, end_ms=end)
     except ValidationError as exc:
-        raise QueryError(_describe(exc)) from exc
+        raise QueryError(None, _describe(exc)) from exc
     except ValueError as exc:
-        raise QueryError(str(exc)) from exc
+        raise QueryError(None, str(exc)) from exc
     if canary == baseline:
-        raise QueryError("canary and baseline select the same requests")
+        raise QueryError(None, "canary and baseline select the same requests")
     return ParsedRequest(params, canary, baseline, time_range)
 
 

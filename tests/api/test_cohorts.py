@@ -7,7 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from api.cohorts import MAX_RANGE_MS, Cohort, SampleOptions, TimeRange, load_samples
-from api.errors import QueryError, UnknownCohortError
+from api.errors import UnknownCohortError
+from pipeline.errors import QueryError
 from pipeline.units import HOUR_MS
 from tests.api.conftest import BASELINE, CANARY, cohort_rows
 from tests.slo.factories import T0_MS, insert

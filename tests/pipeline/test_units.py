@@ -30,7 +30,9 @@ def _unit_declarations(path: Path) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if not isinstance(node, ast.Assign):
             continue
-        targets = [t for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)]
+        targets = [
+            t for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)
+        ]
         values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
         arithmetic = all(_literal(v) is not None or isinstance(v, ast.BinOp) for v in values)
         for target in targets:
