@@ -8,8 +8,8 @@ from pathlib import Path
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("pipeline", "collectors", "simulator", "slo", "alerts", "api", "dashboards", "llmslo")
-FOLDERS += ("tests", "bench")
+PACKAGES = ("pipeline", "collectors", "simulator", "slo", "alerts", "api", "dashboards", "llmslo")
+FOLDERS = (*PACKAGES, "tests", "bench")
 #: A name that reads as a time unit (``MINUTE_MS``, ``_HOUR_MS``, ``DAY``, ``MIN`` …) bound
 #: to a number or to arithmetic
 UNIT_NAMES = {"SECOND", "MINUTE", "MIN", "HOUR", "DAY"}
