@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, floor_to
 from slo.rollups._sli_sql import engine_minutes_sql, tap_minutes_sql
 from slo.spec.model import Slo, SloModel
 from slo.tables import ROLLUP_TABLES
@@ -58,10 +58,6 @@ def fingerprint(slo: Slo) -> str:
         )
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def floor_to(ts_ms: int, step_ms: int) -> int:
-    return ts_ms // step_ms * step_ms
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS, ceil_to, floor_to
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pipeline", "collectors", "simulator", "slo", "alerts", "api", "dashboards", "llmslo")
@@ -52,3 +52,8 @@ def test_no_module_but_pipeline_units_declares_a_time_unit() -> None:
 
 def test_the_units_are_what_their_names_say() -> None:
     assert (SECOND_MS, MINUTE_MS, HOUR_MS, DAY_MS) == (1_000, 60_000, 3_600_000, 86_400_000)
+
+
+def test_buckets_are_epoch_aligned_floors_and_ceilings() -> None:
+    assert [floor_to(t, MINUTE_MS) for t in (-1, 0, 59_999, 60_000)] == [-60_000, 0, 0, 60_000]
+    assert [ceil_to(t, MINUTE_MS) for t in (-1, 0, 1, 60_000)] == [0, 0, 60_000, 60_000]
