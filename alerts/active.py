@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from alerts.push import ActiveAlert
+from pipeline.units import MINUTE_MS
 from slo.evaluate import SloStatus
 from slo.signals.detectors import Finding
 from slo.windows import format_duration
@@ -89,7 +90,7 @@ _PAGES: Mapping[str, str] = {
     "numeric_anomaly": "requests",
     "hot_instance": "fleet",
 }
-_LINK_MARGIN_MS = 15 * 60_000
+_LINK_MARGIN_MS = 15 * MINUTE_MS
 _MAX_EVIDENCE_CHARS = 1_000
 Key = tuple[tuple[str, str], ...]
 

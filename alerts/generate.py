@@ -19,6 +19,7 @@ from typing import Any
 
 from alerts.model import WINDOW_PLACEHOLDER, RuleModel, RuleSlo
 from alerts.signatures import signature_groups
+from pipeline.units import DAY_MS
 from slo.windows import AlertPair, format_duration
 
 __all__ = ["error_ratio_record", "generate_rules", "pair_alert", "slo_groups"]
@@ -62,7 +63,7 @@ def _meta_recordings(slo: RuleSlo) -> list[dict[str, Any]]:
     labels = {**slo.labels, **slo.id_labels}
     ids = _id_matcher(slo)
     on = ", ".join(slo.id_labels)
-    period_days = slo.catalog.period_ms / 86_400_000
+    period_days = slo.catalog.period_ms / DAY_MS
     info_labels = {
         **labels,
         "objective": _num(slo.objective * 100),

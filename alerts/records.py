@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from alerts.push import ActiveAlert
 from pipeline.schema import ALERTS
+from pipeline.store import insert_arrow
 
 __all__ = ["AlertChange", "alert_rows", "fingerprint", "table_writer"]
 
@@ -60,10 +61,6 @@ def table_writer(con: duckdb.DuckDBPyConnection) -> Callable[[pa.Table], None]:
     (``llmslo jobs`` without a bus; in ``llmslo run`` the rows go through Kafka instead)."""
 
     def write(rows: pa.Table) -> None:
-        con.register("_llmslo_alert_rows", rows)
-        try:
-            con.execute(f"INSERT INTO {ALERTS.table} SELECT * FROM _llmslo_alert_rows")
-        finally:
-            con.unregister("_llmslo_alert_rows")
+        insert_arrow(con, ALERTS.table, rows)
 
     return write

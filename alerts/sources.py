@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from alerts.model import WINDOW_PLACEHOLDER, RuleModel, RuleSlo, SeriesRecipe
 from collectors.tap.telemetry import DURATION_BUCKETS_S, TPOT_BUCKETS_S, TTFT_BUCKETS_S
 from pipeline.buckets import VLLM_ITL_S, VLLM_REQUEST_LATENCY_S, VLLM_TTFT_S
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, LlmsloError
 from slo.buckets import DEFAULT_BUCKETS
 from slo.spec import AvailabilitySpec, LatencySpec
 from slo.spec.model import Slo, SloModel
@@ -95,7 +95,7 @@ TAP_LABELS: Mapping[str, str] = {"model": "model", "pool": "pool", "instance": "
 _REGEX_SPECIAL = set("\\.+*?()|[]{}^$")
 
 
-class _Unsupported(Exception):
+class _Unsupported(LlmsloError):
     """This SLO has no exact PromQL form (path B only); the message says why."""
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from alerts.generate import pair_alert
 from alerts.model import RuleSlo, SeriesRecipe
 from alerts.signatures import SIGNATURES, Case, Signature
+from pipeline.units import MINUTE_MS
 from slo.windows import AlertPair, format_duration
 
 __all__ = ["Scenario", "encode_values", "signature_test", "slo_test"]
@@ -106,11 +107,11 @@ def _pair_fires(slo: RuleSlo, pair: AlertPair, scenario: Scenario, minute: int) 
     good, bad = scenario.cumulative()
     threshold = pair.factor * slo.budget
     for window_ms in (pair.short_ms, pair.long_ms):
-        ratio = _window_ratio(good, bad, minute, window_ms // 60_000)
+        ratio = _window_ratio(good, bad, minute, window_ms // MINUTE_MS)
         if ratio is None or not ratio > threshold:
             return False
     if slo.min_events:
-        first = max(0, minute - pair.long_ms // 60_000)
+        first = max(0, minute - pair.long_ms // MINUTE_MS)
         events = good[minute] + bad[minute] - good[first] - bad[first]
         if events < slo.min_events:
             return False

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from api.app import create_app
 from api.cohorts import Cohort, CohortSamples, SampleOptions, TimeRange, load_samples
-from api.errors import QueryError, UnknownCohortError
+from api.errors import UnknownCohortError
 from api.flags import FlagWatcher
 from api.judge import JudgeConfig, MetricConfig, SloGateInput, Verdict, judge
 from api.reads import READ_ROUTES
 from api.service import ApiConfig
 from api.tables import API_TABLES
+from pipeline.errors import QueryError
 
 __all__ = [
     "API_TABLES",

@@ -34,14 +34,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.auth import AuthError, bearer, check_token
-from api.changes import ReadOnlyStoreError, add_change_routes
-from api.errors import QueryError, UnknownCohortError
+from api.auth import bearer, check_token
+from api.changes import add_change_routes
+from api.errors import AuthError, ReadOnlyStoreError, UnknownCohortError, UnknownVerdictError
 from api.flags import FlagWatcher, add_flag_routes
 from api.reads import ARROW_STREAM, add_read_routes, table_response
 from api.service import ApiConfig, SloStateProvider, VerdictService
 from api.tables import API_TABLES
-from pipeline.errors import QueryError as ReadQueryError
+from pipeline.errors import QueryError
 from slo import queries
 from slo.sinks import TransitionSink
 from slo.spec.loader import load_spec
@@ -71,10 +71,6 @@ class FlaggerPayload(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
-class UnknownVerdictError(Exception):
-    """No stored verdict has that id (404)."""
-
-
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
@@ -89,7 +85,7 @@ def _query_params(request: Request) -> dict[str, object]:
         elif key in ("canary_instances", "baseline_instances"):
             params[key] = f"{params[key]},{value}"
         else:
-            raise QueryError(f"{key}: given more than once")
+            raise QueryError(None, f"{key}: given more than once")
     return params
 
 
@@ -115,11 +111,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(QueryError)
     async def _query(request: Request, exc: QueryError) -> JSONResponse:
-        return _error(400, str(exc))
-
-    @app.exception_handler(ReadQueryError)
-    async def _read_query(request: Request, exc: ReadQueryError) -> JSONResponse:
-        return _error(400, str(exc), parameter=exc.parameter)
+        named = {} if exc.parameter is None else {"parameter": exc.parameter}
+        return _error(400, str(exc), **named)
 
     @app.exception_handler(ReadOnlyStoreError)
     async def _read_only(request: Request, exc: ReadOnlyStoreError) -> JSONResponse:
@@ -299,7 +292,7 @@ def create_app(
         evidence), ``data``/``count`` (one row per verdict, the read-route contract), or
         those rows as an Arrow stream with ``Accept: application/vnd.apache.arrow.stream``."""
         if limit > config.history_max_limit:
-            raise QueryError(f"limit: at most {config.history_max_limit}")
+            raise QueryError(None, f"limit: at most {config.history_max_limit}")
         documents, table = service.history(limit, service_name, verdict)
         if ARROW_STREAM in request.headers.get("accept", ""):
             return table_response(request, table)

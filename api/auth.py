@@ -6,15 +6,9 @@ from __future__ import annotations
 
 import hmac
 
-__all__ = ["AuthError", "bearer", "check_token"]
+from api.errors import AuthError
 
-
-class AuthError(Exception):
-    """Missing (401) or wrong (403) token."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+__all__ = ["bearer", "check_token"]
 
 
 def bearer(authorization: str | None) -> str | None:

@@ -17,14 +17,11 @@ import httpx
 from fastapi import Body, FastAPI, Header, Path
 from fastapi.responses import JSONResponse, Response
 
+from api.errors import ReadOnlyStoreError
 from api.flags import FlagWatcher, start_transition
 from api.overrides import OverrideRequest, OverrideStore
 
-__all__ = ["ReadOnlyStoreError", "add_change_routes"]
-
-
-class ReadOnlyStoreError(Exception):
-    """A change was asked of a store opened read-only (HTTP 503)."""
+__all__ = ["add_change_routes"]
 
 
 _ID = Path(max_length=64, pattern=r"^[0-9a-fA-F-]{1,64}$")

@@ -18,7 +18,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from api.errors import QueryError, UnknownCohortError
+from api.errors import UnknownCohortError
+from pipeline.errors import QueryError
+from pipeline.units import DAY_MS
 from slo.request_sources import source_filter
 
 __all__ = [
@@ -72,7 +74,7 @@ RATE_METRICS = {
 #: Columns of ``requests`` a cohort may filter on (the only names ever put into SQL text).
 LABEL_COLUMNS = ("cohort", "model", "pool", "revision", "route", "tap_id", "tenant")
 #: Longest range a verdict may look at (31 days, in ms).
-MAX_RANGE_MS = 31 * 86_400_000
+MAX_RANGE_MS = 31 * DAY_MS
 _MAX_INSTANCES = 1024
 
 
@@ -128,7 +130,7 @@ class TimeRange(BaseModel):
         if self.end_ms <= self.start_ms:
             raise ValueError("end must be after start")
         if self.end_ms - self.start_ms > MAX_RANGE_MS:
-            raise ValueError(f"range is longer than {MAX_RANGE_MS // 86_400_000} days")
+            raise ValueError(f"range is longer than {MAX_RANGE_MS // DAY_MS} days")
         return self
 
 
@@ -168,7 +170,9 @@ def _where(con: duckdb.DuckDBPyConnection, cohort: Cohort) -> tuple[str, list[ob
     if cohort.labels:
         missing = sorted(set(cohort.labels) - _existing_columns(con))
         if missing:
-            raise QueryError(f"request records carry no {missing} label yet; select by instances")
+            raise QueryError(
+                None, f"request records carry no {missing} label yet; select by instances"
+            )
     clauses = [source_filter()]  # probe records cross the entry point, not a cohort
     params: list[object] = []
     if cohort.instances:

@@ -1,20 +1,39 @@
-"""The API's errors, leaves of :class:`pipeline.errors.LlmsloError`::
+"""The API's errors, leaves of :class:`pipeline.errors.LlmsloError`, each answered with its
+HTTP status by :func:`api.app.create_app`::
 
-LlmsloError
-└── QueryError              a verdict or history request is invalid (HTTP 400)
-    └── UnknownCohortError  a cohort matches no request record at all (HTTP 404)
+    LlmsloError
+    ├── QueryError                  (pipeline.errors) a request parameter is invalid (400)
+    │   └── UnknownCohortError      a cohort matches no request record at all (404)
+    ├── AuthError                   the bearer token is missing (401) or wrong (403)
+    ├── ReadOnlyStoreError          a change was asked of a store opened read-only (503)
+    └── UnknownVerdictError         no stored verdict has that id (404)
 """
 
 from __future__ import annotations
 
-from pipeline.errors import LlmsloError
+from pipeline.errors import LlmsloError, QueryError
 
-__all__ = ["QueryError", "UnknownCohortError"]
-
-
-class QueryError(LlmsloError):
-    """A request parameter is invalid; the message names the parameter and the rule."""
+__all__ = ["AuthError", "ReadOnlyStoreError", "UnknownCohortError", "UnknownVerdictError"]
 
 
 class UnknownCohortError(QueryError):
     """A cohort's instances and labels match no request record in the store."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(None, message)
+
+
+class AuthError(LlmsloError):
+    """Missing (401) or wrong (403) token; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ReadOnlyStoreError(LlmsloError):
+    """The store is open read-only, so a change (an override) cannot be stored."""
+
+
+class UnknownVerdictError(LlmsloError):
+    """No stored verdict has that id."""

@@ -2,7 +2,7 @@
 ``metadata`` (reference/canary-and-peers.md §2.2). Every value may arrive as a string.
 
 :func:`parse_params` validates once and turns them into cohorts and a time range; any
-failure is a :class:`~api.errors.QueryError` whose message names the parameter.
+failure is a :class:`~pipeline.errors.QueryError` whose message names the parameter.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from api.cohorts import MAX_RANGE_MS, Cohort, TimeRange
-from api.errors import QueryError
+from pipeline.errors import QueryError
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS
 
 __all__ = ["ParsedRequest", "VerdictParams", "parse_duration_ms", "parse_params"]
 
 _DURATION = re.compile(r"^(\d{1,7})(ms|s|m|h|d)$")
-_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_UNIT_MS = {"ms": 1, "s": SECOND_MS, "m": MINUTE_MS, "h": HOUR_MS, "d": DAY_MS}
 _NAME = Field(default=None, max_length=253)
 
 
@@ -32,7 +33,7 @@ def parse_duration_ms(text: str) -> int:
         raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 1d")
     duration_ms = int(match[1]) * _UNIT_MS[match[2]]
     if duration_ms > MAX_RANGE_MS:
-        raise ValueError(f"{text!r} is longer than {MAX_RANGE_MS // 86_400_000} days")
+        raise ValueError(f"{text!r} is longer than {MAX_RANGE_MS // DAY_MS} days")
     return duration_ms
 
 
@@ -133,11 +134,11 @@ def parse_params(raw: Mapping[str, object], now_ms: int, default_window: str) ->
             start = end - parse_duration_ms(params.window or default_window)
         time_range = TimeRange(start_ms=start, end_ms=end)
     except ValidationError as exc:
-        raise QueryError(_describe(exc)) from exc
+        raise QueryError(None, _describe(exc)) from exc
     except ValueError as exc:
-        raise QueryError(str(exc)) from exc
+        raise QueryError(None, str(exc)) from exc
     if canary == baseline:
-        raise QueryError("canary and baseline select the same requests")
+        raise QueryError(None, "canary and baseline select the same requests")
     return ParsedRequest(params, canary, baseline, time_range)
 
 

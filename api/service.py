@@ -141,7 +141,7 @@ class VerdictService:
         """Compute (or fetch, for a repeated idempotent call) and store one verdict.
 
         Returns the document and the verdict name (with ``"stored": false`` when the
-        service does not store verdicts). Raises :class:`~api.errors.QueryError`
+        service does not store verdicts). Raises :class:`~pipeline.errors.QueryError`
         (bad parameters), :class:`~api.errors.UnknownCohortError`, or ``duckdb.Error``.
         """
         now_ms = int(self.clock() * 1000)

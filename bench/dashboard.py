@@ -36,6 +36,8 @@ from pathlib import Path
 
 import duckdb
 
+from pipeline.units import HOUR_MS
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -47,7 +49,6 @@ from slo.spec import parse_spec  # noqa: E402
 from slo.spec.model import build_model  # noqa: E402
 from tests.dashboards.browser import HeadlessChromium  # noqa: E402
 
-HOUR_MS = 3_600_000
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
 SPEC = {
     "version": "llmslo/v1",

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import duckdb
 
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
 from slo.evaluate import evaluate
-from slo.rollups.counts import HOUR_MS, MINUTE_MS, Rollup, create_rollup_tables
+from slo.rollups.counts import Rollup, create_rollup_tables
 from slo.spec import parse_spec
 from slo.spec.model import SloModel, build_model
 
-DAY_MS = 86_400_000
 NOW_MS = 1_790_000_000_000 // MINUTE_MS * MINUTE_MS + 17 * MINUTE_MS  # mid-hour on purpose
 
 

@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pipeline.errors import LlmsloError
+
 __all__ = [
     "OPENMETRICS_TYPES",
     "TEXT_TYPES",
@@ -159,7 +161,7 @@ class _Group:
         self.allowed = allowed
 
 
-class _Line(Exception):
+class _Line(LlmsloError):
     """A bad line, with a short reason (internal: never leaves this module)."""
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
+
 __all__ = [
     "RANGES",
     "Filters",
@@ -22,9 +24,6 @@ __all__ = [
     "to_query",
 ]
 
-MINUTE_MS = 60_000
-HOUR_MS = 60 * MINUTE_MS
-DAY_MS = 24 * HOUR_MS
 #: Range choices offered in the sidebar, longest last.
 RANGES: Mapping[str, int] = {
     "1h": HOUR_MS,

@@ -32,7 +32,8 @@ from pipeline.ingest import Ingester
 from pipeline.lake import create_lake_views, export_hours
 from pipeline.publisher import Publisher
 from pipeline.store import Store
-from slo.jobs import DAY_MS, JobsConfig, SloJobs
+from pipeline.units import DAY_MS
+from slo.jobs import JobsConfig, SloJobs
 from slo.sinks import BusTransitionSink
 from slo.spec.model import SloModel
 

@@ -42,7 +42,8 @@ from pipeline.lake import export_hours
 from pipeline.publisher import Publisher
 from pipeline.schema import ALERTS
 from pipeline.store import Store
-from slo.jobs import DAY_MS, CycleResult, JobsConfig, SloJobs
+from pipeline.units import DAY_MS
+from slo.jobs import CycleResult, JobsConfig, SloJobs
 from slo.metrics import JobMetrics
 from slo.queries import alerts as recorded_alerts
 from slo.sinks import BusTransitionSink

@@ -39,8 +39,6 @@ client): the broker's ``message.max.bytes`` is what keeps such messages out of t
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections import defaultdict
@@ -206,7 +204,7 @@ class Ingester:
         metrics: IngestMetrics | None = None,
         clock: Callable[[], float] = time.time,
         instance_id: str | None = None,
-        crash_after_commit: int | None = None,
+        after_commit: Callable[[int], None] | None = None,
     ) -> None:
         self.bus = bus
         self.store = store
@@ -214,10 +212,9 @@ class Ingester:
         self.metrics = metrics or IngestMetrics()
         self.clock = clock
         self.instance_id = instance_id
-        # Test hook: SIGKILL this process right after its Nth DuckDB commit, before Kafka
-        # hears of it (the exactly-once tests' deterministic crash; `llmslo ingest` reads it
-        # from LLMSLO_TEST_CRASH_AFTER_COMMIT).
-        self._crash_after_commit = crash_after_commit
+        # Called on the commit thread with the count of DuckDB commits so far, after a batch
+        # is in the file and before Kafka hears of it: where the exactly-once tests crash.
+        self.after_commit = after_commit
         self._duckdb_commits = 0
         self.stats = IngestStats()
         self._stop = threading.Event()
@@ -385,9 +382,8 @@ class Ingester:
             now_ts_ms=int(self.clock() * 1000),
         )
         self._duckdb_commits += 1
-        if self._duckdb_commits == self._crash_after_commit:
-            log.warning("crashing after DuckDB commit %d (test hook)", self._duckdb_commits)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.after_commit is not None:
+            self.after_commit(self._duckdb_commits)
         return time.perf_counter() - started
 
     def _collect(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], int]:

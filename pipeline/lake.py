@@ -25,14 +25,14 @@ import duckdb
 from pipeline.errors import ConfigError, StoreError
 from pipeline.schema import iter_schemas
 from pipeline.store import Store, duckdb_type
+from pipeline.units import HOUR_MS, MINUTE_MS
 
 __all__ = ["LAKE_TABLES", "ExportedHour", "create_lake_views", "export_hours", "lake_view_sql"]
 
 log = logging.getLogger(__name__)
 
-HOUR_MS = 3_600_000
 #: How long after an hour ends before it is exported (late rows still land in it).
-DEFAULT_GRACE_MS = 15 * 60_000
+DEFAULT_GRACE_MS = 15 * MINUTE_MS
 _SAFE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 #: Exported tables and their event-time column.
 LAKE_TABLES = {

@@ -21,6 +21,7 @@ import glob
 import json
 import logging
 import threading
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ __all__ = [
     "DeadLetter",
     "Store",
     "duckdb_type",
+    "insert_arrow",
     "read_peer_offsets",
 ]
 
@@ -361,10 +363,7 @@ class Store:
 
     def _append(self, table_name: str, table: pa.Table) -> None:
         if table.num_rows:
-            self.con.register("_llmslo_batch", table)
-            # BY NAME: a file upgraded across releases may hold appended columns in another order.
-            self.con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _llmslo_batch")
-            self.con.unregister("_llmslo_batch")
+            insert_arrow(self.con, table_name, table)
 
     def prune(self, before_ts_ms: int) -> dict[str, int]:
         """Delete raw rows older than ``before_ts_ms``; returns rows deleted per table.
@@ -402,6 +401,22 @@ class Store:
             # fetchall, not fetchone: DuckDB 2 keeps an unfinished result open otherwise.
             ((rows,),) = self.con.execute(f"SELECT count(*) FROM {table_name}").fetchall()
         return int(rows)
+
+
+def insert_arrow(con: duckdb.DuckDBPyConnection, table_name: str, rows: pa.Table) -> None:
+    """Insert ``rows`` into the DuckDB table ``table_name`` matching columns by name.
+
+    By name, not position: a file upgraded across releases may hold appended columns in
+    another order than a fresh one, and a column the rows lack is left NULL (or its default).
+    ``rows`` is registered under a name of its own for the statement and unregistered after,
+    so writers sharing a connection never see each other's rows. Raises ``duckdb.Error``.
+    """
+    view = f"_llmslo_rows_{uuid.uuid4().hex}"
+    con.register(view, rows)
+    try:
+        con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM {view}")
+    finally:
+        con.unregister(view)
 
 
 def read_peer_offsets(

@@ -26,6 +26,7 @@ from pipeline.errors import BusError
 from pipeline.publisher import Publisher
 from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, REQUEST_RECORDS, RecordSchema
 from pipeline.store import Store
+from pipeline.units import DAY_MS, HOUR_MS
 from simulator.dialects.vllm import ITL_BUCKETS, TTFT_BUCKETS
 
 __all__ = ["BusSink", "HistoryConfig", "HistoryGenerator", "HistorySink", "StoreSink"]
@@ -129,7 +130,7 @@ class HistoryGenerator:
         self.counters = np.zeros((n, len(_COUNTERS)))
         self.finished = np.zeros((n, 3))  # stop, length, error
         self.hist = [np.zeros((n, len(b) + 2)) for _, _, b in _HISTOGRAMS]  # buckets..., +Inf, sum
-        self.start_ts_ms = config.end_ts_ms - int(config.days * 86_400_000)
+        self.start_ts_ms = config.end_ts_ms - int(config.days * DAY_MS)
         span_s = max(0.0, config.days * 86_400 - 3600)
         count = round(config.incidents_per_day * config.days)
         starts = np.sort(self.rng.uniform(0, span_s, count)) if span_s > 0 else np.zeros(0)
@@ -137,11 +138,11 @@ class HistoryGenerator:
         self._req_seq = 0
 
     def _load(self, ts_ms: np.ndarray) -> np.ndarray:
-        hour = (ts_ms / 3_600_000.0) % 24
+        hour = (ts_ms / HOUR_MS) % 24
         return 0.55 + 0.4 * np.sin(2 * math.pi * (hour - 9) / 24)
 
     def _incident(self, ts_ms: int) -> bool:
-        return any(0 <= ts_ms - start < 3_600_000 for start in self.incidents)
+        return any(0 <= ts_ms - start < HOUR_MS for start in self.incidents)
 
     def chunks(self) -> Iterator[tuple[RecordSchema, pa.Table]]:
         """(schema, rows) per simulated hour, engine then GPU then requests."""
@@ -149,7 +150,7 @@ class HistoryGenerator:
         step_ms = cfg.interval_s * 1000
         ts = self.start_ts_ms + step_ms
         while ts <= cfg.end_ts_ms:
-            hour_end = min(cfg.end_ts_ms, ts + 3_600_000 - step_ms)
+            hour_end = min(cfg.end_ts_ms, ts + HOUR_MS - step_ms)
             stamps = np.arange(ts, hour_end + 1, step_ms, dtype=np.int64)
             yield ENGINE_SAMPLES, self._engine_hour(stamps)
             yield GPU_SAMPLES, self._gpu_hour(stamps)

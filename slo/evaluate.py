@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 
+from pipeline.units import HOUR_MS, MINUTE_MS, ceil_to, floor_to
 from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
-from slo.rollups.counts import HOUR_MS, MINUTE_MS, floor_to
 from slo.spec.model import Slo, SloModel
 from slo.windows import AlertPair, format_duration
 
@@ -116,7 +116,7 @@ class SloStatus:
 def _ranges(window_ms: int, end_ms: int) -> tuple[tuple[int, int] | None, list[tuple[int, int]]]:
     """(hour range or None, minute ranges) that exactly cover [end − window, end)."""
     start = end_ms - window_ms
-    first_hour = -(-start // HOUR_MS) * HOUR_MS
+    first_hour = ceil_to(start, HOUR_MS)
     last_hour = floor_to(end_ms, HOUR_MS)
     if first_hour >= last_hour:
         return None, [(start, end_ms)]

@@ -21,11 +21,12 @@ from pydantic import BaseModel, Field
 
 from pipeline.config import STRICT
 from pipeline.errors import LlmsloError
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
 from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.evaluate import SloStatus, evaluate
 from slo.flags import FlagBoard, FlagPolicy, FlagState, FlagTransition
 from slo.metrics import JobMetrics
-from slo.rollups.counts import MINUTE_MS, Rollup
+from slo.rollups.counts import Rollup
 from slo.rollups.requests import RequestRollup
 from slo.signals.detectors import DetectorConfig, Finding, detect_all
 from slo.signals.snapshot import Snapshot, load_snapshot
@@ -39,11 +40,10 @@ from slo.sinks import (
 )
 from slo.spec.model import SloModel
 
-__all__ = ["DAY_MS", "CycleResult", "JobsConfig", "SloJobs", "data_clock"]
+__all__ = ["CycleResult", "JobsConfig", "SloJobs", "data_clock"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-DAY_MS = 86_400_000
 
 
 class JobsConfig(BaseModel):
@@ -347,7 +347,7 @@ class SloJobs:
         self.metrics.record_levels(levels)
 
     def _prune(self, now: int) -> None:
-        if now - self._last_prune_ms < 3_600_000:
+        if now - self._last_prune_ms < HOUR_MS:
             return
         self._last_prune_ms = now
         minutes_since = (

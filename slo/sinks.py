@@ -19,6 +19,7 @@ import duckdb
 
 from pipeline.publisher import Publisher
 from pipeline.schema import FLAG_TRANSITIONS
+from pipeline.store import insert_arrow
 from slo.evaluate import SloStatus
 from slo.flags import FlagState, FlagTransition, transitions_table
 from slo.signals.detectors import Finding
@@ -70,13 +71,7 @@ class StoreTransitionSink:
 
     def write(self, transitions: list[FlagTransition]) -> None:
         if transitions:
-            self.con.register("_llmslo_flags", transitions_table(transitions))
-            try:
-                self.con.execute(
-                    f"INSERT INTO {FLAG_TRANSITIONS.table} SELECT * FROM _llmslo_flags"
-                )
-            finally:
-                self.con.unregister("_llmslo_flags")
+            insert_arrow(self.con, FLAG_TRANSITIONS.table, transitions_table(transitions))
 
 
 class BusTransitionSink:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipeline.config import load_yaml
 from pipeline.errors import ConfigError
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS
 
 __all__ = [
     "CATALOG_DIR",
@@ -33,7 +34,7 @@ __all__ = [
 #: Where the shipped catalogs live: ``google-30d.yaml``, ``google-28d.yaml``, ``google-7d.yaml``.
 CATALOG_DIR = Path(__file__).parent / "windows"
 
-_UNITS_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
+_UNITS_MS = {"s": SECOND_MS, "m": MINUTE_MS, "h": HOUR_MS, "d": DAY_MS, "w": 7 * DAY_MS}
 _DURATION = re.compile(r"^(\d+)([smhdw])$")
 
 

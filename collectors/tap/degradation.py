@@ -47,6 +47,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pipeline.errors import LlmsloError
+
 __all__ = [
     "DEGRADATION_HEADER",
     "ECONOMY_HEADER",
@@ -197,7 +199,7 @@ class Degrader:
         return Enforcement(level, "degradation_header")
 
 
-class FlagSourceError(Exception):
+class FlagSourceError(LlmsloError):
     """The flags source cannot be reached now (the follower retries; staleness grows)."""
 
 

@@ -32,6 +32,7 @@ from collectors.tap.downstream import (
     reason_phrase,
 )
 from collectors.tap.http1 import HeadLimit
+from pipeline.errors import LlmsloError
 
 __all__ = ["IncomingRequest", "TapServer"]
 
@@ -346,7 +347,7 @@ class ClientConnection(asyncio.Protocol):
         self.close()
 
 
-class _Refused(Exception):
+class _Refused(LlmsloError):
     """A request the tap answers itself with ``status`` and closes (raised while parsing)."""
 
     def __init__(self, status: int, message: str) -> None:

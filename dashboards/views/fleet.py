@@ -10,10 +10,10 @@ import streamlit as st
 
 from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
 from dashboards.views.common import no_data, page
+from pipeline.units import HOUR_MS
 
 __all__ = ["PAGE", "slo_rows"]
 
-_HOUR_MS = 3_600_000
 _LEVELS = {
     0: "L0 normal",
     1: "L1 no speculative decoding",
@@ -163,9 +163,9 @@ def _traffic(ctx: PageContext) -> None:
     f = ctx.filters
     table = ctx.table(
         "outcome_counts",
-        start_ms=f.end_ms - _HOUR_MS,
+        start_ms=f.end_ms - HOUR_MS,
         end_ms=f.end_ms,
-        bucket_ms=_HOUR_MS,
+        bucket_ms=HOUR_MS,
         pool=f.pool,
         instance=f.instance,
     )

@@ -29,9 +29,10 @@ from pipeline.errors import ConfigError
 from pipeline.publisher import Publisher
 from pipeline.schema import ALERTS
 from pipeline.store import Store
+from pipeline.units import DAY_MS
 from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.evaluate import evaluate
-from slo.jobs import DAY_MS, JobsConfig, SloJobs, data_clock
+from slo.jobs import JobsConfig, SloJobs, data_clock
 from slo.metrics import JobMetrics
 from slo.queries import alerts as recorded_alerts
 from slo.report import render_json, render_table

@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,11 @@ def run_broker(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_ingest(args: argparse.Namespace) -> int:
+def run_ingest(
+    args: argparse.Namespace, *, after_commit: Callable[[int], None] | None = None
+) -> int:
+    """``llmslo ingest``; ``after_commit`` goes to the :class:`Ingester` (called with the
+    count of DuckDB commits after each)."""
     config = resolve_config(args)
     ingest_config = config.ingest
     overrides: dict[str, Any] = {}
@@ -148,7 +153,7 @@ def run_ingest(args: argparse.Namespace) -> int:
             ingest_config,
             metrics=metrics,
             instance_id=args.instance_id,
-            crash_after_commit=_crash_hook_from_env(),
+            after_commit=after_commit,
         )
         install_stop_handlers(ingester.stop)
         exporting = threading.Event()
@@ -172,16 +177,6 @@ def run_ingest(args: argparse.Namespace) -> int:
         }
     )
     return 0
-
-
-def _crash_hook_from_env() -> int | None:
-    """LLMSLO_TEST_CRASH_AFTER_COMMIT=N: die after DuckDB commit N (tests only; see Ingester)."""
-    value = os.environ.get("LLMSLO_TEST_CRASH_AFTER_COMMIT")
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(f"LLMSLO_TEST_CRASH_AFTER_COMMIT={value!r} must be a positive integer")
-    return int(value)
 
 
 def run_lake_export(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from llmslo.drill.matrix import DrillReport
 from llmslo.drill.score import FalsePositive
+from pipeline.store import insert_arrow
 from slo.queries import DRILLS_SCHEMA
 from slo.tables import DRILLS
 
@@ -190,9 +191,5 @@ def write_drills(con: duckdb.DuckDBPyConnection, report: DrillReport) -> int:
     """Append the report to the ``drills`` table (created if missing); returns rows written."""
     DRILLS.create(con)
     table = drills_table(report)
-    con.register("drill_rows", table)
-    try:
-        con.execute(f"INSERT INTO drills SELECT {', '.join(DRILLS_SCHEMA.names)} FROM drill_rows")
-    finally:
-        con.unregister("drill_rows")
+    insert_arrow(con, DRILLS.name, table)
     return table.num_rows

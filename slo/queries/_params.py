@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pipeline.errors import QueryError
+from pipeline.units import DAY_MS, MINUTE_MS
 
 __all__ = [
     "MAX_LIMIT",
@@ -19,7 +20,6 @@ __all__ = [
     "MAX_RANGE_MS",
     "MAX_TEXT_CHARS",
     "MAX_VALUES",
-    "MINUTE_MS",
     "Grid",
     "check_choice",
     "check_fraction",
@@ -32,8 +32,6 @@ __all__ = [
     "check_ts_ms",
 ]
 
-MINUTE_MS = 60_000
-DAY_MS = 86_400_000
 #: Longest time range one query may cover (a 30-day SLO period with room to compare).
 MAX_RANGE_MS = 90 * DAY_MS
 #: Most time buckets one series may have (a 30-day range at 10-minute resolution).

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 
 import duckdb
 
+from pipeline.units import HOUR_MS, MINUTE_MS, ceil_to, floor_to
 from slo.queries._params import Grid
 from slo.request_sources import RequestSource, source_filter
 from slo.rollups.requests import (
-    HOUR_MS,
     LATENCY_COLUMNS,
-    MINUTE_MS,
     RequestCoverage,
     bin_value_sql,
     latency_minutes_sql,
@@ -74,12 +73,12 @@ def _pieces(grid: Grid, coverage: RequestCoverage | None) -> list[tuple[str, int
     start, end = grid.start_ms, grid.end_ms
     if coverage is None:
         return [("raw", start, end)]
-    lo = max(-(-start // MINUTE_MS) * MINUTE_MS, coverage.start_ms)
+    lo = max(ceil_to(start, MINUTE_MS), coverage.start_ms)
     hi = min(end // MINUTE_MS * MINUTE_MS, coverage.settled_ms)
     if lo >= hi:
         return [("raw", start, end)]
     pieces = [("raw", start, lo)] if start < lo else []
-    h_lo, h_hi = -(-lo // HOUR_MS) * HOUR_MS, hi // HOUR_MS * HOUR_MS
+    h_lo, h_hi = ceil_to(lo, HOUR_MS), floor_to(hi, HOUR_MS)
     if grid.bucket_ms % HOUR_MS == 0 and h_lo < h_hi:
         pieces += [("minute", lo, h_lo), ("hour", h_lo, h_hi), ("minute", h_hi, hi)]
     else:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
+from pipeline.units import HOUR_MS
 from slo.queries._params import (
     check_choice,
     check_fraction,
@@ -40,7 +41,6 @@ from slo.queries._sql import run_query as _run
 from slo.queries.alerts import alerts, drills
 from slo.queries.series import engine_series, gpu_series
 from slo.request_sources import REQUEST_SOURCES, RequestSource, source_filter
-from slo.rollups.counts import HOUR_MS
 
 __all__ = [
     "ALERTS_SCHEMA",

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import duckdb
 import pyarrow as pa
 
+from pipeline.units import MINUTE_MS
 from slo.queries._params import check_grid
 from slo.queries._schemas import ENGINE_SERIES_SCHEMA, GPU_SERIES_SCHEMA
 from slo.queries._sql import present_tables, run_query, signal_filter
@@ -20,7 +21,7 @@ from slo.queries._sql import present_tables, run_query, signal_filter
 __all__ = ["engine_series", "gpu_series"]
 
 #: Counter samples read before the range so the first bucket's increase is known.
-_COUNTER_LOOKBACK_MS = 10 * 60_000
+_COUNTER_LOOKBACK_MS = 10 * MINUTE_MS
 
 
 def engine_series(

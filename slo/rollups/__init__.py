@@ -8,8 +8,6 @@ outcome counts of the taps' request records, for long-range reads.
 from __future__ import annotations
 
 from slo.rollups.counts import (
-    HOUR_MS,
-    MINUTE_MS,
     ROLLUP_TABLES,
     Rollup,
     RollupStats,
@@ -34,9 +32,7 @@ from slo.rollups.requests import (
 
 __all__ = [
     "BIN_GAMMA",
-    "HOUR_MS",
     "MAX_S",
-    "MINUTE_MS",
     "MIN_S",
     "RELATIVE_ERROR",
     "REQUEST_ROLLUP_VERSION",

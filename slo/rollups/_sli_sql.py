@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pipeline.units import MINUTE_MS
 from slo.request_sources import source_filter
 from slo.spec import AvailabilitySpec, GoodputSpec, LatencySpec
 from slo.spec.model import Slo
 
 __all__ = ["engine_minutes_sql", "tap_minutes_sql"]
 
-MINUTE_MS = 60_000
 #: Counter samples read before the range so the first minute's increase is known.
 ENGINE_LOOKBACK_MS = 10 * MINUTE_MS
 #: Attempts read before the range so a retried request finds its first attempt: retries

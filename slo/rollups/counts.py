@@ -21,15 +21,15 @@ from dataclasses import dataclass
 
 import duckdb
 
-from slo.rollups._sli_sql import MINUTE_MS, engine_minutes_sql, tap_minutes_sql
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, floor_to
+from slo.rollups._sli_sql import engine_minutes_sql, tap_minutes_sql
 from slo.spec.model import Slo, SloModel
 from slo.tables import ROLLUP_TABLES
 
-__all__ = ["HOUR_MS", "MINUTE_MS", "ROLLUP_TABLES", "Rollup", "RollupStats", "create_rollup_tables"]
+__all__ = ["ROLLUP_TABLES", "Rollup", "RollupStats", "create_rollup_tables"]
 
 log = logging.getLogger(__name__)
 
-HOUR_MS = 3_600_000
 #: The integer key of one (SLO, pool, instance, tenant, route): evaluations group by an
 #: integer, not by four strings. Any key_id is fine as long as slo_keys maps it (the
 #: evaluator re-aggregates by the dimensions), so DuckDB's hash() may change across versions.
@@ -60,10 +60,6 @@ def fingerprint(slo: Slo) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def floor_to(ts_ms: int, step_ms: int) -> int:
-    return ts_ms // step_ms * step_ms
-
-
 @dataclass
 class RollupStats:
     """What one :meth:`Rollup.update` did."""
@@ -85,7 +81,7 @@ class Rollup:
         model: SloModel,
         *,
         settle_ms: int = 10 * MINUTE_MS,
-        horizon_ms: int = 7 * 86_400_000,
+        horizon_ms: int = 7 * DAY_MS,
     ) -> None:
         self.con = con
         self.model = model

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import duckdb
 
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, ceil_to, floor_to
 from slo.request_sources import RequestSource, source_filter
 from slo.tables import REQUEST_ROLLUP_TABLES
 
@@ -64,9 +65,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MINUTE_MS = 60_000
-HOUR_MS = 3_600_000
-DAY_MS = 86_400_000
 #: Relative error of a reported bin value (α).
 RELATIVE_ERROR = 0.01
 #: Ratio of consecutive bin bounds, γ = (1 + α) / (1 − α).
@@ -90,14 +88,6 @@ def _bin_sql(value: str) -> str:
 def bin_value_sql(bin_: str) -> str:
     """SQL of the value (seconds) a bin reports: within α of every value in the bin."""
     return f"(2 * pow({BIN_GAMMA!r}, {bin_}) / {BIN_GAMMA + 1!r})"
-
-
-def _floor(ts_ms: int, step_ms: int) -> int:
-    return ts_ms // step_ms * step_ms
-
-
-def _ceil(ts_ms: int, step_ms: int) -> int:
-    return -(-ts_ms // step_ms) * step_ms
 
 
 def outcome_minutes_sql(
@@ -218,17 +208,17 @@ class RequestRollup:
         row = self.con.execute(
             "SELECT version, watermark_ts_ms FROM request_rollup_state"
         ).fetchone()
-        end = _floor(now_ms, MINUTE_MS) + MINUTE_MS
+        end = floor_to(now_ms, MINUTE_MS) + MINUTE_MS
         if row is None or row[0] != REQUEST_ROLLUP_VERSION:
             if row is not None:  # another layout: nothing of it may be summed with the new
                 for table in REQUEST_ROLLUP_TABLES:
                     self.con.execute(f"DELETE FROM {table}")
             first = self.con.execute("SELECT min(received_ts_ms) FROM requests").fetchone()
             oldest = first[0] if first and first[0] is not None else now_ms
-            start = max(_floor(now_ms - self.horizon_ms, HOUR_MS), _floor(oldest, MINUTE_MS))
+            start = max(floor_to(now_ms - self.horizon_ms, HOUR_MS), floor_to(oldest, MINUTE_MS))
             return self.recompute_by_day(min(start, end - MINUTE_MS), end)
         watermark = int(row[1])
-        start = _floor(watermark - self.settle_ms, MINUTE_MS)
+        start = floor_to(watermark - self.settle_ms, MINUTE_MS)
         return self.recompute_by_day(min(start, end - MINUTE_MS), max(end, watermark))
 
     def recompute(self, start_ms: int, end_ms: int, *, final: bool = False) -> int:
@@ -243,7 +233,7 @@ class RequestRollup:
         con.execute("BEGIN")
         try:
             written = self._replace_minutes(start_ms, end_ms)
-            self._rebuild_hours(_floor(start_ms, HOUR_MS), _ceil(end_ms, HOUR_MS))
+            self._rebuild_hours(floor_to(start_ms, HOUR_MS), ceil_to(end_ms, HOUR_MS))
             self._extend_state(start_ms, end_ms, final)
             con.execute("COMMIT")
         except duckdb.Error:
@@ -255,7 +245,7 @@ class RequestRollup:
         """:meth:`recompute` a day per transaction (bounded memory on a first build)."""
         written = 0
         while start_ms < end_ms:
-            stop = min(end_ms, _floor(start_ms, DAY_MS) + DAY_MS)
+            stop = min(end_ms, floor_to(start_ms, DAY_MS) + DAY_MS)
             written += self.recompute(start_ms, stop, final=final)
             start_ms = stop
         return written
@@ -336,7 +326,7 @@ def rollup_history(con: duckdb.DuckDBPyConnection) -> int:
     span = con.execute("SELECT min(received_ts_ms), max(received_ts_ms) FROM requests").fetchone()
     if span is None or span[0] is None:
         return 0
-    start, end = _floor(int(span[0]), MINUTE_MS), _floor(int(span[1]), MINUTE_MS) + MINUTE_MS
+    start, end = floor_to(int(span[0]), MINUTE_MS), floor_to(int(span[1]), MINUTE_MS) + MINUTE_MS
     written = rollup.recompute_by_day(start, end, final=True)
     log.info("request rollups built over %d minute rows", written)
     return written

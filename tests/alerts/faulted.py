@@ -9,12 +9,11 @@ from typing import Any
 
 from alerts.pusher import AlertPusher
 from pipeline.store import Store
+from pipeline.units import MINUTE_MS
 from slo.spec import parse_spec
 from slo.spec.model import build_model
 from tests.slo.factories import T0_MS, insert, request
 
-MINUTE = 60_000
-DAY = 86_400_000
 SPEC = {
     "version": "llmslo/v1",
     "service": "chat",
@@ -42,8 +41,8 @@ def store_with_fault(path: Path) -> Store:
     store = Store(path)
     insert(
         store,
-        requests_between(T0_MS - 120 * MINUTE, T0_MS, 0.3)
-        + requests_between(T0_MS, T0_MS + 10 * MINUTE, 5.0),
+        requests_between(T0_MS - 120 * MINUTE_MS, T0_MS, 0.3)
+        + requests_between(T0_MS, T0_MS + 10 * MINUTE_MS, 5.0),
     )
     return store
 

@@ -24,14 +24,13 @@ from llmslo.cli import main
 from pipeline.bus import Bus
 from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
+from pipeline.units import DAY_MS, MINUTE_MS
 from slo.jobs import SloJobs
 from slo.queries import alerts as recorded_alerts
 from slo.spec import parse_spec
 from slo.spec.model import build_model
 from tests.alerts.conftest import Alertmanager, eventually
 from tests.alerts.faulted import (
-    DAY,
-    MINUTE,
     MODEL,
     SPEC,
     requests_between,
@@ -58,7 +57,7 @@ def test_the_jobs_push_a_fault_inhibit_resolve_and_survive_an_alertmanager_resta
     with store_with_fault(tmp_path / "db.duckdb") as store:
         pusher = AlertPusher(config, table_writer(store.con), background=False, registry=registry)
         jobs = SloJobs(store.con, MODEL, on_cycle=pusher.on_cycle)
-        jobs.run_once(T0_MS + 10 * MINUTE - 1)
+        jobs.run_once(T0_MS + 10 * MINUTE_MS - 1)
 
         # Pushed, visible, and the page inhibits the tickets of the same SLO.
         def inhibited() -> dict[str, str] | None:
@@ -86,7 +85,7 @@ def test_the_jobs_push_a_fault_inhibit_resolve_and_survive_an_alertmanager_resta
         alertmanager.stop()
         for _ in range(2):
             time.sleep(0.6)
-            result = jobs.run_once(T0_MS + 10 * MINUTE - 1)
+            result = jobs.run_once(T0_MS + 10 * MINUTE_MS - 1)
             assert result is not None and result.errors == []
         dropped = registry.get_sample_value(
             "llmslo_dropped_total",
@@ -98,13 +97,13 @@ def test_the_jobs_push_a_fault_inhibit_resolve_and_survive_an_alertmanager_resta
         # Restart: Alertmanager forgot everything; the queued re-sends restore all four.
         alertmanager.start()
         time.sleep(0.6)
-        jobs.run_once(T0_MS + 10 * MINUTE - 1)
+        jobs.run_once(T0_MS + 10 * MINUTE_MS - 1)
         assert eventually(lambda: len(alertmanager.alerts()) == 4)
         assert eventually(inhibited)
 
         # The fault clears: the pages resolve and the tickets, no longer inhibited, stay.
-        insert(store, requests_between(T0_MS + 10 * MINUTE, T0_MS + 45 * MINUTE, 0.3))
-        jobs.run_once(T0_MS + 45 * MINUTE - 1)
+        insert(store, requests_between(T0_MS + 10 * MINUTE_MS, T0_MS + 45 * MINUTE_MS, 0.3))
+        jobs.run_once(T0_MS + 45 * MINUTE_MS - 1)
 
         def pages_gone() -> dict[str, str] | None:
             states = _by_window(alertmanager)
@@ -142,10 +141,10 @@ def test_llmslo_run_pushes_records_through_kafka_and_resolves_after_the_fault(
 ) -> None:
     """The whole process: tap records over Kafka → ingest → jobs → Alertmanager, and the
     alert changes back over the ``alerts`` topic into the table."""
-    now = int(time.time() * 1000) // MINUTE * MINUTE
+    now = int(time.time() * 1000) // MINUTE_MS * MINUTE_MS
     producer = bus.producer()
-    faulty = requests_between(now - 130 * MINUTE, now - 10 * MINUTE, 0.3) + requests_between(
-        now - 10 * MINUTE, now, 5.0
+    faulty = requests_between(now - 130 * MINUTE_MS, now - 10 * MINUTE_MS, 0.3) + requests_between(
+        now - 10 * MINUTE_MS, now, 5.0
     )
     producer.publish(REQUEST_RECORDS, to_table(REQUEST_RECORDS, faulty))
     producer.flush()
@@ -168,7 +167,7 @@ def test_llmslo_run_pushes_records_through_kafka_and_resolves_after_the_fault(
         assert eventually(lambda: len(alertmanager.alerts()) == 4, 120), (
             tmp_path / "run.log"
         ).read_text()[-2000:]
-        healthy = requests_between(now, now + 35 * MINUTE, 0.3)
+        healthy = requests_between(now, now + 35 * MINUTE_MS, 0.3)
         producer.publish(REQUEST_RECORDS, to_table(REQUEST_RECORDS, healthy))
         producer.flush()
         windows = eventually(
@@ -187,7 +186,7 @@ def test_llmslo_run_pushes_records_through_kafka_and_resolves_after_the_fault(
         producer.close()
     assert process.returncode == 0, (tmp_path / "run.log").read_text()[-2000:]
     with Store(tmp_path / "run.duckdb", read_only=True) as store:
-        history = recorded_alerts(store.con, start_ms=now - DAY, end_ms=now + DAY)
+        history = recorded_alerts(store.con, start_ms=now - DAY_MS, end_ms=now + DAY_MS)
         active = recorded_alerts(store.con)
     assert sorted((r["state"], json.loads(r["labels_json"])["window"]) for r in history.to_pylist()) == [
         ("firing", "1d-2h"), ("firing", "1h-5m"), ("firing", "3d-6h"), ("firing", "6h-30m"),

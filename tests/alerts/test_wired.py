@@ -18,12 +18,11 @@ from alerts.records import table_writer
 from llmslo.cli import main
 from pipeline.errors import QueryError
 from pipeline.store import Store
+from pipeline.units import DAY_MS, MINUTE_MS
 from slo.jobs import SloJobs
 from slo.queries import alerts as recorded_alerts
 from slo.signals.detectors import Finding
 from tests.alerts.faulted import (
-    DAY,
-    MINUTE,
     MODEL,
     POOL,
     firing_windows,
@@ -74,7 +73,7 @@ def test_deep_links_follow_the_dashboard_contract() -> None:
 
 def test_a_burning_slo_pair_carries_the_labels_of_its_generated_rule(tmp_path: Path) -> None:
     with store_with_fault(tmp_path / "db.duckdb") as store:
-        result = SloJobs(store.con, MODEL).run_once(T0_MS + 10 * MINUTE - 1)
+        result = SloJobs(store.con, MODEL).run_once(T0_MS + 10 * MINUTE_MS - 1)
     assert result is not None
     found = active_alerts(result.now_ms, result.statuses, dashboard_url="http://d")
     page = next(a for a in found if a.labels["window"] == "1h-5m")
@@ -96,27 +95,27 @@ def test_every_state_change_is_one_row_and_queries_read_active_and_history(
     with store_with_fault(tmp_path / "db.duckdb") as store:
         pusher = AlertPusher(AlertmanagerConfig(), table_writer(store.con))
         jobs = SloJobs(store.con, MODEL, on_cycle=pusher.on_cycle)
-        jobs.run_once(T0_MS + 10 * MINUTE - 1)
-        jobs.run_once(T0_MS + 10 * MINUTE - 1)  # still firing: no new rows
+        jobs.run_once(T0_MS + 10 * MINUTE_MS - 1)
+        jobs.run_once(T0_MS + 10 * MINUTE_MS - 1)  # still firing: no new rows
         assert firing_windows(pusher) == {("page", "1h-5m"), ("page", "6h-30m"), ("ticket", "1d-2h"), ("ticket", "3d-6h")}  # fmt: skip
         active = recorded_alerts(store.con)
         assert active.num_rows == 4
         assert recorded_alerts(store.con, severity="page").num_rows == 2
-        insert(store, requests_between(T0_MS + 10 * MINUTE, T0_MS + 45 * MINUTE, 0.3))
-        jobs.run_once(T0_MS + 45 * MINUTE - 1)
+        insert(store, requests_between(T0_MS + 10 * MINUTE_MS, T0_MS + 45 * MINUTE_MS, 0.3))
+        jobs.run_once(T0_MS + 45 * MINUTE_MS - 1)
         assert firing_windows(pusher) == {("ticket", "1d-2h"), ("ticket", "3d-6h")}
-        history = recorded_alerts(store.con, start_ms=T0_MS, end_ms=T0_MS + DAY)
+        history = recorded_alerts(store.con, start_ms=T0_MS, end_ms=T0_MS + DAY_MS)
         assert history.num_rows == 6
         resolved = [r for r in history.to_pylist() if r["state"] == "resolved"]
         assert sorted(json.loads(r["labels_json"])["window"] for r in resolved) == [
             "1h-5m",
             "6h-30m",
         ]
-        assert all(r["ends_ts_ms"] == T0_MS + 45 * MINUTE - 1 for r in resolved)
+        assert all(r["ends_ts_ms"] == T0_MS + 45 * MINUTE_MS - 1 for r in resolved)
         assert {r["fingerprint"] for r in resolved} <= set(active.column("fingerprint").to_pylist())
         assert recorded_alerts(store.con).column("severity").to_pylist() == ["ticket", "ticket"]
         # as of the fault, the pages were active
-        assert recorded_alerts(store.con, at_ms=T0_MS + 10 * MINUTE).num_rows == 4
+        assert recorded_alerts(store.con, at_ms=T0_MS + 10 * MINUTE_MS).num_rows == 4
 
 
 def test_a_restarted_pusher_resumes_without_new_rows_and_resolves_what_cleared(
@@ -124,16 +123,16 @@ def test_a_restarted_pusher_resumes_without_new_rows_and_resolves_what_cleared(
 ) -> None:
     with store_with_fault(tmp_path / "db.duckdb") as store:
         first = AlertPusher(AlertmanagerConfig(), table_writer(store.con))
-        SloJobs(store.con, MODEL, on_cycle=first.on_cycle).run_once(T0_MS + 10 * MINUTE - 1)
-        insert(store, requests_between(T0_MS + 10 * MINUTE, T0_MS + 45 * MINUTE, 0.3))
+        SloJobs(store.con, MODEL, on_cycle=first.on_cycle).run_once(T0_MS + 10 * MINUTE_MS - 1)
+        insert(store, requests_between(T0_MS + 10 * MINUTE_MS, T0_MS + 45 * MINUTE_MS, 0.3))
         again = AlertPusher(
             AlertmanagerConfig(),
             table_writer(store.con),
             state=restore_state(recorded_alerts(store.con)),
         )
         changes = again.push(
-            T0_MS + 45 * MINUTE - 1,
-            SloJobs(store.con, MODEL).run_once(T0_MS + 45 * MINUTE - 1),  # type: ignore[arg-type]
+            T0_MS + 45 * MINUTE_MS - 1,
+            SloJobs(store.con, MODEL).run_once(T0_MS + 45 * MINUTE_MS - 1),  # type: ignore[arg-type]
         )
     assert sorted((c.state, c.alert.labels["window"]) for c in changes) == [
         ("resolved", "1h-5m"),
@@ -190,12 +189,12 @@ def test_a_firing_alerts_link_stays_the_same_so_it_is_not_resent_every_cycle(
             clock=lambda: wall[0],
         )
         jobs = SloJobs(store.con, MODEL, on_cycle=pusher.on_cycle)
-        jobs.run_once(T0_MS + 10 * MINUTE - 5_000)
+        jobs.run_once(T0_MS + 10 * MINUTE_MS - 5_000)
         wall[0] += 15
-        jobs.run_once(T0_MS + 10 * MINUTE - 1)  # 5 s later in event time, same minute
+        jobs.run_once(T0_MS + 10 * MINUTE_MS - 1)  # 5 s later in event time, same minute
     assert [len(batch) for batch in sent] == [4]
     assert all(
-        p["generatorURL"].endswith(f"from={T0_MS + 10 * MINUTE - 5_000 - 15 * MINUTE}")
+        p["generatorURL"].endswith(f"from={T0_MS + 10 * MINUTE_MS - 5_000 - 15 * MINUTE_MS}")
         for p in sent[0]
     )
 
@@ -219,10 +218,10 @@ class _Recorder:
 def test_a_cycle_whose_evaluation_failed_resolves_nothing(tmp_path: Path) -> None:
     with store_with_fault(tmp_path / "db.duckdb") as store:
         pusher = AlertPusher(AlertmanagerConfig(), table_writer(store.con))
-        result = SloJobs(store.con, MODEL).run_once(T0_MS + 10 * MINUTE - 1)
+        result = SloJobs(store.con, MODEL).run_once(T0_MS + 10 * MINUTE_MS - 1)
         assert result is not None
         assert len(pusher.on_cycle(result)) == 4
-        broken = SloJobs(store.con, MODEL).run_once(T0_MS + 10 * MINUTE - 1)
+        broken = SloJobs(store.con, MODEL).run_once(T0_MS + 10 * MINUTE_MS - 1)
         assert broken is not None
         broken.statuses, broken.errors = [], ["evaluate: IO Error: disk full"]
         assert pusher.on_cycle(broken) == []

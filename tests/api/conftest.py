@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.service import ApiConfig
 from pipeline.store import Store
+from pipeline.units import HOUR_MS
 from tests.slo.factories import T0_MS, insert, request
 
 TOKEN = "s3cret-token"
@@ -37,7 +38,7 @@ def cohort_rows(
     ttft_factor: float = 1.0,
     outcomes: dict[str, int] | None = None,
     start_ms: int = T0_MS,
-    span_ms: int = 3_600_000,
+    span_ms: int = HOUR_MS,
     **overrides: Any,
 ) -> list[dict[str, Any]]:
     """``n`` requests spread over ``span_ms`` with lognormal latencies (median TTFT ~0.37 s).

@@ -7,11 +7,13 @@ import pytest
 from pydantic import ValidationError
 
 from api.cohorts import MAX_RANGE_MS, Cohort, SampleOptions, TimeRange, load_samples
-from api.errors import QueryError, UnknownCohortError
+from api.errors import UnknownCohortError
+from pipeline.errors import QueryError
+from pipeline.units import HOUR_MS
 from tests.api.conftest import BASELINE, CANARY, cohort_rows
 from tests.slo.factories import T0_MS, insert
 
-HOUR = TimeRange(start_ms=T0_MS, end_ms=T0_MS + 3_600_000)
+HOUR = TimeRange(start_ms=T0_MS, end_ms=T0_MS + HOUR_MS)
 
 
 def test_a_cohort_gets_its_own_requests_latencies_and_bad_event_counts(store) -> None:
@@ -39,7 +41,7 @@ def test_a_cohort_gets_its_own_requests_latencies_and_bad_event_counts(store) ->
 
 def test_labels_and_instances_combine_and_the_range_is_half_open(store) -> None:
     rows = cohort_rows(CANARY, 100, seed=2, pool="llama-70b")
-    rows += cohort_rows(CANARY, 50, seed=3, pool="other", start_ms=T0_MS + 3_600_000)
+    rows += cohort_rows(CANARY, 50, seed=3, pool="other", start_ms=T0_MS + HOUR_MS)
     insert(store, requests=rows)
     assert load_samples(store.con, Cohort(labels={"pool": "llama-70b"}), HOUR).requests == 100
     both = Cohort(instances=(CANARY,), labels={"pool": "other"})

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.reads import ARROW_STREAM
 from pipeline.store import Store
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo import queries
-from slo.rollups.counts import HOUR_MS, MINUTE_MS
 from tests.slo.queries.test_queries import END_MS, MODEL, POD, START_MS, built  # noqa: F401
 
 TOKEN = "read-token"

@@ -17,6 +17,7 @@ import pytest
 import simulator.history as history
 from api.verdicts import VerdictStore
 from pipeline.store import Store
+from pipeline.units import HOUR_MS
 from slo.flags import FlagTransition
 from slo.jobs import SloJobs
 from slo.signals.findings import Finding
@@ -24,7 +25,6 @@ from slo.sinks import StoreTransitionSink, write_findings
 from slo.spec import parse_spec
 from slo.spec.model import build_model
 
-HOUR_MS = 3_600_000
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
 POOL = "llama-3-8b"
 SPEC = {

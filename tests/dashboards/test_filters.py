@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dashboards.filters import HOUR_MS, MINUTE_MS, Filters, bucket_for, parse_filters, to_query
+from dashboards.filters import Filters, bucket_for, parse_filters, to_query
+from pipeline.units import HOUR_MS, MINUTE_MS
 
 END = 1_790_000_000_000
 

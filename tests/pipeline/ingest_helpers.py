@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -60,23 +59,28 @@ def write_config(path: Path, bus: Bus, **ingest: object) -> Path:
     return path
 
 
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = "tests.pipeline.crashing_ingest"
+
 #: Every ingest process a test started; tests/pipeline/conftest.py kills survivors.
 STARTED: list[subprocess.Popen[bytes]] = []
 
 
 def start_ingest(
-    config: Path, db: Path, log: Path, *extra: str, env: dict[str, str] | None = None
+    config: Path, db: Path, log: Path, *extra: str, crash_after_commit: int | None = None
 ) -> subprocess.Popen[bytes]:
     """``llmslo -v ingest`` as a child process, its INFO log written to ``log``.
 
-    ``env`` adds environment variables (e.g. the crash hook LLMSLO_TEST_CRASH_AFTER_COMMIT).
+    With ``crash_after_commit`` the child SIGKILLs itself right after that DuckDB commit,
+    before Kafka hears of it (:mod:`tests.pipeline.crashing_ingest`).
     """
+    entry = ["llmslo"] if crash_after_commit is None else [ENTRY, str(crash_after_commit)]
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "llmslo",
+                *entry,
                 "-v",
                 "ingest",
                 "-c",
@@ -87,7 +91,7 @@ def start_ingest(
             ],
             stdout=subprocess.PIPE,
             stderr=sink,
-            env={**os.environ, **(env or {})},
+            cwd=ROOT,  # so that ``-m tests.…`` finds the test package
         )
     STARTED.append(process)
     return process

@@ -74,7 +74,7 @@ def test_a_member_killed_between_its_duckdb_and_kafka_commits_doubles_nothing(
         logs[0],
         "--exit-when-idle",
         "30",
-        env={"LLMSLO_TEST_CRASH_AFTER_COMMIT": str(CRASH_AFTER_COMMIT)},
+        crash_after_commit=CRASH_AFTER_COMMIT,
     )
     wait_for_log(doomed, logs[0], "starts at offset")
     produce_numbered(bus, total=FIRST_PHASE, per_message=500)

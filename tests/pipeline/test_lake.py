@@ -9,9 +9,10 @@ import pytest
 
 from pipeline.codec import conform
 from pipeline.errors import ConfigError
-from pipeline.lake import HOUR_MS, export_hours, lake_view_sql
+from pipeline.lake import export_hours, lake_view_sql
 from pipeline.schema import ENGINE_SAMPLES
 from pipeline.store import Store
+from pipeline.units import HOUR_MS
 from tests.pipeline.ingest_helpers import numbered_samples
 
 T0 = 1_764_403_200_000  # 2025-11-29 08:00:00 UTC, an hour boundary

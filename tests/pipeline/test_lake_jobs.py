@@ -7,8 +7,9 @@ from typing import Any
 
 import duckdb
 
-from pipeline.lake import HOUR_MS, create_lake_views, export_hours
+from pipeline.lake import create_lake_views, export_hours
 from pipeline.store import Store
+from pipeline.units import HOUR_MS
 from slo.jobs import SloJobs
 from slo.sinks import ListTransitionSink
 from tests.slo.factories import T0_MS, insert

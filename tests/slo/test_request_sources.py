@@ -20,6 +20,7 @@ import pytest
 import simulator.history as history
 from pipeline.errors import QueryError
 from pipeline.store import Store
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo import queries
 from slo.rollups.requests import (
     REQUEST_ROLLUP_VERSION,
@@ -29,7 +30,6 @@ from slo.rollups.requests import (
 )
 from tests.slo.factories import insert, request
 
-HOUR_MS, MINUTE_MS = 3_600_000, 60_000
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
 START_MS = END_MS - 86_400_000
 POOL = "llama-3-8b"

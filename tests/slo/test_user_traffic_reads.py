@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from pipeline.store import Store
+from pipeline.units import MINUTE_MS
 from slo import queries
 from slo.request_sources import REQUEST_SOURCES, SOURCE_VALUES, source_filter
 from slo.rollups.counts import Rollup
@@ -37,7 +38,6 @@ from slo.spec import parse_spec
 from slo.spec.model import build_model
 from tests.slo.factories import T0_MS, insert, request
 
-MINUTE_MS = 60_000
 NOW_MS = T0_MS + 10 * MINUTE_MS
 LOOKBACK_MS = 10 * MINUTE_MS
 PODS = ("pod-a", "pod-b")

@@ -16,11 +16,12 @@ import simulator.history as history
 from pipeline.errors import LlmsloError, QueryError
 from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo import queries
 from slo.evaluate import evaluate
 from slo.flags import FlagTransition
 from slo.jobs import JobsConfig, SloJobs
-from slo.rollups.counts import HOUR_MS, MINUTE_MS, Rollup
+from slo.rollups.counts import Rollup
 from slo.signals.findings import Finding
 from slo.sinks import StoreTransitionSink, create_output_tables, write_findings, write_status
 from slo.spec import parse_spec

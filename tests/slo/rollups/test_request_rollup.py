@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import simulator.history as history
 from llmslo.cli import main
 from pipeline.store import Store
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo import queries
 from slo.jobs import JobsConfig, SloJobs
 from slo.rollups.requests import (
@@ -35,7 +36,6 @@ from slo.spec.model import build_model
 from slo.tables import REQUEST_ROLLUP_TABLES
 from tests.slo.factories import insert, request, to_table
 
-HOUR_MS, MINUTE_MS = 3_600_000, 60_000
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
 START_MS = END_MS - 86_400_000
 DOC = Path(__file__).resolve().parents[3] / "docs" / "tables.md"

@@ -12,15 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.store import Store
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo.budget import WindowCounts
 from slo.evaluate import evaluate
 from slo.rollups.counts import Rollup
 from slo.spec import parse_spec
 from slo.spec.model import SloModel, build_model
 from tests.slo.factories import T0_MS, histogram, insert, request
-
-MIN = 60_000
-HOUR = 3_600_000
 
 
 def model(*slos: dict[str, Any]) -> SloModel:
@@ -174,16 +172,17 @@ def test_recomputing_a_minute_gives_the_same_rows(store: Store) -> None:
     insert(
         store,
         requests=[
-            request(T0_MS + rng.randrange(3 * HOUR), ttft_s=rng.uniform(0, 3)) for _ in range(500)
+            request(T0_MS + rng.randrange(3 * HOUR_MS), ttft_s=rng.uniform(0, 3))
+            for _ in range(500)
         ],
     )
     m = model(TTFT)
     rollup = Rollup(store.con, m)
-    rollup.update(T0_MS + 3 * HOUR)
+    rollup.update(T0_MS + 3 * HOUR_MS)
     snapshot = store.con.execute("SELECT * FROM slo_minute ORDER BY ALL").fetchall()
     hours = store.con.execute("SELECT * FROM slo_hour ORDER BY ALL").fetchall()
-    rollup.recompute(m.slos[0], T0_MS + 17 * MIN, T0_MS + 95 * MIN)
-    rollup.update(T0_MS + 3 * HOUR)
+    rollup.recompute(m.slos[0], T0_MS + 17 * MINUTE_MS, T0_MS + 95 * MINUTE_MS)
+    rollup.update(T0_MS + 3 * HOUR_MS)
     assert store.con.execute("SELECT * FROM slo_minute ORDER BY ALL").fetchall() == snapshot
     assert store.con.execute("SELECT * FROM slo_hour ORDER BY ALL").fetchall() == hours
 
@@ -191,20 +190,22 @@ def test_recomputing_a_minute_gives_the_same_rows(store: Store) -> None:
 def test_late_records_within_the_settle_window_are_counted(store: Store) -> None:
     m = model(AVAIL)
     rollup = Rollup(store.con, m)
-    insert(store, requests=[request(T0_MS + 30 * MIN)])
-    rollup.update(T0_MS + 31 * MIN)
-    insert(store, requests=[request(T0_MS + 29 * MIN, outcome="deadline_exceeded")])  # arrives late
-    rollup.update(T0_MS + 33 * MIN)
-    assert evaluate(store.con, m, T0_MS + 33 * MIN)[0].period == WindowCounts(2, 1)
+    insert(store, requests=[request(T0_MS + 30 * MINUTE_MS)])
+    rollup.update(T0_MS + 31 * MINUTE_MS)
+    insert(
+        store, requests=[request(T0_MS + 29 * MINUTE_MS, outcome="deadline_exceeded")]
+    )  # arrives late
+    rollup.update(T0_MS + 33 * MINUTE_MS)
+    assert evaluate(store.con, m, T0_MS + 33 * MINUTE_MS)[0].period == WindowCounts(2, 1)
 
 
 def test_changing_an_slo_definition_rebuilds_its_rollups(store: Store) -> None:
     insert(store, requests=[request(T0_MS, ttft_s=1.5)])
     Rollup(store.con, model(TTFT)).update(T0_MS)
     stricter = model({**TTFT, "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 1.0}})
-    stats = Rollup(store.con, stricter).update(T0_MS + MIN)
+    stats = Rollup(store.con, stricter).update(T0_MS + MINUTE_MS)
     assert stats.rebuilt == 1
-    assert evaluate(store.con, stricter, T0_MS + MIN)[0].period == WindowCounts(1, 1)
+    assert evaluate(store.con, stricter, T0_MS + MINUTE_MS)[0].period == WindowCounts(1, 1)
 
 
 def _reference(rows: list[dict[str, Any]], start: int, end: int) -> WindowCounts:
@@ -220,9 +221,9 @@ def _reference(rows: list[dict[str, Any]], start: int, end: int) -> WindowCounts
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    offsets=st.lists(st.integers(0, 80 * HOUR), min_size=0, max_size=60),
+    offsets=st.lists(st.integers(0, 80 * HOUR_MS), min_size=0, max_size=60),
     seed=st.integers(0, 1000),
-    now_offset=st.integers(0, 80 * HOUR),
+    now_offset=st.integers(0, 80 * HOUR_MS),
 )
 def test_every_window_agrees_with_counting_raw_records(
     tmp_path: Path, offsets: list[int], seed: int, now_offset: int
@@ -241,9 +242,9 @@ def test_every_window_agrees_with_counting_raw_records(
             insert(store, requests=rows)
         m = model(TTFT)
         now = T0_MS + now_offset
-        Rollup(store.con, m, horizon_ms=40 * 86_400_000).update(T0_MS + 80 * HOUR)
+        Rollup(store.con, m, horizon_ms=40 * 86_400_000).update(T0_MS + 80 * HOUR_MS)
         (got,) = evaluate(store.con, m, now)
-        end = now // MIN * MIN + MIN
+        end = now // MINUTE_MS * MINUTE_MS + MINUTE_MS
         for window, counts in got.windows.items():
             assert counts == _reference(rows, end - window, end), window
 
@@ -255,7 +256,7 @@ def test_engine_histogram_source_counts_bucket_increases(store: Store) -> None:
     # minute 2 a counter reset, then 5 requests (5 ≤ 2 s)
     for minute, le2, count in [(0, 100, 100), (1, 108, 110), (2, 5, 5)]:
         samples += histogram(
-            T0_MS + minute * MIN + 5_000,
+            T0_MS + minute * MINUTE_MS + 5_000,
             "ttft",
             bounds,
             {0.5: 0, 1.0: 0, 2.0: le2, 4.0: le2},
@@ -270,7 +271,7 @@ def test_engine_histogram_source_counts_bucket_increases(store: Store) -> None:
             "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2, "source": "engine"},
         }
     )
-    st_ = status(store, m, T0_MS + 3 * MIN, "ttft-engine")
+    st_ = status(store, m, T0_MS + 3 * MINUTE_MS, "ttft-engine")
     assert st_.period == WindowCounts(15, 2)
 
 
@@ -282,11 +283,11 @@ def test_engine_histogram_source_counts_bucket_increases(store: Store) -> None:
 def test_low_traffic_one_failure_at_ten_requests_per_hour(
     store: Store, min_events: int, pages: bool
 ) -> None:
-    rows = [request(T0_MS + i * 6 * MIN) for i in range(60)]  # 10/h for 6 h
+    rows = [request(T0_MS + i * 6 * MINUTE_MS) for i in range(60)]  # 10/h for 6 h
     rows[-1]["outcome"] = "error_before_first_token"
     insert(store, requests=rows)
     m = model({**AVAIL, "alerting": {"min_events": min_events}})
-    st_ = status(store, m, T0_MS + 354 * MIN + 30_000, "avail")
+    st_ = status(store, m, T0_MS + 354 * MINUTE_MS + 30_000, "avail")
     page = next(p for p in st_.pairs() if p.pair.id == "page-1h-5m")
     assert page.alerting is pages
     assert page.guarded is not pages
@@ -295,7 +296,7 @@ def test_low_traffic_one_failure_at_ten_requests_per_hour(
 def test_engine_instances_without_the_threshold_bucket_are_left_out(store: Store) -> None:
     samples = []
     for minute, count in [(0, 10), (1, 20)]:
-        ts = T0_MS + minute * MIN + 5_000
+        ts = T0_MS + minute * MINUTE_MS + 5_000
         samples += histogram(
             ts, "ttft", [1.0, 2.0], {1.0: count, 2.0: count}, count, instance="a:1"
         )
@@ -311,8 +312,8 @@ def test_engine_instances_without_the_threshold_bucket_are_left_out(store: Store
             "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2, "source": "engine"},
         }
     )
-    Rollup(store.con, m).update(T0_MS + 2 * MIN)
-    got = {s.group["instance"]: s.period for s in evaluate(store.con, m, T0_MS + 2 * MIN)}
+    Rollup(store.con, m).update(T0_MS + 2 * MINUTE_MS)
+    got = {s.group["instance"]: s.period for s in evaluate(store.con, m, T0_MS + 2 * MINUTE_MS)}
     assert got == {"a:1": WindowCounts(10, 0)}
 
 
@@ -358,7 +359,7 @@ def test_a_request_failing_every_attempt_is_one_bad_event(store: Store) -> None:
 
 
 def test_a_retry_in_the_next_minute_counts_in_the_minute_the_client_asked(store: Store) -> None:
-    first = T0_MS - T0_MS % MIN + MIN - 200  # 200 ms before a minute ends
+    first = T0_MS - T0_MS % MINUTE_MS + MINUTE_MS - 200  # 200 ms before a minute ends
     insert(
         store,
         requests=[
@@ -369,7 +370,7 @@ def test_a_retry_in_the_next_minute_counts_in_the_minute_the_client_asked(store:
     m = model(AVAIL)
     Rollup(store.con, m, horizon_ms=40 * 86_400_000).update(first + 5_000)
     rows = store.con.execute("SELECT ts_ms, total, bad FROM slo_minute ORDER BY ts_ms").fetchall()
-    assert rows == [(first - first % MIN, 1, 0)]
+    assert rows == [(first - first % MINUTE_MS, 1, 0)]
 
 
 def _probe(ts_ms: int, **overrides: Any) -> dict[str, Any]:
