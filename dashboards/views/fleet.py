@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
-from dashboards.views.common import no_data, page
+from dashboards.views.common import findings_table, no_data, page
 
 __all__ = ["PAGE", "slo_rows"]
 
@@ -118,10 +118,8 @@ def _findings(ctx: PageContext) -> None:
         st.success("No finding is firing.")
         return
     df["since"] = pd.to_datetime(df["ts_ms"], unit="ms", utc=True)
-    st.dataframe(
-        df[["signal", "severity", "scope", "scope_id", "pool", "basis", "since", "evidence_json"]],
-        hide_index=True,
-        width="stretch",
+    findings_table(
+        df, ["signal", "severity", "scope", "scope_id", "pool", "basis", "since", "evidence_json"]
     )
 
 

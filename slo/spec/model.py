@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from slo.spec.document import AvailabilitySpec, GoodputSpec, LatencySpec, SloDocument, SloSpec
 from slo.naming import alert_name
+from slo.spec.document import AvailabilitySpec, GoodputSpec, LatencySpec, SloDocument, SloSpec
 from slo.windows import AlertPair, WindowCatalog, load_catalog
 
 __all__ = ["Slo", "SloModel", "build_model"]
