@@ -66,7 +66,6 @@ class SloModel:
         raise KeyError(slo_id)
 
 
-
 def _build_slo(document: SloDocument, spec: SloSpec, index: int, warnings: list[str]) -> Slo:
     catalog = load_catalog(spec.period)
     enabled = {"page": spec.alerting.page, "ticket": spec.alerting.ticket}

@@ -34,7 +34,9 @@ def _signature_rules(base: str = "docs/runbooks") -> list[dict[str, Any]]:
 
 def _rule_triples() -> set[tuple[str, str, str]]:
     """(alert name, signal label, severity) of every generated signature rule."""
-    return {(r["alert"], r["labels"]["signal"], r["labels"]["severity"]) for r in _signature_rules()}
+    return {
+        (r["alert"], r["labels"]["signal"], r["labels"]["severity"]) for r in _signature_rules()
+    }
 
 
 @pytest.mark.parametrize(("fault", "emits"), [c[1:3] for c in CASES], ids=[c[0] for c in CASES])
@@ -60,16 +62,14 @@ def test_what_a_detector_emits_is_a_catalog_row_and_pushes_like_its_rule(
 def test_an_engine_restart_is_one_alert_on_both_paths(store: Store) -> None:
     crash = next(c[1] for c in CASES if c[2] == "crash")
     findings = run(store, FleetTimeline(instances=4, seconds=900).add_fault(1, 300, crash))
-    (pushed,) = [
-        a for a in active_alerts(0, findings=findings) if a.labels["signal"] == "crash"
-    ]
+    (pushed,) = [a for a in active_alerts(0, findings=findings) if a.labels["signal"] == "crash"]
     (rule,) = [r for r in _signature_rules() if r["labels"]["signal"] == "crash"]
     assert pushed.labels["alertname"] == rule["alert"] == "LlmCrash"
     assert pushed.labels["severity"] == rule["labels"]["severity"] == "ticket"
     assert pushed.annotations["runbook_url"] == rule["annotations"]["runbook_url"]
 
 
-@pytest.mark.parametrize("code", sorted(XID_CODES) + [999], ids=lambda c: f"XID {c}")
+@pytest.mark.parametrize("code", [*sorted(XID_CODES), 999], ids=lambda c: f"XID {c}")
 def test_each_xid_code_has_one_rule_with_its_class_and_severity(code: int) -> None:
     row = classify_xid(code)
     hits = [
@@ -131,9 +131,7 @@ def test_pushed_findings_and_flags_carry_the_configured_runbook_url() -> None:
 
 def test_pushes_pages_drills_and_detectors_name_only_catalog_rows() -> None:
     assert set(SIGNAL_ALERTS) == set(SIGNALS)
-    assert {row.page for row in SIGNALS.values()} | {n.page for n in NOTICES.values()} <= set(
-        PAGES
-    )
+    assert {row.page for row in SIGNALS.values()} | {n.page for n in NOTICES.values()} <= set(PAGES)
     assert all(row.first_steps for row in SIGNALS.values()), "a row without first steps"
     for mode in MODES.values():
         assert mode.expected, f"drill mode {mode.name} expects nothing"
@@ -155,7 +153,10 @@ def test_signals_that_compare_an_instance_with_its_pool_are_not_rolled_up() -> N
         (("llm", "engine_stalled"), "LlmEngineStalled"),
         (("ttft-p99", "budget_burn"), "TtftP99BudgetBurn"),
         (("fleet.itl_vllm-legacy", "budget_burn"), "FleetItlVllmLegacyBudgetBurn"),
-        (("myService", "requests-availability", "slo_burn"), "MyServiceRequestsAvailabilitySloBurn"),
+        (
+            ("myService", "requests-availability", "slo_burn"),
+            "MyServiceRequestsAvailabilitySloBurn",
+        ),
     ],
     ids=["a signal", "a stem", "an SLO spec", "dots and underscores", "a Sloth SLO"],
 )
