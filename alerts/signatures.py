@@ -2,7 +2,7 @@
 
 Every signature is *data*: its PromQL, labels, and the two promtool cases that prove it
 (one firing, one silent), so a rule cannot be added without its test. The thresholds are
-the SLO jobs' defaults (:class:`slo.signals.findings.DetectorConfig`, :class:`slo.flags.FlagPolicy`)
+the SLO jobs' defaults (:class:`slo.signals.config.DetectorConfig`, :class:`slo.flags.FlagPolicy`)
 so both paths judge alike. Names per engine version: reference/engine-metrics.md.
 
 Two recording rules normalise the dialects first: ``llmslo:kv_free:ratio`` (1 − KV usage,
@@ -18,7 +18,7 @@ from typing import Any
 
 from slo.flags import FlagPolicy
 from slo.signals.catalog import FLAG, NOTICES, RUNBOOK_BASE_URL, SIGNALS, runbook_url
-from slo.signals.findings import DetectorConfig
+from slo.signals.config import DetectorConfig
 from slo.signals.xid import XID_CLASSES, XID_CODES
 from slo.windows import format_duration
 

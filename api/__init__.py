@@ -1,4 +1,4 @@
-"""The HTTP API (issue 13): read routes over :mod:`slo.queries` (JSON or Arrow IPC) for the
+"""The HTTP API: read routes over :mod:`slo.queries` (JSON or Arrow IPC) for the
 dashboards, degradation flags for gateways (ETag, long-poll, token-guarded overrides), the
 Alertmanager silence pass-through, and canary verdicts: the Kayenta-style judge, cohort
 sample loading, the ``verdicts`` table and the routes that Argo Rollouts (``web``

@@ -2,12 +2,11 @@
 
 A :class:`Cohort` selects request records by instance list and/or by label columns of the
 ``requests`` table (``pool``, ``model``, ``tenant``, ``route``, ``tap_id``, and ``revision`` /
-``cohort`` once the tap stamps them), among the stream taps' records only: the synthetic
+``cohort``, stamped by the tap), among the stream taps' records only: the synthetic
 prober's (``source = 'probe'``) are no user's requests and in no cohort. A :class:`TimeRange` is a validated, bounded
 ``[start_ms, end_ms)`` over ``received_ts_ms``. :func:`load_samples` returns what the judge
 needs: per-request latency samples and bad-event counts. All SQL is parameterised; column
-names come only from the allow-list below. Kept in one module so it can move onto
-``slo/queries/`` unchanged.
+names come only from the allow-list below.
 """
 
 from __future__ import annotations

@@ -4,6 +4,6 @@ Everything that starts or wires components lives here and nowhere below: the com
 line (:mod:`llmslo.cli`, one module per command group under :mod:`llmslo.commands`), the
 pipeline process of ``llmslo run`` (:mod:`llmslo.run`), the demo (:mod:`llmslo.demo`) and the
 table of config sections (:mod:`llmslo.sections`). Packages below (``pipeline``,
-``collectors``, ``simulator``, ``slo``, and later ``alerts``, ``api``, ``dashboards``)
+``collectors``, ``simulator``, ``slo``, ``alerts``, ``api``, ``dashboards``)
 never import this one.
 """

@@ -50,10 +50,13 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from pydantic import Field
 
 from slo.signals._failures import FailureStats
 from slo.signals.engine import detect_stall
-from slo.signals.findings import Detector, DetectorConfig
+from slo.signals.findings import CommonThresholds, Detector
 from slo.signals.health import (
     detect_model_load_failure,
     detect_not_ready,
@@ -62,7 +65,42 @@ from slo.signals.health import (
 )
 from slo.signals.snapshot import Snapshot
 
-__all__ = ["SERVING_FAILURE", "PoolBaseline", "by_pool", "not_serving", "pool_baselines"]
+if TYPE_CHECKING:
+    from slo.signals.config import DetectorConfig
+
+__all__ = [
+    "SERVING_FAILURE",
+    "PoolBaseline",
+    "ServingThresholds",
+    "by_pool",
+    "not_serving",
+    "pool_baselines",
+]
+
+
+class ServingThresholds(CommonThresholds):
+    """Which instances of a pool serve, and how many a pool needs for a pool-relative verdict.
+
+    ``failure_min_count`` is the failure detectors' too: the least evidence either judges on.
+    """
+
+    serving_min_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="share of an instance's answered attempts (client cancels aside) that must"
+        " be served (ok, no finish_reason=error) for it to count in its pool's baseline",
+    )
+    pool_min_serving: int = Field(
+        default=2,
+        ge=2,
+        description="serving instances a pool needs for any pool-relative verdict (hot "
+        "instance, latency shift, failure share over the pool)",
+    )
+    failure_min_count: int = Field(
+        default=5, ge=1, description="failed attempts an instance needs before it is judged"
+    )
+
 
 log = logging.getLogger(__name__)
 

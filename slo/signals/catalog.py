@@ -134,28 +134,9 @@ class Notice:
 
 
 def _xid_rows() -> tuple[Signal, ...]:
-    steps = {
-        "memory": "drain the node's GPU, check ECC counters and row remapping (nvidia-smi -q), "
-        "reset or replace the GPU before it serves again",
-        "bus": "the GPU is gone from the host: cordon the node, reset the GPU or reboot, check "
-        "power and PCIe/GSP firmware",
-        "interconnect": "NVLink errors stall TP/PP groups: drain the group, check "
-        "nvidia-smi nvlink -e, move the group to healthy GPUs",
-        "application": "a program fault on the GPU: check the engine's log and build around the "
-        "XID time; restart the instance if it keeps failing",
-        "other": "an XID outside the known table: look the code up in NVIDIA's XID catalogue "
-        "and check the node",
-    }
     return tuple(
         Signal(
-            c.signal,
-            "instance",
-            detect_xid,
-            c.severity,
-            "gpus",
-            steps[c.name],
-            drills=("xid",),
-            family="xid",
+            c.signal, "instance", detect_xid, c.severity, "fleet", "", drills=("xid",), family="xid"
         )
         for c in XID_CLASSES.values()
     )
@@ -262,8 +243,7 @@ SIGNALS: Mapping[str, Signal] = {
             detect_target_down,
             "page",
             "fleet",
-            "the target answers no scrape: check the pod (kubectl describe, events, OOMKilled) "
-            "and its node; route away until it scrapes again",
+            "",
             drills=("not_ready", "crash", "model_load_failure"),
         ),
         # A restart heals itself (restartPolicy: Always, LeaderWorkerSet rebuilds the group):
@@ -274,9 +254,8 @@ SIGNALS: Mapping[str, Signal] = {
             "instance",
             detect_restart,
             "ticket",
-            "engines",
-            "the engine restarted: read the previous container's log (kubectl logs -p) for the "
-            "cause (OOM, NCCL, XID); repeated restarts are a crash loop",
+            "fleet",
+            "",
             drills=("crash",),
         ),
         Signal(
@@ -285,8 +264,7 @@ SIGNALS: Mapping[str, Signal] = {
             detect_not_ready,
             "page",
             "fleet",
-            "the worker serves but reports not ready: check its readiness probe, model load and "
-            "KV warm-up; keep it out of routing",
+            "",
             drills=("not_ready", "model_load_failure"),
         ),
         Signal(
@@ -295,8 +273,7 @@ SIGNALS: Mapping[str, Signal] = {
             detect_model_load_failure,
             "page",
             "fleet",
-            "the model did not load: check weights path, disk, GPU memory and the engine's "
-            "startup log; roll back the model or image",
+            "",
             drills=("model_load_failure",),
         ),
         *_xid_rows(),
@@ -305,9 +282,8 @@ SIGNALS: Mapping[str, Signal] = {
             "instance",
             detect_slow_prefill,
             "ticket",
-            "latency",
-            "this instance's TTFT sits above its pool's: check its GPU clocks/XIDs, prompt mix "
-            "and prefix-cache hit rate; drain it if it stays slow",
+            "fleet",
+            "",
             drills=("slow_prefill",),
             pooled=False,
         ),
@@ -316,9 +292,8 @@ SIGNALS: Mapping[str, Signal] = {
             "instance",
             detect_slow_decode,
             "ticket",
-            "latency",
-            "this instance's per-token time sits above its pool's: check batch size, GPU clocks, "
-            "NVLink and noisy neighbours; drain it if it stays slow",
+            "fleet",
+            "",
             drills=("slow_decode",),
             pooled=False,
         ),
@@ -327,8 +302,8 @@ SIGNALS: Mapping[str, Signal] = {
             "instance",
             detect_hot_rank,
             "ticket",
-            "engines",
-            "one rank of a TP/PP group lags the others: check that GPU's clocks, XIDs and NVLink",
+            "fleet",
+            "",
         ),
         Signal(
             "entry_unavailable",
@@ -336,8 +311,7 @@ SIGNALS: Mapping[str, Signal] = {
             detect_entry_unavailable,
             "page",
             "fleet",
-            "the entry point fails its probes: check the gateway pods, their endpoints and the "
-            "load balancer in front",
+            "",
             drills=("gateway_down", "router_down"),
         ),
         Signal(
@@ -346,8 +320,7 @@ SIGNALS: Mapping[str, Signal] = {
             detect_router_unavailable,
             "page",
             "fleet",
-            "the gateway's router (EPP) does not answer: check the EPP pods; the gateway's "
-            "fail-open/fail-close policy decides what users see",
+            "",
             drills=("router_down",),
         ),
         Signal(
@@ -356,8 +329,7 @@ SIGNALS: Mapping[str, Signal] = {
             detect_no_eligible_endpoint,
             "page",
             "fleet",
-            "the router finds no endpoint to send to: check that pools have ready instances and "
-            "that the router's view of them is fresh",
+            "",
         ),
         Signal(
             "gateway_queue_full",
@@ -365,16 +337,15 @@ SIGNALS: Mapping[str, Signal] = {
             detect_gateway_queue_full,
             "page",
             "fleet",
-            "the gateway's queue is full and it refuses requests: add capacity or shed load",
+            "",
         ),
         Signal(
             "kv_transfer_timeout",
             "instance",
             detect_kv_transfer_timeout,
             "ticket",
-            "requests",
-            "prefill→decode KV transfers time out: check the transfer network (RDMA/NIXL) and "
-            "that timed-out transfers free their blocks",
+            "fleet",
+            "",
             drills=("kv_transfer_timeout",),
         ),
         Signal(
@@ -382,9 +353,8 @@ SIGNALS: Mapping[str, Signal] = {
             "entry",
             detect_kv_index_stale,
             "ticket",
-            "requests",
-            "the router's KV-locality index is stale: check its event feed from the engines; "
-            "fall back to load-based routing",
+            "fleet",
+            "",
             drills=("stale_kv_index",),
         ),
         Signal(
@@ -393,8 +363,7 @@ SIGNALS: Mapping[str, Signal] = {
             detect_autoscaler_lag,
             "page",
             "fleet",
-            "the queue grows while the autoscaler does not add replicas: check the HPA's metric, "
-            "its limits and pending pods; scale by hand",
+            "",
             drills=("autoscaler_lag",),
         ),
         Signal(
@@ -402,9 +371,8 @@ SIGNALS: Mapping[str, Signal] = {
             "instance",
             detect_prefill_failure,
             "ticket",
-            "requests",
-            "requests fail before their first token: check the engine's errors and admission "
-            "(KV, max_model_len); drain the instance if it alone fails",
+            "fleet",
+            "",
             drills=("prefill_failure",),
         ),
         Signal(
@@ -412,9 +380,8 @@ SIGNALS: Mapping[str, Signal] = {
             "instance",
             detect_stream_interrupted,
             "ticket",
-            "requests",
-            "streams break after their first token: check the engine for crashes mid-decode and "
-            "the proxies' timeouts",
+            "fleet",
+            "",
             drills=("failure_after_first_token",),
         ),
         Signal(
@@ -422,9 +389,8 @@ SIGNALS: Mapping[str, Signal] = {
             "instance",
             detect_itl_jitter,
             "ticket",
-            "latency",
-            "token gaps on this instance are uneven: check CPU contention on the node, "
-            "scheduler stalls and batch churn",
+            "fleet",
+            "",
             drills=("itl_jitter",),
             pooled=False,
         ),
@@ -469,7 +435,6 @@ NOTICES: Mapping[str, Notice] = {
             "degradation-level",
             "flags",
             {
-                "L1": "L1: speculative decoding is off until KV recovers",
                 "L2": "L2: reject prompts > 16K tokens with 429 + Retry-After until KV recovers",
                 "L3": "L3: switch to the small-model replica, front end shows the economy-mode "
                 "banner",

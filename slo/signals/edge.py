@@ -10,19 +10,42 @@ gateway, beside the pods, so a gateway that refuses connections or a router that
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 
-from slo.signals.findings import DetectorConfig, Finding
+from slo.signals.findings import CommonThresholds, Finding
 from slo.signals.snapshot import Series, Snapshot
 
+if TYPE_CHECKING:
+    from slo.signals.config import DetectorConfig
+
 __all__ = [
+    "EdgeThresholds",
     "detect_entry_unavailable",
     "detect_gateway_queue_full",
     "detect_no_eligible_endpoint",
     "detect_router_unavailable",
 ]
+
+
+class EdgeThresholds(CommonThresholds):
+    """Thresholds of the entry point and gateway detectors (seconds, fractions, counts)."""
+
+    entry_window_s: float = Field(
+        default=60, gt=0, description="recent probes an entry point is judged on"
+    )
+    entry_min_failures: int = Field(default=2, ge=1, description="failed probes needed")
+    entry_failure_share: float = Field(
+        default=0.5, gt=0, le=1, description="failed share of recent probes that is an outage"
+    )
+    gateway_window_s: float = Field(
+        default=60, gt=0, description="window over which gateway refusals are counted"
+    )
+    gateway_min_refusals: int = Field(
+        default=3, ge=1, description="refusals of one kind in the window needed to report"
+    )
 
 
 def _taps_behind(snap: Snapshot, pool: str) -> dict[str, int]:

@@ -5,14 +5,19 @@ Stall, ghost requests, preemption cascade, fragmentation, queue growth and OOM r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 
-from slo.signals.findings import DetectorConfig, Finding, covers, gpu_of
+from slo.signals.findings import CommonThresholds, Finding, covers, gpu_of
 from slo.signals.snapshot import Series, Snapshot
 
+if TYPE_CHECKING:
+    from slo.signals.config import DetectorConfig
+
 __all__ = [
+    "EngineThresholds",
     "detect_fragmentation",
     "detect_ghosts",
     "detect_oom_risk",
@@ -20,6 +25,54 @@ __all__ = [
     "detect_queue_growth",
     "detect_stall",
 ]
+
+
+class EngineThresholds(CommonThresholds):
+    """Thresholds of the engine detectors: stall, ghost requests, preemption cascade,
+    fragmentation, queue growth, OOM risk (seconds, fractions, counts).
+    """
+
+    stall_for_s: float = Field(
+        default=60, gt=0, description="running > 0 with flat tokens this long is a stall"
+    )
+    ghost_grace_s: float = Field(default=2, ge=0)
+    ghost_min: int = Field(default=1, ge=1, description="ghost requests needed to report")
+    preemptions_per_min: float = Field(default=5, gt=0)
+    preemption_kv_usage: float = Field(default=0.85, gt=0, le=1)
+    fragmentation_ratio: float = Field(
+        default=0.25, gt=0, lt=1, description="1 − largest free run / free blocks"
+    )
+    fragmentation_for_s: float = Field(default=300, gt=0)
+    fragmentation_room: float = Field(
+        default=0.3, gt=0, lt=1, description="KV free ratio that counts as room"
+    )
+    fragmentation_min_growth: float = Field(
+        default=3.0,
+        gt=0,
+        description="waiting requests added over the window (admission signature)",
+    )
+    queue_for_s: float = Field(default=120, gt=0)
+    queue_min_waiting: float = Field(default=5, ge=0)
+    queue_growth_per_min: float = Field(default=3, gt=0)
+    oom_kv_usage: float = Field(default=0.99, gt=0, le=1)
+    oom_fb_used: float = Field(
+        default=0.98, gt=0, le=1, description="frame-buffer used share (FB is ~90 % pre-allocated)"
+    )
+    ghost_window_s: float = Field(
+        default=60, gt=0, description="window of the running-vs-tap and disconnect comparison"
+    )
+    ghost_match_s: float = Field(
+        default=15,
+        gt=0,
+        description="tap in-flight samples this close before and after an engine sample are"
+        " matched with it (covers the scrape and the tap's gauge interval)",
+    )
+    ghost_unmatched_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="share of tap disconnects the engine never aborted that counts as ghosts",
+    )
 
 
 def _stall_basis(

@@ -19,16 +19,47 @@ and holds at least ``failure_min_count`` failures. Severity: ``page`` from
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
 from scipy.stats import binomtest
 
 from slo.signals._failures import AFTER_FIRST_TOKEN, BEFORE_FIRST_TOKEN, FailureStats
-from slo.signals._serving import pool_baselines
-from slo.signals.findings import DetectorConfig, Finding
+from slo.signals._serving import ServingThresholds, pool_baselines
+from slo.signals.findings import Finding
 from slo.signals.snapshot import Snapshot
 
-__all__ = ["detect_prefill_failure", "detect_stream_interrupted"]
+if TYPE_CHECKING:
+    from slo.signals.config import DetectorConfig
+
+__all__ = ["FailureThresholds", "detect_prefill_failure", "detect_stream_interrupted"]
+
+
+class FailureThresholds(ServingThresholds):
+    """Thresholds of prefill failure and interrupted streams; the pool baseline's
+    (:class:`~slo.signals._serving.ServingThresholds`, ``failure_min_count`` among them) too.
+    """
+
+    failure_share: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="share of an instance's attempts failing that is"
+        " reported whatever its pool does",
+    )
+    failure_over_pool: float = Field(
+        default=3.0, gt=1, description="instance failure share / rest of the pool's that counts"
+    )
+    failure_min_share: float = Field(
+        default=0.02, gt=0, le=1, description="least failure share judged against the pool"
+    )
+    failure_p_value: float = Field(
+        default=1e-3, gt=0, lt=1, description="one-sided binomial p-value against the pool"
+    )
+    failure_page_share: float = Field(
+        default=0.25, gt=0, le=1, description="failure share from which a finding pages"
+    )
+
 
 Denominator = Callable[[FailureStats], int]
 

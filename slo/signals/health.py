@@ -7,21 +7,42 @@ readiness probe), the engine counters (a drop is a restart) and the tap's 503s.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 
-from slo.signals.findings import DetectorConfig, Finding
+from slo.signals.findings import CommonThresholds, Finding
 from slo.signals.snapshot import Snapshot, TargetHealthSeries
 from slo.signals.xid import XID_CLASSES, classify_xid
 
+if TYPE_CHECKING:
+    from slo.signals.config import DetectorConfig
+
 __all__ = [
+    "HealthThresholds",
     "detect_model_load_failure",
     "detect_not_ready",
     "detect_restart",
     "detect_target_down",
     "detect_xid",
 ]
+
+
+class HealthThresholds(CommonThresholds):
+    """Thresholds of a target's life: down, crashed/restarted, not ready (seconds, counts)."""
+
+    down_for_s: float = Field(
+        default=10, gt=0, description="a target failing every scrape this long is down"
+    )
+    down_min_scrapes: int = Field(default=2, ge=1, description="failed scrapes in a row needed")
+    restart_hold_s: float = Field(
+        default=300, gt=0, description="how long a crash/restart stays reported after it"
+    )
+    not_ready_for_s: float = Field(
+        default=20, gt=0, description="up but not ready this long is a not-ready worker"
+    )
+
 
 #: Engine counters whose drop marks a new process (summed over ranks by the snapshot).
 _RESTART_COUNTERS = ("generation_tokens", "preemptions", "requests_aborted")

@@ -12,19 +12,81 @@ to front every engine of the snapshot.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
+from pydantic import AfterValidator, Field
 
-from slo.signals.findings import DetectorConfig, Finding
+from slo.signals.findings import CommonThresholds, Finding
 from slo.signals.snapshot import AutoscalerSeries, Series, Snapshot
 
+if TYPE_CHECKING:
+    from slo.signals.config import DetectorConfig
+
 __all__ = [
+    "InfraThresholds",
     "detect_autoscaler_lag",
     "detect_kv_index_stale",
     "detect_kv_transfer_timeout",
     "histogram_quantile",
 ]
+
+
+def _namespace_slash_name(value: str) -> str:
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name or value != value.strip():
+        raise ValueError(f"{value!r} is not namespace/name (an HPA's kube-state-metrics labels)")
+    return value
+
+
+class InfraThresholds(CommonThresholds):
+    """Thresholds of the P/D KV transfer, the router's KV index and the autoscalers."""
+
+    kv_transfer_window_s: float = Field(
+        default=120, gt=0, description="recent window of the P/D KV-transfer counters"
+    )
+    kv_transfer_min_failures: int = Field(
+        default=3,
+        ge=1,
+        description="failed (or expired, the larger) transfers in the window to report",
+    )
+    kv_transfer_p99_s: float = Field(
+        default=1.0, gt=0, description="p99 transfer time, seconds, that counts as slow"
+    )
+    kv_transfer_p99_ratio: float = Field(
+        default=3.0, gt=1, description="p99 now / p99 before that counts as a shift"
+    )
+    kv_transfer_min_transfers: int = Field(default=10, ge=1)
+    kv_index_window_s: float = Field(
+        default=120, gt=0, description="recent window of the engines' prefix-cache hit ratio"
+    )
+    kv_index_min_rejections: int = Field(
+        default=3, ge=1, description="router hints rejected since the onset to report"
+    )
+    kv_index_drop: float = Field(
+        default=0.3,
+        gt=0,
+        lt=1,
+        description="relative fall of the prefix-cache hit ratio (token-weighted: a "
+        "conversation's first turn always misses and long prompts hit only their prefix, so "
+        "a stale index lowers it by a third to a half, not to zero)",
+    )
+    kv_index_min_baseline: float = Field(
+        default=0.1, ge=0, lt=1, description="hit ratio before below which nothing can fall"
+    )
+    autoscaler_lag_for_s: float = Field(
+        default=180,
+        gt=0,
+        description="desired > ready this long is a lag (longer than a pod's normal start-up)",
+    )
+    autoscaler_min_queue_growth: float = Field(
+        default=3, ge=0, description="requests the queue in front of the pool grew by meanwhile"
+    )
+    autoscalers: list[Annotated[str, AfterValidator(_namespace_slash_name)]] = Field(
+        default=[],
+        description="HPAs autoscaler_lag judges, as namespace/name (kube-state-metrics "
+        "labels); empty: every HPA a kube-state-metrics target exports",
+    )
 
 
 def histogram_quantile(q: float, increases: dict[float, float]) -> float | None:

@@ -11,14 +11,36 @@ judged nor part of the baseline.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+from pydantic import Field
 from scipy.stats import mannwhitneyu
 
-from slo.signals._serving import pool_baselines
-from slo.signals.findings import DetectorConfig, Finding
+from slo.signals._serving import ServingThresholds, pool_baselines
+from slo.signals.findings import Finding
 from slo.signals.snapshot import Snapshot
 
-__all__ = ["detect_itl_jitter", "detect_slow_decode", "detect_slow_prefill"]
+if TYPE_CHECKING:
+    from slo.signals.config import DetectorConfig
+
+__all__ = ["LatencyThresholds", "detect_itl_jitter", "detect_slow_decode", "detect_slow_prefill"]
+
+
+class LatencyThresholds(ServingThresholds):
+    """Thresholds of the latency shifts against the pool (slow prefill, slow decode, ITL
+    jitter); the pool baseline's (:class:`~slo.signals._serving.ServingThresholds`) too.
+    """
+
+    slow_min_samples: int = Field(
+        default=20, ge=5, description="requests per side a latency-shift test needs"
+    )
+    slow_p_value: float = Field(
+        default=1e-3, gt=0, lt=1, description="one-sided Mann–Whitney p-value to call a shift"
+    )
+    slow_median_ratio: float = Field(
+        default=1.5, gt=1, description="instance median / pool median that counts as slow"
+    )
 
 
 def _shifted(snap: Snapshot, cfg: DetectorConfig, metric: str, signal: str) -> list[Finding]:

@@ -3,20 +3,52 @@ hot DP rank, retry storm, numeric anomaly."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 
-from slo.signals._serving import by_pool, pool_baselines
-from slo.signals.findings import DetectorConfig, Finding, gini
+from slo.signals._serving import ServingThresholds, by_pool, pool_baselines
+from slo.signals.findings import Finding, gini
 from slo.signals.snapshot import Series, Snapshot
 
+if TYPE_CHECKING:
+    from slo.signals.config import DetectorConfig
+
 __all__ = [
+    "TrafficThresholds",
     "detect_hot_instance",
     "detect_hot_rank",
     "detect_numeric_anomaly",
     "detect_retry_storm",
 ]
+
+
+class TrafficThresholds(ServingThresholds):
+    """Thresholds of hot instance, hot DP rank, retry storm and numeric anomaly; the pool
+    baseline's (:class:`~slo.signals._serving.ServingThresholds`) too.
+    """
+
+    hot_max_over_mean: float = Field(default=1.5, gt=1)
+    hot_min_sigma: float = Field(
+        default=3.0, gt=0, description="excess over the mean in Poisson standard deviations"
+    )
+    hot_min_requests: int = Field(default=100, ge=1)
+    retry_share: float = Field(default=0.1, gt=0, lt=1)
+    retry_min_attempts: int = Field(default=20, ge=1)
+    numeric_error_share: float = Field(
+        default=0.02,
+        gt=0,
+        le=1,
+        description="finish_reason=error share of finished requests that is a burst",
+    )
+    numeric_min_events: int = Field(default=3, ge=1)
+    hot_min_tokens: int = Field(
+        default=5000, ge=1, description="tokens in a pool before a token share is judged"
+    )
+    hot_rank_min_tokens_per_s: float = Field(
+        default=5.0, ge=0, description="mean rank throughput below which ranks are not compared"
+    )
 
 
 def _hot(

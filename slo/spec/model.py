@@ -1,7 +1,7 @@
 """The validated SLO model: what every evaluator and generator consumes.
 
-:func:`build_model` turns a :class:`~slo.spec.SloDocument` (or, later, an imported OpenSLO
-document) into immutable :class:`Slo` values with their alert-window catalog resolved and
+:func:`build_model` turns a :class:`~slo.spec.SloDocument` (llmslo/v1, or OpenSLO v1 converted by
+:mod:`slo.spec.openslo`) into immutable :class:`Slo` values with their alert-window catalog resolved and
 the burn-rate factors derived. Inner code trusts this model; it never re-validates.
 """
 

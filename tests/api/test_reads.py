@@ -16,7 +16,7 @@ from api.reads import ARROW_STREAM
 from pipeline.store import Store
 from slo import queries
 from slo.rollups.counts import HOUR_MS, MINUTE_MS
-from tests.slo.test_queries import END_MS, MODEL, POD, START_MS, built  # noqa: F401
+from tests.slo.queries.test_queries import END_MS, MODEL, POD, START_MS, built  # noqa: F401
 
 TOKEN = "read-token"
 RANGE = {"start_ms": START_MS, "end_ms": END_MS}

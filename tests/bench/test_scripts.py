@@ -1,7 +1,7 @@
 """Every benchmark runs the way the README says (``python bench/<name>.py``), from any folder.
 
 Run as a script, a benchmark's folder comes first on ``sys.path``: a script named like one of
-our packages (``bench/api.py`` once was) would shadow it and the benchmark would crash on import.
+our packages (``bench/api.py`` beside ``api/``) would shadow it and the benchmark would crash on import.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every scrape's outcome and the readiness probe become target_health rows (issue 15)."""
+"""Every scrape's outcome and the readiness probe become target_health rows."""
 
 from __future__ import annotations
 

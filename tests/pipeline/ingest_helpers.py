@@ -76,7 +76,7 @@ def start_ingest(
             [
                 sys.executable,
                 "-m",
-                "app",
+                "llmslo",
                 "-v",
                 "ingest",
                 "-c",

@@ -66,7 +66,7 @@ def test_run_ingests_tap_records_and_evaluates_slos_until_sigterm(bus: Bus, tmp_
             [
                 sys.executable,
                 "-m",
-                "app",
+                "llmslo",
                 "run",
                 "-c",
                 str(tmp_path / "llmslo.yaml"),

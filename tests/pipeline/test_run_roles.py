@@ -48,7 +48,7 @@ def _run(config: Path, db: Path, role: str, log: Path) -> subprocess.Popen[bytes
             [
                 sys.executable,
                 "-m",
-                "app",
+                "llmslo",
                 "-v",
                 "run",
                 "-c",

@@ -10,18 +10,18 @@ from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from tests.slo.factories import request
 
-#: Columns the request record gained with issue 10 (findings 6 and 8).
+#: Columns the request record gained for retried attempts and exact ITL summaries.
 ADDED = ("upstream_status", "itl_count", "itl_p50_s", "itl_p90_s", "itl_jitter_s", "itl_histogram")
-#: ... and with issue 15 (tokens source, degradation flags that act), appended after those.
-ADDED_15 = ("tokens_source", "degradation_level", "enforced_action")
-#: ... and with issue 16 (the prober's records), appended last.
-ADDED_16 = ("source",)
+#: ... then for the tokens source and degradation flags that act, appended after those.
+ADDED_FLAGS = ("tokens_source", "degradation_level", "enforced_action")
+#: ... then for the prober's records, appended last.
+ADDED_SOURCE = ("source",)
 
 
 def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     with Store(path) as store:
-        for column in ADDED + ADDED_15 + ADDED_16:  # what a file created before issue 10 looks like
+        for column in ADDED + ADDED_FLAGS + ADDED_SOURCE:  # a file from before those columns
             store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
         store.con.execute(
             "INSERT INTO requests (request_id, attempt, instance, received_ts_ms, outcome) VALUES ('old', 1, 'h:1', 0, 'ok')"
@@ -37,10 +37,10 @@ def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: 
     assert got == [("new", 0.02), ("old", None)]
 
 
-def test_a_file_from_before_issue_15_gains_its_request_columns(tmp_path: Path) -> None:
-    path = tmp_path / "before15.duckdb"
+def test_a_file_from_before_the_enforcement_columns_gains_them(tmp_path: Path) -> None:
+    path = tmp_path / "before_enforcement.duckdb"
     with Store(path) as store:
-        for column in ADDED_15:
+        for column in ADDED_FLAGS:
             store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
     with Store(path) as store:
         row = request(60_000, request_id="new", tokens_source="chunks", enforced_action="fail_open")

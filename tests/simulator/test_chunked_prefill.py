@@ -1,4 +1,4 @@
-"""Chunked prefill (issue 15): prompts are prefilled in 512-token chunks that share a step
+"""Chunked prefill: prompts are prefilled in 512-token chunks that share a step
 with the running decodes, so a healthy engine at the demo's load meets the seeds' ITL-jitter
 SLO (per request p99 gap − median gap ≤ 30 ms, requests with ≥ 10 token chunks) and a
 preemption cascade breaks it. Runs the engine model on an injected clock (no sleeping).

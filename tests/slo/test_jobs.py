@@ -98,7 +98,7 @@ def test_kv_leak_raises_l1_l2_l3_within_two_scrapes_of_each_crossing(store: Stor
 
 def test_a_gpu_fallen_off_the_bus_sends_the_instance_to_l3_as_gpu_lost(store: Store) -> None:
     """XID 79 takes the GPU out: the instance is pinned at L3 (route away), but it is no
-    memory pressure (issue 15: not every XID is OOM risk), and the pool stays."""
+    memory pressure (not every XID is OOM risk), and the pool stays."""
 
     def xid(s: State, _: float) -> None:
         s["xid"] = 79.0
@@ -231,7 +231,7 @@ def test_the_slo_config_section_is_validated_by_field_path(tmp_path: Any) -> Non
     message = str(info.value)
     assert "slo.interval_s: Input should be greater than 0" in message
     assert "slo.flags: Value error, thresholds must satisfy l3_free < l2_free < l1_free" in message
-    assert "slo.signals.detectors.stall_for_s: Input should be greater than 0" in message
+    assert "slo.detectors.stall_for_s: Input should be greater than 0" in message
 
 
 def test_the_loop_runs_every_interval_until_stopped(store: Store) -> None:

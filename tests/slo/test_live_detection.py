@@ -1,5 +1,5 @@
-"""Issue 15 on live data: simulator pods → real collector (scrapes and readiness probes) →
-DuckDB → SLO jobs. Each newly covered mode is found on the faulty pod only, and a healthy
+"""Health, readiness and engine signals on live data: simulator pods → real collector (scrapes and readiness probes) →
+DuckDB → SLO jobs. Each mode is found on the faulty pod only, and a healthy
 run of the same length finds nothing.
 
 Intervals are compressed honestly: 0.5 s scrapes, a 1 s readiness probe, and thresholds

@@ -271,7 +271,7 @@ READS_OF_EVERY_KIND = {
     "slo/jobs.py": "the data clock: the newest record of any kind is the event time",
     "llmslo/demo.py": "the demo's summary of enforced actions, whoever was refused",
 }
-_LIBRARY = ("pipeline", "collectors", "simulator", "slo", "alerts", "api", "dashboards", "app")
+_LIBRARY = ("pipeline", "collectors", "simulator", "slo", "alerts", "api", "dashboards", "llmslo")
 _READS_REQUESTS = re.compile(r"\b(?:FROM|JOIN)\s+requests\b")
 #: A ``source`` condition spelled by hand in SQL (``ready_source`` and kin do not match).
 _SOURCE_CONDITION = re.compile(

@@ -89,7 +89,7 @@ def test_non_sse_answer_to_a_stream_request_is_reported() -> None:
         )
         async with tap_over([up], max_attempts=1) as (url, sink, _):
             status, body, error = await post(url, CHAT)
-        # issue 10 finding 6: it used to reach the client as a chunked body never terminated
+        # a non-SSE answer to a streamed request must not reach the client as a chunked body never terminated
         assert status == 200 and body == b"<html>oops</html>" and error is None
         [row] = sink.requests
         assert (row["outcome"], row["error_kind"]) == (

@@ -107,7 +107,7 @@ def test_tpot_is_undefined_for_n_at_most_one(n: int) -> None:
 
 
 def test_without_usage_n_is_counted_from_the_token_chunks() -> None:
-    # DESIGN §3 (issue 15): an engine that ignores include_usage still sent every token
+    # DESIGN §3: an engine that ignores include_usage still sent every token
     # chunk; N comes from them (one per chunk unless logprobs say more), and says so.
     meter = StreamMeter(0.0)
     meter.on_data(chunk({"content": "x"}), 1.0)

@@ -1,4 +1,4 @@
-"""Bounded label cardinality (issue 10, finding 4): the client-supplied ``model`` becomes a
+"""Bounded label cardinality: the client-supplied ``model`` becomes a
 metrics label only when configured or announced by an upstream (``/v1/models``); anything
 else is ``other``, the number of distinct values is capped, and records keep the raw name."""
 

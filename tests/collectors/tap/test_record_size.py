@@ -1,4 +1,4 @@
-"""Records of bounded size (issue 10, finding 8): exact ITL summaries and a fixed-size
+"""Records of bounded size: exact ITL summaries and a fixed-size
 log-bucket histogram instead of every gap; raw gaps only up to ``record_max_gaps``."""
 
 from __future__ import annotations

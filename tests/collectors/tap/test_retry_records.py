@@ -1,6 +1,6 @@
 """Retried attempts are recorded with what the upstream answered (``upstream_status``;
 ``http_status`` stays what the client got), and a non-SSE answer to a
-streamed request reaches the client as a complete response (issue 10, finding 6)."""
+streamed request reaches the client as a complete response."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Timeouts a trickle cannot reset (issue 10, finding 5): the whole request head and body
+"""Timeouts a trickle cannot reset: the whole request head and body
 are read within a total deadline, and an engine that only sends SSE comments meets a
 first-token timeout."""
 

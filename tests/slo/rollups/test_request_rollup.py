@@ -38,7 +38,7 @@ from tests.slo.factories import insert, request, to_table
 HOUR_MS, MINUTE_MS = 3_600_000, 60_000
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
 START_MS = END_MS - 86_400_000
-DOC = Path(__file__).resolve().parents[2] / "docs" / "tables.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "tables.md"
 METRICS = ("ttft", "tpot", "e2e", "itl")
 
 

@@ -1,4 +1,4 @@
-"""Issue 16 on factory data: prefill failure and interrupted streams per instance against
+"""Failure detectors on factory data: prefill failure and interrupted streams per instance against
 its pool, retries attributed to the instance that caused them, and ghosts from engine and
 tap samples that are never taken at the same moment."""
 

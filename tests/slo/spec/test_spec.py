@@ -19,7 +19,7 @@ from slo.spec.model import build_model
 from slo.spec.openslo import openslo_to_spec
 from slo.windows import load_catalog
 
-EXAMPLE = Path(__file__).parents[2] / "config" / "slo.example.yaml"
+EXAMPLE = Path(__file__).parents[3] / "config" / "slo.example.yaml"
 
 
 def base() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Issue 16 on live data: simulator pods behind the real stream tap (one tap per pod), the
+"""Failure detectors on live data: simulator pods behind the real stream tap (one tap per pod), the
 taps' records and in-flight gauges and the real collector's scrapes in DuckDB, the
 detectors on them.
 

@@ -1,7 +1,7 @@
 """Slow prefill, slow decode and a hot instance by tokens on live data: simulator pods
 behind the real stream tap (one tap per pod, so the test decides where each request goes),
 its request records into DuckDB, the detectors on them. Each mode is found on the faulty pod
-only, and the same traffic against a healthy fleet finds nothing (issue 15)."""
+only, and the same traffic against a healthy fleet finds nothing."""
 
 from __future__ import annotations
 
