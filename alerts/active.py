@@ -7,13 +7,14 @@ that :func:`~alerts.push.reconcile` compares with what was sent:
   the generated Prometheus rule of that pair (``slo_id``, ``severity``, ``window``,
   ``sli_kind``, spec labels, the group's ``pool``/``instance``…), so routes and inhibitions
   written for the rules apply;
-* every finding (signal) of severity page or ticket, named like its signature rule where
-  one exists (``stall`` → ``LlmEngineStalled``), with its evidence;
+* every finding (signal) of severity page or ticket, named by its row of the signal catalog
+  (``stall`` → ``LlmEngineStalled``, the signature rule's name too), with its evidence;
 * every degradation flag at L2 or above (``LlmDegradationLevel``, L3 page, L2 ticket).
 
 Every pushed alert carries ``origin="llmslo"`` (so it never merges with the Prometheus
-rule's alert of the same name), a ``summary``, an ``evidence`` and a ``runbook``
-annotation (hints from the seeds) and a ``generatorURL`` that opens the dashboard page
+rule's alert of the same name), a ``summary``, an ``evidence``, a ``runbook``
+annotation (first steps, from the signal catalog) a ``runbook_url``
+(``{runbook_base_url}/{signal}.md``) and a ``generatorURL`` that opens the dashboard page
 of the alert (``{dashboard_url}/{page}?slo=…&pool=…&instance=…&from=…``).
 """
 
@@ -27,6 +28,8 @@ from urllib.parse import urlencode
 from alerts.push import ActiveAlert
 from pipeline.units import MINUTE_MS
 from slo.evaluate import SloStatus
+from slo.naming import alert_name
+from slo.signals.catalog import FLAG, NOTICES, RUNBOOK_BASE_URL, SIGNALS, runbook_url
 from slo.signals.detectors import Finding
 from slo.windows import format_duration
 
@@ -43,53 +46,20 @@ __all__ = [
 #: The label every pushed alert carries.
 ORIGIN = {"origin": "llmslo"}
 #: Alert name of a degradation flag at L2 or L3.
-FLAG_ALERT = "LlmDegradationLevel"
-#: Finding signal → alert name, where a generated signature rule has the same meaning.
-SIGNAL_ALERTS: Mapping[str, str] = {
-    "stall": "LlmEngineStalled",
-    "ghost_requests": "LlmGhostRequests",
-    "preemption_cascade": "LlmPreemptionCascade",
-}
-#: Signal (or ``slo:<sli kind>``, ``flag:L2``/``flag:L3``) → the first steps, from the seeds'
-#: runbooks (seeds/000, 001, 003).
+FLAG_ALERT = NOTICES[FLAG].alert
+#: Finding signal → alert name, from the signal catalog (the signature rule's name too).
+SIGNAL_ALERTS: Mapping[str, str] = {name: row.alert for name, row in SIGNALS.items()}
+#: Signal (or ``slo:<sli kind>``, ``flag:L2``/``flag:L3``) → the first steps, from the catalog.
 RUNBOOKS: Mapping[str, str] = {
-    "stall": "running > 0 with no tokens: take the pod out of routing, check GPU activity and "
-    "py-spy stacks per rank (NCCL hang or a stuck scheduler), then restart the whole group",
-    "ghost_requests": "the engine keeps requests whose clients left: check that the tap/router "
-    "closes upstream on disconnect and that the engine aborts them (finished_reason=abort)",
-    "preemption_cascade": "KV is exhausted and requests are recomputed: shed load or lower "
-    "max_num_seqs / long prompts on this pool before the queue runs away",
-    "fragmentation": "free KV blocks exist but no contiguous run fits: drain and restart the "
-    "instance (or reshard its KV pool) at a quiet moment",
-    "queue_growth": "waiting grows without bound: admission control (429 + Retry-After) "
-    "beats letting queued requests time out",
-    "oom_risk": "KV and frame buffer near full: stop admitting long prompts, move traffic to "
-    "the small-model replica (L3)",
-    "hot_instance": "one instance takes far more than its share: check the router's hashing "
-    "and prefix affinity, warm up a replica",
-    "retry_storm": "retries feed the overload: cap client retries (budget, backoff with jitter)",
-    "numeric_anomaly": "NaN/corrupted outputs in a batch: fence the batch, fall back to a "
-    "smaller batch, check the GPU (XID) and the model build",
-    "slo:latency": "see the latency page for the pools and instances that burn; check for "
-    "stalls, preemptions and slow prefill before scaling",
-    "slo:availability": "see outcomes by instance; errors before the first token point at "
-    "admission or crashes, interrupted streams at the engine",
-    "slo:goodput": "goodput burns when any latency target is missed: open the latency page",
-    "flag:L2": "L2: reject prompts > 16K tokens with 429 + Retry-After until KV recovers",
-    "flag:L3": "L3: switch to the small-model replica, front end shows the economy-mode banner",
+    **{name: row.first_steps for name, row in SIGNALS.items()},
+    **{
+        key if not level else f"{key}:{level}": text
+        for key, notice in NOTICES.items()
+        for level, text in notice.first_steps.items()
+    },
 }
-#: Dashboard page per finding signal (the SLO page for SLO alerts, flags for flags).
-_PAGES: Mapping[str, str] = {
-    "stall": "engines",
-    "preemption_cascade": "engines",
-    "fragmentation": "engines",
-    "queue_growth": "engines",
-    "oom_risk": "gpus",
-    "ghost_requests": "requests",
-    "retry_storm": "requests",
-    "numeric_anomaly": "requests",
-    "hot_instance": "fleet",
-}
+#: Dashboard page per finding signal.
+_PAGES: Mapping[str, str] = {name: row.page for name, row in SIGNALS.items()}
 _LINK_MARGIN_MS = 15 * MINUTE_MS
 _MAX_EVIDENCE_CHARS = 1_000
 Key = tuple[tuple[str, str], ...]
@@ -131,10 +101,6 @@ def deep_link(
     return f"{dashboard_url.rstrip('/')}/{page}" + (f"?{text}" if text else "")
 
 
-def _camel(signal: str) -> str:
-    return "Llm" + "".join(part.capitalize() for part in signal.split("_"))
-
-
 def _significant(value: float) -> str:
     return f"{value:.2g}"
 
@@ -145,11 +111,19 @@ def _key(labels: Mapping[str, str]) -> Key:
 
 class _Builder:
     def __init__(
-        self, now_ms: int, dashboard_url: str | None, starts_ms: Mapping[Key, int]
+        self,
+        now_ms: int,
+        dashboard_url: str | None,
+        starts_ms: Mapping[Key, int],
+        runbook_base_url: str,
     ) -> None:
         self.now_ms = now_ms
         self.dashboard_url = dashboard_url
         self.starts_ms = starts_ms
+        self.runbook_base_url = runbook_base_url
+
+    def runbook_url(self, runbook: str) -> str:
+        return runbook_url(self.runbook_base_url, runbook)
 
     def alert(
         self,
@@ -171,6 +145,11 @@ class _Builder:
         )
         since_s = None if since_ms is None else since_ms / 1000
         return ActiveAlert(labels, annotations, url, since_s)
+
+
+def _notice_url(builder: _Builder, key: str) -> dict[str, str]:
+    notice = NOTICES.get(key)
+    return {} if notice is None else {"runbook_url": builder.runbook_url(notice.runbook)}
 
 
 def _slo_alerts(builder: _Builder, statuses: Iterable[SloStatus]) -> list[ActiveAlert]:
@@ -205,6 +184,7 @@ def _slo_alerts(builder: _Builder, statuses: Iterable[SloStatus]) -> list[Active
                     f"budget left {_significant(status.budget_remaining * 100)} %"
                 ),
                 "runbook": RUNBOOKS.get(f"slo:{slo.sli.kind}", ""),
+                **_notice_url(builder, f"slo:{slo.sli.kind}"),
                 **slo.annotations,
             }
             alerts.append(builder.alert(labels, annotations, "slo", None, slo=slo.id))
@@ -220,7 +200,7 @@ def _finding_alerts(
             continue
         where = "instance" if finding.scope == "instance" else "pool"
         labels = {
-            "alertname": SIGNAL_ALERTS.get(finding.signal, _camel(finding.signal)),
+            "alertname": SIGNAL_ALERTS.get(finding.signal) or alert_name("llm", finding.signal),
             "signal": finding.signal,
             "severity": finding.severity,
             "scope": finding.scope,
@@ -234,6 +214,7 @@ def _finding_alerts(
             "summary": f"{finding.signal.replace('_', ' ')} on {finding.scope} {finding.scope_id}",
             "evidence": evidence[:_MAX_EVIDENCE_CHARS],
             "runbook": RUNBOOKS.get(finding.signal, ""),
+            "runbook_url": builder.runbook_url(finding.signal),
         }
         page = _PAGES.get(finding.signal, "fleet")
         alerts.append(builder.alert(labels, annotations, page, None))
@@ -241,16 +222,18 @@ def _finding_alerts(
 
 
 def _flag_alerts(builder: _Builder, flags: Iterable[FlagLevel]) -> list[ActiveAlert]:
+    notice = NOTICES[FLAG]
     alerts = []
     for flag in flags:
         if flag.level < 2:
             continue
         where = "instance" if flag.scope == "instance" else "pool"
+        level = f"L{min(flag.level, 3)}"
         labels = {
-            "alertname": FLAG_ALERT,
-            "signal": "degradation",
+            "alertname": notice.alert,
+            "signal": notice.signal,
             "level": f"L{flag.level}",
-            "severity": "page" if flag.level >= 3 else "ticket",
+            "severity": notice.severities[level],
             "scope": flag.scope,
             where: flag.scope_id,
         }
@@ -260,9 +243,10 @@ def _flag_alerts(builder: _Builder, flags: Iterable[FlagLevel]) -> list[ActiveAl
             "summary": f"{flag.scope} {flag.scope_id} degraded to L{flag.level}",
             "evidence": f"L{flag.level} since {flag.since_ts_ms} ms (KV free ratio below the "
             f"L{flag.level} threshold, or OOM risk for L3)",
-            "runbook": RUNBOOKS.get(f"flag:L{min(flag.level, 3)}", ""),
+            "runbook": notice.first_steps[level],
+            "runbook_url": builder.runbook_url(notice.runbook),
         }
-        alerts.append(builder.alert(labels, annotations, "flags", flag.since_ts_ms))
+        alerts.append(builder.alert(labels, annotations, notice.page, flag.since_ts_ms))
     return alerts
 
 
@@ -275,6 +259,7 @@ def active_alerts(
     dashboard_url: str | None = None,
     starts_ms: Mapping[Key, int] | None = None,
     include_info: bool = False,
+    runbook_base_url: str = RUNBOOK_BASE_URL,
 ) -> list[ActiveAlert]:
     """The alerts active at ``now_ms`` (event time): alerting SLO pairs, page/ticket findings
     (every severity with ``include_info``) and flags at L2+.
@@ -282,7 +267,7 @@ def active_alerts(
     ``starts_ms`` (alert key → start, ms) keeps an already firing alert's link stable; a new
     alert's link starts 15 minutes before its condition (or ``now_ms``).
     """
-    builder = _Builder(now_ms, dashboard_url, starts_ms or {})
+    builder = _Builder(now_ms, dashboard_url, starts_ms or {}, runbook_base_url)
     return (
         _slo_alerts(builder, statuses)
         + _finding_alerts(builder, findings, include_info)

@@ -4,7 +4,7 @@ Receivers ``page`` and ``ticket`` are placeholders (no integration): point them 
 pager and ticket system. Inhibitions (DESIGN §5):
 
 * a page inhibits the ticket of the same SLO (``slo_id``);
-* KV free ratio L3 inhibits L2 and L1 of the same instance;
+* degradation level L3 (``LlmDegradationLevel``) inhibits L2 and L1 of the same instance;
 * an engine stall inhibits the latency burn alerts (``sli_kind="latency"``) of the same
   instance (latency SLOs grouped by instance carry it).
 """
@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from slo.signals.catalog import FLAG, NOTICES, SIGNALS
+
 __all__ = ["alertmanager_config"]
+
+_FLAG = NOTICES[FLAG].alert
 
 
 def alertmanager_config(group_wait: str = "30s", repeat_interval: str = "4h") -> dict[str, Any]:
@@ -38,12 +42,12 @@ def alertmanager_config(group_wait: str = "30s", repeat_interval: str = "4h") ->
                 "equal": ["slo_id"],
             },
             {
-                "source_matchers": ['alertname="LlmKvFreeLow"', 'level="L3"'],
-                "target_matchers": ['alertname="LlmKvFreeLow"', 'level=~"L1|L2"'],
+                "source_matchers": [f'alertname="{_FLAG}"', 'level="L3"'],
+                "target_matchers": [f'alertname="{_FLAG}"', 'level=~"L1|L2"'],
                 "equal": ["instance"],
             },
             {
-                "source_matchers": ['alertname="LlmEngineStalled"'],
+                "source_matchers": [f'alertname="{SIGNALS["stall"].alert}"'],
                 "target_matchers": ['sli_kind="latency"'],
                 "equal": ["instance"],
             },

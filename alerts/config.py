@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
+from slo.signals.catalog import RUNBOOK_BASE_URL
+
 __all__ = ["AlertmanagerConfig"]
 
 
@@ -33,6 +35,12 @@ class AlertmanagerConfig(BaseModel):
     backoff_s: float = Field(default=0.5, gt=0, description="first retry delay (doubles)")
     max_queue: int = Field(
         default=10_000, ge=1, description="payloads kept through an outage (oldest dropped)"
+    )
+    runbook_base_url: str = Field(
+        default=RUNBOOK_BASE_URL,
+        min_length=1,
+        description="base of each alert's runbook_url ({base}/{signal}.md), e.g. "
+        "https://github.com/org/llmslo/blob/main/docs/runbooks",
     )
     include_info: bool = Field(
         default=False, description="also push findings of severity info (default: page, ticket)"

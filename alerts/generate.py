@@ -20,6 +20,7 @@ from typing import Any
 from alerts.model import WINDOW_PLACEHOLDER, RuleModel, RuleSlo
 from alerts.signatures import signature_groups
 from pipeline.units import DAY_MS
+from slo.signals.catalog import NOTICES, RUNBOOK_BASE_URL, runbook_url
 from slo.windows import AlertPair, format_duration
 
 __all__ = ["error_ratio_record", "generate_rules", "pair_alert", "slo_groups"]
@@ -106,8 +107,11 @@ def _guard(slo: RuleSlo, pair: AlertPair) -> str:
     return f"and on ({', '.join(slo.group_labels)})\n({total} * {seconds} >= {slo.min_events})\n"
 
 
-def pair_alert(slo: RuleSlo, pair: AlertPair) -> dict[str, Any]:
-    """The alerting rule of one window pair of ``slo``."""
+def pair_alert(
+    slo: RuleSlo, pair: AlertPair, runbook_base_url: str = RUNBOOK_BASE_URL
+) -> dict[str, Any]:
+    """The alerting rule of one window pair of ``slo``; ``runbook_url`` is
+    ``{runbook_base_url}/slo-<sli kind>.md`` for the SLI kinds the catalog knows."""
     expr = (
         f"{_burning(slo, pair.short_ms, pair.factor)}\nand\n"
         f"{_burning(slo, pair.long_ms, pair.factor)}\n"
@@ -130,31 +134,42 @@ def pair_alert(slo: RuleSlo, pair: AlertPair) -> dict[str, Any]:
             f"(objective {_num(slo.objective * 100)} % over {slo.period}); at this pace "
             f"{budget_pct} of the budget is gone within {format_duration(pair.long_ms)}."
         ),
+        **_runbook(slo.sli_kind, runbook_base_url),
         **slo.annotations,
     }
     return {"alert": slo.alert_name, "expr": expr, "labels": labels, "annotations": annotations}
 
 
-def slo_groups(slo: RuleSlo, prefix: str = "llmslo") -> list[dict[str, Any]]:
+def _runbook(sli_kind: str, base_url: str) -> dict[str, str]:
+    notice = NOTICES.get(f"slo:{sli_kind}")
+    return {} if notice is None else {"runbook_url": runbook_url(base_url, notice.runbook)}
+
+
+def slo_groups(
+    slo: RuleSlo, prefix: str = "llmslo", runbook_base_url: str = RUNBOOK_BASE_URL
+) -> list[dict[str, Any]]:
     """The three rule groups of one SLO: SLI recordings, metadata, alerts."""
     groups = [
         {"name": f"{prefix}-slo-sli-recordings-{slo.id}", "rules": _sli_recordings(slo)},
         {"name": f"{prefix}-slo-meta-recordings-{slo.id}", "rules": _meta_recordings(slo)},
     ]
     if slo.pairs:
-        alerts = [pair_alert(slo, pair) for pair in slo.pairs]
+        alerts = [pair_alert(slo, pair, runbook_base_url) for pair in slo.pairs]
         groups.append({"name": f"{prefix}-slo-alerts-{slo.id}", "rules": alerts})
     return groups
 
 
-def generate_rules(model: RuleModel, signatures: bool = True) -> dict[str, Any]:
+def generate_rules(
+    model: RuleModel, signatures: bool = True, runbook_base_url: str = RUNBOOK_BASE_URL
+) -> dict[str, Any]:
     """The whole rule file of ``model`` as a dict (``{"groups": [...]}``), ready to write.
 
-    ``signatures`` adds the failure-signature groups (:mod:`alerts.signatures`).
+    ``signatures`` adds the failure-signature groups (:mod:`alerts.signatures`); every alert's
+    ``runbook_url`` starts with ``runbook_base_url``.
     """
     groups: list[dict[str, Any]] = []
     for slo in model.slos:
-        groups += slo_groups(slo)
+        groups += slo_groups(slo, runbook_base_url=runbook_base_url)
     if signatures:
-        groups += signature_groups()
+        groups += signature_groups(runbook_base_url)
     return {"groups": groups}

@@ -181,6 +181,7 @@ class AlertPusher:
             else str(self.config.dashboard_url),
             starts_ms=self._link_starts_ms,
             include_info=self.config.include_info,
+            runbook_base_url=self.config.runbook_base_url,
         )
         # Links start where the alert first showed (event time), so they stay the same
         # while it fires and do not count as a change that forces a re-send.

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slo.flags import FlagPolicy
+from slo.signals.catalog import FLAG, NOTICES, RUNBOOK_BASE_URL, SIGNALS, runbook_url
 from slo.signals.config import DetectorConfig
+from slo.signals.xid import XID_CLASSES, XID_CODES
 from slo.windows import format_duration
 
 __all__ = ["SIGNATURES", "Case", "Signature", "signature_groups", "signature_recordings"]
@@ -43,7 +45,11 @@ class Case:
 
 @dataclass(frozen=True)
 class Signature:
-    """One alerting rule and the cases that prove it."""
+    """One alerting rule and the cases that prove it.
+
+    ``alert`` and the ``signal``/``severity`` labels come from the signal catalog
+    (:func:`_named`); ``runbook`` is the file stem of its ``runbook_url``.
+    """
 
     alert: str
     expr: str
@@ -51,6 +57,7 @@ class Signature:
     summary: str
     firing: Case
     silent: Case
+    runbook: str
     for_: str = "0s"
     description: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -58,8 +65,19 @@ class Signature:
     @property
     def key(self) -> str:
         """Unique id of the rule (alert name plus its distinguishing labels)."""
-        parts = [self.alert, *(self.labels.get(k, "") for k in ("dialect", "level"))]
+        labels = ("dialect", "level", "severity")
+        parts = [self.alert, *(self.labels.get(k, "") for k in labels)]
         return "-".join(p for p in parts if p)
+
+
+def _named(signal: str, **labels: str) -> dict[str, Any]:
+    """A signature's ``alert``, ``labels`` and ``runbook`` from the catalog row of ``signal``."""
+    row = SIGNALS[signal]
+    return {
+        "alert": row.alert,
+        "labels": {"severity": row.severity, "signal": signal, **labels},
+        "runbook": row.runbook,
+    }
 
 
 def _kv_free_expr() -> str:
@@ -97,9 +115,8 @@ _LABELS = 'pool="llama",instance="pod-0:8000"'
 
 def _stall(dialect: str, expr: str, firing: dict[str, str], silent: dict[str, str]) -> Signature:
     return Signature(
-        alert="LlmEngineStalled",
+        **_named("stall", dialect=dialect),
         expr=expr,
-        labels={"severity": "page", "signal": "stall", "dialect": dialect},
         summary="{{ $labels.instance }}: requests running but no token generated",
         description=f"Running > 0 and the token counter flat for {_STALL_FOR} "
         "(NCCL hang and kin). Check GPU activity and XIDs on the node.",
@@ -194,15 +211,18 @@ def _stalls() -> list[Signature]:
 
 
 def _kv_levels() -> list[Signature]:
-    levels = [("L1", _F.l1_free, "ticket"), ("L2", _F.l2_free, "page"), ("L3", _F.l3_free, "page")]
+    flag = NOTICES[FLAG]
+    levels = [("L1", _F.l1_free), ("L2", _F.l2_free), ("L3", _F.l3_free)]
     out = []
-    for level, free, severity in levels:
+    for level, free in levels:
         usage_firing = round(1 - free / 2, 6)
+        severity = flag.severities[level]
         out.append(
             Signature(
-                alert="LlmKvFreeLow",
+                alert=flag.alert,
                 expr=f"llmslo:kv_free:ratio < {free:g}\n",
-                labels={"severity": severity, "signal": "kv_pressure", "level": level},
+                labels={"severity": severity, "signal": flag.signal, "level": level},
+                runbook=flag.runbook,
                 summary=f"{{{{ $labels.instance }}}}: KV free ratio below {free:.0%} ({level})",
                 description="Degradation level "
                 f"{level}: L1 disables speculative decoding, L2 rejects long prompts, L3 "
@@ -230,9 +250,8 @@ def _preemption() -> list[Signature]:
 
     def sig(dialect: str, preemptions: str, waiting: str, kv_name: str) -> Signature:
         return Signature(
-            alert="LlmPreemptionCascade",
+            **_named("preemption_cascade", dialect=dialect),
             expr=expr(preemptions, waiting),
-            labels={"severity": "ticket", "signal": "preemption_cascade", "dialect": dialect},
             summary="{{ $labels.instance }}: preemptions while KV is full and the queue grows",
             description=f"More than {per_min:g} preemptions/min with KV usage ≥ {kv:g} and "
             "waiting requests growing.",
@@ -276,6 +295,49 @@ _GPU = 'gpu="0",UUID="GPU-0",Hostname="node-0",pod="pod-0"'
 _GPU_ALERT = {"gpu": "0", "UUID": "GPU-0", "Hostname": "node-0", "pod": "pod-0"}
 
 
+_XID = "max by (Hostname, gpu, UUID, pod) (DCGM_FI_DEV_XID_ERRORS)"
+
+
+def _xid_codes() -> dict[tuple[str, str], list[int]]:
+    """(XID class, severity) → its codes, in table order: one rule each, so a rule's severity
+    is the code's (xid.py), as on the pushed finding."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for code in XID_CODES.values():
+        groups.setdefault((code.xid_class, code.severity), []).append(code.code)
+    return groups
+
+
+def _xid(signal: str, severity: str, expr: str, meaning: str, fires: int, quiet: int) -> Signature:
+    named = _named(signal)
+    return Signature(
+        alert=named["alert"],
+        expr=expr,
+        labels={"severity": severity, "signal": signal},
+        runbook=named["runbook"],
+        summary="GPU {{ $labels.gpu }} on {{ $labels.Hostname }}: XID {{ $value }} "
+        f"({meaning})",
+        description="DCGM_FI_DEV_XID_ERRORS holds the last XID code of the GPU.",
+        firing=Case({f"DCGM_FI_DEV_XID_ERRORS{{{_GPU}}}": f"0 0 {fires}x5"}, "5m", (_GPU_ALERT,)),
+        silent=Case({f"DCGM_FI_DEV_XID_ERRORS{{{_GPU}}}": f"0 0 {quiet}x5"}, "5m"),
+    )
+
+
+def _xids() -> list[Signature]:
+    # The silent case shows another class's code: a rule must not fire on it.
+    known = list(XID_CODES)
+    out = []
+    for (name, severity), codes in _xid_codes().items():
+        xid_class = XID_CLASSES[name]
+        expr = "\nor\n".join(f"{_XID} == {code}" for code in codes) + "\n"
+        quiet = next(c for c in known if XID_CODES[c].xid_class != name)
+        out.append(_xid(xid_class.signal, severity, expr, xid_class.meaning, codes[0], quiet))
+    other = XID_CLASSES["other"]
+    listed = "\n  or\n".join(f"  {_XID} == {code}" for code in known)
+    expr = f"{_XID} > 0\nunless\n(\n{listed}\n)\n"
+    out.append(_xid(other.signal, other.severity, expr, other.meaning, 999, known[0]))
+    return out
+
+
 def _infrastructure() -> list[Signature]:
     restart_counters = [
         "vllm:generation_tokens_total",
@@ -287,20 +349,10 @@ def _infrastructure() -> list[Signature]:
         f"or\nmax by ({_BY}) (resets({name}[10m])) > 0\n" for name in restart_counters
     )
     return [
+        *_xids(),
         Signature(
-            alert="LlmGpuXidError",
-            expr="max by (Hostname, gpu, UUID, pod) (DCGM_FI_DEV_XID_ERRORS) > 0\n",
-            labels={"severity": "page", "signal": "xid"},
-            summary="GPU {{ $labels.gpu }} on {{ $labels.Hostname }} reported an XID error",
-            description="DCGM_FI_DEV_XID_ERRORS holds the last XID code; 48, 63, 64, 74, 79 and "
-            "kin mean the GPU needs attention.",
-            firing=Case({f"DCGM_FI_DEV_XID_ERRORS{{{_GPU}}}": "0 0 79x5"}, "5m", (_GPU_ALERT,)),
-            silent=Case({f"DCGM_FI_DEV_XID_ERRORS{{{_GPU}}}": "0x7"}, "5m"),
-        ),
-        Signature(
-            alert="LlmEngineRestarted",
+            **_named("crash"),
             expr=restart,
-            labels={"severity": "ticket", "signal": "restart"},
             summary="{{ $labels.instance }}: the engine restarted in the last 10 minutes",
             description="process_start_time_seconds changed or an engine counter reset.",
             firing=Case(
@@ -309,10 +361,9 @@ def _infrastructure() -> list[Signature]:
             silent=Case({f"vllm:generation_tokens_total{{{_LABELS}}}": "0+100x11"}, "8m"),
         ),
         Signature(
-            alert="LlmTargetDown",
+            **_named("target_down"),
             expr="up == 0\n",
             for_="1m",
-            labels={"severity": "page", "signal": "target_down"},
             summary="{{ $labels.instance }} ({{ $labels.job }}) cannot be scraped",
             description="Prometheus got no answer from this target: the engine, exporter or "
             "tap is down or unreachable.",
@@ -324,14 +375,13 @@ def _infrastructure() -> list[Signature]:
             silent=Case({'up{job="engines",instance="pod-0:8000"}': "1x7"}, "5m"),
         ),
         Signature(
-            alert="LlmGhostRequests",
+            **_named("ghost_requests"),
             expr=(
                 "llmslo:engine_running:sum\n"
                 "- on (instance) group_left\n"
                 "max by (instance) (llmslo_tap_in_flight) > 0\n"
             ),
             for_="1m",
-            labels={"severity": "ticket", "signal": "ghost_requests"},
             summary="{{ $labels.instance }}: the engine runs requests no client waits for",
             description="Engine running stays above the tap's in-flight streams: clients are "
             "gone but the engine keeps their requests (and KV). Scrape taps with "
@@ -359,18 +409,23 @@ def _infrastructure() -> list[Signature]:
 SIGNATURES: tuple[Signature, ...] = (*_stalls(), *_kv_levels(), *_preemption(), *_infrastructure())
 
 
-def _rule(sig: Signature) -> dict[str, Any]:
+def _rule(sig: Signature, runbook_base_url: str) -> dict[str, Any]:
     rule: dict[str, Any] = {"alert": sig.alert, "expr": sig.expr}
     if sig.for_ != "0s":
         rule["for"] = sig.for_
     rule["labels"] = dict(sig.labels)
-    rule["annotations"] = {"summary": sig.summary, "description": sig.description}
+    rule["annotations"] = {
+        "summary": sig.summary,
+        "description": sig.description,
+        "runbook_url": runbook_url(runbook_base_url, sig.runbook),
+    }
     return rule
 
 
-def signature_groups() -> list[dict[str, Any]]:
+def signature_groups(runbook_base_url: str = RUNBOOK_BASE_URL) -> list[dict[str, Any]]:
     """The rule groups of the failure signatures (recordings, then alerts)."""
+    rules = [_rule(sig, runbook_base_url) for sig in SIGNATURES]
     return [
         {"name": "llmslo-signature-recordings", "rules": signature_recordings()},
-        {"name": "llmslo-signature-alerts", "rules": [_rule(sig) for sig in SIGNATURES]},
+        {"name": "llmslo-signature-alerts", "rules": rules},
     ]

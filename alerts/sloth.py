@@ -12,7 +12,6 @@ Supported (Sloth's spec reference): ``service``, ``labels``, and per SLO ``name`
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from alerts.model import SLOTH_LABELS, WINDOW_PLACEHOLDER, RuleModel, RuleSlo
 from pipeline.errors import ConfigError
+from slo.naming import alert_name
 from slo.spec import format_spec_error
 from slo.windows import known_periods, load_catalog
 
@@ -119,10 +119,6 @@ def is_sloth(raw: Any) -> bool:
     return isinstance(raw, dict) and raw.get("version") == _VERSION
 
 
-def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", name))
-
-
 def _queries(slo: _Slo, index: int) -> tuple[str, str]:
     if slo.sli.events is not None:
         return slo.sli.events.error_query, slo.sli.events.total_query
@@ -150,7 +146,7 @@ def _rule_slo(doc: SlothDocument, slo: _Slo, index: int) -> RuleSlo:
         error_query=error,
         total_query=total,
         sli_kind="events",
-        alert_name=slo.alerting.name or _camel(f"{doc.service}-{slo.name}") + "SloBurn",
+        alert_name=slo.alerting.name or alert_name(doc.service, slo.name, "slo_burn"),
         scheme=SLOTH_LABELS,
         labels={**doc.labels, **slo.labels},
         alert_labels=dict(slo.alerting.labels),

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -13,8 +14,11 @@ from dashboards.charts import frame, incidents_frame, line_chart
 from dashboards.context import REFRESH_S, PageContext, page_context
 from dashboards.filters import RANGES
 from slo.queries import FINDINGS_SCHEMA
+from slo.signals.catalog import RUNBOOK_BASE_URL, runbook_url
 
 __all__ = [
+    "RUNBOOK_ENV",
+    "findings_table",
     "instances_in_scope",
     "no_data",
     "page",
@@ -24,6 +28,22 @@ __all__ = [
 ]
 
 _ALL = "all"
+#: Environment variable with the base URL of the runbooks the finding rows link to.
+RUNBOOK_ENV = "LLMSLO_RUNBOOK_BASE_URL"
+
+
+def findings_table(df: pd.DataFrame, columns: Sequence[str]) -> None:
+    """Finding rows with a ``runbook`` link per row (``{base}/{signal}.md``, the base from
+    ``LLMSLO_RUNBOOK_BASE_URL``, the alerts' default otherwise)."""
+    base = os.environ.get(RUNBOOK_ENV) or RUNBOOK_BASE_URL
+    shown = df[list(columns)].copy()
+    shown["runbook"] = [runbook_url(base, signal) for signal in df["signal"]]
+    st.dataframe(
+        shown,
+        hide_index=True,
+        width="stretch",
+        column_config={"runbook": st.column_config.LinkColumn("runbook", display_text="runbook")},
+    )
 
 
 def _set_param(name: str, key: str) -> None:

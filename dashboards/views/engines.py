@@ -8,7 +8,8 @@ import streamlit as st
 
 from dashboards.charts import frame
 from dashboards.context import PageContext
-from dashboards.views.common import no_data, page, page_incidents, titled_chart
+from dashboards.views.common import findings_table, no_data, page, page_incidents, titled_chart
+from slo.signals.catalog import SIGNALS
 
 __all__ = ["PAGE"]
 
@@ -19,7 +20,8 @@ _KV_LEVELS = [
     (0.95, "L2: KV free < 5 %"),
     (0.99, "L3: KV free < 1 %"),
 ]
-_MARKERS = ("stall", "fragmentation", "preemption_cascade")
+#: The findings this page marks: the signals whose catalog page is this one.
+_MARKERS = tuple(name for name, row in SIGNALS.items() if row.page == "engines")
 
 
 def _series(df: pd.DataFrame, signal: str) -> pd.DataFrame:
@@ -33,16 +35,14 @@ def _markers(ctx: PageContext) -> None:
     if found is None:
         return
     df = found.to_pandas()
-    df = df[df["signal"].str.contains("|".join(_MARKERS))]
-    st.subheader("Stall and fragmentation markers")
+    df = df[df["signal"].isin(_MARKERS)]
+    st.subheader("Engine findings")
     if df.empty:
-        st.caption("No stall, fragmentation or preemption-cascade finding in this range.")
+        st.caption(f"No {', '.join(_MARKERS).replace('_', ' ')} finding in this range.")
         return
     df["time"] = pd.to_datetime(df["ts_ms"], unit="ms", utc=True)
-    st.dataframe(
-        df[["time", "state", "signal", "scope_id", "severity", "basis", "evidence_json"]],
-        hide_index=True,
-        width="stretch",
+    findings_table(
+        df, ["time", "state", "signal", "scope_id", "severity", "basis", "evidence_json"]
     )
 
 

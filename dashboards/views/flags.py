@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboards.charts import frame, step_chart
 from dashboards.context import PageContext
-from dashboards.views.common import no_data, page
+from dashboards.views.common import findings_table, no_data, page
 
 __all__ = ["PAGE"]
 
@@ -66,23 +66,8 @@ def _findings(ctx: PageContext) -> None:
     if df.empty:
         st.caption("No finding started or ended in this range.")
         return
-    st.dataframe(
-        df[
-            [
-                "time",
-                "state",
-                "signal",
-                "severity",
-                "scope",
-                "scope_id",
-                "pool",
-                "basis",
-                "evidence_json",
-            ]
-        ],
-        hide_index=True,
-        width="stretch",
-    )
+    columns = ["time", "state", "signal", "severity", "scope", "scope_id", "pool", "basis"]
+    findings_table(df, [*columns, "evidence_json"])
 
 
 def _body(ctx: PageContext) -> None:

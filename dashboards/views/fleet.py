@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
-from dashboards.views.common import no_data, page
+from dashboards.views.common import findings_table, no_data, page
 from pipeline.units import HOUR_MS
 
 __all__ = ["PAGE", "slo_rows"]
@@ -118,18 +118,16 @@ def _findings(ctx: PageContext) -> None:
         st.success("No finding is firing.")
         return
     df["since"] = pd.to_datetime(df["ts_ms"], unit="ms", utc=True)
-    st.dataframe(
-        df[["signal", "severity", "scope", "scope_id", "pool", "basis", "since", "evidence_json"]],
-        hide_index=True,
-        width="stretch",
+    findings_table(
+        df, ["signal", "severity", "scope", "scope_id", "pool", "basis", "since", "evidence_json"]
     )
 
 
 def _changes(ctx: PageContext) -> None:
     st.subheader("What changed in the last hour")
     end = ctx.filters.end_ms
-    found = ctx.table("findings", start_ms=end - 3_600_000, end_ms=end)
-    flags = ctx.table("flag_timeline", start_ms=end - 3_600_000, end_ms=end)
+    found = ctx.table("findings", start_ms=end - HOUR_MS, end_ms=end)
+    flags = ctx.table("flag_timeline", start_ms=end - HOUR_MS, end_ms=end)
     rows = []
     for row in found.to_pylist() if found is not None else []:
         rows.append(

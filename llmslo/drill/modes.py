@@ -1,13 +1,14 @@
 """The drill matrix as data: every failure mode, how it is injected, what counts as detection.
 
 A :class:`DrillMode` names the simulator fault set on one pod (or the traffic shape that
-produces the failure), and ``expected``: the finding signals (``slo_findings.signal``;
-a trailing ``*`` matches a prefix, e.g. ``xid_*``) or ``flag`` (an instance degradation
-flag rising above L0) that count as detecting it. A signal no detector emits yet simply
-never matches, so the mode is reported as missed: the table states what *should* see each
-mode, the drill reports what did.
+produces the failure), and ``expected``: the finding signals (``slo_findings.signal``) or
+``flag`` (an instance degradation flag rising above L0) that count as detecting it. The
+expected signals come from the signal catalog (:mod:`slo.signals.catalog`): a row lists the
+drill modes that should raise it. The table states what *should* see each mode, the drill
+reports what did.
 
-To add a mode: one row in :data:`MODES`. Modes with their own load shape or tap options
+To add a mode: one row in :data:`MODES`, and its name in the ``drills`` of the catalog rows
+that detect it. Modes with their own load shape or tap options
 (``own_fleet``) get a fleet of their own; the others share one fleet, one pod each.
 Modes with ``needs_gateway`` get a fleet with a gateway and router in front of its pods and
 a prober through it; a fault of :data:`simulator.gateway.GATEWAY_FAULTS` is set on the
@@ -21,11 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.gateway import GATEWAY_FAULTS
+from slo.signals.catalog import FLAG, NOTICES, SIGNALS
 
-__all__ = ["FLAG", "MODES", "DrillMode", "matches"]
-
-#: The pseudo-signal of an instance degradation flag rising above L0.
-FLAG = "flag"
+__all__ = ["FLAG", "MODES", "DrillMode", "expected_signals", "matches"]
 
 
 @dataclass(frozen=True)
@@ -80,71 +79,71 @@ class DrillMode:
         return self.needs_gateway and self.fault in GATEWAY_FAULTS
 
 
-def _mode(name: str, fault: str | None, expected: set[str], **kwargs: Any) -> DrillMode:
-    return DrillMode(name, fault, frozenset(expected), **kwargs)
+def expected_signals(mode: str) -> frozenset[str]:
+    """The signals (and :data:`FLAG`) that detect ``mode``: the catalog rows that name it."""
+    signals = {name for name, row in SIGNALS.items() if mode in row.drills}
+    return frozenset(signals | ({FLAG} if mode in NOTICES[FLAG].drills else set()))
+
+
+def _mode(name: str, fault: str | None, **kwargs: Any) -> DrillMode:
+    return DrillMode(name, fault, expected_signals(name), **kwargs)
 
 
 MODES: dict[str, DrillMode] = {
     m.name: m
     for m in (
-        _mode("stall", "stall", {"stall"}),
+        _mode("stall", "stall"),
         # Climbs through L1 (free < 10 %), L2 (< 5 %) and L3 (< 1 %) in about 35 s.
         _mode(
             "kv_leak",
             "kv_leak",
-            {FLAG, "oom_risk"},
             params={"blocks_per_s": 60, "max_fraction": 0.995},
         ),
-        _mode("fragmentation", "fragmentation", {"fragmentation", "queue_growth"}),
-        _mode("preemption_cascade", "preemption_cascade", {"preemption_cascade"}),
+        _mode("fragmentation", "fragmentation"),
+        _mode("preemption_cascade", "preemption_cascade"),
         # Ghosts need clients that go away: from injection, the pod gets two pods' shares more
         # of requests whose clients cancel after 1 s (before, nobody cancels: in a fleet whose
         # every client hangs up, the availability SLO burns from the start, rightly).
         _mode(
             "ghost",
             "ghost",
-            {"ghost_requests"},
             extra_rate_per_s=3.0,
             extra_load={"cancel_after_s": 1.0},
         ),
         # Three times a pod's share on top, on one pod, from injection to removal.
-        _mode("hot_instance", None, {"hot_instance"}, extra_rate_per_s=4.5),
-        _mode("slow_prefill", "slow_prefill", {"slow_prefill"}, params={"factor": 5}),
-        _mode("slow_decode", "slow_decode", {"slow_decode"}, params={"factor": 5}),
-        _mode("itl_jitter", "itl_jitter", {"itl_jitter"}, params={"mean_ms": 60}),
-        _mode("nan_burst", "nan_burst", {"numeric_anomaly"}, params={"fraction": 0.3}),
-        _mode("not_ready", "not_ready", {"worker_not_ready", "target_down"}),
-        _mode("crash", "crash", {"crash", "target_down"}),
-        _mode("xid", "xid", {"xid_*", "oom_risk"}, params={"code": 79}),
+        _mode("hot_instance", None, extra_rate_per_s=4.5),
+        _mode("slow_prefill", "slow_prefill", params={"factor": 5}),
+        _mode("slow_decode", "slow_decode", params={"factor": 5}),
+        _mode("itl_jitter", "itl_jitter", params={"mean_ms": 60}),
+        _mode("nan_burst", "nan_burst", params={"fraction": 0.3}),
+        _mode("not_ready", "not_ready"),
+        _mode("crash", "crash"),
+        _mode("xid", "xid", params={"code": 79}),
         # The gateway (the tap) retries failed first attempts: 3 attempts per request.
         _mode(
             "retry_storm",
             "prefill_failure",
-            {"retry_storm"},
             params={"fraction": 0.6},
             tap={"max_attempts": 3},
             pool_scoped=True,
         ),
-        _mode("prefill_failure", "prefill_failure", {"prefill_failure"}, params={"fraction": 0.5}),
+        _mode("prefill_failure", "prefill_failure", params={"fraction": 0.5}),
         _mode(
             "failure_after_first_token",
             "failure_after_first_token",
-            {"stream_interrupted"},
             params={"fraction": 0.5, "after_tokens": 3},
         ),
         _mode(
             "model_load_failure",
             "model_load_failure",
-            {"model_load_failure", "worker_not_ready", "target_down"},
         ),
         # In front of the taps: only the prober (and the gateway's own scrape) can see these.
-        _mode("gateway_down", "gateway_down", {"entry_unavailable"}, needs_gateway=True),
+        _mode("gateway_down", "gateway_down", needs_gateway=True),
         # fail_close: the router's outage is visible (503 router_unavailable) instead of
         # silently routing blind (fail_open) or shedding as if overloaded (reject, 429).
         _mode(
             "router_down",
             "router_down",
-            {"router_unavailable", "entry_unavailable"},
             needs_gateway=True,
             gateway={"router_down_policy": "fail_close"},
         ),
@@ -153,7 +152,6 @@ MODES: dict[str, DrillMode] = {
         _mode(
             "kv_transfer_timeout",
             "kv_transfer_timeout",
-            {"kv_transfer_timeout"},
             params={"fraction": 0.5, "timeout_s": 2.0, "cleanup_fail_fraction": 0.3},
             front_end="pd",
         ),
@@ -161,7 +159,6 @@ MODES: dict[str, DrillMode] = {
         _mode(
             "stale_kv_index",
             "stale_kv_index",
-            {"kv_index_stale"},
             load={"conversation_turns": 4},
             front_end="locality",
         ),
@@ -169,7 +166,6 @@ MODES: dict[str, DrillMode] = {
         _mode(
             "autoscaler_lag",
             "autoscaler_lag",
-            {"autoscaler_lag"},
             params={"lag_s": 60},
             extra_rate_per_s=3.0,
             front_end="autoscaler",

@@ -2,8 +2,9 @@
 
 Every finding names its signal, scope (instance or pool), severity, the *basis* it rests
 on and the evidence (numbers and thresholds) so an on-call engineer can check it.
-Detectors are data in :data:`DETECTORS`: adding a signal is writing one function and one
-row there (see ``slo/README.md``).
+Detectors are data: :data:`DETECTORS` derives from the signal catalog
+(:mod:`slo.signals.catalog`), so adding a signal is writing one function and one catalog row
+(see ``slo/README.md``).
 """
 
 from __future__ import annotations
@@ -13,82 +14,23 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from slo.signals._serving import by_pool
+from slo.signals.catalog import SIGNALS, detectors_of
 from slo.signals.config import DetectorConfig
-from slo.signals.edge import (
-    detect_entry_unavailable,
-    detect_gateway_queue_full,
-    detect_no_eligible_endpoint,
-    detect_router_unavailable,
-)
-from slo.signals.engine import (
-    detect_fragmentation,
-    detect_ghosts,
-    detect_oom_risk,
-    detect_preemption_cascade,
-    detect_queue_growth,
-    detect_stall,
-)
-from slo.signals.failure import detect_prefill_failure, detect_stream_interrupted
 from slo.signals.findings import Detector, Finding, gini
-from slo.signals.health import (
-    detect_model_load_failure,
-    detect_not_ready,
-    detect_restart,
-    detect_target_down,
-    detect_xid,
-)
-from slo.signals.infra import (
-    detect_autoscaler_lag,
-    detect_kv_index_stale,
-    detect_kv_transfer_timeout,
-)
-from slo.signals.latency import detect_itl_jitter, detect_slow_decode, detect_slow_prefill
 from slo.signals.snapshot import Snapshot
-from slo.signals.traffic import (
-    detect_hot_instance,
-    detect_hot_rank,
-    detect_numeric_anomaly,
-    detect_retry_storm,
-)
 
 __all__ = ["DETECTORS", "DetectorConfig", "Finding", "detect_all", "gini", "pool_findings"]
 
 log = logging.getLogger(__name__)
 
 
-DETECTORS: dict[str, Detector] = {
-    "stall": detect_stall,
-    "ghost_requests": detect_ghosts,
-    "preemption_cascade": detect_preemption_cascade,
-    "fragmentation": detect_fragmentation,
-    "hot_instance": detect_hot_instance,
-    "retry_storm": detect_retry_storm,
-    "numeric_anomaly": detect_numeric_anomaly,
-    "queue_growth": detect_queue_growth,
-    "oom_risk": detect_oom_risk,
-    "target_down": detect_target_down,
-    "crash": detect_restart,
-    "worker_not_ready": detect_not_ready,
-    "model_load_failure": detect_model_load_failure,
-    "xid": detect_xid,  # one finding per class: xid_memory_error, xid_fallen_off_bus, …
-    "slow_prefill": detect_slow_prefill,
-    "slow_decode": detect_slow_decode,
-    "hot_rank": detect_hot_rank,
-    "entry_unavailable": detect_entry_unavailable,
-    "router_unavailable": detect_router_unavailable,
-    "no_eligible_endpoint": detect_no_eligible_endpoint,
-    "gateway_queue_full": detect_gateway_queue_full,
-    "kv_transfer_timeout": detect_kv_transfer_timeout,
-    "kv_index_stale": detect_kv_index_stale,
-    "autoscaler_lag": detect_autoscaler_lag,
-    "prefill_failure": detect_prefill_failure,
-    "stream_interrupted": detect_stream_interrupted,
-    "itl_jitter": detect_itl_jitter,
-}
+#: Detector name → detector, derived from the signal catalog (:mod:`slo.signals.catalog`).
+DETECTORS: dict[str, Detector] = detectors_of(SIGNALS)
 
 
-#: Signals that compare an instance with its pool: most of a pool cannot hold them at once.
-_NOT_POOLED = ("hot_instance", "slow_prefill", "slow_decode", "itl_jitter")
+def _pooled(signal: str) -> bool:
+    row = SIGNALS.get(signal)
+    return row is None or row.pooled
 
 
 def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) -> list[Finding]:
@@ -96,7 +38,7 @@ def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) 
     sizes = {pool: len(instances) for pool, instances in by_pool(snap).items()}
     hit: dict[tuple[str, str], list[str]] = defaultdict(list)
     for f in findings:
-        if f.scope == "instance" and f.signal not in _NOT_POOLED:
+        if f.scope == "instance" and _pooled(f.signal):
             hit[(f.signal, f.pool)].append(f.scope_id)
     out = []
     for (signal, pool), instances in sorted(hit.items()):

@@ -144,7 +144,7 @@ def detect_restart(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
         basis, evidence = _restart_evidence(snap, instance, since_ms, cfg)
         if basis:
             findings.append(
-                Finding.on_instance(snap, "crash", instance, "page", "+".join(basis), evidence)
+                Finding.on_instance(snap, "crash", instance, "ticket", "+".join(basis), evidence)
             )
     return findings
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from slo.naming import alert_name
 from slo.spec.document import AvailabilitySpec, GoodputSpec, LatencySpec, SloDocument, SloSpec
 from slo.windows import AlertPair, WindowCatalog, load_catalog
 
@@ -65,12 +66,6 @@ class SloModel:
         raise KeyError(slo_id)
 
 
-def _camel(name: str) -> str:
-    return "".join(
-        part[:1].upper() + part[1:] for part in name.replace(".", "-").replace("_", "-").split("-")
-    )
-
-
 def _build_slo(document: SloDocument, spec: SloSpec, index: int, warnings: list[str]) -> Slo:
     catalog = load_catalog(spec.period)
     enabled = {"page": spec.alerting.page, "ticket": spec.alerting.ticket}
@@ -98,7 +93,7 @@ def _build_slo(document: SloDocument, spec: SloSpec, index: int, warnings: list[
         selector=selector,
         group_by=tuple(spec.group_by),
         min_events=spec.alerting.min_events,
-        alert_name=spec.alerting.name or f"{_camel(spec.name)}BudgetBurn",
+        alert_name=spec.alerting.name or alert_name(spec.name, "budget_burn"),
         labels={**document.labels, **spec.labels, **spec.alerting.labels},
         annotations=dict(spec.alerting.annotations),
     )

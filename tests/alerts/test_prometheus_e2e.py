@@ -1,5 +1,5 @@
 """A real Prometheus scrapes a simulated fleet and evaluates the generated rules: a KV leak
-on one pod raises LlmKvFreeLow L1–L3 for that pod only, and no other signature fires on
+on one pod raises LlmDegradationLevel L1–L3 for that pod only, and no other signature fires on
 the healthy pods (no false positives)."""
 
 from __future__ import annotations
@@ -119,10 +119,10 @@ def test_kv_leak_raises_its_levels_on_that_pod_only(fleet: Fleet, prometheus: st
 
     def all_levels() -> list[dict[str, str]] | None:
         firing = _firing(prometheus)
-        levels = {a.get("level") for a in firing if a["alertname"] == "LlmKvFreeLow"}
+        levels = {a.get("level") for a in firing if a["alertname"] == "LlmDegradationLevel"}
         return firing if levels == {"L1", "L2", "L3"} else None
 
     firing = _eventually(all_levels, 40)
     assert firing, _firing(prometheus)
-    assert {(a["alertname"], a["instance"]) for a in firing} == {("LlmKvFreeLow", leaking)}
+    assert {(a["alertname"], a["instance"]) for a in firing} == {("LlmDegradationLevel", leaking)}
     assert all(a["pool"] == "llama" for a in firing)

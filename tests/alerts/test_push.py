@@ -86,8 +86,12 @@ def _by_severity(manager: Alertmanager) -> dict[str, dict[str, Any]]:
 
 def test_pushed_alerts_are_visible_inhibited_and_resolved(alertmanager: Alertmanager) -> None:
     amtool = require_tool("amtool")
-    kv_l3 = ActiveAlert({"alertname": "LlmKvFreeLow", "level": "L3", "instance": "pod-0:8000"})
-    kv_l2 = ActiveAlert({"alertname": "LlmKvFreeLow", "level": "L2", "instance": "pod-0:8000"})
+    kv_l3 = ActiveAlert(
+        {"alertname": "LlmDegradationLevel", "level": "L3", "instance": "pod-0:8000"}
+    )
+    kv_l2 = ActiveAlert(
+        {"alertname": "LlmDegradationLevel", "level": "L2", "instance": "pod-0:8000"}
+    )
     with AlertmanagerClient(alertmanager.url) as client:
         state, payloads = reconcile(PushState(), [PAGE, TICKET, kv_l3, kv_l2], now_s=time.time())
         client.submit(payloads)

@@ -224,3 +224,14 @@ def test_fleet_shows_the_client_requests_of_the_views_last_hour(on_history: Hist
     assert row is not None and row[0] > 0
     assert shown["client requests (last hour)"] == f"{row[0]:,}"
     assert shown["not ok (last hour)"] == f"{row[1]:,}"
+
+
+def test_finding_rows_link_their_signals_runbook(
+    on_history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMSLO_RUNBOOK_BASE_URL", "https://runbooks.example/llm")
+    tables = [df.value for df in _page("flags", range="30d").dataframe]
+    (found,) = [t for t in tables if "signal" in t.columns and "runbook" in t.columns]
+    assert len(found) > 0
+    for signal, url in zip(found["signal"], found["runbook"], strict=True):
+        assert url == f"https://runbooks.example/llm/{signal}.md"
