@@ -31,7 +31,7 @@ from pipeline.config import BusConfig
 from pipeline.publisher import Publisher
 from simulator import EngineConfig, Fleet, FleetConfig, NodeConfig, PodConfig
 from slo.flags import FlagBoard, FlagPolicy
-from slo.sinks import BusTransitionSink
+from slo.sinks import BusTransitionSink, JobsHeartbeat
 
 MODEL = "llama-3-8b"
 SMALL_MODEL = "llama-3.2-1b"  # the small-model replica L3 falls back to
@@ -81,6 +81,30 @@ class FlaggedTap:
     proxy: TapProxy
     follower: FlagFollower
     drops: list[str]  # flags messages the source skipped, by reason
+
+
+class Heartbeats:
+    """Stands in for the SLO jobs' liveness: a jobs heartbeat on the flags topic every 0.3 s."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.sink = BusTransitionSink(Publisher(bus.producer, component="test-beats"), 10.0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Heartbeats:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sink.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now_ms = int(time.time() * 1000)
+            self.sink.beat(JobsHeartbeat(now_ms, now_ms, "test-jobs", 0.3))
+            self._stop.wait(0.3)
 
 
 @asynccontextmanager
@@ -202,7 +226,7 @@ def test_kv_leak_sheds_long_prompts_at_l2_until_it_recovers(fleet: Fleet, bus: B
             counted = proxy.metrics.degradation_actions.labels("L2", "rejected_long_prompt")
             assert counted._value.get() == len(rejected)
 
-    with FlagDriver(bus, pod.url, pod.instance) as driver:
+    with Heartbeats(bus), FlagDriver(bus, pod.url, pod.instance) as driver:
         asyncio.run(scenario(driver))
 
 
@@ -242,7 +266,8 @@ def test_l3_serves_from_the_fallback_upstream_in_economy_mode(fleet: Fleet, bus:
             assert sink.requests[0]["instance"] == big.instance
             assert tap.drops == ["undecodable_flag"]
 
-    asyncio.run(scenario())
+    with Heartbeats(bus):
+        asyncio.run(scenario())
 
 
 @pytest.fixture
@@ -281,4 +306,5 @@ def test_a_flags_outage_fails_open_after_the_staleness_bound(
             assert sink.requests[-1]["enforced_action"] == "fail_open"
             assert sink.requests[-1]["degradation_level"] is None
 
-    asyncio.run(scenario())
+    with Heartbeats(bus):
+        asyncio.run(scenario())
