@@ -255,7 +255,9 @@ class FlagWatcher:
                 self._failing = False
             self.reads += 1
             freshness = Freshness.judge(beat, now_ms, self.staleness_s)
-            return self._install(apply_overrides(computed, list(overrides)), overrides, freshness, now_ms)
+            return self._install(
+                apply_overrides(computed, list(overrides)), overrides, freshness, now_ms
+            )
 
     def _install(
         self,

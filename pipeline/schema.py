@@ -38,8 +38,8 @@ __all__ = [
     "VALUE_RULES",
     "RecordSchema",
     "ValueRule",
-    "iter_schemas",
     "heartbeat_bound_s",
+    "iter_schemas",
     "lookup_schema",
     "value_rules",
 ]

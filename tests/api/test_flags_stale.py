@@ -113,9 +113,7 @@ def test_a_finished_runs_file_answers_stale(tmp_path: Path) -> None:
         for i in range(5):
             beat(store, ended_ms - 2_000 * (4 - i), interval_s=5.0)
     path = tmp_path / "demo.duckdb"
-    app = create_app(
-        lambda: duckdb.connect(str(path), read_only=True), token=TOKEN, read_only=True
-    )
+    app = create_app(lambda: duckdb.connect(str(path), read_only=True), token=TOKEN, read_only=True)
     with TestClient(app) as client:
         answer = client.get("/api/v1/flags").json()
         past = client.get("/api/v1/flags", params={"at_ms": ended_ms}).json()

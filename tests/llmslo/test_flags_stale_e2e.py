@@ -25,8 +25,8 @@ from collectors.tap import ListSink, TapConfig, TapProxy
 from collectors.tap.degradation import FlagFollower
 from collectors.tap.flagsource import KafkaFlagSource
 from llmslo.run import Pipeline, load_model
-from pipeline.bus import Bus
 from llmslo.sections import parse_config
+from pipeline.bus import Bus
 from pipeline.schema import ENGINE_SAMPLES, FLAG_TRANSITIONS
 from slo.flags import FlagTransition, transitions_table
 from tests.collectors.tap.fakes import ScriptedUpstream, stream_script
@@ -35,9 +35,9 @@ from tests.pipeline.ingest_helpers import numbered_samples
 POOL = "llama"
 STALENESS_S = 3.0
 INTERVAL_S = 0.5
-LONG_BODY = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"' + (
-    b"x" * 70_000
-) + b'"}]}'
+LONG_BODY = (
+    b'{"model":"m","stream":true,"messages":[{"role":"user","content":"' + (b"x" * 70_000) + b'"}]}'
+)
 
 
 async def ask(url: str) -> int:

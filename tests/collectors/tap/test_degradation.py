@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -207,7 +209,9 @@ def test_replayed_old_heartbeats_do_not_make_the_flags_fresh() -> None:
     """A tap that starts reads the topic from its beginning: heartbeats of jobs that died an
     hour ago arrive now, but are as old as their wall-clock time says."""
     follower = FlagFollower(Never(), staleness_s=60.0)
-    level_2 = [{"scope": "pool", "scope_id": POOL, "ts_ms": 1, "to_level": 2}]
+    level_2: list[Mapping[str, Any]] = [
+        {"scope": "pool", "scope_id": POOL, "ts_ms": 1, "to_level": 2}
+    ]
     follower.apply(FlagPoll(level_2, [{"ts_ms": 1_000_000, "interval_s": 15.0}]), 500.0, 4_600.0)
     assert follower.current().level(POOL, [ME], 500.0, 60.0) is None
     assert follower.judge(500.0) == "heartbeat_old"
@@ -218,7 +222,9 @@ def test_replayed_old_heartbeats_do_not_make_the_flags_fresh() -> None:
 def test_staleness_is_exported_and_logged_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()
     follower = FlagFollower(Never(), staleness_s=3.0, registry=registry)
-    level_2 = [{"scope": "pool", "scope_id": POOL, "ts_ms": 1, "to_level": 2}]
+    level_2: list[Mapping[str, Any]] = [
+        {"scope": "pool", "scope_id": POOL, "ts_ms": 1, "to_level": 2}
+    ]
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, labels)
