@@ -160,7 +160,13 @@ def create_app(
     service = VerdictService(
         connection_provider, config, clock, slo_state_provider, store_verdicts=not read_only
     )
-    watcher = FlagWatcher(connection_provider, clock, tick_s=config.flags_tick_s, sink=flag_sink)
+    watcher = FlagWatcher(
+        connection_provider,
+        clock,
+        tick_s=config.flags_tick_s,
+        staleness_s=config.flags_staleness_s,
+        sink=flag_sink,
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -50,6 +50,9 @@ class ApiConfig(BaseModel):
     alertmanager_url: str | None = Field(None, pattern=r"^https?://[^\s]+$", max_length=2_048)
     #: How often the one flags watcher per process reads the store, seconds.
     flags_tick_s: float = Field(1.0, ge=0.05, le=60.0)
+    #: Flags whose newest jobs heartbeat is older than this are answered ``stale`` (60 s:
+    #: four cycles of the default 15 s interval; never under three of the jobs' intervals).
+    flags_staleness_s: float = Field(60.0, gt=0, le=86_400.0)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     samples: SampleOptions = Field(default_factory=SampleOptions)
 

@@ -53,6 +53,7 @@ RAW_TIME_COLUMNS = {
     "engine_samples_values": "ts_ms",
     "gpu_samples_values": "ts_ms",
     "requests": "received_ts_ms",
+    "jobs_heartbeats": "ts_ms",
 }
 
 #: Payload bytes kept in the dead-letter table; the whole payload also goes to the

@@ -175,7 +175,11 @@ def run_tap(args: argparse.Namespace) -> int:
                 source = KafkaFlagSource(
                     bus, on_drop=lambda reason: metrics.dropped.labels(reason).inc()
                 )
-                follower = FlagFollower(source).start()
+                follower = FlagFollower(
+                    source,
+                    staleness_s=tap.degradation.staleness_s,
+                    registry=metrics.registry,
+                ).start()
                 stack.callback(follower.stop)
                 flags = follower.current
         if tap.records_out:
