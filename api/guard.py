@@ -13,10 +13,10 @@ route reads at most :data:`FLAGGER_MAX_BODY_BYTES` before the handler checks the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import anyio
 from prometheus_client import CollectorRegistry, Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -131,23 +131,25 @@ class BodyGuard:
             raise _Refused(413, f"the body is larger than this route's {cap} bytes")
         chunks: list[bytes] = []
         size = 0
-        with anyio.move_on_after(self.body_timeout_s) as timer:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return None
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > cap:
-                    self.refused.labels(reason="too_large").inc()
-                    raise _Refused(413, f"the body is larger than this route's {cap} bytes")
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    return b"".join(chunks)
-        if timer.cancelled_caught:
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > cap:
+                        self.refused.labels(reason="too_large").inc()
+                        raise _Refused(413, f"the body is larger than this route's {cap} bytes")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
             self.refused.labels(reason="slow").inc()
-            raise _Refused(408, f"the body did not arrive within {self.body_timeout_s:g} s")
-        return None  # pragma: no cover - the loop returns or the timer fires
+            raise _Refused(
+                408, f"the body did not arrive within {self.body_timeout_s:g} s"
+            ) from None
 
 
 def _has_body(headers: dict[str, str]) -> bool:

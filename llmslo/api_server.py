@@ -53,6 +53,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        head_bytes = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+        if head_bytes > self.max_header_bytes:
+            self._refuse_head()
+            return
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
