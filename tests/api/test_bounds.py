@@ -52,8 +52,9 @@ def server(make_app: Any, loaded: None) -> Iterator[ApiServer]:
     running.stop()
 
 
-def exchange(server: ApiServer, head: str, body_chunks: Iterator[bytes] = iter(())) -> bytes:
+def exchange(server: ApiServer, head: str, chunks: Iterator[bytes] | None = None) -> bytes:
     """Send ``head`` then body chunks until the server answers; the answer's first bytes."""
+    body_chunks = chunks if chunks is not None else iter(())
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
         sock.sendall(head.encode())
         sock.setblocking(False)
@@ -247,6 +248,8 @@ async def _crowd(url: str, readers: int) -> dict[str, Any]:
             done.append(("read", time.monotonic()))
             return answer
 
+        warm = await client.get("/api/v1/verdict", params=argo_params(), headers=auth())
+        assert warm.status_code == 200, warm.text  # the judge's imports are loaded
         tasks = [asyncio.create_task(read()) for _ in range(readers)]
         await asyncio.sleep(1.0)  # the readers are in
         health = await client.get("/healthz")
