@@ -247,9 +247,14 @@ def serve_api(
     )
     gpu_pods = pipeline.config.section("slo", JobsConfig).detectors.gpu_pods
     app = create_app(
-        pipeline.store.con.cursor, settings, model=model, flag_sink=sink, gpu_pods=gpu_pods
+        pipeline.store.con.cursor,
+        settings,
+        model=model,
+        flag_sink=sink,
+        gpu_pods=gpu_pods,
+        registry=pipeline.registry,
     )
-    server = ApiServer(app, settings.host, settings.port).start()
+    server = ApiServer(app, settings).start()
     stack.callback(server.stop)
     return server
 
