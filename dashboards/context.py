@@ -5,6 +5,12 @@ The source is named by the environment variable ``LLMSLO_DASHBOARD_SOURCE``: ``d
 dashboard`` sets it. Answers are cached with ``st.cache_data`` keyed by source, question,
 range and filters, for ``CACHE_TTL_S`` seconds (so a live view refreshes and a page switch
 does not re-query). A source or parameter error becomes a message on the page.
+
+Streamlit renders the text of ``st.markdown``, ``st.caption``, ``st.info``/``st.warning``/
+``st.error`` and metric labels as Markdown (links, images, ``:color[…]``, LaTeX). Any text
+that did not come from this package (a URL parameter, an exporter label, a client string,
+an error message quoting one) goes into those only through :func:`literal`; tables,
+charts and ``st.text``/``st.code`` show text as it is.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +46,7 @@ __all__ = [
     "fmt_count",
     "fmt_pct",
     "fmt_seconds",
+    "literal",
     "open_source",
     "page_context",
     "window_seconds",
@@ -50,6 +58,10 @@ CACHE_TTL_S = 20
 #: Data newer than this (ms before now) means a pipeline is writing: pages auto-refresh.
 LIVE_WITHIN_MS = 5 * 60_000
 REFRESH_S = 30
+#: Every ASCII punctuation mark but the few that start nothing in (GitHub) Markdown:
+#: backslash-escaped, each shows as itself (CommonMark: any ASCII punctuation escapes).
+_MARKDOWN_SPECIAL = re.compile(r"""([!#$%&()*+\-.:<>@[\\\]^_`{|}~])""")
+_LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029]+")
 
 
 @st.cache_resource(show_spinner=False)
@@ -109,7 +121,7 @@ class PageContext:
             return _cached_table(self.spec, question, json.dumps(clean, sort_keys=True))
         except LlmsloError as exc:
             log.warning("dashboard query %s %s failed: %s", question, clean, exc)
-            st.warning(f"Could not read {question.replace('_', ' ')}: {exc}")
+            st.warning(f"Could not read {question.replace('_', ' ')}: {literal(str(exc))}")
             return None
 
     def verdict_document(self, verdict_id: str) -> dict[str, Any] | None:
@@ -117,7 +129,7 @@ class PageContext:
         try:
             return _cached_verdict(self.spec, verdict_id)
         except LlmsloError as exc:
-            st.warning(f"Could not read verdict {verdict_id}: {exc}")
+            st.warning(f"Could not read verdict {literal(verdict_id)}: {literal(str(exc))}")
             return None
 
     def instance_label(self, instance: str) -> str:
@@ -139,15 +151,21 @@ def page_context() -> PageContext | None:
     try:
         meta = _cached_meta(spec)
     except LlmsloError as exc:
-        st.error(f"Cannot read the data source: {exc}")
+        st.error(f"Cannot read the data source: {literal(str(exc))}")
         return None
     now_ms = int(time.time() * 1000)
     query = {key: st.query_params.get(key, "") for key in st.query_params}
     filters, problems = parse_filters(query, meta.data_end_ms, now_ms)
     for problem in problems:
-        st.warning(f"Link parameter {problem}")
+        st.warning(f"Link parameter {literal(problem)}")
     live = meta.data_end_ms is not None and now_ms - meta.data_end_ms < LIVE_WITHIN_MS
     return PageContext(spec=spec, meta=meta, filters=filters, live=live)
+
+
+def literal(text: str) -> str:
+    """``text`` escaped so that Streamlit's Markdown shows it as written: no link, image,
+    emphasis, colour, LaTeX or HTML, line breaks as spaces."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", _LINE_BREAKS.sub(" ", text))
 
 
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,3 +236,65 @@ def test_finding_rows_link_their_signals_runbook(
     assert len(found) > 0
     for signal, url in zip(found["signal"], found["runbook"], strict=True):
         assert url == f"https://runbooks.example/llm/{signal}.md"
+
+
+#: A link a phisher could send: Markdown that would render as a link and fetch an image.
+HOSTILE = "[re-login](http://evil.example) ![b](http://127.0.0.1:9/beacon.png) :red[x] $y$"
+
+
+def _markup_left(text: str) -> list[str]:
+    """The Markdown punctuation in ``text`` that is not backslash-escaped (would render)."""
+    return re.findall(r"(?<!\\)[\[\]()!:$<>]", text.replace("\\\\", ""))
+
+
+def _as_shown(markdown: str) -> str:
+    """What Markdown shows of backslash-escaped text."""
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
+@pytest.mark.parametrize("path", ["latency", "slo", "fleet"])
+def test_a_hostile_link_parameter_is_quoted_as_text_not_rendered(
+    on_history: History, path: str
+) -> None:
+    app = _page(path, **{"from": HOSTILE, "pool": HOSTILE, "slo": HOSTILE, "range": HOSTILE})
+    assert not app.exception, [e.value for e in app.exception]
+    warnings = [str(w.value) for w in app.warning]
+    reported = [_as_shown(w) for w in warnings if w.startswith("Link parameter")]
+    assert [w.split("=")[0] for w in reported] == ["Link parameter from", "Link parameter range"]
+    assert "from='[re-login](http://evil.example) ![b](http://127.0.0.1:9/beac…'" in reported[0]
+    assert any("evil" in w for w in warnings[2:]) == (path == "slo")  # "SLO … is not in the data"
+    for warning in warnings:
+        assert _markup_left(warning) == [], warning
+    for element in (*app.markdown, *app.caption, *app.info, *app.error, *app.success):
+        assert "evil" not in str(element.value), element.value
+
+
+@pytest.mark.parametrize(
+    ("query", "problem"),
+    [
+        ({"from": "1", "to": "99999999999999999999"}, "to='99999999999999999999' is not epoch"),
+        ({"from": "1", "to": "9999999999999"}, "to='9999999999999' is after 2100-01-01"),
+        ({"from": "-5", "to": "1000"}, "from='-5' is not epoch milliseconds"),
+        ({"from": "1", "to": "4102444800000"}, "from–to spans more than 366 days"),
+        ({"instance": "pod\u202e-0"}, "instance='pod\\u202e-0' has control characters"),
+    ],
+    ids=["a time past pandas' datetimes", "a time past 2100", "a negative time",
+         "a century-long range", "a bidi override in a name"],
+)  # fmt: skip
+def test_an_out_of_range_link_is_a_clear_message_and_the_default_range(
+    on_history: History, query: dict[str, str], problem: str
+) -> None:
+    app = _page("fleet", **query)
+    assert not app.exception, [e.value for e in app.exception]
+    warnings = " ".join(_as_shown(str(w.value)) for w in app.warning)
+    assert problem in warnings
+    assert "2026-09-20 14:01 → 2026-09-21 14:01 UTC" in " ".join(c.value for c in app.caption)
+
+
+def test_fleet_counts_instances_that_never_left_l0_as_l0(on_history: History) -> None:
+    app = _page("fleet", range="30d")
+    counts = {m.label: m.value for m in app.metric}
+    assert counts["L0 normal"] == "3" and counts["L1 no speculative decoding"] == "1"
+    levels = next(df.value for df in app.dataframe if "level" in df.value.columns)
+    assert sorted(i.split()[0] for i in levels["instance"]) == sorted(on_history.instances)
+    assert set(levels[levels["level"] == "L0 normal"]["reason"]) == {"no transition"}
