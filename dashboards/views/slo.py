@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.charts import frame, line_chart
-from dashboards.context import PageContext, fmt_count, fmt_pct, literal, window_seconds
+from dashboards.context import PageContext, fmt_count, fmt_pct, notice, window_seconds
 from dashboards.filters import shown
 from dashboards.views.common import no_data, page, page_incidents
 
@@ -23,8 +23,10 @@ def _choose_slo(ctx: PageContext, status: pd.DataFrame) -> str | None:
         return None
     wanted = ctx.filters.slo if ctx.filters.slo in ids else ids[0]
     if ctx.filters.slo and ctx.filters.slo not in ids:
-        st.warning(
-            f"SLO {literal(shown(ctx.filters.slo))} is not in the data; showing {literal(wanted)}."
+        notice(
+            st.warning,
+            "The link's SLO is not in the data; showing the first one.",
+            [f"slo={shown(ctx.filters.slo)}"],
         )
     chosen = st.selectbox("SLO", ids, index=ids.index(wanted), key="slo_choice")
     if chosen != ctx.filters.slo:
@@ -167,7 +169,7 @@ def _body(ctx: PageContext) -> None:
         return
     if budget.num_rows == 0:
         no_data(
-            f"no events of {literal(slo_id)} in this range (rollups `slo_minute`/`slo_hour` are empty here)."
+            "no events of this SLO in this range (rollups `slo_minute`/`slo_hour` are empty here)."
         )
     else:
         df = frame(budget)

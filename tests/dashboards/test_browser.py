@@ -6,12 +6,15 @@ Screenshots are kept under ``var/screenshots/dashboards/`` as artifacts.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import duckdb
 import pytest
@@ -155,3 +158,70 @@ def test_an_empty_database_shows_no_data_yet_in_the_browser(
         process.terminate()
         process.wait(timeout=20)
     assert state["exceptions"] == [] and "No data yet" in state["text"]
+
+
+class _Beacon:
+    """An image server on loopback that remembers every request it received."""
+
+    def __init__(self) -> None:
+        hits: list[str] = []
+        self.hits = hits
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                hits.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+
+@pytest.fixture
+def beacon() -> Iterator[_Beacon]:
+    server = _Beacon()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+_LINKS_JS = "Array.from(document.querySelectorAll('a[href], img[src]')).map(e => e.href || e.src)"
+
+
+def test_a_hostile_link_renders_no_link_and_fetches_no_image(
+    chromium: HeadlessChromium, dashboard: str, beacon: _Beacon
+) -> None:
+    hostile = f"[re-login](http://evil.example) ![b]({beacon.url}/beacon.png)"
+    query = urlencode({"from": hostile, "pool": hostile, "instance": hostile, "slo": hostile})
+    for path in ("latency", "slo"):
+        chromium.open(f"{dashboard}/{path}?{query}", timeout_s=90)
+        state = chromium.state()
+        chromium.screenshot(SHOTS / f"hostile-{path}.png")
+        targets = chromium.call("Runtime.evaluate", expression=_LINKS_JS, returnByValue=True)
+        assert state["exceptions"] == [], state["exceptions"]
+        elsewhere = [t for t in targets["result"]["value"] if not t.startswith(dashboard)]
+        assert not [t for t in elsewhere if "evil" in t or beacon.url in t], elsewhere
+        assert "from='[re-login](http://evil.example) ![b](" in state["text"]  # quoted as text
+    assert beacon.hits == []
+
+
+def test_an_out_of_range_time_is_a_message_not_a_traceback(
+    chromium: HeadlessChromium, dashboard: str
+) -> None:
+    chromium.open(f"{dashboard}/fleet?from=1&to=99999999999999999999", timeout_s=90)
+    state = chromium.state()
+    assert state["exceptions"] == [] and "OutOfBoundsDatetime" not in state["text"]
+    assert "to='99999999999999999999' is not epoch milliseconds" in state["text"]
+    assert "2026-09-20 14:01 → 2026-09-21 14:01 UTC" in state["text"]  # the default range

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +43,7 @@ def _text(app: AppTest) -> str:
         "success",
         "error",
         "markdown",
+        "text",
     ):
         parts += [str(e.value) for e in getattr(app, kind)]
     parts += [f"{m.label}={m.value}" for m in app.metric]
@@ -179,8 +179,9 @@ def test_an_empty_database_says_no_data_yet_on_every_page(on_empty: Path) -> Non
 def test_a_bad_link_parameter_is_reported_and_ignored(on_history: History) -> None:
     app = _page("slo", **{"from": "yesterday", "to": "1", "range": "2y"})
     assert not app.exception
-    warnings = " ".join(str(w.value) for w in app.warning)
-    assert "'yesterday' is not epoch milliseconds" in warnings and "range='2y'" in warnings
+    assert app.warning[0].value == "Some link parameters were not used:"
+    reported = app.text[0].value
+    assert "'yesterday' is not epoch milliseconds" in reported and "range='2y'" in reported
     assert {m.label: m.value for m in app.metric}["objective"] == "99.000 %"
 
 
@@ -190,7 +191,8 @@ def test_a_source_that_cannot_be_read_is_a_message(
     monkeypatch.setenv(SOURCE_ENV, f"db:{tmp_path / 'missing.duckdb'}")
     app = _page("fleet")
     assert not app.exception
-    assert "no such DuckDB file" in app.error[0].value
+    assert app.error[0].value == "Cannot read the data source:"
+    assert "no such DuckDB file" in app.text[0].value
 
 
 def test_fresh_data_makes_the_page_live_and_refreshing(
@@ -242,31 +244,22 @@ def test_finding_rows_link_their_signals_runbook(
 HOSTILE = "[re-login](http://evil.example) ![b](http://127.0.0.1:9/beacon.png) :red[x] $y$"
 
 
-def _markup_left(text: str) -> list[str]:
-    """The Markdown punctuation in ``text`` that is not backslash-escaped (would render)."""
-    return re.findall(r"(?<!\\)[\[\]()!:$<>]", text.replace("\\\\", ""))
-
-
-def _as_shown(markdown: str) -> str:
-    """What Markdown shows of backslash-escaped text."""
-    return re.sub(r"\\(.)", r"\1", markdown)
-
-
 @pytest.mark.parametrize("path", ["latency", "slo", "fleet"])
 def test_a_hostile_link_parameter_is_quoted_as_text_not_rendered(
     on_history: History, path: str
 ) -> None:
     app = _page(path, **{"from": HOSTILE, "pool": HOSTILE, "slo": HOSTILE, "range": HOSTILE})
     assert not app.exception, [e.value for e in app.exception]
-    warnings = [str(w.value) for w in app.warning]
-    reported = [_as_shown(w) for w in warnings if w.startswith("Link parameter")]
-    assert [w.split("=")[0] for w in reported] == ["Link parameter from", "Link parameter range"]
-    assert "from='[re-login](http://evil.example) ![b](http://127.0.0.1:9/beac…'" in reported[0]
-    assert any("evil" in w for w in warnings[2:]) == (path == "slo")  # "SLO … is not in the data"
-    for warning in warnings:
-        assert _markup_left(warning) == [], warning
-    for element in (*app.markdown, *app.caption, *app.info, *app.error, *app.success):
-        assert "evil" not in str(element.value), element.value
+    reported = app.text[0].value.splitlines()
+    assert [line.split("=")[0] for line in reported] == ["from", "range"]
+    assert reported[0].startswith("from='[re-login](http://evil.example) ![b](http://127.0.0.1:9/")
+    if path == "slo":
+        assert app.text[1].value.startswith("slo='[re-login](http://evil.example)")
+    markdown = (*app.title, *app.subheader, *app.markdown, *app.caption, *app.info,
+                *app.warning, *app.error, *app.success)  # fmt: skip
+    for element in markdown:
+        assert "evil" not in str(element.value) and "beacon" not in str(element.value)
+    assert not [m.label for m in app.metric if "evil" in m.label]
 
 
 @pytest.mark.parametrize(
@@ -286,8 +279,8 @@ def test_an_out_of_range_link_is_a_clear_message_and_the_default_range(
 ) -> None:
     app = _page("fleet", **query)
     assert not app.exception, [e.value for e in app.exception]
-    warnings = " ".join(_as_shown(str(w.value)) for w in app.warning)
-    assert problem in warnings
+    assert app.warning[0].value == "Some link parameters were not used:"
+    assert problem in app.text[0].value
     assert "2026-09-20 14:01 → 2026-09-21 14:01 UTC" in " ".join(c.value for c in app.caption)
 
 
