@@ -116,7 +116,9 @@ def _time_param(query: Mapping[str, str], name: str, problems: list[str]) -> int
         return None
     text = str(raw)
     if not _EPOCH_MS.fullmatch(text):
-        problems.append(f"{name}={shown(text)} is not epoch milliseconds; showing the default range")
+        problems.append(
+            f"{name}={shown(text)} is not epoch milliseconds; showing the default range"
+        )
         return None
     value = int(text)
     if value > MAX_TIME_MS:

@@ -30,7 +30,7 @@ class _SlowAlertmanager:
         self.posts = posts
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 posts.append(json.loads(body))
                 time.sleep(_SLOW_S)

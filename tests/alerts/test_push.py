@@ -170,9 +170,7 @@ def test_restart_mid_run_loses_no_alert_that_still_fires(alertmanager: Alertmana
 
 
 def test_queue_is_bounded_and_drops_are_counted() -> None:
-    with AlertmanagerClient(
-        f"http://127.0.0.1:{free_port()}", max_queue=3, retries=0
-    ) as client:
+    with AlertmanagerClient(f"http://127.0.0.1:{free_port()}", max_queue=3, retries=0) as client:
         _, payloads = reconcile(
             PushState(),
             [ActiveAlert({"alertname": "A", "n": str(i)}) for i in range(5)],

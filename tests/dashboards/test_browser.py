@@ -168,7 +168,7 @@ class _Beacon:
         self.hits = hits
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_GET(self) -> None:
                 hits.append(self.path)
                 self.send_response(200)
                 self.send_header("Content-Type", "image/png")
