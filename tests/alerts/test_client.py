@@ -3,9 +3,6 @@ before it answers, and a batch with one alert it refuses (it stores the others).
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,50 +13,18 @@ from alerts.client import AlertmanagerClient
 from alerts.push import ActiveAlert, PushState, reconcile, to_rfc3339
 from tests.alerts.conftest import Alertmanager
 from tests.alerts.conftest import eventually as _eventually
+from tests.loopback import RecordingServer
 
 _SLOW_S = 1.0
 _TIMEOUT_S = 0.3
 
 
-class _SlowAlertmanager:
-    """An HTTP server on loopback that stores every POSTed batch, then answers 200 after
-    ``_SLOW_S`` (an overloaded Alertmanager: the alerts are in, the answer is late)."""
-
-    def __init__(self) -> None:
-        posts: list[list[dict[str, Any]]] = []
-        self.posts = posts
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                posts.append(json.loads(body))
-                time.sleep(_SLOW_S)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
-
-
 @pytest.fixture
-def slow_alertmanager() -> Iterator[_SlowAlertmanager]:
-    server = _SlowAlertmanager()
-    try:
+def slow_alertmanager() -> Iterator[RecordingServer]:
+    """Stores every POSTed batch, then answers 200 after ``_SLOW_S`` (an overloaded
+    Alertmanager: the alerts are in, the answer is late)."""
+    with RecordingServer(status=200, delay_s=_SLOW_S) as server:
         yield server
-    finally:
-        server.close()
 
 
 def _payloads(*alerts: ActiveAlert) -> list[dict[str, Any]]:
@@ -67,7 +32,7 @@ def _payloads(*alerts: ActiveAlert) -> list[dict[str, Any]]:
 
 
 def test_a_slow_alertmanager_gets_one_post_per_flush_and_the_sender_is_not_blocked(
-    slow_alertmanager: _SlowAlertmanager,
+    slow_alertmanager: RecordingServer,
 ) -> None:
     with AlertmanagerClient(
         slow_alertmanager.url, timeout_s=_TIMEOUT_S, retries=3, backoff_s=0.5
@@ -80,7 +45,7 @@ def test_a_slow_alertmanager_gets_one_post_per_flush_and_the_sender_is_not_block
         blocked_twice_s = time.perf_counter() - started
         assert 0 < client.retry_in_s <= 0.5
         time.sleep(_SLOW_S)  # let the server's late answer finish
-        assert len(slow_alertmanager.posts) == 1
+        assert [r.method for r in slow_alertmanager.received] == ["POST"]
         assert blocked_s < _TIMEOUT_S + 0.25 and blocked_twice_s < _TIMEOUT_S + 0.3
         assert client.timeouts._value.get() == 1 and client.errors._value.get() == 0
         assert client.pending == 1  # possibly stored: sent again later, which only updates it

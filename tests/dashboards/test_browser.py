@@ -6,12 +6,10 @@ Screenshots are kept under ``var/screenshots/dashboards/`` as artifacts.
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
@@ -24,6 +22,7 @@ from dashboards.views import PAGES
 from tests.conftest import require_tool
 from tests.dashboards.browser import HeadlessChromium, blank
 from tests.dashboards.conftest import END_MS, HOUR_MS, History
+from tests.loopback import RecordingServer
 
 pytestmark = pytest.mark.slow
 
@@ -160,48 +159,18 @@ def test_an_empty_database_shows_no_data_yet_in_the_browser(
     assert state["exceptions"] == [] and "No data yet" in state["text"]
 
 
-class _Beacon:
-    """An image server on loopback that remembers every request it received."""
-
-    def __init__(self) -> None:
-        hits: list[str] = []
-        self.hits = hits
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                hits.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Type", "image/png")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
-
-
 @pytest.fixture
-def beacon() -> Iterator[_Beacon]:
-    server = _Beacon()
-    try:
+def beacon() -> Iterator[RecordingServer]:
+    """An image server on loopback that remembers every request it received."""
+    with RecordingServer(content_type="image/png") as server:
         yield server
-    finally:
-        server.close()
 
 
 _LINKS_JS = "Array.from(document.querySelectorAll('a[href], img[src]')).map(e => e.href || e.src)"
 
 
 def test_a_hostile_link_renders_no_link_and_fetches_no_image(
-    chromium: HeadlessChromium, dashboard: str, beacon: _Beacon
+    chromium: HeadlessChromium, dashboard: str, beacon: RecordingServer
 ) -> None:
     hostile = f"[re-login](http://evil.example) ![b]({beacon.url}/beacon.png)"
     query = urlencode({"from": hostile, "pool": hostile, "instance": hostile, "slo": hostile})
@@ -214,7 +183,7 @@ def test_a_hostile_link_renders_no_link_and_fetches_no_image(
         elsewhere = [t for t in targets["result"]["value"] if not t.startswith(dashboard)]
         assert not [t for t in elsewhere if "evil" in t or beacon.url in t], elsewhere
         assert "from='[re-login](http://evil.example) ![b](" in state["text"]  # quoted as text
-    assert beacon.hits == []
+    assert beacon.received == []
 
 
 def test_an_out_of_range_time_is_a_message_not_a_traceback(
