@@ -51,7 +51,9 @@ def _validate(obj: dict[str, Any], schema: dict[str, Any]) -> None:
     """``obj`` against an openAPIV3Schema. The schema itself is not checked: its Go regexes
     (``^(?i)(abort|warn)?$``) are not Python's, and apply only to fields we do not set."""
     errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(obj), key=str)
-    assert not errors, f"{obj['kind']}/{obj['metadata']['name']}: {errors[0].message} at {list(errors[0].absolute_path)}"
+    assert not errors, (
+        f"{obj['kind']}/{obj['metadata']['name']}: {errors[0].message} at {list(errors[0].absolute_path)}"
+    )
 
 
 def test_the_reference_crds_are_there() -> None:
@@ -208,7 +210,12 @@ def test_the_checked_in_operator_objects_are_what_llmslo_rules_generates(
     # Regenerate with the two commands above, written to deploy/base/.
     assert rules.read_text() == (DEPLOY / "base/prometheusrule.yaml").read_text()
     assert routes.read_text() == (DEPLOY / "base/alertmanagerconfig.yaml").read_text()
-    names = {r["alert"] for g in yaml.safe_load(rules.read_text())["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    names = {
+        r["alert"]
+        for g in yaml.safe_load(rules.read_text())["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
     assert SIGNALS["stall"].alert in names
 
 
