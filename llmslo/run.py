@@ -81,7 +81,9 @@ def register(subparsers: Any) -> None:
         help="SLO spec (default: slo.spec, else the example spec shipped with llmslo)",
     )
     run.add_argument(
-        "--metrics-port", type=int, help="serve ingest and job /metrics on this port (ingest.metrics_host)"
+        "--metrics-port",
+        type=int,
+        help="serve ingest and job /metrics on this port (ingest.metrics_host)",
     )
     run.add_argument(
         "--api-port", type=int, help="serve the HTTP API on this port (default: api.port; 0: any)"

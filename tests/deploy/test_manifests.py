@@ -185,7 +185,7 @@ def test_every_service_targets_a_port_its_pods_expose(rendered: list[dict[str, A
 def test_engine_services_reach_the_tap_and_the_tap_reaches_the_engine(
     rendered: list[dict[str, Any]],
 ) -> None:
-    for obj, template in _pod_specs(rendered):
+    for _, template in _pod_specs(rendered):
         if "llmslo.io/engine" not in template["metadata"]["labels"]:
             continue
         containers = {c["name"]: c for c in template["spec"]["containers"]}

@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,10 @@ def fleet() -> Iterator[Fleet]:
         yield running
 
 
+def _healthy(base_url: str) -> bool:
+    return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
+
+
 def _until(
     check: Callable[[], Any],
     what: str,
@@ -113,11 +118,12 @@ def _until(
         if result:
             return result
         for process in processes:
-            assert process.poll() is None, f"{process.args} exited {process.returncode}"
+            assert process.poll() is None, f"{process.args!r} exited {process.returncode}"
         assert time.monotonic() < deadline, f"{what} not seen within {timeout_s:.0f} s"
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_the_rendered_pods_run_and_the_pipeline_judges_the_canary(
     bus: Bus, fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -231,11 +237,7 @@ def test_the_rendered_pods_run_and_the_pipeline_judges_the_canary(
         fleet.set_fault(fleet.pods[1].name, "prefill_failure", fraction=0.5)
         api = f"http://127.0.0.1:{api_port}"
         for tap in taps:
-            _until(
-                lambda tap=tap: httpx.get(f"{tap}/health", timeout=2).status_code == 200,
-                "tap health",
-                processes,
-            )
+            _until(partial(_healthy, tap), "tap health", processes)
         start(
             ["load", "--targets", ",".join(taps), "--rate", "16", "--duration", "45"],
             {},
