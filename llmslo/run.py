@@ -81,7 +81,9 @@ def register(subparsers: Any) -> None:
         help="SLO spec (default: slo.spec, else the example spec shipped with llmslo)",
     )
     run.add_argument(
-        "--metrics-port", type=int, help="serve ingest and job /metrics on this loopback port"
+        "--metrics-port",
+        type=int,
+        help="serve ingest and job /metrics on this port (ingest.metrics_host)",
     )
     run.add_argument(
         "--api-port", type=int, help="serve the HTTP API on this port (default: api.port; 0: any)"
@@ -269,8 +271,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
         return run_jobs_role(config, model)
     pipeline = Pipeline(config, model)
     if args.metrics_port is not None:
-        server, _ = start_http_server(args.metrics_port, "127.0.0.1", registry=pipeline.registry)
-        print(f"serving /metrics on http://127.0.0.1:{server.server_port}/metrics", flush=True)
+        host = config.ingest.metrics_host  # 0.0.0.0 in a pod, so a ServiceMonitor can scrape it
+        server, _ = start_http_server(args.metrics_port, host, registry=pipeline.registry)
+        print(f"serving /metrics on http://{host}:{server.server_port}/metrics", flush=True)
     try:
         with ExitStack() as api_stack:  # the API stops first: no request outlives the store
             if not args.no_api:
