@@ -43,7 +43,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     root: Path
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
+    def log_message(self, format: str, *args: object) -> None:
         pass  # one line per request would be the broker's whole log
 
     def _reply(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
@@ -64,7 +64,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path = (self.root / bucket / key).resolve()
         return path if path.is_relative_to(self.root) else None
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         bucket, key, query = self._target()
         if not key:
             return self._list(bucket, query.get("prefix", [""])[0])
@@ -87,7 +87,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._reply(206, data[start : end + 1], headers)
         self._reply(200, data, headers)
 
-    do_HEAD = do_GET  # noqa: N815
+    do_HEAD = do_GET
 
     def _list(self, bucket: str, prefix: str) -> None:
         base = self.root / bucket
@@ -115,7 +115,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         ).encode()
         self._reply(200, body, {"Content-Type": "application/xml"})
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         bucket, key, _ = self._target()
         data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path = self._file(bucket, key)
@@ -137,7 +137,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             os.replace(partial, path)
         self._reply(200, headers={"ETag": _etag(data)})
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         bucket, key, _ = self._target()
         path = self._file(bucket, key)
         if path is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -216,7 +217,9 @@ class BrokerRetention:
             records = batch.next_offset - batch.base_offset
             done.overflow_records += records
             done.overflow_bytes += batch.size_bytes
-            first, last, count = dropped.get((batch.topic, batch.partition), (batch.base_offset, 0, 0))
+            first, last, count = dropped.get(
+                (batch.topic, batch.partition), (batch.base_offset, 0, 0)
+            )
             dropped[batch.topic, batch.partition] = (
                 min(first, batch.base_offset),
                 max(last, batch.next_offset - 1),
@@ -355,17 +358,14 @@ class EmbeddedBroker:
             text=True,
             start_new_session=True,
         )
-        assert self._store.stdout is not None
-        ready = threading.Event()
-        port: list[str] = []
-        reader = threading.Thread(
-            target=lambda: (port.append(self._store.stdout.readline()), ready.set()),  # type: ignore[union-attr]
-            daemon=True,
-        )
-        reader.start()
-        if not ready.wait(timeout_s) or not port[0].strip().isdigit():
+        stdout = self._store.stdout
+        assert stdout is not None
+        # It prints its port once bound; select bounds the wait if it never does.
+        readable, _, _ = select.select([stdout], [], [], timeout_s)
+        port = stdout.readline().strip() if readable else ""
+        if not port.isdigit():
             raise BusError(f"embedded broker's object store did not start under {root}")
-        return f"http://{self.host}:{port[0].strip()}"
+        return f"http://{self.host}:{port}"
 
     def _start(self, store_url: str, timeout_s: float) -> None:
         url = f"tcp://{self.host}:{self.port}"

@@ -178,7 +178,7 @@ class BusConfig(_Section):
         ge=1024 * 1024,
         description="bound on the embedded broker's record batches: past it the oldest are "
         "dropped even if a consumer group has not committed them (counted in "
-        "llmslo_broker_deleted_records_total{reason=\"overflow\"} and logged)",
+        'llmslo_broker_deleted_records_total{reason="overflow"} and logged)',
     )
     embedded_retention_interval_s: float = Field(
         5.0,

@@ -26,7 +26,9 @@ def _publish(broker: EmbeddedBroker, first: int, count: int) -> None:
     producer.close()
 
 
-def _numbers(broker: EmbeddedBroker, group: str, want: int, commit_up_to: int | None = None) -> list[int]:
+def _numbers(
+    broker: EmbeddedBroker, group: str, want: int, commit_up_to: int | None = None
+) -> list[int]:
     """Read ``want`` records as ``group`` from its committed offset; commit what was read
     (or only up to offset ``commit_up_to``)."""
     consumer = KafkaConsumer(
@@ -118,9 +120,11 @@ def test_unread_records_survive_the_brokers_restart(tmp_path: Path) -> None:
 
 
 def test_a_second_broker_on_the_same_directory_is_refused(tmp_path: Path) -> None:
-    with EmbeddedBroker(data_dir=tmp_path / "log"):
-        with pytest.raises(BusError, match="held by another embedded broker"):
-            EmbeddedBroker(data_dir=tmp_path / "log").start()
+    with (
+        EmbeddedBroker(data_dir=tmp_path / "log"),
+        pytest.raises(BusError, match="held by another embedded broker"),
+    ):
+        EmbeddedBroker(data_dir=tmp_path / "log").start()
 
 
 def test_without_a_directory_the_log_is_temporary_and_removed() -> None:
