@@ -71,7 +71,7 @@ from pipeline.errors import DecodeError, StoreError
 from pipeline.schema import iter_schemas
 from pipeline.store import DEADLETTER_PAYLOAD_LIMIT, DeadLetter, Store, read_peer_offsets
 
-__all__ = ["IngestMetrics", "IngestStats", "Ingester"]
+__all__ = ["IngestMetrics", "IngestStats", "Ingester", "choose_start"]
 
 log = logging.getLogger(__name__)
 
