@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,10 +18,9 @@ from pipeline.bus import Bus
 from pipeline.config import BusConfig
 from pipeline.schema import ENGINE_SAMPLES
 from tests.pipeline.ingest_helpers import (
-    ROOT,
-    STARTED,
     produce_numbered,
     start_ingest,
+    start_run,
     wait_for_log,
     write_config,
 )
@@ -76,27 +74,16 @@ def _run_embedded(db: Path, log: Path, first: int, total: int) -> float:
     """``llmslo run`` on a fresh embedded broker: publish ``total`` numbered samples from
     ``first``, wait until ingested (or 40 s), stop it; returns the log resets it counted."""
     port = free_port()
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "llmslo",
-                "-v",
-                "run",
-                "--bootstrap-servers",
-                "embedded",
-                "--db",
-                str(db),
-                "--no-api",
-                "--metrics-port",
-                str(port),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=sink,
-            cwd=ROOT,
-        )
-    STARTED.append(process)
+    process = start_run(
+        log,
+        "--bootstrap-servers",
+        "embedded",
+        "--db",
+        str(db),
+        "--no-api",
+        "--metrics-port",
+        str(port),
+    )
     wait_for_log(process, log, "starts at offset")
     found = re.search(r"embedded broker ready on tcp://(\S+)", log.read_text())
     assert found, log.read_text()[-2000:]
