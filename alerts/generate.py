@@ -122,6 +122,7 @@ def pair_alert(
     labels = {
         **slo.alert_labels,
         **slo.tier_labels.get(pair.severity, {}),
+        **slo.pair_labels.get(pair.id, {}),
         slo.scheme.severity: pair.severity,
         "window": window,
         "sli_kind": slo.sli_kind,
@@ -137,7 +138,11 @@ def pair_alert(
         **_runbook(slo.sli_kind, runbook_base_url),
         **slo.annotations,
     }
-    return {"alert": slo.alert_name, "expr": expr, "labels": labels, "annotations": annotations}
+    rule: dict[str, Any] = {"alert": slo.alert_name, "expr": expr}
+    for_ms = slo.pair_for_ms.get(pair.id, 0)
+    if for_ms:
+        rule["for"] = format_duration(for_ms)
+    return {**rule, "labels": labels, "annotations": annotations}
 
 
 def _runbook(sli_kind: str, base_url: str) -> dict[str, str]:

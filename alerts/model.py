@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from slo.spec.formats import ObjectMeta
 from slo.windows import AlertPair, WindowCatalog, format_duration
 
 __all__ = [
@@ -94,6 +95,11 @@ class RuleSlo:
     tier_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     recipe: SeriesRecipe | None = None
+    #: Per window pair (:attr:`AlertPair.id`): the alert's ``for:`` duration in ms and extra
+    #: labels. Empty for llmslo's own semantics (no ``for:``, as the Workbook advises);
+    #: filled for Pyrra input, whose alerts wait (see alerts/README.md).
+    pair_for_ms: Mapping[str, int] = field(default_factory=dict)
+    pair_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def budget(self) -> float:
@@ -114,8 +120,14 @@ class RuleSlo:
 
 @dataclass(frozen=True)
 class RuleModel:
-    """Every SLO of one spec file, and what could not be rendered (with why)."""
+    """Every SLO of one spec file, and what could not be rendered (with why).
+
+    ``kubernetes`` is the identity of the input object when the input is a Kubernetes CRD
+    that its own tool turns into a PrometheusRule (Sloth's ``PrometheusServiceLevel``): the
+    output is then a PrometheusRule of that name and namespace unless asked otherwise.
+    """
 
     source: str
     slos: tuple[RuleSlo, ...]
     skipped: tuple[str, ...] = ()
+    kubernetes: ObjectMeta | None = None
