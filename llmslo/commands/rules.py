@@ -25,6 +25,8 @@ def register(subparsers: Any) -> None:
         "Generate Prometheus rules, promtool tests and Alertmanager config from an SLO spec.",
         "llmslo rules generate config/slo.example.yaml -o var/rules/slo.rules.yml --tests var/rules/tests\n"
         "llmslo rules generate sloth-spec.yml -o -\n"
+        "llmslo rules generate sloth-k8s-slo.yml -o slo.rules.yaml   # a PrometheusRule, as Sloth\n"
+        "llmslo rules generate pyrra-slo.yaml --format rules -o -\n"
         "llmslo rules generate config/slo.example.yaml --format prometheusrule \\\n"
         "    --namespace monitoring --label release=kube-prometheus-stack -o slo.rules.yaml\n"
         "llmslo rules alertmanager -o var/rules/alertmanager.yml\n"
@@ -34,8 +36,10 @@ def register(subparsers: Any) -> None:
     generate = sub.add_parser(
         "generate",
         help="write the rule file (and promtool tests) for SPEC",
-        description="SPEC may be llmslo/v1, OpenSLO v1 or Sloth prometheus/v1. Nothing is "
-        "written unless every file renders.",
+        description="SPEC may be llmslo/v1, OpenSLO v1 or v1alpha, Sloth prometheus/v1 or "
+        "its PrometheusServiceLevel CRD, or Pyrra ServiceLevelObjectives (one or more "
+        "documents). A Sloth CRD is written as a PrometheusRule named like it unless "
+        "--format rules. Nothing is written unless every file renders.",
     )
     generate.add_argument("spec", type=Path)
     generate.add_argument("-o", "--output", required=True, help="rule file, or - for stdout")
@@ -46,7 +50,7 @@ def register(subparsers: Any) -> None:
     generate.add_argument(
         "--no-signatures", action="store_true", help="SLO rules only, no failure signatures"
     )
-    _add_object_options(generate, ("plain", "prometheusrule"), "llmslo-slo")
+    _add_object_options(generate, ("plain", "prometheusrule", "rules"), "llmslo-slo")
     generate.set_defaults(handler=run_generate)
     manager = sub.add_parser("alertmanager", help="print an Alertmanager routing/inhibition config")
     manager.add_argument("-o", "--output", default="-", help="file, or - for stdout (default)")
@@ -55,18 +59,21 @@ def register(subparsers: Any) -> None:
 
 
 def _add_object_options(
-    parser: argparse.ArgumentParser, formats: tuple[str, str], default_name: str
+    parser: argparse.ArgumentParser, formats: tuple[str, ...], default_name: str
 ) -> None:
-    """``--format`` and, for the Prometheus Operator's object, its name, namespace and labels."""
+    """``--format`` and, for the Prometheus Operator's object, its name, namespace and labels.
+
+    ``--format`` and ``--name`` default to None so that a Kubernetes input object can supply
+    them (``rules`` is another name for ``plain``)."""
     parser.add_argument(
         "--format",
         choices=formats,
-        default="plain",
-        help=f"plain file (default) or a Prometheus Operator {formats[1]} object",
+        default=None,
+        help=f"plain file (default; also 'rules') or a Prometheus Operator {formats[1]} "
+        "object (default for a Sloth PrometheusServiceLevel input)",
     )
-    parser.add_argument(
-        "--name", default=default_name, help=f"object name (default {default_name})"
-    )
+    parser.add_argument("--name", default=None, help=f"object name (default {default_name})")
+    parser.set_defaults(default_name=default_name)
     parser.add_argument("--namespace", help="object namespace (default: none, kubectl's)")
     parser.add_argument(
         "--label",
@@ -83,12 +90,16 @@ def run_generate(args: argparse.Namespace) -> int:
     signatures = not args.no_signatures
     for reason in model.skipped:
         sys.stderr.write(f"skipped: {reason}\n")
-    if args.format == "prometheusrule":
+    meta = model.kubernetes
+    output_format = args.format or ("prometheusrule" if meta is not None else "plain")
+    if output_format == "prometheusrule":
         if args.tests is not None:
             sys.stderr.write("--tests needs --format plain (promtool reads plain rule files)\n")
             return 2
-        labels = parse_labels(args.label)
-        text = prometheus_rule_text(model, args.name, args.namespace, labels, signatures)
+        labels = {**dict(meta.labels if meta else ()), **parse_labels(args.label)}
+        name = args.name or (meta.name if meta else args.default_name)
+        namespace = args.namespace or (meta.namespace if meta else None)
+        text = prometheus_rule_text(model, name, namespace, labels, signatures)
         _emit(args.output, text)
         return 0
     if args.output == "-":
@@ -106,7 +117,7 @@ def run_alertmanager(args: argparse.Namespace) -> int:
     document = alertmanager_config()
     if args.format == "alertmanagerconfig":
         document = alertmanager_config_object(
-            document, args.name, args.namespace, parse_labels(args.label)
+            document, args.name or args.default_name, args.namespace, parse_labels(args.label)
         )
     _emit(
         args.output, render_yaml(document, header="# Generated by `llmslo rules alertmanager`.\n")
