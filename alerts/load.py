@@ -96,7 +96,11 @@ def load_rule_model(path: str | Path, strict: bool = False) -> RuleModel:
     ConfigError names the document, its format and the failing field paths."""
     docs = _documents(Path(path))
     if docs and any((fmt := identify(d)) is None or fmt.promql for d in docs):
-        headed = [d for d in docs if isinstance(d, dict) and ({"apiVersion", "kind", "version"} & d.keys())]
+        headed = [
+            d
+            for d in docs
+            if isinstance(d, dict) and ({"apiVersion", "kind", "version"} & d.keys())
+        ]
         if len(headed) == len(docs):
             return _foreign_model(docs, str(path))
     document = load_spec(path)

@@ -62,6 +62,8 @@ def pyrra_rule_slo(slo: PyrraSlo) -> RuleSlo:
         scheme=LLMSLO_LABELS,
         group_labels=slo.grouping,
         labels=slo.labels,
+        # Pyrra writes them on the alert rules too, not only on the recorded series.
+        alert_labels=slo.labels,
         annotations=slo.annotations,
         pair_for_ms=pair_for,
         pair_labels=pair_labels,

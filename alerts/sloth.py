@@ -21,13 +21,12 @@ refused by name: its rules would be missing from our output.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-import re
-from collections.abc import Mapping
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from alerts.model import SLOTH_LABELS, WINDOW_PLACEHOLDER, RuleModel, RuleSlo
@@ -85,8 +84,8 @@ class _Sli(_Spec):
     def _no_plugin(cls, value: dict[str, Any] | None) -> None:
         if value is not None:
             raise ValueError(
-                f"SLI plugin {value.get('id', '<no id>')!r} is not supported (Sloth runs it "
-                "as Go code): expand it into events or raw"
+                f"SLI plugins are not supported ({value.get('id', '<no id>')!r} is Go code "
+                "that Sloth runs): expand it into events or raw"
             )
         return None
 
@@ -213,9 +212,7 @@ def _rule_slo(doc: SlothDocument, slo: _Slo, index: int) -> RuleSlo:
         objective=slo.objective / 100,
         catalog=catalog,
         pairs=tuple(
-            p
-            for p in catalog.pairs
-            if not tiers[p.severity].disable and _alerts_enabled(doc, slo)
+            p for p in catalog.pairs if not tiers[p.severity].disable and _alerts_enabled(doc, slo)
         ),
         error_query=error,
         total_query=total,

@@ -4,7 +4,9 @@
 :mod:`slo.spec.openslo` converts OpenSLO documents into it, :mod:`slo.spec.loader` reads a file
 of any supported format, and :mod:`slo.spec.model` validates a document into the
 :class:`SloModel` every evaluator and generator consumes. A new input format is a module here
-that converts into :class:`SloDocument`.
+that converts into :class:`SloDocument`; the formats whose SLIs are PromQL (Sloth's CRD,
+OpenSLO v1alpha, Pyrra), read by the rule generator only, live in :mod:`slo.spec.formats`
+with the table of every format and how a document is recognised.
 """
 
 from __future__ import annotations

@@ -40,9 +40,7 @@ def _cumulative(per_minute: list[float]) -> str:
 
 def _bad_fractions(scenario: str, budget: float) -> list[float]:
     if scenario == "outage":
-        return [
-            1.0 if OUTAGE_START <= m < OUTAGE_START + OUTAGE else 0.0 for m in range(MINUTES)
-        ]
+        return [1.0 if OUTAGE_START <= m < OUTAGE_START + OUTAGE else 0.0 for m in range(MINUTES)]
     return [float(scenario.removesuffix("x")) * budget] * MINUTES
 
 
@@ -73,7 +71,9 @@ def _histogram(metric: str, selector: str) -> Callable[[list[float]], dict[str, 
     def series(bad: list[float]) -> dict[str, str]:
         fast = [(1 - f) * REQUESTS_PER_MINUTE for f in bad]
         return {
-            f'{metric}_count{{{selector},code="200"}}': _cumulative([REQUESTS_PER_MINUTE] * len(bad)),
+            f'{metric}_count{{{selector},code="200"}}': _cumulative(
+                [REQUESTS_PER_MINUTE] * len(bad)
+            ),
             f'{metric}_bucket{{{selector},code="200",le="1"}}': _cumulative(fast),
         }
 

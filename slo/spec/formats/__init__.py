@@ -73,7 +73,12 @@ FORMATS: tuple[SpecFormat, ...] = (
         kind="PrometheusServiceLevel",
         promql=True,
     ),
-    SpecFormat("OpenSLO v1alpha (as Sloth reads it)", api_version="openslo/v1alpha", kind="SLO", promql=True),
+    SpecFormat(
+        "OpenSLO v1alpha (as Sloth reads it)",
+        api_version="openslo/v1alpha",
+        kind="SLO",
+        promql=True,
+    ),
     SpecFormat(
         "Pyrra", api_version="pyrra.dev/v1alpha1", kind="ServiceLevelObjective", promql=True
     ),

@@ -132,7 +132,7 @@ def parse_selector(text: str) -> Selector:
     """Parse ``name{label="v", other=~"x"}``; ValueError when it is not a vector selector."""
     match = _SELECTOR.match(text)
     if not match:
-        raise ValueError(f"not a PromQL vector selector like name{{label=\"value\"}}: {text!r}")
+        raise ValueError(f'not a PromQL vector selector like name{{label="value"}}: {text!r}')
     body, matchers, pos = match.group(2) or "", [], 0
     while pos < len(body.rstrip()):
         found = _MATCHER.match(body, pos)
@@ -157,16 +157,18 @@ class _Metric(_Spec):
         return value
 
 
-class _Ratio(_Spec):
+class _Grouped(_Spec):
+    grouping: list[str] = []
+
+
+class _Ratio(_Grouped):
     errors: _Metric
     total: _Metric
-    grouping: list[str] = []
 
 
-class _Latency(_Spec):
+class _Latency(_Grouped):
     success: _Metric
     total: _Metric
-    grouping: list[str] = []
 
     @field_validator("success")
     @classmethod
@@ -179,21 +181,13 @@ class _Latency(_Spec):
         return value
 
 
-class _LatencyNative(_Spec):
+class _LatencyNative(_Grouped):
     latency: str
     total: _Metric
-    grouping: list[str] = []
 
 
-class _BoolGauge(_Spec):
-    metric: str
-    grouping: list[str] = []
-
-    @field_validator("metric")
-    @classmethod
-    def _selector(cls, value: str) -> str:
-        parse_selector(value)
-        return value
+class _BoolGauge(_Metric, _Grouped):
+    pass
 
 
 class _Indicator(_Spec):
@@ -204,7 +198,9 @@ class _Indicator(_Spec):
 
     @model_validator(mode="after")
     def _one(self) -> _Indicator:
-        given = [k for k in ("ratio", "latency", "latency_native", "bool_gauge") if getattr(self, k)]
+        given = [
+            k for k in ("ratio", "latency", "latency_native", "bool_gauge") if getattr(self, k)
+        ]
         if len(given) != 1:
             raise ValueError("exactly one of ratio, latency, latencyNative, bool_gauge is required")
         return self
@@ -241,7 +237,7 @@ class _PyrraSpec(_Spec):
         try:
             number = float(value)
         except ValueError:
-            raise ValueError(f"a percentage written as a string, like \"99.5\": {value!r}") from None
+            raise ValueError(f'a percentage written as a string, like "99.5": {value!r}') from None
         if not 0 < number < 100:
             raise ValueError("must be a percentage in (0, 100)")
         return value
@@ -289,7 +285,10 @@ def _sum(grouping: tuple[str, ...], inner: str) -> str:
 def _queries(ind: _Indicator, grouping: tuple[str, ...]) -> tuple[str, str, str, Selector]:
     w = "{{.window}}"
     if ind.ratio is not None:
-        errors, total = parse_selector(ind.ratio.errors.metric), parse_selector(ind.ratio.total.metric)
+        errors, total = (
+            parse_selector(ind.ratio.errors.metric),
+            parse_selector(ind.ratio.total.metric),
+        )
         return (
             "ratio",
             _sum(grouping, f"rate({errors.render()}[{w}])"),

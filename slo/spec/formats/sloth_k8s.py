@@ -34,9 +34,7 @@ _DATA_KEYS = {"labels", "annotations", "config", "options"}
 
 def _rename(node: Any) -> Any:
     if isinstance(node, dict):
-        return {
-            _SNAKE.get(k, k): (v if k in _DATA_KEYS else _rename(v)) for k, v in node.items()
-        }
+        return {_SNAKE.get(k, k): (v if k in _DATA_KEYS else _rename(v)) for k, v in node.items()}
     if isinstance(node, list):
         return [_rename(item) for item in node]
     return node

@@ -4,10 +4,9 @@ with their format, the supported formats and the failing field path."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
-
-import subprocess
 
 import jsonschema
 import pytest
@@ -135,7 +134,9 @@ def _pyrra(**spec: Any) -> dict[str, Any]:
     body = {
         "target": "99.5",
         "window": "4w",
-        "indicator": {"ratio": {"errors": {"metric": 'x_total{code="5"}'}, "total": {"metric": "x_total"}}},
+        "indicator": {
+            "ratio": {"errors": {"metric": 'x_total{code="5"}'}, "total": {"metric": "x_total"}}
+        },
     }
     body.update(spec)
     return {
@@ -157,13 +158,19 @@ def test_a_misspelt_kind_names_the_format_and_what_is_supported(tmp_path: Path) 
     message = _message(_write(tmp_path, doc))
     assert "apiVersion 'pyrra.dev/v1alpha1' is Pyrra" in message
     assert "did you mean kind 'ServiceLevelObjective'" in message
-    assert "Sloth Kubernetes CRD (apiVersion: sloth.slok.dev/v1, kind: PrometheusServiceLevel)" in message
+    assert (
+        "Sloth Kubernetes CRD (apiVersion: sloth.slok.dev/v1, kind: PrometheusServiceLevel)"
+        in message
+    )
 
 
 @pytest.mark.parametrize(
     ("header", "looks_like"),
     [
-        ({"apiVersion": "sloth.slok.dev/v2", "kind": "PrometheusServiceLevel"}, "Sloth Kubernetes CRD"),
+        (
+            {"apiVersion": "sloth.slok.dev/v2", "kind": "PrometheusServiceLevel"},
+            "Sloth Kubernetes CRD",
+        ),
         ({"version": "prometheus/v2"}, "Sloth prometheus/v1"),
         ({"apiVersion": "openslo/v2", "kind": "SLO"}, "OpenSLO"),
     ],
@@ -180,7 +187,11 @@ def test_a_multi_document_file_reports_each_bad_document(tmp_path: Path) -> None
     good = _pyrra()
     bad_target = {**_pyrra(target="99.5%"), "metadata": {"name": "y"}}
     bad_latency = {
-        **_pyrra(indicator={"latency": {"success": {"metric": "h_bucket"}, "total": {"metric": "h_count"}}}),
+        **_pyrra(
+            indicator={
+                "latency": {"success": {"metric": "h_bucket"}, "total": {"metric": "h_count"}}
+            }
+        ),
         "metadata": {"name": "z"},
     }
     message = _message(_write(tmp_path, good, bad_target, bad_latency))
@@ -221,7 +232,10 @@ def test_an_override_chain_without_alert_rules_disables_the_alerts_as_in_sloth(
     crd = yaml.safe_load(EXAMPLES["Sloth PrometheusServiceLevel"].read_text())
     crd["spec"]["sloPlugins"] = {
         "overridePrevious": True,
-        "chain": [{"id": "sloth.dev/core/sli_rules/v1"}, {"id": "sloth.dev/core/metadata_rules/v1"}],
+        "chain": [
+            {"id": "sloth.dev/core/sli_rules/v1"},
+            {"id": "sloth.dev/core/metadata_rules/v1"},
+        ],
     }
     (slo,) = load_rule_model(_write(tmp_path, crd)).slos
     assert slo.pairs == ()
@@ -232,17 +246,68 @@ def test_an_override_chain_without_alert_rules_disables_the_alerts_as_in_sloth(
 
 def test_an_sli_plugin_is_refused_by_id(tmp_path: Path) -> None:
     crd = yaml.safe_load(EXAMPLES["Sloth PrometheusServiceLevel"].read_text())
-    crd["spec"]["slos"][0]["sli"] = {"plugin": {"id": "sloth-common/kubernetes/apiserver/availability"}}
+    crd["spec"]["slos"][0]["sli"] = {
+        "plugin": {"id": "sloth-common/kubernetes/apiserver/availability"}
+    }
     assert "sloth-common/kubernetes/apiserver/availability" in _message(_write(tmp_path, crd))
 
 
 def test_the_slo_jobs_refuse_a_promql_format_saying_where_it_is_read(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="is Pyrra: its SLIs are PromQL.*llmslo rules generate"):
+    with pytest.raises(ConfigError, match=r"is Pyrra: its SLIs are PromQL.*llmslo rules generate"):
         load_spec(_write(tmp_path, _pyrra()))
 
 
-def test_the_issue_example_no_longer_says_extra_inputs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_issue_example_no_longer_says_extra_inputs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     doc = yaml.safe_load(EXAMPLES["Sloth PrometheusServiceLevel"].read_text())
     doc["apiVersion"] = "sloth.slok.dev/v1beta1"
     code, _, err = _generate(capsys, str(_write(tmp_path, doc)), "-o", "-")
     assert code != 0 and "Extra inputs" not in err and "Sloth Kubernetes CRD" in err
+
+
+@pytest.mark.parametrize(
+    ("indicator", "expected"),
+    [
+        (
+            {
+                "latencyNative": {
+                    "latency": "200ms",
+                    "total": {"metric": 'h{job="a"}'},
+                    "grouping": ["route"],
+                }
+            },
+            'histogram_fraction(0, 0.2, sum by (route) (rate(h{job="a"}[5m])))',
+        ),
+        (
+            {"bool_gauge": {"metric": 'probe_success{job="p"}', "grouping": ["instance"]}},
+            'sum by (instance) (sum_over_time(probe_success{job="p"}[5m]))',
+        ),
+        (
+            {
+                "latency": {
+                    "success": {"metric": 'h_bucket{le="1"}'},
+                    "total": {"metric": "h_count"},
+                }
+            },
+            'h_bucket{le=~"1(\\\\.0)?"}',
+        ),
+    ],
+    ids=["a native histogram latency", "a grouped bool gauge", "an integer le bound"],
+)
+def test_every_pyrra_indicator_gives_rules_promtool_accepts(
+    tmp_path: Path, indicator: dict[str, Any], expected: str
+) -> None:
+    promtool = require_tool("promtool")
+    spec = _write(tmp_path, _pyrra(indicator=indicator))
+    rules = tmp_path / "rules.yml"
+    assert main(["rules", "generate", str(spec), "--no-signatures", "-o", str(rules)]) == 0
+    check = subprocess.run(
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    text = rules.read_text()
+    assert expected in text
+    alerts = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "alert" in r]
+    assert [a["for"] for a in alerts] == ["2m", "15m", "1h", "3h"]
+    assert all(a["labels"]["team"] == "infra" for a in alerts)  # pyrra.dev/team, prefix removed
