@@ -1,0 +1,163 @@
+"""The few panel shapes both boards use, built with the Grafana Foundation SDK, and the JSON
+rendering (sorted keys, sequential panel ids: the same input gives the same bytes)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from grafana_foundation_sdk.builders import common as common_b
+from grafana_foundation_sdk.builders import dashboard as dashboard_b
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common, dashboard
+from grafana_foundation_sdk.models import prometheus as prometheus_m
+
+__all__ = [
+    "DATASOURCE",
+    "Query",
+    "base_dashboard",
+    "render_dashboard",
+    "stat_panel",
+    "table_panel",
+    "thresholds",
+    "timeseries_panel",
+]
+
+#: Every panel reads the Prometheus the dashboard's ``datasource`` variable picks.
+DATASOURCE = dashboard.DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL target: the expression and the legend Grafana draws for its series."""
+
+    expr: str
+    legend: str = ""
+
+
+def _targets(queries: Sequence[Query], instant: bool = False) -> list[prometheus.Dataquery]:
+    targets = []
+    for index, query in enumerate(queries):
+        target = prometheus.Dataquery().expr(query.expr).ref_id(chr(ord("A") + index))
+        if query.legend:
+            target = target.legend_format(query.legend)
+        targets.append(target.instant() if instant else target.range())
+    return targets
+
+
+def thresholds(*steps: tuple[float | None, str]) -> dashboard_b.ThresholdsConfig:
+    """Absolute threshold steps ``(from value, colour)``; the first step's value is ``None``."""
+    return (
+        dashboard_b.ThresholdsConfig()
+        .mode(dashboard.ThresholdsMode.ABSOLUTE)
+        .steps([dashboard.Threshold(value=value, color=color) for value, color in steps])
+    )
+
+
+def stat_panel(
+    title: str,
+    queries: Sequence[Query],
+    unit: str,
+    steps: dashboard_b.ThresholdsConfig,
+    width: int = 6,
+    description: str = "",
+) -> stat.Panel:
+    """A single-value panel showing each series' last value, coloured by ``steps``."""
+    panel = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .thresholds(steps)
+        .color_scheme(dashboard_b.FieldColor().mode(dashboard.FieldColorModeId.THRESHOLDS))
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .color_mode(common.BigValueColorMode.BACKGROUND)
+        .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .span(width)
+        .height(4)
+    )
+    for target in _targets(queries, instant=True):
+        panel = panel.with_target(target)
+    return panel
+
+
+def timeseries_panel(
+    title: str,
+    queries: Sequence[Query],
+    unit: str,
+    steps: dashboard_b.ThresholdsConfig | None = None,
+    width: int = 12,
+    description: str = "",
+) -> timeseries.Panel:
+    """A line graph; with ``steps`` their values are drawn as dashed threshold lines."""
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .legend(
+            common_b.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.LIST)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .line_width(1)
+        .fill_opacity(10)
+        .span(width)
+        .height(8)
+    )
+    if steps is not None:
+        panel = panel.thresholds(steps).thresholds_style(
+            common_b.GraphThresholdsStyleConfig().mode(common.GraphTresholdsStyleMode.DASHED)
+        )
+    for target in _targets(queries):
+        panel = panel.with_target(target)
+    return panel
+
+
+def table_panel(title: str, queries: Sequence[Query], description: str = "") -> table.Panel:
+    """A table of the series an instant query returns, one row per series."""
+    panel = (
+        table.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .show_header(True)
+        .span(24)
+        .height(6)
+    )
+    for target in _targets(queries, instant=True):
+        panel = panel.with_target(target.format(prometheus_m.PromQueryFormat.TABLE))
+    return panel
+
+
+def base_dashboard(uid: str, title: str, tags: Sequence[str], description: str) -> dashboard_b.Dashboard:
+    """A dashboard with the ``datasource`` variable (any Prometheus), refreshing every minute."""
+    return (
+        dashboard_b.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(list(tags))
+        .refresh("1m")
+        .time("now-6h", "now")
+        .timezone("browser")
+        .editable()
+        .with_variable(
+            dashboard_b.DatasourceVariable("datasource").label("Data source").type("prometheus")
+        )
+    )
+
+
+def render_dashboard(builder: dashboard_b.Dashboard) -> str:
+    """The dashboard as JSON text (two-space indent, sorted keys, trailing newline); panels
+    are numbered 1, 2, … in layout order, since Grafana needs ids unique within a board."""
+    model = builder.build()
+    next_id = 1
+    for panel in model.panels or []:
+        panel.id_val = next_id
+        next_id += 1
+    return json.dumps(model, cls=JSONEncoder, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
