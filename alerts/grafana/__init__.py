@@ -10,7 +10,13 @@ over the metric names of the engine dialect maps). Here beside the rule generato
 
 from __future__ import annotations
 
-from alerts.grafana._engines import ENGINE_PANELS, GPU_PANELS, SignalPanel, engines_board, signal_expr
+from alerts.grafana._engines import (
+    ENGINE_PANELS,
+    GPU_PANELS,
+    SignalPanel,
+    engines_board,
+    signal_expr,
+)
 from alerts.grafana._panels import render_dashboard
 from alerts.grafana._slo import slo_overview
 from alerts.model import RuleModel

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from grafana_foundation_sdk.builders import dashboard as dashboard_b
 from grafana_foundation_sdk.models import dashboard
 
-from alerts.grafana._panels import DATASOURCE, Query, base_dashboard, table_panel, timeseries_panel
+from alerts.grafana._panels import (
+    DATASOURCE,
+    PanelBuilder,
+    Query,
+    base_dashboard,
+    table_panel,
+    timeseries_panel,
+)
 from alerts.signatures import SIGNATURES
 from collectors.dialects import MetricRule, load_dialects
 from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS, Signal
@@ -67,7 +74,9 @@ def _selector(name: str, rule: MetricRule, value: str | None, topic: str) -> str
     return name + ("{" + ", ".join(matchers) + "}" if matchers else "")
 
 
-def _term(name: str, rule: MetricRule, value: str | None, kind: str, panel: SignalPanel, topic: str) -> str:
+def _term(
+    name: str, rule: MetricRule, value: str | None, kind: str, panel: SignalPanel, topic: str
+) -> str:
     by = _ENGINE_BY if topic == "engine" else _GPU_BY
     if kind == "histogram":
         bucket = _selector(f"{name}_bucket", rule, value, topic)
@@ -77,6 +86,13 @@ def _term(name: str, rule: MetricRule, value: str | None, kind: str, panel: Sign
     else:
         expr = f"{panel.aggregation} by ({by}) ({_selector(name, rule, value, topic)})"
     return expr if rule.scale == 1.0 else f"{expr} * {rule.scale:g}"
+
+
+def _values_of(rule: MetricRule, signal: str) -> list[str | None]:
+    """The label values of ``rule`` that map to ``signal`` (``[None]``: the whole metric)."""
+    if rule.label is None:
+        return [None] if rule.signal == signal else []
+    return [value for value, mapped in rule.values.items() if mapped == signal]
 
 
 def signal_expr(panel: SignalPanel, topic: str) -> str:
@@ -91,18 +107,17 @@ def signal_expr(panel: SignalPanel, topic: str) -> str:
         if dialect.topic != topic:
             continue
         for name, rule in dialect.metrics.items():
-            values = [None] if rule.signal is not None else list(rule.values)
-            for value in values:
-                if rule.resolve({rule.label or "": value or ""}, ()) != panel.signal:
-                    continue
+            for value in _values_of(rule, panel.signal):
                 term = _term(name, rule, value, kind, panel, topic)
                 (aliases if rule.unless else current).append(term)
     terms = list(dict.fromkeys(current + aliases))
     return "\nor\n".join(terms)
 
 
-def _signal_panel(panel: SignalPanel, topic: str) -> dashboard_b.Panel:
-    legend = "{{pool}} {{instance}}" if topic == "engine" else "{{Hostname}}{{hostname}} GPU {{gpu}}"
+def _signal_panel(panel: SignalPanel, topic: str) -> PanelBuilder:
+    legend = (
+        "{{pool}} {{instance}}" if topic == "engine" else "{{Hostname}}{{hostname}} GPU {{gpu}}"
+    )
     vocabulary = ENGINE_SIGNALS if topic == "engine" else GPU_SIGNALS
     return timeseries_panel(
         panel.title,
@@ -132,7 +147,9 @@ def _pool_variable() -> dashboard_b.QueryVariable:
     )
 
 
-def engines_board(uid: str = "llmslo-engines", title: str = "llmslo engines and GPUs") -> dashboard_b.Dashboard:
+def engines_board(
+    uid: str = "llmslo-engines", title: str = "llmslo engines and GPUs"
+) -> dashboard_b.Dashboard:
     """The engines/GPUs board: failure-signature alerts firing, then engine and GPU rows."""
     board = base_dashboard(
         uid,
@@ -143,7 +160,11 @@ def engines_board(uid: str = "llmslo-engines", title: str = "llmslo engines and 
     ).with_variable(_pool_variable())
     board = board.with_row(dashboard_b.Row("Failure signatures firing"))
     board = board.with_panel(
-        table_panel("Signature alerts firing", [_signature_alerts()], "Stalls, KV levels, preemption cascades, XIDs, restarts, targets down.")
+        table_panel(
+            "Signature alerts firing",
+            [_signature_alerts()],
+            "Stalls, KV levels, preemption cascades, XIDs, restarts, targets down.",
+        )
     )
     board = board.with_row(dashboard_b.Row("Engines"))
     for panel in ENGINE_PANELS:

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dashboard_b
 from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common, dashboard
 from grafana_foundation_sdk.models import prometheus as prometheus_m
 
 __all__ = [
     "DATASOURCE",
+    "PanelBuilder",
     "Query",
     "base_dashboard",
     "render_dashboard",
@@ -24,6 +26,9 @@ __all__ = [
     "thresholds",
     "timeseries_panel",
 ]
+
+#: What a dashboard's ``with_panel`` takes: a builder of any panel type.
+PanelBuilder = cogbuilder.Builder[dashboard.Panel]
 
 #: Every panel reads the Prometheus the dashboard's ``datasource`` variable picks.
 DATASOURCE = dashboard.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -135,7 +140,9 @@ def table_panel(title: str, queries: Sequence[Query], description: str = "") -> 
     return panel
 
 
-def base_dashboard(uid: str, title: str, tags: Sequence[str], description: str) -> dashboard_b.Dashboard:
+def base_dashboard(
+    uid: str, title: str, tags: Sequence[str], description: str
+) -> dashboard_b.Dashboard:
     """A dashboard with the ``datasource`` variable (any Prometheus), refreshing every minute."""
     return (
         dashboard_b.Dashboard(title)

@@ -10,6 +10,7 @@ from grafana_foundation_sdk.builders import dashboard as dashboard_b
 
 from alerts.generate import error_ratio_record
 from alerts.grafana._panels import (
+    PanelBuilder,
     Query,
     base_dashboard,
     stat_panel,
@@ -41,10 +42,7 @@ def _legend(slo: RuleSlo, prefix: str = "") -> str:
 def _burn_rate(slo: RuleSlo, window: str) -> str:
     on = ", ".join(slo.id_labels)
     ids = _matcher(slo)
-    return (
-        f"{error_ratio_record(window)}{ids}\n"
-        f"/ on({on}) group_left\nslo:error_budget:ratio{ids}"
-    )
+    return f"{error_ratio_record(window)}{ids}\n/ on({on}) group_left\nslo:error_budget:ratio{ids}"
 
 
 def _alerts_firing(slo: RuleSlo) -> str:
@@ -55,11 +53,14 @@ def _alerts_selector(slo: RuleSlo) -> str:
     return "ALERTS" + _matcher(slo, alertname=slo.alert_name, alertstate="firing")
 
 
-def _pair_panel(slo: RuleSlo, pair: AlertPair) -> dashboard_b.Panel:
+def _pair_panel(slo: RuleSlo, pair: AlertPair) -> PanelBuilder:
     short, long = format_duration(pair.short_ms), format_duration(pair.long_ms)
     return timeseries_panel(
         f"Burn rate {long}/{short} ({pair.severity}, ×{pair.factor:g})",
-        [Query(_burn_rate(slo, long), _legend(slo, long)), Query(_burn_rate(slo, short), _legend(slo, short))],
+        [
+            Query(_burn_rate(slo, long), _legend(slo, long)),
+            Query(_burn_rate(slo, short), _legend(slo, short)),
+        ],
         "x",
         thresholds((None, _GREEN), (pair.factor, _RED)),
         width=8,
@@ -68,11 +69,16 @@ def _pair_panel(slo: RuleSlo, pair: AlertPair) -> dashboard_b.Panel:
     )
 
 
-def _slo_panels(slo: RuleSlo) -> list[dashboard_b.Panel]:
+def _slo_panels(slo: RuleSlo) -> list[PanelBuilder]:
     ids = _matcher(slo)
     budget_left = Query(f"slo:period_error_budget_remaining:ratio{ids}", _legend(slo))
-    panels: list[dashboard_b.Panel] = [
-        stat_panel("Objective", [Query(f"slo:objective:ratio{ids}")], "percentunit", thresholds((None, "blue"))),
+    panels: list[PanelBuilder] = [
+        stat_panel(
+            "Objective",
+            [Query(f"slo:objective:ratio{ids}")],
+            "percentunit",
+            thresholds((None, "blue")),
+        ),
         stat_panel(
             f"Error budget left ({slo.period})",
             [budget_left],
@@ -86,8 +92,15 @@ def _slo_panels(slo: RuleSlo) -> list[dashboard_b.Panel]:
             thresholds((None, _GREEN), (1.0, _RED)),
             description="Above 1 the budget runs out before the period ends.",
         ),
-        stat_panel("Alerts firing", [Query(_alerts_firing(slo))], "none", thresholds((None, _GREEN), (1.0, _RED))),
-        timeseries_panel(f"Error budget left ({slo.period})", [budget_left], "percentunit", width=16),
+        stat_panel(
+            "Alerts firing",
+            [Query(_alerts_firing(slo))],
+            "none",
+            thresholds((None, _GREEN), (1.0, _RED)),
+        ),
+        timeseries_panel(
+            f"Error budget left ({slo.period})", [budget_left], "percentunit", width=16
+        ),
         timeseries_panel(
             "Error ratio (5m) and budget",
             [
@@ -103,10 +116,14 @@ def _slo_panels(slo: RuleSlo) -> list[dashboard_b.Panel]:
 
 
 def _row_title(slo: RuleSlo) -> str:
-    return f"{slo.service} / {slo.name}: {slo.objective * 100:g} % over {slo.period} ({slo.sli_kind})"
+    return (
+        f"{slo.service} / {slo.name}: {slo.objective * 100:g} % over {slo.period} ({slo.sli_kind})"
+    )
 
 
-def slo_overview(model: RuleModel, uid: str = "llmslo-slos", title: str = "llmslo SLOs") -> dashboard_b.Dashboard:
+def slo_overview(
+    model: RuleModel, uid: str = "llmslo-slos", title: str = "llmslo SLOs"
+) -> dashboard_b.Dashboard:
     """The SLO overview board of every SLO of ``model`` that the rules render.
 
     A first row lists the SLO alerts firing now; then one row per SLO in spec order.
