@@ -10,6 +10,8 @@ over the metric names of the engine dialect maps). Here beside the rule generato
 
 from __future__ import annotations
 
+import re
+
 from alerts.grafana._engines import (
     ENGINE_PANELS,
     GPU_PANELS,
@@ -20,6 +22,7 @@ from alerts.grafana._engines import (
 from alerts.grafana._panels import render_dashboard
 from alerts.grafana._slo import slo_overview
 from alerts.model import RuleModel
+from pipeline.errors import ConfigError
 
 __all__ = [
     "ENGINE_PANELS",
@@ -33,9 +36,19 @@ __all__ = [
 ]
 
 
+#: Grafana's uid limit (40 characters) less the longest suffix, ``-engines``.
+_PREFIX = re.compile(r"[A-Za-z0-9_-]{1,32}")
+
+
 def dashboard_files(model: RuleModel, prefix: str = "llmslo") -> dict[str, str]:
     """File name → dashboard JSON for ``model``: ``<prefix>-slos.json`` and
-    ``<prefix>-engines.json``; ``prefix`` is also the start of each board's uid."""
+    ``<prefix>-engines.json``; ``prefix`` is also the start of each board's uid, so
+    :class:`ConfigError` unless it is 1–32 letters, digits, ``-`` or ``_``."""
+    if not _PREFIX.fullmatch(prefix):
+        raise ConfigError(
+            f"prefix {prefix!r}: expected 1-32 letters, digits, '-' or '_' "
+            "(it names the files and the dashboards' uids)"
+        )
     return {
         f"{prefix}-slos.json": render_dashboard(slo_overview(model, uid=f"{prefix}-slos")),
         f"{prefix}-engines.json": render_dashboard(engines_board(uid=f"{prefix}-engines")),

@@ -26,19 +26,22 @@ def register(subparsers: Any) -> None:
         "llmslo dashboards grafana sloth-spec.yml -o var/grafana --prefix checkout",
     )
     sub = dashboards.add_subparsers(dest="dashboards_command", required=True)
-    grafana = sub.add_parser(
+    grafana = add_subcommand(
+        sub,
         "grafana",
-        help="write <prefix>-slos.json and <prefix>-engines.json into DIR",
-        description="SPEC may be llmslo/v1, OpenSLO v1 or Sloth prometheus/v1, as for "
-        "`llmslo rules generate`; the boards read the series those rules record. Nothing "
-        "is written unless both boards render.",
+        "Write <prefix>-slos.json and <prefix>-engines.json into DIR. SPEC may be llmslo/v1, "
+        "OpenSLO v1 or Sloth prometheus/v1, as for `llmslo rules generate`; the boards read "
+        "the series those rules record. Nothing is written unless both boards render.",
+        "llmslo dashboards grafana config/slo.example.yaml -o var/grafana\n"
+        "llmslo dashboards grafana sloth-spec.yml -o var/grafana --prefix checkout",
     )
     grafana.add_argument("spec", type=Path)
     grafana.add_argument("-o", "--output", type=Path, required=True, help="directory to write")
     grafana.add_argument(
         "--prefix",
         default="llmslo",
-        help="start of the file names and dashboard uids (default llmslo)",
+        help="start of the file names and dashboard uids: letters, digits, - and _ "
+        "(default llmslo)",
     )
     grafana.set_defaults(handler=run_grafana)
 

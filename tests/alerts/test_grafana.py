@@ -248,6 +248,9 @@ def test_the_cli_writes_both_boards_and_nothing_on_a_bad_spec(
     empty = tmp_path / "empty"
     assert main(["dashboards", "grafana", str(bad), "-o", str(empty)]) == 2
     assert not empty.exists()
+    assert main(["dashboards", "grafana", str(spec), "-o", str(empty), "--prefix", "../x"]) == 2
+    assert "prefix '../x'" in capsys.readouterr().err
+    assert not empty.exists()
 
 
 def test_boards_match_the_golden_files() -> None:
