@@ -15,6 +15,7 @@ import re
 from alerts.grafana._engines import (
     ENGINE_PANELS,
     GPU_PANELS,
+    QUANTILE,
     SignalPanel,
     engines_board,
     signal_expr,
@@ -27,6 +28,7 @@ from pipeline.errors import ConfigError
 __all__ = [
     "ENGINE_PANELS",
     "GPU_PANELS",
+    "QUANTILE",
     "SignalPanel",
     "dashboard_files",
     "engines_board",

@@ -23,7 +23,7 @@ from alerts.signatures import SIGNATURES
 from collectors.dialects import MetricRule, load_dialects
 from pipeline.signals import ENGINE_SIGNALS, GPU_SIGNALS, Signal
 
-__all__ = ["ENGINE_PANELS", "GPU_PANELS", "SignalPanel", "engines_board", "signal_expr"]
+__all__ = ["ENGINE_PANELS", "GPU_PANELS", "QUANTILE", "SignalPanel", "engines_board", "signal_expr"]
 
 #: The latency quantile the histogram panels show (the SLOs' p99).
 QUANTILE = 0.99

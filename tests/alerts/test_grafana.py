@@ -19,7 +19,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models import dashboard, prometheus
 
 from alerts import generate_rules, load_rule_model, render_bundle, write_all
-from alerts.grafana import dashboard_files
+from alerts.grafana import QUANTILE, dashboard_files
 from alerts.model import RuleModel, RuleSlo
 from alerts.testgen import encode_values
 from collectors.dialects import load_dialects
@@ -265,3 +265,62 @@ def test_boards_match_the_golden_files() -> None:
     for name, text in files.items():
         stored = (GOLDEN / name).read_text(encoding="utf-8")
         assert stored == text, f"{name} differs: run with LLMSLO_UPDATE_GOLDEN=1, review the diff"
+
+
+def _engine_panel_expr(title: str) -> str:
+    _, boards = _boards(REPO / "config" / "slo.example.yaml")
+    board = boards["llmslo-engines.json"]
+    panel = next(p for p in _panels(board) if p.get("title") == title)
+    return _substituted(panel["targets"][0]["expr"])
+
+
+def test_engine_graphs_read_each_dialect_once_and_in_seconds(tmp_path: Path, promtool: str) -> None:
+    """A vLLM 0.10 exposing the KV gauge under both names is one line, the current name; Triton's active
+    requests, not its waiting ones, are running; its TTFT histogram in ms is read in s."""
+    vllm = 'pool="llama",instance="pod-0:8000"'
+    triton = 'pool="trt",instance="pod-1:8000"'
+    ms_bounds = {"100": 0, "500": 1, "+Inf": 1}  # every request between 100 and 500 ms
+    series = {
+        f"vllm:kv_cache_usage_perc{{{vllm}}}": "0.7x10",
+        f"vllm:gpu_cache_usage_perc{{{vllm}}}": "0.65x10",  # the old name must not win
+        f'nv_trt_llm_request_metrics{{{triton},request_type="active"}}': "3x10",
+        f'nv_trt_llm_request_metrics{{{triton},request_type="waiting"}}': "5x10",
+        **{
+            f'nv_inference_first_response_histogram_ms_bucket{{{triton},le="{le}"}}': f"0+{60 * n}x10"
+            for le, n in ms_bounds.items()
+        },
+    }
+    # histogram_quantile interpolates linearly inside the (100, 500] ms bucket.
+    ttft_s = (100 + (500 - 100) * QUANTILE) / 1000
+    cases = [
+        ("KV cache usage", [(vllm, 0.7)]),
+        ("Running requests", [(triton, 3.0)]),
+        ("Waiting requests", [(triton, 5.0)]),
+        ("TTFT p99", [(triton, ttft_s)]),
+    ]
+    tests = [
+        {
+            "expr": f"round({_engine_panel_expr(title)}, 0.000001)",
+            "eval_time": "8m",
+            "exp_samples": [
+                {"labels": "{" + labels + "}", "value": value} for labels, value in want
+            ],
+        }
+        for title, want in cases
+    ]
+    rules = tmp_path / "empty.rules.yml"
+    rules.write_text("groups: []\n")
+    document = {
+        "rule_files": [rules.name],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp_path / "engines.test.yml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = run(promtool, "test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
