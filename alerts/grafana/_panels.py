@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, Self, TypeVar
 
 from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dashboard_b
@@ -42,14 +43,43 @@ class Query:
     legend: str = ""
 
 
-def _targets(queries: Sequence[Query], instant: bool = False) -> list[prometheus.Dataquery]:
-    targets = []
+class _PanelMethods(Protocol):
+    """What every panel builder of the SDK has (each type defines its own copy)."""
+
+    def title(self, title: str) -> Self: ...
+    def description(self, description: str) -> Self: ...
+    def datasource(self, datasource: dashboard.DataSourceRef) -> Self: ...
+    def span(self, w: int) -> Self: ...
+    def height(self, h: int) -> Self: ...
+    def with_target(self, target: prometheus.Dataquery) -> Self: ...
+
+
+_P = TypeVar("_P", bound=_PanelMethods)
+
+
+def _framed(
+    panel: _P,
+    title: str,
+    description: str,
+    queries: Sequence[Query],
+    size: tuple[int, int],
+    instant: bool = False,
+    table: bool = False,
+) -> _P:
+    """``panel`` titled, on the ``datasource`` variable, ``size`` (width, height) in grid
+    units, with one target per query (refIds A, B, …)."""
+    width, height = size
+    panel = panel.title(title).description(description).datasource(DATASOURCE)
+    panel = panel.span(width).height(height)
     for index, query in enumerate(queries):
         target = prometheus.Dataquery().expr(query.expr).ref_id(chr(ord("A") + index))
         if query.legend:
             target = target.legend_format(query.legend)
-        targets.append(target.instant() if instant else target.range())
-    return targets
+        target = target.instant() if instant else target.range()
+        if table:
+            target = target.format(prometheus_m.PromQueryFormat.TABLE)
+        panel = panel.with_target(target)
+    return panel
 
 
 def thresholds(*steps: tuple[float | None, str]) -> dashboard_b.ThresholdsConfig:
@@ -72,21 +102,14 @@ def stat_panel(
     """A single-value panel showing each series' last value, coloured by ``steps``."""
     panel = (
         stat.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
         .unit(unit)
         .thresholds(steps)
         .color_scheme(dashboard_b.FieldColor().mode(dashboard.FieldColorModeId.THRESHOLDS))
         .graph_mode(common.BigValueGraphMode.NONE)
         .color_mode(common.BigValueColorMode.BACKGROUND)
         .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
-        .span(width)
-        .height(4)
     )
-    for target in _targets(queries, instant=True):
-        panel = panel.with_target(target)
-    return panel
+    return _framed(panel, title, description, queries, (width, 4), instant=True)
 
 
 def timeseries_panel(
@@ -100,9 +123,6 @@ def timeseries_panel(
     """A line graph; with ``steps`` their values are drawn as dashed threshold lines."""
     panel = (
         timeseries.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
         .unit(unit)
         .legend(
             common_b.VizLegendOptions()
@@ -112,32 +132,18 @@ def timeseries_panel(
         )
         .line_width(1)
         .fill_opacity(10)
-        .span(width)
-        .height(8)
     )
     if steps is not None:
         panel = panel.thresholds(steps).thresholds_style(
             common_b.GraphThresholdsStyleConfig().mode(common.GraphTresholdsStyleMode.DASHED)
         )
-    for target in _targets(queries):
-        panel = panel.with_target(target)
-    return panel
+    return _framed(panel, title, description, queries, (width, 8))
 
 
 def table_panel(title: str, queries: Sequence[Query], description: str = "") -> table.Panel:
     """A table of the series an instant query returns, one row per series."""
-    panel = (
-        table.Panel()
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .show_header(True)
-        .span(24)
-        .height(6)
-    )
-    for target in _targets(queries, instant=True):
-        panel = panel.with_target(target.format(prometheus_m.PromQueryFormat.TABLE))
-    return panel
+    panel = table.Panel().show_header(True)
+    return _framed(panel, title, description, queries, (24, 6), instant=True, table=True)
 
 
 def base_dashboard(
