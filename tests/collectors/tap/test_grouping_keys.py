@@ -11,8 +11,14 @@ import aiohttp
 import pytest
 
 from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
-from tests.collectors.tap.fakes import CHAT, ScriptedUpstream, post, stream_script, tap_over
-from tests.collectors.tap.fakes import wait_for
+from tests.collectors.tap.fakes import (
+    CHAT,
+    ScriptedUpstream,
+    post,
+    stream_script,
+    tap_over,
+    wait_for,
+)
 
 MODEL = "llama-3-8b"
 HOSTILE = "<img src=x onerror=alert(1)>[phish](http://evil.example)"
