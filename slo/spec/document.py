@@ -14,6 +14,8 @@ Shape (see ``config/slo.example.yaml``)::
         objective: 0.99              # fraction in (0, 1)
         period: 30d                  # picks the alert-window catalog (30d, 28d, 7d)
         sli: {kind: latency, metric: ttft, threshold_s: 2.0, source: tap}  # or engine, probe
+        # sli.outcomes / sli.statuses: good, bad or excluded per outcome and per HTTP status
+        # (slo.spec.outcomes; defaults: client 4xx and cancellations excluded)
         selector: {pool: llama-3-8b} # model, pool, tenant, route, instance (value or list)
         group_by: [pool]             # evaluate per pool (pool, instance, tenant, route)
         alerting: {min_events: 100}  # low-traffic guard on the long window of each pair
@@ -35,6 +37,7 @@ from pydantic import (
 
 from pipeline.config import STRICT, format_validation_error
 from pipeline.errors import ConfigError
+from slo.spec.outcomes import OutcomeClass, check_outcome_table, check_status_table
 from slo.windows import known_periods, parse_duration_ms
 
 __all__ = [
@@ -69,7 +72,34 @@ class _Spec(BaseModel):
     model_config = STRICT
 
 
-class LatencySpec(_Spec):
+class _RequestSli(_Spec):
+    """What an SLI over request records counts: the outcome classes laid over the defaults
+    (:mod:`slo.spec.outcomes`)."""
+
+    outcomes: dict[str, OutcomeClass] = Field(
+        default={},
+        description="class per outcome (good, bad, excluded), over the defaults; 'ok' is good",
+    )
+    statuses: dict[str, OutcomeClass] = Field(
+        default={},
+        description="class per HTTP status the client got ('404' or '4xx'), applied to records "
+        "that are not ok before their outcome's; over the defaults {4xx: excluded, 429: bad}",
+    )
+
+    @field_validator("outcomes")
+    @classmethod
+    def _outcomes(cls, value: dict[str, OutcomeClass]) -> dict[str, OutcomeClass]:
+        check_outcome_table(value)
+        return value
+
+    @field_validator("statuses")
+    @classmethod
+    def _statuses(cls, value: dict[str, OutcomeClass]) -> dict[str, OutcomeClass]:
+        check_status_table(value)
+        return value
+
+
+class LatencySpec(_RequestSli):
     """Good = the request's ``metric`` is at most ``threshold_s`` (and the request succeeded).
 
     ``source: engine`` counts histogram buckets instead of tap records: the threshold must
@@ -96,11 +126,14 @@ class LatencySpec(_Spec):
             raise ValueError("statistic applies only to metric itl with source tap")
         if self.source == "probe" and self.metric == "itl":
             raise ValueError("source probe records no ITL: use ttft, tpot or e2e")
+        if self.source == "engine" and (self.outcomes or self.statuses):
+            raise ValueError("source engine counts histogram buckets: no outcomes or statuses")
         return self
 
 
-class AvailabilitySpec(_Spec):
-    """Good = outcome ``ok`` and the client did not disconnect; every other outcome is bad.
+class AvailabilitySpec(_RequestSli):
+    """Good = a ``good`` record, bad = a ``bad`` one; ``excluded`` records are no event
+    (by default the client's 4xx and cancellations, :mod:`slo.spec.outcomes`).
 
     ``source: tap`` counts users' requests as the taps saw them; ``source: probe`` the
     prober's requests through the entry point (a gateway refusing connections fails them
@@ -110,8 +143,8 @@ class AvailabilitySpec(_Spec):
     source: Literal["tap", "probe"] = "tap"
 
 
-class GoodputSpec(_Spec):
-    """Good = outcome ok and *every* latency target met (DistServe-style goodput)."""
+class GoodputSpec(_RequestSli):
+    """Good = a ``good`` record with *every* latency target met (DistServe-style goodput)."""
 
     kind: Literal["goodput"]
     source: Literal["tap"] = "tap"
