@@ -89,6 +89,9 @@ def _input_series(recipe: SeriesRecipe, scenario: Scenario) -> list[dict[str, st
             (_series_name(recipe.metric, {**labels, "outcome": "ok"}), good),
             (_series_name(recipe.metric, {**labels, "outcome": "error"}), bad),
         ]
+        if recipe.excluded:  # as many excluded events as good ones: a rule counting them fails
+            excluded = {k: v for k, v in recipe.excluded.items() if v}
+            series.append((_series_name(recipe.metric, {**labels, **excluded}), good))
     return [{"series": name, "values": encode_values(values)} for name, values in series]
 
 

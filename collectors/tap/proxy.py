@@ -482,7 +482,8 @@ class TapProxy:
         model = self.model_labels.label(row.get("model"))  # bounded, never the raw string
         labels = (row["instance"], model)
         metrics = self.metrics
-        metrics.requests.labels(row["instance"], row["outcome"]).inc()
+        code = "" if row["http_status"] is None else str(row["http_status"])
+        metrics.requests.labels(row["instance"], row["outcome"], code).inc()
         if row["ttft_s"] is not None:
             metrics.ttft.labels(*labels).observe(row["ttft_s"])
         if row["tpot_s"] is not None:
