@@ -29,11 +29,11 @@ from alerts.model import WINDOW_PLACEHOLDER, RuleModel, RuleSlo, SeriesRecipe
 from collectors.tap.telemetry import DURATION_BUCKETS_S, TPOT_BUCKETS_S, TTFT_BUCKETS_S
 from pipeline.buckets import VLLM_ITL_S, VLLM_REQUEST_LATENCY_S, VLLM_TTFT_S
 from pipeline.errors import ConfigError, LlmsloError
+from pipeline.schema import OUTCOMES
 from slo.buckets import DEFAULT_BUCKETS
 from slo.spec import AvailabilitySpec, LatencySpec
 from slo.spec.model import Slo, SloModel
 from slo.spec.outcomes import OUTCOME_CLASSES, OutcomeClass, OutcomeClasses
-from pipeline.schema import OUTCOMES
 
 __all__ = [
     "ENGINE_HISTOGRAMS",

@@ -85,7 +85,10 @@ def _tap_good_eligible(slo: Slo) -> tuple[str, str]:
         value = _tap_value(sli.metric, sli.statistic)
         # A good request without the value (TPOT with one token, TTFT of a non-streamed
         # response) is not an event of this SLI; a bad one always is.
-        return f"{good} AND {value} <= {sli.threshold_s!r}", f"({bad} OR ({counted} AND {value} IS NOT NULL))"
+        return (
+            f"{good} AND {value} <= {sli.threshold_s!r}",
+            f"({bad} OR ({counted} AND {value} IS NOT NULL))",
+        )
     assert isinstance(sli, GoodputSpec)
     met = " AND ".join(
         f"coalesce({_tap_value(metric)} <= {threshold!r}, true)"

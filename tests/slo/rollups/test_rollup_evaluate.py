@@ -43,12 +43,8 @@ def test_the_service_failures_are_bad_and_the_client_ones_no_event(store: Store)
     rows += [
         # the client's doing: no event of either SLI
         request(T0_MS + 10_000, outcome="client_cancelled", client_disconnected=True, ttft_s=None),
-        request(
-            T0_MS + 11_000, outcome="error_before_first_token", http_status=404, ttft_s=None
-        ),
-        request(
-            T0_MS + 11_500, outcome="error_before_first_token", http_status=400, ttft_s=None
-        ),
+        request(T0_MS + 11_000, outcome="error_before_first_token", http_status=404, ttft_s=None),
+        request(T0_MS + 11_500, outcome="error_before_first_token", http_status=400, ttft_s=None),
         # the service's doing: bad
         request(T0_MS + 12_000, outcome="rejected", http_status=503, ttft_s=None, tpot_s=None),
         request(T0_MS + 12_500, outcome="rejected", http_status=429, ttft_s=None, tpot_s=None),
