@@ -17,7 +17,8 @@ OpenSLO v1, both through :func:`slo.spec.load_spec`) into a :class:`~alerts.mode
   the same way.
 
 ``le`` is matched by numeric value: the matcher accepts every rendering of the bound that
-exporters write (``2``, ``2.0``), so rules keep working across Prometheus 2 and 3.
+exporters write (``2``, ``2.0``), so rules keep working across Prometheus 2 and 3. Selector
+values are quoted by :mod:`alerts.promql`: a value only ever matches itself.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from alerts.model import WINDOW_PLACEHOLDER, RuleModel, RuleSlo, SeriesRecipe
+from alerts.promql import matcher, regex_matcher
 from collectors.tap.telemetry import DURATION_BUCKETS_S, TPOT_BUCKETS_S, TTFT_BUCKETS_S
 from pipeline.buckets import VLLM_ITL_S, VLLM_REQUEST_LATENCY_S, VLLM_TTFT_S
 from pipeline.errors import ConfigError, LlmsloError
@@ -97,9 +99,6 @@ TAP_REQUESTS = "llmslo_tap_requests_total"
 TAP_LABELS: Mapping[str, str] = {"model": "model", "pool": "pool", "instance": "instance"}
 
 
-_REGEX_SPECIAL = set("\\.+*?()|[]{}^$")
-
-
 class _Unsupported(LlmsloError):
     """This SLO has no exact PromQL form (path B only); the message says why."""
 
@@ -111,14 +110,9 @@ def _le_renderings(bound: float) -> list[str]:
     return sorted(forms)
 
 
-def _regex_literal(text: str) -> str:
-    """``text`` as a literal inside a PromQL regex string (RE2 escapes, then Go string escapes)."""
-    return "".join("\\\\" + c if c in _REGEX_SPECIAL else c for c in text)
-
-
 def le_matcher(bound: float) -> str:
     """A ``le=~"…"`` matcher that accepts every usual text form of ``bound`` (``2|2\\.0``)."""
-    return 'le=~"' + "|".join(_regex_literal(form) for form in _le_renderings(bound)) + '"'
+    return regex_matcher("le", _le_renderings(bound))
 
 
 def _matching_bound(bounds: Sequence[float], threshold: float) -> float | None:
@@ -135,9 +129,9 @@ def _selector(slo: Slo, names: Mapping[str, str], extra: Sequence[str] = ()) -> 
             raise _Unsupported(f"its series carry no {key} label")
         values = slo.selector[key]
         if len(values) == 1:
-            matchers.append(f'{names[key]}="{values[0]}"')
+            matchers.append(matcher(names[key], values[0]))
         else:
-            matchers.append(f'{names[key]}=~"{"|".join(_regex_literal(v) for v in values)}"')
+            matchers.append(regex_matcher(names[key], values))
     return [*matchers, *extra]
 
 

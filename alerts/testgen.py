@@ -22,6 +22,7 @@ from typing import Any
 
 from alerts.generate import pair_alert
 from alerts.model import RuleSlo, SeriesRecipe
+from alerts.promql import matcher
 from alerts.signatures import SIGNATURES, Case, Signature
 from pipeline.units import MINUTE_MS
 from slo.windows import AlertPair, format_duration
@@ -71,7 +72,7 @@ def encode_values(values: Sequence[float]) -> str:
 
 
 def _series_name(metric: str, labels: Mapping[str, str]) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    inner = ",".join(matcher(k, v) for k, v in sorted(labels.items()))
     return f"{metric}{{{inner}}}"
 
 
@@ -225,7 +226,7 @@ def _signature_case(sig: Signature, case: Case) -> dict[str, Any]:
     samples = []
     for extra in case.alerts:
         labels = {"alertname": sig.alert, "alertstate": "firing", **sig.labels, **extra}
-        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        inner = ",".join(matcher(k, v) for k, v in sorted(labels.items()))
         samples.append({"labels": "ALERTS{" + inner + "}", "value": 1})
     return {
         "interval": "1m",

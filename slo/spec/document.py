@@ -60,6 +60,17 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 #: Dimensions an SLO may be grouped by (columns of the rollup tables).
 GROUP_DIMENSIONS = ("pool", "instance", "tenant", "route")
 _NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*[A-Za-z0-9]$")
+#: Prometheus label names (``__`` is reserved for Prometheus itself) and alert names.
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ALERT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+#: The template actions a label or annotation may hold: a label of the alert, its value,
+#: an external label. Anything else (``query``, ``range``, a pipeline) could run PromQL or
+#: print what its author did not write when Prometheus expands the template.
+_SAFE_ACTION = re.compile(
+    r"\{\{-?\s*\$(?:value|labels\.[A-Za-z_][A-Za-z0-9_]*|externalLabels\.[A-Za-z_][A-Za-z0-9_]*)"
+    r"\s*-?\}\}"
+)
+_MAX_LABEL_VALUE = 1024
 _SLI_TAGS = {"latency", "availability", "goodput"}
 #: The highest objective accepted unless the SLO sets ``allow_objective_beyond_five_nines``:
 #: beyond it one bad request in the page pair's 5-minute window pages by itself unless that
@@ -70,6 +81,35 @@ MAX_OBJECTIVE = 0.99999
 
 class _Spec(BaseModel):
     model_config = STRICT
+
+
+def _check_name(value: str) -> str:
+    if not _NAME.match(value) or len(value) > 63:
+        raise ValueError("must be 2–63 characters of letters, digits, '-', '_', '.'")
+    return value
+
+
+def _check_template(text: str, what: str, *, multiline: bool = False) -> None:
+    """Refuse control characters and every template action but a safe reference."""
+    if not (text.replace("\n", "").replace("\t", "") if multiline else text).isprintable():
+        raise ValueError(f"{what}: control characters are not allowed")
+    if "{{" in _SAFE_ACTION.sub("", text):
+        raise ValueError(
+            f"{what}: only {{{{ $labels.<name> }}}}, {{{{ $value }}}} and "
+            "{{ $externalLabels.<name> }} may be templated"
+        )
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for name, value in labels.items():
+        if not _LABEL_NAME.match(name) or name.startswith("__"):
+            raise ValueError(
+                f"label name {name[:40]!r}: expected [A-Za-z_][A-Za-z0-9_]*, not starting '__'"
+            )
+        if not 0 < len(value) <= _MAX_LABEL_VALUE:
+            raise ValueError(f"label {name}: 1 to {_MAX_LABEL_VALUE} characters")
+        _check_template(value, f"label {name}")
+    return labels
 
 
 class _RequestSli(_Spec):
@@ -176,6 +216,9 @@ class SelectorSpec(_Spec):
     def _non_empty(cls, value: _Values | None) -> _Values | None:
         if isinstance(value, list) and not value:
             raise ValueError("an empty list selects nothing")
+        for item in [value] if isinstance(value, str) else value or []:
+            if not 0 < len(item) <= 253 or not item.isprintable():
+                raise ValueError(f"{item[:40]!r}: 1 to 253 printable characters")
         return value
 
 
@@ -192,6 +235,29 @@ class AlertingSpec(_Spec):
     )
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _alert_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ALERT_NAME.match(value):
+            raise ValueError(
+                "must be 1–128 characters of letters, digits and '_', not a digit first"
+            )
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_labels(value)
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _LABEL_NAME.match(name):
+                raise ValueError(f"annotation name {name[:40]!r}: expected [A-Za-z_][A-Za-z0-9_]*")
+            _check_template(text, f"annotation {name}", multiline=True)
+        return value
 
 
 class SloSpec(_Spec):
@@ -214,8 +280,17 @@ class SloSpec(_Spec):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _NAME.match(value) or len(value) > 63:
-            raise ValueError("must be 2–63 characters of letters, digits, '-', '_', '.'")
+        return _check_name(value)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_labels(value)
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str) -> str:
+        _check_template(value, "description", multiline=True)
         return value
 
     @field_validator("objective")
@@ -269,6 +344,16 @@ class SloDocument(_Spec):
     service: str = "llm-inference"
     labels: dict[str, str] = {}
     slos: list[SloSpec] = Field(min_length=1)
+
+    @field_validator("service")
+    @classmethod
+    def _service(cls, value: str) -> str:
+        return _check_name(value)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_labels(value)
 
     @field_validator("slos")
     @classmethod
