@@ -27,6 +27,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     Field,
     ValidationError,
@@ -60,6 +61,8 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 #: Dimensions an SLO may be grouped by (columns of the rollup tables).
 GROUP_DIMENSIONS = ("pool", "instance", "tenant", "route")
 _NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*[A-Za-z0-9]$")
+#: A service name: the first part of every SLO id (``<service>-<name>``), a label value.
+_SERVICE = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 #: Prometheus label names (``__`` is reserved for Prometheus itself) and alert names.
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ALERT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -110,6 +113,10 @@ def _check_labels(labels: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"label {name}: 1 to {_MAX_LABEL_VALUE} characters")
         _check_template(value, f"label {name}")
     return labels
+
+
+#: Labels a spec puts on rules and alerts: Prometheus names, values without template code.
+_Labels = Annotated[dict[str, str], AfterValidator(_check_labels)]
 
 
 class _RequestSli(_Spec):
@@ -233,7 +240,7 @@ class AlertingSpec(_Spec):
     name: str | None = Field(
         default=None, description="alert name (default: SLO name in CamelCase + 'BudgetBurn')"
     )
-    labels: dict[str, str] = {}
+    labels: _Labels = {}
     annotations: dict[str, str] = {}
 
     @field_validator("name")
@@ -244,11 +251,6 @@ class AlertingSpec(_Spec):
                 "must be 1–128 characters of letters, digits and '_', not a digit first"
             )
         return value
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
-        return _check_labels(value)
 
     @field_validator("annotations")
     @classmethod
@@ -275,17 +277,12 @@ class SloSpec(_Spec):
     selector: SelectorSpec = SelectorSpec()
     group_by: list[Literal["pool", "instance", "tenant", "route"]] = []
     alerting: AlertingSpec = AlertingSpec()
-    labels: dict[str, str] = {}
+    labels: _Labels = {}
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         return _check_name(value)
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
-        return _check_labels(value)
 
     @field_validator("description")
     @classmethod
@@ -342,18 +339,15 @@ class SloDocument(_Spec):
 
     version: Literal["llmslo/v1"]
     service: str = "llm-inference"
-    labels: dict[str, str] = {}
+    labels: _Labels = {}
     slos: list[SloSpec] = Field(min_length=1)
 
     @field_validator("service")
     @classmethod
     def _service(cls, value: str) -> str:
-        return _check_name(value)
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
-        return _check_labels(value)
+        if not _SERVICE.match(value):
+            raise ValueError("must be 1–63 characters of letters, digits, '-', '_', '.'")
+        return value
 
     @field_validator("slos")
     @classmethod

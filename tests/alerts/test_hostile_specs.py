@@ -27,7 +27,7 @@ def _doc(**slo: object) -> dict:
 REFUSED = {
     "a service that closes a matcher": (
         {**_doc(), "service": INJECT},
-        "service: must be 2–63 characters",
+        "service: must be 1–63 characters",
     ),
     "an alert name with a selector in it": (
         _doc(alerting={"name": 'Burn{severity="none"}'}),

@@ -251,20 +251,17 @@ def test_every_window_agrees_with_counting_raw_records(
     tmp_path: Path, offsets: list[int], seed: int, now_offset: int
 ) -> None:
     rng = random.Random(seed)
+    kinds: list[dict[str, Any]] = [
+        {"outcome": "ok"},
+        {"outcome": "ok"},
+        {"outcome": "rejected", "http_status": 429},
+        {"outcome": "rejected", "http_status": 503},
+        {"outcome": "error_before_first_token", "http_status": 404},
+        {"outcome": "error_before_first_token", "http_status": 500},
+        {"outcome": "client_cancelled"},
+    ]
     rows = [
-        request(
-            T0_MS + o,
-            ttft_s=rng.choice([0.5, 1.9, 2.0, 2.1, None]),
-            **rng.choice(
-                [
-                    {"outcome": "ok"},
-                    {"outcome": "ok"},
-                    {"outcome": "rejected", "http_status": rng.choice([429, 503])},
-                    {"outcome": "error_before_first_token", "http_status": rng.choice([404, 500])},
-                    {"outcome": "client_cancelled"},
-                ]
-            ),
-        )
+        request(T0_MS + o, ttft_s=rng.choice([0.5, 1.9, 2.0, 2.1, None]), **rng.choice(kinds))
         for o in offsets
     ]
     with Store(tmp_path / f"{uuid.uuid4().hex}.duckdb") as store:
