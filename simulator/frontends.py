@@ -112,6 +112,7 @@ class FrontEnds:
             health_interval_s=spec.health_interval_s,
             replica_in_flight=scaler.replica_in_flight if scaler is not None else None,
             pool=spec.pool or self._pool(pods) or _MIXED_POOL,
+            router_names=spec.router_names,
         )
         await self.gateway.start()
         if scaler is not None:
