@@ -123,7 +123,7 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
         "engine_awake",
         "gauge",
         "1 while the engine is awake, 0 while sleep mode has offloaded or discarded its weights "
-        "(vLLM engine_sleep_state{sleep_state=\"awake\"}): an asleep engine schedules nothing",
+        '(vLLM engine_sleep_state{sleep_state="awake"}): an asleep engine schedules nothing',
     ),
     ("process_start_time", "gauge", "Unix seconds the engine process started (restart marker)"),
     ("tap_in_flight", "gauge", "tap: streams open to this upstream instance right now"),

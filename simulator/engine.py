@@ -206,9 +206,7 @@ class EngineModel:
         """True while a hang fault keeps the engine from stepping."""
         xid = self.faults.get("xid")
         return (
-            "stall" in self.faults
-            or "wedge" in self.faults
-            or (xid is not None and xid.code == 79)
+            "stall" in self.faults or "wedge" in self.faults or (xid is not None and xid.code == 79)
         )
 
     def _unschedule_all(self) -> None:

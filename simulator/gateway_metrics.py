@@ -45,7 +45,10 @@ ERROR_CODES: dict[str, dict[str, str]] = {
         "no_eligible_endpoint": "ServiceUnavailable",
         "queue_full": "InferencePoolResourceExhausted",
     },
-    "llm-d-router": {"no_eligible_endpoint": "ServiceUnavailable", "queue_full": "ResourceExhausted"},
+    "llm-d-router": {
+        "no_eligible_endpoint": "ServiceUnavailable",
+        "queue_full": "ResourceExhausted",
+    },
     "dynamo": {},
 }
 _FAIRNESS = ("default", "0")  # fairness_id, priority: one flow, one priority band

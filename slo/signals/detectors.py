@@ -78,7 +78,9 @@ def fold_symptoms(findings: list[Finding]) -> list[Finding]:
     ``explains``) folded into the cause's evidence under ``explained``: a stalled engine's
     queue grows with its KV free, which is neither fragmentation nor load to scale for."""
     causes = [
-        f for f in findings if f.scope == "instance" and f.signal in SIGNALS and SIGNALS[f.signal].explains
+        f
+        for f in findings
+        if f.scope == "instance" and f.signal in SIGNALS and SIGNALS[f.signal].explains
     ]
     if not causes:
         return findings

@@ -19,7 +19,11 @@ from tests.collectors.piecewise import Page, PiecewiseServer
 from tests.collectors.test_canonical import rows_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
-NEW = ("llm_d_request_total_metric", "llm_d_request_error_total_metric", "llm_d_running_requests_metrics")
+NEW = (
+    "llm_d_request_total_metric",
+    "llm_d_request_error_total_metric",
+    "llm_d_running_requests_metrics",
+)
 OLD = ("request_total_metric", "request_error_total_metric", "running_requests_metrics")
 
 
@@ -70,7 +74,8 @@ def test_the_epp_is_recognised_in_either_generation_and_counted_once(
         "gateway_requests": _client_sum(text, prefix + "request"),
         "gateway_request_errors": _client_sum(text, prefix + "request_error"),
         "gateway_running": _client_sum(
-            text, "llm_d_epp_request_running" if prefix == "llm_d_epp_" else prefix + "running_requests"
+            text,
+            "llm_d_epp_request_running" if prefix == "llm_d_epp_" else prefix + "running_requests",
         ),
     }
     sums = _signal_sums(text)

@@ -232,7 +232,11 @@ def test_gateway_queue_full_from_429s(store: Store) -> None:
 def test_gateway_queue_full_from_either_epp_generations_shed_code(store: Store, code: str) -> None:
     findings = run(store, [], gateway(errors={code: 1}, queue=64))
     f = only(findings, "gateway_queue_full")
-    assert (f.basis, f.evidence["refused"], f.evidence["error_code"]) == ("epp_error_code", 14.0, code)
+    assert (f.basis, f.evidence["refused"], f.evidence["error_code"]) == (
+        "epp_error_code",
+        14.0,
+        code,
+    )
 
 
 @pytest.mark.parametrize(
