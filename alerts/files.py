@@ -8,15 +8,28 @@ from typing import Any
 
 from alerts.generate import generate_rules
 from alerts.model import RuleModel
+from alerts.operator import prometheus_rule
 from alerts.testgen import signature_test, slo_test
 from alerts.writer import HEADER, render_yaml
 
-__all__ = ["render_bundle", "rules_text"]
+__all__ = ["prometheus_rule_text", "render_bundle", "rules_text"]
 
 
 def rules_text(model: RuleModel, signatures: bool = True) -> str:
     """The rule file of ``model`` as YAML, with what was skipped listed in the header."""
     return _with_header(model, generate_rules(model, signatures))
+
+
+def prometheus_rule_text(
+    model: RuleModel,
+    name: str,
+    namespace: str | None = None,
+    labels: dict[str, str] | None = None,
+    signatures: bool = True,
+) -> str:
+    """The rule file of ``model`` wrapped in a ``PrometheusRule`` (same groups), as YAML."""
+    wrapped = prometheus_rule(generate_rules(model, signatures), name, namespace, labels)
+    return _with_header(model, wrapped)
 
 
 def _with_header(model: RuleModel, rules: dict[str, Any]) -> str:

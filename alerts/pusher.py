@@ -5,7 +5,8 @@ Per cycle (:meth:`AlertPusher.on_cycle`, the ``SloJobs(on_cycle=...)`` hook):
 :func:`~alerts.active.active_alerts` → :func:`~alerts.push.reconcile` (wall-clock
 ``startsAt``/``endsAt``, as Alertmanager expects) → the payloads go to the
 :class:`~alerts.client.AlertmanagerClient` on a sender thread (an Alertmanager outage never
-slows the jobs; the client's bounded queue and counted drops absorb it), and every state
+slows the jobs; the client's bounded queue, backoff and counted drops absorb it, and one
+flush waits for at most one POST, so the sender keeps taking new payloads), and every state
 change (started, resolved) goes to ``record`` as ALERTS rows (the Kafka ``alerts`` topic in
 ``llmslo run``, the table itself in ``llmslo jobs``). Never raises into the jobs' cycle:
 a failure is logged and counted (``llmslo_dropped_total{component="alerts",reason}``).
@@ -89,6 +90,7 @@ class _Sender:
                 self.client.flush()
 
     def close(self, timeout_s: float) -> None:
+        """Stop the thread and flush once more (skipped while the client backs off)."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)

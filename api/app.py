@@ -14,7 +14,9 @@ Status rules (reference/canary-and-peers.md §2.1):
 
 Computing a verdict writes the ``verdicts`` table, so it needs the bearer token named by
 :attr:`ApiConfig.token_env`; without a configured token those endpoints answer 403.
-Reading history does not.
+Reading history does not. A header token is checked before any body is read and bodies
+are capped per route (:mod:`api.guard`); each kind of route runs in its own lane of
+worker threads, and reads are shed with 503 + ``Retry-After`` first (:mod:`api.capacity`).
 """
 
 from __future__ import annotations
@@ -32,12 +34,22 @@ import duckdb
 from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry, Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import bearer, check_token
+from api.capacity import Lanes
 from api.changes import add_change_routes
-from api.errors import AuthError, ReadOnlyStoreError, UnknownCohortError, UnknownVerdictError
+from api.errors import (
+    AuthError,
+    OverloadedError,
+    ReadOnlyStoreError,
+    UnknownCohortError,
+    UnknownVerdictError,
+    error_response,
+)
 from api.flags import FlagWatcher, add_flag_routes
+from api.guard import BodyGuard
 from api.reads import ARROW_STREAM, add_read_routes, table_response
 from api.service import ApiConfig, SloStateProvider, VerdictService
 from api.tables import API_TABLES
@@ -71,11 +83,6 @@ class FlaggerPayload(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
-def _error(status: int, message: str, **extra: Any) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
-
-
 def _query_params(request: Request) -> dict[str, object]:
     """Query parameters; instance lists may repeat, anything else given twice is refused."""
     params: dict[str, object] = {}
@@ -95,37 +102,42 @@ def _install_error_handlers(app: FastAPI) -> None:
         detail = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
-        return _error(400, detail or "invalid request")
+        return error_response(400, detail or "invalid request")
 
     @app.exception_handler(AuthError)
     async def _auth(request: Request, exc: AuthError) -> JSONResponse:
-        return _error(exc.status, str(exc))
+        return error_response(exc.status, str(exc))
 
     @app.exception_handler(UnknownVerdictError)
     async def _no_verdict(request: Request, exc: UnknownVerdictError) -> JSONResponse:
-        return _error(404, str(exc))
+        return error_response(404, str(exc))
 
     @app.exception_handler(UnknownCohortError)
     async def _unknown(request: Request, exc: UnknownCohortError) -> JSONResponse:
-        return _error(404, str(exc))
+        return error_response(404, str(exc))
 
     @app.exception_handler(QueryError)
     async def _query(request: Request, exc: QueryError) -> JSONResponse:
-        named = {} if exc.parameter is None else {"parameter": exc.parameter}
-        return _error(400, str(exc), **named)
+        if exc.parameter is None:
+            return error_response(400, str(exc))
+        return error_response(400, str(exc), parameter=exc.parameter)
+
+    @app.exception_handler(OverloadedError)
+    async def _overloaded(request: Request, exc: OverloadedError) -> JSONResponse:
+        return error_response(503, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(ReadOnlyStoreError)
     async def _read_only(request: Request, exc: ReadOnlyStoreError) -> JSONResponse:
-        return _error(503, str(exc))
+        return error_response(503, str(exc))
 
     @app.exception_handler(LookupError)
     async def _not_found(request: Request, exc: LookupError) -> JSONResponse:
-        return _error(404, str(exc.args[0]) if exc.args else "not found")
+        return error_response(404, str(exc.args[0]) if exc.args else "not found")
 
     @app.exception_handler(duckdb.Error)
     async def _store(request: Request, exc: duckdb.Error) -> JSONResponse:
         log.error("store unavailable for %s: %s", request.url.path, exc)
-        return _error(503, "store unavailable")
+        return error_response(503, "store unavailable")
 
 
 def create_app(
@@ -139,6 +151,7 @@ def create_app(
     flag_sink: TransitionSink | None = None,
     read_only: bool = False,
     gpu_pods: Mapping[str, str] | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> FastAPI:
     """Build the app. ``token`` overrides the one read from ``config.token_env``.
 
@@ -150,7 +163,8 @@ def create_app(
     ``pod`` label to the engine instance where the two differ (the SLO config's
     ``detectors.gpu_pods``), so ``/api/v1/gpus`` joins GPUs to engines as the detectors do. Otherwise the API's tables
     (``verdicts``, ``flag_overrides``) are created when missing; ``/readyz`` says what is
-    missing when that failed.
+    missing when that failed. The API's counters (shed requests, refused bodies, passes
+    without a verdict) go to ``registry`` (the process's, inside ``llmslo run``).
     """
     config = config or ApiConfig()
     model = model or build_model(
@@ -160,7 +174,13 @@ def create_app(
     service = VerdictService(
         connection_provider, config, clock, slo_state_provider, store_verdicts=not read_only
     )
-    watcher = FlagWatcher(connection_provider, clock, tick_s=config.flags_tick_s, sink=flag_sink)
+    watcher = FlagWatcher(
+        connection_provider,
+        clock,
+        tick_s=config.flags_tick_s,
+        staleness_s=config.flags_staleness_s,
+        sink=flag_sink,
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -174,7 +194,17 @@ def create_app(
         version="1",
         lifespan=lifespan,
     )
+    registry = registry if registry is not None else CollectorRegistry()
+    lanes = Lanes(config.limits, registry)
+    unjudged = Counter(
+        "llmslo_api_unjudged_passes",
+        "Flagger gates answered pass for an inconclusive verdict (on_inconclusive=pass)",
+        ["gate"],
+        registry=registry,
+    )
     app.state.flag_watcher = watcher
+    app.state.lanes = lanes
+    app.state.registry = registry
     _install_error_handlers(app)
     if not read_only:
         try:
@@ -187,11 +217,18 @@ def create_app(
     def require_token(authorization: str | None) -> None:
         check_token(expected, bearer(authorization), config.token_env)
 
+    app.add_middleware(
+        BodyGuard,
+        authorize=require_token,
+        body_timeout_s=config.limits.body_timeout_s,
+        registry=registry,
+    )
     add_read_routes(
         app,
         connection_provider,
         {slo.id: slo.objective for slo in model.slos},
         {"gpu_pods": dict(gpu_pods or {})},
+        lane=lanes.reads,
     )
     add_flag_routes(app, watcher)
     add_change_routes(
@@ -200,26 +237,31 @@ def create_app(
         token=require_token,
         alertmanager_url=config.alertmanager_url,
         writable=not read_only,
+        reads=lanes.reads,
+        changes=lanes.changes,
     )
 
     @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, str]:
-        """The process answers."""
+    async def healthz() -> dict[str, str]:
+        """The process answers (on the event loop: no worker thread, no store)."""
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"])
-    def readyz() -> JSONResponse:
+    async def readyz() -> JSONResponse:
         """Ready when the store answers with the tables the API needs (``requests``, and
         ``verdicts`` unless read-only) and the SLO spec is loaded; 503 says what is missing."""
+        return await lanes.health.run(ready)
+
+    def ready() -> JSONResponse:
         needed = {"requests"} if read_only else {"requests", "verdicts"}
         try:
             with closing(connection_provider()) as con:
                 found = queries.present_tables(con)
         except duckdb.Error as exc:
-            return _error(503, f"store unavailable: {exc}")
+            return error_response(503, f"store unavailable: {exc}")
         missing = sorted(needed - found)
         if missing:
-            return _error(503, f"missing table(s) {missing}")
+            return error_response(503, f"missing table(s) {missing}")
         return JSONResponse(
             {
                 "status": "ready",
@@ -230,7 +272,7 @@ def create_app(
         )
 
     @app.get("/api/v1/verdict", tags=["verdicts"])
-    def verdict_get(
+    async def verdict_get(
         request: Request, authorization: Annotated[str | None, Header()] = None
     ) -> dict[str, Any]:
         """Argo ``web`` provider (document mode): always 200 for a computed verdict.
@@ -240,27 +282,29 @@ def create_app(
         (``label=value,…``), ``window`` (``10m``) and ``at`` (RFC 3339) or ``start``/``end``,
         ``min_requests``, ``namespace``, ``service``.
         """
-        check_token(expected, bearer(authorization), config.token_env)
-        document, _ = service.evaluate(_query_params(request), "argo")
+        require_token(authorization)
+        params = _query_params(request)
+        document, _ = await lanes.verdicts.run(lambda: service.evaluate(params, "argo"))
         return document
 
     @app.post("/api/v1/verdict", tags=["verdicts"])
-    def verdict_post(
+    async def verdict_post(
         params: Annotated[dict[str, Any], Body()],
         authorization: Annotated[str | None, Header()] = None,
     ) -> dict[str, Any]:
         """The same as ``GET`` with the parameters in a JSON object body."""
-        check_token(expected, bearer(authorization), config.token_env)
-        document, _ = service.evaluate(params, "argo")
+        require_token(authorization)
+        document, _ = await lanes.verdicts.run(lambda: service.evaluate(params, "argo"))
         return document
 
     @app.post("/api/v1/flagger/{gate}", tags=["verdicts"])
-    def flagger_gate(
+    async def flagger_gate(
         gate: FlaggerGate,
         payload: FlaggerPayload,
         authorization: Annotated[str | None, Header()] = None,
     ) -> JSONResponse:
-        """Flagger webhook (gate mode): 200 pass, 412 fail, 409 inconclusive."""
+        """Flagger webhook (gate mode): 200 pass, 412 fail, 409 inconclusive. A pass for an
+        inconclusive verdict (``on_inconclusive=pass``) carries a ``warning`` and is counted."""
         metadata = dict(payload.metadata)
         given = metadata.pop("token", None) or bearer(authorization)
         check_token(expected, given, config.token_env)
@@ -271,18 +315,24 @@ def create_app(
             if payload.checksum
             else None
         )
-        document, verdict = service.evaluate(params, f"flagger/{gate}", idempotency)
-        status = _GATE_STATUS[verdict]
-        if verdict == "inconclusive":
-            status = _GATE_STATUS[metadata.get("on_inconclusive", "inconclusive")]
+        document, verdict = await lanes.verdicts.run(
+            lambda: service.evaluate(params, f"flagger/{gate}", idempotency)
+        )
         # Flagger copies the body into a Kubernetes event: keep it compact; the evidence is
         # in the stored verdict (GET /api/v1/verdicts/{id}).
         classes = {m["name"]: m["classification"] for m in document["metrics"]}
         body = {"id": document["id"], **document["summary"], "metrics": classes}
-        return JSONResponse(body, status_code=status)
+        answered = verdict
+        if verdict == "inconclusive":
+            answered = metadata.get("on_inconclusive", "inconclusive")
+            if answered == "pass":
+                body["warning"] = _unjudged_warning(document["summary"])
+                unjudged.labels(gate=gate).inc()
+                log.warning("flagger/%s %s: %s", gate, document["id"], body["warning"])
+        return JSONResponse(body, status_code=_GATE_STATUS[answered])
 
     @app.get("/api/v1/verdicts", tags=["verdicts"])
-    def verdict_history(
+    async def verdict_history(
         request: Request,
         limit: Annotated[int, Query(ge=1)] = 50,
         service_name: Annotated[str | None, Query(alias="service", max_length=253)] = None,
@@ -293,7 +343,9 @@ def create_app(
         those rows as an Arrow stream with ``Accept: application/vnd.apache.arrow.stream``."""
         if limit > config.history_max_limit:
             raise QueryError(None, f"limit: at most {config.history_max_limit}")
-        documents, table = service.history(limit, service_name, verdict)
+        documents, table = await lanes.reads.run(
+            lambda: service.history(limit, service_name, verdict)
+        )
         if ARROW_STREAM in request.headers.get("accept", ""):
             return table_response(request, table)
         rows = table.to_pylist()
@@ -302,11 +354,19 @@ def create_app(
         )
 
     @app.get("/api/v1/verdicts/{verdict_id}", tags=["verdicts"])
-    def verdict_by_id(verdict_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
+    async def verdict_by_id(verdict_id: Annotated[str, Path(max_length=64)]) -> dict[str, Any]:
         """One stored verdict with its per-metric evidence; 404 if there is none."""
-        stored = service.by_id(verdict_id)
+        stored = await lanes.reads.run(lambda: service.by_id(verdict_id))
         if stored is None:
             raise UnknownVerdictError(f"no verdict {verdict_id!r}")
         return stored.document
 
     return app
+
+
+def _unjudged_warning(summary: Mapping[str, Any]) -> str:
+    return (
+        "promoted without a verdict: inconclusive answered as pass (on_inconclusive=pass) "
+        f"with {summary['canaryRequests']} canary and {summary['baselineRequests']} "
+        f"baseline requests; {summary['reason'][:200]}"
+    )

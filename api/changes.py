@@ -17,9 +17,10 @@ import httpx
 from fastapi import Body, FastAPI, Header, Path
 from fastapi.responses import JSONResponse, Response
 
+from api.capacity import Lane
 from api.errors import ReadOnlyStoreError
 from api.flags import FlagWatcher, start_transition
-from api.overrides import OverrideRequest, OverrideStore
+from api.overrides import FlagOverride, OverrideRequest, OverrideStore, check_scope
 
 __all__ = ["add_change_routes"]
 
@@ -33,10 +34,13 @@ def add_change_routes(
     *,
     token: Callable[[str | None], None],
     alertmanager_url: str | None,
+    reads: Lane,
+    changes: Lane,
     writable: bool = True,
     timeout_s: float = 5.0,
 ) -> None:
     """Register the override and silence routes; ``token(authorization)`` raises on refusal.
+    Overrides are set and cleared on ``changes``' threads, listed on ``reads``'.
 
     Without ``writable`` (a read-only store) overrides are refused with 503; silences live
     in Alertmanager and still pass through.
@@ -48,39 +52,51 @@ def add_change_routes(
             raise ReadOnlyStoreError("the store is open read-only: overrides cannot be stored")
 
     @app.post("/api/v1/flags/overrides", tags=["flags"], status_code=201)
-    def add_override(
+    async def add_override(
         body: Annotated[OverrideRequest, Body()],
         authorization: Annotated[str | None, Header()] = None,
     ) -> dict[str, Any]:
-        """Force a scope to a level until ``expires_in_s`` from now (token required)."""
+        """Force a scope to a level until ``expires_in_s`` from now (token required); the
+        scope (and ``pool``) must be one the store knows, else 400 naming it."""
         token(authorization)
         refuse_read_only()
+        return await changes.run(lambda: override(body))
+
+    def override(body: OverrideRequest) -> dict[str, Any]:
         before = {(r["scope"], r["scope_id"]): r for r in watcher.current().table.to_pylist()}
         now_ms = int(watcher.clock() * 1000)
         with closing(provider()) as con:
-            override = OverrideStore(con).add(body, now_ms)
+            check_scope(con, body, before)
+            stored = OverrideStore(con).add(body, now_ms)
         row = before.get((body.scope, body.scope_id))
         published = watcher.publish(
-            [start_transition(override, 0 if row is None else int(row["to_level"]))]
+            [start_transition(stored, 0 if row is None else int(row["to_level"]))]
         )
         watcher.refresh()
-        return {"override": override.as_json(), "published": published}
+        return {"override": stored.as_json(), "published": published}
 
     @app.get("/api/v1/flags/overrides", tags=["flags"])
-    def list_overrides() -> dict[str, Any]:
+    async def list_overrides() -> dict[str, Any]:
         """Overrides in force now, oldest first."""
         now_ms = int(watcher.clock() * 1000)
-        with closing(provider()) as con:
-            active = OverrideStore(con).active(now_ms)
+
+        def read() -> list[FlagOverride]:
+            with closing(provider()) as con:
+                return OverrideStore(con).active(now_ms)
+
+        active = await reads.run(read)
         return {"data": [o.as_json() for o in active], "count": len(active)}
 
     @app.delete("/api/v1/flags/overrides/{override_id}", tags=["flags"])
-    def clear_override(
+    async def clear_override(
         override_id: Annotated[str, _ID], authorization: Annotated[str | None, Header()] = None
     ) -> dict[str, Any]:
         """End an override now (token required); 404 when none with that id is in force."""
         token(authorization)
         refuse_read_only()
+        return await changes.run(lambda: clear(override_id))
+
+    def clear(override_id: str) -> dict[str, Any]:
         now_ms = int(watcher.clock() * 1000)
         with closing(provider()) as con:
             cleared = OverrideStore(con).clear(override_id, now_ms)

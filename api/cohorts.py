@@ -34,6 +34,7 @@ __all__ = [
     "TimeRange",
     "cohort_exists",
     "load_samples",
+    "shared_requests",
 ]
 
 #: Judge metric → request-record column (seconds).
@@ -190,6 +191,22 @@ def cohort_exists(con: duckdb.DuckDBPyConnection, cohort: Cohort) -> bool:
     return (
         con.execute(f"SELECT 1 FROM requests WHERE {where} LIMIT 1", params).fetchone() is not None
     )
+
+
+def shared_requests(
+    con: duckdb.DuckDBPyConnection, a: Cohort, b: Cohort, time_range: TimeRange
+) -> tuple[int, str | None]:
+    """How many requests received in ``time_range`` fall in both cohorts, and one of
+    their instances (None when there are none)."""
+    where_a, params_a = _where(con, a)
+    where_b, params_b = _where(con, b)
+    row = con.execute(
+        "SELECT count(*), min(instance) FROM requests"
+        f" WHERE received_ts_ms >= ? AND received_ts_ms < ? AND ({where_a}) AND ({where_b})",
+        [time_range.start_ms, time_range.end_ms, *params_a, *params_b],
+    ).fetchone()
+    assert row is not None  # an aggregate always returns one row
+    return int(row[0]), row[1]
 
 
 def load_samples(

@@ -1,12 +1,18 @@
 """Degradation flags for gateways: one shared watcher per process, ``ETag`` and long-poll.
 
-:class:`FlagWatcher` reads the computed flags (``slo.queries.current_flags``) and the
-overrides in force once per ``tick_s`` on its own thread, whatever the number of clients,
-and wakes every waiting long-poll when the effective flags change. ``GET /api/v1/flags``
-answers from that snapshot with a strong ``ETag`` (a hash of the answer); ``If-None-Match``
-with the current tag is a 304, and with ``?wait=S`` (≤ 60 s) the request is held until the
-flags differ from that tag or the wait ends (then 304). Overrides (token required) are set
-and cleared here too and published to the ``flags`` topic so taps follow them.
+:class:`FlagWatcher` reads the computed flags (``slo.queries.current_flags``), the
+overrides in force and the SLO jobs' newest heartbeat (``jobs_heartbeats``) once per
+``tick_s`` on its own thread, whatever the number of clients, and wakes every waiting
+long-poll when the answer changes. Every answer says how old it is: ``as_of`` (the
+heartbeat of the cycle that computed it, wall clock) and ``stale``, true when that
+heartbeat is older than the bound (:class:`Freshness`), when there is none, or when the
+store cannot be read (the last levels are then served, marked stale, never as fresh).
+``GET /api/v1/flags`` answers from that snapshot with a strong ``ETag`` (a hash of the
+whole answer, so it changes with ``as_of`` and ``stale`` too); ``If-None-Match`` with the
+current tag is a 304, and with ``?wait=S`` (≤ 60 s) the request is held until the answer
+differs from that tag or the wait ends (then 304). Overrides (token required) are set and
+cleared here too and published to the ``flags`` topic so taps follow them. The contract
+for gateway authors is ``docs/gateways.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import threading
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
@@ -34,24 +41,101 @@ from api.overrides import (
     OverrideStore,
     apply_overrides,
 )
-from api.reads import ARROW_STREAM, parse_query, table_response
+from api.reads import ARROW_STREAM, parse_query
 from pipeline.errors import QueryError
+from pipeline.schema import JOBS_HEARTBEATS, heartbeat_bound_s
 from slo.flags import FlagTransition
-from slo.queries import current_flags
+from slo.queries import FLAGS_SCHEMA, current_flags
 from slo.sinks import TransitionSink
 
-__all__ = ["FlagSnapshot", "FlagWatcher", "add_flag_routes", "etag_of"]
+__all__ = [
+    "FlagSnapshot",
+    "FlagWatcher",
+    "Freshness",
+    "add_flag_routes",
+    "etag_of",
+    "last_heartbeat",
+]
 
 log = logging.getLogger(__name__)
 
 #: Longest a long-poll may wait, seconds.
 MAX_WAIT_S = 60.0
+#: Response headers that carry the freshness on every answer (a 304 and Arrow too).
+AS_OF_HEADER = "X-Llmslo-Flags-As-Of"
+STALE_HEADER = "X-Llmslo-Flags-Stale"
 
 
-def etag_of(table: pa.Table) -> str:
-    """A strong ETag: the quoted SHA-256 (first 32 hex digits) of the rows as sorted JSON."""
-    text = json.dumps(table.to_pylist(), sort_keys=True, default=str)
-    return '"' + hashlib.sha256(text.encode()).hexdigest()[:32] + '"'
+def _iso(ts_ms: int) -> str:
+    return datetime.fromtimestamp(ts_ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How old an answer is: ``as_of_ms`` is the newest jobs heartbeat (wall clock, Unix
+    epoch ms; None: none was ever stored), ``stale`` whether it is older than
+    ``staleness_s`` (the effective bound), and ``reason`` why (``no_heartbeat``,
+    ``heartbeat_old``, ``store_unreadable``; None when fresh)."""
+
+    as_of_ms: int | None
+    stale: bool
+    reason: str | None
+    staleness_s: float
+
+    @classmethod
+    def judge(
+        cls, beat: tuple[int, float | None] | None, now_ms: int, staleness_s: float
+    ) -> Freshness:
+        """From the newest heartbeat ``(ts_ms, interval_s)`` (or None) at ``now_ms``."""
+        if beat is None:
+            return cls(None, True, "no_heartbeat", staleness_s)
+        ts_ms, interval_s = beat
+        bound_s = heartbeat_bound_s(staleness_s, interval_s)
+        stale = now_ms - ts_ms > bound_s * 1000
+        return cls(ts_ms, stale, "heartbeat_old" if stale else None, bound_s)
+
+    def unreadable(self) -> Freshness:
+        """The same ``as_of``, stale because the store cannot be read now."""
+        return Freshness(self.as_of_ms, True, "store_unreadable", self.staleness_s)
+
+    def fields(self) -> dict[str, Any]:
+        """The answer's freshness fields (JSON)."""
+        return {
+            "as_of": None if self.as_of_ms is None else _iso(self.as_of_ms),
+            "stale": self.stale,
+            "stale_reason": self.reason,
+            "staleness_s": self.staleness_s,
+        }
+
+    def headers(self) -> dict[str, str]:
+        """``X-Llmslo-Flags-As-Of`` (ISO 8601, absent without heartbeat) and ``-Stale``."""
+        headers = {STALE_HEADER: "true" if self.stale else "false"}
+        if self.as_of_ms is not None:
+            headers[AS_OF_HEADER] = _iso(self.as_of_ms)
+        return headers
+
+
+def last_heartbeat(
+    con: duckdb.DuckDBPyConnection, at_ms: int | None = None
+) -> tuple[int, float | None] | None:
+    """The newest jobs heartbeat ``(ts_ms, interval_s)`` (at or before ``at_ms``), or None.
+
+    A store written before heartbeats existed has no such table: no heartbeat, not an error.
+    """
+    where, params = ("WHERE ts_ms <= ?", [at_ms]) if at_ms is not None else ("", [])
+    try:
+        row = con.execute(
+            f"SELECT max(ts_ms), arg_max(interval_s, ts_ms) FROM {JOBS_HEARTBEATS.table} {where}",
+            params,
+        ).fetchone()
+    except duckdb.CatalogException:
+        return None
+    return None if row is None or row[0] is None else (int(row[0]), row[1])
+
+
+def etag_of(body: bytes) -> str:
+    """A strong ETag: the quoted SHA-256 (first 32 hex digits) of the JSON answer."""
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
 
 
 @dataclass(frozen=True)
@@ -60,18 +144,20 @@ class FlagView:
     once per change so that a poll costs no store read and no serialisation."""
 
     table: pa.Table
+    freshness: Freshness
     etag: str
     json_body: bytes
     arrow_body: bytes
 
     @classmethod
-    def of(cls, table: pa.Table) -> FlagView:
+    def of(cls, table: pa.Table, freshness: Freshness) -> FlagView:
         rows = table.to_pylist()
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        body = json.dumps({"data": rows, "count": len(rows)}, default=str).encode()
-        return cls(table, etag_of(table), body, sink.getvalue().to_pybytes())
+        answer = {"data": rows, "count": len(rows), **freshness.fields()}
+        body = json.dumps(answer, sort_keys=True, default=str).encode()
+        return cls(table, freshness, etag_of(body), body, sink.getvalue().to_pybytes())
 
 
 @dataclass(frozen=True)
@@ -83,17 +169,29 @@ class FlagSnapshot:
     version: int
     overrides: tuple[FlagOverride, ...]
     views: dict[str | None, FlagView]
+    freshness: Freshness
 
     @classmethod
-    def of(cls, table: pa.Table, version: int, overrides: tuple[FlagOverride, ...]) -> FlagSnapshot:
-        views = {scope: FlagView.of(_view(table, scope)) for scope in (None, "pool", "instance")}
-        return cls(table, views[None].etag, version, overrides, views)
+    def of(
+        cls,
+        table: pa.Table,
+        version: int,
+        overrides: tuple[FlagOverride, ...],
+        freshness: Freshness,
+    ) -> FlagSnapshot:
+        views = {
+            scope: FlagView.of(_view(table, scope), freshness)
+            for scope in (None, "pool", "instance")
+        }
+        return cls(table, views[None].etag, version, overrides, views, freshness)
 
 
 class FlagWatcher:
     """Polls the store once per ``tick_s`` (on a daemon thread started on first use) and
     wakes waiting requests on change. ``reads`` counts the store reads (for tests and
-    ``/metrics``-style checks: it does not grow with the number of clients)."""
+    ``/metrics``-style checks: it does not grow with the number of clients).
+    ``staleness_s``: an answer whose newest jobs heartbeat is older (by ``clock``, Unix
+    seconds) is stale (never under three jobs intervals: ``pipeline.schema.heartbeat_bound_s``)."""
 
     def __init__(
         self,
@@ -101,11 +199,13 @@ class FlagWatcher:
         clock: Callable[[], float],
         *,
         tick_s: float = 1.0,
+        staleness_s: float = 60.0,
         sink: TransitionSink | None = None,
     ) -> None:
         self.connection_provider = connection_provider
         self.clock = clock
         self.tick_s = tick_s
+        self.staleness_s = staleness_s
         self.sink = sink
         self.reads = 0
         self._lock = threading.Lock()
@@ -130,29 +230,64 @@ class FlagWatcher:
     def refresh(self) -> FlagSnapshot:
         """Read the store once; on a change publish a new snapshot and wake the waiters.
 
-        Raises ``duckdb.Error`` when the store cannot be read.
+        When the store cannot be read, the last levels (none before the first read) are
+        published as stale (``store_unreadable``); the outage is logged once.
         """
         with self._refresh_lock:
             now_ms = int(self.clock() * 1000)
-            with closing(self.connection_provider()) as con:
-                computed = current_flags(con)
-                overrides = OverrideStore(con).active(now_ms)
-            self.reads += 1
-            table = apply_overrides(computed, overrides)
-            etag = etag_of(table)
             previous = self._snapshot
-            if previous is not None and previous.etag == etag:
-                return previous
-            version = (previous.version + 1) if previous else 1
-            snapshot = FlagSnapshot.of(table, version, tuple(overrides))
-            if previous is not None:
-                self._publish_ended(previous, snapshot, now_ms)
-            with self._lock:
-                self._snapshot = snapshot
-                waiters, self._waiters = self._waiters, []
-            for loop, future in waiters:
-                loop.call_soon_threadsafe(_resolve, future)
-            return snapshot
+            try:
+                with closing(self.connection_provider()) as con:
+                    computed = current_flags(con)
+                    overrides = tuple(OverrideStore(con).active(now_ms))
+                    beat = last_heartbeat(con)
+            except duckdb.Error as exc:
+                if not self._failing:
+                    log.error("flag watcher cannot read the store, flags now stale: %s", exc)
+                self._failing = True
+                if previous is None:
+                    empty = Freshness(None, True, "store_unreadable", self.staleness_s)
+                    return self._install(FLAGS_SCHEMA.empty_table(), (), empty, now_ms)
+                freshness = previous.freshness.unreadable()
+                return self._install(previous.table, previous.overrides, freshness, now_ms)
+            if self._failing:
+                log.info("flag watcher reads the store again")
+                self._failing = False
+            self.reads += 1
+            freshness = Freshness.judge(beat, now_ms, self.staleness_s)
+            return self._install(
+                apply_overrides(computed, list(overrides)), overrides, freshness, now_ms
+            )
+
+    def _install(
+        self,
+        table: pa.Table,
+        overrides: tuple[FlagOverride, ...],
+        freshness: Freshness,
+        now_ms: int,
+    ) -> FlagSnapshot:
+        """Publish the snapshot of ``table`` unless it answers the same as the current one."""
+        previous = self._snapshot
+        version = (previous.version + 1) if previous else 1
+        snapshot = FlagSnapshot.of(table, version, overrides, freshness)
+        if previous is not None and previous.etag == snapshot.etag:
+            return previous
+        if previous is not None:
+            self._publish_ended(previous, snapshot, now_ms)
+        if previous is None or previous.freshness.stale != freshness.stale:
+            log.log(
+                logging.WARNING if freshness.stale else logging.INFO,
+                "flags %s (as of %s, %s)",
+                "stale" if freshness.stale else "fresh",
+                freshness.fields()["as_of"],
+                freshness.reason or "heartbeat within the bound",
+            )
+        with self._lock:
+            self._snapshot = snapshot
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future)
+        return snapshot
 
     async def changed_since(self, version: int, timeout_s: float) -> FlagSnapshot:
         """The first snapshot newer than ``version``, or the current one after ``timeout_s``."""
@@ -199,11 +334,8 @@ class FlagWatcher:
         while not self._stopping.wait(self.tick_s):
             try:
                 self.refresh()
-                self._failing = False
-            except Exception as exc:  # keep serving the last snapshot; log once per outage
-                if not self._failing:
-                    log.error("flag watcher cannot refresh the flags: %s", exc, exc_info=True)
-                self._failing = True
+            except Exception:  # a bug, not an outage: keep the thread (answers age by tick)
+                log.exception("flag watcher cannot refresh the flags")
 
     def _publish_ended(self, before: FlagSnapshot, after: FlagSnapshot, now_ms: int) -> None:
         """Overrides that expired since the last tick end with a transition back."""
@@ -271,9 +403,10 @@ def add_flag_routes(app: FastAPI, watcher: FlagWatcher) -> None:
 
     @app.get("/api/v1/flags", tags=["flags"])
     async def flags(request: Request) -> Response:
-        """Current level per pool and instance (manual overrides applied), with a strong
-        ``ETag``. ``If-None-Match`` + ``wait=S`` (0 < S ≤ 60) holds the request until the
-        flags change (200) or S seconds pass (304). ``at_ms`` reads the past (no wait)."""
+        """Current level per pool and instance (manual overrides applied), with ``as_of``
+        (the jobs heartbeat they were computed at) and ``stale``, and a strong ``ETag``.
+        ``If-None-Match`` + ``wait=S`` (0 < S ≤ 60) holds the request until the answer
+        changes (200) or S seconds pass (304). ``at_ms`` reads the past (no wait)."""
         arguments = parse_query(request, kinds)
         scope, wait = arguments.get("scope"), arguments.get("wait")
         if scope is not None and scope not in ("pool", "instance"):
@@ -283,10 +416,8 @@ def add_flag_routes(app: FastAPI, watcher: FlagWatcher) -> None:
         if "at_ms" in arguments:
             if wait is not None:
                 raise QueryError("wait", "cannot wait on a past time (at_ms)")
-            table = await asyncio.to_thread(_past_flags, watcher, arguments["at_ms"])
-            response = table_response(request, _view(table, scope))
-            response.headers["Cache-Control"] = "no-cache"
-            return response
+            table, freshness = await asyncio.to_thread(_past_flags, watcher, arguments["at_ms"])
+            return _answer(request, FlagView.of(_view(table, scope), freshness))
         # Polls are served from the shared snapshot: no thread hop, no store read.
         snapshot = watcher.latest
         if snapshot is None or not watcher.running:
@@ -304,15 +435,18 @@ def add_flag_routes(app: FastAPI, watcher: FlagWatcher) -> None:
         return _answer(request, view)
 
 
-def _past_flags(watcher: FlagWatcher, at_ms: int) -> pa.Table:
-    """The flags at ``at_ms`` with the overrides in force then (``current_flags`` checks it)."""
+def _past_flags(watcher: FlagWatcher, at_ms: int) -> tuple[pa.Table, Freshness]:
+    """The flags at ``at_ms`` with the overrides in force then (``current_flags`` checks it),
+    and how fresh they were then."""
     with closing(watcher.connection_provider()) as con:
         computed = current_flags(con, at_ms=at_ms)
-        return apply_overrides(computed, OverrideStore(con).active(at_ms))
+        table = apply_overrides(computed, OverrideStore(con).active(at_ms))
+        freshness = Freshness.judge(last_heartbeat(con, at_ms), at_ms, watcher.staleness_s)
+    return table, freshness
 
 
 def _answer(request: Request, view: FlagView) -> Response:
-    headers = {"Cache-Control": "no-cache", "ETag": view.etag}
+    headers = {"Cache-Control": "no-cache", "ETag": view.etag, **view.freshness.headers()}
     if _matches(request.headers.get("if-none-match"), view.etag):
         return Response(status_code=304, headers=headers)
     if ARROW_STREAM in request.headers.get("accept", ""):

@@ -1,8 +1,9 @@
 """Manual flag overrides: the ``flag_overrides`` table and how an override changes the
 flags that gateways read.
 
-An operator forces a scope (pool or instance) to a level until an expiry (``POST
-/api/v1/flags/overrides``, token required). :func:`apply_overrides` is pure: it takes the
+An operator forces a scope (pool or instance) the store knows to a level until an expiry
+(``POST /api/v1/flags/overrides``, token required); its texts are printable (no control,
+NUL or bidirectional-override characters, which would disguise what an operator reads). :func:`apply_overrides` is pure: it takes the
 computed flags (``slo.queries.current_flags``) and the overrides active at a time and
 returns the table gateways see, same schema. All SQL is parameterised.
 """
@@ -10,16 +11,19 @@ returns the table gateways see, same schema. All SQL is parameterised.
 from __future__ import annotations
 
 import json
+import unicodedata
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import duckdb
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from api.tables import FLAG_OVERRIDES_TABLE
-from slo.queries import FLAGS_SCHEMA
+from pipeline.errors import QueryError
+from slo.queries import FLAGS_SCHEMA, meta
 from slo.sinks import OVERRIDE_REASONS
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "OverrideRequest",
     "OverrideStore",
     "apply_overrides",
+    "check_scope",
 ]
 
 #: ``reason`` of the transition an override publishes when set, and when it ends (the SLO
@@ -36,6 +41,19 @@ __all__ = [
 OVERRIDE_REASON, OVERRIDE_ENDED = OVERRIDE_REASONS
 #: Longest an override may last (7 days): a forgotten override must end by itself.
 MAX_OVERRIDE_S = 7 * 86_400
+#: Unicode categories refused in override texts: controls (NUL included), format
+#: characters (bidirectional overrides and isolates, zero-width joiners), surrogates.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs"})
+
+
+def _printable(text: str) -> str:
+    for char in text:
+        if unicodedata.category(char) in _UNPRINTABLE:
+            raise ValueError(f"contains the unprintable character U+{ord(char):04X}")
+    return text
+
+
+Printable = Annotated[str, AfterValidator(_printable)]
 
 
 class OverrideRequest(BaseModel):
@@ -44,12 +62,40 @@ class OverrideRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     scope: Literal["pool", "instance"]
-    scope_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f]+$")
-    pool: str | None = Field(default=None, min_length=1, max_length=256)
+    scope_id: Printable = Field(min_length=1, max_length=256)
+    pool: Printable | None = Field(default=None, min_length=1, max_length=256)
     level: int = Field(ge=0, le=3)
     #: How long it holds, in seconds (1 s to 7 days).
     expires_in_s: int = Field(ge=1, le=MAX_OVERRIDE_S)
-    reason: str = Field(min_length=1, max_length=500)
+    reason: Printable = Field(min_length=1, max_length=500)
+
+
+def check_scope(
+    con: duckdb.DuckDBPyConnection,
+    request: OverrideRequest,
+    flags: Mapping[tuple[str, str], Mapping[str, Any]],
+) -> None:
+    """Refuse an override of a scope (or ``pool``) the store does not know.
+
+    Known: the pools and instances of the request records and engine samples
+    (``slo.queries.meta``) and the scopes of the current ``flags`` (scope, id) → row.
+
+    Raises:
+        QueryError: naming the unknown scope id or pool (400).
+    """
+    found = meta(con)
+    known = {
+        "pool": set(found["pools"]) | {str(row["pool"]) for row in flags.values() if row["pool"]},
+        "instance": {item["instance"] for item in found["instances"]},
+    }
+    for scope, scope_id in flags:
+        known.setdefault(scope, set()).add(scope_id)
+    if request.scope_id not in known[request.scope]:
+        raise QueryError(
+            "scope_id", f"no {request.scope} {request.scope_id[:80]!r} is known to the store"
+        )
+    if request.pool is not None and request.pool not in known["pool"]:
+        raise QueryError("pool", f"no pool {request.pool[:80]!r} is known to the store")
 
 
 @dataclass(frozen=True)

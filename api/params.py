@@ -2,7 +2,10 @@
 ``metadata`` (reference/canary-and-peers.md §2.2). Every value may arrive as a string.
 
 :func:`parse_params` validates once and turns them into cohorts and a time range; any
-failure is a :class:`~pipeline.errors.QueryError` whose message names the parameter.
+failure is a :class:`~pipeline.errors.QueryError` whose message names the parameter. A
+canary is never judged against itself: cohorts whose definitions overlap (a shared instance
+with compatible labels, or the same definition) are refused here, and cohorts that can only
+be told apart by the data (label selectors) are marked for :func:`~api.cohorts.shared_requests`.
 """
 
 from __future__ import annotations
@@ -98,12 +101,14 @@ class VerdictParams(BaseModel):
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """Validated parameters: the two cohorts and the judged range."""
+    """Validated parameters: the two cohorts and the judged range. ``disjoint``: no
+    request can fall in both cohorts whatever the data (else the caller checks the data)."""
 
     params: VerdictParams
     canary: Cohort
     baseline: Cohort
     time_range: TimeRange
+    disjoint: bool
 
 
 def _cohort(instances: str | list[str] | None, selector: str | None, side: str) -> Cohort:
@@ -137,9 +142,35 @@ def parse_params(raw: Mapping[str, object], now_ms: int, default_window: str) ->
         raise QueryError(None, _describe(exc)) from exc
     except ValueError as exc:
         raise QueryError(None, str(exc)) from exc
+    return ParsedRequest(params, canary, baseline, time_range, _disjoint(canary, baseline))
+
+
+def _disjoint(canary: Cohort, baseline: Cohort) -> bool:
+    """True when no request can be in both cohorts; False when the data must tell.
+
+    Raises:
+        QueryError: the definitions overlap (the message names the overlap).
+    """
     if canary == baseline:
-        raise QueryError(None, "canary and baseline select the same requests")
-    return ParsedRequest(params, canary, baseline, time_range)
+        raise QueryError(
+            None, f"canary and baseline select the same requests ({canary.describe()})"
+        )
+    conflicting = any(
+        baseline.labels.get(key, value) != value for key, value in canary.labels.items()
+    )
+    if conflicting:  # a label with two different values: a record carries one
+        return True
+    if canary.instances and baseline.instances:
+        shared = sorted(set(canary.instances) & set(baseline.instances))
+        if shared:
+            names = ", ".join(shared[:10]) + (" …" if len(shared) > 10 else "")
+            raise QueryError(
+                None,
+                f"canary and baseline select the same requests: instance(s) {names} "
+                "in both cohorts",
+            )
+        return True  # a record has one instance
+    return False
 
 
 def _describe(exc: ValidationError) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Awaitable, Callable, Mapping, Set
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +26,7 @@ import pyarrow as pa
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from api.capacity import Lane
 from pipeline.errors import QueryError
 from pipeline.schema import ALERTS
 from slo import queries
@@ -163,16 +164,21 @@ def _endpoint(
     route: ReadRoute,
     connection_provider: Callable[[], duckdb.DuckDBPyConnection],
     configured: Mapping[str, object],
-) -> Callable[[Request], Response]:
+    lane: Lane,
+) -> Callable[[Request], Awaitable[Response]]:
     kinds, required = _kinds(route.query)
     for name in route.configured:
         kinds.pop(name)
     settings = {name: configured[name] for name in route.configured if name in configured}
 
-    def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request) -> Response:
         arguments = parse_query(request, kinds, required)
-        with closing(connection_provider()) as con:
-            return table_response(request, route.query(con, **arguments, **settings))
+
+        def answer() -> Response:
+            with closing(connection_provider()) as con:
+                return table_response(request, route.query(con, **arguments, **settings))
+
+        return await lane.run(answer)
 
     endpoint.__doc__ = (
         f"{route.summary}\n\nParameters: {', '.join(sorted(kinds)) or 'none'} "
@@ -186,8 +192,11 @@ def add_read_routes(
     connection_provider: Callable[[], duckdb.DuckDBPyConnection],
     objectives: Mapping[str, float],
     configured: Mapping[str, object] | None = None,
+    *,
+    lane: Lane,
 ) -> None:
-    """Register every read route, the budget route and ``/api/v1/meta`` on ``app``.
+    """Register every read route, the budget route and ``/api/v1/meta`` on ``app``, each
+    run on ``lane``'s worker threads (shed with 503 when it is full).
 
     ``objectives`` (SLO id → objective from the loaded spec) fill in the budget route's
     ``objective`` when the caller leaves it out. ``configured`` holds the values of the
@@ -195,27 +204,36 @@ def add_read_routes(
     query function's default.
     """
     for route in READ_ROUTES:
-        endpoint = _endpoint(route, connection_provider, configured or {})
+        endpoint = _endpoint(route, connection_provider, configured or {}, lane)
         app.add_api_route(route.path, endpoint, methods=["GET"], tags=["read"])
     budget_kinds, _ = _kinds(queries.budget_series)
     budget_kinds.pop("slo_id")
 
     @app.get("/api/v1/slos/{slo_id}/budget", tags=["read"])
-    def budget(slo_id: str, request: Request) -> Response:
+    async def budget(slo_id: str, request: Request) -> Response:
         """Budget and burn series of one SLO (``objective`` defaults to the spec's)."""
         arguments = parse_query(request, budget_kinds, {"start_ms", "end_ms", "bucket_ms"})
         if "objective" not in arguments:
             if slo_id not in objectives:
                 raise QueryError("slo_id", f"unknown SLO {slo_id[:80]!r}; pass objective")
             arguments["objective"] = objectives[slo_id]
-        with closing(connection_provider()) as con:
-            return table_response(request, queries.budget_series(con, slo_id=slo_id, **arguments))
+
+        def answer() -> Response:
+            with closing(connection_provider()) as con:
+                series = queries.budget_series(con, slo_id=slo_id, **arguments)
+                return table_response(request, series)
+
+        return await lane.run(answer)
 
     @app.get("/api/v1/meta", tags=["read"])
-    def meta(request: Request) -> dict[str, Any]:
+    async def meta(request: Request) -> dict[str, Any]:
         """Data range, pools, instances (with pool and address) and SLO ids, for filters."""
         parse_query(request, {})
-        with closing(connection_provider()) as con:
-            answer = queries.meta(con)
+
+        def read() -> dict[str, Any]:
+            with closing(connection_provider()) as con:
+                return queries.meta(con)
+
+        answer = await lane.run(read)
         answer["slos"] = sorted(set(answer["slos"]) | set(objectives))
         return answer

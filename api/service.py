@@ -22,10 +22,12 @@ import duckdb
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from api.cohorts import Cohort, SampleOptions, TimeRange, load_samples
+from api.capacity import ApiLimits
+from api.cohorts import Cohort, SampleOptions, TimeRange, load_samples, shared_requests
 from api.judge import JudgeConfig, SloGateInput, Verdict, judge
 from api.params import ParsedRequest, parse_duration_ms, parse_params
 from api.verdicts import HISTORY_SCHEMA, StoredVerdict, VerdictStore
+from pipeline.errors import QueryError
 
 __all__ = ["ApiConfig", "SloStateProvider", "VerdictService", "build_document"]
 
@@ -50,8 +52,12 @@ class ApiConfig(BaseModel):
     alertmanager_url: str | None = Field(None, pattern=r"^https?://[^\s]+$", max_length=2_048)
     #: How often the one flags watcher per process reads the store, seconds.
     flags_tick_s: float = Field(1.0, ge=0.05, le=60.0)
+    #: Flags whose newest jobs heartbeat is older than this are answered ``stale`` (60 s:
+    #: four cycles of the default 15 s interval; never under three of the jobs' intervals).
+    flags_staleness_s: float = Field(60.0, gt=0, le=86_400.0)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     samples: SampleOptions = Field(default_factory=SampleOptions)
+    limits: ApiLimits = Field(default_factory=ApiLimits)
 
     @field_validator("default_window")
     @classmethod
@@ -68,6 +74,18 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _refuse_shared(con: duckdb.DuckDBPyConnection, request: ParsedRequest) -> None:
+    """Raise ``QueryError`` naming the overlap when a request of the range is in both."""
+    count, instance = shared_requests(con, request.canary, request.baseline, request.time_range)
+    if count:
+        raise QueryError(
+            None,
+            f"canary and baseline select the same requests: {count} request(s) in the window "
+            f"fall in both cohorts (canary {request.canary.describe()}, baseline "
+            f"{request.baseline.describe()}; e.g. instance {instance})",
+        )
 
 
 def build_document(
@@ -161,6 +179,8 @@ class VerdictService:
                 and (stored := store.by_idempotency_key(key)) is not None
             ):
                 return stored.document, stored.verdict
+            if not request.disjoint:
+                _refuse_shared(con, request)
             canary = load_samples(con, request.canary, request.time_range, self.config.samples)
             baseline = load_samples(con, request.baseline, request.time_range, self.config.samples)
             slo_state = (

@@ -5,6 +5,13 @@ The source is named by the environment variable ``LLMSLO_DASHBOARD_SOURCE``: ``d
 dashboard`` sets it. Answers are cached with ``st.cache_data`` keyed by source, question,
 range and filters, for ``CACHE_TTL_S`` seconds (so a live view refreshes and a page switch
 does not re-query). A source or parameter error becomes a message on the page.
+
+Streamlit renders the text of ``st.markdown``, ``st.caption``, ``st.info``/``st.warning``/
+``st.error`` and metric labels as Markdown (links, images, ``:color[…]``, LaTeX), and
+GitHub's autolinks turn any ``http://…``, ``www.…`` or ``a@b.c`` in it into a live link
+whatever its escapes. So those carry only this package's own words; text from anywhere
+else (a URL parameter, an exporter label, a client string, an error message quoting one)
+is shown by :func:`notice` as plain text, or in a table or chart, which show text as it is.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +47,7 @@ __all__ = [
     "fmt_count",
     "fmt_pct",
     "fmt_seconds",
+    "notice",
     "open_source",
     "page_context",
     "window_seconds",
@@ -109,7 +118,7 @@ class PageContext:
             return _cached_table(self.spec, question, json.dumps(clean, sort_keys=True))
         except LlmsloError as exc:
             log.warning("dashboard query %s %s failed: %s", question, clean, exc)
-            st.warning(f"Could not read {question.replace('_', ' ')}: {exc}")
+            notice(st.warning, f"Could not read {question.replace('_', ' ')}:", [str(exc)])
             return None
 
     def verdict_document(self, verdict_id: str) -> dict[str, Any] | None:
@@ -117,7 +126,7 @@ class PageContext:
         try:
             return _cached_verdict(self.spec, verdict_id)
         except LlmsloError as exc:
-            st.warning(f"Could not read verdict {verdict_id}: {exc}")
+            notice(st.warning, "Could not read the verdict:", [verdict_id, str(exc)])
             return None
 
     def instance_label(self, instance: str) -> str:
@@ -139,15 +148,22 @@ def page_context() -> PageContext | None:
     try:
         meta = _cached_meta(spec)
     except LlmsloError as exc:
-        st.error(f"Cannot read the data source: {exc}")
+        notice(st.error, "Cannot read the data source:", [str(exc)])
         return None
     now_ms = int(time.time() * 1000)
     query = {key: st.query_params.get(key, "") for key in st.query_params}
     filters, problems = parse_filters(query, meta.data_end_ms, now_ms)
-    for problem in problems:
-        st.warning(f"Link parameter {problem}")
+    if problems:
+        notice(st.warning, "Some link parameters were not used:", problems)
     live = meta.data_end_ms is not None and now_ms - meta.data_end_ms < LIVE_WITHIN_MS
     return PageContext(spec=spec, meta=meta, filters=filters, live=live)
+
+
+def notice(alert: Callable[[str], object], message: str, quoted: Sequence[str]) -> None:
+    """``message`` (this package's own words) in an ``st.warning``/``st.error`` box, then
+    the text it is about, one line each, as plain text (``st.text``: never Markdown)."""
+    alert(message)
+    st.text("\n".join(quoted))
 
 
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -4,11 +4,18 @@ Deep links (an alert's ``generatorURL``): ``{dashboard}/slo?slo=<id>&pool=<pool>
 instance=<instance>&from=<ms>&to=<ms>``, every parameter optional, on any page. Without
 ``from``/``to`` the range is the last ``range`` (``1h`` … ``30d``, default ``24h``) of the
 data, ending at its newest row, so a history file opens on its own days and not on an
-empty "now". A parameter that does not parse is ignored and reported (never a traceback).
+empty "now". Every parameter is parsed and bounded here, before a page shows anything:
+times are epoch milliseconds from 1970 to 2100 spanning at most ``MAX_SPAN_MS``, names
+(``pool``, ``instance``, ``slo``) at most ``MAX_NAME_CHARS`` printable characters. A
+parameter that does not parse or is out of bounds is ignored and reported (never a
+traceback); the report quotes it through :func:`shown`, which pages still escape, because
+a URL is anyone's to write.
 """
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -16,11 +23,15 @@ from urllib.parse import urlencode
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
 
 __all__ = [
+    "MAX_NAME_CHARS",
+    "MAX_SPAN_MS",
+    "MAX_TIME_MS",
     "RANGES",
     "Filters",
     "bucket_for",
     "deep_link",
     "parse_filters",
+    "shown",
     "to_query",
 ]
 
@@ -44,6 +55,16 @@ _BUCKETS_MS = (
     DAY_MS,
 )
 _MAX_BUCKETS = 240
+#: The latest time a link may name: 2100-01-01 UTC (pandas' datetimes end in 2262).
+MAX_TIME_MS = 4_102_444_800_000
+#: The longest explicit range: a year and a day (the presets end at 30 days).
+MAX_SPAN_MS = 366 * DAY_MS
+#: The longest pool, instance or SLO name a link may carry.
+MAX_NAME_CHARS = 200
+#: Epoch milliseconds as digits only (``int()`` would also take ``1_000`` or `` 7 ``).
+_EPOCH_MS = re.compile(r"[0-9]{1,13}")
+#: How much of a refused value a report quotes.
+_SHOWN_CHARS = 60
 
 
 @dataclass(frozen=True)
@@ -82,20 +103,44 @@ def bucket_for(span_ms: int) -> int:
     return _BUCKETS_MS[-1]
 
 
-def _int_param(query: Mapping[str, str], name: str, problems: list[str]) -> int | None:
+def shown(raw: str) -> str:
+    """``raw`` quoted for a report: at most 60 characters, control and format characters
+    (newlines, bidi overrides) as escapes."""
+    cut = raw if len(raw) <= _SHOWN_CHARS else raw[:_SHOWN_CHARS] + "…"
+    return repr(cut)
+
+
+def _time_param(query: Mapping[str, str], name: str, problems: list[str]) -> int | None:
     raw = query.get(name)
     if raw in (None, ""):
         return None
-    try:
-        return int(str(raw))
-    except ValueError:
-        problems.append(f"{name}={raw!r} is not epoch milliseconds; ignored")
+    text = str(raw)
+    if not _EPOCH_MS.fullmatch(text):
+        problems.append(
+            f"{name}={shown(text)} is not epoch milliseconds; showing the default range"
+        )
         return None
+    value = int(text)
+    if value > MAX_TIME_MS:
+        problems.append(
+            f"{name}={shown(text)} is after 2100-01-01 (epoch ms); showing the default range"
+        )
+        return None
+    return value
 
 
-def _text_param(query: Mapping[str, str], name: str) -> str | None:
+def _name_param(query: Mapping[str, str], name: str, problems: list[str]) -> str | None:
     value = query.get(name)
-    return str(value) if value not in (None, "") else None
+    if value in (None, ""):
+        return None
+    text = str(value)
+    if len(text) > MAX_NAME_CHARS:
+        problems.append(f"{name}={shown(text)} is longer than {MAX_NAME_CHARS} characters; ignored")
+        return None
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text):
+        problems.append(f"{name}={shown(text)} has control characters; ignored")
+        return None
+    return text
 
 
 def parse_filters(
@@ -104,13 +149,18 @@ def parse_filters(
     """Filters from URL parameters (``from``, ``to``, ``range``, ``pool``, ``instance``,
     ``slo``) and the problems found in them (each ignored, in words for the page)."""
     problems: list[str] = []
-    start, end = _int_param(query, "from", problems), _int_param(query, "to", problems)
-    range_name = _text_param(query, "range")
+    start, end = _time_param(query, "from", problems), _time_param(query, "to", problems)
+    if problems:  # half a range is not what the link meant: show the default one
+        start = end = None
+    range_name = query.get("range") or None
     if range_name is not None and range_name not in RANGES:
-        problems.append(f"range={range_name!r} is not one of {', '.join(RANGES)}; ignored")
+        problems.append(f"range={shown(range_name)} is not one of {', '.join(RANGES)}; ignored")
         range_name = None
     if start is not None and end is not None and start >= end:
         problems.append("from must be before to; showing the default range")
+        start = end = None
+    if start is not None and end is not None and end - start > MAX_SPAN_MS:
+        problems.append("from–to spans more than 366 days; showing the default range")
         start = end = None
     anchor = data_end_ms if data_end_ms is not None else now_ms
     # The newest minute is partly filled: end past it so it is included.
@@ -120,7 +170,7 @@ def parse_filters(
         if end is None:
             end = default_end if start is None else start + span
         if start is None:
-            start = end - span
+            start = max(0, end - span)
         range_name = range_name or DEFAULT_RANGE
         if query.get("from") or query.get("to"):
             range_name = None
@@ -131,9 +181,9 @@ def parse_filters(
             start_ms=start,
             end_ms=end,
             range_name=range_name,
-            pool=_text_param(query, "pool"),
-            instance=_text_param(query, "instance"),
-            slo=_text_param(query, "slo"),
+            pool=_name_param(query, "pool", problems),
+            instance=_name_param(query, "instance", problems),
+            slo=_name_param(query, "slo", problems),
         ),
         problems,
     )

@@ -81,7 +81,9 @@ def register(subparsers: Any) -> None:
         help="SLO spec (default: slo.spec, else the example spec shipped with llmslo)",
     )
     run.add_argument(
-        "--metrics-port", type=int, help="serve ingest and job /metrics on this loopback port"
+        "--metrics-port",
+        type=int,
+        help="serve ingest and job /metrics on this port (ingest.metrics_host)",
     )
     run.add_argument(
         "--api-port", type=int, help="serve the HTTP API on this port (default: api.port; 0: any)"
@@ -123,7 +125,12 @@ class Pipeline:
         self.config = config
         self.registry = registry or CollectorRegistry()
         self._stack = ExitStack()
-        self.bus = self._stack.enter_context(Bus(config.bus))
+        # The embedded broker's log lives beside the file it feeds: a restart on the same
+        # file finds the records it had not ingested yet.
+        broker_dir = config.store.path.with_name(config.store.path.name + ".broker")
+        self.bus = self._stack.enter_context(
+            Bus(config.bus, embedded_data_dir=broker_dir, registry=self.registry)
+        )
         self.store = self._stack.enter_context(
             Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit)
         )
@@ -247,9 +254,14 @@ def serve_api(
     )
     gpu_pods = pipeline.config.section("slo", JobsConfig).detectors.gpu_pods
     app = create_app(
-        pipeline.store.con.cursor, settings, model=model, flag_sink=sink, gpu_pods=gpu_pods
+        pipeline.store.con.cursor,
+        settings,
+        model=model,
+        flag_sink=sink,
+        gpu_pods=gpu_pods,
+        registry=pipeline.registry,
     )
-    server = ApiServer(app, settings.host, settings.port).start()
+    server = ApiServer(app, settings).start()
     stack.callback(server.stop)
     return server
 
@@ -264,8 +276,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
         return run_jobs_role(config, model)
     pipeline = Pipeline(config, model)
     if args.metrics_port is not None:
-        server, _ = start_http_server(args.metrics_port, "127.0.0.1", registry=pipeline.registry)
-        print(f"serving /metrics on http://127.0.0.1:{server.server_port}/metrics", flush=True)
+        host = config.ingest.metrics_host  # 0.0.0.0 in a pod, so a ServiceMonitor can scrape it
+        server, _ = start_http_server(args.metrics_port, host, registry=pipeline.registry)
+        print(f"serving /metrics on http://{host}:{server.server_port}/metrics", flush=True)
     try:
         with ExitStack() as api_stack:  # the API stops first: no request outlives the store
             if not args.no_api:

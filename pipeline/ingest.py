@@ -8,6 +8,15 @@ assigned it seeks to the offsets stored in DuckDB, so a crash at any point neith
 nor repeats a row. Kafka's own committed offsets are written after DuckDB's, for lag
 monitoring and for handing a partition to another group member.
 
+Offsets know their log (:mod:`pipeline._offsets`): each stored offset carries the cluster
+and topic id the broker reported for the partition's log. A new log (an in-memory broker
+restarted, a topic deleted and re-created, another cluster) is read from its beginning,
+logged and counted in ``llmslo_ingest_log_resets_total``, whether it is found on assignment
+or while consuming. An offset whose log the broker cannot confirm (no topic ids, or a file
+written before offsets carried them) is checked against the partition's end offset instead;
+the embedded broker's end offsets can lag, so only an offset still beyond the end after
+:data:`BEYOND_END_RECHECK_S` counts as a new log.
+
 Undecodable messages never stop the consumer: they go to the ``deadletter`` table and
 topic with the reason. SIGTERM finishes the batch in hand, commits it and returns.
 
@@ -54,6 +63,7 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pipeline._offsets import LogIdentity, StoredOffset, choose_start, log_identity
 from pipeline.bus import DEADLETTER_TOPIC, Bus, BusProducer
 from pipeline.codec import decode_message
 from pipeline.config import IngestConfig
@@ -61,9 +71,17 @@ from pipeline.errors import DecodeError, StoreError
 from pipeline.schema import iter_schemas
 from pipeline.store import DEADLETTER_PAYLOAD_LIMIT, DeadLetter, Store, read_peer_offsets
 
-__all__ = ["IngestMetrics", "IngestStats", "Ingester"]
+__all__ = ["IngestMetrics", "IngestStats", "Ingester", "choose_start"]
 
 log = logging.getLogger(__name__)
+
+#: An offset that identity cannot confirm and that lies beyond its partition's end is
+#: checked again this much later before the partition counts as a new log: the embedded
+#: broker's reported end offsets can lag the true end (DESIGN §6).
+BEYOND_END_RECHECK_S = 3.0
+#: A due batch waits at most this long for the metadata that confirms its partitions' logs
+#: (then it commits unconfirmed, logged): a broker that does not answer must not stop ingest.
+LOG_CONFIRM_TIMEOUT_S = 5.0
 
 
 class IngestMetrics:
@@ -98,6 +116,13 @@ class IngestMetrics:
             ["topic", "partition"],
             registry=r,
         )
+        self.log_resets = Counter(
+            "llmslo_ingest_log_resets",
+            "Partitions read from their beginning because their stored offset indexed "
+            "another log (broker restarted in memory, topic re-created, another cluster)",
+            ["topic", "partition"],
+            registry=r,
+        )
         self.last_commit = Gauge(
             "llmslo_ingest_last_commit_timestamp_seconds",
             "Wall time of the last DuckDB commit",
@@ -122,10 +147,14 @@ class _Batch:
     def __init__(self) -> None:
         self.tables: dict[str, list[pa.Table]] = defaultdict(list)
         self.deadletters: list[DeadLetter] = []
-        self.offsets: dict[tuple[str, int], int] = {}
+        self.offsets: dict[tuple[str, int], StoredOffset] = {}
         self.rows = 0
         self.bytes = 0  # decoded Arrow buffers plus dead-letter payloads
         self.started_s: float | None = None
+        # Metadata requested once the batch was due: it commits when the answer shows each
+        # partition still on the log its records were read from.
+        self.metadata: Any = None  # a kafka.future.Future
+        self.metadata_requested_s = 0.0
 
     def __bool__(self) -> bool:
         return bool(self.offsets)
@@ -185,11 +214,23 @@ class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
         committed = await self.coordinator.fetch_committed_offsets_async(
             assigned, timeout_ms=10_000
         )
-        self.ingester.seek_to_stored(assigned, {tp: meta.offset for tp, meta in committed.items()})
+        self.ingester.seek_to_stored(
+            assigned,
+            {
+                tp: StoredOffset(meta.offset, LogIdentity.from_metadata(meta.metadata))
+                for tp, meta in committed.items()
+            },
+        )
 
 
-def _kafka_offsets(offsets: dict[tuple[str, int], int]) -> dict[TopicPartition, OffsetAndMetadata]:
-    return {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+def _kafka_offsets(
+    offsets: dict[tuple[str, int], StoredOffset],
+) -> dict[TopicPartition, OffsetAndMetadata]:
+    """Kafka's copy of stored offsets, the log's identity in the commit's metadata."""
+    return {
+        TopicPartition(t, p): OffsetAndMetadata(o.next_offset, o.log.to_metadata(), -1)
+        for (t, p), o in offsets.items()
+    }
 
 
 class Ingester:
@@ -229,6 +270,16 @@ class Ingester:
         self._reasons_logged: set[str] = set()
         self._last_activity_s = time.monotonic()
         self._joined = False  # idle time counts only once the group has assigned us partitions
+        # Per assigned partition: the log it is read from, and the next offset DuckDB holds
+        # for it (None: the log's beginning), where it rewinds to when another's log changes.
+        self._logs: dict[tuple[str, int], LogIdentity] = {}
+        self._positions: dict[tuple[str, int], int | None] = {}
+        # Offsets identity could not confirm, to check against the end; written by the
+        # rebalance hook on kafka-python's IO thread, read by the consuming thread.
+        self._unconfirmed: dict[TopicPartition, int] = {}
+        self._beyond_end: set[TopicPartition] = set()
+        self._offsets_lock = threading.Lock()
+        self._next_log_check_s = 0.0
 
     @property
     def topics(self) -> list[str]:
@@ -263,6 +314,7 @@ class Ingester:
                         self._advance_commits()  # one poll can hold thousands of messages
                     self._last_activity_s = time.monotonic()
                 self._advance_commits()
+                self._check_unconfirmed()
                 idle_s = time.monotonic() - self._last_activity_s
                 if max_idle_s is not None and self._joined and idle_s > max_idle_s:
                     break
@@ -322,7 +374,8 @@ class Ingester:
                 batch.tables[decoded.schema.table].append(decoded.table)
                 batch.rows += decoded.table.num_rows
                 batch.bytes += decoded.table.nbytes
-        batch.offsets[(tp.topic, tp.partition)] = message.offset + 1
+        key = (tp.topic, tp.partition)
+        batch.offsets[key] = StoredOffset(message.offset + 1, self._logs.get(key, LogIdentity()))
 
     def _log_deadletter(self, reason: str, tp: TopicPartition, offset: int, exc: Exception) -> None:
         """Log the first dead letter of each reason loudly, the rest quietly (all are counted)."""
@@ -354,7 +407,7 @@ class Ingester:
         """Collect a finished commit; start the next one when the batch in hand is due."""
         if self._in_flight is not None and self._in_flight[1].done():
             self._collect()
-        if not self._batch_due():
+        if not self._batch_due() or not self._logs_confirmed():
             return
         batch, config = self._batch, self.config
         if self._in_flight is not None and (
@@ -386,7 +439,7 @@ class Ingester:
             self.after_commit(self._duckdb_commits)
         return time.perf_counter() - started
 
-    def _collect(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], int]:
+    def _collect(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], StoredOffset]:
         """Wait for the commit in flight; then count it, dead-letter and tell Kafka."""
         if self._in_flight is None:
             return {}
@@ -413,6 +466,9 @@ class Ingester:
         self.stats.rows += batch.rows
         self.stats.deadletters += len(batch.deadletters)
         self.stats.commits += 1
+        for key, stored in batch.offsets.items():
+            if key in self._positions:
+                self._positions[key] = stored.next_offset
         self._publish_deadletters(batch.deadletters)
         if commit_to_kafka:
             self._commit_to_kafka(batch.offsets)
@@ -423,7 +479,7 @@ class Ingester:
         self._collect(commit_to_kafka=False)
         self._batch = _Batch()
 
-    def flush(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], int]:
+    def flush(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], StoredOffset]:
         """Make everything read so far durable: rows + dead letters + offsets, in DuckDB.
 
         Returns the offsets committed. Kafka's copy of them is committed afterwards, without
@@ -457,7 +513,7 @@ class Ingester:
             except KafkaError as exc:  # the table already holds it; the topic copy is a courtesy
                 log.warning("could not re-publish a dead letter to %s: %s", DEADLETTER_TOPIC, exc)
 
-    def _commit_to_kafka(self, offsets: dict[tuple[str, int], int]) -> None:
+    def _commit_to_kafka(self, offsets: dict[tuple[str, int], StoredOffset]) -> None:
         consumer = self._consumer
         if consumer is None:
             return
@@ -474,15 +530,16 @@ class Ingester:
                 )
 
     def seek_to_stored(
-        self, assigned: set[TopicPartition], committed: dict[TopicPartition, int]
+        self, assigned: set[TopicPartition], committed: dict[TopicPartition, StoredOffset]
     ) -> None:
-        """Position each newly assigned partition at the greatest offset known for it.
+        """Position each newly assigned partition at the greatest offset known for its log.
 
         DuckDB's offset is ours and exact; Kafka's is newer when another group member owned
         the partition since (it commits to Kafka on hand-over); a dead member's file
         (``ingest.peer_stores``) is newer than Kafka when it crashed between its DuckDB and
         Kafka commits. Offsets are the source of truth in each file, so the union of the
-        files holds every record once.
+        files holds every record once. Offsets of another log than the broker's are
+        discarded (:func:`pipeline._offsets.choose_start`).
         """
         self._last_activity_s = time.monotonic()
         self._joined = True
@@ -495,18 +552,124 @@ class Ingester:
         )
         for tp in assigned:
             key = (tp.topic, tp.partition)
-            candidates = [
-                o
-                for o in (stored.get(key), committed.get(tp), peers.get(key))
-                if o is not None and o >= 0
-            ]
-            if candidates:
-                consumer.seek(tp, max(candidates))
-            else:
+            current = log_identity(consumer._client.cluster, tp.topic)
+            candidates = [stored.get(key), committed.get(tp), *peers.get(key, [])]
+            decision = choose_start(candidates, current)
+            self._logs[key] = current
+            self._positions[key] = decision.offset
+            with self._offsets_lock:
+                self._beyond_end.discard(tp)
+                self._unconfirmed.pop(tp, None)
+                if decision.unconfirmed and decision.offset is not None:
+                    self._unconfirmed[tp] = decision.offset
+            if decision.offset is None:
                 consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, decision.offset)
+            if decision.reset:
+                self._count_reset(tp, f"stored offsets index another log than {current}")
             log.info(
                 "partition %s[%d] starts at offset %s",
                 tp.topic,
                 tp.partition,
-                max(candidates, default=0),
+                "the beginning" if decision.offset is None else decision.offset,
             )
+
+    def _count_reset(self, tp: TopicPartition, why: str) -> None:
+        self.metrics.log_resets.labels(tp.topic, str(tp.partition)).inc()
+        log.warning(
+            "partition %s[%d] is a new log (%s): reading it from its beginning",
+            tp.topic,
+            tp.partition,
+            why,
+        )
+
+    def _logs_confirmed(self) -> bool:
+        """True once metadata asked for after the batch was due shows every partition still
+        on the log its records came from; a changed log restarts instead (False).
+
+        Fetches name topics, not topic ids, so a topic re-created under the consumer is read
+        at the old log's positions until the metadata shows its new id: checking before each
+        commit keeps such records out of DuckDB (the embedded broker raises no error there).
+        """
+        consumer, batch = self._consumer, self._batch
+        if consumer is None:
+            return True
+        cluster = consumer._client.cluster
+        if batch.metadata is None:
+            batch.metadata, batch.metadata_requested_s = cluster.request_update(), time.monotonic()
+            return False
+        if not batch.metadata.is_done:
+            if time.monotonic() - batch.metadata_requested_s < LOG_CONFIRM_TIMEOUT_S:
+                return False
+            log.warning("no metadata within %.0f s: committing unconfirmed", LOG_CONFIRM_TIMEOUT_S)
+            return True
+        changed = {
+            tp: current
+            for tp in consumer.assignment()
+            if self._logs.get((tp.topic, tp.partition), LogIdentity()).is_other(
+                current := log_identity(cluster, tp.topic)
+            )
+        }
+        if changed:
+            self._restart_logs(consumer, changed)
+            return False
+        return True
+
+    def _restart_logs(
+        self, consumer: KafkaConsumer, changed: dict[TopicPartition, LogIdentity]
+    ) -> None:
+        """Read ``changed`` partitions from their new log's beginning.
+
+        The batch in hand may hold records read from a new log at the old log's positions,
+        so it is dropped and every assigned partition rewinds to what DuckDB holds. (A batch
+        committed without confirmation, by a flush at hand-over or shutdown, can hold such
+        records: they are then stored twice.)
+        """
+        self.discard_uncommitted()
+        for tp in consumer.assignment():
+            key = (tp.topic, tp.partition)
+            position = self._positions.get(key)
+            if tp in changed:
+                was = self._logs.get(key)
+                self._logs[key], self._positions[key] = changed[tp], None
+                with self._offsets_lock:
+                    self._unconfirmed.pop(tp, None)
+                consumer.seek_to_beginning(tp)
+                self._count_reset(tp, f"its log changed from {was} to {changed[tp]}")
+            elif position is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, position)
+
+    def _check_unconfirmed(self) -> None:
+        """Offsets identity could not confirm: beyond the end twice, BEYOND_END_RECHECK_S
+        apart, means a new log; within it, the offset is the log's."""
+        consumer, now_s = self._consumer, time.monotonic()
+        if consumer is None or now_s < self._next_log_check_s:
+            return
+        with self._offsets_lock:
+            assigned = consumer.assignment()
+            pending = {tp: o for tp, o in self._unconfirmed.items() if tp in assigned}
+        if not pending:
+            return
+        try:
+            ends = consumer.end_offsets(list(pending), timeout_ms=5_000)
+        except KafkaError as exc:
+            log.info("end offsets of %d partitions not read (%s): checked again", len(pending), exc)
+            return
+        with self._offsets_lock:
+            for tp, offset in pending.items():
+                if self._unconfirmed.get(tp) != offset:
+                    continue  # re-assigned meanwhile
+                end = ends.get(tp)
+                if end is None or offset <= end:
+                    del self._unconfirmed[tp]
+                elif tp in self._beyond_end:
+                    del self._unconfirmed[tp]
+                    self._positions[(tp.topic, tp.partition)] = None
+                    consumer.seek_to_beginning(tp)
+                    self._count_reset(tp, f"its stored offset {offset} is beyond its end {end}")
+                else:
+                    self._beyond_end.add(tp)
+        self._next_log_check_s = now_s + BEYOND_END_RECHECK_S

@@ -29,6 +29,8 @@ __all__ = [
     "ENGINE_SAMPLES",
     "FLAG_TRANSITIONS",
     "GPU_SAMPLES",
+    "HEARTBEAT_STALE_INTERVALS",
+    "JOBS_HEARTBEATS",
     "OUTCOMES",
     "REQUEST_RECORDS",
     "SCHEMAS",
@@ -36,6 +38,7 @@ __all__ = [
     "VALUE_RULES",
     "RecordSchema",
     "ValueRule",
+    "heartbeat_bound_s",
     "iter_schemas",
     "lookup_schema",
     "value_rules",
@@ -434,6 +437,51 @@ FLAG_TRANSITIONS = RecordSchema(
     ),
 )
 
+JOBS_HEARTBEATS = RecordSchema(
+    name="jobs_heartbeat",
+    version=1,
+    topic="flags",
+    table="jobs_heartbeats",
+    key_field="jobs_id",
+    doc="One cycle of the SLO jobs that computed the flags: published on the flags topic with "
+    "the transitions, so that readers of the flags (the API, the taps) know how old they are "
+    "and stop acting on them when the jobs stop.",
+    retention="raw horizon (default 7 d)",
+    arrow=pa.schema(
+        [
+            _field(
+                "ts_ms",
+                pa.int64(),
+                "wall-clock time the cycle finished, Unix epoch ms: what staleness is measured "
+                "from (event time stands still over a finished or idle store)",
+                nullable=False,
+            ),
+            _field(
+                "event_ts_ms",
+                pa.int64(),
+                "the cycle's event time (the newest data it judged), Unix epoch ms",
+                nullable=False,
+            ),
+            _field(
+                "jobs_id", _DICT_STR, "the jobs process, host-pid (one row each)", nullable=False
+            ),
+            _field("interval_s", pa.float64(), "the jobs' configured interval, seconds"),
+            _field("errors", pa.int32(), "steps of the cycle that failed (logged by the jobs)"),
+        ]
+    ),
+)
+
+#: A reader's staleness bound is never under this many jobs intervals (a heartbeat says its
+#: interval), so a jobs config slower than the reader's ``staleness_s`` is not stale
+#: between two of its own cycles.
+HEARTBEAT_STALE_INTERVALS = 3.0
+
+
+def heartbeat_bound_s(staleness_s: float, interval_s: float | None) -> float:
+    """How old a jobs heartbeat may be before what it vouches for is stale, seconds."""
+    return max(staleness_s, HEARTBEAT_STALE_INTERVALS * (interval_s or 0.0))
+
+
 ALERTS = RecordSchema(
     name="alert",
     version=1,
@@ -528,6 +576,7 @@ SCHEMAS: dict[tuple[str, int], RecordSchema] = {
         GPU_SAMPLES,
         REQUEST_RECORDS,
         FLAG_TRANSITIONS,
+        JOBS_HEARTBEATS,
         ALERTS,
         TARGET_HEALTH,
     )
@@ -648,6 +697,10 @@ VALUE_RULES: dict[tuple[str, int], tuple[ValueRule, ...]] = {
         # −1 is the flag board's "unknown" (the instance is down or its data is stale)
         *_ranged(-1, 3, "from_level", "to_level"),
         *_ranged(0, 1, "kv_free_ratio"),
+    ),
+    ("jobs_heartbeat", 1): (
+        *_timestamps("ts_ms", "event_ts_ms"),
+        *_ranged(0, None, "interval_s", "errors"),
     ),
     ("alert", 1): (
         *_timestamps("ts_ms", "starts_ts_ms", "ends_ts_ms"),

@@ -4,7 +4,8 @@ Tables are created from :mod:`pipeline.schema` (one per record schema) plus two 
 store's own:
 
 * ``deadletter``: input that could not be decoded, with the reason and the payload;
-* ``ingest_offsets``: per consumer group and partition, the next Kafka offset to read.
+* ``ingest_offsets``: per consumer group and partition, the next Kafka offset to read and
+  the identity of the log it indexes (:mod:`pipeline._offsets`).
 
 High-volume sample schemas (``series_columns`` set) are stored normalised: each series once
 in ``<table>_series``, each sample as ``(ts_ms, series_id, value)`` in ``<table>_values``,
@@ -27,11 +28,13 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
+from pipeline._offsets import LogIdentity, StoredOffset
 from pipeline.errors import StoreError
 from pipeline.schema import RecordSchema, iter_schemas
 from pipeline.series import SeriesIndex
@@ -40,7 +43,9 @@ __all__ = [
     "DEADLETTER_COLUMNS",
     "OFFSET_COLUMNS",
     "DeadLetter",
+    "LogIdentity",
     "Store",
+    "StoredOffset",
     "duckdb_type",
     "insert_arrow",
     "read_peer_offsets",
@@ -53,6 +58,7 @@ RAW_TIME_COLUMNS = {
     "engine_samples_values": "ts_ms",
     "gpu_samples_values": "ts_ms",
     "requests": "received_ts_ms",
+    "jobs_heartbeats": "ts_ms",
 }
 
 #: Payload bytes kept in the dead-letter table; the whole payload also goes to the
@@ -78,6 +84,12 @@ OFFSET_COLUMNS: Sequence[tuple[str, str, str]] = (
     ("partition", "INTEGER NOT NULL", "Kafka partition"),
     ("next_offset", "BIGINT NOT NULL", "first offset not yet stored"),
     ("updated_ts_ms", "BIGINT NOT NULL", "when it was written, Unix epoch ms"),
+    ("cluster_id", "VARCHAR", "cluster id of the log the offset indexes; NULL when not known"),
+    (
+        "topic_id",
+        "VARCHAR",
+        "topic UUID of the log the offset indexes (new at each topic creation); NULL when not known",
+    ),
 )
 
 _ARROW_TO_DUCKDB = {
@@ -308,21 +320,18 @@ class Store:
     ) -> None:
         self.close()
 
-    def read_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
-        """The stored next offset of every (topic, partition) of ``group_id``."""
+    def read_offsets(self, group_id: str) -> dict[tuple[str, int], StoredOffset]:
+        """The stored next offset of every (topic, partition) of ``group_id``, with its log."""
         with self.lock:
-            rows = self.con.execute(
-                "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?",
-                [group_id],
-            ).fetchall()
-        return {(topic, partition): offset for topic, partition, offset in rows}
+            rows = self.con.execute(_READ_OFFSETS, [group_id]).fetchall()
+        return _stored_offsets(rows)
 
     def commit_batch(
         self,
         rows: Mapping[str, Sequence[pa.Table]],
         *,
         group_id: str,
-        offsets: Mapping[tuple[str, int], int],
+        offsets: Mapping[tuple[str, int], StoredOffset],
         deadletters: Sequence[DeadLetter] = (),
         now_ts_ms: int,
     ) -> None:
@@ -352,10 +361,19 @@ class Store:
                 )
             if offsets:
                 con.executemany(
-                    "INSERT OR REPLACE INTO ingest_offsets VALUES (?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO ingest_offsets (group_id, topic, partition, "
+                    "next_offset, updated_ts_ms, cluster_id, topic_id) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [
-                        [group_id, topic, partition, offset, now_ts_ms]
-                        for (topic, partition), offset in offsets.items()
+                        (
+                            group_id,
+                            topic,
+                            partition,
+                            stored.next_offset,
+                            now_ts_ms,
+                            *stored.log.fields,
+                        )
+                        for (topic, partition), stored in offsets.items()
                     ],
                 )
         for table_name, series in new_series.items():
@@ -419,10 +437,23 @@ def insert_arrow(con: duckdb.DuckDBPyConnection, table_name: str, rows: pa.Table
         con.unregister(view)
 
 
+_READ_OFFSETS = (
+    "SELECT topic, partition, next_offset, cluster_id, topic_id FROM ingest_offsets "
+    "WHERE group_id = ?"
+)
+
+
+def _stored_offsets(rows: Iterable[tuple[Any, ...]]) -> dict[tuple[str, int], StoredOffset]:
+    return {
+        (topic, partition): StoredOffset(offset, LogIdentity(cluster_id, topic_id))
+        for topic, partition, offset, cluster_id, topic_id in rows
+    }
+
+
 def read_peer_offsets(
     patterns: Iterable[str], group_id: str, *, own_path: Path
-) -> dict[tuple[str, int], int]:
-    """The greatest next offset of each partition stored in the other members' files.
+) -> dict[tuple[str, int], list[StoredOffset]]:
+    """The next offset of each partition stored in each of the other members' files.
 
     ``patterns`` are paths or glob patterns; ``own_path`` is skipped. A file that cannot be
     opened is skipped with a log line: its member is alive and holds it (DuckDB allows one
@@ -432,20 +463,30 @@ def read_peer_offsets(
     """
     own = own_path.resolve()
     paths = sorted({Path(p).resolve() for pattern in patterns for p in glob.glob(pattern)})
-    greatest: dict[tuple[str, int], int] = {}
+    found: dict[tuple[str, int], list[StoredOffset]] = {}
     for path in paths:
         if path == own or not path.is_file():
             continue
         try:
             with duckdb.connect(str(path), read_only=True) as con:
-                rows = con.execute(
-                    "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = ?",
-                    [group_id],
-                ).fetchall()
+                rows = con.execute(_peer_offsets_query(con), [group_id]).fetchall()
         except duckdb.Error as exc:
             log.info("peer store %s not read (its ingester holds it?): %s", path, exc)
             continue
-        for topic, partition, offset in rows:
-            key = (topic, partition)
-            greatest[key] = max(offset, greatest.get(key, offset))
-    return greatest
+        for key, stored in _stored_offsets(rows).items():
+            found.setdefault(key, []).append(stored)
+    return found
+
+
+def _peer_offsets_query(con: duckdb.DuckDBPyConnection) -> str:
+    """:data:`_READ_OFFSETS`, or NULL identities for a file from before they were stored
+    (a read-only connection cannot add the columns)."""
+    columns = {
+        name
+        for (name,) in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'ingest_offsets'"
+        ).fetchall()
+    }
+    if {"cluster_id", "topic_id"} <= columns:
+        return _READ_OFFSETS
+    return _READ_OFFSETS.replace("cluster_id, topic_id", "NULL, NULL")

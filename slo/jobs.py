@@ -4,11 +4,18 @@ One :meth:`SloJobs.run_once` is a cycle at one event time: the injected clock's,
 default) the newest timestamp in the data, so replaying history gives the same answers.
 A failing step is logged and counted (``llmslo_job_errors_total{job}``) and the next
 cycle retries: the loop never dies on one bad cycle.
+
+A cycle that computed and wrote the flags ends with a :class:`~slo.sinks.JobsHeartbeat`
+to the transition sink (the ``flags`` topic beside the transitions). Its ``ts_ms`` is
+wall-clock time: readers judge staleness by it, because event time stands still over a
+finished or idle store while the flags it produced are still being served.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +38,7 @@ from slo.rollups.requests import RequestRollup
 from slo.signals.detectors import DetectorConfig, Finding, detect_all
 from slo.signals.snapshot import Snapshot, load_snapshot
 from slo.sinks import (
+    JobsHeartbeat,
     ListTransitionSink,
     TransitionSink,
     create_output_tables,
@@ -113,6 +121,11 @@ def _l3_pins(findings: list[Finding]) -> dict[str, tuple[str, Any]]:
     return pins
 
 
+def _failed(result: CycleResult, jobs: tuple[str, ...]) -> bool:
+    """Whether one of ``jobs`` failed in this cycle (the flags are then not this cycle's)."""
+    return any(error.partition(":")[0] in jobs for error in result.errors)
+
+
 def data_clock(con: duckdb.DuckDBPyConnection) -> Callable[[], int | None]:
     """Event time = newest sample or request in the store (``None`` while it is empty)."""
 
@@ -141,13 +154,18 @@ class SloJobs:
         raw_pruner: Callable[[int], object] | None = None,
         raw_retention_ms: int | None = None,
         on_cycle: Callable[[CycleResult], object] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        jobs_id: str | None = None,
     ) -> None:
-        """``raw_pruner(before_ts_ms)`` (e.g. ``Store.prune``) runs hourly when
+        """``wall_clock`` (Unix seconds) stamps the heartbeats, ``jobs_id`` names this
+        process in them (default host-pid). ``raw_pruner(before_ts_ms)`` (e.g. ``Store.prune``) runs hourly when
         ``config.prune_raw`` is set, keeping ``raw_retention_ms`` of raw rows (never less than
         ``settle_s``, so rollups are never recomputed from pruned minutes). ``on_cycle(result)``
         runs after every cycle's writes (the alert pusher of path B); its failures are
         logged and counted as job ``alerts``."""
         self.on_cycle = on_cycle
+        self.wall_clock = wall_clock
+        self.jobs_id = jobs_id or f"{socket.gethostname()}-{os.getpid()}"
         self.con = con
         self.raw_pruner = raw_pruner
         self.raw_retention_ms = raw_retention_ms
@@ -216,6 +234,8 @@ class SloJobs:
                 self._timed("flags", result, lambda: self._step_flags(snap, result.findings)) or []
             )
         self._timed("write", result, lambda: self._write(result))
+        if snap is not None and not _failed(result, ("flags", "write")):
+            self._timed("heartbeat", result, lambda: self._beat(result))
         result.flags = dict(self.board.states)
         if self.on_cycle is not None:
             hook = self.on_cycle
@@ -223,6 +243,17 @@ class SloJobs:
         self._timed("prune", result, lambda: self._prune(now))
         self.metrics.last_eval.set(now / 1000)
         return result
+
+    def _beat(self, result: CycleResult) -> None:
+        self.sink.beat(
+            JobsHeartbeat(
+                ts_ms=int(self.wall_clock() * 1000),
+                event_ts_ms=result.now_ms,
+                jobs_id=self.jobs_id,
+                interval_s=self.config.interval_s,
+                errors=len(result.errors),
+            )
+        )
 
     def _snapshot(self, now: int) -> Snapshot:
         cfg = self.config.detectors

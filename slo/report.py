@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from slo.evaluate import SloStatus
 from slo.metrics import group_label
@@ -15,13 +15,22 @@ def _pct(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value * 100:.{digits}f}%"
 
 
+def _group_title(group: Mapping[str, str]) -> str:
+    """`` [pool=a]``; a grouped SLO without any event yet has no group value to name
+    (the evaluation gives it empty ones), so it says that instead of ``[pool=]``."""
+    if not group:
+        return ""
+    if not any(group.values()):
+        return f" [by {', '.join(group)}: no events yet]"
+    return f" [{group_label(group)}]"
+
+
 def render_table(statuses: Iterable[SloStatus]) -> str:
     """One block per SLO and group: objective, SLI, budget left, burn rates, alerting pairs."""
     lines = []
     for status in statuses:
         slo = status.slo
-        title = f"{slo.id}" + (f" [{group_label(status.group)}]" if status.group else "")
-        lines.append(title)
+        lines.append(f"{slo.id}{_group_title(status.group)}")
         lines.append(
             f"  objective {_pct(slo.objective)} over {format_duration(slo.period_ms)}   "
             f"SLI {_pct(status.sli)}   events {status.period.total} (bad {status.period.bad})   "

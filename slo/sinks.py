@@ -1,11 +1,13 @@
-"""Writers of the jobs' outputs: flag transitions (Kafka or DuckDB), findings, current status.
+"""Writers of the jobs' outputs: flag transitions and heartbeats (Kafka or DuckDB), findings,
+current status.
 
-:class:`BusTransitionSink` publishes FLAG_TRANSITIONS rows to the Kafka ``flags`` topic
-(through the one bounded publisher of ``pipeline.publisher``)
-(the ingester stores them); :class:`StoreTransitionSink` writes them straight into the
-``flag_transitions`` table when no bus is used; :class:`ListTransitionSink` keeps them in
-memory (tests). The jobs' own tables ``slo_findings`` and ``slo_status_current`` are
-written here too (declared in :mod:`slo.tables`).
+:class:`BusTransitionSink` publishes FLAG_TRANSITIONS rows and each cycle's
+:class:`JobsHeartbeat` (JOBS_HEARTBEATS rows) to the Kafka ``flags`` topic (through the one
+bounded publisher of ``pipeline.publisher``; the ingester stores them);
+:class:`StoreTransitionSink` writes them straight into ``flag_transitions`` and
+``jobs_heartbeats`` when no bus is used; :class:`ListTransitionSink` keeps them in memory
+(tests). The jobs' own tables ``slo_findings`` and ``slo_status_current`` are written here
+too (declared in :mod:`slo.tables`).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 import duckdb
+import pyarrow as pa
 
 from pipeline.publisher import Publisher
-from pipeline.schema import FLAG_TRANSITIONS
+from pipeline.schema import FLAG_TRANSITIONS, JOBS_HEARTBEATS
 from pipeline.store import insert_arrow
 from slo.evaluate import SloStatus
 from slo.flags import FlagState, FlagTransition, transitions_table
@@ -29,6 +33,7 @@ __all__ = [
     "OUTPUT_TABLES",
     "OVERRIDE_REASONS",
     "BusTransitionSink",
+    "JobsHeartbeat",
     "ListTransitionSink",
     "StoreTransitionSink",
     "TransitionSink",
@@ -47,24 +52,55 @@ def create_output_tables(con: duckdb.DuckDBPyConnection) -> None:
         table.create(con)
 
 
+@dataclass(frozen=True)
+class JobsHeartbeat:
+    """One jobs cycle that computed the flags: ``ts_ms`` is wall-clock time (staleness is
+    measured from it), ``event_ts_ms`` the data time the cycle judged."""
+
+    ts_ms: int
+    event_ts_ms: int
+    jobs_id: str
+    interval_s: float
+    errors: int = 0
+
+    def table(self) -> pa.Table:
+        """The heartbeat as one JOBS_HEARTBEATS row (storage schema)."""
+        columns = {
+            "ts_ms": [self.ts_ms],
+            "event_ts_ms": [self.event_ts_ms],
+            "jobs_id": [self.jobs_id],
+            "interval_s": [self.interval_s],
+            "errors": [self.errors],
+        }
+        return pa.Table.from_pydict(columns, schema=JOBS_HEARTBEATS.storage_arrow)
+
+
 class TransitionSink(Protocol):
-    """Where flag transitions go."""
+    """Where flag transitions and the jobs' heartbeats go."""
 
     def write(self, transitions: list[FlagTransition]) -> None: ...
 
+    def beat(self, heartbeat: JobsHeartbeat) -> None:
+        """Record one cycle's heartbeat; never blocks the cycle on a slow destination."""
+        ...
+
 
 class ListTransitionSink:
-    """Keeps transitions in memory."""
+    """Keeps transitions and heartbeats in memory."""
 
     def __init__(self) -> None:
         self.transitions: list[FlagTransition] = []
+        self.heartbeats: list[JobsHeartbeat] = []
 
     def write(self, transitions: list[FlagTransition]) -> None:
         self.transitions.extend(transitions)
 
+    def beat(self, heartbeat: JobsHeartbeat) -> None:
+        self.heartbeats.append(heartbeat)
+
 
 class StoreTransitionSink:
-    """Inserts FLAG_TRANSITIONS rows into the store's ``flag_transitions`` table."""
+    """Inserts FLAG_TRANSITIONS and JOBS_HEARTBEATS rows into the store's tables."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con
@@ -72,6 +108,9 @@ class StoreTransitionSink:
     def write(self, transitions: list[FlagTransition]) -> None:
         if transitions:
             insert_arrow(self.con, FLAG_TRANSITIONS.table, transitions_table(transitions))
+
+    def beat(self, heartbeat: JobsHeartbeat) -> None:
+        insert_arrow(self.con, JOBS_HEARTBEATS.table, heartbeat.table())
 
 
 class BusTransitionSink:
@@ -93,6 +132,12 @@ class BusTransitionSink:
                     len(transitions),
                     self.flush_timeout_s,
                 )
+
+    def beat(self, heartbeat: JobsHeartbeat) -> None:
+        """Queue the heartbeat (keyed by ``jobs_id``); the publisher sends it in the
+        background, so a broker outage does not hold the cycle (the beat then arrives late or
+        is dropped when the buffer is full, and readers see the flags age, as they should)."""
+        self.publisher.put(JOBS_HEARTBEATS, heartbeat.table())
 
     def close(self) -> None:
         """Publish what is still buffered (bounded wait), then stop the publisher."""

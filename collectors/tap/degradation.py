@@ -27,11 +27,21 @@ to 2×; sent with ``\\uXXXX`` escapes (Python's ``json.dumps`` default) it is ov
 by ~1.5×. The threshold is a load-shedding policy, not a context limit, so that bound is
 acceptable; set ``bytes_per_token`` lower for a CJK-heavy fleet.
 
-**Fail open.** The follower records when it last *heard from the broker* (a poll and an
-offsets probe that succeeded, with or without messages: the topic only carries changes, so
-silence is normal). When that is older than ``staleness_s`` (or it never heard), every
-request passes untouched, counted as ``fail_open``: a tap that cannot know the level must
-not keep shedding load on a level that may be long gone.
+**Fail open.** A level is acted on only while two things are recent: the follower's last
+*contact with the broker* (a poll and an offsets probe that succeeded, with or without
+messages: the topic only carries changes, so silence is normal), and the SLO jobs' last
+*heartbeat* on the topic (``jobs_heartbeat``, one per cycle that computed the flags). When
+either is older than ``staleness_s`` (the heartbeat's bound is never under three jobs
+intervals, ``pipeline.schema.heartbeat_bound_s``), or there never was one, every request
+passes untouched, counted as ``fail_open``: a tap that cannot know the level, or whose
+levels nobody maintains any more, must not keep shedding load on a level that may be long
+gone (as Alertmanager lets an alert expire when its sender stops re-sending it). The
+heartbeat's age is its wall-clock ``ts_ms`` against the tap's wall clock, taken once when
+it arrives and carried on the monotonic clock from then on (heartbeats replayed from the
+topic's start are as old as they say; clock skew between hosts adds to the age).
+``llmslo_tap_flags_stale`` (1 while failing open, ``reason`` says why) and
+``llmslo_tap_flags_stale_transitions_total`` count it, and each change is logged once;
+levels apply again with the next heartbeat.
 """
 
 from __future__ import annotations
@@ -45,9 +55,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.errors import LlmsloError
+from pipeline.schema import heartbeat_bound_s
 
 __all__ = [
     "DEGRADATION_HEADER",
@@ -56,6 +68,7 @@ __all__ = [
     "Degrader",
     "Enforcement",
     "FlagFollower",
+    "FlagPoll",
     "FlagSnapshot",
     "FlagSource",
     "FlagSourceError",
@@ -82,7 +95,8 @@ class DegradationConfig(BaseModel):
     staleness_s: float = Field(
         60.0,
         gt=0,
-        description="without contact with the flags topic this long, fail open (no action)",
+        description="without contact with the flags topic, or without a heartbeat of the SLO "
+        "jobs on it, this long, fail open (no action); never under three jobs intervals",
     )
     l2_max_prompt_tokens: int = Field(
         16_384, ge=1, description="L2: longer prompts (estimated) get 429 + Retry-After"
@@ -132,16 +146,30 @@ def estimate_prompt_tokens(body_bytes: int, bytes_per_token: float) -> int:
 
 @dataclass(frozen=True)
 class FlagSnapshot:
-    """Levels by ``(scope, scope_id)`` and when the source was last heard (monotonic s)."""
+    """Levels by ``(scope, scope_id)``, when the source was last heard and when the newest
+    jobs heartbeat was sent (both monotonic s), and the jobs' interval it announced."""
 
     levels: Mapping[tuple[str, str], int] = field(default_factory=dict)
     heard_s: float | None = None
+    beat_s: float | None = None
+    interval_s: float | None = None
+
+    def stale_reason(self, now_s: float, staleness_s: float) -> str | None:
+        """Why the levels cannot be trusted at ``now_s`` (``no_contact``, ``no_heartbeat``,
+        ``heartbeat_old``), or None."""
+        if self.heard_s is None or now_s - self.heard_s > staleness_s:
+            return "no_contact"
+        if self.beat_s is None:
+            return "no_heartbeat"
+        if now_s - self.beat_s > heartbeat_bound_s(staleness_s, self.interval_s):
+            return "heartbeat_old"
+        return None
 
     def level(
         self, pool: str | None, instances: Iterable[str], now_s: float, staleness_s: float
     ) -> int | None:
         """The worst level of ``pool`` and ``instances``; ``None`` when stale (fail open)."""
-        if self.heard_s is None or now_s - self.heard_s > staleness_s:
+        if self.stale_reason(now_s, staleness_s) is not None:
             return None
         levels = self.levels
         if not levels:
@@ -203,21 +231,61 @@ class FlagSourceError(LlmsloError):
     """The flags source cannot be reached now (the follower retries; staleness grows)."""
 
 
-class FlagSource(Protocol):
-    """Where transitions come from: rows with ``scope``, ``scope_id``, ``to_level``, ``ts_ms``."""
+@dataclass(frozen=True)
+class FlagPoll:
+    """What one poll of the flags topic brought: transition rows (``scope``, ``scope_id``,
+    ``to_level``, ``ts_ms``) and jobs heartbeat rows (``ts_ms`` wall clock, ``interval_s``)."""
 
-    def poll(self, timeout_s: float) -> list[Mapping[str, Any]]:
-        """New transition rows (maybe none); raises :class:`FlagSourceError` on an outage."""
+    transitions: list[Mapping[str, Any]] = field(default_factory=list)
+    heartbeats: list[Mapping[str, Any]] = field(default_factory=list)
+
+
+class FlagSource(Protocol):
+    """Where transitions and the jobs' heartbeats come from."""
+
+    def poll(self, timeout_s: float) -> FlagPoll:
+        """What arrived (maybe nothing); raises :class:`FlagSourceError` on an outage."""
         ...
 
     def close(self) -> None: ...
+
+
+class _StaleMetrics:
+    """``llmslo_tap_flags_stale{reason}`` and its transitions, on the tap's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.stale = Gauge(
+            "llmslo_tap_flags_stale",
+            "1 while the tap fails open because its flags are stale, by reason (no_contact: "
+            "broker unreachable; no_heartbeat / heartbeat_old: the SLO jobs are silent)",
+            ["reason"],
+            registry=registry,
+        )
+        self.transitions = Counter(
+            "llmslo_tap_flags_stale_transitions",
+            "Times the tap's flags went stale (it failed open), by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.heartbeat_age = Gauge(
+            "llmslo_tap_flags_heartbeat_age_seconds",
+            "Age of the newest SLO jobs heartbeat the tap has seen (NaN: none yet)",
+            registry=registry,
+        )
+        self.reasons = ("no_contact", "no_heartbeat", "heartbeat_old")
+        for reason in self.reasons:
+            self.stale.labels(reason).set(0)
+        self.heartbeat_age.set(math.nan)
 
 
 class FlagFollower:
     """Follows a :class:`FlagSource` on a daemon thread; :attr:`snapshot` is always current.
 
     ``clock`` is monotonic seconds, the same clock the :class:`Degrader` reads (the
-    default is the tap's own, :func:`time.perf_counter`).
+    default is the tap's own, :func:`time.perf_counter`); ``wall_clock`` (Unix seconds)
+    dates the heartbeats. ``staleness_s`` is the tap's bound (``tap.degradation``): after
+    each poll the follower judges staleness, logs each change once and, with a
+    ``registry``, exports it.
     """
 
     def __init__(
@@ -225,18 +293,25 @@ class FlagFollower:
         source: FlagSource,
         *,
         clock: Callable[[], float] = time.perf_counter,
+        wall_clock: Callable[[], float] = time.time,
         poll_s: float = 0.5,
+        staleness_s: float = 60.0,
+        registry: CollectorRegistry | None = None,
         on_error: Callable[[], None] | None = None,
     ) -> None:
         self.source = source
         self.snapshot = FlagSnapshot()
+        self.staleness_s = staleness_s
         self._clock = clock
+        self._wall_clock = wall_clock
         self._poll_s = poll_s
         self._on_error = on_error
+        self._metrics = _StaleMetrics(registry) if registry is not None else None
         self._latest: dict[tuple[str, str], tuple[int, int]] = {}  # key → (ts_ms, level)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llmslo-flag-follower", daemon=True)
         self._failing = False
+        self._stale: str | None = None
 
     def start(self) -> FlagFollower:
         self._thread.start()
@@ -250,11 +325,12 @@ class FlagFollower:
     def current(self) -> FlagSnapshot:
         return self.snapshot
 
-    def apply(self, rows: Iterable[Mapping[str, Any]], heard_s: float) -> None:
-        """Fold transition rows in (latest ``ts_ms`` wins per scope) and publish a snapshot."""
+    def apply(self, poll: FlagPoll, heard_s: float, wall_s: float | None = None) -> None:
+        """Fold a poll in (latest ``ts_ms`` wins per scope, the newest heartbeat counts) and
+        publish a snapshot; ``wall_s`` is the wall clock at ``heard_s`` (default: now)."""
         latest = self._latest
         changed = False
-        for row in rows:
+        for row in poll.transitions:
             key = (str(row["scope"]), str(row["scope_id"]))
             ts_ms, level = int(row["ts_ms"]), int(row["to_level"])
             if key not in latest or ts_ms >= latest[key][0]:
@@ -263,26 +339,61 @@ class FlagFollower:
         levels = (
             {key: level for key, (_, level) in latest.items()} if changed else self.snapshot.levels
         )
-        self.snapshot = FlagSnapshot(levels, heard_s)  # one reference swap: atomic
+        beat_s, interval_s = self.snapshot.beat_s, self.snapshot.interval_s
+        if poll.heartbeats:
+            wall = self._wall_clock() if wall_s is None else wall_s
+            newest = max(poll.heartbeats, key=lambda row: int(row["ts_ms"]))
+            # Its age now, on the monotonic clock from here on: never younger than "now".
+            sent_s = heard_s - max(0.0, wall - int(newest["ts_ms"]) / 1000)
+            if beat_s is None or sent_s > beat_s:
+                interval = newest.get("interval_s")
+                beat_s, interval_s = sent_s, None if interval is None else float(interval)
+        self.snapshot = FlagSnapshot(levels, heard_s, beat_s, interval_s)  # atomic swap
+
+    def judge(self, now_s: float) -> str | None:
+        """Judge staleness at ``now_s``: log a change once, export it; returns the reason."""
+        snapshot = self.snapshot
+        reason = snapshot.stale_reason(now_s, self.staleness_s)
+        if reason != self._stale:
+            if reason is None:
+                log.info("flags fresh again: enforcing levels (jobs heartbeat received)")
+            else:
+                log.warning(
+                    "flags stale (%s): failing open, no level enforced until the SLO jobs' "
+                    "heartbeat is back within %.0f s",
+                    reason,
+                    self.staleness_s,
+                )
+            if self._metrics is not None:
+                for known in self._metrics.reasons:
+                    self._metrics.stale.labels(known).set(1 if known == reason else 0)
+                if reason is not None:
+                    self._metrics.transitions.labels(reason).inc()
+            self._stale = reason
+        if self._metrics is not None and snapshot.beat_s is not None:
+            self._metrics.heartbeat_age.set(now_s - snapshot.beat_s)
+        return reason
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                rows = self.source.poll(self._poll_s)
+                poll = self.source.poll(self._poll_s)
             except FlagSourceError as exc:
                 if not self._failing:
                     log.warning("flags topic unreachable, levels age from now: %s", exc)
                     self._failing = True
                 if self._on_error is not None:
                     self._on_error()
+                self.judge(self._clock())
                 self._stop.wait(self._poll_s)
                 continue
             if self._failing:
                 log.info("flags topic reachable again")
                 self._failing = False
             try:
-                self.apply(rows, self._clock())
+                self.apply(poll, self._clock())
             except (KeyError, TypeError, ValueError):
                 # A row the schema let through but that makes no level: skip the batch,
                 # keep following (a dead thread would silently fail open forever).
                 log.exception("flag transitions skipped")
+            self.judge(self._clock())

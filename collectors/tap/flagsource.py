@@ -9,16 +9,15 @@ store). Liveness is probed with a bounded offsets request each poll, because kaf
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from kafka.errors import KafkaError
 from kafka.structs import TopicPartition
 
-from collectors.tap.degradation import FlagSourceError
+from collectors.tap.degradation import FlagPoll, FlagSourceError
 from pipeline.bus import Bus
 from pipeline.codec import DecodeError, decode_message
-from pipeline.schema import FLAG_TRANSITIONS
+from pipeline.schema import FLAG_TRANSITIONS, JOBS_HEARTBEATS
 
 __all__ = ["KafkaFlagSource"]
 
@@ -26,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class KafkaFlagSource:
-    """Transition rows from ``<prefix>flags``; raises ``FlagSourceError`` while unreachable."""
+    """Transition and jobs heartbeat rows from ``<prefix>flags``; raises ``FlagSourceError``
+    while unreachable. Other record kinds on the topic are skipped (counted)."""
 
     def __init__(
         self,
@@ -51,19 +51,19 @@ class KafkaFlagSource:
         self.consumer.assign(self._partitions)
         self.consumer.seek_to_beginning(*self._partitions)
 
-    def poll(self, timeout_s: float) -> list[Mapping[str, Any]]:
+    def poll(self, timeout_s: float) -> FlagPoll:
         try:
             if not self._partitions:
                 self._assign()
                 if not self._partitions:
                     # Reachable (the metadata request answered) but no topic yet.
                     self.consumer.topics()
-                    return []
+                    return FlagPoll()
             batches = self.consumer.poll(timeout_ms=int(timeout_s * 1000))
             self.consumer.end_offsets(self._partitions, timeout_ms=self._probe_ms)
         except KafkaError as exc:
             raise FlagSourceError(f"{self.topic}: {type(exc).__name__}: {exc}") from exc
-        rows: list[Mapping[str, Any]] = []
+        poll = FlagPoll()
         for messages in batches.values():
             for message in messages:
                 try:
@@ -76,8 +76,12 @@ class KafkaFlagSource:
                         self._on_drop("undecodable_flag")
                     continue
                 if decoded.schema.name == FLAG_TRANSITIONS.name:
-                    rows.extend(decoded.table.to_pylist())
-        return rows
+                    poll.transitions.extend(decoded.table.to_pylist())
+                elif decoded.schema.name == JOBS_HEARTBEATS.name:
+                    poll.heartbeats.extend(decoded.table.to_pylist())
+                elif self._on_drop is not None:
+                    self._on_drop("unexpected_flag_schema")
+        return poll
 
     def close(self) -> None:
         self.consumer.close()

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
-from dashboards.views.common import findings_table, no_data, page
+from dashboards.views.common import findings_table, instances_in_scope, no_data, page
 from pipeline.units import HOUR_MS
 
 __all__ = ["PAGE", "slo_rows"]
@@ -80,6 +80,8 @@ def _slos(ctx: PageContext) -> None:
 
 
 def _levels(ctx: PageContext) -> None:
+    """Every known instance by its current level: an instance whose flag never moved is at
+    L0, so it counts as "L0 normal" (since ``—``) rather than not at all."""
     st.subheader("Instances by degradation level")
     flags = ctx.table("current_flags", scope="instance")
     if flags is None:
@@ -87,12 +89,25 @@ def _levels(ctx: PageContext) -> None:
     df = flags.to_pandas()
     if ctx.filters.pool:
         df = df[df["pool"] == ctx.filters.pool]
+    flagged = set(df["scope_id"])
+    never_moved = pd.DataFrame(
+        [
+            {"scope_id": i["instance"], "pool": i.get("pool"), "to_level": 0}
+            for i in instances_in_scope(ctx)
+            if i["instance"] not in flagged
+        ]
+    ).reindex(columns=df.columns)
     if df.empty:
-        no_data("no degradation flag has been set; every instance is at L0 or not yet observed.")
+        df = never_moved
+    elif not never_moved.empty:
+        df = pd.concat([df, never_moved], ignore_index=True)
+    if df.empty:
+        no_data("no instance has been observed and no degradation flag has been set.")
         return
     df["level"] = df["to_level"].map(lambda lvl: _LEVELS.get(int(lvl), f"L{lvl}"))
     df["since"] = pd.to_datetime(df["ts_ms"], unit="ms", utc=True)
     df["instance"] = df["scope_id"].map(ctx.instance_label)
+    df["reason"] = df["reason"].fillna("no transition")
     counts = df.groupby("level").size()
     cols = st.columns(len(_LEVELS))
     for col, name in zip(cols, _LEVELS.values(), strict=True):

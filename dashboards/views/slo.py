@@ -10,7 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.charts import frame, line_chart
-from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
+from dashboards.context import PageContext, fmt_count, fmt_pct, notice, window_seconds
+from dashboards.filters import shown
 from dashboards.views.common import no_data, page, page_incidents
 
 __all__ = ["PAGE"]
@@ -22,7 +23,11 @@ def _choose_slo(ctx: PageContext, status: pd.DataFrame) -> str | None:
         return None
     wanted = ctx.filters.slo if ctx.filters.slo in ids else ids[0]
     if ctx.filters.slo and ctx.filters.slo not in ids:
-        st.warning(f"SLO {ctx.filters.slo!r} is not in the data; showing {wanted}.")
+        notice(
+            st.warning,
+            "The link's SLO is not in the data; showing the first one.",
+            [f"slo={shown(ctx.filters.slo)}"],
+        )
     chosen = st.selectbox("SLO", ids, index=ids.index(wanted), key="slo_choice")
     if chosen != ctx.filters.slo:
         st.query_params["slo"] = chosen
@@ -164,7 +169,7 @@ def _body(ctx: PageContext) -> None:
         return
     if budget.num_rows == 0:
         no_data(
-            f"no events of {slo_id} in this range (rollups `slo_minute`/`slo_hour` are empty here)."
+            "no events of this SLO in this range (rollups `slo_minute`/`slo_hour` are empty here)."
         )
     else:
         df = frame(budget)

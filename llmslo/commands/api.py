@@ -77,7 +77,7 @@ def run_api(args: argparse.Namespace) -> int:
             read_only=args.read_only,
             gpu_pods=jobs.detectors.gpu_pods,  # GPUs joined to engines as the detectors do
         )
-        server = ApiServer(app, settings.host, settings.port).start()
+        server = ApiServer(app, settings).start()
         mode = "read-only" if args.read_only else "read-write"
         print(
             f"serving the API ({mode}) on {server.url} (OpenAPI at {server.url}/docs)", flush=True

@@ -48,6 +48,14 @@ def register(subparsers: Any) -> None:
         metavar="URL",
         help="extra target (http://host:port/metrics or host:port); repeatable",
     )
+    collect.add_argument("--pool", help="pool of the --target engines")
+    collect.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="label of the --target targets (instance=, pod=, node=, …); repeatable",
+    )
     collect.add_argument(
         "--interval", type=float, help="seconds between rounds (overrides collect.interval_s)"
     )
@@ -89,7 +97,9 @@ def collect_config(args: argparse.Namespace) -> CollectConfig:
     config = resolve_config(args).section("collect", CollectConfig)
     updates: dict[str, Any] = {}
     if args.target:
-        updates["targets"] = [*config.targets, *(TargetConfig(url=url) for url in args.target)]
+        labels = dict(pair.partition("=")[::2] for pair in args.label)
+        added = [TargetConfig(url=url, pool=args.pool, labels=labels) for url in args.target]
+        updates["targets"] = [*config.targets, *added]
     if args.interval is not None:
         updates["interval_s"] = args.interval
     if args.metrics_port is not None:

@@ -62,6 +62,7 @@ def register(subparsers: Any) -> None:
         "--instance",
         help="name of the one engine this tap fronts, as its scrape target is named (e.g. pod-3)",
     )
+    parser.add_argument("--pool", help="pool of the engines this tap fronts (overrides tap.pool)")
     parser.add_argument("--revision", help="revision stamped on every request record")
     parser.add_argument("--cohort", help="cohort stamped on every request record (e.g. canary)")
     parser.add_argument("--records-out", metavar="FILE|-", help="also write records as JSON lines")
@@ -103,11 +104,13 @@ def tap_config(config: LlmsloConfig, args: argparse.Namespace) -> TapConfig:
         "max_attempts",
         "otlp_endpoint",
         "instance",
+        "pool",
         "revision",
         "cohort",
     ):
         value = getattr(args, name, None)
-        if value is not None:
+        # An empty value is unset: a downward-API variable of a label the pod lacks is "".
+        if value is not None and value != "":
             updates[name] = value
     if args.upstream:
         updates["upstreams"] = [url for url in args.upstream.split(",") if url]
@@ -175,7 +178,11 @@ def run_tap(args: argparse.Namespace) -> int:
                 source = KafkaFlagSource(
                     bus, on_drop=lambda reason: metrics.dropped.labels(reason).inc()
                 )
-                follower = FlagFollower(source).start()
+                follower = FlagFollower(
+                    source,
+                    staleness_s=tap.degradation.staleness_s,
+                    registry=metrics.registry,
+                ).start()
                 stack.callback(follower.stop)
                 flags = follower.current
         if tap.records_out:

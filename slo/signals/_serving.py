@@ -47,26 +47,23 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from slo.signals._failures import FailureStats
-from slo.signals.engine import detect_stall
-from slo.signals.findings import CommonThresholds, Detector
+from slo.signals.engine import EngineThresholds, detect_stall
+from slo.signals.findings import CommonThresholds, Finding
 from slo.signals.health import (
+    HealthThresholds,
     detect_model_load_failure,
     detect_not_ready,
     detect_target_down,
     detect_xid,
 )
 from slo.signals.snapshot import Snapshot
-
-if TYPE_CHECKING:
-    from slo.signals.config import DetectorConfig
 
 __all__ = [
     "SERVING_FAILURE",
@@ -102,6 +99,12 @@ class ServingThresholds(CommonThresholds):
     )
 
 
+class PoolThresholds(ServingThresholds, EngineThresholds, HealthThresholds):
+    """What a pool baseline reads: the serving rule's thresholds and those of the detectors it
+    asks whether an instance can serve now (stall, target health). The pool-relative families'
+    thresholds extend it; it declares none of its own."""
+
+
 log = logging.getLogger(__name__)
 
 #: Signals only an engine exports: a gateway, router, autoscaler or P/D connector target
@@ -110,7 +113,7 @@ _ENGINE_SIGNALS = ("running", "waiting", "generation_tokens", "kv_usage")
 
 #: Detectors whose finding on an instance means it cannot serve now (xid: only when the
 #: code takes the GPU out, see :func:`not_serving`).
-_CANNOT_SERVE: tuple[Detector, ...] = (
+_CANNOT_SERVE: tuple[Callable[[Snapshot, PoolThresholds], list[Finding]], ...] = (
     detect_target_down,
     detect_not_ready,
     detect_model_load_failure,
@@ -133,7 +136,7 @@ def by_pool(snap: Snapshot) -> dict[str, list[str]]:
     return pools
 
 
-def _serves(stats: FailureStats, cfg: DetectorConfig) -> bool | None:
+def _serves(stats: FailureStats, cfg: PoolThresholds) -> bool | None:
     """Whether the tap's recent attempts show the instance serving (True), mostly failing
     (False), or too few answered either way (None)."""
     answered = stats.served + stats.pod_failed
@@ -144,7 +147,7 @@ def _serves(stats: FailureStats, cfg: DetectorConfig) -> bool | None:
     return False if stats.pod_failed >= cfg.failure_min_count else None
 
 
-def _cannot_serve(snap: Snapshot, cfg: DetectorConfig) -> dict[str, list[str]]:
+def _cannot_serve(snap: Snapshot, cfg: PoolThresholds) -> dict[str, list[str]]:
     """Instances that findings of :data:`_CANNOT_SERVE` say cannot serve, each with those
     signals in order. A detector that raises costs only its own reasons (``detect_all``'s
     promise, which runs it again and logs it too): logged with context and skipped."""
@@ -168,7 +171,7 @@ def _cannot_serve(snap: Snapshot, cfg: DetectorConfig) -> dict[str, list[str]]:
     return signals
 
 
-def not_serving(snap: Snapshot, cfg: DetectorConfig) -> dict[str, str]:
+def not_serving(snap: Snapshot, cfg: PoolThresholds) -> dict[str, str]:
     """Instances that are visibly not serving in ``snap``, each with why (a signal name, or
     :data:`SERVING_FAILURE`); see the module docstring for the rule."""
     serves = {i: _serves(stats, cfg) for i, stats in snap.failures.items()}
@@ -195,7 +198,7 @@ class PoolBaseline:
     )  # instance → reason
 
 
-def pool_baselines(snap: Snapshot, cfg: DetectorConfig) -> dict[str, PoolBaseline]:
+def pool_baselines(snap: Snapshot, cfg: PoolThresholds) -> dict[str, PoolBaseline]:
     """Per pool (:func:`by_pool`), its serving instances and the ones left out, with why.
 
     Worked out once per snapshot and config (six detectors ask, and the rule runs five
@@ -208,7 +211,7 @@ def pool_baselines(snap: Snapshot, cfg: DetectorConfig) -> dict[str, PoolBaselin
     return baselines
 
 
-def _pool_baselines(snap: Snapshot, cfg: DetectorConfig) -> dict[str, PoolBaseline]:
+def _pool_baselines(snap: Snapshot, cfg: PoolThresholds) -> dict[str, PoolBaseline]:
     reasons = not_serving(snap, cfg)
     baselines = {}
     for pool, members in by_pool(snap).items():

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slo.naming import alert_name
+from slo.signals.config import Detector
 from slo.signals.edge import (
     detect_entry_unavailable,
     detect_gateway_queue_full,
@@ -32,7 +33,6 @@ from slo.signals.engine import (
     detect_stall,
 )
 from slo.signals.failure import detect_prefill_failure, detect_stream_interrupted
-from slo.signals.findings import Detector
 from slo.signals.health import (
     detect_model_load_failure,
     detect_not_ready,

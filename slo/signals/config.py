@@ -9,25 +9,27 @@ every detector reads ``cfg.<threshold>``.
 
 from __future__ import annotations
 
-from slo.signals._serving import ServingThresholds
+from collections.abc import Callable
+
 from slo.signals.edge import EdgeThresholds
 from slo.signals.engine import EngineThresholds
 from slo.signals.failure import FailureThresholds
+from slo.signals.findings import Finding
 from slo.signals.health import HealthThresholds
 from slo.signals.infra import InfraThresholds
 from slo.signals.latency import LatencyThresholds
+from slo.signals.snapshot import Snapshot
 from slo.signals.traffic import TrafficThresholds
 
-__all__ = ["DetectorConfig"]
+__all__ = ["Detector", "DetectorConfig"]
 
 
 class DetectorConfig(
-    EngineThresholds,
-    HealthThresholds,
     TrafficThresholds,
     LatencyThresholds,
     FailureThresholds,
-    ServingThresholds,
+    EngineThresholds,
+    HealthThresholds,
     EdgeThresholds,
     InfraThresholds,
 ):
@@ -35,3 +37,7 @@ class DetectorConfig(
 
     It declares none of its own: a new threshold goes into its family's model.
     """
+
+
+#: A detector: reads one snapshot with the thresholds, returns its findings.
+Detector = Callable[[Snapshot, DetectorConfig], list[Finding]]

@@ -16,8 +16,8 @@ from dataclasses import replace
 
 from slo.signals._serving import by_pool
 from slo.signals.catalog import SIGNALS, detectors_of
-from slo.signals.config import DetectorConfig
-from slo.signals.findings import Detector, Finding, gini
+from slo.signals.config import Detector, DetectorConfig
+from slo.signals.findings import Finding, gini
 from slo.signals.snapshot import Snapshot
 
 __all__ = [

@@ -10,16 +10,13 @@ gateway, beside the pods, so a gateway that refuses connections or a router that
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from slo.signals.findings import CommonThresholds, Finding
 from slo.signals.snapshot import Series, Snapshot
-
-if TYPE_CHECKING:
-    from slo.signals.config import DetectorConfig
 
 __all__ = [
     "EdgeThresholds",
@@ -58,7 +55,7 @@ def _taps_behind(snap: Snapshot, pool: str) -> dict[str, int]:
     }
 
 
-def detect_entry_unavailable(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_entry_unavailable(snap: Snapshot, cfg: EdgeThresholds) -> list[Finding]:
     """At least ``entry_min_failures`` probes, and ``entry_failure_share`` of them, failed at
     the entry point in the last ``entry_window_s``. Evidence: error kinds with counts, the
     last successful probe, and what the taps of the pool saw meanwhile."""
@@ -109,7 +106,7 @@ def _refusals(
     return out
 
 
-def detect_router_unavailable(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_router_unavailable(snap: Snapshot, cfg: EdgeThresholds) -> list[Finding]:
     """The gateway reports its router down (``router_up`` 0) or answered at least
     ``gateway_min_refusals`` ``router_unavailable`` in the window. Evidence: the policy in
     force as observed — ``fail_close`` (503s), ``reject`` (429s), ``fail_open`` (requests
@@ -155,7 +152,7 @@ def detect_router_unavailable(snap: Snapshot, cfg: DetectorConfig) -> list[Findi
 
 def _refusal_finding(
     snap: Snapshot,
-    cfg: DetectorConfig,
+    cfg: EdgeThresholds,
     signal: str,
     error_codes: tuple[str, ...],
     answer: str,
@@ -191,7 +188,7 @@ def _refusal_finding(
     return findings
 
 
-def detect_no_eligible_endpoint(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_no_eligible_endpoint(snap: Snapshot, cfg: EdgeThresholds) -> list[Finding]:
     """The router found no ready endpoint (EPP ``ServiceUnavailable``, 503); evidence: the
     refusals in the window and the pool's ready pods."""
     return _refusal_finding(
@@ -204,7 +201,7 @@ def detect_no_eligible_endpoint(snap: Snapshot, cfg: DetectorConfig) -> list[Fin
     )
 
 
-def detect_gateway_queue_full(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_gateway_queue_full(snap: Snapshot, cfg: EdgeThresholds) -> list[Finding]:
     """The gateway shed requests for a full queue (EPP ``ResourceExhausted``, before
     llm-d-router ``InferencePoolResourceExhausted``; 429); evidence: the refusals in the
     window and the queue depth (now and max)."""

@@ -5,16 +5,13 @@ Stall, ghost requests, preemption cascade, fragmentation, queue growth and OOM r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
 from slo.signals.findings import CommonThresholds, Finding, covers, gpu_of
 from slo.signals.snapshot import Series, Snapshot
-
-if TYPE_CHECKING:
-    from slo.signals.config import DetectorConfig
 
 __all__ = [
     "EngineThresholds",
@@ -79,7 +76,7 @@ class EngineThresholds(CommonThresholds):
 
 
 def _stall_basis(
-    snap: Snapshot, instance: str, running: Series, start: int, cfg: DetectorConfig
+    snap: Snapshot, instance: str, running: Series, start: int, cfg: EngineThresholds
 ) -> tuple[str | None, dict[str, Any]]:
     """Why tokens count as stopped (``None``: they did not), and the first evidence."""
     tokens = snap.series(instance, "generation_tokens")
@@ -163,7 +160,7 @@ def _health_evidence(snap: Snapshot, instance: str, start: int) -> dict[str, Any
     return {"health_status_last": statuses[-1], "health_ok_while_stalled": statuses[-1] == 200}
 
 
-def detect_stall(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_stall(snap: Snapshot, cfg: EngineThresholds) -> list[Finding]:
     """An engine that holds work and produces no token for ≥ ``stall_for_s``, two kinds
     (``evidence["kind"]``):
 
@@ -252,7 +249,7 @@ def _disconnects_and_aborts(
     return max(disconnects.increase(lo, hi, interpolate=True) - after_the_end, 0.0), aborts
 
 
-def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_ghosts(snap: Snapshot, cfg: EngineThresholds) -> list[Finding]:
     """Requests the engine keeps after the tap let them go (the client left), two ways:
 
     - live: over ``ghost_window_s``, engine ``running`` stays above the tap's in-flight
@@ -307,7 +304,7 @@ def detect_ghosts(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     return findings
 
 
-def detect_preemption_cascade(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_preemption_cascade(snap: Snapshot, cfg: EngineThresholds) -> list[Finding]:
     """Preemption rate over threshold while KV usage is high and waiting grows."""
     findings = []
     start = snap.now_ms - 120_000
@@ -348,7 +345,7 @@ def detect_preemption_cascade(snap: Snapshot, cfg: DetectorConfig) -> list[Findi
     return findings
 
 
-def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_fragmentation(snap: Snapshot, cfg: EngineThresholds) -> list[Finding]:
     """From block stats when present, else the admission signature (waiting grows with room)."""
     findings = []
     start = snap.ago_ms(cfg.fragmentation_for_s)
@@ -410,7 +407,7 @@ def detect_fragmentation(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     return findings
 
 
-def detect_queue_growth(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_queue_growth(snap: Snapshot, cfg: EngineThresholds) -> list[Finding]:
     """Waiting requests rising steadily for ``queue_for_s``."""
     findings = []
     start = snap.ago_ms(cfg.queue_for_s)
@@ -436,7 +433,7 @@ def detect_queue_growth(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     return findings
 
 
-def detect_oom_risk(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_oom_risk(snap: Snapshot, cfg: EngineThresholds) -> list[Finding]:
     """Memory pressure only: KV nearly full or the frame buffer nearly full. An XID is no
     memory pressure; it is its own finding (``slo.signals.xid``)."""
     findings = []

@@ -19,23 +19,20 @@ and holds at least ``failure_min_count`` failures. Severity: ``page`` from
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field
 from scipy.stats import binomtest
 
 from slo.signals._failures import AFTER_FIRST_TOKEN, BEFORE_FIRST_TOKEN, FailureStats
-from slo.signals._serving import ServingThresholds, pool_baselines
+from slo.signals._serving import PoolThresholds, pool_baselines
 from slo.signals.findings import Finding
 from slo.signals.snapshot import Snapshot
-
-if TYPE_CHECKING:
-    from slo.signals.config import DetectorConfig
 
 __all__ = ["FailureThresholds", "detect_prefill_failure", "detect_stream_interrupted"]
 
 
-class FailureThresholds(ServingThresholds):
+class FailureThresholds(PoolThresholds):
     """Thresholds of prefill failure and interrupted streams; the pool baseline's
     (:class:`~slo.signals._serving.ServingThresholds`, ``failure_min_count`` among them) too.
     """
@@ -65,7 +62,7 @@ Denominator = Callable[[FailureStats], int]
 
 
 def _judge(
-    snap: Snapshot, cfg: DetectorConfig, outcome: str, denominator: Denominator
+    snap: Snapshot, cfg: FailureThresholds, outcome: str, denominator: Denominator
 ) -> list[tuple[str, dict[str, Any]]]:
     """(instance, evidence) of every instance whose ``outcome`` share stands out."""
     found = []
@@ -118,11 +115,11 @@ def _judge(
     return found
 
 
-def _severity(evidence: dict[str, Any], cfg: DetectorConfig) -> str:
+def _severity(evidence: dict[str, Any], cfg: FailureThresholds) -> str:
     return "page" if evidence["share"] >= cfg.failure_page_share else "ticket"
 
 
-def detect_prefill_failure(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_prefill_failure(snap: Snapshot, cfg: FailureThresholds) -> list[Finding]:
     """Attempts the engine answered with an error before the first token (a 5xx, or a stream
     that ended or errored first), as a share of the instance's attempts."""
     return [
@@ -133,7 +130,7 @@ def detect_prefill_failure(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]
     ]
 
 
-def detect_stream_interrupted(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_stream_interrupted(snap: Snapshot, cfg: FailureThresholds) -> list[Finding]:
     """Streams cut after the first token (upstream EOF without ``[DONE]``, an error event), as
     a share of the attempts that got a first token; client cancels are never counted. The
     evidence has the tokens the clients got before the cut and the engine's own error count."""

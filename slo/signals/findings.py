@@ -6,9 +6,9 @@ family's thresholds sit beside its detectors; :mod:`slo.signals.config` composes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -16,10 +16,7 @@ from pydantic import BaseModel, Field
 from pipeline.config import STRICT
 from slo.signals.snapshot import Series, Snapshot
 
-if TYPE_CHECKING:
-    from slo.signals.config import DetectorConfig
-
-__all__ = ["CommonThresholds", "Detector", "Finding", "covers", "gini", "gpu_of"]
+__all__ = ["CommonThresholds", "Finding", "covers", "gini", "gpu_of"]
 
 
 class CommonThresholds(BaseModel):
@@ -84,7 +81,6 @@ class Finding:
 
 
 # a string: DetectorConfig composes the family modules, which import this one
-Detector = Callable[[Snapshot, "DetectorConfig"], list[Finding]]
 
 
 def gini(values: Sequence[float]) -> float:

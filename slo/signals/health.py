@@ -7,7 +7,7 @@ readiness probe), the engine counters (a drop is a restart) and the tap's 503s.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -15,9 +15,6 @@ from pydantic import Field
 from slo.signals.findings import CommonThresholds, Finding
 from slo.signals.snapshot import Snapshot, TargetHealthSeries
 from slo.signals.xid import XID_CLASSES, classify_xid
-
-if TYPE_CHECKING:
-    from slo.signals.config import DetectorConfig
 
 __all__ = [
     "HealthThresholds",
@@ -54,7 +51,7 @@ def _down_run(health: TargetHealthSeries) -> int:
     return len(health) - (int(up_positions[-1]) + 1 if len(up_positions) else 0)
 
 
-def detect_target_down(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_target_down(snap: Snapshot, cfg: HealthThresholds) -> list[Finding]:
     """Every scrape for ≥ ``down_for_s`` (and ≥ ``down_min_scrapes``) failed; evidence: since
     when, the last error kind and when the target was last up."""
     findings = []
@@ -81,7 +78,7 @@ def detect_target_down(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
 
 
 def _restart_evidence(
-    snap: Snapshot, instance: str, since_ms: int, cfg: DetectorConfig
+    snap: Snapshot, instance: str, since_ms: int, cfg: HealthThresholds
 ) -> tuple[list[str], dict[str, Any]]:
     """Why ``instance`` counts as restarted after ``since_ms`` (empty: it did not)."""
     basis: list[str] = []
@@ -132,7 +129,7 @@ def _restart_evidence(
     return basis, evidence
 
 
-def detect_restart(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_restart(snap: Snapshot, cfg: HealthThresholds) -> list[Finding]:
     """A crash / restart within ``restart_hold_s``: the process start time changed, counters
     reset, or the target was down and came back. A target still down is ``target_down``."""
     findings = []
@@ -162,7 +159,7 @@ def _not_ready_run(health: TargetHealthSeries) -> tuple[int, int] | None:
     return first, probed[-1]
 
 
-def _not_ready_evidence(snap: Snapshot, instance: str, cfg: DetectorConfig) -> dict[str, Any]:
+def _not_ready_evidence(snap: Snapshot, instance: str, cfg: HealthThresholds) -> dict[str, Any]:
     """Evidence of an up-but-not-ready worker held ≥ ``not_ready_for_s`` ({} when not)."""
     health = snap.health.get(instance)
     evidence: dict[str, Any] = {}
@@ -215,7 +212,7 @@ def _is_model_load_failure(evidence: dict[str, Any]) -> bool:
     return evidence.get("models_listed") == 0 or bool(evidence["never_ready_since_start"])
 
 
-def detect_not_ready(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_not_ready(snap: Snapshot, cfg: HealthThresholds) -> list[Finding]:
     """Up (metrics served) but its readiness probe or gauge says not ready for
     ≥ ``not_ready_for_s``, while it still lists its model (else: model-load failure)."""
     findings = []
@@ -229,7 +226,7 @@ def detect_not_ready(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     return findings
 
 
-def detect_model_load_failure(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_model_load_failure(snap: Snapshot, cfg: HealthThresholds) -> list[Finding]:
     """Up but never ready in the lookback, or ``/v1/models`` lists no model; 503s at the tap
     are evidence."""
     findings = []
@@ -243,7 +240,7 @@ def detect_model_load_failure(snap: Snapshot, cfg: DetectorConfig) -> list[Findi
     return findings
 
 
-def detect_xid(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_xid(snap: Snapshot, cfg: HealthThresholds) -> list[Finding]:
     """One finding per XID class seen on an instance's GPUs in the lookback (``xid_memory_error``,
     ``xid_fallen_off_bus``, ``xid_interconnect``, ``xid_application_fault``, ``xid_other``),
     severity the worst of its codes; ``takes_gpu_out`` when a code means the GPU is lost."""

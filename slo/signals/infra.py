@@ -12,16 +12,13 @@ to front every engine of the snapshot.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import AfterValidator, Field
 
 from slo.signals.findings import CommonThresholds, Finding
 from slo.signals.snapshot import AutoscalerSeries, Series, Snapshot
-
-if TYPE_CHECKING:
-    from slo.signals.config import DetectorConfig
 
 __all__ = [
     "InfraThresholds",
@@ -121,7 +118,7 @@ def _rounded(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def detect_kv_transfer_timeout(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_kv_transfer_timeout(snap: Snapshot, cfg: InfraThresholds) -> list[Finding]:
     """KV transfers failing or expiring (basis ``failed_transfers``, page), or their p99
     time shifted past ``kv_transfer_p99_s`` and ``kv_transfer_p99_ratio`` × the instance's
     own earlier p99 (``latency_shift``, ticket), over the last ``kv_transfer_window_s``.
@@ -205,7 +202,7 @@ def _first_increase(series: Series) -> tuple[int, int] | None:
     return int(series.ts_ms[risen[0]]), int(series.ts_ms[risen[0] + 1])
 
 
-def detect_kv_index_stale(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_kv_index_stale(snap: Snapshot, cfg: InfraThresholds) -> list[Finding]:
     """On a router: its locality hints were rejected (≥ ``kv_index_min_rejections`` since the
     first rejection of the lookback, the *onset*; a rejected hint is a returning prefix, so
     prompts still share prefixes) and the prefix-cache hit ratio of the engines it fronts
@@ -292,7 +289,7 @@ def _queue(snap: Snapshot, engines: list[str], component: str) -> Series | None:
 
 
 def _lag(
-    snap: Snapshot, cfg: DetectorConfig, scaler: AutoscalerSeries, scraped_ms: int
+    snap: Snapshot, cfg: InfraThresholds, scaler: AutoscalerSeries, scraped_ms: int
 ) -> dict[str, Any] | None:
     """How long ``scaler``'s desired replicas have been above its workload's ready ones,
     when at least ``autoscaler_lag_for_s`` (else ``None``). An HPA or workload missing from
@@ -325,7 +322,7 @@ def _last(series: Series | None) -> float | None:
     return None if series is None or not len(series) else series.last()
 
 
-def detect_autoscaler_lag(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_autoscaler_lag(snap: Snapshot, cfg: InfraThresholds) -> list[Finding]:
     """Per HPA of a kube-state-metrics target (``cfg.autoscalers`` when given, else all):
     its desired replicas above the ready replicas of the deployment it scales at every
     scrape for ≥ ``autoscaler_lag_for_s`` while the queue in front of the target's pool
@@ -366,7 +363,7 @@ def detect_autoscaler_lag(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     return findings
 
 
-def _queue_grew(queue: Series, lag: dict[str, Any], cfg: DetectorConfig) -> bool:
+def _queue_grew(queue: Series, lag: dict[str, Any], cfg: InfraThresholds) -> bool:
     """Whether the queue grew by ``autoscaler_min_queue_growth`` while ``lag`` held; adds
     the queue at its start, now and at most to ``lag``."""
     during = queue.since(lag.pop("since_ts_ms"))

@@ -11,23 +11,18 @@ judged nor part of the baseline.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 from pydantic import Field
 from scipy.stats import mannwhitneyu
 
-from slo.signals._serving import ServingThresholds, pool_baselines
+from slo.signals._serving import PoolThresholds, pool_baselines
 from slo.signals.findings import Finding
 from slo.signals.snapshot import Snapshot
-
-if TYPE_CHECKING:
-    from slo.signals.config import DetectorConfig
 
 __all__ = ["LatencyThresholds", "detect_itl_jitter", "detect_slow_decode", "detect_slow_prefill"]
 
 
-class LatencyThresholds(ServingThresholds):
+class LatencyThresholds(PoolThresholds):
     """Thresholds of the latency shifts against the pool (slow prefill, slow decode, ITL
     jitter); the pool baseline's (:class:`~slo.signals._serving.ServingThresholds`) too.
     """
@@ -43,7 +38,7 @@ class LatencyThresholds(ServingThresholds):
     )
 
 
-def _shifted(snap: Snapshot, cfg: DetectorConfig, metric: str, signal: str) -> list[Finding]:
+def _shifted(snap: Snapshot, cfg: LatencyThresholds, metric: str, signal: str) -> list[Finding]:
     """Serving instances (:func:`slo.signals._serving.pool_baselines`) whose ``metric`` sits above
     the rest of their pool's serving instances; none in a pool with fewer than
     ``pool_min_serving`` serving instances holding samples."""
@@ -82,17 +77,17 @@ def _shifted(snap: Snapshot, cfg: DetectorConfig, metric: str, signal: str) -> l
     return findings
 
 
-def detect_slow_prefill(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_slow_prefill(snap: Snapshot, cfg: LatencyThresholds) -> list[Finding]:
     """An instance's TTFT shifted above the rest of its pool (ok tap records)."""
     return _shifted(snap, cfg, "ttft_s", "slow_prefill")
 
 
-def detect_slow_decode(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_slow_decode(snap: Snapshot, cfg: LatencyThresholds) -> list[Finding]:
     """An instance's TPOT shifted above the rest of its pool (ok tap records)."""
     return _shifted(snap, cfg, "tpot_s", "slow_decode")
 
 
-def detect_itl_jitter(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_itl_jitter(snap: Snapshot, cfg: LatencyThresholds) -> list[Finding]:
     """An instance's per-request ITL jitter (p99 gap − median gap, requests with ≥ 10 token
     chunks) shifted above the rest of its pool: a stuttering stream, even when the mean
     TPOT barely moves (ok tap records)."""

@@ -3,17 +3,14 @@ hot DP rank, retry storm, numeric anomaly."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
-from slo.signals._serving import ServingThresholds, by_pool, pool_baselines
+from slo.signals._serving import PoolThresholds, by_pool, pool_baselines
 from slo.signals.findings import Finding, gini
 from slo.signals.snapshot import Series, Snapshot
-
-if TYPE_CHECKING:
-    from slo.signals.config import DetectorConfig
 
 __all__ = [
     "TrafficThresholds",
@@ -24,7 +21,7 @@ __all__ = [
 ]
 
 
-class TrafficThresholds(ServingThresholds):
+class TrafficThresholds(PoolThresholds):
     """Thresholds of hot instance, hot DP rank, retry storm and numeric anomaly; the pool
     baseline's (:class:`~slo.signals._serving.ServingThresholds`) too.
     """
@@ -52,7 +49,7 @@ class TrafficThresholds(ServingThresholds):
 
 
 def _hot(
-    counts: list[float], cfg: DetectorConfig, minimum: float, unit: float = 1.0
+    counts: list[float], cfg: TrafficThresholds, minimum: float, unit: float = 1.0
 ) -> tuple[int, float, float] | None:
     """(index, max/mean, sigma) of an instance far above the mean and beyond Poisson noise.
 
@@ -72,7 +69,7 @@ def _hot(
 def _hot_halves(
     earlier: list[float],
     recent: list[float],
-    cfg: DetectorConfig,
+    cfg: TrafficThresholds,
     minimum: float,
     unit: float = 1.0,
 ) -> tuple[int, list[float], list[float]] | None:
@@ -88,7 +85,7 @@ def _tapped(snap: Snapshot, instance: str) -> bool:
     return "tap_in_flight" in snap.engine.get(instance, {})
 
 
-def detect_hot_instance(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_hot_instance(snap: Snapshot, cfg: TrafficThresholds) -> list[Finding]:
     """Per pool, among its serving instances (:func:`slo.signals._serving.pool_baselines`; fewer
     than ``pool_min_serving`` of them: no verdict): one instance far above the mean share of
     requests or of tokens, in *both* halves of the lookback (a sustained skew, not a burst
@@ -164,7 +161,7 @@ def _rank_rates(ranks: dict[str, dict[str, Series]], start_ms: int, end_ms: int)
     return rates
 
 
-def detect_hot_rank(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_hot_rank(snap: Snapshot, cfg: TrafficThresholds) -> list[Finding]:
     """Within one instance, DP ranks (SGLang ``dp_rank``, vLLM ``engine``) whose token
     throughput is ≥ ``hot_max_over_mean`` × the ranks' mean in both halves of the lookback;
     the queue gauges (running + waiting per rank) are the evidence beside it."""
@@ -208,7 +205,7 @@ def detect_hot_rank(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
     return findings
 
 
-def detect_retry_storm(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_retry_storm(snap: Snapshot, cfg: TrafficThresholds) -> list[Finding]:
     """Per pool: retries amplifying the pool's load, driven by failures across the pool
     (attempts of the second half of the lookback, as the failure detectors count them).
 
@@ -261,7 +258,7 @@ def _finished(snap: Snapshot, instance: str) -> float:
     )
 
 
-def detect_numeric_anomaly(snap: Snapshot, cfg: DetectorConfig) -> list[Finding]:
+def detect_numeric_anomaly(snap: Snapshot, cfg: TrafficThresholds) -> list[Finding]:
     """Corrupted outputs (never normal), or finish_reason=error bursting above its usual share."""
     findings = []
     for instance in sorted(set(snap.engine) | set(snap.requests)):

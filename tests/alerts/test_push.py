@@ -139,9 +139,9 @@ def test_pushed_alerts_are_visible_inhibited_and_resolved(alertmanager: Alertman
 
 
 def test_restart_mid_run_loses_no_alert_that_still_fires(alertmanager: Alertmanager) -> None:
-    sleeps: list[float] = []
+    clock = [0.0]
     with AlertmanagerClient(
-        alertmanager.url, retries=2, backoff_s=0.01, timeout_s=1, sleep=sleeps.append
+        alertmanager.url, retries=2, backoff_s=0.01, timeout_s=1, clock=lambda: clock[0]
     ) as client:
         now = time.time()
         state, payloads = reconcile(PushState(), [PAGE], now_s=now, resend_s=1)
@@ -152,10 +152,15 @@ def test_restart_mid_run_loses_no_alert_that_still_fires(alertmanager: Alertmana
         alertmanager.stop()  # forgets every alert (only silences persist)
         state, payloads = reconcile(state, [PAGE], now_s=now + 1, resend_s=1)
         client.submit(payloads)
-        assert not client.flush()
+        delays = []
+        for _ in range(4):
+            assert not client.flush()
+            delays.append(round(client.retry_in_s, 3))
+            assert not client.flush()  # within the backoff: no attempt
+            clock[0] += client.retry_in_s
         assert client.pending == 1
-        assert sleeps == [0.01, 0.02]  # exponential backoff between the retries
-        assert client.errors._value.get() == 3
+        assert delays == [0.01, 0.02, 0.04, 0.04]  # exponential backoff, capped at 2^retries
+        assert client.errors._value.get() == 4
 
         alertmanager.start()
         assert client.flush()  # the queued re-send goes out once it is back
@@ -165,9 +170,7 @@ def test_restart_mid_run_loses_no_alert_that_still_fires(alertmanager: Alertmana
 
 
 def test_queue_is_bounded_and_drops_are_counted() -> None:
-    with AlertmanagerClient(
-        f"http://127.0.0.1:{free_port()}", max_queue=3, retries=0, sleep=lambda _: None
-    ) as client:
+    with AlertmanagerClient(f"http://127.0.0.1:{free_port()}", max_queue=3, retries=0) as client:
         _, payloads = reconcile(
             PushState(),
             [ActiveAlert({"alertname": "A", "n": str(i)}) for i in range(5)],

@@ -95,7 +95,10 @@ def test_read_only_computes_but_stores_nothing_and_says_so(db: Path) -> None:
         body = {"scope": "pool", "scope_id": "p", "level": 1, "expires_in_s": 60, "reason": "x"}
         refused = httpx.post(f"{url}/api/v1/flags/overrides", json=body, headers=auth())
         assert refused.status_code == 503 and "read-only" in refused.json()["error"]
-        assert httpx.get(f"{url}/api/v1/flags").json() == {"data": [], "count": 0}
+        flags = httpx.get(f"{url}/api/v1/flags").json()
+        # No override was stored, and no jobs heartbeat either: nothing to act on, said so.
+        assert (flags["data"], flags["count"]) == ([], 0)
+        assert (flags["stale"], flags["stale_reason"]) == (True, "no_heartbeat")
     assert _verdicts(db) == 0
     assert db.stat().st_mtime_ns == before
 

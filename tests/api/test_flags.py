@@ -23,6 +23,7 @@ from slo.flags import FlagTransition
 from slo.queries import FLAGS_SCHEMA
 from slo.sinks import ListTransitionSink, StoreTransitionSink
 from tests.api.conftest import NOW_S, TOKEN, auth, serving
+from tests.slo.factories import insert, request
 
 POD = "10.0.0.7:8000"
 FAST = ApiConfig(flags_tick_s=0.05)
@@ -217,6 +218,7 @@ def test_an_override_applies_publishes_and_vanishes_at_its_expiry(flagged: Store
 
 
 def test_an_override_of_an_unflagged_scope_and_its_clearing(flagged: Store) -> None:
+    insert(flagged, requests=[request(1_000, pool="mistral")])  # known, never flagged
     sink = ListTransitionSink()
     app = create_app(flagged.con.cursor, token=TOKEN, clock=lambda: NOW_S, flag_sink=sink)
     with TestClient(app) as client:

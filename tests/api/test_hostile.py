@@ -43,7 +43,7 @@ def assert_nothing_changed(store) -> None:
         ({"canary_selector": "revision=r2"}, 404, "revision=r2"),
         ({"canary_selector": "no-equals-sign"}, 400, "label=value"),
         ({"canary_instances": LONG}, 400, "1–256 characters"),
-        ({"canary_instances": ",".join(f"10.0.0.{i}" for i in range(2000))}, 400, "canary"),
+        ({"canary_instances": ",".join(f"10.0.{i}" for i in range(1100))}, 400, "canary"),
         ({"baseline_instances": CANARY}, 400, "same requests"),
         ({"window": "5 minutes"}, 400, "window"),
         ({"window": "9999999d"}, 400, "31 days"),

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import duckdb
 import pytest
@@ -21,6 +22,7 @@ from dashboards.views import PAGES
 from tests.conftest import require_tool
 from tests.dashboards.browser import HeadlessChromium, blank
 from tests.dashboards.conftest import END_MS, HOUR_MS, History
+from tests.loopback import RecordingServer
 
 pytestmark = pytest.mark.slow
 
@@ -155,3 +157,40 @@ def test_an_empty_database_shows_no_data_yet_in_the_browser(
         process.terminate()
         process.wait(timeout=20)
     assert state["exceptions"] == [] and "No data yet" in state["text"]
+
+
+@pytest.fixture
+def beacon() -> Iterator[RecordingServer]:
+    """An image server on loopback that remembers every request it received."""
+    with RecordingServer(content_type="image/png") as server:
+        yield server
+
+
+_LINKS_JS = "Array.from(document.querySelectorAll('a[href], img[src]')).map(e => e.href || e.src)"
+
+
+def test_a_hostile_link_renders_no_link_and_fetches_no_image(
+    chromium: HeadlessChromium, dashboard: str, beacon: RecordingServer
+) -> None:
+    hostile = f"[re-login](http://evil.example) ![b]({beacon.url}/beacon.png)"
+    query = urlencode({"from": hostile, "pool": hostile, "instance": hostile, "slo": hostile})
+    for path in ("latency", "slo"):
+        chromium.open(f"{dashboard}/{path}?{query}", timeout_s=90)
+        state = chromium.state()
+        chromium.screenshot(SHOTS / f"hostile-{path}.png")
+        targets = chromium.call("Runtime.evaluate", expression=_LINKS_JS, returnByValue=True)
+        assert state["exceptions"] == [], state["exceptions"]
+        elsewhere = [t for t in targets["result"]["value"] if not t.startswith(dashboard)]
+        assert not [t for t in elsewhere if "evil" in t or beacon.url in t], elsewhere
+        assert "from='[re-login](http://evil.example) ![b](" in state["text"]  # quoted as text
+    assert beacon.received == []
+
+
+def test_an_out_of_range_time_is_a_message_not_a_traceback(
+    chromium: HeadlessChromium, dashboard: str
+) -> None:
+    chromium.open(f"{dashboard}/fleet?from=1&to=99999999999999999999", timeout_s=90)
+    state = chromium.state()
+    assert state["exceptions"] == [] and "OutOfBoundsDatetime" not in state["text"]
+    assert "to='99999999999999999999' is not epoch milliseconds" in state["text"]
+    assert "2026-09-20 14:01 → 2026-09-21 14:01 UTC" in state["text"]  # the default range

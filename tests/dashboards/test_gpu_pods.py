@@ -78,4 +78,5 @@ def test_a_malformed_gpu_pods_variable_is_a_clear_message_not_a_traceback(
     )
     app.run()
     assert not app.exception, [e.value for e in app.exception]
-    assert any(GPU_PODS_ENV in e.value for e in app.error), [e.value for e in app.error]
+    assert [e.value for e in app.error] == ["Cannot read the data source:"]
+    assert GPU_PODS_ENV in app.text[0].value  # the cause, as plain text under the box

@@ -43,6 +43,7 @@ def _text(app: AppTest) -> str:
         "success",
         "error",
         "markdown",
+        "text",
     ):
         parts += [str(e.value) for e in getattr(app, kind)]
     parts += [f"{m.label}={m.value}" for m in app.metric]
@@ -178,8 +179,9 @@ def test_an_empty_database_says_no_data_yet_on_every_page(on_empty: Path) -> Non
 def test_a_bad_link_parameter_is_reported_and_ignored(on_history: History) -> None:
     app = _page("slo", **{"from": "yesterday", "to": "1", "range": "2y"})
     assert not app.exception
-    warnings = " ".join(str(w.value) for w in app.warning)
-    assert "'yesterday' is not epoch milliseconds" in warnings and "range='2y'" in warnings
+    assert app.warning[0].value == "Some link parameters were not used:"
+    reported = app.text[0].value
+    assert "'yesterday' is not epoch milliseconds" in reported and "range='2y'" in reported
     assert {m.label: m.value for m in app.metric}["objective"] == "99.000 %"
 
 
@@ -189,7 +191,8 @@ def test_a_source_that_cannot_be_read_is_a_message(
     monkeypatch.setenv(SOURCE_ENV, f"db:{tmp_path / 'missing.duckdb'}")
     app = _page("fleet")
     assert not app.exception
-    assert "no such DuckDB file" in app.error[0].value
+    assert app.error[0].value == "Cannot read the data source:"
+    assert "no such DuckDB file" in app.text[0].value
 
 
 def test_fresh_data_makes_the_page_live_and_refreshing(
@@ -235,3 +238,56 @@ def test_finding_rows_link_their_signals_runbook(
     assert len(found) > 0
     for signal, url in zip(found["signal"], found["runbook"], strict=True):
         assert url == f"https://runbooks.example/llm/{signal}.md"
+
+
+#: A link a phisher could send: Markdown that would render as a link and fetch an image.
+HOSTILE = "[re-login](http://evil.example) ![b](http://127.0.0.1:9/beacon.png) :red[x] $y$"
+
+
+@pytest.mark.parametrize("path", ["latency", "slo", "fleet"])
+def test_a_hostile_link_parameter_is_quoted_as_text_not_rendered(
+    on_history: History, path: str
+) -> None:
+    app = _page(path, **{"from": HOSTILE, "pool": HOSTILE, "slo": HOSTILE, "range": HOSTILE})
+    assert not app.exception, [e.value for e in app.exception]
+    reported = app.text[0].value.splitlines()
+    assert [line.split("=")[0] for line in reported] == ["from", "range"]
+    assert reported[0].startswith("from='[re-login](http://evil.example) ![b](http://127.0.0.1:9/")
+    if path == "slo":
+        assert app.text[1].value.startswith("slo='[re-login](http://evil.example)")
+    markdown = (*app.title, *app.subheader, *app.markdown, *app.caption, *app.info,
+                *app.warning, *app.error, *app.success)  # fmt: skip
+    for element in markdown:
+        assert "evil" not in str(element.value) and "beacon" not in str(element.value)
+    assert not [m.label for m in app.metric if "evil" in m.label]
+
+
+@pytest.mark.parametrize(
+    ("query", "problem"),
+    [
+        ({"from": "1", "to": "99999999999999999999"}, "to='99999999999999999999' is not epoch"),
+        ({"from": "1", "to": "9999999999999"}, "to='9999999999999' is after 2100-01-01"),
+        ({"from": "-5", "to": "1000"}, "from='-5' is not epoch milliseconds"),
+        ({"from": "1", "to": "4102444800000"}, "from–to spans more than 366 days"),
+        ({"instance": "pod\u202e-0"}, "instance='pod\\u202e-0' has control characters"),
+    ],
+    ids=["a time past pandas' datetimes", "a time past 2100", "a negative time",
+         "a century-long range", "a bidi override in a name"],
+)  # fmt: skip
+def test_an_out_of_range_link_is_a_clear_message_and_the_default_range(
+    on_history: History, query: dict[str, str], problem: str
+) -> None:
+    app = _page("fleet", **query)
+    assert not app.exception, [e.value for e in app.exception]
+    assert app.warning[0].value == "Some link parameters were not used:"
+    assert problem in app.text[0].value
+    assert "2026-09-20 14:01 → 2026-09-21 14:01 UTC" in " ".join(c.value for c in app.caption)
+
+
+def test_fleet_counts_instances_that_never_left_l0_as_l0(on_history: History) -> None:
+    app = _page("fleet", range="30d")
+    counts = {m.label: m.value for m in app.metric}
+    assert counts["L0 normal"] == "3" and counts["L1 no speculative decoding"] == "1"
+    levels = next(df.value for df in app.dataframe if "level" in df.value.columns)
+    assert sorted(i.split()[0] for i in levels["instance"]) == sorted(on_history.instances)
+    assert set(levels[levels["level"] == "L0 normal"]["reason"]) == {"no transition"}

@@ -46,3 +46,53 @@ def test_imports_never_run_up_a_floor_nor_into_private_modules(package: str, pat
         assert not any(part.startswith("_") for part in rest), (
             f"{path.relative_to(ROOT)} imports a private module of {top}: {name}"
         )
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module → the modules of ours it imports (any import, ``TYPE_CHECKING`` ones included:
+    a circle there is still a circle a reader has to untangle). A package's ``__init__`` that
+    re-exports is an edge to the module it re-exports from; an import of a package is an edge
+    to its ``__init__``, of a name from a package to that submodule when there is one."""
+    modules = {_module_name(path): path for _, path in _modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for imported in _imports(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                edges.add(imported)
+        graph[name] = edges
+    return graph
+
+
+def test_no_module_imports_itself_through_a_circle() -> None:
+    graph = _import_graph()
+    # A package's __init__ importing its own submodules is how it re-exports, not a circle
+    # a reader has to follow: leave those edges out.
+    for name, edges in graph.items():
+        edges -= {m for m in list(edges) if m.startswith(name + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert circles == [], "import circles: " + "; ".join(" → ".join(c) for c in circles)

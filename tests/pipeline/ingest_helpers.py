@@ -97,6 +97,19 @@ def start_ingest(
     return process
 
 
+def start_run(log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """``llmslo -v run ARGS`` as a child process, its INFO log written to ``log``."""
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "llmslo", "-v", "run", *args],
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            cwd=ROOT,
+        )
+    STARTED.append(process)
+    return process
+
+
 def wait_for_log(
     process: subprocess.Popen[bytes], log: Path, needle: str, timeout_s: float = 120.0
 ) -> None:

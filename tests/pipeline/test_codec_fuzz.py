@@ -25,7 +25,7 @@ from pipeline.codec import (
 )
 from pipeline.errors import DecodeError
 from pipeline.schema import RecordSchema, iter_schemas
-from pipeline.store import Store
+from pipeline.store import Store, StoredOffset
 from tests.pipeline.strategies import rows_strategy
 
 SCHEMAS = list(iter_schemas())
@@ -82,11 +82,14 @@ def _commit_and_read_back(decoded: DecodedMessage, directory: Path) -> None:
     table = decoded.schema.table
     with Store(directory / "fuzz.duckdb") as store:
         store.commit_batch(
-            {table: [decoded.table]}, group_id="fuzz", offsets={("t", 0): 1}, now_ts_ms=0
+            {table: [decoded.table]},
+            group_id="fuzz",
+            offsets={("t", 0): StoredOffset(1)},
+            now_ts_ms=0,
         )
         stored = store.con.execute(f"SELECT * FROM {table}").fetchall()
         assert len(stored) == decoded.table.num_rows
-        assert store.read_offsets("fuzz") == {("t", 0): 1}
+        assert store.read_offsets("fuzz") == {("t", 0): StoredOffset(1)}
 
 
 def _ipc(table: pa.Table) -> bytes:

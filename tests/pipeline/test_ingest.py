@@ -40,7 +40,11 @@ def test_samples_land_in_duckdb_with_offsets_stored(bus: Bus, store: Store) -> N
     values = store.con.execute("SELECT value FROM engine_samples ORDER BY value").fetchall()
     assert [v for (v,) in values] == list(range(5_000))
     offsets = store.read_offsets(bus.prefix)
-    assert sum(offsets.values()) == 10  # ten messages, offsets are next-to-read
+    assert sum(o.next_offset for o in offsets.values()) == 10  # offsets are next-to-read
+    # Each names the log it indexes: the broker's cluster and this topic's UUID.
+    assert {(o.log.cluster_id, o.log.topic_id is not None) for o in offsets.values()} == {
+        ("tansu_cluster", True)
+    }
     assert ingester.stats.deadletters == 0
 
 
@@ -216,7 +220,7 @@ def test_an_empty_message_is_stored_as_nothing_and_consumed(bus: Bus, store: Sto
     ingester = _ingest_until_idle(bus, store)
     assert store.count("engine_samples") == 10
     assert ingester.stats.messages == 2 and ingester.stats.deadletters == 0
-    assert sum(store.read_offsets(bus.prefix).values()) == 2
+    assert sum(o.next_offset for o in store.read_offsets(bus.prefix).values()) == 2
 
 
 class _FailingStore(Store):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +18,7 @@ import yaml
 from pipeline.bus import Bus
 from pipeline.lake import lake_view_sql
 from pipeline.schema import ENGINE_SAMPLES
-from tests.pipeline.ingest_helpers import STARTED, numbered_samples, wait_for_log
+from tests.pipeline.ingest_helpers import numbered_samples, start_run, wait_for_log
 
 pytestmark = pytest.mark.slow
 
@@ -43,26 +42,7 @@ def _config(
 
 
 def _run(config: Path, db: Path, role: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "llmslo",
-                "-v",
-                "run",
-                "-c",
-                str(config),
-                "--db",
-                str(db),
-                "--role",
-                role,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=sink,
-        )
-    STARTED.append(process)
-    return process
+    return start_run(log, "-c", str(config), "--db", str(db), "--role", role)
 
 
 def _lake_rows(lake: Path) -> list[tuple[int, int, float]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from collectors.tap.sinks import rows_to_table
 from pipeline.schema import REQUEST_RECORDS
-from pipeline.store import Store
+from pipeline.store import LogIdentity, Store, StoredOffset
 from tests.slo.factories import request
 
 #: Columns the request record gained for retried attempts and exact ITL summaries.
@@ -50,3 +50,19 @@ def test_a_file_from_before_the_enforcement_columns_gains_them(tmp_path: Path) -
             "SELECT request_id, tokens_source, degradation_level, enforced_action FROM requests"
         ).fetchall()
     assert got == [("new", "chunks", None, "fail_open")]
+
+
+def test_a_file_from_before_offsets_carried_their_log_keeps_its_offsets(tmp_path: Path) -> None:
+    path = tmp_path / "before_log_identity.duckdb"
+    with Store(path) as store:
+        store.con.execute("ALTER TABLE ingest_offsets DROP COLUMN topic_id")
+        store.con.execute("ALTER TABLE ingest_offsets DROP COLUMN cluster_id")
+        store.con.execute("INSERT INTO ingest_offsets VALUES ('g', 't', 0, 7, 1)")
+    with Store(path) as store:
+        # Known offset, unknown log: the ingester checks it against the partition's end.
+        assert store.read_offsets("g") == {("t", 0): StoredOffset(7)}
+        identity = LogIdentity("tansu_cluster", "01a23387-7347-7910-8951-7b8ba822ca59")
+        store.commit_batch(
+            {}, group_id="g", offsets={("t", 1): StoredOffset(3, identity)}, now_ts_ms=0
+        )
+        assert store.read_offsets("g")[("t", 1)] == StoredOffset(3, identity)

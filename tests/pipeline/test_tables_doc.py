@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from api.tables import API_TABLES
-from pipeline.store import Store
+from pipeline.store import LogIdentity, Store, StoredOffset
 from pipeline.tables import render_tables_doc
 from slo.tables import DOCUMENTED_TABLES
 
@@ -41,6 +41,6 @@ def test_every_duckdb_column_is_documented_with_a_comment(store: Store) -> None:
 def test_migrate_is_idempotent(tmp_path: Path) -> None:
     path = tmp_path / "twice.duckdb"
     with Store(path) as first:
-        first.con.execute("INSERT INTO ingest_offsets VALUES ('g', 't', 0, 5, 1)")
+        first.con.execute("INSERT INTO ingest_offsets VALUES ('g', 't', 0, 5, 1, 'c', 'u')")
     with Store(path) as second:
-        assert second.read_offsets("g") == {("t", 0): 5}
+        assert second.read_offsets("g") == {("t", 0): StoredOffset(5, LogIdentity("c", "u"))}

@@ -157,16 +157,21 @@ def test_transitions_are_published_to_the_flags_topic(store: Store, bus: Bus) ->
     consumer = bus.consumer(None)
     consumer.subscribe([bus.prefix + FLAG_TRANSITIONS.topic])
     rows: list[dict[str, Any]] = []
+    beats: list[dict[str, Any]] = []
     for _ in range(60):
         for records in consumer.poll(timeout_ms=1000).values():
             for record in records:
-                rows += decode_message(record.value, record.headers).table.to_pylist()
-        if len(rows) >= 3:
+                decoded = decode_message(record.value, record.headers)
+                kept = rows if decoded.schema is FLAG_TRANSITIONS else beats
+                kept += decoded.table.to_pylist()
+        if len(rows) >= 3 and beats:
             break
     consumer.close()
     assert [(r["scope_id"], r["to_level"]) for r in rows] == [
         (fleet.instance(0), level) for level in (1, 2, 3)
     ]
+    # Each cycle also sends its heartbeat on the topic: one per cycle, at its event time.
+    assert beats and len({b["event_ts_ms"] for b in beats}) == len(beats)
     assert all('"thresholds"' in r["evidence_json"] for r in rows)
 
 

@@ -21,7 +21,7 @@ from pipeline.codec import decode_message
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS
 from tests.collectors.tap.fakes import CHAT, ScriptedUpstream, post, stream_script
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_example_config_is_valid() -> None:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from collectors.tap import ListSink, TapConfig, TapProxy
 from collectors.tap.degradation import (
     DegradationConfig,
     Degrader,
     FlagFollower,
+    FlagPoll,
     FlagSnapshot,
     estimate_prompt_tokens,
 )
@@ -23,7 +28,7 @@ SHORT = 2_000
 
 
 def degrader(levels: dict[tuple[str, str], int], heard_s: float | None = 0.0, **cfg: object):
-    snapshot = FlagSnapshot(levels, heard_s)
+    snapshot = FlagSnapshot(levels, heard_s, beat_s=0.0)
     return Degrader(DegradationConfig.model_validate(cfg), lambda: snapshot, lambda: 1.0)
 
 
@@ -67,22 +72,29 @@ def test_stale_flags_fail_open(heard_s: float | None) -> None:
     assert (e.level, e.action, e.reject) == (None, "fail_open", False)
 
 
+class Never:
+    """A flags source that never brings anything."""
+
+    def poll(self, timeout_s: float) -> FlagPoll:
+        return FlagPoll()
+
+    def close(self) -> None:
+        pass
+
+
 def test_follower_keeps_the_latest_transition_per_scope() -> None:
-    class Never:
-        def poll(self, timeout_s: float) -> list:
-            return []
-
-        def close(self) -> None:
-            pass
-
     follower = FlagFollower(Never())
     follower.apply(
-        [
-            {"scope": "instance", "scope_id": ME, "ts_ms": 2, "to_level": 2},
-            {"scope": "instance", "scope_id": ME, "ts_ms": 1, "to_level": 3},  # older, late
-            {"scope": "pool", "scope_id": POOL, "ts_ms": 5, "to_level": 1},
-        ],
+        FlagPoll(
+            [
+                {"scope": "instance", "scope_id": ME, "ts_ms": 2, "to_level": 2},
+                {"scope": "instance", "scope_id": ME, "ts_ms": 1, "to_level": 3},  # older, late
+                {"scope": "pool", "scope_id": POOL, "ts_ms": 5, "to_level": 1},
+            ],
+            [{"ts_ms": 7_000, "interval_s": 15.0}],
+        ),
         heard_s=7.0,
+        wall_s=7.0,
     )
     snap = follower.current()
     assert snap.levels == {("instance", ME): 2, ("pool", POOL): 1} and snap.heard_s == 7.0
@@ -101,7 +113,8 @@ def test_fallback_must_be_a_url() -> None:
 
 # ---- through a real tap on loopback, with a fixed snapshot (the follower is tested e2e)
 def flagged(levels: dict[tuple[str, str], int]):
-    snapshot = FlagSnapshot(levels, time.perf_counter() + 3600)  # fresh for the whole test
+    fresh_s = time.perf_counter() + 3600  # fresh for the whole test
+    snapshot = FlagSnapshot(levels, fresh_s, beat_s=fresh_s)
     return lambda: snapshot
 
 
@@ -163,3 +176,73 @@ def test_an_l2_rejection_never_reaches_the_engine() -> None:
         assert row["error_kind"] == row["enforced_action"] == "rejected_long_prompt"
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("beat_s", "interval_s", "expected"),
+    [
+        (None, None, None),
+        (1.0 - 60.5, 15.0, None),
+        (1.0 - 59.0, 15.0, 2),
+        (1.0 - 150.0, 60.0, 2),
+        (1.0 - 181.0, 60.0, None),
+    ],
+    ids=[
+        "broker reachable but no jobs heartbeat ever: fail open",
+        "jobs heartbeat 60.5 s old: fail open",
+        "jobs heartbeat 59 s old: the level applies",
+        "a 60 s jobs interval is allowed three intervals",
+        "and not more",
+    ],
+)
+def test_without_a_recent_jobs_heartbeat_the_tap_fails_open(
+    beat_s: float | None, interval_s: float | None, expected: int | None
+) -> None:
+    snapshot = FlagSnapshot({("pool", POOL): 2}, heard_s=1.0, beat_s=beat_s, interval_s=interval_s)
+    d = Degrader(DegradationConfig(), lambda: snapshot, lambda: 1.0)
+    e = d.enforce(POOL, [ME], SHORT, None)
+    assert e.level == expected
+    assert e.action == ("fail_open" if expected is None else "degradation_header")
+
+
+def test_replayed_old_heartbeats_do_not_make_the_flags_fresh() -> None:
+    """A tap that starts reads the topic from its beginning: heartbeats of jobs that died an
+    hour ago arrive now, but are as old as their wall-clock time says."""
+    follower = FlagFollower(Never(), staleness_s=60.0)
+    level_2: list[Mapping[str, Any]] = [
+        {"scope": "pool", "scope_id": POOL, "ts_ms": 1, "to_level": 2}
+    ]
+    follower.apply(FlagPoll(level_2, [{"ts_ms": 1_000_000, "interval_s": 15.0}]), 500.0, 4_600.0)
+    assert follower.current().level(POOL, [ME], 500.0, 60.0) is None
+    assert follower.judge(500.0) == "heartbeat_old"
+    follower.apply(FlagPoll([], [{"ts_ms": 4_600_000, "interval_s": 15.0}]), 501.0, 4_601.0)
+    assert follower.current().level(POOL, [ME], 501.0, 60.0) == 2
+
+
+def test_staleness_is_exported_and_logged_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    follower = FlagFollower(Never(), staleness_s=3.0, registry=registry)
+    level_2: list[Mapping[str, Any]] = [
+        {"scope": "pool", "scope_id": POOL, "ts_ms": 1, "to_level": 2}
+    ]
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    with caplog.at_level(logging.INFO, logger="collectors.tap.degradation"):
+        follower.apply(FlagPoll(level_2, [{"ts_ms": 10_000, "interval_s": 0.5}]), 10.0, 10.0)
+        assert follower.judge(10.5) is None
+        assert value("llmslo_tap_flags_stale", reason="heartbeat_old") == 0
+        for now_s in (13.6, 14.0, 20.0):  # the jobs went silent at 10 s, the broker did not
+            follower.apply(FlagPoll(), now_s, now_s)
+            assert follower.judge(now_s) == "heartbeat_old"
+        assert value("llmslo_tap_flags_stale", reason="heartbeat_old") == 1
+        assert value("llmslo_tap_flags_stale_transitions_total", reason="heartbeat_old") == 1
+        assert value("llmslo_tap_flags_heartbeat_age_seconds") == 10.0
+        follower.apply(FlagPoll([], [{"ts_ms": 21_000, "interval_s": 0.5}]), 21.0, 21.0)
+        assert follower.judge(21.0) is None  # heartbeats resume: levels apply again
+        assert follower.current().level(POOL, [ME], 21.0, 3.0) == 2
+    assert value("llmslo_tap_flags_stale", reason="heartbeat_old") == 0
+    stale_logs = [r for r in caplog.records if "flags stale" in r.getMessage()]
+    fresh_logs = [r for r in caplog.records if "flags fresh again" in r.getMessage()]
+    assert (len(stale_logs), len(fresh_logs)) == (1, 1)

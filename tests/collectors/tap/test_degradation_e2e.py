@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import pytest
@@ -31,7 +31,7 @@ from pipeline.config import BusConfig
 from pipeline.publisher import Publisher
 from simulator import EngineConfig, Fleet, FleetConfig, NodeConfig, PodConfig
 from slo.flags import FlagBoard, FlagPolicy
-from slo.sinks import BusTransitionSink
+from slo.sinks import BusTransitionSink, JobsHeartbeat
 
 MODEL = "llama-3-8b"
 SMALL_MODEL = "llama-3.2-1b"  # the small-model replica L3 falls back to
@@ -83,6 +83,42 @@ class FlaggedTap:
     drops: list[str]  # flags messages the source skipped, by reason
 
 
+class Publishing:
+    """A thread that calls :meth:`step` every ``every_s`` and publishes through the jobs' sink."""
+
+    every_s = 0.3
+
+    def __init__(self, bus: Bus) -> None:
+        self.sink = BusTransitionSink(Publisher(bus.producer, component="test-flags"), 10.0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sink.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.step()
+            self._stop.wait(self.every_s)
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+
+class Heartbeats(Publishing):
+    """Stands in for the SLO jobs' liveness: a jobs heartbeat on the flags topic every 0.3 s."""
+
+    def step(self) -> None:
+        now_ms = int(time.time() * 1000)
+        self.sink.beat(JobsHeartbeat(now_ms, now_ms, "test-jobs", self.every_s))
+
+
 @asynccontextmanager
 async def flagged_tap(bus: Bus, upstream: str, **degradation: Any) -> AsyncIterator[FlaggedTap]:
     """A tap over ``upstream`` following ``bus``'s flags topic."""
@@ -115,40 +151,27 @@ def kv_usage(text: str) -> float:
     raise AssertionError("no vllm:kv_cache_usage_perc in the scrape")
 
 
-class FlagDriver:
+class FlagDriver(Publishing):
     """Scrapes one pod's KV usage every 0.2 s into a FlagBoard; publishes its transitions."""
 
+    every_s = 0.2
+
     def __init__(self, bus: Bus, pod_url: str, instance: str) -> None:
+        super().__init__(bus)
         self.board = FlagBoard(FlagPolicy(dwell_s=DWELL_S))
-        self.sink = BusTransitionSink(Publisher(bus.producer, component="test-flags"), 10.0)
         self.url, self.instance = pod_url, instance
         self.levels: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> FlagDriver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.sink.close()
-
-    def _run(self) -> None:
+    def step(self) -> None:
         import urllib.request
 
-        while not self._stop.is_set():
-            with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
-                usage = kv_usage(resp.read().decode())
-            now = time.time()
-            change = self.board.observe(
-                int(now * 1000), "instance", self.instance, MODEL, 1.0 - usage
-            )
-            if change is not None:
-                self.levels.append((time.monotonic(), change.to_level))
-                self.sink.write([change])
-            self._stop.wait(0.2)
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
+            usage = kv_usage(resp.read().decode())
+        now = time.time()
+        change = self.board.observe(int(now * 1000), "instance", self.instance, MODEL, 1.0 - usage)
+        if change is not None:
+            self.levels.append((time.monotonic(), change.to_level))
+            self.sink.write([change])
 
 
 async def wait_for_level(follower: FlagFollower, instance: str, level: int) -> None:
@@ -202,7 +225,7 @@ def test_kv_leak_sheds_long_prompts_at_l2_until_it_recovers(fleet: Fleet, bus: B
             counted = proxy.metrics.degradation_actions.labels("L2", "rejected_long_prompt")
             assert counted._value.get() == len(rejected)
 
-    with FlagDriver(bus, pod.url, pod.instance) as driver:
+    with Heartbeats(bus), FlagDriver(bus, pod.url, pod.instance) as driver:
         asyncio.run(scenario(driver))
 
 
@@ -242,7 +265,8 @@ def test_l3_serves_from_the_fallback_upstream_in_economy_mode(fleet: Fleet, bus:
             assert sink.requests[0]["instance"] == big.instance
             assert tap.drops == ["undecodable_flag"]
 
-    asyncio.run(scenario())
+    with Heartbeats(bus):
+        asyncio.run(scenario())
 
 
 @pytest.fixture
@@ -281,4 +305,5 @@ def test_a_flags_outage_fails_open_after_the_staleness_bound(
             assert sink.requests[-1]["enforced_action"] == "fail_open"
             assert sink.requests[-1]["degradation_level"] is None
 
-    asyncio.run(scenario())
+    with Heartbeats(bus):
+        asyncio.run(scenario())

@@ -56,7 +56,8 @@ def _declared(model: type[BaseModel]) -> set[str]:
 
 
 def _threshold_models() -> list[type[BaseModel]]:
-    """Every thresholds model defined in a module of ``slo/signals``, found by import."""
+    """Every thresholds model that declares fields in a module of ``slo/signals``, found by
+    import (compositions such as ``PoolThresholds`` and ``DetectorConfig`` declare none)."""
     found: list[type[BaseModel]] = []
     for path in sorted(SIGNALS_DIR.glob("*.py")):
         module = importlib.import_module(f"slo.signals.{path.stem}")
@@ -65,7 +66,7 @@ def _threshold_models() -> list[type[BaseModel]]:
                 inspect.isclass(value)
                 and issubclass(value, CommonThresholds)
                 and value.__module__ == module.__name__
-                and value is not DetectorConfig
+                and _declared(value)
             ):
                 found.append(value)
     return found
