@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.model import WINDOW_PLACEHOLDER, RuleModel, RuleSlo
+from alerts.promql import matcher
 from alerts.signatures import signature_groups
 from pipeline.units import DAY_MS
 from slo.signals.catalog import NOTICES, RUNBOOK_BASE_URL, runbook_url
@@ -42,7 +43,7 @@ def _windows(slo: RuleSlo) -> list[str]:
 
 
 def _id_matcher(slo: RuleSlo) -> str:
-    return "{" + ", ".join(f'{k}="{v}"' for k, v in slo.id_labels.items()) + "}"
+    return "{" + ", ".join(matcher(k, v) for k, v in slo.id_labels.items()) + "}"
 
 
 def _sli_recordings(slo: RuleSlo) -> list[dict[str, Any]]:

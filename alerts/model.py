@@ -57,14 +57,17 @@ class SeriesRecipe:
     """How to write input series for a generated promtool test of one SLO.
 
     ``kind`` is ``histogram`` (good = ``<metric>_bucket{le=bound}``, total = ``_count``) or
-    ``outcome`` (good = ``<metric>{outcome="ok"}``, bad = ``{outcome="error"}``).
-    ``labels`` are the labels every input series carries (selector and group-by values).
+    ``outcome`` (good = ``<metric>{outcome="ok"}``, bad = ``{outcome="error"}``, and as
+    many events as good ones on a series labelled ``excluded``, which the rules must ignore,
+    when the SLI excludes any). ``labels`` are the labels every input series carries
+    (selector and group-by values).
     """
 
     kind: str
     metric: str
     labels: Mapping[str, str]
     bound: str = ""
+    excluded: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

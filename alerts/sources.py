@@ -7,7 +7,9 @@ OpenSLO v1, both through :func:`slo.spec.load_spec`) into a :class:`~alerts.mode
   the threshold must be one of its bucket bounds (the same defaults the DuckDB jobs use,
   :data:`slo.buckets.DEFAULT_BUCKETS`), else :class:`ConfigError` naming the field path.
 * ``source: tap`` SLIs read the tap's own ``/metrics`` (:data:`TAP_HISTOGRAMS`,
-  :data:`TAP_REQUESTS`). Failed requests count as bad, as in the jobs. What the tap's
+  :data:`TAP_REQUESTS`, labels ``outcome`` and ``code``). A record's class (good, bad,
+  excluded: :mod:`slo.spec.outcomes`) is matched on those two labels exactly as the jobs
+  class it on ``outcome`` and ``http_status``. What the tap's
   histograms cannot express exactly (a threshold between two buckets, per-request ITL
   statistics, goodput, tenant/route) is computed by the pipeline only (path B): such an
   SLO is *skipped* with its reason, or refused with ``strict=True``.
@@ -15,7 +17,8 @@ OpenSLO v1, both through :func:`slo.spec.load_spec`) into a :class:`~alerts.mode
   the same way.
 
 ``le`` is matched by numeric value: the matcher accepts every rendering of the bound that
-exporters write (``2``, ``2.0``), so rules keep working across Prometheus 2 and 3.
+exporters write (``2``, ``2.0``), so rules keep working across Prometheus 2 and 3. Selector
+values are quoted by :mod:`alerts.promql`: a value only ever matches itself.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ import math
 from collections.abc import Mapping, Sequence
 
 from alerts.model import WINDOW_PLACEHOLDER, RuleModel, RuleSlo, SeriesRecipe
+from alerts.promql import matcher, regex_matcher
 from collectors.tap.telemetry import DURATION_BUCKETS_S, TPOT_BUCKETS_S, TTFT_BUCKETS_S
 from pipeline.buckets import VLLM_ITL_S, VLLM_REQUEST_LATENCY_S, VLLM_TTFT_S
 from pipeline.errors import ConfigError, LlmsloError
+from pipeline.schema import OUTCOMES
 from slo.buckets import DEFAULT_BUCKETS
 from slo.spec import AvailabilitySpec, LatencySpec
 from slo.spec.model import Slo, SloModel
+from slo.spec.outcomes import OUTCOME_CLASSES, OutcomeClass, OutcomeClasses
 
 __all__ = [
     "ENGINE_HISTOGRAMS",
@@ -85,14 +91,12 @@ TAP_HISTOGRAMS: Mapping[str, tuple[str, Sequence[float]]] = {
     "tpot": ("llmslo_tap_tpot_seconds", TPOT_BUCKETS_S),
     "e2e": ("llmslo_tap_e2e_seconds", DURATION_BUCKETS_S),
 }
-#: The tap's attempt counter, label ``outcome``; it carries no ``model`` label.
+#: The tap's attempt counter, labels ``outcome`` and ``code`` (the HTTP status sent to the
+#: client, empty if none); it carries no ``model`` label.
 TAP_REQUESTS = "llmslo_tap_requests_total"
 #: Selector key → label on the tap's series (scrape taps with ``honor_labels: true`` so
 #: their ``instance`` label, the upstream engine, survives).
 TAP_LABELS: Mapping[str, str] = {"model": "model", "pool": "pool", "instance": "instance"}
-
-
-_REGEX_SPECIAL = set("\\.+*?()|[]{}^$")
 
 
 class _Unsupported(LlmsloError):
@@ -106,14 +110,9 @@ def _le_renderings(bound: float) -> list[str]:
     return sorted(forms)
 
 
-def _regex_literal(text: str) -> str:
-    """``text`` as a literal inside a PromQL regex string (RE2 escapes, then Go string escapes)."""
-    return "".join("\\\\" + c if c in _REGEX_SPECIAL else c for c in text)
-
-
 def le_matcher(bound: float) -> str:
     """A ``le=~"…"`` matcher that accepts every usual text form of ``bound`` (``2|2\\.0``)."""
-    return 'le=~"' + "|".join(_regex_literal(form) for form in _le_renderings(bound)) + '"'
+    return regex_matcher("le", _le_renderings(bound))
 
 
 def _matching_bound(bounds: Sequence[float], threshold: float) -> float | None:
@@ -130,9 +129,9 @@ def _selector(slo: Slo, names: Mapping[str, str], extra: Sequence[str] = ()) -> 
             raise _Unsupported(f"its series carry no {key} label")
         values = slo.selector[key]
         if len(values) == 1:
-            matchers.append(f'{names[key]}="{values[0]}"')
+            matchers.append(matcher(names[key], values[0]))
         else:
-            matchers.append(f'{names[key]}=~"{"|".join(_regex_literal(v) for v in values)}"')
+            matchers.append(regex_matcher(names[key], values))
     return [*matchers, *extra]
 
 
@@ -191,10 +190,41 @@ def _engine_latency(slo: Slo, sli: LatencySpec, index: int) -> tuple[str, str, S
     return f"({total} - {good})", total, recipe
 
 
-def _tap_failures(slo: Slo, group: Sequence[str], total: str) -> str:
-    matchers = _selector(slo, {"pool": "pool", "instance": "instance"}, ['outcome!="ok"'])
-    # `or 0 * total`: no failure yet means no series at all; keep the group with 0 failures.
-    return f"({_sum_rate(TAP_REQUESTS, matchers, group)} or 0 * {total})"
+def _class_matchers(classes: OutcomeClasses, klass: OutcomeClass) -> list[list[str]]:
+    """Disjoint matcher sets on the tap's counter whose union is the records of ``klass``,
+    in :meth:`OutcomeClasses.classify`'s order: exact status, status class, outcome."""
+    exact = [str(code) for k in OUTCOME_CLASSES for code in classes.codes(k)]
+    ruled = exact + [f"{family}.." for k in OUTCOME_CLASSES for family in classes.families(k)]
+    terms = []
+    if codes := classes.codes(klass):
+        terms.append(['outcome!="ok"', f'code=~"{"|".join(map(str, codes))}"'])
+    if families := classes.families(klass):
+        term = ['outcome!="ok"', f'code=~"{"|".join(f"{f}.." for f in families)}"']
+        terms.append([*term, f'code!~"{"|".join(exact)}"'] if exact else term)
+    unruled = [f'code!~"{"|".join(ruled)}"'] if ruled else []
+    if klass == "good":
+        terms.append(['outcome="ok"'])  # ok is good whatever its status
+    if klass == "bad":  # as in the SQL, an outcome of no other class is bad
+        others = [o for o in OUTCOMES if classes.outcomes.get(o, "bad") != "bad"]
+        terms.append([f'outcome!~"{"|".join(others)}"', *unruled])
+    elif outcomes := [o for o in classes.outcomes_of(klass) if o != "ok"]:
+        terms.append([f'outcome=~"{"|".join(outcomes)}"', *unruled])
+    return terms
+
+
+def _tap_class(slo: Slo, group: Sequence[str], base: str, klass: OutcomeClass) -> str | None:
+    """Events of ``klass`` per second from the tap's counter; None if no record has it."""
+    names = {"pool": "pool", "instance": "instance"}
+    terms = [
+        # `or 0 * base`: no such event yet means no series at all; keep the group with 0.
+        f"({_sum_rate(TAP_REQUESTS, _selector(slo, names, term), group)} or 0 * {base})"
+        for term in _class_matchers(slo.outcome_classes, klass)
+    ]
+    return f"({' + '.join(terms)})" if terms else None
+
+
+def _tap_failures(slo: Slo, group: Sequence[str], base: str) -> str:
+    return _tap_class(slo, group, base, "bad") or f"(0 * {base})"
 
 
 def _tap_latency(slo: Slo, sli: LatencySpec) -> tuple[str, str, SeriesRecipe]:
@@ -221,9 +251,25 @@ def _tap_availability(slo: Slo) -> tuple[str, str, SeriesRecipe]:
     names = {"pool": "pool", "instance": "instance"}
     group = _group(slo, names)
     matchers = _selector(slo, names)
-    total = _sum_rate(TAP_REQUESTS, matchers, group)
-    recipe = SeriesRecipe("outcome", TAP_REQUESTS, _recipe_labels(slo, names, group))
-    return _tap_failures(slo, group, total), total, recipe
+    every = _sum_rate(TAP_REQUESTS, matchers, group)
+    excluded = _tap_class(slo, group, every, "excluded")
+    total = f"({every} - {excluded})" if excluded else every
+    recipe = SeriesRecipe(
+        "outcome", TAP_REQUESTS, _recipe_labels(slo, names, group), excluded=_excluded_series(slo)
+    )
+    return _tap_failures(slo, group, every), total, recipe
+
+
+#: Records a promtool test may use as excluded events, by preference.
+_EXCLUDED_CANDIDATES = (("error_before_first_token", 404), ("client_cancelled", None))
+
+
+def _excluded_series(slo: Slo) -> Mapping[str, str]:
+    """Labels (outcome, code) of one series of excluded records, for generated tests."""
+    for outcome, status in _EXCLUDED_CANDIDATES:
+        if slo.outcome_classes.classify(outcome, status) == "excluded":
+            return {"outcome": outcome, "code": "" if status is None else str(status)}
+    return {}
 
 
 def _queries(slo: Slo, index: int) -> tuple[str, str, SeriesRecipe]:

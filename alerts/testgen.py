@@ -22,6 +22,7 @@ from typing import Any
 
 from alerts.generate import pair_alert
 from alerts.model import RuleSlo, SeriesRecipe
+from alerts.promql import matcher
 from alerts.signatures import SIGNATURES, Case, Signature
 from pipeline.units import MINUTE_MS
 from slo.windows import AlertPair, format_duration
@@ -71,7 +72,7 @@ def encode_values(values: Sequence[float]) -> str:
 
 
 def _series_name(metric: str, labels: Mapping[str, str]) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    inner = ",".join(matcher(k, v) for k, v in sorted(labels.items()))
     return f"{metric}{{{inner}}}"
 
 
@@ -89,6 +90,9 @@ def _input_series(recipe: SeriesRecipe, scenario: Scenario) -> list[dict[str, st
             (_series_name(recipe.metric, {**labels, "outcome": "ok"}), good),
             (_series_name(recipe.metric, {**labels, "outcome": "error"}), bad),
         ]
+        if recipe.excluded:  # as many excluded events as good ones: a rule counting them fails
+            excluded = {k: v for k, v in recipe.excluded.items() if v}
+            series.append((_series_name(recipe.metric, {**labels, **excluded}), good))
     return [{"series": name, "values": encode_values(values)} for name, values in series]
 
 
@@ -222,7 +226,7 @@ def _signature_case(sig: Signature, case: Case) -> dict[str, Any]:
     samples = []
     for extra in case.alerts:
         labels = {"alertname": sig.alert, "alertstate": "firing", **sig.labels, **extra}
-        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        inner = ",".join(matcher(k, v) for k, v in sorted(labels.items()))
         samples.append({"labels": "ALERTS{" + inner + "}", "value": 1})
     return {
         "interval": "1m",

@@ -5,7 +5,8 @@ A :class:`Cohort` selects request records by instance list and/or by label colum
 ``cohort``, stamped by the tap), among the stream taps' records only: the synthetic
 prober's (``source = 'probe'``) are no user's requests and in no cohort. A :class:`TimeRange` is a validated, bounded
 ``[start_ms, end_ms)`` over ``received_ts_ms``. :func:`load_samples` returns what the judge
-needs: per-request latency samples and bad-event counts. All SQL is parameterised; column
+needs: per-request latency samples and bad-event counts (records classed as the SLIs class
+them by default, :mod:`slo.spec.outcomes`). All SQL is parameterised; column
 names come only from the allow-list below.
 """
 
@@ -22,6 +23,8 @@ from api.errors import UnknownCohortError
 from pipeline.errors import QueryError
 from pipeline.units import DAY_MS
 from slo.request_sources import source_filter
+from slo.rollups import outcome_class_sql
+from slo.spec.outcomes import OutcomeClasses
 
 __all__ = [
     "LABEL_COLUMNS",
@@ -44,20 +47,22 @@ LATENCY_METRICS = {
     "itl_p99_gap_s": "itl_p99_s",
     "e2e_s": "e2e_s",
 }
+#: Each record's class for the judge's error rates: the default outcome classes every SLI
+#: starts from (slo.spec.outcomes), so a client's 404 or cancellation is no error of the
+#: canary's, while its 503s, engine errors, timeouts and interruptions are.
+_CLASS = outcome_class_sql(OutcomeClasses.resolve())
+_COUNTED = f"count(*) FILTER (WHERE {_CLASS} <> 'excluded')"
 #: Judge metric → (SQL count of events, SQL count of the denominator). ``?`` placeholders
 #: are bound in order from :meth:`SampleOptions.rate_params`.
 RATE_METRICS = {
-    "availability": (
-        "count(*) FILTER (WHERE outcome = 'ok')",
-        "count(*) FILTER (WHERE outcome <> 'client_cancelled')",
-    ),
+    "availability": (f"count(*) FILTER (WHERE {_CLASS} = 'good')", _COUNTED),
     "error_before_first_token_rate": (
-        "count(*) FILTER (WHERE outcome = 'error_before_first_token')",
-        "count(*)",
+        f"count(*) FILTER (WHERE outcome = 'error_before_first_token' AND {_CLASS} = 'bad')",
+        _COUNTED,
     ),
     "interruption_rate": (
-        "count(*) FILTER (WHERE outcome = 'interrupted_after_first_token')",
-        "count(*)",
+        f"count(*) FILTER (WHERE outcome = 'interrupted_after_first_token' AND {_CLASS} = 'bad')",
+        _COUNTED,
     ),
     # A ghost: the engine kept generating (drain mode counted tokens) or the tap closed
     # upstream more than the grace after the client left (DESIGN §3).

@@ -9,7 +9,8 @@ Per metric (reference/canary-and-peers.md §1.3):
 * latency metrics (TTFT, TPOT, ITL p99 gap, E2E) compare per-request samples with the
   Mann–Whitney U statistic and a 98 % CI on the shift canary − baseline;
 * rate metrics (availability, error-before-first-token, interruption, ghost, stall rates)
-  compare two proportions (Newcombe CI on the difference, Fisher's exact p-value);
+  over records classed as the SLIs class them by default (:mod:`slo.spec.outcomes`: a
+  client's 4xx or cancellation is no event, a 503 is a bad one) compare two proportions (Newcombe CI on the difference, Fisher's exact p-value);
 * the dead band is ``±tolerance·|estimate|``; **High** ⇔ CI lower > band and the effect size
   (mean ratio canary/baseline) ≥ ``allowed_increase`` (or is NaN), **Low** symmetrically;
   fewer than ``min_samples`` on a side → **Nodata**.

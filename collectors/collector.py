@@ -354,9 +354,9 @@ class Collector:
             counter_resets=sum(batch.resets.values()),
         )
         interval = self.config.readiness_interval_s
-        # dcgm-exporters, gateway routers (epp) and kube-state-metrics serve no model:
-        # nothing to be ready for
-        not_engines = {"dcgm", "epp", "kube-state-metrics"}
+        # dcgm-exporters, gateway routers (epp, dynamo-frontend), KServe's controller and
+        # kube-state-metrics serve no model: nothing to be ready for
+        not_engines = {"dcgm", "epp", "dynamo-frontend", "kserve", "kube-state-metrics"}
         engine = not not_engines & {health.dialect, target.config.dialect}
         if interval and engine and time.monotonic() >= target.next_probe_s:
             target.next_probe_s = time.monotonic() + interval

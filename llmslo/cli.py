@@ -26,6 +26,7 @@ from llmslo.commands import (
     api,
     collect,
     dashboard,
+    dashboards,
     drill,
     probe,
     rules,
@@ -52,6 +53,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     alerts,
     api,
     dashboard,
+    dashboards,
     drill,
 )
 

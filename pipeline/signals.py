@@ -119,6 +119,12 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
     ("e2e", "histogram", "end-to-end request latency, seconds"),
     ("queue_time", "histogram", "time waiting before first scheduled, seconds"),
     ("ready", "gauge", "1 when the engine reports ready / healthy, else 0"),
+    (
+        "engine_awake",
+        "gauge",
+        "1 while the engine is awake, 0 while sleep mode has offloaded or discarded its weights "
+        '(vLLM engine_sleep_state{sleep_state="awake"}): an asleep engine schedules nothing',
+    ),
     ("process_start_time", "gauge", "Unix seconds the engine process started (restart marker)"),
     ("tap_in_flight", "gauge", "tap: streams open to this upstream instance right now"),
     (
@@ -141,7 +147,8 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
         "gateway_request_errors",
         "counter",
         "gateway router (EPP): requests refused, cumulative; label error_code "
-        "(ServiceUnavailable: no eligible endpoint, InferencePoolResourceExhausted: shed, 429)",
+        "(ServiceUnavailable: no eligible endpoint; ResourceExhausted, before llm-d-router "
+        "InferencePoolResourceExhausted: shed, 429)",
     ),
     ("gateway_running", "gauge", "gateway router (EPP): requests forwarded, not finished"),
     ("pool_ready_pods", "gauge", "gateway router (EPP): ready endpoints of the pool"),

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pipeline.config import STRICT, FreePortOr, load_yaml
 from pipeline.errors import ConfigError
+from simulator.gateway_metrics import RouterNames
 from simulator.perf import PROFILES
 
 __all__ = [
@@ -136,8 +137,9 @@ class AutoscalerConfig(_Model):
 
 class GatewayConfig(_Model):
     """A gateway with its router (:class:`simulator.gateway.Gateway`) in front of ``pods``:
-    the entry point clients and ``llmslo probe`` call; its ``/metrics`` speak the Inference
-    Extension EPP's names (collector dialect ``epp``). With ``autoscaler`` the gateway's pods
+    the entry point clients and ``llmslo probe`` call; its ``/metrics`` speak its router's
+    names (``router_names``: the Inference Extension EPP's or llm-d-router's, collector dialect
+    ``epp``; NVIDIA Dynamo's frontend, dialect ``dynamo-frontend``). With ``autoscaler`` the gateway's pods
     are scaled between ``min_replicas`` and all of them."""
 
     policy: Literal["round_robin", "least_in_flight", "prefix_locality"] = "round_robin"
@@ -159,6 +161,12 @@ class GatewayConfig(_Model):
         "scrape target; default the model its pods serve ('default' when they serve several)",
     )
     port: FreePortOr | None = Field(default=None, description="fixed port; default a free one")
+    router_names: RouterNames = Field(
+        default="inference-extension",
+        description="the router's metric names: the Inference Extension EPP "
+        "(inference-extension), llm-d-router's EPP with its deprecated twins (llm-d-router), "
+        "or NVIDIA Dynamo's frontend (dynamo)",
+    )
     autoscaler: AutoscalerConfig | None = Field(
         default=None, description="scale the gateway's pods (none by default: all serve)"
     )

@@ -205,7 +205,18 @@ class EngineModel:
     def stalled(self) -> bool:
         """True while a hang fault keeps the engine from stepping."""
         xid = self.faults.get("xid")
-        return "stall" in self.faults or (xid is not None and xid.code == 79)
+        return (
+            "stall" in self.faults or "wedge" in self.faults or (xid is not None and xid.code == 79)
+        )
+
+    def _unschedule_all(self) -> None:
+        """A wedged scheduler: its batch falls back to the waiting queue (KV freed, nothing
+        counted as a preemption) and is never scheduled again while the fault holds."""
+        for req in reversed(self.running):
+            self.running.remove(req)
+            self._free(req)
+            req.to_prefill = req.prompt_tokens + req.generated
+            self.waiting.appendleft(req)
 
     def plan_step(self) -> StepPlan | None:
         """The next step, or None when there is nothing to do (idle or hung)."""
@@ -213,6 +224,8 @@ class EngineModel:
         if self.stalled():
             if self.stalled_since is None:
                 self.stalled_since = now
+            if "wedge" in self.faults:
+                self._unschedule_all()
             return None
         self.stalled_since = None
         pending, self._pending_aborts = self._pending_aborts, []

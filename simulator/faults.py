@@ -114,6 +114,11 @@ FAULTS: dict[str, FaultSpec] = {
     spec.name: spec
     for spec in (
         FaultSpec("stall", StallParams, "running > 0, generation tokens flat, GPU activity drops"),
+        FaultSpec(
+            "wedge",
+            NoParams,
+            "running 0 and KV freed, waiting grows, generation tokens flat, /health 200",
+        ),
         FaultSpec("kv_leak", KvLeakParams, "KV usage climbs through 0.90/0.95/0.99 without load"),
         FaultSpec(
             "fragmentation", FragmentationParams, "waiting grows while KV usage says there is room"

@@ -10,7 +10,7 @@ together. :class:`FrontEnds` is the fleet's part that holds them; reach it as
 ``fleet.front_ends`` (or ``fleet.gateway``, ``fleet.autoscaler``, ``fleet.pd``).
 
 Their scrape targets are named like the pods (``gateway``, ``autoscaler``, ``pd``) and
-labelled with the pool (model) they front; the gateway's carries ``dialect: epp``. Their
+labelled with the pool (model) they front; the gateway's carries its router's dialect. Their
 faults (:data:`FRONT_END_FAULTS`) go through :meth:`simulator.fleet.Fleet.set_front_end_fault`.
 """
 
@@ -112,6 +112,7 @@ class FrontEnds:
             health_interval_s=spec.health_interval_s,
             replica_in_flight=scaler.replica_in_flight if scaler is not None else None,
             pool=spec.pool or self._pool(pods) or _MIXED_POOL,
+            router_names=spec.router_names,
         )
         await self.gateway.start()
         if scaler is not None:
@@ -174,12 +175,14 @@ class FrontEnds:
 
     def file_sd(self) -> list[dict[str, Any]]:
         """Prometheus file_sd groups of the front ends, named and labelled with their pool;
-        the gateway's says ``dialect: epp`` (a router serves no model to probe)."""
+        the gateway's names its router's dialect (``epp``, or ``dynamo-frontend`` for
+        Dynamo's names): a router serves no model to probe."""
         groups = []
         for name, url, pool in self.targets():
             labels = {"instance": name} | ({"pool": pool} if pool else {})
-            if name == "gateway":
-                labels["dialect"] = "epp"
+            if name == "gateway" and self.config.gateway is not None:
+                names = self.config.gateway.router_names
+                labels["dialect"] = "dynamo-frontend" if names == "dynamo" else "epp"
             groups.append({"targets": [url.removeprefix("http://")], "labels": labels})
         return groups
 

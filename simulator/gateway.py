@@ -34,7 +34,7 @@ from aiohttp import web
 from prometheus_client import Counter, generate_latest
 
 from pipeline.errors import ConfigError
-from simulator.gateway_metrics import GatewayMetrics
+from simulator.gateway_metrics import GatewayMetrics, RouterNames
 from simulator.locality import LocalityIndex, prefix_key
 
 __all__ = ["GATEWAY_FAULTS", "Gateway"]
@@ -66,10 +66,12 @@ class Gateway:
         replica_in_flight: int | None = None,
         pool: str = "default",
         port: int = 0,
+        router_names: RouterNames = "inference-extension",
     ) -> None:
         """``replica_in_flight``: when set, the gateway forwards at most that many requests
         per *active* replica (the autoscaler's ready replicas) instead of ``max_in_flight``.
-        ``pool``: the InferencePool name on ``inference_pool_*`` metrics; ``port`` 0: a free one."""
+        ``pool``: the InferencePool name on ``inference_pool_*`` metrics; ``port`` 0: a free one.
+        ``router_names``: the name set of the router's metrics (:data:`simulator.gateway_metrics.ROUTER_NAMES`)."""
         if not upstreams:
             raise ConfigError("gateway.upstreams: at least one pod URL is required")
         self.upstreams = [u.rstrip("/") for u in upstreams]
@@ -86,7 +88,7 @@ class Gateway:
         self._forwarded = 0
         self._waiting = 0
         self._rr = itertools.cycle(range(len(self.upstreams)))
-        self.metrics = GatewayMetrics(pool)
+        self.metrics = GatewayMetrics(pool, router_names)
         self.registry = self.metrics.registry
         self.metrics.set_ready_pods(len(self.upstreams))
         self.locality = LocalityIndex(self.upstreams)
@@ -269,12 +271,11 @@ class Gateway:
                 )
                 return self._refuse(code, mode, model)
             self.metrics.scheduled(mode, model)
-            running = self.metrics.running.labels(model)
-            running.inc()
+            self.metrics.forwarding(model, 1)
             try:
                 return await self._proxy(request, upstream, body)
             finally:
-                running.dec()
+                self.metrics.forwarding(model, -1)
         finally:
             await self._release()
 

@@ -319,7 +319,10 @@ class SloJobs:
         kv = snap.series(instance, "kv_usage")
         if kv is None or int(kv.ts_ms[0]) > start:
             return 1.0
-        return float(1.0 - kv.since(start).values.min())
+        held = kv.since(start)
+        if not len(held):  # no scrape inside the dwell (a slow scrape): its last value held
+            return free
+        return float(1.0 - held.values.min())
 
     def _step_pool(
         self,

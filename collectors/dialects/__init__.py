@@ -1,12 +1,14 @@
 """Engine dialects as data: one YAML map per engine, validated once at load.
 
 Each ``*.yaml`` beside this module describes one exporter family (vLLM, SGLang,
-TensorRT-LLM, llama.cpp, dcgm-exporter): which labels become columns, how to tell its
+TensorRT-LLM, llama.cpp, dcgm-exporter, the routers in front of a pool, NVIDIA Dynamo's
+workers and planner, KServe's controller): which labels become columns, how to tell its
 version families apart, and which exposed metric feeds which canonical signal of
 :mod:`pipeline.signals`. ``collectors/README.md`` explains the format and how to add one.
 
-:func:`detect_dialect` picks the engine whose map names the most metrics of a scrape,
-then the first version family whose conditions hold.
+:func:`detect_dialect` picks the engine whose map names the most metrics of a scrape (in
+``metrics`` or in a version family's conditions), then the first version family whose
+conditions hold. ``README.md`` beside this module gives the source of every name.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ DialectName = Literal[
     "llamacpp",
     "dcgm",
     "epp",
+    "dynamo-frontend",
+    "dynamo",
+    "kserve",
     "kube-state-metrics",
 ]
 #: The values of :data:`DialectName`, in its order.
@@ -141,6 +146,13 @@ class DialectMap(_Model):
         return self
 
     @property
+    def known_names(self) -> frozenset[str]:
+        """The metric names this map recognises: those it maps, and those its version
+        families test for (a planner's names tell its family even where none is mapped)."""
+        tested = (n for v in self.versions for n in (*v.any_of, *v.all_of))
+        return frozenset((*self.metrics, *tested))
+
+    @property
     def dialects(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(v.dialect for v in self.versions))
 
@@ -197,7 +209,7 @@ def detect_dialect(
     for engine in maps.values():
         if forced is not None and forced not in engine.dialects:
             continue
-        score = sum(1 for name in engine.metrics if name in present)
+        score = sum(1 for name in engine.known_names if name in present)
         if best is None or score > best[0]:
             best = (score, engine)
     if best is None or (best[0] == 0 and forced is None):

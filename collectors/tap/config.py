@@ -53,12 +53,21 @@ class TapConfig(BaseModel):
         "is the record's cohort instead of `cohort`",
     )
     pool: str | None = Field(
-        None, description="pool of every upstream (default: the requested model)"
+        None,
+        description="pool of every upstream's records; unset, a record's pool is its requested "
+        "model when configured (`models`) or announced by the upstreams on /v1/models, else "
+        "'other': a client cannot name a pool",
     )
     models: list[str] = Field(
         default_factory=list,
-        description="model names always used as metrics labels (besides those the upstreams "
-        "announce on /v1/models); any other requested name is labelled 'other'",
+        description="model names always used as pools and metrics labels (besides those the "
+        "upstreams announce on /v1/models); any other requested name is 'other'",
+    )
+    tenants: list[str] = Field(
+        default_factory=list,
+        description="tenant names recorded as sent in `tenant_header`; any other value is "
+        "recorded as 'other' (empty: every tenant is 'other'), so a client cannot create an "
+        "SLO group",
     )
     max_model_labels: int = Field(
         64, ge=1, le=10_000, description="distinct model label values at most (configured first)"
@@ -191,7 +200,16 @@ class TapConfig(BaseModel):
                 raise ValueError(f"model {name[:40]!r}: 1 to 200 characters, not 'other'")
         return value
 
-    @field_validator("instance", "revision", "cohort")
+    @field_validator("tenants")
+    @classmethod
+    def _tenants(cls, value: list[str]) -> list[str]:
+        for name in value:
+            check_label_value("tenant", name)
+            if name == "other":
+                raise ValueError("tenant 'other' is the bucket of unlisted tenants")
+        return value
+
+    @field_validator("instance", "revision", "cohort", "pool")
     @classmethod
     def _names(cls, value: str | None, info: ValidationInfo) -> str | None:
         return None if value is None else check_label_value(str(info.field_name), value)

@@ -36,7 +36,7 @@ from collectors.tap.downstream import HOP_BY_HOP, ClientGone, Downstream
 from collectors.tap.exchange import Exchange, RequestContext
 from collectors.tap.inflight import InFlightTracker
 from collectors.tap.labels import MAX_MODEL_NAME_CHARS, ModelLabels
-from collectors.tap.records import header_label, record_row
+from collectors.tap.records import header_label, record_row, tenant_label
 from collectors.tap.server import IncomingRequest, TapServer
 from collectors.tap.sinks import RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
@@ -127,6 +127,7 @@ class TapProxy:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gauges: asyncio.Task[None] | None = None
         self._measured = set(config.measured_routes)
+        self._tenants = frozenset(config.tenants)
         self._label_problems_logged: set[str] = set()
         self._bytes_upstream = self.metrics.bytes.labels("upstream")
         self._bytes_client = self.metrics.bytes.labels("client")
@@ -312,8 +313,9 @@ class TapProxy:
         """Decide what the current flags do to ``ctx``; note it on the context and count it."""
         assert self._degrader is not None
         ctx.headers.popall(DEGRADATION_HEADER, None)  # only the tap says what the level is
-        pool = self.config.pool or ctx.model
-        enforcement = self._degrader.enforce(pool, self._instances, len(ctx.body), ctx.max_tokens)
+        enforcement = self._degrader.enforce(
+            self._pool_of(ctx), self._instances, len(ctx.body), ctx.max_tokens
+        )
         ctx.degradation_level, ctx.enforced_action = enforcement.level, enforcement.action
         if enforcement.action is not None:
             level = "unknown" if enforcement.level is None else f"L{enforcement.level}"
@@ -418,7 +420,7 @@ class TapProxy:
             streamed=streamed,
             strip_usage=strip,
             model=model[:MAX_MODEL_NAME_CHARS] if isinstance(model, str) else None,
-            tenant=tenant[:200] if tenant else None,
+            tenant=tenant_label(tenant, self._tenants),
             original_id=rid[:200],
             t0_s=t0_s,
             received_wall_s=wall_s,
@@ -465,18 +467,23 @@ class TapProxy:
                 ctx,
                 ex,
                 tap_id=self.tap_id,
-                pool=self.config.pool,
+                pool=self._pool_of(ctx),
                 max_gaps=self.config.record_max_gaps,
             )
             self.sink.add_request(row)
             self._observe(row, ex.finish().itl_gaps_s)
+
+    def _pool_of(self, ctx: RequestContext) -> str:
+        """The tap's pool, else the requested model's bounded label (never a client's string)."""
+        return self.config.pool or self.model_labels.label(ctx.model)
 
     def _observe(self, row: dict[str, Any], itl_gaps_s: Sequence[float]) -> None:
         """Telemetry of one record; ``itl_gaps_s`` is every gap (the row keeps the first few)."""
         model = self.model_labels.label(row.get("model"))  # bounded, never the raw string
         labels = (row["instance"], model)
         metrics = self.metrics
-        metrics.requests.labels(row["instance"], row["outcome"]).inc()
+        code = "" if row["http_status"] is None else str(row["http_status"])
+        metrics.requests.labels(row["instance"], row["outcome"], code).inc()
         if row["ttft_s"] is not None:
             metrics.ttft.labels(*labels).observe(row["ttft_s"])
         if row["tpot_s"] is not None:

@@ -1,4 +1,10 @@
-"""One ``REQUEST_RECORDS`` row per attempt, from what the exchange measured (no text)."""
+"""One ``REQUEST_RECORDS`` row per attempt, from what the exchange measured (no text).
+
+The grouping keys of a row (``pool``, ``tenant``, ``route``, ``instance``) come from the
+tap's configuration or the engine, never from what a client sends: SLOs are evaluated per
+group, so a client string as a key would create SLO groups (and pages) at will. The raw
+requested model stays in its own column, ``model``.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from collectors.config import check_label_value
+from collectors.tap.labels import OTHER_MODEL
 
 if TYPE_CHECKING:
     from collectors.tap.exchange import Exchange, RequestContext
 
-__all__ = ["header_label", "record_row"]
+__all__ = ["header_label", "record_row", "tenant_label"]
 
 
 def header_label(
@@ -32,14 +39,24 @@ def header_label(
         return default, f"bad_{name}_header"
 
 
+def tenant_label(value: str | None, allowed: frozenset[str]) -> str | None:
+    """The ``tenant`` of a request whose tenant header said ``value``: itself when the
+    operator listed it (``tap.tenants``), else ``other``; ``None`` without the header."""
+    if not value:
+        return None
+    return value if value in allowed else OTHER_MODEL
+
+
 def _ms(wall_s: float | None) -> int | None:
     return None if wall_s is None else int(wall_s * 1000)
 
 
 def record_row(
-    ctx: RequestContext, ex: Exchange, *, tap_id: str, pool: str | None, max_gaps: int = 256
+    ctx: RequestContext, ex: Exchange, *, tap_id: str, pool: str, max_gaps: int = 256
 ) -> dict[str, Any]:
     """The row for attempt ``ex`` of request ``ctx`` (plain Python values, schema column names).
+
+    ``pool`` is the tap's (configured, or the bounded label of the requested model).
 
     Its size is bounded whatever the stream's length: exact ITL summaries and a fixed-size
     histogram, and only the first ``max_gaps`` gaps (and ``max_gaps`` + 1 chunk token counts).
@@ -52,7 +69,7 @@ def record_row(
         "attempt": ex.attempt,
         "tap_id": tap_id,
         "instance": ex.upstream.instance,
-        "pool": pool or ctx.model,
+        "pool": pool,
         "model": ctx.model,
         "tenant": ctx.tenant,
         "route": ctx.route,

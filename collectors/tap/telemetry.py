@@ -116,8 +116,13 @@ class TapMetrics:
             buckets=DURATION_BUCKETS_S,
             registry=r,
         )
+        # `code` (the status sent to the client, "" if none) lets rules class a record the
+        # way the jobs do: a client's 404 is no availability event, a 503 is a bad one.
         self.requests = Counter(
-            "llmslo_tap_requests", "Attempts by outcome", ["instance", "outcome"], registry=r
+            "llmslo_tap_requests",
+            "Attempts by outcome and HTTP status sent to the client",
+            ["instance", "outcome", "code"],
+            registry=r,
         )
         self.in_flight = Gauge(
             "llmslo_tap_in_flight",

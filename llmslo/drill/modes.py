@@ -93,6 +93,9 @@ MODES: dict[str, DrillMode] = {
     m.name: m
     for m in (
         _mode("stall", "stall"),
+        # The engine takes requests and never schedules them: running 0, waiting grows,
+        # tokens flat, /health 200 (the stall family's second kind).
+        _mode("wedge_waiting", "wedge"),
         # Climbs through L1 (free < 10 %), L2 (< 5 %) and L3 (< 1 %) in about 35 s.
         _mode(
             "kv_leak",
@@ -146,6 +149,26 @@ MODES: dict[str, DrillMode] = {
             "router_down",
             needs_gateway=True,
             gateway={"router_down_policy": "fail_close"},
+        ),
+        # The same outage behind llm-d-router's EPP (both name generations at once) and
+        # behind NVIDIA Dynamo's frontend: the router's names change, the finding does not.
+        _mode(
+            "router_down_llm_d",
+            "router_down",
+            needs_gateway=True,
+            gateway={"router_down_policy": "fail_close", "router_names": "llm-d-router"},
+        ),
+        _mode(
+            "router_down_dynamo",
+            "router_down",
+            needs_gateway=True,
+            gateway={"router_down_policy": "fail_close", "router_names": "dynamo"},
+        ),
+        _mode(
+            "gateway_down_dynamo",
+            "gateway_down",
+            needs_gateway=True,
+            gateway={"router_names": "dynamo"},
         ),
         # Front ends (llmslo/drill/fronts.py). Half the transfers hang 2 s and fail, a third of
         # those leak their blocks.

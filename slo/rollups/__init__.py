@@ -1,12 +1,14 @@
 """Per-minute and per-hour rollups in DuckDB: SLO good/total counts and request-record digests.
 
 :mod:`slo.rollups.counts` keeps each SLO's good/total counts per (pool, instance, tenant, route)
-(the SQL per SLI kind in ``_sli_sql``); :mod:`slo.rollups.requests` keeps latency digests and
+(the SQL per SLI kind in ``_sli_sql``; :func:`outcome_class_sql` renders an SLI's outcome
+classes, :mod:`slo.spec.outcomes`); :mod:`slo.rollups.requests` keeps latency digests and
 outcome counts of the taps' request records, for long-range reads.
 """
 
 from __future__ import annotations
 
+from slo.rollups._sli_sql import outcome_class_sql
 from slo.rollups.counts import (
     ROLLUP_TABLES,
     Rollup,
@@ -46,6 +48,7 @@ __all__ = [
     "create_request_rollup_tables",
     "create_rollup_tables",
     "latency_minutes_sql",
+    "outcome_class_sql",
     "outcome_minutes_sql",
     "read_coverage",
     "rollup_history",

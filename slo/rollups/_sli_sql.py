@@ -15,8 +15,9 @@ from pipeline.units import MINUTE_MS
 from slo.request_sources import source_filter
 from slo.spec import AvailabilitySpec, GoodputSpec, LatencySpec
 from slo.spec.model import Slo
+from slo.spec.outcomes import OUTCOME_CLASSES, OutcomeClasses
 
-__all__ = ["engine_minutes_sql", "tap_minutes_sql"]
+__all__ = ["engine_minutes_sql", "outcome_class_sql", "tap_minutes_sql"]
 
 #: Counter samples read before the range so the first minute's increase is known.
 ENGINE_LOOKBACK_MS = 10 * MINUTE_MS
@@ -32,8 +33,31 @@ _ITL_VALUE = {
     # p99 gap − median gap, exact per request; null under 10 chunks (no event), DESIGN §4
     "jitter": "itl_jitter_s",
 }
-#: A request that failed, was cut, or whose client left (ghost) is always a bad event.
-_FAILED = "(outcome <> 'ok' OR coalesce(client_disconnected, false))"
+
+
+def _in(column: str, values: tuple[object, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def outcome_class_sql(classes: OutcomeClasses) -> str:
+    """A SQL expression over ``requests`` giving each record's class (``'good'``, ``'bad'``,
+    ``'excluded'``), as :meth:`OutcomeClasses.classify` does. Every literal is a validated
+    outcome name or status number."""
+    cases = []
+    for family in (False, True):  # exact statuses first, then status classes
+        for klass in OUTCOME_CLASSES:
+            if family:
+                values = classes.families(klass)
+                test = _in("http_status // 100", values)
+            else:
+                values = classes.codes(klass)
+                test = _in("http_status", values)
+            if values:
+                cases.append(f"WHEN outcome <> 'ok' AND {test} THEN '{klass}'")
+    for klass in ("good", "excluded"):
+        if outcomes := classes.outcomes_of(klass):
+            cases.append(f"WHEN {_in('outcome', outcomes)} THEN '{klass}'")
+    return f"(CASE {' '.join(cases)} ELSE 'bad' END)"
 
 
 def _tap_value(metric: str, statistic: str = "p99") -> str:
@@ -52,22 +76,25 @@ def _selector_sql(selector: Mapping[str, tuple[str, ...]]) -> tuple[str, list[ob
 
 def _tap_good_eligible(slo: Slo) -> tuple[str, str]:
     sli = slo.sli
+    klass = outcome_class_sql(slo.outcome_classes)
+    good, bad = f"{klass} = 'good'", f"{klass} = 'bad'"
+    counted = f"{klass} <> 'excluded'"
     if isinstance(sli, AvailabilitySpec):
-        return f"NOT {_FAILED}", "true"
+        return good, counted
     if isinstance(sli, LatencySpec):
         value = _tap_value(sli.metric, sli.statistic)
-        # A successful request without the value (TPOT with one token, TTFT of a
-        # non-streamed response) is not an event of this SLI; a failed one always is.
+        # A good request without the value (TPOT with one token, TTFT of a non-streamed
+        # response) is not an event of this SLI; a bad one always is.
         return (
-            f"NOT {_FAILED} AND {value} <= {sli.threshold_s!r}",
-            f"({_FAILED} OR {value} IS NOT NULL)",
+            f"{good} AND {value} <= {sli.threshold_s!r}",
+            f"({bad} OR ({counted} AND {value} IS NOT NULL))",
         )
     assert isinstance(sli, GoodputSpec)
     met = " AND ".join(
         f"coalesce({_tap_value(metric)} <= {threshold!r}, true)"
         for metric, threshold in sorted(sli.targets_s.items())
     )
-    return f"NOT {_FAILED} AND {met}", "true"
+    return f"{good} AND {met}", counted
 
 
 def _records_of(slo: Slo) -> str:

@@ -84,7 +84,10 @@ class Signal:
     ``DETECTORS`` when one detector emits several signals (XID: one per class). ``alert_stem``
     is the words of the alert name when they differ from the signal's (``stall`` alerts as
     ``LlmEngineStalled``). ``pooled``: the pool roll-up raises it on a pool held by most of its
-    instances (false for signals that compare an instance with its pool).
+    instances (false for signals that compare an instance with its pool). ``explains``: the
+    symptoms this signal causes, as ``signal`` or ``signal:basis`` (a stall's growing queue
+    with free KV is ``fragmentation:admission_signature``); on the same instance in the same
+    cycle they are reported in its evidence (``explained``), not as findings of their own.
     """
 
     name: str
@@ -97,6 +100,7 @@ class Signal:
     pooled: bool = True
     family: str | None = None
     alert_stem: str | None = None
+    explains: tuple[str, ...] = ()
 
     @property
     def alert(self) -> str:
@@ -152,10 +156,12 @@ SIGNALS: Mapping[str, Signal] = {
             detect_stall,
             "page",
             "engines",
-            "running > 0 with no tokens: take the pod out of routing, check GPU activity and "
+            "work held and no tokens (running > 0, or waiting with nothing running) while "
+            "/health may still answer 200: take the pod out of routing, check GPU activity and "
             "py-spy stacks per rank (NCCL hang or a stuck scheduler), then restart the whole group",
-            drills=("stall",),
+            drills=("stall", "wedge_waiting"),
             alert_stem="engine_stalled",
+            explains=("fragmentation:admission_signature", "queue_growth"),
         ),
         Signal(
             "ghost_requests",
@@ -312,7 +318,13 @@ SIGNALS: Mapping[str, Signal] = {
             "page",
             "fleet",
             "",
-            drills=("gateway_down", "router_down"),
+            drills=(
+                "gateway_down",
+                "gateway_down_dynamo",
+                "router_down",
+                "router_down_llm_d",
+                "router_down_dynamo",
+            ),
         ),
         Signal(
             "router_unavailable",
@@ -321,7 +333,7 @@ SIGNALS: Mapping[str, Signal] = {
             "page",
             "fleet",
             "",
-            drills=("router_down",),
+            drills=("router_down", "router_down_llm_d", "router_down_dynamo"),
         ),
         Signal(
             "no_eligible_endpoint",

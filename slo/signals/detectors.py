@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 
 from slo.signals._serving import by_pool
 from slo.signals.catalog import SIGNALS, detectors_of
@@ -19,7 +20,15 @@ from slo.signals.config import Detector, DetectorConfig
 from slo.signals.findings import Finding, gini
 from slo.signals.snapshot import Snapshot
 
-__all__ = ["DETECTORS", "DetectorConfig", "Finding", "detect_all", "gini", "pool_findings"]
+__all__ = [
+    "DETECTORS",
+    "DetectorConfig",
+    "Finding",
+    "detect_all",
+    "fold_symptoms",
+    "gini",
+    "pool_findings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +65,48 @@ def pool_findings(snap: Snapshot, findings: list[Finding], cfg: DetectorConfig) 
     return out
 
 
+def _explained_by(cause: Finding, finding: Finding) -> bool:
+    """Whether ``finding`` is a symptom ``cause``'s catalog row explains (same instance)."""
+    row = SIGNALS.get(cause.signal)
+    if row is None or finding.scope != "instance" or finding.scope_id != cause.scope_id:
+        return False
+    return finding.signal in row.explains or f"{finding.signal}:{finding.basis}" in row.explains
+
+
+def fold_symptoms(findings: list[Finding]) -> list[Finding]:
+    """Findings with the symptoms a cause on the same instance explains (catalog
+    ``explains``) folded into the cause's evidence under ``explained``: a stalled engine's
+    queue grows with its KV free, which is neither fragmentation nor load to scale for."""
+    causes = [
+        f
+        for f in findings
+        if f.scope == "instance" and f.signal in SIGNALS and SIGNALS[f.signal].explains
+    ]
+    if not causes:
+        return findings
+    folded: dict[int, list[Finding]] = defaultdict(list)
+    kept = []
+    for f in findings:
+        cause = next((c for c in causes if c is not f and _explained_by(c, f)), None)
+        if cause is None:
+            kept.append(f)
+        else:
+            folded[id(cause)].append(f)
+    out = []
+    for f in kept:
+        symptoms = folded.get(id(f))
+        if symptoms:
+            explained = {s.signal: {"basis": s.basis, **s.evidence} for s in symptoms}
+            f = replace(f, evidence={**f.evidence, "explained": explained})
+        out.append(f)
+    return out
+
+
 def detect_all(
     snap: Snapshot, cfg: DetectorConfig, on_error: Callable[[str], None] | None = None
 ) -> list[Finding]:
-    """Run every detector, then the pool roll-up; sorted by (signal, scope, scope id).
+    """Run every detector, fold the symptoms a cause explains into it
+    (:func:`fold_symptoms`), then the pool roll-up; sorted by (signal, scope, scope id).
 
     A detector that raises on odd data is logged and skipped (``on_error(name)`` is told),
     so one broken detector never costs the cycle the others' findings, flags and alerts.
@@ -72,5 +119,6 @@ def detect_all(
             log.exception("detector %s failed at %d; its findings are skipped", name, snap.now_ms)
             if on_error is not None:
                 on_error(name)
+    findings = fold_symptoms(findings)
     findings += pool_findings(snap, findings, cfg)
     return sorted(findings, key=lambda f: f.key)

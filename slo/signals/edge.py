@@ -154,16 +154,21 @@ def _refusal_finding(
     snap: Snapshot,
     cfg: EdgeThresholds,
     signal: str,
-    error_code: str,
+    error_codes: tuple[str, ...],
     answer: str,
     gauge: str,
 ) -> list[Finding]:
     """One finding per gateway whose router refused ≥ ``gateway_min_refusals`` requests with
-    EPP ``error_code`` (else, where the EPP counter is absent, gateway answers ``answer``)."""
+    one of the EPP ``error_codes`` (the names of both EPP generations; else, where the EPP
+    counter is absent, gateway answers ``answer``)."""
     findings = []
     since = snap.ago_ms(cfg.gateway_window_s)
     for gateway, signals in sorted(snap.gateways.items()):
-        epp = _refusals(signals, f"gateway_request_errors:{error_code}", "", since)
+        epp = {
+            sig: n
+            for code in error_codes
+            for sig, n in _refusals(signals, f"gateway_request_errors:{code}", "", since).items()
+        }
         refused = epp or _refusals(signals, "gateway_answers:", f":{answer}", since)
         count = sum(refused.values())
         if count < cfg.gateway_min_refusals:
@@ -171,7 +176,7 @@ def _refusal_finding(
         level = signals.get(gauge)
         evidence = {
             "refused": count,
-            "error_code": error_code,
+            "error_code": ",".join(sorted({s.split(":")[1] for s in epp})) or error_codes[0],
             gauge: None if level is None else level.last(),
             f"{gauge}_max": None
             if level is None
@@ -190,20 +195,21 @@ def detect_no_eligible_endpoint(snap: Snapshot, cfg: EdgeThresholds) -> list[Fin
         snap,
         cfg,
         "no_eligible_endpoint",
-        "ServiceUnavailable",
+        ("ServiceUnavailable",),
         "no_eligible_endpoint",
         "pool_ready_pods",
     )
 
 
 def detect_gateway_queue_full(snap: Snapshot, cfg: EdgeThresholds) -> list[Finding]:
-    """The gateway shed requests for a full queue (EPP ``InferencePoolResourceExhausted``,
-    429); evidence: the refusals in the window and the queue depth (now and max)."""
+    """The gateway shed requests for a full queue (EPP ``ResourceExhausted``, before
+    llm-d-router ``InferencePoolResourceExhausted``; 429); evidence: the refusals in the
+    window and the queue depth (now and max)."""
     return _refusal_finding(
         snap,
         cfg,
         "gateway_queue_full",
-        "InferencePoolResourceExhausted",
+        ("InferencePoolResourceExhausted", "ResourceExhausted"),
         "queue_full",
         "gateway_queue",
     )

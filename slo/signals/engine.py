@@ -30,7 +30,10 @@ class EngineThresholds(CommonThresholds):
     """
 
     stall_for_s: float = Field(
-        default=60, gt=0, description="running > 0 with flat tokens this long is a stall"
+        default=60,
+        gt=0,
+        description="work held (running > 0, or waiting with nothing running) with flat "
+        "tokens this long is a stall",
     )
     ghost_grace_s: float = Field(default=2, ge=0)
     ghost_min: int = Field(default=1, ge=1, description="ghost requests needed to report")
@@ -100,8 +103,76 @@ def _stall_basis(
     return basis, evidence
 
 
+def _nothing_in_flight(snap: Snapshot, instance: str, start: int) -> bool:
+    """The tap in front of ``instance`` held no stream over the window: whatever the
+    engine's gauges say is running or waiting is a stale gauge left from the last load
+    (SGLang stops refreshing them when the scheduler idles), not work."""
+    in_flight = snap.series(instance, "tap_in_flight")
+    if in_flight is None:
+        return False
+    recent = in_flight.since(start)
+    return len(recent) >= 2 and float(recent.values.max()) == 0
+
+
+def _asleep(snap: Snapshot, instance: str) -> bool:
+    """Sleep mode offloaded the weights: an engine that schedules nothing by design."""
+    awake = snap.series(instance, "engine_awake")
+    return awake is not None and len(awake) > 0 and awake.last() == 0
+
+
+def _wedge_basis(
+    snap: Snapshot, instance: str, running: Series, start: int
+) -> tuple[str | None, dict[str, Any]]:
+    """Work waiting, nothing running, no tokens over the window: an engine that accepts
+    requests and never schedules them (``None``: not that)."""
+    full = snap.series(instance, "waiting")
+    tokens = snap.series(instance, "generation_tokens")
+    if full is None or not covers(full, start) or float(running.values.max()) > 0:
+        return None, {}
+    waiting = full.since(start)
+    if len(waiting) < 2 or float(waiting.values.min()) <= 0 or waiting.last() < waiting.values[0]:
+        return None, {}
+    if tokens is None or not covers(tokens, start) or tokens.increase(start) != 0:
+        return None, {}
+    kv = snap.series(instance, "kv_usage")
+    evidence: dict[str, Any] = {
+        "running_max": 0.0,
+        "waiting_first": float(waiting.values[0]),
+        "waiting_last": waiting.last(),
+        "kv_usage_max": None if kv is None else float(kv.since(start).values.max(initial=0)),
+    }
+    return "waiting_nothing_running", evidence
+
+
+def _health_evidence(snap: Snapshot, instance: str, start: int) -> dict[str, Any]:
+    """What the readiness probe answered over the window: a wedged engine keeps answering
+    ``/health`` 200, so a liveness probe never restarts it."""
+    health = snap.health.get(instance)
+    if health is None:
+        return {}
+    statuses = [
+        status
+        for ts, status in zip(health.ts_ms.tolist(), health.ready_status, strict=True)
+        if ts >= start and status is not None
+    ]
+    if not statuses:
+        return {}
+    return {"health_status_last": statuses[-1], "health_ok_while_stalled": statuses[-1] == 200}
+
+
 def detect_stall(snap: Snapshot, cfg: EngineThresholds) -> list[Finding]:
-    """running > 0 and no generated token for ≥ stall_for (gauges frozen counts as flat)."""
+    """An engine that holds work and produces no token for ≥ ``stall_for_s``, two kinds
+    (``evidence["kind"]``):
+
+    - ``running_tokens_flat``: running > 0 and generation tokens flat (frozen scheduler
+      gauges count as flat);
+    - ``waiting_nothing_running``: running 0 throughout, waiting > 0 and not draining,
+      tokens flat — the engine accepts requests and never schedules them.
+
+    Neither is raised while the tap in front of the instance held no stream over the window
+    (a stale gauge after load) or while sleep mode holds the engine. The evidence says
+    whether ``/health`` kept answering 200 and what the tap's streams saw.
+    """
     findings = []
     start = snap.ago_ms(cfg.stall_for_s)
     for instance in snap.engine:
@@ -109,11 +180,17 @@ def detect_stall(snap: Snapshot, cfg: EngineThresholds) -> list[Finding]:
         if full is None or not covers(full, start):
             continue
         running = full.since(start)
-        if len(running) < 2 or running.values.min() <= 0:
+        if len(running) < 2 or _asleep(snap, instance) or _nothing_in_flight(snap, instance, start):
             continue
-        basis, evidence = _stall_basis(snap, instance, running, start, cfg)
+        if running.values.min() > 0:
+            basis, evidence = _stall_basis(snap, instance, running, start, cfg)
+            evidence = {"kind": "running_tokens_flat", **evidence}
+        else:
+            basis, evidence = _wedge_basis(snap, instance, running, start)
+            evidence = {"kind": basis, "stall_for_s": cfg.stall_for_s, **evidence}
         if basis is None:
             continue
+        evidence.update(_health_evidence(snap, instance, start))
         gpu = gpu_of(snap, cfg, instance)
         for name in ("engine_active", "gpu_util"):
             if name in gpu and len(gpu[name].since(start)):
@@ -126,16 +203,7 @@ def detect_stall(snap: Snapshot, cfg: EngineThresholds) -> list[Finding]:
             evidence["tap_streams_silent"] = in_flight.last() > 0 and (
                 last_token is None or last_token < start
             )
-        findings.append(
-            Finding.on_instance(
-                snap,
-                "stall",
-                instance,
-                "page",
-                basis,
-                evidence,
-            )
-        )
+        findings.append(Finding.on_instance(snap, "stall", instance, "page", basis, evidence))
     return findings
 
 

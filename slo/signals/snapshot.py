@@ -62,7 +62,7 @@ _SUMMED = (
 )
 #: Histogram signals whose cumulative buckets are kept per instance (quantiles over a window).
 BUCKET_SIGNALS = ("kv_transfer_time",)
-_MAXED = ("kv_usage", "ready", "gauges_unchanged_s")
+_MAXED = ("kv_usage", "ready", "gauges_unchanged_s", "engine_awake")
 _GPU = ("gpu_util", "engine_active", "fb_used_mib", "fb_free_mib", "xid")
 
 

@@ -14,6 +14,8 @@ Shape (see ``config/slo.example.yaml``)::
         objective: 0.99              # fraction in (0, 1)
         period: 30d                  # picks the alert-window catalog (30d, 28d, 7d)
         sli: {kind: latency, metric: ttft, threshold_s: 2.0, source: tap}  # or engine, probe
+        # sli.outcomes / sli.statuses: good, bad or excluded per outcome and per HTTP status
+        # (slo.spec.outcomes; defaults: client 4xx and cancellations excluded)
         selector: {pool: llama-3-8b} # model, pool, tenant, route, instance (value or list)
         group_by: [pool]             # evaluate per pool (pool, instance, tenant, route)
         alerting: {min_events: 100}  # low-traffic guard on the long window of each pair
@@ -25,6 +27,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     Field,
     ValidationError,
@@ -35,6 +38,7 @@ from pydantic import (
 
 from pipeline.config import STRICT, format_validation_error
 from pipeline.errors import ConfigError
+from slo.spec.outcomes import OutcomeClass, check_outcome_table, check_status_table
 from slo.windows import known_periods, parse_duration_ms
 
 __all__ = [
@@ -57,6 +61,19 @@ LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 #: Dimensions an SLO may be grouped by (columns of the rollup tables).
 GROUP_DIMENSIONS = ("pool", "instance", "tenant", "route")
 _NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*[A-Za-z0-9]$")
+#: A service name: the first part of every SLO id (``<service>-<name>``), a label value.
+_SERVICE = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+#: Prometheus label names (``__`` is reserved for Prometheus itself) and alert names.
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ALERT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+#: The template actions a label or annotation may hold: a label of the alert, its value,
+#: an external label. Anything else (``query``, ``range``, a pipeline) could run PromQL or
+#: print what its author did not write when Prometheus expands the template.
+_SAFE_ACTION = re.compile(
+    r"\{\{-?\s*\$(?:value|labels\.[A-Za-z_][A-Za-z0-9_]*|externalLabels\.[A-Za-z_][A-Za-z0-9_]*)"
+    r"\s*-?\}\}"
+)
+_MAX_LABEL_VALUE = 1024
 _SLI_TAGS = {"latency", "availability", "goodput"}
 #: The highest objective accepted unless the SLO sets ``allow_objective_beyond_five_nines``:
 #: beyond it one bad request in the page pair's 5-minute window pages by itself unless that
@@ -69,7 +86,67 @@ class _Spec(BaseModel):
     model_config = STRICT
 
 
-class LatencySpec(_Spec):
+def _check_name(value: str) -> str:
+    if not _NAME.match(value) or len(value) > 63:
+        raise ValueError("must be 2–63 characters of letters, digits, '-', '_', '.'")
+    return value
+
+
+def _check_template(text: str, what: str, *, multiline: bool = False) -> None:
+    """Refuse control characters and every template action but a safe reference."""
+    if not (text.replace("\n", "").replace("\t", "") if multiline else text).isprintable():
+        raise ValueError(f"{what}: control characters are not allowed")
+    if "{{" in _SAFE_ACTION.sub("", text):
+        raise ValueError(
+            f"{what}: only {{{{ $labels.<name> }}}}, {{{{ $value }}}} and "
+            "{{ $externalLabels.<name> }} may be templated"
+        )
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for name, value in labels.items():
+        if not _LABEL_NAME.match(name) or name.startswith("__"):
+            raise ValueError(
+                f"label name {name[:40]!r}: expected [A-Za-z_][A-Za-z0-9_]*, not starting '__'"
+            )
+        if not 0 < len(value) <= _MAX_LABEL_VALUE:
+            raise ValueError(f"label {name}: 1 to {_MAX_LABEL_VALUE} characters")
+        _check_template(value, f"label {name}")
+    return labels
+
+
+#: Labels a spec puts on rules and alerts: Prometheus names, values without template code.
+_Labels = Annotated[dict[str, str], AfterValidator(_check_labels)]
+
+
+class _RequestSli(_Spec):
+    """What an SLI over request records counts: the outcome classes laid over the defaults
+    (:mod:`slo.spec.outcomes`)."""
+
+    outcomes: dict[str, OutcomeClass] = Field(
+        default={},
+        description="class per outcome (good, bad, excluded), over the defaults; 'ok' is good",
+    )
+    statuses: dict[str, OutcomeClass] = Field(
+        default={},
+        description="class per HTTP status the client got ('404' or '4xx'), applied to records "
+        "that are not ok before their outcome's; over the defaults {4xx: excluded, 429: bad}",
+    )
+
+    @field_validator("outcomes")
+    @classmethod
+    def _outcomes(cls, value: dict[str, OutcomeClass]) -> dict[str, OutcomeClass]:
+        check_outcome_table(value)
+        return value
+
+    @field_validator("statuses")
+    @classmethod
+    def _statuses(cls, value: dict[str, OutcomeClass]) -> dict[str, OutcomeClass]:
+        check_status_table(value)
+        return value
+
+
+class LatencySpec(_RequestSli):
     """Good = the request's ``metric`` is at most ``threshold_s`` (and the request succeeded).
 
     ``source: engine`` counts histogram buckets instead of tap records: the threshold must
@@ -96,11 +173,14 @@ class LatencySpec(_Spec):
             raise ValueError("statistic applies only to metric itl with source tap")
         if self.source == "probe" and self.metric == "itl":
             raise ValueError("source probe records no ITL: use ttft, tpot or e2e")
+        if self.source == "engine" and (self.outcomes or self.statuses):
+            raise ValueError("source engine counts histogram buckets: no outcomes or statuses")
         return self
 
 
-class AvailabilitySpec(_Spec):
-    """Good = outcome ``ok`` and the client did not disconnect; every other outcome is bad.
+class AvailabilitySpec(_RequestSli):
+    """Good = a ``good`` record, bad = a ``bad`` one; ``excluded`` records are no event
+    (by default the client's 4xx and cancellations, :mod:`slo.spec.outcomes`).
 
     ``source: tap`` counts users' requests as the taps saw them; ``source: probe`` the
     prober's requests through the entry point (a gateway refusing connections fails them
@@ -110,8 +190,8 @@ class AvailabilitySpec(_Spec):
     source: Literal["tap", "probe"] = "tap"
 
 
-class GoodputSpec(_Spec):
-    """Good = outcome ok and *every* latency target met (DistServe-style goodput)."""
+class GoodputSpec(_RequestSli):
+    """Good = a ``good`` record with *every* latency target met (DistServe-style goodput)."""
 
     kind: Literal["goodput"]
     source: Literal["tap"] = "tap"
@@ -143,6 +223,9 @@ class SelectorSpec(_Spec):
     def _non_empty(cls, value: _Values | None) -> _Values | None:
         if isinstance(value, list) and not value:
             raise ValueError("an empty list selects nothing")
+        for item in [value] if isinstance(value, str) else value or []:
+            if not 0 < len(item) <= 253 or not item.isprintable():
+                raise ValueError(f"{item[:40]!r}: 1 to 253 printable characters")
         return value
 
 
@@ -157,8 +240,26 @@ class AlertingSpec(_Spec):
     name: str | None = Field(
         default=None, description="alert name (default: SLO name in CamelCase + 'BudgetBurn')"
     )
-    labels: dict[str, str] = {}
+    labels: _Labels = {}
     annotations: dict[str, str] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _alert_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ALERT_NAME.match(value):
+            raise ValueError(
+                "must be 1–128 characters of letters, digits and '_', not a digit first"
+            )
+        return value
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _LABEL_NAME.match(name):
+                raise ValueError(f"annotation name {name[:40]!r}: expected [A-Za-z_][A-Za-z0-9_]*")
+            _check_template(text, f"annotation {name}", multiline=True)
+        return value
 
 
 class SloSpec(_Spec):
@@ -176,13 +277,17 @@ class SloSpec(_Spec):
     selector: SelectorSpec = SelectorSpec()
     group_by: list[Literal["pool", "instance", "tenant", "route"]] = []
     alerting: AlertingSpec = AlertingSpec()
-    labels: dict[str, str] = {}
+    labels: _Labels = {}
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _NAME.match(value) or len(value) > 63:
-            raise ValueError("must be 2–63 characters of letters, digits, '-', '_', '.'")
+        return _check_name(value)
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str) -> str:
+        _check_template(value, "description", multiline=True)
         return value
 
     @field_validator("objective")
@@ -234,8 +339,15 @@ class SloDocument(_Spec):
 
     version: Literal["llmslo/v1"]
     service: str = "llm-inference"
-    labels: dict[str, str] = {}
+    labels: _Labels = {}
     slos: list[SloSpec] = Field(min_length=1)
+
+    @field_validator("service")
+    @classmethod
+    def _service(cls, value: str) -> str:
+        if not _SERVICE.match(value):
+            raise ValueError("must be 1–63 characters of letters, digits, '-', '_', '.'")
+        return value
 
     @field_validator("slos")
     @classmethod

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from slo.naming import alert_name
 from slo.spec.document import AvailabilitySpec, GoodputSpec, LatencySpec, SloDocument, SloSpec
+from slo.spec.outcomes import OutcomeClasses
 from slo.windows import AlertPair, WindowCatalog, load_catalog
 
 __all__ = ["Slo", "SloModel", "build_model"]
@@ -24,7 +25,8 @@ class Slo:
     """One SLO, resolved.
 
     ``budget`` = 1 − objective, the allowed bad fraction. ``pairs`` holds only the tiers the
-    spec enables; ``min_events`` guards every pair's long window.
+    spec enables; ``min_events`` guards every pair's long window. ``outcome_classes`` says
+    which request records are good, bad or no event (:mod:`slo.spec.outcomes`).
     """
 
     id: str  # "<service>-<name>", stable label value
@@ -41,6 +43,7 @@ class Slo:
     alert_name: str
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    outcome_classes: OutcomeClasses = field(default_factory=OutcomeClasses.resolve)
 
     @property
     def budget(self) -> float:
@@ -96,6 +99,7 @@ def _build_slo(document: SloDocument, spec: SloSpec, index: int, warnings: list[
         alert_name=spec.alerting.name or alert_name(spec.name, "budget_burn"),
         labels={**document.labels, **spec.labels, **spec.alerting.labels},
         annotations=dict(spec.alerting.annotations),
+        outcome_classes=OutcomeClasses.resolve(spec.sli.outcomes, spec.sli.statuses),
     )
 
 

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from api.cohorts import MAX_RANGE_MS, Cohort, SampleOptions, TimeRange, load_samples
 from api.errors import UnknownCohortError
+from api.judge import JudgeConfig, Verdict, judge
 from pipeline.errors import QueryError
 from pipeline.units import HOUR_MS
 from tests.api.conftest import BASELINE, CANARY, cohort_rows
@@ -27,7 +28,7 @@ def test_a_cohort_gets_its_own_requests_latencies_and_bad_event_counts(store) ->
     insert(store, requests=rows + cohort_rows(BASELINE, 300, seed=1))
     samples = load_samples(store.con, Cohort(instances=(CANARY,)), HOUR)
     assert samples.requests == 200
-    assert samples.rates["error_before_first_token_rate"] == (5, 200)
+    assert samples.rates["error_before_first_token_rate"] == (5, 199)
     assert samples.rates["availability"] == (194, 199)  # the cancel is not held against it
     assert samples.rates["ghost_rate"] == (1, 200)
     assert samples.rates["stall_rate"] == (1, 200)
@@ -117,3 +118,36 @@ def test_probe_records_are_in_no_cohort(store) -> None:
     assert samples.latency["ttft_s"].size == 200
     with pytest.raises(UnknownCohortError):
         load_samples(store.con, Cohort(instances=("gateway:8080",)), HOUR)
+
+
+def test_a_canary_answering_clients_404_and_losing_cancels_is_judged_available(store) -> None:
+    client_side = cohort_rows(CANARY, 300, seed=2)
+    for row in client_side[:40]:
+        row.update(outcome="error_before_first_token", http_status=404, ttft_s=None)
+    for row in client_side[40:80]:
+        row.update(outcome="client_cancelled", client_disconnected=True, ttft_s=None)
+    insert(store, requests=client_side + cohort_rows(BASELINE, 300, seed=1))
+    canary = load_samples(store.con, Cohort(instances=(CANARY,)), HOUR)
+    baseline = load_samples(store.con, Cohort(instances=(BASELINE,)), HOUR)
+    assert canary.rates["availability"] == (220, 220)
+    assert canary.rates["error_before_first_token_rate"] == (0, 220)
+    verdict = judge(canary, baseline, JudgeConfig())
+    assert _classification(verdict, "availability") == "Pass"
+    assert _classification(verdict, "error_before_first_token_rate") == "Pass"
+
+
+def test_a_canary_answering_503_fails_on_availability(store) -> None:
+    shedding = cohort_rows(CANARY, 300, seed=2)
+    for row in shedding[:40]:
+        row.update(outcome="rejected", http_status=503, ttft_s=None)
+    insert(store, requests=shedding + cohort_rows(BASELINE, 300, seed=1))
+    canary = load_samples(store.con, Cohort(instances=(CANARY,)), HOUR)
+    baseline = load_samples(store.con, Cohort(instances=(BASELINE,)), HOUR)
+    assert canary.rates["availability"] == (260, 300)
+    verdict = judge(canary, baseline, JudgeConfig())
+    assert _classification(verdict, "availability") == "Low"
+    assert verdict.verdict == "fail"
+
+
+def _classification(verdict: Verdict, name: str) -> str:
+    return next(m.classification for m in verdict.metrics if m.name == name)

@@ -31,11 +31,21 @@ SPEC = {
     "version": "llmslo/v1",
     "service": "chat",
     "slos": [
-        {"name": "availability", "objective": 0.99, "sli": {"kind": "availability"}},
+        # Every record an event (cancels bad), so the pages' counts are the raw record counts.
+        {
+            "name": "availability",
+            "objective": 0.99,
+            "sli": {"kind": "availability", "outcomes": {"client_cancelled": "bad"}},
+        },
         {
             "name": "ttft",
             "objective": 0.995,
-            "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2.5},
+            "sli": {
+                "kind": "latency",
+                "metric": "ttft",
+                "threshold_s": 2.5,
+                "outcomes": {"client_cancelled": "bad"},
+            },
             "group_by": ["instance"],
         },
     ],

@@ -76,6 +76,29 @@ def test_stall_running_without_tokens_and_gpu_idle(make_fleet):
     assert wait_for(lambda: value(scrape(pod.url), "vllm:generation_tokens_total") > before)
 
 
+def test_a_wedged_engine_takes_requests_runs_none_and_answers_health(make_fleet):
+    """vllm#53868's wedge: running 0, waiting grows, no token, KV freed, /health still 200;
+    cleared, the queued requests are scheduled and tokens flow again."""
+    fleet = make_fleet(["vllm"], speed=1.0)
+    pod = fleet.pods[0]
+    _background(pod.url, 2, 5000)
+    assert wait_for(lambda: _running(pod.url) == 2)
+    fleet.set_fault("pod-0", "wedge")
+    _background(pod.url, 3, 5000)
+    assert wait_for(lambda: value(scrape(pod.url), "vllm:num_requests_waiting") == 5)
+    before = value(scrape(pod.url), "vllm:generation_tokens_total")
+    time.sleep(0.4)
+    wedged = scrape(pod.url)
+    assert value(wedged, "vllm:num_requests_running") == 0
+    assert value(wedged, "vllm:num_requests_waiting") == 5
+    assert value(wedged, "vllm:kv_cache_usage_perc") == 0
+    assert value(wedged, "vllm:generation_tokens_total") == before
+    assert get(pod.url + "/health")[0] == 200
+    fleet.clear_fault("pod-0", "wedge")
+    assert wait_for(lambda: value(scrape(pod.url), "vllm:generation_tokens_total") > before)
+    assert wait_for(lambda: _running(pod.url) == 5)
+
+
 def test_sglang_gauges_freeze_during_stall(make_fleet):
     fleet = make_fleet(["sglang"], speed=1.0)
     pod = fleet.pods[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.request
 from typing import Any
 
+import numpy as np
 import pytest
 from prometheus_client import start_http_server
 
@@ -16,6 +17,8 @@ from pipeline.store import Store
 from slo.flags import FlagPolicy, FlagTransition
 from slo.jobs import JobsConfig, SloJobs
 from slo.metrics import JobMetrics
+from slo.signals._series import Series
+from slo.signals.snapshot import Snapshot
 from slo.sinks import BusTransitionSink, ListTransitionSink, StoreTransitionSink
 from slo.spec import parse_spec
 from slo.spec.model import SloModel, build_model
@@ -335,3 +338,18 @@ def test_a_target_never_seen_up_gets_no_flag_at_all(store: Store) -> None:
     fleet = FleetTimeline(instances=2, seconds=600).add_fault(1, 0, lambda s, _: s.update(up=False))
     replay(store, fleet, sink, start_s=240)
     assert [t for t in sink.transitions if t.scope == "instance"] == []
+
+
+def test_a_pool_level_with_no_scrape_inside_the_dwell_holds_the_last_value() -> None:
+    # The dwell (20 s) is shorter than the time since the last fresh scrape (25 s): the window
+    # holds no sample. The instance has held its last value since then; the jobs' flag step
+    # raised "zero-size array" on every cycle here, in a drill with a 20-s dwell.
+    now = T0_MS + 600_000
+    kv = Series(np.array([now - 60_000, now - 25_000]), np.array([0.5, 0.96]))
+    snap = Snapshot(now_ms=now, engine={"pod-0": {"kv_usage": kv}})
+    jobs = SloJobs(
+        Store(":memory:").con,
+        MODEL,
+        JobsConfig(flags=FlagPolicy(dwell_s=20), pool_level="worst_held"),
+    )
+    assert jobs._pool_input(snap, "pod-0", free=1 - 0.96) == pytest.approx(0.04)

@@ -204,7 +204,9 @@ def test_tap_records_land_in_the_duckdb_requests_table(store) -> None:
 
     async def scenario() -> None:
         up = ScriptedUpstream(lambda req: stream_script(5, gap_s=0.002))
-        config = TapConfig(listen="127.0.0.1:0", upstreams=[await up.start()], kafka=False)
+        config = TapConfig(
+            listen="127.0.0.1:0", upstreams=[await up.start()], kafka=False, tenants=["acme"]
+        )
         proxy = TapProxy(config, sink)
         port = await proxy.start()
         await post(f"http://127.0.0.1:{port}", CHAT, headers={"x-tenant-id": "acme"})

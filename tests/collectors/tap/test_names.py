@@ -31,7 +31,7 @@ def test_a_tap_named_pod_3_stamps_the_name_on_records_gauges_and_metrics() -> No
             status, _, _ = await post(url, {**CHAT, "stream": True})
             proxy.publish_gauges()
             rendered = proxy.metrics.registry.get_sample_value(
-                "llmslo_tap_requests_total", {"instance": "pod-3", "outcome": "ok"}
+                "llmslo_tap_requests_total", {"instance": "pod-3", "outcome": "ok", "code": "200"}
             )
         assert status == 200
         [row] = sink.requests

@@ -71,7 +71,7 @@ def test_record_fills_every_column_of_the_schema() -> None:
     async def scenario() -> None:
         up = ScriptedUpstream(lambda req: stream_script(4, gap_s=0.01, first_s=0.05))
         headers = {"x-tenant-id": "acme", "x-request-id": "req-42", "x-request-timeout-ms": "60000"}
-        async with tap_over([up]) as (url, sink, _):
+        async with tap_over([up], tenants=["acme"], models=["m"]) as (url, sink, _):
             await post(url, CHAT, headers=headers)
         [row] = sink.requests
         assert set(row) == set(REQUEST_RECORDS.arrow.names)

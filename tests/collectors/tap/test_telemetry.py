@@ -52,7 +52,8 @@ def test_metrics_endpoint_exposes_what_the_tap_measured() -> None:
     assert got[("llmslo_tap_ttft_seconds_count", labels)] == 1
     assert got[("llmslo_tap_tpot_seconds_count", labels)] == 1
     assert got[("llmslo_tap_itl_seconds_count", labels)] == 4
-    assert got[("llmslo_tap_requests_total", (("instance", instance), ("outcome", "ok")))] == 1
+    counted = (("code", "200"), ("instance", instance), ("outcome", "ok"))
+    assert got[("llmslo_tap_requests_total", counted)] == 1
     assert got[("llmslo_tap_in_flight", (("instance", instance),))] == 0
     assert got[("llmslo_tap_bytes_total", (("direction", "client"),))] > 0
 

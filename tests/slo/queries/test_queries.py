@@ -161,8 +161,12 @@ def test_budget_series_adds_up_to_the_rollups_and_the_incident_burns(con: Any, b
     )
     assert series.schema == queries.BUDGET_SCHEMA
     rows = series.to_pylist()
+    # Every record but the client's own doing (a cancel, a 4xx other than 429) is an event.
     (raw_total,) = con.execute(
-        "SELECT count(*) FROM requests WHERE received_ts_ms >= ?", [START_MS]
+        "SELECT count(*) FROM requests WHERE received_ts_ms >= ? "
+        "AND outcome <> 'client_cancelled' AND NOT (outcome <> 'ok' "
+        "AND coalesce(http_status BETWEEN 400 AND 499 AND http_status <> 429, false))",
+        [START_MS],
     ).fetchone()
     assert sum(r["total"] for r in rows) == raw_total
     for r in rows:

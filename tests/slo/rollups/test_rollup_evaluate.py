@@ -38,26 +38,42 @@ def status(store: Store, m: SloModel, now_ms: int, name: str) -> Any:
     return next(s for s in evaluate(store.con, m, now_ms) if s.slo.name == name)
 
 
-def test_ghosts_aborts_and_errors_count_as_bad_never_dropped(store: Store) -> None:
+def test_the_service_failures_are_bad_and_the_client_ones_no_event(store: Store) -> None:
     rows = [request(T0_MS + i * 1000) for i in range(6)]
     rows += [
+        # the client's doing: no event of either SLI
         request(T0_MS + 10_000, outcome="client_cancelled", client_disconnected=True, ttft_s=None),
-        request(
-            T0_MS + 11_000, outcome="ok", client_disconnected=True
-        ),  # ghost: client left mid-stream
-        request(T0_MS + 12_000, outcome="error_before_first_token", ttft_s=None, tpot_s=None),
+        request(T0_MS + 11_000, outcome="error_before_first_token", http_status=404, ttft_s=None),
+        request(T0_MS + 11_500, outcome="error_before_first_token", http_status=400, ttft_s=None),
+        # the service's doing: bad
+        request(T0_MS + 12_000, outcome="rejected", http_status=503, ttft_s=None, tpot_s=None),
+        request(T0_MS + 12_500, outcome="rejected", http_status=429, ttft_s=None, tpot_s=None),
         request(
             T0_MS + 13_000,
             outcome="interrupted_after_first_token",
             ttft_s=0.1,
             finish_reason="abort",
         ),
+        request(T0_MS + 14_000, outcome="deadline_exceeded", http_status=504, ttft_s=None),
     ]
     insert(store, requests=rows)
     m = model(TTFT, AVAIL)
     for name in ("ttft", "avail"):
         st_ = status(store, m, T0_MS + 20_000, name)
         assert st_.period == WindowCounts(10, 4), name
+
+
+def test_the_spec_can_count_client_errors_and_cancellations(store: Store) -> None:
+    rows = [request(T0_MS), request(T0_MS, outcome="client_cancelled", ttft_s=None)]
+    rows += [request(T0_MS, outcome="error_before_first_token", http_status=404, ttft_s=None)]
+    insert(store, requests=rows)
+    strict = {**AVAIL, "name": "strict"}
+    strict["sli"] = {
+        "kind": "availability",
+        "outcomes": {"client_cancelled": "bad"},
+        "statuses": {"4xx": "bad"},
+    }
+    assert status(store, model(strict), T0_MS + 20_000, "strict").period == WindowCounts(3, 2)
 
 
 def test_tpot_of_a_one_token_success_is_not_an_event_but_a_failure_is(store: Store) -> None:
@@ -209,7 +225,13 @@ def test_changing_an_slo_definition_rebuilds_its_rollups(store: Store) -> None:
 
 
 def _reference(rows: list[dict[str, Any]], start: int, end: int) -> WindowCounts:
-    sel = [r for r in rows if start <= r["received_ts_ms"] < end]
+    def client_side(r: dict[str, Any]) -> bool:  # a cancel or a client 4xx (not 429)
+        status = r["http_status"]
+        return r["outcome"] == "client_cancelled" or (
+            r["outcome"] != "ok" and 400 <= status < 500 and status != 429
+        )
+
+    sel = [r for r in rows if start <= r["received_ts_ms"] < end and not client_side(r)]
     bad = sum(
         1 for r in sel if r["outcome"] != "ok" or (r["ttft_s"] is not None and r["ttft_s"] > 2.0)
     )
@@ -229,12 +251,17 @@ def test_every_window_agrees_with_counting_raw_records(
     tmp_path: Path, offsets: list[int], seed: int, now_offset: int
 ) -> None:
     rng = random.Random(seed)
+    kinds: list[dict[str, Any]] = [
+        {"outcome": "ok"},
+        {"outcome": "ok"},
+        {"outcome": "rejected", "http_status": 429},
+        {"outcome": "rejected", "http_status": 503},
+        {"outcome": "error_before_first_token", "http_status": 404},
+        {"outcome": "error_before_first_token", "http_status": 500},
+        {"outcome": "client_cancelled"},
+    ]
     rows = [
-        request(
-            T0_MS + o,
-            ttft_s=rng.choice([0.5, 1.9, 2.0, 2.1, None]),
-            outcome=rng.choice(["ok", "ok", "ok", "rejected", "client_cancelled"]),
-        )
+        request(T0_MS + o, ttft_s=rng.choice([0.5, 1.9, 2.0, 2.1, None]), **rng.choice(kinds))
         for o in offsets
     ]
     with Store(tmp_path / f"{uuid.uuid4().hex}.duckdb") as store:

@@ -225,6 +225,21 @@ def test_gateway_queue_full_from_429s(store: Store) -> None:
 
 
 @pytest.mark.parametrize(
+    "code",
+    ["InferencePoolResourceExhausted", "ResourceExhausted"],
+    ids=["Inference Extension EPP", "llm-d-router EPP"],
+)
+def test_gateway_queue_full_from_either_epp_generations_shed_code(store: Store, code: str) -> None:
+    findings = run(store, [], gateway(errors={code: 1}, queue=64))
+    f = only(findings, "gateway_queue_full")
+    assert (f.basis, f.evidence["refused"], f.evidence["error_code"]) == (
+        "epp_error_code",
+        14.0,
+        code,
+    )
+
+
+@pytest.mark.parametrize(
     ("until_s", "reported"), [(62, False), (64, True)], ids=["2 refusals", "3 refusals"]
 )
 def test_refusals_count_from_a_counter_born_in_the_window(

@@ -1,0 +1,151 @@
+"""The stall family: an engine that holds work and produces no token, whether its running
+gauge says it is running something (``running_tokens_flat``) or reads 0 while requests wait
+(``waiting_nothing_running``, a wedge that keeps answering ``/health`` 200); no stall from a
+gauge left stale after load; and the symptoms a stall causes (its queue grows with the KV
+free: ``queue_growth`` and the admission signature of ``fragmentation``) reported as the
+stall's evidence, not as findings of their own on that instance."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.store import Store
+from slo.signals.detectors import DetectorConfig, Finding, detect_all, fold_symptoms
+from slo.signals.snapshot import load_snapshot
+from tests.slo.factories import T0_MS, engine_sample, insert
+from tests.slo.fleet import FleetTimeline, State
+
+CFG = DetectorConfig()
+
+
+def _findings(store: Store, fleet: FleetTimeline, extra: list | None = None) -> list[Finding]:
+    requests, engine, gpu, health = fleet.all_rows()
+    insert(store, requests=requests, engine=engine + (extra or []), gpu=gpu, health=health)
+    snap = load_snapshot(store.con, fleet.end_ms, int(CFG.lookback_s * 1000))
+    return detect_all(snap, CFG)
+
+
+def wedge(s: State, since: float) -> None:
+    """vllm#53868 / the vllm-metal scrape: running 0, waiting grows, KV 0, no token; the tap
+    holds the clients' streams open."""
+    s["running"], s["kv_usage"], s["tokens_per_s"] = 0.0, 0.0, 0.0
+    s["waiting"] = 3 + since / 10
+    s["tap_in_flight"] = s["waiting"]
+    s["requests"] = 0
+    s["gpu_util"], s["engine_active"] = 0.0, 0.0
+
+
+def demo_stall(s: State, since: float) -> None:
+    """The 20-minute demo's stalled pod: running 9, waiting 8 → 1,881, tokens flat."""
+    s["running"], s["kv_usage"], s["tokens_per_s"] = 9.0, 0.3, 0.0
+    s["waiting"] = 8 + since * 2.4
+    s["tap_in_flight"] = 9 + s["waiting"]
+    s["requests"] = 0
+
+
+def stale_gauge(s: State, _: float) -> None:
+    """After the load: nothing in flight at the tap, no token, but the engine's running
+    gauge still reads the last batch (sglang#31517)."""
+    s["running"], s["waiting"], s["tokens_per_s"] = 3.0, 0.0, 0.0
+    s["tap_in_flight"], s["requests"] = 0.0, 0
+
+
+def idle(s: State, _: float) -> None:
+    s["running"], s["waiting"], s["tokens_per_s"] = 0.0, 0.0, 0.0
+    s["tap_in_flight"], s["requests"] = 0.0, 0
+
+
+def _on(findings: list[Finding], instance: str) -> dict[str, Finding]:
+    return {f.signal: f for f in findings if f.scope_id == instance}
+
+
+def test_a_wedge_with_nothing_running_is_a_stall_that_says_health_answered(store: Store) -> None:
+    fleet = FleetTimeline(instances=4, seconds=900).add_fault(1, 300, wedge)
+    findings = _findings(store, fleet)
+    stall = _on(findings, fleet.instance(1))["stall"]
+    assert stall.basis == "waiting_nothing_running"
+    assert stall.evidence["kind"] == "waiting_nothing_running"
+    assert stall.evidence["running_max"] == 0.0
+    assert stall.evidence["waiting_last"] > stall.evidence["waiting_first"] > 0
+    assert stall.evidence["health_ok_while_stalled"] is True
+    assert stall.evidence["health_status_last"] == 200
+    assert stall.evidence["tap_streams_silent"] is True
+    assert {f.scope_id for f in findings} == {fleet.instance(1)}
+
+
+def test_the_wedge_is_detected_within_stall_for_and_one_scrape(store: Store) -> None:
+    scrape_s, start_s = 15, 300
+    late = FleetTimeline(seconds=start_s + int(CFG.stall_for_s) + scrape_s)
+    assert "stall" in _on(_findings(store, late.add_fault(0, start_s, wedge)), late.instance(0))
+
+
+def test_a_wedge_shorter_than_stall_for_is_not_a_stall(store: Store) -> None:
+    early = FleetTimeline(seconds=300 + int(CFG.stall_for_s) - 15).add_fault(0, 300, wedge)
+    assert "stall" not in _on(_findings(store, early), early.instance(0))
+
+
+def test_the_running_kind_keeps_its_basis_and_names_its_kind(store: Store) -> None:
+    fleet = FleetTimeline(instances=3, seconds=900).add_fault(0, 300, demo_stall)
+    stall = _on(_findings(store, fleet), fleet.instance(0))["stall"]
+    assert stall.basis == "generation_tokens_flat"
+    assert stall.evidence["kind"] == "running_tokens_flat"
+
+
+@pytest.mark.parametrize(
+    "fault", [wedge, demo_stall], ids=["wedge, running 0", "demo stall, running 9"]
+)
+def test_a_stalls_growing_queue_is_its_evidence_not_findings_of_their_own(
+    store: Store, fault: object
+) -> None:
+    """The demo's stalled pod also raised fragmentation (admission signature) and
+    queue_growth: both are what the stall does to its queue."""
+    fleet = FleetTimeline(instances=3, seconds=1200).add_fault(0, 300, fault)  # type: ignore[arg-type]
+    on_pod = _on(_findings(store, fleet), fleet.instance(0))
+    assert set(on_pod) == {"stall"}
+    explained = on_pod["stall"].evidence["explained"]
+    assert set(explained) == {"fragmentation", "queue_growth"}
+    assert explained["fragmentation"]["basis"] == "admission_signature"
+    assert explained["queue_growth"]["waiting_per_min"] > CFG.queue_growth_per_min
+
+
+def test_a_stale_running_gauge_after_load_raises_nothing(store: Store) -> None:
+    """The load ends on every pod at 300 s; one pod's gauge keeps reading 3 running."""
+    fleet = FleetTimeline(instances=3, seconds=900)
+    for index in range(3):
+        fleet.add_fault(index, 300, stale_gauge if index == 2 else idle)
+    assert _findings(store, fleet) == []
+
+
+def test_an_engine_put_to_sleep_is_no_wedge(store: Store) -> None:
+    """vLLM's sleep mode empties the batch on purpose; ``engine_sleep_state`` says so."""
+    fleet = FleetTimeline(instances=3, seconds=900).add_fault(1, 300, wedge)
+    asleep = [
+        engine_sample(
+            T0_MS + t * 1000,
+            "engine_awake",
+            1.0 if t < 300 else 0.0,
+            metric="vllm:engine_sleep_state",
+            instance=fleet.instance(1),
+        )
+        for t in range(0, 901, 15)
+    ]
+    assert "stall" not in _on(_findings(store, fleet, asleep), fleet.instance(1))
+
+
+def _finding(signal: str, basis: str, instance: str = "pod-0:8000") -> Finding:
+    return Finding(0, signal, "instance", instance, "llama", "ticket", basis, {"n": 1})
+
+
+def test_only_the_symptoms_a_cause_explains_on_its_own_instance_are_folded() -> None:
+    stall = _finding("stall", "generation_tokens_flat")
+    real = _finding("fragmentation", "block_stats")  # free blocks cut in pieces: a cause
+    elsewhere = _finding("queue_growth", "engine_gauges", instance="pod-1:8000")
+    symptom = _finding("queue_growth", "engine_gauges")
+    out = fold_symptoms([stall, real, elsewhere, symptom])
+    assert [(f.signal, f.scope_id) for f in out] == [
+        ("stall", "pod-0:8000"),
+        ("fragmentation", "pod-0:8000"),
+        ("queue_growth", "pod-1:8000"),
+    ]
+    assert out[0].evidence["explained"] == {"queue_growth": {"basis": "engine_gauges", "n": 1}}
+    assert fold_symptoms([real, symptom]) == [real, symptom]  # no cause, nothing folded
