@@ -3,7 +3,8 @@
 Owns path A of DESIGN §4–§5 (rule files that Prometheus evaluates over the engines', DCGM's
 and the taps' ``/metrics``) and the library half of path B (pushing the pipeline's own
 alerts to Alertmanager). Data flows one way, as in Sloth: spec file → :func:`load_rule_model`
-(llmslo/v1, OpenSLO v1, Sloth prometheus/v1) → :class:`RuleModel` → generators
+(llmslo/v1, OpenSLO v1 and v1alpha, Sloth prometheus/v1 and its CRD, Pyrra; the formats are
+:data:`slo.spec.formats.FORMATS`) → :class:`RuleModel` → generators
 (:func:`generate_rules`, promtool tests, :func:`alertmanager_config`) → writer (YAML, atomic).
 Metric names per source (:mod:`alerts.sources`) and signatures (:mod:`alerts.signatures`)
 are data. See ``alerts/README.md`` for the rule names and how to add a signature rule.
