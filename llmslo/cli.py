@@ -24,6 +24,7 @@ from llmslo import demo, run
 from llmslo.commands import (
     alerts,
     api,
+    check,
     collect,
     dashboard,
     drill,
@@ -53,6 +54,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     api,
     dashboard,
     drill,
+    check,
 )
 
 Register = Callable[[Any], None]
