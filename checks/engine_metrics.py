@@ -153,20 +153,23 @@ def compare_scrape(
     family = None
     if baseline is not None:
         base_names, base_labels = _names(baseline)
+        # the baseline is read with its own map: a release may move a component to a new
+        # dialect (EPP's inference_* → llm_d_epp_*), the signals are what must survive
         base = detect_dialect(base_names, base_labels, forced=dialect)
         family = base.version_family if base else None
-        before = _carriers(engine, base_names)
+        before = _carriers(base.engine if base else engine, base_names)
     current = _current(engine)
     signals = tuple(
         SignalPresence(
             signal,
-            _status(found[signal], before[signal] if before else None, current[signal]),
-            found[signal],
-            before[signal] if before else (),
-            current[signal],
+            _status(found.get(signal, ()), None if before is None else before.get(signal, ()),
+                    current.get(signal, ())),
+            found.get(signal, ()),
+            before.get(signal, ()) if before else (),
+            current.get(signal, ()),
         )
-        for signal in sorted(found)
-    )
+        for signal in sorted(set(found) | set(before or ()))
+    )  # fmt: skip
     return MetricsRegression(engine.engine, detection.version_family, family, signals)
 
 
