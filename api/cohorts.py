@@ -270,8 +270,9 @@ def _prefix_cache_counts(
         return None
     instances = list(cohort.instances) or [
         row[0]
-        for row in con.execute(f"SELECT DISTINCT instance FROM requests WHERE {where}", params)
-        .fetchall()
+        for row in con.execute(
+            f"SELECT DISTINCT instance FROM requests WHERE {where}", params
+        ).fetchall()
     ]
     rows = con.execute(
         """

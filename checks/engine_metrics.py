@@ -124,7 +124,9 @@ def _current(engine: DialectMap) -> dict[str, tuple[str, ...]]:
     return {signal: tuple(names) for signal, names in out.items()}
 
 
-def _status(found: tuple[str, ...], before: tuple[str, ...] | None, current: tuple[str, ...]):
+def _status(
+    found: tuple[str, ...], before: tuple[str, ...] | None, current: tuple[str, ...]
+) -> PresenceStatus:
     if before is None:
         if not found:
             return "absent"
@@ -216,7 +218,9 @@ def _junit(result: MetricsRegression) -> str:
         skipped=str(sum(s.status == "absent" for s in result.signals)),
     )
     for s in result.signals:
-        case = ET.SubElement(suite, "testcase", classname=f"llmslo.metrics.{result.engine}", name=s.signal)
+        case = ET.SubElement(
+            suite, "testcase", classname=f"llmslo.metrics.{result.engine}", name=s.signal
+        )
         if s.status == "missing":
             ET.SubElement(case, "failure", message=s.detail, type="missing")
         elif s.status == "absent":

@@ -133,7 +133,9 @@ def drills_passed(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
             return Evidence("unknown", f"the last drill run has no {wanted} mode")
     missed = [r["mode"] for r in rows if not r["detected"]]
     if missed:
-        return Evidence("fail", f"last run: {len(missed)}/{len(rows)} undetected: {', '.join(missed)}")
+        return Evidence(
+            "fail", f"last run: {len(missed)}/{len(rows)} undetected: {', '.join(missed)}"
+        )
     return Evidence("pass", f"last run: {len(rows)} modes, each detected")
 
 

@@ -127,7 +127,9 @@ def _containers(doc: Manifest) -> Iterable[tuple[Mapping[str, Any], Mapping[str,
                 yield pod, container
 
 
-def _engine_container(doc: Manifest, pod: Mapping[str, Any], container: Mapping[str, Any]):
+def _engine_container(
+    doc: Manifest, pod: Mapping[str, Any], container: Mapping[str, Any]
+) -> EngineContainer | None:
     argv = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
     image = str(container.get("image") or "")
     engine = _engine_of(" ".join(argv), image, load_flags())

@@ -24,7 +24,9 @@ def render_table(report: CheckReport) -> str:
     """Per rule: id, severity, status, then the seed, each side's evidence and the fix."""
     lines: list[str] = []
     for r in report.results:
-        lines.append(f"{_status(r).upper():<8} {r.rule.id:<28} {r.rule.severity:<8} {r.rule.source}")
+        lines.append(
+            f"{_status(r).upper():<8} {r.rule.id:<28} {r.rule.severity:<8} {r.rule.source}"
+        )
         lines.append(f"         seed:   {r.rule.seed}")
         for side, ev in (("static", r.static), ("live", r.live)):
             body = textwrap.shorten(ev.detail, 400, placeholder=" …")
@@ -68,7 +70,9 @@ def render_junit(report: CheckReport) -> str:
         skipped=str(sum(_status(r) in ("unknown", "silenced") for r in report.results)),
     )
     for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname=f"llmslo.check.{r.rule.severity}", name=r.rule.id)
+        case = ET.SubElement(
+            suite, "testcase", classname=f"llmslo.check.{r.rule.severity}", name=r.rule.id
+        )
         evidence = f"static: {r.static.detail}\nlive: {r.live.detail}"
         status = _status(r)
         if status == "fail":

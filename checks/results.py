@@ -3,14 +3,21 @@ silences with their reason, the exit decision of ``--fail-on``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from checks.catalog import SEVERITIES, Rule, Severity
 
-__all__ = ["CheckReport", "Evidence", "RuleResult", "Status"]
+__all__ = ["CheckReport", "Evidence", "RuleResult", "Status", "worst"]
 
 Status = Literal["pass", "fail", "unknown"]
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    """Several verdicts of one side as one: any fail fails, else any unknown, else pass."""
+    seen = set(statuses)
+    return "fail" if "fail" in seen else "unknown" if "unknown" in seen else "pass"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from checks.catalog import load_flags
 from checks.manifests import Bundle, EngineContainer
-from checks.results import Evidence
+from checks.results import Evidence, worst
 from pipeline.errors import LlmsloError
 from slo.signals.catalog import SIGNALS
 from slo.spec import load_spec
@@ -74,19 +74,14 @@ def engine_setting(c: EngineContainer, feature: str) -> Setting | None:
     return Setting(entry.default, False, f"{head}: {what} not set, default {entry.default}")
 
 
-def _per_engine(
-    inputs: StaticInputs, judge: Callable[[EngineContainer], Evidence]
-) -> Evidence:
+def _per_engine(inputs: StaticInputs, judge: Callable[[EngineContainer], Evidence]) -> Evidence:
     """One verdict per engine container, combined: any fail fails, all pass passes."""
     if not inputs.bundle.engines:
         reason = "; ".join(inputs.bundle.problems) or "no engine container (give -f or --command)"
         return Evidence("unknown", reason)
     verdicts = [(c, judge(c)) for c in inputs.bundle.engines]
     details = "; ".join(f"{c.where}: {e.detail}" for c, e in verdicts)
-    for status in ("fail", "unknown"):
-        if any(e.status == status for _, e in verdicts):
-            return Evidence(status, details)
-    return Evidence("pass", details)
+    return Evidence(worst(e.status for _, e in verdicts), details)
 
 
 def _feature_on(c: EngineContainer, feature: str) -> Evidence:
@@ -103,8 +98,7 @@ def feature_on(params: Mapping[str, Any], inputs: StaticInputs) -> Evidence:
 def features_on(params: Mapping[str, Any], inputs: StaticInputs) -> Evidence:
     def judge(c: EngineContainer) -> Evidence:
         found = [_feature_on(c, feature) for feature in params["features"]]
-        worst = next((s for s in ("fail", "unknown") if any(e.status == s for e in found)), "pass")
-        return Evidence(worst, ", ".join(e.detail for e in found))
+        return Evidence(worst(e.status for e in found), ", ".join(e.detail for e in found))
 
     return _per_engine(inputs, judge)
 
@@ -267,7 +261,9 @@ def readiness_probe(params: Mapping[str, Any], inputs: StaticInputs) -> Evidence
         path = (probe.get("httpGet") or {}).get("path")
         if path in params["paths"]:
             return Evidence("pass", f"readinessProbe httpGet {path}")
-        return Evidence("fail", f"readinessProbe does not ask the engine's health ({path or probe})")
+        return Evidence(
+            "fail", f"readinessProbe does not ask the engine's health ({path or probe})"
+        )
 
     return _per_pod(inputs, judge)
 
@@ -276,7 +272,8 @@ def nccl_watchdog(params: Mapping[str, Any], inputs: StaticInputs) -> Evidence:
     def judge(c: EngineContainer) -> Evidence:
         tp = engine_setting(c, "tensor_parallel")
         gpus = ((c.container.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 1)
-        ranks = max(int(gpus), int(tp.value) if tp and (tp.value or "").isdigit() else 1)
+        tp_size = tp.value if tp and tp.value and tp.value.isdigit() else "1"
+        ranks = max(int(gpus), int(tp_size))
         if ranks <= 1:
             return Evidence("pass", "one GPU: no NCCL collective to watch")
         found = [name for name in params["env"] if name in c.env]
@@ -313,7 +310,9 @@ def zone_spread(params: Mapping[str, Any], inputs: StaticInputs) -> Evidence:
 
 
 def runbooks(params: Mapping[str, Any], inputs: StaticInputs) -> Evidence:
-    missing = [row.name for row in SIGNALS.values() if not (_RUNBOOKS / f"{row.runbook}.md").exists()]
+    missing = [
+        row.name for row in SIGNALS.values() if not (_RUNBOOKS / f"{row.runbook}.md").exists()
+    ]
     if missing:
         return Evidence("fail", f"no runbook for {', '.join(missing)}")
     return Evidence("pass", f"{len(SIGNALS)} signals, each with docs/runbooks/<signal>.md")

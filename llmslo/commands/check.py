@@ -66,7 +66,9 @@ def register(subparsers: Any) -> None:
         "--silence", action="append", default=[], metavar="ID=REASON",
         help="accept rule ID failing, for REASON (shown in every format); repeatable",
     )  # fmt: skip
-    parser.add_argument("--rule", action="append", default=[], help="only rules with this id prefix")
+    parser.add_argument(
+        "--rule", action="append", default=[], help="only rules with this id prefix"
+    )
     parser.add_argument(
         "--engine-metrics", metavar="URL|FILE",
         help="release regression: a new engine's /metrics, checked against llmslo's maps",

@@ -50,9 +50,7 @@ def test_upgrading_v0_to_v1_renames_but_loses_nothing(tmp_path: Path) -> None:
 
 def test_a_release_that_drops_a_mapped_signal_exits_non_zero(tmp_path: Path) -> None:
     v1 = vllm_exposition()
-    dropped = "\n".join(
-        line for line in v1.splitlines() if "vllm:num_preemptions" not in line
-    )
+    dropped = "\n".join(line for line in v1.splitlines() if "vllm:num_preemptions" not in line)
     baseline = _scrape(tmp_path, "v1.txt", v1)
     new = _scrape(tmp_path, "new.txt", dropped + "\n")
     status, signals = _regression(tmp_path, "--engine-metrics", new, "--baseline", baseline)

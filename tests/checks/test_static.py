@@ -65,7 +65,9 @@ def test_a_manifest_gives_the_expected_static_verdict_per_rule(
 def test_the_evidence_names_the_flag_and_the_version_it_read(tmp_path: Path) -> None:
     _, rules = run_check(tmp_path, "-f", str(MANIFESTS / "vllm-bad.yaml"))
     assert "vllm 0.6.3" in rules["D04-nan-detection"]["static"]["evidence"]
-    assert "--gpu-memory-utilization 0.95" in rules["D02-admission-thresholds"]["static"]["evidence"]
+    assert (
+        "--gpu-memory-utilization 0.95" in rules["D02-admission-thresholds"]["static"]["evidence"]
+    )
     assert "tcpSocket" in rules["C03-readiness-after-load"]["static"]["evidence"]
 
 
