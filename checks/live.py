@@ -49,21 +49,31 @@ def _counter_increase(con: duckdb.DuckDBPyConnection, signal: str) -> float:
     return float(row[0]) if row else 0.0
 
 
-def _engine_store(inputs: LiveInputs) -> Evidence | None:
+def _lacks(inputs: LiveInputs, table: str, reason: str) -> Evidence | None:
+    """``unknown`` when there is no store or it has no ``table`` yet, else ``None``."""
     tables = _tables(inputs)
     if tables is None:
         return Evidence("unknown", "no store given (--db)")
-    if "engine_samples" not in tables:
-        return Evidence("unknown", "the store holds no engine samples")
+    if table not in tables:
+        return Evidence("unknown", reason)
     return None
+
+
+def _con(inputs: LiveInputs) -> duckdb.DuckDBPyConnection:
+    assert inputs.con is not None  # callers asked _lacks first
+    return inputs.con
+
+
+def _engine_store(inputs: LiveInputs) -> Evidence | None:
+    return _lacks(inputs, "engine_samples", "the store holds no engine samples")
 
 
 def signals_present(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
     missing_store = _engine_store(inputs)
-    if missing_store or inputs.con is None:
-        return missing_store or Evidence("unknown", "no store")
+    if missing_store:
+        return missing_store
     wanted = [str(s) for s in params["signals"]]
-    seen = signals_seen(inputs.con, wanted)
+    seen = signals_seen(_con(inputs), wanted)
     absent = [s for s in wanted if s not in seen]
     shown = ", ".join(f"{s} ({n} samples)" for s, n in sorted(seen.items())) or "none"
     ok = bool(seen) if params.get("any") else not absent
@@ -74,26 +84,24 @@ def signals_present(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
 
 def nan_detection(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
     missing_store = _engine_store(inputs)
-    if missing_store or inputs.con is None:
-        return missing_store or Evidence("unknown", "no store")
-    if "corrupted_requests" not in signals_seen(inputs.con, ["corrupted_requests"]):
+    if missing_store:
+        return missing_store
+    if "corrupted_requests" not in signals_seen(_con(inputs), ["corrupted_requests"]):
         return Evidence(
             "fail", "no engine exports a corrupted-request counter: NaN logits go uncounted"
         )
-    counted = _counter_increase(inputs.con, "corrupted_requests")
+    counted = _counter_increase(_con(inputs), "corrupted_requests")
     return Evidence("pass", f"corrupted_requests exported, {counted:g} counted in the store")
 
 
 def no_open_findings(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
-    tables = _tables(inputs)
-    if tables is None or inputs.con is None:
-        return Evidence("unknown", "no store given (--db)")
-    if "slo_findings" not in tables:
-        return Evidence("unknown", "the SLO jobs have written no findings yet")
+    lacking = _lacks(inputs, "slo_findings", "the SLO jobs have written no findings yet")
+    if lacking:
+        return lacking
     wanted = set(params["signals"])
     firing = [
         f"{row['signal']} on {row['scope_id']}"
-        for row in open_findings(inputs.con).to_pylist()
+        for row in open_findings(_con(inputs)).to_pylist()
         if row["signal"] in wanted
     ]
     if firing:
@@ -115,12 +123,10 @@ def table_rows(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
 
 
 def drills_passed(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
-    tables = _tables(inputs)
-    if tables is None or inputs.con is None:
-        return Evidence("unknown", "no store given (--db)")
-    if "drills" not in tables:
-        return Evidence("unknown", "no drill run in the store (llmslo drill --db)")
-    rows = drills(inputs.con).to_pylist()
+    lacking = _lacks(inputs, "drills", "no drill run in the store (llmslo drill --db)")
+    if lacking:
+        return lacking
+    rows = drills(_con(inputs)).to_pylist()
     modes, faults = params.get("modes"), params.get("faults")
     if modes or faults:
         rows = [
@@ -140,12 +146,10 @@ def drills_passed(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
 
 
 def max_output_tokens(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
-    tables = _tables(inputs)
-    if tables is None or inputs.con is None:
-        return Evidence("unknown", "no store given (--db)")
-    if "requests" not in tables:
-        return Evidence("unknown", "the store holds no tap request records")
-    row = inputs.con.execute("SELECT max(completion_tokens), count(*) FROM requests").fetchone()
+    lacking = _lacks(inputs, "requests", "the store holds no tap request records")
+    if lacking:
+        return lacking
+    row = _con(inputs).execute("SELECT max(completion_tokens), count(*) FROM requests").fetchone()
     largest, count = (row[0], row[1]) if row else (None, 0)
     if not count or largest is None:
         return Evidence("unknown", "no completion token counts at the tap")
