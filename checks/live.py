@@ -114,19 +114,24 @@ def table_rows(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
     if tables is None or inputs.con is None:
         return Evidence("unknown", "no store given (--db)")
     table = str(params["table"])
+    # `empty`: what no rows mean — fail where rows must flow (GPU samples), unknown where
+    # they appear only once something happened (a flag raised, a verdict asked for)
+    empty = "fail" if params.get("empty") == "fail" else "unknown"
     if table not in tables:
-        return Evidence("fail", f"the store has no {table} table")
+        return Evidence(empty, f"the store has no {table} table")
     # the table name comes from rules.yaml (data we ship), checked against the store's list
     row = inputs.con.execute(f"SELECT count(*) FROM {table}").fetchone()
     rows = int(row[0]) if row else 0
-    return Evidence("pass" if rows else "fail", f"{rows} rows in {table}")
+    return Evidence("pass" if rows else empty, f"{rows} rows in {table}")
 
 
 def drills_passed(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
     lacking = _lacks(inputs, "drills", "no drill run in the store (llmslo drill --db)")
     if lacking:
         return lacking
-    rows = drills(_con(inputs)).to_pylist()
+    every = drills(_con(inputs)).to_pylist()
+    false_positives = sum(r["false_positives"] or 0 for r in every)
+    rows = [r for r in every if r["fault"]]  # the healthy control injects nothing
     modes, faults = params.get("modes"), params.get("faults")
     if modes or faults:
         rows = [
@@ -138,11 +143,11 @@ def drills_passed(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
             wanted = ", ".join([*(modes or ()), *(faults or ())])
             return Evidence("unknown", f"the last drill run has no {wanted} mode")
     missed = [r["mode"] for r in rows if not r["detected"]]
+    noise = f"; {false_positives} false positives"
     if missed:
-        return Evidence(
-            "fail", f"last run: {len(missed)}/{len(rows)} undetected: {', '.join(missed)}"
-        )
-    return Evidence("pass", f"last run: {len(rows)} modes, each detected")
+        undetected = f"{len(missed)}/{len(rows)} undetected: {', '.join(missed)}"
+        return Evidence("fail", f"last run: {undetected}{noise}")
+    return Evidence("pass", f"last run: {len(rows)} modes, each detected{noise}")
 
 
 def max_output_tokens(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
