@@ -14,7 +14,7 @@ from typing import Any
 
 import duckdb
 
-from checks.results import Evidence
+from checks.results import Evidence, Status
 from slo.queries import drills, open_findings, present_tables
 
 __all__ = ["LIVE_CHECKS", "LiveInputs"]
@@ -116,7 +116,7 @@ def table_rows(params: Mapping[str, Any], inputs: LiveInputs) -> Evidence:
     table = str(params["table"])
     # `empty`: what no rows mean — fail where rows must flow (GPU samples), unknown where
     # they appear only once something happened (a flag raised, a verdict asked for)
-    empty = "fail" if params.get("empty") == "fail" else "unknown"
+    empty: Status = "fail" if params.get("empty") == "fail" else "unknown"
     if table not in tables:
         return Evidence(empty, f"the store has no {table} table")
     # the table name comes from rules.yaml (data we ship), checked against the store's list

@@ -51,7 +51,9 @@ def register(subparsers: Any) -> None:
         "-f", "--filename", action="append", type=Path, default=[], metavar="PATH",
         help="manifest file or directory (multi-document YAML; kustomization.yaml followed); repeatable",
     )  # fmt: skip
-    parser.add_argument("--command", help="a plain engine command line instead of manifests")
+    parser.add_argument(
+        "--command", dest="engine_command", help="a plain engine command line instead of manifests"
+    )
     parser.add_argument("--image", default="", help="the image of --command (for its version)")
     parser.add_argument("--db", type=Path, help="llmslo's DuckDB store: the live evidence")
     parser.add_argument("--config", type=Path, help="llmslo/tap config YAML (tap limits)")
@@ -100,8 +102,8 @@ def _config(path: Path | None) -> dict[str, Any] | None:
 
 def _bundle(args: argparse.Namespace) -> Bundle:
     bundle = load_manifests(args.filename)
-    if args.command:
-        engine = parse_command(args.command, image=args.image)
+    if args.engine_command:
+        engine = parse_command(args.engine_command, image=args.image)
         if engine is None:
             bundle.problems.append("--command: no vLLM, SGLang or TRT-LLM command recognised")
         else:

@@ -70,3 +70,8 @@ def test_the_table_shows_seed_evidence_and_fix_of_a_failed_rule(tmp_path: Path, 
     assert "seed:   Turn on the batch fence" in text
     assert "no NaN check of logits before vLLM 0.10" in text
     assert "fix:    vLLM >= 0.10: env VLLM_COMPUTE_NANS_IN_LOGITS=1" in text
+
+
+def test_an_error_names_the_check_command(tmp_path: Path, capsys) -> None:
+    assert main(["check", "--command", "vllm serve m", "--config", str(tmp_path / "no.yaml")]) == 2
+    assert capsys.readouterr().err.startswith("llmslo check: --config")

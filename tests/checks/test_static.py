@@ -121,3 +121,19 @@ def test_a_flag_the_table_does_not_know_for_an_engine_is_unknown(tmp_path: Path)
     assert rules["D05-swap-recompute"]["static"]["status"] == "unknown"
     assert "no known preemption setting" in rules["D05-swap-recompute"]["static"]["evidence"]
     assert rules["D04-nan-detection"]["static"]["status"] == "fail"  # unsupported: no way on
+
+
+def test_a_manifest_shaped_unlike_kubernetes_gives_unknown_not_a_crash(tmp_path: Path) -> None:
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(
+        "kind: Deployment\nmetadata: {name: odd}\nspec:\n  template:\n    spec:\n"
+        "      terminationGracePeriodSeconds: 30s\n"
+        "      containers: [{name: vllm, image: 'vllm/vllm-openai:v0.11.0', lifecycle: x}]\n"
+        "---\nkind: HorizontalPodAutoscaler\nmetadata: {name: odd}\nspec: [not, a, map]\n",
+        encoding="utf-8",
+    )
+    _, rules = run_check(tmp_path, "-f", str(odd))
+    for rule in ("C02-drain-sigterm", "C01-autoscaler-cooldown"):
+        assert rules[rule]["static"]["status"] == "unknown"
+        assert "could not read the input" in rules[rule]["static"]["evidence"]
+    assert rules["D01-chunked-prefill"]["static"]["status"] == "pass"  # the rest still runs

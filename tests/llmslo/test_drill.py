@@ -19,6 +19,7 @@ from llmslo.cli import main
 from llmslo.drill.matrix import DrillProfile, DrillReport, run_drill
 from llmslo.drill.modes import MODES, DrillMode
 from llmslo.drill.report import render_markdown, write_drills
+from pipeline.store import Store
 from slo.queries import drills
 from tests.conftest import require_tool
 
@@ -156,8 +157,8 @@ def test_llmslo_check_reads_the_drill_rows_and_fails_the_chaos_drill_rule_on_a_m
 ) -> None:
     report, _ = drilled
     db = tmp_path / "drills.duckdb"
-    with duckdb.connect(str(db)) as con:
-        write_drills(con, report)
+    with Store(db) as store:
+        write_drills(store.con, report)
     out = tmp_path / "check.json"
     assert main(["check", "--db", str(db), "--rule", "C12", "--format", "json", "-o", str(out)])
     (rule,) = json.loads(out.read_text())["rules"]
