@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from checks.catalog import load_flags
 from checks.manifests import Bundle, EngineContainer
@@ -39,12 +39,18 @@ class Setting:
     """A feature's value in one engine container and how it was found."""
 
     value: str | None
-    explicit: bool
+    #: ``set`` (a flag or env var), ``default`` (nothing set), ``fixed`` (the engine has no
+    #: setting), ``unsupported`` (the release cannot do it)
+    how: Literal["set", "default", "fixed", "unsupported"]
     text: str
 
     @property
     def on(self) -> bool:
         return self.value not in _OFF
+
+    @property
+    def explicit(self) -> bool:
+        return self.how == "set"
 
 
 def _version_text(c: EngineContainer) -> str:
@@ -59,19 +65,19 @@ def engine_setting(c: EngineContainer, feature: str) -> Setting | None:
     entry = next((e for e in entries if e.holds(c.version)), entries[-1])
     head = f"{c.engine} {_version_text(c)}"
     if entry.unsupported:
-        return Setting("unsupported", False, f"{head}: {entry.unsupported}")
+        return Setting("unsupported", "unsupported", f"{head}: {entry.unsupported}")
     if entry.fixed is not None:
-        return Setting(entry.fixed, False, f"{head}: {entry.note or entry.fixed}")
+        return Setting(entry.fixed, "fixed", f"{head}: {entry.note or entry.fixed}")
     if entry.negate and entry.negate in c.flags:
-        return Setting("false", True, f"{head}: {entry.negate}")
+        return Setting("false", "set", f"{head}: {entry.negate}")
     if entry.flag and entry.flag in c.flags:
         value = c.flags[entry.flag]
         shown = f"{head}: {entry.flag} {value}"
-        return Setting("false" if value == entry.off_value else value, True, shown)
+        return Setting("false" if value == entry.off_value else value, "set", shown)
     if entry.env and entry.env in c.env:
-        return Setting(c.env[entry.env], True, f"{head}: {entry.env}={c.env[entry.env]}")
+        return Setting(c.env[entry.env], "set", f"{head}: {entry.env}={c.env[entry.env]}")
     what = entry.flag or entry.env or entry.negate
-    return Setting(entry.default, False, f"{head}: {what} not set, default {entry.default}")
+    return Setting(entry.default, "default", f"{head}: {what} not set, default {entry.default}")
 
 
 def _per_engine(inputs: StaticInputs, judge: Callable[[EngineContainer], Evidence]) -> Evidence:
@@ -129,8 +135,8 @@ def preemption_policy(params: Mapping[str, Any], inputs: StaticInputs) -> Eviden
         mode = engine_setting(c, "preemption_mode")
         if mode is None:
             return Evidence("unknown", f"{c.engine}: no known preemption setting")
-        fixed = not mode.explicit and "not set" not in mode.text
-        return Evidence("pass" if mode.explicit or fixed else "fail", mode.text)
+        # a policy the engine fixes (V1, SGLang: recompute) is chosen; a default is not
+        return Evidence("pass" if mode.how in ("set", "fixed") else "fail", mode.text)
 
     return _per_engine(inputs, judge)
 
