@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from api.errors import UnknownCohortError
 from pipeline.errors import QueryError
 from pipeline.units import DAY_MS
+from slo.queries import present_tables
 from slo.request_sources import source_filter
 from slo.rollups import outcome_class_sql
 from slo.spec.outcomes import OutcomeClasses
@@ -30,6 +31,7 @@ __all__ = [
     "LABEL_COLUMNS",
     "LATENCY_METRICS",
     "MAX_RANGE_MS",
+    "PREFIX_CACHE_METRIC",
     "RATE_METRICS",
     "Cohort",
     "CohortSamples",
@@ -77,6 +79,9 @@ RATE_METRICS = {
         "count(*) FILTER (WHERE itl_max_s IS NOT NULL)",
     ),
 }
+#: The judge's engine-side metric: the canary's prefix-cache hit rate against a share of the
+#: baseline's (hits / queries of the engines serving each cohort).
+PREFIX_CACHE_METRIC = "prefix_cache_hit_rate"
 #: Columns of ``requests`` a cohort may filter on (the only names ever put into SQL text).
 LABEL_COLUMNS = ("cohort", "model", "pool", "revision", "route", "tap_id", "tenant")
 #: Longest range a verdict may look at (31 days, in ms).
@@ -163,6 +168,9 @@ class CohortSamples:
     requests: int
     latency: dict[str, npt.NDArray[np.float64]]
     rates: dict[str, tuple[int, int]]
+    #: (prefix-cache hits, queries) the engines counted over the cohort's instances in the
+    #: range (tokens on vLLM ≥ 0.9 and SGLang); ``None`` without engine samples.
+    prefix_cache: tuple[int, int] | None = None
 
 
 def _existing_columns(con: duckdb.DuckDBPyConnection) -> set[str]:
@@ -247,8 +255,46 @@ def load_samples(
         for i, name in enumerate(RATE_METRICS)
     }
     return CohortSamples(
-        int(counts[0]), _latency_samples(con, where, params, options.max_samples), rates
+        int(counts[0]),
+        _latency_samples(con, where, params, options.max_samples),
+        rates,
+        _prefix_cache_counts(con, cohort, time_range, where, params),
     )
+
+
+def _prefix_cache_counts(
+    con: duckdb.DuckDBPyConnection,
+    cohort: Cohort,
+    time_range: TimeRange,
+    where: str,
+    params: list[object],
+) -> tuple[int, int] | None:
+    """Increase of the engines' prefix-cache hit and query counters over the instances that
+    served the cohort (its instance list, else those of its requests); resets handled."""
+    if "engine_samples" not in present_tables(con):
+        return None
+    instances = list(cohort.instances) or [
+        row[0]
+        for row in con.execute(
+            f"SELECT DISTINCT instance FROM requests WHERE {where}", params
+        ).fetchall()
+    ]
+    rows = con.execute(
+        """
+        WITH s AS (
+            SELECT signal, value, value - lag(value) OVER (
+                PARTITION BY instance, coalesce(engine, ''), metric, labels_json ORDER BY ts_ms
+            ) AS delta
+            FROM engine_samples
+            WHERE ts_ms >= ? AND ts_ms < ? AND list_contains(?, instance)
+              AND signal IN ('prefix_cache_hits', 'prefix_cache_queries')
+        )
+        SELECT signal, sum(CASE WHEN delta < 0 THEN value ELSE delta END)
+        FROM s WHERE delta IS NOT NULL GROUP BY signal""",
+        [time_range.start_ms, time_range.end_ms, instances],
+    ).fetchall()
+    counts = {signal: int(total or 0) for signal, total in rows}
+    return counts.get("prefix_cache_hits", 0), counts.get("prefix_cache_queries", 0)
 
 
 def _latency_samples(

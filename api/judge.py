@@ -19,7 +19,11 @@ Score (``WeightedSumScorer``): per group ``100·#Pass/(#Pass+#High+#Low)``, a gr
 scored metric counts 100, weighted by ``group_weights``. Overrides: ≥ 50 % Nodata →
 score 0 and ``inconclusive``; any critical metric not Pass → score 0 and ``fail``. The verdict
 then maps as §2.3: score ≥ pass → ``pass``, < marginal → ``fail``, between → ``inconclusive``.
-An optional SLO gate (the canary's burn rates and budget left) fails the verdict on its own.
+An optional SLO gate (the canary's burn rates and budget left) fails the verdict on its own,
+and so does ``prefix_cache_hit_rate`` Low: the canary's engines hit their prefix cache at
+less than ``prefix_cache_min_share`` (0.5) of the baseline's rate (hits / queries over the
+instances serving each cohort), the rollback threshold of a changed prefix hash or cache key.
+It is in no weighted group; without engine samples on either side it is not judged.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api._stats import proportion_shift, rank_shift
-from api.cohorts import LATENCY_METRICS, RATE_METRICS, CohortSamples
+from api.cohorts import LATENCY_METRICS, PREFIX_CACHE_METRIC, RATE_METRICS, CohortSamples
 
 __all__ = [
     "DEFAULT_METRICS",
@@ -91,6 +95,9 @@ DEFAULT_METRICS: dict[str, MetricConfig] = {
     "interruption_rate": _rate("errors", critical=True),
     "ghost_rate": _rate("waste"),
     "stall_rate": _rate("waste"),
+    # Scored in no weighted group: its Low fails the verdict on its own (the rollback
+    # threshold of a changed prefix hash), its Nodata counts like any other metric's.
+    PREFIX_CACHE_METRIC: MetricConfig(group="cache", direction="decrease"),
 }
 
 
@@ -131,11 +138,14 @@ class JudgeConfig(BaseModel):
     confidence: float = Field(0.98, gt=0.5, lt=1.0)
     #: Fewer requests than this on either side → ``inconclusive`` (insufficient_data).
     min_requests: int = Field(100, ge=1)
+    #: The canary's prefix-cache hit rate below this share of the baseline's is Low.
+    prefix_cache_min_share: float = Field(0.5, gt=0.0, le=1.0)
     slo_gate: SloGateConfig = Field(default_factory=SloGateConfig)
 
     @model_validator(mode="after")
     def _check(self) -> JudgeConfig:
         unknown = set(self.metrics) - set(LATENCY_METRICS) - set(RATE_METRICS)
+        unknown.discard(PREFIX_CACHE_METRIC)
         if unknown:
             raise ValueError(f"metrics: unknown metric(s) {sorted(unknown)}")
         if self.marginal_score > self.pass_score:
@@ -268,6 +278,30 @@ def _judge_rate(
     )
 
 
+def _judge_prefix_cache(
+    name: str,
+    cfg: MetricConfig,
+    c: tuple[int, int] | None,
+    b: tuple[int, int] | None,
+    min_share: float,
+) -> MetricResult:
+    """Low when the canary's hit rate is below ``min_share`` of the baseline's (seed 003 §8:
+    a changed hash or cache key); Nodata without enough queries or baseline hits."""
+    base = MetricResult(name, cfg.group, "Nodata", cfg.critical, c[1] if c else 0, b[1] if b else 0)
+    if c is None or b is None or c[1] < cfg.min_samples or b[1] < cfg.min_samples:
+        return _replace(base, reason=f"fewer than {cfg.min_samples} prefix-cache queries on a side")
+    p_c, p_b = c[0] / c[1], b[0] / b[1]
+    if p_b == 0:
+        return _replace(base, baseline=0.0, canary=p_c, reason="the baseline has no cache hits")
+    ratio = p_c / p_b
+    low = ratio < min_share
+    reason = f"canary hit rate {'<' if low else '>='} {min_share:g} x baseline's"
+    return _replace(
+        base, classification="Low" if low else "Pass", canary=p_c, baseline=p_b,
+        ratio=ratio, reason=reason,
+    )  # fmt: skip
+
+
 def _replace(result: MetricResult, **changes: Any) -> MetricResult:
     return replace(result, **changes)
 
@@ -300,8 +334,16 @@ def _slo_gate(config: SloGateConfig, state: SloGateInput | None) -> SloGateResul
 
 
 def _judge_metric(
-    name: str, cfg: MetricConfig, canary: CohortSamples, baseline: CohortSamples, conf: float
+    name: str,
+    cfg: MetricConfig,
+    canary: CohortSamples,
+    baseline: CohortSamples,
+    config: JudgeConfig,
 ) -> MetricResult:
+    conf = config.confidence
+    if name == PREFIX_CACHE_METRIC:
+        share = config.prefix_cache_min_share
+        return _judge_prefix_cache(name, cfg, canary.prefix_cache, baseline.prefix_cache, share)
     if name in LATENCY_METRICS:
         return _judge_latency(name, cfg, canary.latency[name], baseline.latency[name], conf)
     return _judge_rate(name, cfg, canary.rates[name], baseline.rates[name], conf)
@@ -333,6 +375,9 @@ def _decide(
         )
     if not gate.passed:
         return "fail", score, "slo_gate: " + "; ".join(gate.reasons)
+    cache_low = [r for r in results if r.name == PREFIX_CACHE_METRIC and r.classification == "Low"]
+    if cache_low:
+        return "fail", score, f"{PREFIX_CACHE_METRIC} Low: {cache_low[0].reason}{detail}"
     if failing_critical:
         return "fail", 0.0, "critical metric not Pass: " + ", ".join(failing_critical) + detail
     if score >= config.pass_score:
@@ -349,9 +394,13 @@ def judge(
     slo_state: SloGateInput | None = None,
 ) -> Verdict:
     """Judge a canary against its baseline (see the module docstring for the rules)."""
+    # A store without engine samples (taps only) has no prefix-cache evidence on either side:
+    # the metric does not apply there, rather than adding a Nodata to every verdict.
+    no_engines = canary.prefix_cache is None and baseline.prefix_cache is None
     results = [
-        _judge_metric(name, cfg, canary, baseline, config.confidence)
+        _judge_metric(name, cfg, canary, baseline, config)
         for name, cfg in sorted(config.metrics.items())
+        if not (no_engines and name == PREFIX_CACHE_METRIC)
     ]
     gate = _slo_gate(config.slo_gate, slo_state)
     requests = min(canary.requests, baseline.requests)

@@ -24,6 +24,7 @@ from llmslo import demo, run
 from llmslo.commands import (
     alerts,
     api,
+    check,
     collect,
     dashboard,
     dashboards,
@@ -55,6 +56,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     dashboard,
     dashboards,
     drill,
+    check,
 )
 
 Register = Callable[[Any], None]

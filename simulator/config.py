@@ -85,6 +85,11 @@ class EngineConfig(_Model):
         "request hits the prefix cache only when its prefix is held (what a locality router "
         "aims for); None: every request shares the pool's one system prompt, always cached",
     )
+    prefix_cache_broken: bool = Field(
+        default=False,
+        description="the prefix cache never hits (a release that changed the prefix hash or "
+        "cache key): queries are counted, hits stay at zero",
+    )
     honours_include_usage: bool = Field(
         default=True,
         description="send the usage chunk when a stream asks for it with "

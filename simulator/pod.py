@@ -292,8 +292,10 @@ class EnginePod:
         """Whether the prompt's prefix is in this pod's prefix cache (then cache it, LRU).
 
         Without ``engine.prefix_cache_prefixes`` every prompt shares the pool's one system
-        prompt, always cached. The key is the first message (chat) or the prompt, as the
+        prompt, always cached; with ``engine.prefix_cache_broken`` nothing is. The key is the first message (chat) or the prompt, as the
         gateway's locality router keys it."""
+        if self.config.engine.prefix_cache_broken:
+            return False
         capacity = self.config.engine.prefix_cache_prefixes
         if capacity is None:
             return True

@@ -9,14 +9,17 @@ against what the pipeline stored, not against the runner's own bookkeeping.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
 import pytest
 
+from llmslo.cli import main
 from llmslo.drill.matrix import DrillProfile, DrillReport, run_drill
 from llmslo.drill.modes import MODES, DrillMode
 from llmslo.drill.report import render_markdown, write_drills
+from pipeline.store import Store
 from slo.queries import drills
 from tests.conftest import require_tool
 
@@ -147,6 +150,22 @@ def test_the_report_lands_in_the_drills_table_the_dashboard_reads(
         r.detect_s for r in report.results if r.mode == "stall"
     )
     assert rows["healthy"]["false_positives"] == len(report.fleets[1].false_positives)
+
+
+def test_llmslo_check_reads_the_drill_rows_and_fails_the_chaos_drill_rule_on_a_miss(
+    drilled: tuple[DrillReport, Path], tmp_path: Path
+) -> None:
+    report, _ = drilled
+    db = tmp_path / "drills.duckdb"
+    with Store(db) as store:
+        write_drills(store.con, report)
+    out = tmp_path / "check.json"
+    assert main(["check", "--db", str(db), "--rule", "C12", "--format", "json", "-o", str(out)])
+    (rule,) = json.loads(out.read_text())["rules"]
+    assert rule["status"] == "fail"
+    missed = [r.mode for r in report.results if not r.detected]
+    assert rule["live"]["evidence"].startswith(f"last run: {len(missed)}/3 undetected: ")
+    assert "stall_unwatched" in rule["live"]["evidence"]
 
 
 def test_the_stall_alert_reached_alertmanager_right_after_its_finding(

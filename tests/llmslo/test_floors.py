@@ -15,6 +15,7 @@ FLOOR = {
     "simulator": 2,
     "slo": 2,
     "alerts": 3,
+    "checks": 3,
     "api": 3,
     "dashboards": 3,
     "llmslo": 4,
