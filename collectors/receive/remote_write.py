@@ -16,7 +16,7 @@ from collectors.receive._prompb import METADATA_TYPES, WriteRequest
 from collectors.receive.config import ReceiveLimits
 from collectors.receive.series import PushedBatch, PushedSeries, RefusedWrite, labels_refusal
 
-__all__ = ["decode_remote_write", "snappy_length"]
+__all__ = ["check_headers", "decode_remote_write", "snappy_length"]
 
 
 def snappy_length(body: bytes) -> int:
@@ -36,10 +36,11 @@ def snappy_length(body: bytes) -> int:
     raise RefusedWrite(400, "snappy", "no valid snappy length header")
 
 
-def decode_remote_write(
-    body: bytes, *, content_encoding: str, content_type: str, limits: ReceiveLimits
-) -> PushedBatch:
-    """The series of one remote-write body; series past a label bound are refused, counted."""
+def check_headers(content_encoding: str, content_type: str) -> None:
+    """Refuse (415) a write whose headers are not remote-write 1.0's, before reading its body.
+
+    Checked first so no other decoder (an HTTP server's gzip) ever sees the body.
+    """
     if content_encoding.strip().lower() != "snappy":
         raise RefusedWrite(
             415, "content_encoding", f"Content-Encoding must be snappy, not {content_encoding!r}"
@@ -50,6 +51,11 @@ def decode_remote_write(
             "content_type",
             f"Content-Type must be application/x-protobuf, not {content_type!r}",
         )
+
+
+def decode_remote_write(body: bytes, limits: ReceiveLimits) -> PushedBatch:
+    """The series of one snappy remote-write body (headers checked by :func:`check_headers`);
+    series past a label bound are refused and counted."""
     announced = snappy_length(body)
     if announced > limits.max_decompressed_bytes:
         raise RefusedWrite(

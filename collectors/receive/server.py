@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from collectors.receive.config import ReceiveConfig
 from collectors.receive.receiver import Receiver
-from collectors.receive.remote_write import decode_remote_write
+from collectors.receive.remote_write import check_headers, decode_remote_write
 from collectors.receive.series import PushedBatch, RefusedWrite
 from pipeline.publisher import PublishBuffer
 
@@ -26,6 +26,8 @@ __all__ = ["ReceiveMetrics", "receive_app"]
 log = logging.getLogger(__name__)
 
 WRITE_PATH = "/api/v1/write"
+# Read bodies in steps of this many bytes, counting them against the body bound.
+_READ_BYTES = 256 * 1024
 
 
 class ReceiveMetrics:
@@ -78,10 +80,17 @@ def receive_app(
         length = request.content_length
         if length is not None and length > limits.max_body_bytes:
             raise RefusedWrite(413, "body_size", f"body of {length} bytes")
-        body = await request.content.read(limits.max_body_bytes + 1)
-        if len(body) > limits.max_body_bytes:
-            raise RefusedWrite(413, "body_size", f"body over {limits.max_body_bytes} bytes")
-        return body
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async for piece in request.content.iter_chunked(_READ_BYTES):
+                size += len(piece)
+                if size > limits.max_body_bytes:
+                    raise RefusedWrite(413, "body_size", f"body over {limits.max_body_bytes} bytes")
+                parts.append(piece)
+        except web.HTTPException as exc:
+            raise RefusedWrite(400, "body", f"unreadable body: {exc}"[:200]) from exc
+        return b"".join(parts)
 
     def answer(door: str, status: int, reason: str | None, text: str = "") -> web.Response:
         metrics.requests.labels(door, str(status)).inc()
@@ -94,7 +103,7 @@ def receive_app(
         samples = batch.samples
         metrics.samples.labels(door).inc(samples)
         if buffer.max_rows - buffer.rows < samples:
-            return answer(door, 503, "bus_full", "publish buffer full: retry later")
+            return answer(door, 503, "bus_full", "bus_full: publish buffer full, retry later")
         report = receiver.ingest(batch)
         for reason, count in report.dropped.items():
             metrics.dropped.labels(reason).inc(count)
@@ -107,15 +116,14 @@ def receive_app(
 
     async def write(request: web.Request) -> web.Response:
         if not authorised(request):
-            return answer("remote_write", 401, "unauthorized", "missing or wrong bearer token")
+            return answer("remote_write", 401, "unauthorized", "unauthorized: missing or wrong bearer token")
         try:
-            body = await read_body(request)
-            batch = decode_remote_write(
-                body,
-                content_encoding=request.headers.get("Content-Encoding", ""),
-                content_type=request.headers.get("Content-Type", ""),
-                limits=limits,
+            check_headers(
+                request.headers.get("Content-Encoding", ""),
+                request.headers.get("Content-Type", ""),
             )
+            body = await read_body(request)
+            batch = decode_remote_write(body, limits)
         except RefusedWrite as exc:
             log.info("remote-write from %s refused: %s: %s", request.remote, exc.reason, exc)
             return answer("remote_write", exc.status, exc.reason, f"{exc.reason}: {exc}")
