@@ -83,6 +83,7 @@ class _Target:
         self.labels: dict[str, str] = {}
         self.families: list[Family] = []
         self.family_of: dict[str, int] = {}
+        self.histograms: set[str] = set()  # bases of the _bucket series (with le) seen
         self.relabel({})
 
     def relabel(self, labels: dict[str, str]) -> None:
@@ -125,15 +126,16 @@ class _Target:
         return known
 
 
-def _family_of(name: str, labels: dict[str, str], declared: dict[str, str]) -> tuple[str, str]:
-    """(family name, type) of a sample: what the sender declared, else what its name says."""
+def _family_of(name: str, declared: dict[str, str], histograms: set[str]) -> tuple[str, str]:
+    """(family name, type) of a sample: what the sender declared (remote-write metadata),
+    else what its name says (``histograms``: bases whose ``_bucket`` series carry ``le``)."""
     for suffix in ("_bucket", "_sum", "_count"):
         if name.endswith(suffix):
             base = name[: -len(suffix)]
             type_ = declared.get(base)
             if type_ in ("histogram", "gaugehistogram", "summary"):
                 return base, type_
-            if suffix == "_bucket" and "le" in labels:
+            if base in histograms:
                 return base, "histogram"
     if name in declared:
         return name, declared[name]
@@ -220,6 +222,9 @@ class Receiver:
                 )
                 self._last_ts.clear()
             self._last_ts[key] = last
+        if series.name.endswith("_bucket") and "le" in labels:
+            if len(target.histograms) < _MAX_FAMILIES_PER_TARGET:
+                target.histograms.add(series.name[: -len("_bucket")])
         if series.name == "up":
             target_labels = {
                 k: v for k, v in series.labels if k not in ("__name__", "job", "instance")
@@ -290,7 +295,7 @@ class Receiver:
                 report.drop("unmapped")
                 continue
             s = target.series_for(series.labels, name)
-            family_name, type_ = _family_of(name, dict(s.labels), declared)
+            family_name, type_ = _family_of(name, declared, target.histograms)
             out.family_index.append(target.family(family_name, type_))
             out.series.append(s)
             out.values.append(value)
