@@ -2,7 +2,8 @@
 
 Response codes follow the remote-write spec: ``204`` stored; ``4xx`` never retried, with the
 reason in the body (``401`` token, ``413`` a size bound, ``415`` wrong encoding or type,
-``400`` unreadable, or some series refused — the others are stored); ``503`` with
+``400`` unreadable, or some series refused — the others are stored; ``413`` also for a
+write of more samples than the whole publish buffer holds); ``503`` with
 ``Retry-After`` when the publish buffer cannot take the write (nothing of it was accepted, so
 the sender's retry stores it once). Every outcome is counted on ``/metrics``.
 """
@@ -102,7 +103,10 @@ def receive_app(
     def store(door: str, batch: PushedBatch) -> web.Response:
         samples = batch.samples
         metrics.samples.labels(door).inc(samples)
-        if buffer.max_rows - buffer.rows < samples:
+        if samples > buffer.max_rows:  # could never fit, even in an empty buffer
+            text = f"write_too_large: {samples} samples, more than receive.buffer_max_rows"
+            return answer(door, 413, "write_too_large", text)
+        if buffer.rows + samples > buffer.max_rows:
             return answer(door, 503, "bus_full", "bus_full: publish buffer full, retry later")
         report = receiver.ingest(batch)
         for reason, count in report.dropped.items():

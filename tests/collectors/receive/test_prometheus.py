@@ -21,8 +21,9 @@ import pytest
 from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from collectors.receive.config import ReceiveConfig
-from pipeline.broker import free_port
+from pipeline.broker import EmbeddedBroker, free_port
 from pipeline.bus import Bus
+from pipeline.config import BusConfig
 from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, RecordSchema
 from pipeline.store import Store
 from tests.collectors.receive.running import running_receiver
@@ -54,7 +55,15 @@ def fleet() -> Iterator[Any]:
 class Prometheus:
     """``/usr/bin/prometheus`` on loopback with a temporary config and TSDB."""
 
-    def __init__(self, binary: str, workdir: Path, targets: list[str], write_port: int) -> None:
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        targets: list[str],
+        write_port: int,
+        token: str | None = TOKEN,
+        max_samples_per_send: int = 2000,
+    ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.port = free_port()
@@ -64,10 +73,9 @@ class Prometheus:
             "remote_write": [
                 {
                     "url": f"http://127.0.0.1:{write_port}/api/v1/write",
-                    "authorization": {"credentials": TOKEN},
                     "queue_config": {
                         "batch_send_deadline": "500ms",
-                        "max_samples_per_send": 2000,
+                        "max_samples_per_send": max_samples_per_send,
                         "min_backoff": "100ms",
                         "max_backoff": "1s",
                     },
@@ -82,6 +90,8 @@ class Prometheus:
                 }
             ],
         }
+        if token is not None:
+            config["remote_write"][0]["authorization"] = {"credentials": token}
         (workdir / "prometheus.yml").write_text(json.dumps(config))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -241,3 +251,57 @@ def _last_values(rows: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], float]:
         if key not in last or ts > last[key][0]:
             last[key] = (ts, value)
     return {key: round(value, 9) for key, (_, value) in last.items()}
+
+
+def test_a_full_bus_answers_503_and_prometheus_retries_until_everything_is_stored_once(
+    fleet: Any, tmp_path: Path
+) -> None:
+    binary = require_tool("prometheus")
+    port = free_port()
+    broker = EmbeddedBroker(port=port, data_dir=tmp_path / "broker").start()
+    bus_config = BusConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix="r.")
+    config = ReceiveConfig(port=0, buffer_max_rows=1500, publish_timeout_s=2.0)
+    addresses = [urllib.parse.urlsplit(fleet.pods[0].url).netloc]
+    try:
+        with Bus(bus_config) as bus, running_receiver(bus, config) as service:
+            bus.ensure_topics()
+            assert service.port is not None
+            prometheus = Prometheus(
+                binary, tmp_path, addresses, service.port, token=None, max_samples_per_send=500
+            )
+            prometheus.start()
+            time.sleep(3.0)
+            broker.stop()  # Kafka gone: the buffer fills and writes are answered 503
+            deadline = time.monotonic() + 30
+            while _requests(service, "503") < 3 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert _requests(service, "503") >= 3
+            broker.start()
+            # Prometheus backs off and resends; the buffer drains
+            deadline = time.monotonic() + 40
+            while (
+                service.buffer.rows or _requests(service, "204") < 10
+            ) and time.monotonic() < deadline:
+                time.sleep(1.0)
+            assert service.buffer.rows < config.buffer_max_rows
+            scrapes = sum(
+                int(float(r["value"][1])) for r in prometheus.query("count_over_time(up[10m])")
+            )
+            prometheus.stop()
+            time.sleep(1.0)
+        with Bus(bus_config) as bus, Store(tmp_path / "llmslo.duckdb") as store:
+            ingest_until(bus, store, {"target_health": scrapes})
+            dup = store.con.execute(
+                "SELECT count(*) - count(DISTINCT (metric, labels_json, le, ts_ms))"
+                " FROM engine_samples"
+            ).fetchone()
+            assert dup == (0,)
+    finally:
+        broker.stop()
+
+
+def _requests(service: Any, code: str) -> float:
+    value = service.metrics.registry.get_sample_value(
+        "llmslo_receive_requests_total", {"door": "remote_write", "code": code}
+    )
+    return value or 0.0
