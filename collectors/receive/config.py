@@ -41,6 +41,9 @@ class ReceiveConfig(BaseModel):
 
     model_config = STRICT
 
+    enabled: bool = Field(
+        False, description="serve the receiver inside `llmslo run` (`llmslo receive` always does)"
+    )
     host: str = Field("127.0.0.1", description="listen address")
     port: FreePortOr = Field(9201, description="listen port (0 = any free port)")
     bearer_token: str | None = Field(

@@ -222,9 +222,9 @@ class Receiver:
                 )
                 self._last_ts.clear()
             self._last_ts[key] = last
-        if series.name.endswith("_bucket") and "le" in labels:
-            if len(target.histograms) < _MAX_FAMILIES_PER_TARGET:
-                target.histograms.add(series.name[: -len("_bucket")])
+        bucket = series.name.endswith("_bucket") and "le" in labels
+        if bucket and len(target.histograms) < _MAX_FAMILIES_PER_TARGET:
+            target.histograms.add(series.name[: -len("_bucket")])
         if series.name == "up":
             target_labels = {
                 k: v for k, v in series.labels if k not in ("__name__", "job", "instance")

@@ -120,7 +120,9 @@ def receive_app(
 
     async def write(request: web.Request) -> web.Response:
         if not authorised(request):
-            return answer("remote_write", 401, "unauthorized", "unauthorized: missing or wrong bearer token")
+            return answer(
+                "remote_write", 401, "unauthorized", "unauthorized: missing or wrong bearer token"
+            )
         try:
             check_headers(
                 request.headers.get("Content-Encoding", ""),

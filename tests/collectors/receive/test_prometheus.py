@@ -189,8 +189,8 @@ def test_prometheus_remote_write_matches_the_collector_and_survives_a_restart(
             f"SELECT {columns} FROM engine_samples WHERE signal NOT IN {DERIVED}"
         ).fetchall(),
         "gpu": store.con.execute(
-            f"SELECT instance, metric, signal, 'gauge', NULL, labels_json, ts_ms, value"
-            f" FROM gpu_samples"
+            "SELECT instance, metric, signal, 'gauge', NULL, labels_json, ts_ms, value"
+            " FROM gpu_samples"
         ).fetchall(),
     }
     # stored once: no series has two rows at one timestamp

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import math
 import struct
 
-from collectors.receive.config import ReceiveConfig
 from pipeline.bus import Bus
 from pipeline.store import Store
 from tests.collectors.receive.running import post, running_receiver, write_request
