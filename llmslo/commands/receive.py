@@ -9,6 +9,7 @@ from typing import Any
 
 from collectors.receive.config import ReceiveConfig
 from collectors.receive.service import ReceiveService
+from llmslo.commands.collect import outage_producer
 from llmslo.options import (
     add_common_options,
     add_subcommand,
@@ -65,13 +66,7 @@ def run_receive(args: argparse.Namespace) -> int:
         bus.ensure_topics()
 
         def make_producer() -> BusProducer:
-            return bus.producer(
-                max_block_ms=min(timeout_ms, 5000),
-                request_timeout_ms=min(timeout_ms, 5000),
-                delivery_timeout_ms=timeout_ms + 5000,
-                reconnect_backoff_max_ms=1000,
-                bootstrap_timeout_ms=min(timeout_ms, 5000),
-            )
+            return outage_producer(bus, timeout_ms)
 
         service = ReceiveService(receive, make_producer)
         service.run(stop)

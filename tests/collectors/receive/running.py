@@ -40,8 +40,8 @@ def write_request(series: list[tuple[Labels, list[tuple[int, float]]]]) -> bytes
         ts = request.timeseries.add()
         for name, value in sorted(labels.items()):
             ts.labels.add(name=name, value=value)
-        for ts_ms, value in samples:
-            ts.samples.add(value=value, timestamp=ts_ms)
+        for ts_ms, sample in samples:
+            ts.samples.add(value=sample, timestamp=ts_ms)
     return request.SerializeToString()
 
 

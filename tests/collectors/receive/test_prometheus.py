@@ -67,7 +67,7 @@ class Prometheus:
         self.binary = binary
         self.workdir = workdir
         self.port = free_port()
-        config = {
+        config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
             "scrape_configs": [{"job_name": "sim", "static_configs": [{"targets": targets}]}],
             "remote_write": [
