@@ -13,7 +13,9 @@ This package owns everything between an exporter's ``/metrics`` text and the ``e
 * :mod:`collectors.collector` / :mod:`collectors.discovery` — the scrape loop over static
   and file_sd targets, with per-target health;
 * ``llmslo collect`` and ``llmslo scrape`` are wired in ``llmslo/commands/collect.py``;
-* :mod:`collectors.tap` — the sidecar stream tap (its own subpackage and README).
+* :mod:`collectors.tap` — the sidecar stream tap (its own subpackage and README);
+* :mod:`collectors.receive` — Prometheus remote-write into the same records
+  (``llmslo receive``, ``docs/receivers.md``).
 
 See ``collectors/README.md`` for the dialect map format and how to add an engine.
 """

@@ -30,6 +30,8 @@ from alerts.config import AlertmanagerConfig
 from alerts.pusher import AlertPusher, restore_state
 from api import create_app
 from collectors.probe import ProbeSection
+from collectors.receive.config import ReceiveConfig
+from collectors.receive.service import ReceiveService
 from llmslo.api_server import ApiServer, api_config
 from llmslo.commands.probe import probe_until
 from llmslo.options import add_common_options, install_stop_handlers, print_json, resolve_config
@@ -185,6 +187,10 @@ class Pipeline:
         lake_dir = self.config.store.lake_dir
         if lake_dir is not None:
             workers["lake-export"] = lambda: self._export_lake(lake_dir)
+        receive = self.config.section("receive", ReceiveConfig)
+        if receive.enabled:  # Prometheus remote-write into this process's bus (section receive:)
+            service = ReceiveService(receive, self.bus.producer, registry=self.registry)
+            workers["receive"] = lambda: service.run(self._stopping)
         probes = self.config.section("probe", ProbeSection).targets
         if probes:  # the entry points in front of the taps (section probe:)
             workers["probe"] = lambda: probe_until(self.bus, probes, self._stopping)

@@ -17,6 +17,7 @@ from alerts.config import AlertmanagerConfig
 from api.service import ApiConfig
 from collectors.config import CollectConfig
 from collectors.probe import ProbeSection
+from collectors.receive.config import ReceiveConfig
 from collectors.tap.config import TapConfig
 from pipeline import config as spine_config
 from pipeline.config import LlmsloConfig, Sections
@@ -32,6 +33,7 @@ SECTIONS: Sections = MappingProxyType(
         "api": ApiConfig,
         "collect": CollectConfig,
         "probe": ProbeSection,
+        "receive": ReceiveConfig,
         "simulator": FleetConfig,
         "slo": JobsConfig,
         "tap": TapConfig,

@@ -20,7 +20,7 @@ from pipeline.bus import Bus, BusProducer
 from pipeline.errors import BusError
 from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
 
-__all__ = ["register"]
+__all__ = ["outage_producer", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +127,7 @@ def run_collect(args: argparse.Namespace) -> int:
         topics.join(5.0)
 
         def make_producer() -> BusProducer:
-            return bus.producer(
-                max_block_ms=min(timeout_ms, 5000),
-                request_timeout_ms=min(timeout_ms, 5000),
-                delivery_timeout_ms=timeout_ms + 5000,
-                reconnect_backoff_max_ms=1000,
-                bootstrap_timeout_ms=min(timeout_ms, 5000),
-            )
+            return outage_producer(bus, timeout_ms)
 
         buffer = PublishBuffer(
             collect.buffer_max_rows,
@@ -159,6 +153,18 @@ def run_collect(args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+def outage_producer(bus: Bus, timeout_ms: int) -> BusProducer:
+    """A producer for a component that rides out Kafka outages behind its publish buffer:
+    each call blocks at most ``min(timeout_ms, 5 s)`` and reconnects within a second."""
+    return bus.producer(
+        max_block_ms=min(timeout_ms, 5000),
+        request_timeout_ms=min(timeout_ms, 5000),
+        delivery_timeout_ms=timeout_ms + 5000,
+        reconnect_backoff_max_ms=1000,
+        bootstrap_timeout_ms=min(timeout_ms, 5000),
+    )
 
 
 def _ensure_topics(bus: Bus) -> None:

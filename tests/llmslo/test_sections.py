@@ -26,6 +26,7 @@ def test_every_package_section_is_in_the_table() -> None:
         "api",
         "collect",
         "probe",
+        "receive",
         "simulator",
         "slo",
         "tap",

@@ -1,0 +1,249 @@
+"""Benchmark: samples/s through the remote-write receiver into Kafka, vs the collector.
+
+A fleet of vLLM targets (8 engine cores each: gauges, counters and three 20-bucket
+histograms, vLLM's names) is written as Prometheus would: one sample per series per scrape,
+``max_samples_per_send`` (2,000 and 10,000) samples per snappy ``WriteRequest``, posted over
+loopback by a child process to a real receiver (:class:`collectors.receive.service.ReceiveService`)
+publishing to the embedded broker. The clock runs from the first post to the last sample
+acknowledged by Kafka. In the same run the real :class:`collectors.collector.Collector`
+scrapes the same volume, as exposition text from a child aiohttp server, into the same
+broker. Peak RSS is this process's (receiver or collector, each measured in a fresh child).
+
+    python bench/receive.py            # full
+    python bench/receive.py --quick    # < 60 s
+
+The last line is JSON: {"bench": "receive", "receive_2000_samples_per_s": …,
+"receive_10000_samples_per_s": …, "collect_samples_per_s": …, "…_peak_rss_mib": …}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import multiprocessing
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import snappy
+
+from collectors.collector import Collector
+from collectors.config import CollectConfig, TargetConfig
+from collectors.receive._prompb import WriteRequest
+from collectors.receive.config import ReceiveConfig
+from collectors.receive.service import ReceiveService
+from pipeline.broker import EmbeddedBroker, free_port
+from pipeline.bus import Bus
+from pipeline.config import BusConfig
+from pipeline.publisher import KafkaPublisher, PublishBuffer
+
+ENGINES = 8
+BUCKETS = [0.001 * 2**i for i in range(19)]
+GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"]
+COUNTERS = ["vllm:prompt_tokens_total", "vllm:generation_tokens_total"]
+HISTOGRAMS = [
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+]
+
+
+def target_series() -> list[tuple[str, dict[str, str], str]]:
+    """(name, labels, le or '') of one target's series."""
+    out = []
+    for engine in range(ENGINES):
+        labels = {"engine": str(engine), "model_name": "llama-3-8b"}
+        out += [(n, labels, "") for n in GAUGES + COUNTERS]
+        for h in HISTOGRAMS:
+            out += [(f"{h}_bucket", labels, repr(le)) for le in BUCKETS] + [
+                (f"{h}_bucket", labels, "+Inf"),
+                (f"{h}_sum", labels, ""),
+                (f"{h}_count", labels, ""),
+            ]
+    return out
+
+
+def exposition(round_: int) -> str:
+    lines = []
+    for name, labels, le in target_series():
+        text = ",".join(f'{k}="{v}"' for k, v in labels.items()) + (f',le="{le}"' if le else "")
+        lines.append(f"{name}{{{text}}} {round_ + 1}")
+    return "\n".join(lines) + "\n"
+
+
+def write_bodies(targets: int, rounds: int, per_request: int) -> list[bytes]:
+    """Snappy WriteRequests of ``per_request`` samples covering ``rounds`` scrapes."""
+    series = target_series()
+    bodies, request, count = [], WriteRequest(), 0
+    for r in range(rounds):
+        for t in range(targets):
+            for name, labels, le in series:
+                ts = request.timeseries.add()
+                pairs = {
+                    "__name__": name,
+                    "job": "vllm",
+                    "instance": f"10.0.{t // 250}.{t % 250}:8000",
+                }
+                pairs |= labels | ({"le": le} if le else {})
+                for k in sorted(pairs):
+                    ts.labels.add(name=k, value=pairs[k])
+                ts.samples.add(value=float(r + 1), timestamp=1_764_000_000_000 + r * 5000)
+                count += 1
+                if count == per_request:
+                    bodies.append(snappy.compress(request.SerializeToString()))
+                    request, count = WriteRequest(), 0
+    if count:
+        bodies.append(snappy.compress(request.SerializeToString()))
+    return bodies
+
+
+def _post_all(port: int, bodies: list[bytes], started: Any, done: Any) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf"}
+    started.set()
+    try:
+        for body in bodies:
+            while True:
+                conn.request("POST", "/api/v1/write", body=body, headers=headers)
+                response = conn.getresponse()
+                text = response.read()
+                if response.status != 503:
+                    if response.status != 204:
+                        print(f"write refused: {response.status} {text[:200]!r}", file=sys.stderr)
+                    break
+                time.sleep(0.05)
+    finally:
+        done.set()
+
+
+def bench_receive(bootstrap: str, per_request: int, samples: int, out: Any) -> None:
+    targets = max(1, min(50, samples // len(target_series())))
+    rounds = max(1, samples // (targets * len(target_series())))
+    bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=f"b{per_request}."))
+    bus.ensure_topics()
+    service = ReceiveService(ReceiveConfig(port=0, buffer_max_rows=2_000_000), bus.producer)
+    stop = threading.Event()
+    worker = threading.Thread(target=service.run, args=(stop,))
+    worker.start()
+    service.ready.wait(30)
+    bodies = write_bodies(targets, rounds, per_request)
+    total = targets * rounds * len(target_series())
+    started, done = multiprocessing.Event(), multiprocessing.Event()
+    sender = multiprocessing.Process(target=_post_all, args=(service.port, bodies, started, done))
+    sender.start()
+    started.wait(60)
+    t0 = time.perf_counter()
+    done.wait(600)
+    stop.set()
+    worker.join(600)  # drains the buffer to Kafka
+    elapsed = time.perf_counter() - t0
+    sender.join(30)
+    bus.stop()
+    out.put(
+        {
+            "samples": total,
+            "rows_published": service.published_rows,
+            "samples_per_s": total / elapsed,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+    )
+
+
+def _serve(port: int, targets: int, ready: Any) -> None:
+    from aiohttp import web
+
+    text = exposition(0)
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/{name}", handler)
+    ready.set()
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def bench_collect(bootstrap: str, samples: int, out: Any) -> None:
+    targets = max(1, min(50, samples // len(target_series())))
+    rounds = max(1, samples // (targets * len(target_series())))
+    port = free_port()
+    ready = multiprocessing.Event()
+    server = multiprocessing.Process(target=_serve, args=(port, targets, ready), daemon=True)
+    server.start()
+    ready.wait(30)
+    time.sleep(1.0)
+    bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix="bc."))
+    bus.ensure_topics()
+    buffer = PublishBuffer(2_000_000)
+    publisher = KafkaPublisher(bus.producer, buffer).start()
+    config = CollectConfig(
+        targets=[TargetConfig(url=f"127.0.0.1:{port}/t{i}") for i in range(targets)],
+        interval_s=0.001,
+        jitter_s=0.0,
+        timeout_s=30,
+        readiness_interval_s=0,
+    )
+    collector = Collector(config, buffer.put)
+    t0 = time.perf_counter()
+    asyncio.run(collector.run(rounds=rounds))
+    publisher.stop(drain_timeout_s=600)
+    elapsed = time.perf_counter() - t0
+    publisher.close()
+    server.terminate()
+    bus.stop()
+    total = targets * rounds * len(target_series())
+    out.put(
+        {
+            "samples": total,
+            "rows_published": publisher.published_rows,
+            "samples_per_s": total / elapsed,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+    )
+
+
+def _in_child(target: Any, *args: Any) -> dict[str, Any]:
+    out: Any = multiprocessing.Queue()
+    child = multiprocessing.Process(target=target, args=(*args, out))
+    child.start()
+    while child.is_alive() and out.empty():
+        time.sleep(0.2)
+    if out.empty():
+        raise SystemExit(f"{target.__name__} failed (exit code {child.exitcode})")
+    result = out.get()
+    child.join(60)
+    return dict(result)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="short run (< 60 s)")
+    args = parser.parse_args()
+    samples = 200_000 if args.quick else 1_000_000
+    result: dict[str, Any] = {"bench": "receive", "samples": samples}
+    with EmbeddedBroker() as broker:
+        for per_request in (2000, 10_000):
+            got = _in_child(bench_receive, broker.bootstrap_servers, per_request, samples)
+            print(f"receive, {per_request} samples/request: {got}")
+            result[f"receive_{per_request}_samples_per_s"] = round(got["samples_per_s"])
+            result[f"receive_{per_request}_peak_rss_mib"] = round(got["peak_rss_mib"], 1)
+            result[f"receive_{per_request}_rows_published"] = got["rows_published"]
+        got = _in_child(bench_collect, broker.bootstrap_servers, samples)
+        print(f"collect, same volume: {got}")
+        result["collect_samples_per_s"] = round(got["samples_per_s"])
+        result["collect_peak_rss_mib"] = round(got["peak_rss_mib"], 1)
+        result["collect_rows_published"] = got["rows_published"]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""What a decoded write holds, whatever its wire format: series with their samples.
+
+Both doors (remote-write, OTLP) decode into a :class:`PushedBatch`, which the
+:class:`collectors.receive.receiver.Receiver` turns into records. A request that cannot be
+read at all raises :class:`RefusedWrite` (with the HTTP status the sender gets); a series
+past a per-series bound is left out and counted in :attr:`PushedBatch.refused`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+
+from collectors.receive.config import ReceiveLimits
+from pipeline.errors import DecodeError
+
+__all__ = ["STALE_NAN_BITS", "PushedBatch", "PushedSeries", "RefusedWrite", "is_stale"]
+
+#: Prometheus' staleness marker: a NaN with this exact bit pattern ends a series.
+STALE_NAN_BITS = 0x7FF0000000000002
+_STALE = struct.pack("<Q", STALE_NAN_BITS)
+
+
+def is_stale(value: float) -> bool:
+    """Whether ``value`` is Prometheus' staleness marker (not any NaN: NaN is "no value")."""
+    return math.isnan(value) and struct.pack("<d", value) == _STALE
+
+
+class RefusedWrite(DecodeError):
+    """A write refused as a whole; ``status`` is the HTTP status the sender gets.
+
+    4xx: the sender must not retry (the body will never be accepted); 503: retry later.
+    """
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(reason, message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class PushedSeries:
+    """One series of a write: its name, labels (``__name__`` included, sorted) and samples.
+
+    ``samples`` are ``(timestamp_ms, value)``; ``family_type`` is the exposition type the
+    sender declared (``None``: not declared in this write).
+    """
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    samples: list[tuple[int, float]]
+    family_type: str | None = None
+
+
+@dataclass
+class PushedBatch:
+    """A decoded write: its series, family types it declared, and what was refused."""
+
+    series: list[PushedSeries] = field(default_factory=list)
+    family_types: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def refuse(self, reason: str, detail: str, count: int = 1) -> None:
+        """Count ``count`` series refused for ``reason``; keep the first few details."""
+        self.refused[reason] = self.refused.get(reason, 0) + count
+        if len(self.errors) < 5:
+            self.errors.append(f"{reason}: {detail}"[:300])
+
+    @property
+    def samples(self) -> int:
+        return sum(len(s.samples) for s in self.series)
+
+
+def labels_refusal(labels: tuple[tuple[str, str], ...], limits: ReceiveLimits) -> str | None:
+    """Why a series' labels are refused (``labels_per_series``, ``label_too_long``), or None."""
+    if len(labels) > limits.max_labels_per_series:
+        return "labels_per_series"
+    longest = limits.max_label_value_bytes
+    for name, value in labels:
+        if len(name) > longest or len(value) > longest:
+            return "label_too_long"
+    return None

@@ -1,0 +1,79 @@
+"""The receiver as a running service: HTTP door, receiver, publish buffer and Kafka publisher.
+
+Both ``llmslo receive`` and ``llmslo run`` (section ``receive`` with ``enabled: true``) run
+one :class:`ReceiveService`: :meth:`ReceiveService.run` serves until its stop event is set,
+then drains the buffer to Kafka (up to ``publish_timeout_s``) and closes the producer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from collectors.receive.config import ReceiveConfig
+from collectors.receive.receiver import Receiver
+from collectors.receive.server import ReceiveMetrics, receive_app
+from pipeline.bus import BusProducer
+from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
+
+__all__ = ["ReceiveService"]
+
+log = logging.getLogger(__name__)
+
+
+class ReceiveService:
+    """Serves ``config`` and publishes through ``producer_factory``'s producers."""
+
+    def __init__(
+        self,
+        config: ReceiveConfig,
+        producer_factory: Callable[[], BusProducer],
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = ReceiveMetrics(registry)
+        self.buffer = PublishBuffer(
+            config.buffer_max_rows, PublishMetrics("receive", self.metrics.registry)
+        )
+        self.receiver = Receiver(
+            self.buffer.put, max_tracked_series=config.limits.max_tracked_series
+        )
+        self._producer_factory = producer_factory
+        self.port: int | None = None  # the bound port, once serving
+        self.ready = threading.Event()
+        self.published_rows = 0
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set (blocking; call from a thread or the main thread)."""
+        publisher = KafkaPublisher(
+            self._producer_factory, self.buffer, publish_timeout_s=self.config.publish_timeout_s
+        ).start()
+        try:
+            asyncio.run(self._serve(stop))
+        finally:
+            publisher.stop(drain_timeout_s=self.config.publish_timeout_s)
+            publisher.close()
+            self.published_rows = publisher.published_rows
+
+    async def _serve(self, stop: threading.Event) -> None:
+        app = receive_app(self.config, self.receiver, self.buffer, self.metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.host, self.config.port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.config.port
+        log.info("receiving remote-write on http://%s:%d/api/v1/write", self.config.host, self.port)
+        self.ready.set()
+        try:
+            while not stop.is_set():
+                await asyncio.sleep(0.1)
+        finally:
+            await runner.cleanup()
