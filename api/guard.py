@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import AuthError, error_response
+from pipeline.errors import LlmsloError
 
 __all__ = [
     "BODY_RULES",
@@ -63,7 +64,7 @@ BODY_RULES = (
 _ANY = BodyRule("*", "", DEFAULT_MAX_BODY_BYTES, header_token=False)
 
 
-class _Refused(Exception):
+class _BodyRefused(LlmsloError):
     """The body is refused with ``status`` (internal to the guard)."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -109,7 +110,7 @@ class BodyGuard:
                 await self.app(scope, receive, send)
                 return
             body = await self._read(receive, headers, rule.max_bytes)
-        except _Refused as refused:
+        except _BodyRefused as refused:
             response = error_response(refused.status, str(refused), headers={"Connection": "close"})
             await response(scope, receive, send)
             return
@@ -122,13 +123,13 @@ class BodyGuard:
             self.authorize(authorization)
         except AuthError as exc:
             self.refused.labels(reason="token").inc()
-            raise _Refused(exc.status, str(exc)) from exc
+            raise _BodyRefused(exc.status, str(exc)) from exc
 
     async def _read(self, receive: Receive, headers: dict[str, str], cap: int) -> bytes | None:
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
             self.refused.labels(reason="too_large").inc()
-            raise _Refused(413, f"the body is larger than this route's {cap} bytes")
+            raise _BodyRefused(413, f"the body is larger than this route's {cap} bytes")
         chunks: list[bytes] = []
         size = 0
         try:
@@ -141,13 +142,13 @@ class BodyGuard:
                     size += len(chunk)
                     if size > cap:
                         self.refused.labels(reason="too_large").inc()
-                        raise _Refused(413, f"the body is larger than this route's {cap} bytes")
+                        raise _BodyRefused(413, f"the body is larger than this route's {cap} bytes")
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         return b"".join(chunks)
         except TimeoutError:
             self.refused.labels(reason="slow").inc()
-            raise _Refused(
+            raise _BodyRefused(
                 408, f"the body did not arrive within {self.body_timeout_s:g} s"
             ) from None
 

@@ -8,7 +8,8 @@ defined there, beside the code that raises it (module in parentheses)::
     ├── ConfigError                 a config file or SLO spec failed validation (message names the field path)
     │   └── UnknownFaultError       (simulator.faults) a fault name not in the catalogue
     ├── DecodeError                 a message, scrape or stream could not be decoded (hot paths count it, never raise)
-    │   └── UnknownSchemaError      the schema name or version in the headers is not one we know
+    │   ├── UnknownSchemaError      the schema name or version in the headers is not one we know
+    │   └── RefusedWrite            (collectors.receive.series) a remote-write body refused with its reason
     ├── BusError                    the Kafka bus or the embedded broker failed (start, connect, create topics)
     ├── StoreError                  DuckDB could not be opened or written
     ├── QueryError                  a read query's or API request's parameter is invalid (HTTP 400, names the parameter)
@@ -16,6 +17,7 @@ defined there, beside the code that raises it (module in parentheses)::
     ├── AuthError                   (api.errors) the bearer token is missing (HTTP 401) or wrong (HTTP 403)
     ├── ReadOnlyStoreError          (api.errors) a change was asked of a store opened read-only (HTTP 503)
     ├── UnknownVerdictError         (api.errors) no stored verdict has that id (HTTP 404)
+    ├── OverloadedError             (api.errors) a lane of the API is full: shed with 503 + Retry-After
     ├── FlagSourceError             (collectors.tap.degradation) the tap's flags source is unreachable now
     ├── ClientGone                  (collectors.tap.downstream) the tap's client disconnected or stopped reading
     ├── UpstreamError               (collectors.tap.upstream) the engine behind the tap failed the exchange
