@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -258,7 +260,7 @@ def test_a_full_bus_answers_503_and_prometheus_retries_until_everything_is_store
 ) -> None:
     binary = require_tool("prometheus")
     port = free_port()
-    broker = EmbeddedBroker(port=port, data_dir=tmp_path / "broker").start()
+    broker = EmbeddedBroker(port=port).start()
     bus_config = BusConfig(bootstrap_servers=broker.bootstrap_servers, topic_prefix="r.")
     config = ReceiveConfig(port=0, buffer_max_rows=1500, publish_timeout_s=2.0)
     addresses = [urllib.parse.urlsplit(fleet.pods[0].url).netloc]
@@ -271,12 +273,15 @@ def test_a_full_bus_answers_503_and_prometheus_retries_until_everything_is_store
             )
             prometheus.start()
             time.sleep(3.0)
-            broker.stop()  # Kafka gone: the buffer fills and writes are answered 503
+            # Kafka unresponsive (its process frozen, its log kept): the buffer fills and
+            # writes are answered 503
+            assert broker.pid is not None
+            os.kill(broker.pid, signal.SIGSTOP)
             deadline = time.monotonic() + 30
             while _requests(service, "503") < 3 and time.monotonic() < deadline:
                 time.sleep(0.5)
             assert _requests(service, "503") >= 3
-            broker.start()
+            os.kill(broker.pid, signal.SIGCONT)
             # Prometheus backs off and resends; the buffer drains
             deadline = time.monotonic() + 40
             while (
@@ -297,6 +302,8 @@ def test_a_full_bus_answers_503_and_prometheus_retries_until_everything_is_store
             ).fetchone()
             assert dup == (0,)
     finally:
+        if broker.pid is not None:
+            os.kill(broker.pid, signal.SIGCONT)
         broker.stop()
 
 
