@@ -10,7 +10,6 @@ be told apart by the data (label selectors) are marked for :func:`~api.cohorts.s
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,21 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from api.cohorts import MAX_RANGE_MS, Cohort, TimeRange
 from pipeline.errors import QueryError
-from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS
+from pipeline.units import DAY_MS
+from slo import windows
 
 __all__ = ["ParsedRequest", "VerdictParams", "parse_duration_ms", "parse_params"]
 
-_DURATION = re.compile(r"^(\d{1,7})(ms|s|m|h|d)$")
-_UNIT_MS = {"ms": 1, "s": SECOND_MS, "m": MINUTE_MS, "h": HOUR_MS, "d": DAY_MS}
 _NAME = Field(default=None, max_length=253)
 
 
 def parse_duration_ms(text: str) -> int:
-    """``"5m"`` → 300000. Units ms, s, m, h, d; at most 31 days; raises ValueError otherwise."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 1d")
-    duration_ms = int(match[1]) * _UNIT_MS[match[2]]
+    """A duration in the one grammar (``slo.windows.parse_duration_ms``), at most 31 days."""
+    duration_ms = windows.parse_duration_ms(text)
     if duration_ms > MAX_RANGE_MS:
         raise ValueError(f"{text!r} is longer than {MAX_RANGE_MS // DAY_MS} days")
     return duration_ms

@@ -34,15 +34,20 @@ __all__ = [
 #: Where the shipped catalogs live: ``google-30d.yaml``, ``google-28d.yaml``, ``google-7d.yaml``.
 CATALOG_DIR = Path(__file__).parent / "windows"
 
-_UNITS_MS = {"s": SECOND_MS, "m": MINUTE_MS, "h": HOUR_MS, "d": DAY_MS, "w": 7 * DAY_MS}
-_DURATION = re.compile(r"^(\d+)([smhdw])$")
+_UNITS_MS = {"ms": 1, "s": SECOND_MS, "m": MINUTE_MS, "h": HOUR_MS, "d": DAY_MS, "w": 7 * DAY_MS}
+_DURATION = re.compile(r"^(\d{1,9})(ms|s|m|h|d|w)$")
 
 
 def parse_duration_ms(text: str) -> int:
-    """``"5m"`` → 300000. Accepts one integer and one unit of s, m, h, d, w; raises ValueError."""
+    """``"5m"`` → 300000. One positive integer and one unit of ms, s, m, h, d, w; raises ValueError.
+
+    The one duration grammar of specs, CLI options and URL parameters (callers add their own
+    bounds, as the read API caps ranges)."""
     match = _DURATION.match(text.strip()) if isinstance(text, str) else None
-    if not match or int(match.group(1)) <= 0:
+    if not match:
         raise ValueError(f"not a duration like 5m, 1h or 30d: {text!r}")
+    if int(match.group(1)) == 0:
+        raise ValueError(f"a duration must be longer than zero: {text!r}")
     return int(match.group(1)) * _UNITS_MS[match.group(2)]
 
 

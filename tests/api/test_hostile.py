@@ -47,7 +47,7 @@ def assert_nothing_changed(store) -> None:
         ({"baseline_instances": CANARY}, 400, "same requests"),
         ({"window": "5 minutes"}, 400, "window"),
         ({"window": "9999999d"}, 400, "31 days"),
-        ({"window": "0s"}, 400, "end must be after start"),
+        ({"window": "0s"}, 400, "longer than zero"),
         ({"at": "yesterday"}, 400, "RFC 3339"),
         ({"at": "2026-08-20T10:05:00"}, 400, "time zone"),
         ({"start": "2026-08-20T10:05:00Z", "end": "2026-08-20T10:00:00Z"}, 400, "after start"),
