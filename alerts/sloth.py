@@ -33,6 +33,7 @@ from alerts.model import SLOTH_LABELS, WINDOW_PLACEHOLDER, RuleModel, RuleSlo
 from pipeline.errors import ConfigError
 from slo.naming import alert_name
 from slo.spec import format_spec_error
+from slo.spec.document import unique_names
 from slo.spec.formats.sloth_k8s import CRD_NAMES, sloth_crd_body
 from slo.windows import known_periods, load_catalog
 
@@ -164,12 +165,7 @@ class SlothDocument(_Spec):
     @field_validator("slos")
     @classmethod
     def _unique(cls, value: list[_Slo]) -> list[_Slo]:
-        seen: set[str] = set()
-        for index, slo in enumerate(value):
-            if slo.name in seen:
-                raise ValueError(f"slos[{index}].name {slo.name!r} is used twice")
-            seen.add(slo.name)
-        return value
+        return unique_names(value)
 
 
 def is_sloth(raw: Any) -> bool:

@@ -24,7 +24,7 @@ Shape (see ``config/slo.example.yaml``)::
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -334,6 +334,14 @@ class SloSpec(_Spec):
         return self
 
 
+class _HasName(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_Named = TypeVar("_Named", bound=_HasName)
+
+
 class SloDocument(_Spec):
     """A whole spec file."""
 
@@ -352,12 +360,17 @@ class SloDocument(_Spec):
     @field_validator("slos")
     @classmethod
     def _unique_names(cls, value: list[SloSpec]) -> list[SloSpec]:
-        seen: set[str] = set()
-        for index, slo in enumerate(value):
-            if slo.name in seen:
-                raise ValueError(f"slos[{index}].name {slo.name!r} is used twice")
-            seen.add(slo.name)
-        return value
+        return unique_names(value)
+
+
+def unique_names(slos: list[_Named]) -> list[_Named]:
+    """``slos`` unchanged, or ValueError naming the first SLO whose name is used twice."""
+    seen: set[str] = set()
+    for index, slo in enumerate(slos):
+        if slo.name in seen:
+            raise ValueError(f"slos[{index}].name {slo.name!r} is used twice")
+        seen.add(slo.name)
+    return slos
 
 
 def format_spec_error(exc: ValidationError, source: str) -> str:
