@@ -1,7 +1,9 @@
 """Encode and decode record batches for the Kafka bus.
 
-Our producers send Arrow IPC streams (fast, typed); third-party producers may send JSON
-(one object or an array of objects). Either way two headers travel with the message:
+Our producers send Arrow IPC streams (fast, typed), except the stream tap, which sends JSON
+arrays (:class:`pipeline.publisher.JsonRows`) so that a sidecar never loads pyarrow;
+third-party producers may send JSON too (one object or an array of objects). Both decode to
+the same table. Either way two headers travel with the message:
 
 * ``llmslo-schema``: the schema name and version, e.g. ``engine_sample.v1``;
 * ``content-type``: ``application/vnd.apache.arrow.stream`` or ``application/json``.
