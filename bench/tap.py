@@ -13,6 +13,14 @@ generator. Phases, each with 256 concurrent streams in a closed loop:
    process used per chunk (independent of how busy the machine is; 1e6 / it = chunks/s one
    free core could carry).
 
+3. Footprint: ``llmslo tap`` itself, as a sidecar runs it (its own process, publishing to
+   Kafka: the embedded broker, whose own RSS is not counted), warmed and then at the
+   streams of phase 1: its peak RSS ``tap_command_rss_mib`` (idle:
+   ``tap_command_idle_rss_mib``; ``tap_command_published_rows`` proves Kafka was on) beside
+   nginx's peak RSS (master + worker) in phase 1's nginx rounds (the same load), and
+   ``tap_to_nginx_rss``. (``tap_rss_mib``
+   is the in-process tap of phase 1, without Kafka.)
+
 ``tap_cpu_us_per_chunk_ttft`` is the same for the tap's TTFT phases: one event per read and
 per write, request overheads included (20 token chunks per request) — the case that sets
 the tap's added latency on a shared core.
@@ -208,6 +216,114 @@ http {{
     )
 
 
+# ---------------------------------------------------------------- footprint
+def start_tap_command(port: int, upstream: str, bootstrap: str) -> subprocess.Popen[str]:
+    """``llmslo tap`` as a sidecar runs it: its own process, publishing to Kafka."""
+    command = [sys.executable, "-m", "llmslo", "tap", "--listen", f"127.0.0.1:{port}"]
+    command += ["--upstream", upstream, "--bootstrap-servers", bootstrap]
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    tap = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert tap.stdout is not None
+    banner = json.loads(tap.stdout.readline() or "{}")
+    if banner.get("tap") != "listening":
+        raise SystemExit(f"llmslo tap did not start: {banner}")
+    return tap
+
+
+def rss_bytes(pid: int) -> int:
+    """RSS of a process and its children (nginx: master and worker)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    return sum(int(p.memory_info().rss) for p in (proc, *proc.children(recursive=True)))
+
+
+def peak_rss(pids: list[int], duration_s: float) -> Any:
+    """A ``during`` for :func:`load`: the highest RSS sampled from a quarter of the phase on."""
+
+    def sample() -> int:
+        time.sleep(duration_s / 4)
+        peak, stop_at = 0, time.monotonic() + duration_s * 0.6
+        while time.monotonic() < stop_at:
+            peak = max(peak, sum(rss_bytes(pid) for pid in pids))
+            time.sleep(0.2)
+        return peak
+
+    return sample
+
+
+def published_rows(bootstrap: str) -> int:
+    """Request records on the broker's ``requests`` topic (decoded, so they are whole)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from pipeline.codec import decode_message
+    from pipeline.schema import REQUEST_RECORDS
+
+    topic = "llmslo." + REQUEST_RECORDS.topic
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        rows, quiet_until = 0, time.monotonic() + 3.0
+        while time.monotonic() < quiet_until:
+            for messages in consumer.poll(timeout_ms=500).values():
+                quiet_until = time.monotonic() + 1.0
+                for message in messages:
+                    rows += decode_message(message.value, message.headers).table.num_rows
+        return rows
+    finally:
+        consumer.close()
+
+
+def footprint(ctx: Any, upstream: str, nginx_rss: int | None, args: Any) -> dict[str, Any]:
+    """RSS of ``llmslo tap`` (Kafka on) at ``args.streams`` open streams, under the TTFT
+    phases' load (20 tokens at 100 ms), beside nginx's peak RSS in those phases."""
+    from pipeline.broker import EmbeddedBroker
+
+    duration_s = 3.0 if args.quick else 12.0
+    port = free_port()
+    broker = EmbeddedBroker().start()  # its own process: its RSS is not the tap's
+    tap = start_tap_command(port, upstream, broker.bootstrap_servers)
+    try:
+        idle = rss_bytes(tap.pid)
+        url = f"http://127.0.0.1:{port}"
+        load(ctx, url, args.streams, 0.5 if args.quick else 2.0, 8, 20)  # warm: pools, first use
+        res = load(
+            ctx,
+            url,
+            args.streams,
+            duration_s,
+            TTFT_TOKENS,
+            TTFT_GAP_MS,
+            during=peak_rss([tap.pid], duration_s),
+        )
+        figures: dict[str, Any] = {
+            "tap_command_idle_rss_mib": round(idle / 2**20, 1),
+            "tap_command_rss_mib": round(res["sampled"] / 2**20, 1),
+            "tap_command_errors": res["errors"],
+        }
+    finally:
+        tap.terminate()  # publishes what is pending before it exits
+        tap.wait(timeout=30)
+    try:
+        figures["tap_command_published_rows"] = published_rows(broker.bootstrap_servers)
+    finally:
+        broker.stop()
+    figures["nginx_rss_mib"] = None if nginx_rss is None else round(nginx_rss / 2**20, 1)
+    figures["tap_to_nginx_rss"] = (
+        None if not nginx_rss else round(figures["tap_command_rss_mib"] * 2**20 / nginx_rss, 1)
+    )
+    print(
+        f"footprint at {args.streams} streams: llmslo tap {figures['tap_command_rss_mib']} MiB "
+        f"(idle {figures['tap_command_idle_rss_mib']} MiB, "
+        f"{figures['tap_command_published_rows']} request records to Kafka), "
+        f"nginx {figures['nginx_rss_mib']} MiB, ratio {figures['tap_to_nginx_rss']}",
+        flush=True,
+    )
+    return figures
+
+
 # ---------------------------------------------------------------- load generator process
 def run_load(
     url: str, streams: int, duration_s: float, tokens: int, gap_ms: float, out: Any
@@ -377,6 +493,7 @@ def main() -> None:
         tap_procs = {"tap": tap_proc} | (
             {"baseline": psutil.Process(baseline.pid)} if baseline is not None else {}
         )
+        nginx_peak = peak_rss([nginx.pid], phase_s) if nginx else None  # for the footprint
         rounds: list[dict[str, dict[str, Any]]] = []
         open_rss = idle_rss
         ttft_cpu_s = dict.fromkeys(tap_procs, 0.0)
@@ -387,7 +504,7 @@ def main() -> None:
             shift = index % len(proxies)  # no proxy always runs right after the direct phase
             for name in ["direct", *proxies[shift:], *proxies[:shift]]:
                 url = modes[name]
-                during = rss_mid_phase if name == "tap" else None
+                during = {"tap": rss_mid_phase, "nginx": nginx_peak}.get(name)
                 proc = tap_procs.get(name)
                 cpu_before = sum(proc.cpu_times()[:2]) if proc else 0.0
                 this[name] = load(
@@ -438,6 +555,8 @@ def main() -> None:
             "nginx_added_ttft_p50_ms": added("nginx", 0.5),
             "kib_per_stream": round(max(open_rss - idle_rss, 0) / args.streams / 1024, 1),
         }
+        nginx_rss = max(r["nginx"]["sampled"] for r in rounds) if nginx else None
+        summary |= footprint(ctx, direct, nginx_rss, args)
         if baseline is not None:
             summary["baseline_added_ttft_p50_ms"] = added("baseline", 0.5)
             summary["baseline_added_ttft_p99_ms"] = added("baseline", 0.99)

@@ -3,7 +3,9 @@
 How a command group joins: a module under ``llmslo/commands/`` (or ``llmslo/run.py``,
 ``llmslo/demo.py``) defines ``register(subparsers) -> None``, which adds its subcommands with
 :func:`llmslo.options.add_subcommand` and sets ``handler=`` (``handler(args) -> int``) on each,
-and is listed in :data:`COMMAND_MODULES`. Nothing registers itself on import; config
+and each of its commands is listed in :data:`COMMAND_MODULES` (imported only when that
+command runs, so a sidecar's process holds only what it uses). Nothing registers itself on
+import; config
 sections are the explicit table of :mod:`llmslo.sections`. ``main(argv) -> int`` so tests
 call it directly; the console script ``llmslo`` and ``python -m llmslo`` call
 :func:`console_main`.
@@ -12,53 +14,48 @@ call it directly; the console script ``llmslo`` and ``python -m llmslo`` call
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Sequence
-from types import ModuleType
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
-from llmslo import demo, run
-from llmslo.commands import (
-    alerts,
-    api,
-    check,
-    collect,
-    dashboard,
-    dashboards,
-    drill,
-    probe,
-    receive,
-    rules,
-    sim,
-    slo,
-    spine,
-    tap,
-)
 from pipeline.errors import LlmsloError
 
 __all__ = ["COMMAND_MODULES", "build_parser", "console_main", "main"]
 
-#: Modules whose ``register(subparsers)`` adds subcommands, in help order.
-COMMAND_MODULES: tuple[ModuleType, ...] = (
-    demo,
-    run,
-    spine,
-    tap,
-    collect,
-    receive,
-    probe,
-    sim,
-    slo,
-    rules,
-    alerts,
-    api,
-    dashboard,
-    dashboards,
-    drill,
-    check,
+#: Each command → the module whose ``register(subparsers)`` adds it, in help order. The
+#: module is imported only when its command runs (or for ``--help`` of the whole CLI): a tap
+#: sidecar must not pay for the store, the API and the SLO maths it never uses.
+COMMAND_MODULES: Mapping[str, str] = MappingProxyType(
+    {
+        "demo": "llmslo.demo",
+        "run": "llmslo.run",
+        "broker": "llmslo.commands.spine",
+        "ingest": "llmslo.commands.spine",
+        "lake": "llmslo.commands.spine",
+        "config": "llmslo.commands.spine",
+        "tables": "llmslo.commands.spine",
+        "tap": "llmslo.commands.tap",
+        "collect": "llmslo.commands.collect",
+        "scrape": "llmslo.commands.collect",
+        "receive": "llmslo.commands.receive",
+        "probe": "llmslo.commands.probe",
+        "sim": "llmslo.commands.sim",
+        "load": "llmslo.commands.sim",
+        "slo": "llmslo.commands.slo",
+        "jobs": "llmslo.commands.slo",
+        "rules": "llmslo.commands.rules",
+        "alerts": "llmslo.commands.alerts",
+        "api": "llmslo.commands.api",
+        "dashboard": "llmslo.commands.dashboard",
+        "dashboards": "llmslo.commands.dashboards",
+        "drill": "llmslo.commands.drill",
+        "check": "llmslo.commands.check",
+    }
 )
 
 Register = Callable[[Any], None]
@@ -77,8 +74,17 @@ EPILOG = textwrap.dedent(
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser with every registered subcommand."""
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word not an option), if it is a known one."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMAND_MODULES else None
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv`` naming a command, only that command's module is imported
+    (and registered), else every command is (``llmslo --help``, an unknown command)."""
     parser = argparse.ArgumentParser(
         prog="llmslo",
         description="SLO and observability pipeline for LLM inference fleets.",
@@ -89,15 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)"
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMAND_MODULES:
-        register: Register = module.register
+    command = None if argv is None else _command_of(argv)
+    wanted = [COMMAND_MODULES[command]] if command else COMMAND_MODULES.values()
+    for path in dict.fromkeys(wanted):
+        register: Register = importlib.import_module(path).register
         register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; returns the process exit status."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -9,34 +9,54 @@ modules live in ``llmslo/``) accepts and rejects exactly what ``llmslo config va
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
-from alerts.config import AlertmanagerConfig
-from api.service import ApiConfig
-from collectors.config import CollectConfig
-from collectors.probe import ProbeSection
-from collectors.receive.config import ReceiveConfig
-from collectors.tap.config import TapConfig
-from pipeline import config as spine_config
-from pipeline.config import LlmsloConfig, Sections
-from simulator.config import FleetConfig
-from slo.jobs import JobsConfig
+from pydantic import BaseModel
 
-__all__ = ["SECTIONS", "load_config", "parse_config"]
+from pipeline import config as spine_config
+from pipeline.config import LlmsloConfig
+
+__all__ = ["SECTIONS", "SectionTable", "load_config", "parse_config"]
+
+
+class SectionTable(Mapping[str, type[BaseModel]]):
+    """Section name → its model, imported from ``"module:Class"`` only when looked up.
+
+    The names are known without importing anything (an unknown section is an error in every
+    process); a model is imported when a file has its section or a component asks for it.
+    So a tap loading a config with only ``tap`` and ``bus`` never imports the SLO jobs' or the
+    API's models, and the packages behind them (scipy, FastAPI).
+    """
+
+    def __init__(self, paths: Mapping[str, str]) -> None:
+        self._paths = dict(paths)
+
+    def __getitem__(self, name: str) -> type[BaseModel]:
+        module, _, attr = self._paths[name].partition(":")
+        model: type[BaseModel] = getattr(importlib.import_module(module), attr)
+        return model
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
 
 #: Top-level section name → the pydantic model that validates it (besides the spine's own).
-SECTIONS: Sections = MappingProxyType(
+SECTIONS = SectionTable(
     {
-        "alertmanager": AlertmanagerConfig,
-        "api": ApiConfig,
-        "collect": CollectConfig,
-        "probe": ProbeSection,
-        "receive": ReceiveConfig,
-        "simulator": FleetConfig,
-        "slo": JobsConfig,
-        "tap": TapConfig,
+        "alertmanager": "alerts.config:AlertmanagerConfig",
+        "api": "api.service:ApiConfig",
+        "collect": "collectors.config:CollectConfig",
+        "probe": "collectors.probe:ProbeSection",
+        "receive": "collectors.receive.config:ReceiveConfig",
+        "simulator": "simulator.config:FleetConfig",
+        "slo": "slo.jobs:JobsConfig",
+        "tap": "collectors.tap.config:TapConfig",
     }
 )
 

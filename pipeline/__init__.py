@@ -17,28 +17,47 @@ Every other package builds on these public names and nothing else of this packag
 * :mod:`pipeline.errors`: the exception tree rooted at ``LlmsloError``.
 """
 
-from pipeline.broker import EmbeddedBroker
-from pipeline.bus import Bus, BusProducer
-from pipeline.codec import decode_message, encode_arrow, encode_json, headers_for
-from pipeline.config import LlmsloConfig, format_validation_error, load_config
-from pipeline.errors import (
-    BusError,
-    ConfigError,
-    DecodeError,
-    LlmsloError,
-    StoreError,
-    UnknownSchemaError,
-)
-from pipeline.ingest import Ingester
-from pipeline.schema import (
-    ALERTS,
-    ENGINE_SAMPLES,
-    FLAG_TRANSITIONS,
-    GPU_SAMPLES,
-    REQUEST_RECORDS,
-    RecordSchema,
-)
-from pipeline.store import Store
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EmbeddedBroker": "broker",
+    "Bus": "bus",
+    "BusProducer": "bus",
+    "decode_message": "codec",
+    "encode_arrow": "codec",
+    "encode_json": "codec",
+    "headers_for": "codec",
+    "LlmsloConfig": "config",
+    "format_validation_error": "config",
+    "load_config": "config",
+    "BusError": "errors",
+    "ConfigError": "errors",
+    "DecodeError": "errors",
+    "LlmsloError": "errors",
+    "StoreError": "errors",
+    "UnknownSchemaError": "errors",
+    "Ingester": "ingest",
+    "ALERTS": "schema",
+    "ENGINE_SAMPLES": "schema",
+    "FLAG_TRANSITIONS": "schema",
+    "GPU_SAMPLES": "schema",
+    "REQUEST_RECORDS": "schema",
+    "RecordSchema": "schema",
+    "Store": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import public names lazily: a process that only publishes (a tap, a collector) must not
+    load DuckDB and the ingester because it imported :mod:`pipeline.errors`."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"pipeline.{module}"), name)
+
 
 __all__ = [
     "ALERTS",

@@ -23,10 +23,15 @@ reported as ``corrupt_arrow`` rather than waved through.
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
+from pipeline._lazy import on_first_use
 from pipeline.errors import DecodeError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = on_first_use("pyarrow")
 
 __all__ = ["check_decoded_size", "decoded_size"]
 

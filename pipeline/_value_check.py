@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
+from pipeline._lazy import on_first_use
 from pipeline.errors import DecodeError
 from pipeline.schema import RecordSchema, ValueRule, value_rules
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+else:
+    pa = on_first_use("pyarrow")
+    pc = on_first_use("pyarrow.compute")
 
 __all__ = ["check_values"]
 

@@ -13,20 +13,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from pipeline._lazy import on_first_use
 from pipeline.broker import EmbeddedBroker
 from pipeline.codec import encode_arrow, headers_for
 from pipeline.config import BusConfig, secret_from_env
 from pipeline.errors import BusError
 from pipeline.schema import RecordSchema, iter_schemas
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+else:
+    np = on_first_use("numpy")
+    pa = on_first_use("pyarrow")
+    pc = on_first_use("pyarrow.compute")
 
 __all__ = [
     "DEADLETTER_TOPIC",

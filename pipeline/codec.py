@@ -1,7 +1,9 @@
 """Encode and decode record batches for the Kafka bus.
 
-Our producers send Arrow IPC streams (fast, typed); third-party producers may send JSON
-(one object or an array of objects). Either way two headers travel with the message:
+Our producers send Arrow IPC streams (fast, typed), except the stream tap, which sends JSON
+arrays (:class:`pipeline.publisher.JsonRows`) so that a sidecar never loads pyarrow;
+third-party producers may send JSON too (one object or an array of objects). Both decode to
+the same table. Either way two headers travel with the message:
 
 * ``llmslo-schema``: the schema name and version, e.g. ``engine_sample.v1``;
 * ``content-type``: ``application/vnd.apache.arrow.stream`` or ``application/json``.
@@ -32,18 +34,24 @@ offset could no longer say "done" for every row of it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING, Any
 
 from pipeline._ipc_size import check_decoded_size
+from pipeline._lazy import on_first_use
 from pipeline._value_check import check_values
 from pipeline.errors import DecodeError
 from pipeline.schema import RecordSchema, lookup_schema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+else:
+    pa = on_first_use("pyarrow")
+    pc = on_first_use("pyarrow.compute")
 
 __all__ = [
     "ARROW_CONTENT_TYPE",
@@ -69,10 +77,18 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: before anything is decompressed (LZ4 turns 16 MiB of zeros' runs into gigabytes).
 DEFAULT_MAX_DECODED_BYTES = 64 * 1024 * 1024
 
+
 # Messages are small (one scrape or one batch of records): Arrow's thread pool costs more
 # than it saves here (LZ4 decode of a 2,000-row batch: ~2 ms threaded vs ~0.3 ms not).
-_IPC_WRITE = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
-_IPC_READ = pa.ipc.IpcReadOptions(use_threads=False)
+# (Functions, not constants: nothing of Arrow is built at import, see ``pipeline._lazy``.)
+@functools.cache
+def _ipc_write() -> pa.ipc.IpcWriteOptions:
+    return pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+
+
+@functools.cache
+def _ipc_read() -> pa.ipc.IpcReadOptions:
+    return pa.ipc.IpcReadOptions(use_threads=False)
 
 
 #: A Kafka header value as kafka-python gives it (bytes), or as a caller may pass it (str).
@@ -190,7 +206,7 @@ def encode_arrow(schema: RecordSchema, table: pa.Table | pa.RecordBatch) -> byte
         table = pa.Table.from_batches([table])
     table = conform(schema, table)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema.arrow, options=_IPC_WRITE) as writer:
+    with pa.ipc.new_stream(sink, schema.arrow, options=_ipc_write()) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
@@ -215,7 +231,7 @@ def _header(headers: Iterable[tuple[str | bytes, HeaderValue]] | None, name: str
 def _decode_arrow(value: bytes, max_decoded_bytes: int) -> pa.Table:
     check_decoded_size(value, max_decoded_bytes)  # before Arrow allocates a single buffer
     try:
-        reader = pa.ipc.open_stream(pa.py_buffer(value), options=_IPC_READ)
+        reader = pa.ipc.open_stream(pa.py_buffer(value), options=_ipc_read())
     except (pa.ArrowException, OSError) as exc:
         raise DecodeError("not_arrow", f"not an Arrow IPC stream: {exc}") from exc
     try:

@@ -359,9 +359,12 @@ def parse_config(
         config = LlmsloConfig.model_validate(raw)
     except ValidationError as exc:
         problems.append(format_validation_error(exc))
-    for name, model in sorted(sections.items()):
+    # Only the sections the file has: an absent one is its model's defaults, validated when
+    # a component asks for it (``LlmsloConfig.section``), so a process imports no model it
+    # does not use (``sections`` may import each model on lookup).
+    for name in sorted(set(raw) & set(sections)):
         try:
-            model.model_validate(raw.get(name) or {})
+            sections[name].model_validate(raw.get(name) or {})
         except ValidationError as exc:
             problems.append(format_validation_error(exc, prefix=name))
     if problems or config is None:

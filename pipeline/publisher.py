@@ -24,18 +24,30 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-import pyarrow as pa
 from kafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from pipeline._lazy import on_first_use
 from pipeline.bus import BusProducer, split_by_key
-from pipeline.codec import encode_arrow, headers_for
+from pipeline.codec import JSON_CONTENT_TYPE, encode_arrow, encode_json, headers_for
 from pipeline.errors import BusError
 from pipeline.schema import RecordSchema
 
-__all__ = ["KafkaPublisher", "PendingBatch", "PublishBuffer", "PublishMetrics", "Publisher"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = on_first_use("pyarrow")
+
+__all__ = [
+    "JsonRows",
+    "KafkaPublisher",
+    "PendingBatch",
+    "PublishBuffer",
+    "PublishMetrics",
+    "Publisher",
+]
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +127,56 @@ class PublishMetrics:
         self._buffered.labels(self.component).set(rows)
 
 
+class JsonRows:
+    """Rows as plain dicts, published in the wire format's JSON form (``application/json``).
+
+    Every consumer decodes it exactly as it decodes Arrow (``pipeline.codec``: same schema
+    header, same conforming, same value rules), so a producer that must stay small (the tap
+    sidecar) publishes without loading pyarrow. Encoded once, here, so rows that cannot be
+    JSON (``NaN``, an unknown type) raise ``ValueError``/``TypeError`` to the producer, not
+    in the publisher's thread.
+    """
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.payload = encode_json(rows)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def by_key(self, key_field: str) -> list[tuple[bytes, JsonRows]]:
+        """One part per value of ``key_field``, rows in order (like :func:`split_by_key`)."""
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for row in self.rows:
+            groups.setdefault(str(row.get(key_field)), []).append(row)
+        if len(groups) == 1:
+            return [(next(iter(groups)).encode(), self)]
+        return [(key.encode(), JsonRows(rows)) for key, rows in groups.items()]
+
+
+#: What the publisher carries: an Arrow table, or JSON rows from a producer without Arrow.
+Batch: TypeAlias = "pa.Table | JsonRows"
+
+
+def _split(schema: RecordSchema, batch: Batch) -> list[tuple[bytes, Batch]]:
+    if isinstance(batch, JsonRows):
+        return list(batch.by_key(schema.key_field))
+    return list(split_by_key(schema, batch))
+
+
+def _encode(schema: RecordSchema, rows: Batch) -> tuple[bytes, list[tuple[str, bytes]]]:
+    if isinstance(rows, JsonRows):
+        return rows.payload, headers_for(schema, JSON_CONTENT_TYPE)
+    return encode_arrow(schema, rows), headers_for(schema)
+
+
 @dataclass
 class PendingBatch:
-    """One table waiting for Kafka."""
+    """One table (or JSON rows) waiting for Kafka."""
 
     schema: RecordSchema
-    table: pa.Table
+    table: Batch
     enqueued_s: float = field(default_factory=time.monotonic)
 
 
@@ -149,7 +205,7 @@ class PublishBuffer:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def put(self, schema: RecordSchema, table: pa.Table) -> int:
+    def put(self, schema: RecordSchema, table: Batch) -> int:
         """Queue ``table``; returns rows dropped (oldest first) to stay within the bound."""
         if table.num_rows == 0:
             return 0
@@ -272,7 +328,7 @@ class KafkaPublisher:
                 self.in_flight_rows = 0
 
     def _deliver(self, batch: PendingBatch) -> None:
-        pieces = list(split_by_key(batch.schema, batch.table))
+        pieces = _split(batch.schema, batch.table)
         backoff_s = self.backoff_s
         while pieces and not self._abandon.is_set():
             pieces = self._send(batch.schema, pieces)
@@ -297,11 +353,11 @@ class KafkaPublisher:
             self.producer = None
 
     def _send(
-        self, schema: RecordSchema, pieces: list[tuple[bytes, pa.Table]]
-    ) -> list[tuple[bytes, pa.Table]]:
+        self, schema: RecordSchema, pieces: list[tuple[bytes, Batch]]
+    ) -> list[tuple[bytes, Batch]]:
         """Send every piece and wait for the acks; returns the pieces that failed."""
-        sent: list[tuple[tuple[bytes, pa.Table], Any]] = []
-        failed: list[tuple[bytes, pa.Table]] = []
+        sent: list[tuple[tuple[bytes, Batch], Any]] = []
+        failed: list[tuple[bytes, Batch]] = []
         if self.producer is None:
             try:
                 self.producer = self.producer_factory()
@@ -311,9 +367,8 @@ class KafkaPublisher:
         for piece in pieces:
             key, rows = piece
             try:
-                future = self.producer.send_raw(
-                    schema.topic, encode_arrow(schema, rows), key=key, headers=headers_for(schema)
-                )
+                payload, headers = _encode(schema, rows)
+                future = self.producer.send_raw(schema.topic, payload, key=key, headers=headers)
                 sent.append((piece, future))
             except KafkaError as exc:
                 log.debug("send to %s failed: %s", schema.topic, exc)
@@ -369,7 +424,7 @@ class Publisher:
             backoff_max_s=backoff_max_s,
         ).start()
 
-    def put(self, schema: RecordSchema, table: pa.Table) -> int:
+    def put(self, schema: RecordSchema, table: Batch) -> int:
         """Queue ``table`` for Kafka; returns rows dropped to stay within ``max_rows``."""
         return self.buffer.put(schema, table)
 

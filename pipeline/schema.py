@@ -17,12 +17,18 @@ the old one: producers and ingesters are upgraded independently.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
+from pipeline._lazy import on_first_use
 from pipeline.errors import UnknownSchemaError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = on_first_use("pyarrow")  # a producer of JSON rows (the tap) never loads Arrow
 
 __all__ = [
     "ALERTS",
@@ -55,7 +61,12 @@ OUTCOMES = (
     "upstream_timeout",
 )
 
-_DICT_STR = pa.dictionary(pa.int32(), pa.string())
+
+def _dict_str() -> pa.DataType:
+    """Dictionary-encoded strings: the type of every low-cardinality label column."""
+    return pa.dictionary(pa.int32(), pa.string())
+
+
 _INSTANCE_DOC = (
     "the name people use for the instance: its instance or pod label, else host:port "
     "(collectors.config.instance_name)"
@@ -81,12 +92,18 @@ class RecordSchema:
     topic: str
     table: str
     key_field: str
-    arrow: pa.Schema
+    #: Builds the Arrow schema (called once, on first use of :attr:`arrow`).
+    build_arrow: Callable[[], pa.Schema] = field(repr=False, compare=False)
     doc: str
     retention: str
     #: For high-volume sample schemas: the columns that identify a time series. The store
     #: keeps each distinct series once and only (ts_ms, series_id, value) per sample.
     series_columns: tuple[str, ...] = ()
+
+    @cached_property
+    def arrow(self) -> pa.Schema:
+        """The Arrow schema (column types, nullability, docs in the field metadata)."""
+        return self.build_arrow()
 
     @property
     def header_value(self) -> bytes:
@@ -113,28 +130,28 @@ ENGINE_SAMPLES = RecordSchema(
     doc="One sample of an inference engine's /metrics scrape (or of the tap's own gauges), "
     "with its canonical signal when the dialect maps it.",
     retention="raw horizon (default 7 d); SLO rollups keep what long windows need",
-    arrow=pa.schema(
+    build_arrow=lambda: pa.schema(
         [
             _field("ts_ms", pa.int64(), "scrape time, Unix epoch ms", nullable=False),
-            _field("instance", _DICT_STR, _INSTANCE_DOC + ", e.g. vllm-0", nullable=False),
-            _field("pool", _DICT_STR, "serving pool the instance belongs to (often the model)"),
+            _field("instance", _dict_str(), _INSTANCE_DOC + ", e.g. vllm-0", nullable=False),
+            _field("pool", _dict_str(), "serving pool the instance belongs to (often the model)"),
             _field(
                 "dialect",
-                _DICT_STR,
+                _dict_str(),
                 "the exporter's dialect (vllm, vllm-legacy, sglang, trtllm, llamacpp, epp, "
                 "kube-state-metrics: collectors.dialects) or tap",
             ),
-            _field("model", _DICT_STR, "served model name (model_name label)"),
-            _field("engine", _DICT_STR, "engine core / DP rank within the instance, '' if none"),
-            _field("metric", _DICT_STR, "metric name exactly as exposed", nullable=False),
+            _field("model", _dict_str(), "served model name (model_name label)"),
+            _field("engine", _dict_str(), "engine core / DP rank within the instance, '' if none"),
+            _field("metric", _dict_str(), "metric name exactly as exposed", nullable=False),
             _field(
                 "signal",
-                _DICT_STR,
+                _dict_str(),
                 "canonical signal (running, kv_usage, ttft, …), null if unknown",
             ),
             _field(
                 "kind",
-                _DICT_STR,
+                _dict_str(),
                 "gauge, counter, bucket, sum, count, info, untyped, created (a *_created restart marker)",
                 nullable=False,
             ),
@@ -143,7 +160,7 @@ ENGINE_SAMPLES = RecordSchema(
                 pa.float64(),
                 "histogram bucket upper bound, numeric (+inf allowed); null otherwise",
             ),
-            _field("labels_json", _DICT_STR, "remaining labels as a sorted-key JSON object"),
+            _field("labels_json", _dict_str(), "remaining labels as a sorted-key JSON object"),
             _field(
                 "value",
                 pa.float64(),
@@ -151,7 +168,7 @@ ENGINE_SAMPLES = RecordSchema(
                 nullable=False,
             ),
             # Appended after the first release (nullable; ALTER TABLE … ADD COLUMN on open).
-            _field("address", _DICT_STR, _ADDRESS_DOC),
+            _field("address", _dict_str(), _ADDRESS_DOC),
         ]
     ),
     series_columns=(
@@ -177,33 +194,37 @@ GPU_SAMPLES = RecordSchema(
     key_field="instance",
     doc="One sample of an NVIDIA dcgm-exporter scrape, labels lifted into columns.",
     retention="raw horizon (default 7 d)",
-    arrow=pa.schema(
+    build_arrow=lambda: pa.schema(
         [
             _field("ts_ms", pa.int64(), "scrape time, Unix epoch ms", nullable=False),
-            _field("instance", _DICT_STR, "dcgm-exporter target: " + _INSTANCE_DOC, nullable=False),
-            _field("hostname", _DICT_STR, "node name (Hostname / hostname label)"),
+            _field(
+                "instance", _dict_str(), "dcgm-exporter target: " + _INSTANCE_DOC, nullable=False
+            ),
+            _field("hostname", _dict_str(), "node name (Hostname / hostname label)"),
             _field("gpu", pa.int32(), "GPU index on the node (gpu label)"),
-            _field("uuid", _DICT_STR, "GPU UUID (UUID / uuid label)"),
-            _field("device", _DICT_STR, "device name, e.g. nvidia0"),
-            _field("gpu_model", _DICT_STR, "GPU product name (modelName label)"),
-            _field("gpu_instance_id", _DICT_STR, "MIG GPU instance id (GPU_I_ID), null if not MIG"),
-            _field("pod", _DICT_STR, "pod the GPU is allocated to, null when unallocated"),
-            _field("namespace", _DICT_STR, "namespace of that pod"),
-            _field("container", _DICT_STR, "container of that pod"),
+            _field("uuid", _dict_str(), "GPU UUID (UUID / uuid label)"),
+            _field("device", _dict_str(), "device name, e.g. nvidia0"),
+            _field("gpu_model", _dict_str(), "GPU product name (modelName label)"),
+            _field(
+                "gpu_instance_id", _dict_str(), "MIG GPU instance id (GPU_I_ID), null if not MIG"
+            ),
+            _field("pod", _dict_str(), "pod the GPU is allocated to, null when unallocated"),
+            _field("namespace", _dict_str(), "namespace of that pod"),
+            _field("container", _dict_str(), "container of that pod"),
             _field(
                 "metric",
-                _DICT_STR,
+                _dict_str(),
                 "DCGM field name as exposed, e.g. DCGM_FI_DEV_GPU_UTIL",
                 nullable=False,
             ),
             _field(
                 "signal",
-                _DICT_STR,
+                _dict_str(),
                 "canonical signal (gpu_util, engine_active, fb_used_mib, xid, …)",
             ),
             _field(
                 "labels_json",
-                _DICT_STR,
+                _dict_str(),
                 "remaining labels (err_code, err_msg, …) as sorted-key JSON",
             ),
             _field(
@@ -213,7 +234,7 @@ GPU_SAMPLES = RecordSchema(
                 nullable=False,
             ),
             # Appended after the first release (nullable; ALTER TABLE … ADD COLUMN on open).
-            _field("address", _DICT_STR, _ADDRESS_DOC),
+            _field("address", _dict_str(), _ADDRESS_DOC),
         ]
     ),
     series_columns=(
@@ -243,7 +264,7 @@ REQUEST_RECORDS = RecordSchema(
     doc="One attempt of one client request as seen by the stream tap (DESIGN §3). Never holds "
     "prompt or completion text.",
     retention="raw horizon (default 7 d); per-minute SLO rollups beyond",
-    arrow=pa.schema(
+    build_arrow=lambda: pa.schema(
         [
             _field(
                 "request_id",
@@ -262,17 +283,17 @@ REQUEST_RECORDS = RecordSchema(
                 "1 for the first attempt, 2… for retries before the first token",
                 nullable=False,
             ),
-            _field("tap_id", _DICT_STR, "the tap process that measured it"),
+            _field("tap_id", _dict_str(), "the tap process that measured it"),
             _field(
                 "instance",
-                _DICT_STR,
+                _dict_str(),
                 "upstream engine instance that served the attempt: " + _INSTANCE_DOC,
                 nullable=False,
             ),
-            _field("pool", _DICT_STR, "serving pool (often the model)"),
-            _field("model", _DICT_STR, "requested model"),
-            _field("tenant", _DICT_STR, "tenant from the configured header, null if absent"),
-            _field("route", _DICT_STR, "API route, e.g. /v1/chat/completions"),
+            _field("pool", _dict_str(), "serving pool (often the model)"),
+            _field("model", _dict_str(), "requested model"),
+            _field("tenant", _dict_str(), "tenant from the configured header, null if absent"),
+            _field("route", _dict_str(), "API route, e.g. /v1/chat/completions"),
             _field("streamed", pa.bool_(), "the client asked for an SSE stream"),
             _field(
                 "received_ts_ms",
@@ -282,11 +303,13 @@ REQUEST_RECORDS = RecordSchema(
             ),
             _field("deadline_ts_ms", pa.int64(), "client deadline, Unix epoch ms; null if none"),
             _field("http_status", pa.int16(), "status sent to the client; null if none was sent"),
-            _field("outcome", _DICT_STR, "one of: " + ", ".join(OUTCOMES), nullable=False),
-            _field("error_kind", _DICT_STR, "short machine reason for a bad outcome, null when ok"),
+            _field("outcome", _dict_str(), "one of: " + ", ".join(OUTCOMES), nullable=False),
+            _field(
+                "error_kind", _dict_str(), "short machine reason for a bad outcome, null when ok"
+            ),
             _field(
                 "finish_reason",
-                _DICT_STR,
+                _dict_str(),
                 "finish_reason of the last choice (stop, length, abort, error…)",
             ),
             _field("ttfb_s", pa.float64(), "first chunk of any kind (role-only included) minus t0"),
@@ -365,22 +388,22 @@ REQUEST_RECORDS = RecordSchema(
                 "ITL gaps per log bucket, 32 counts: bucket k holds gaps ≤ 0.25 ms·√2^k "
                 "(k = 0…30, up to 8.2 s) and above the previous bound; the last, larger gaps",
             ),
-            _field("address", _DICT_STR, _ADDRESS_DOC),
+            _field("address", _dict_str(), _ADDRESS_DOC),
             _field(
                 "revision",
-                _DICT_STR,
+                _dict_str(),
                 "revision of the serving deployment, from the tap's config or its "
                 "revision_header; null if neither (canary cohorts select by it)",
             ),
             _field(
                 "cohort",
-                _DICT_STR,
+                _dict_str(),
                 "cohort (e.g. canary, baseline), from the tap's config or its cohort_header; "
                 "null if neither",
             ),
             _field(
                 "tokens_source",
-                _DICT_STR,
+                _dict_str(),
                 "where N of TPOT came from: usage (the engine's usage) or chunks (counted from "
                 "token-bearing chunks, engine sent no usage); null without tokens",
             ),
@@ -392,13 +415,13 @@ REQUEST_RECORDS = RecordSchema(
             ),
             _field(
                 "enforced_action",
-                _DICT_STR,
+                _dict_str(),
                 "what the tap did: degradation_header, rejected_long_prompt, "
                 "rejected_max_tokens, fallback_upstream, fail_open; null for nothing",
             ),
             _field(
                 "source",
-                _DICT_STR,
+                _dict_str(),
                 "who measured it: null = a stream tap, 'probe' = the synthetic prober (llmslo probe)",
             ),
         ]
@@ -413,14 +436,16 @@ FLAG_TRANSITIONS = RecordSchema(
     key_field="scope_id",
     doc="A change of degradation level (L0–L3) of a pool or an instance, with its evidence.",
     retention="forever (small)",
-    arrow=pa.schema(
+    build_arrow=lambda: pa.schema(
         [
             _field(
                 "ts_ms", pa.int64(), "event time of the transition, Unix epoch ms", nullable=False
             ),
-            _field("scope", _DICT_STR, "pool or instance", nullable=False),
-            _field("scope_id", _DICT_STR, "the pool name or the instance address", nullable=False),
-            _field("pool", _DICT_STR, "pool of the scope"),
+            _field("scope", _dict_str(), "pool or instance", nullable=False),
+            _field(
+                "scope_id", _dict_str(), "the pool name or the instance address", nullable=False
+            ),
+            _field("pool", _dict_str(), "pool of the scope"),
             _field("from_level", pa.int8(), "level before, 0–3; −1 = unknown", nullable=False),
             _field(
                 "to_level",
@@ -431,7 +456,7 @@ FLAG_TRANSITIONS = RecordSchema(
             _field(
                 "kv_free_ratio", pa.float64(), "KV free ratio (1 − usage) that drove the change"
             ),
-            _field("reason", _DICT_STR, "why, e.g. kv_free_below_l2, dwell_elapsed, oom_risk"),
+            _field("reason", _dict_str(), "why, e.g. kv_free_below_l2, dwell_elapsed, oom_risk"),
             _field("evidence_json", pa.string(), "supporting samples and thresholds as JSON"),
         ]
     ),
@@ -447,7 +472,7 @@ JOBS_HEARTBEATS = RecordSchema(
     "the transitions, so that readers of the flags (the API, the taps) know how old they are "
     "and stop acting on them when the jobs stop.",
     retention="raw horizon (default 7 d)",
-    arrow=pa.schema(
+    build_arrow=lambda: pa.schema(
         [
             _field(
                 "ts_ms",
@@ -463,7 +488,7 @@ JOBS_HEARTBEATS = RecordSchema(
                 nullable=False,
             ),
             _field(
-                "jobs_id", _DICT_STR, "the jobs process, host-pid (one row each)", nullable=False
+                "jobs_id", _dict_str(), "the jobs process, host-pid (one row each)", nullable=False
             ),
             _field("interval_s", pa.float64(), "the jobs' configured interval, seconds"),
             _field("errors", pa.int32(), "steps of the cycle that failed (logged by the jobs)"),
@@ -490,13 +515,13 @@ ALERTS = RecordSchema(
     key_field="fingerprint",
     doc="An alert state change the pipeline computed itself (and pushed to Alertmanager).",
     retention="forever (small)",
-    arrow=pa.schema(
+    build_arrow=lambda: pa.schema(
         [
             _field("ts_ms", pa.int64(), "evaluation time, Unix epoch ms", nullable=False),
             _field("fingerprint", pa.string(), "stable hash of the alert's labels", nullable=False),
-            _field("alertname", _DICT_STR, "alert name", nullable=False),
-            _field("state", _DICT_STR, "firing or resolved", nullable=False),
-            _field("severity", _DICT_STR, "page, ticket or info"),
+            _field("alertname", _dict_str(), "alert name", nullable=False),
+            _field("state", _dict_str(), "firing or resolved", nullable=False),
+            _field("severity", _dict_str(), "page, ticket or info"),
             _field("labels_json", pa.string(), "all labels as sorted-key JSON"),
             _field(
                 "annotations_json",
@@ -519,14 +544,14 @@ TARGET_HEALTH = RecordSchema(
     doc="The outcome of one scrape of one target (up or why not) and, at the slower probe "
     "interval, the engine's readiness (health endpoint or /v1/models).",
     retention="raw horizon (default 7 d)",
-    arrow=pa.schema(
+    build_arrow=lambda: pa.schema(
         [
             _field("ts_ms", pa.int64(), "scrape start, Unix epoch ms", nullable=False),
-            _field("instance", _DICT_STR, _INSTANCE_DOC, nullable=False),
-            _field("target", _DICT_STR, "scraped URL", nullable=False),
-            _field("pool", _DICT_STR, "configured pool of the target, null if none"),
+            _field("instance", _dict_str(), _INSTANCE_DOC, nullable=False),
+            _field("target", _dict_str(), "scraped URL", nullable=False),
+            _field("pool", _dict_str(), "configured pool of the target, null if none"),
             _field(
-                "dialect", _DICT_STR, "detected dialect (vllm, sglang, dcgm, …), null if unknown"
+                "dialect", _dict_str(), "detected dialect (vllm, sglang, dcgm, …), null if unknown"
             ),
             _field("up", pa.bool_(), "the scrape returned a whole, parseable body", nullable=False),
             _field(
@@ -535,7 +560,7 @@ TARGET_HEALTH = RecordSchema(
             _field("duration_s", pa.float64(), "time to fetch and parse, seconds"),
             _field(
                 "error_kind",
-                _DICT_STR,
+                _dict_str(),
                 "why the scrape failed: connect, timeout, http_status, truncated, oversized, "
                 "encoding; null when up",
             ),
@@ -559,7 +584,7 @@ TARGET_HEALTH = RecordSchema(
             ),
             _field(
                 "ready_source",
-                _DICT_STR,
+                _dict_str(),
                 "what readiness rests on: health, models, gauge; null when not probed",
             ),
             _field("ready_status", pa.int16(), "HTTP status of the readiness probe; null if none"),

@@ -20,15 +20,44 @@ Public names:
   :class:`DegradationConfig` (the ``tap.degradation`` section).
 """
 
-from collectors.tap.config import TapConfig
-from collectors.tap.degradation import DegradationConfig, FlagFollower, FlagSource
-from collectors.tap.flagsource import KafkaFlagSource
-from collectors.tap.labels import ModelLabels
-from collectors.tap.measure import ItlSummary, Measurements, StreamMeter
-from collectors.tap.proxy import Clock, SystemClock, TapProxy
-from collectors.tap.sinks import JsonLinesSink, KafkaSink, ListSink, MultiSink, RecordSink
-from collectors.tap.sse import SseEvent, SseFramer
-from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TapConfig": "config",
+    "DegradationConfig": "degradation",
+    "FlagFollower": "degradation",
+    "FlagSource": "degradation",
+    "KafkaFlagSource": "flagsource",
+    "ModelLabels": "labels",
+    "ItlSummary": "measure",
+    "Measurements": "measure",
+    "StreamMeter": "measure",
+    "Clock": "proxy",
+    "SystemClock": "proxy",
+    "TapProxy": "proxy",
+    "JsonLinesSink": "sinks",
+    "KafkaSink": "sinks",
+    "ListSink": "sinks",
+    "MultiSink": "sinks",
+    "RecordSink": "sinks",
+    "SseEvent": "sse",
+    "SseFramer": "sse",
+    "GenAiTelemetry": "telemetry",
+    "TapMetrics": "telemetry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import public names lazily: ``collectors.tap.config`` (which the config table needs)
+    must not pull the proxy, the Kafka sink and OpenTelemetry in with it."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'collectors.tap' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"collectors.tap.{module}"), name)
+
 
 __all__ = [
     "Clock",

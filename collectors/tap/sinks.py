@@ -16,15 +16,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
-import pyarrow as pa
 from prometheus_client import CollectorRegistry
 
 from pipeline.bus import BusProducer
 from pipeline.errors import BusError
-from pipeline.publisher import Publisher
+from pipeline.publisher import JsonRows, Publisher
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS, RecordSchema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["JsonLinesSink", "KafkaSink", "ListSink", "MultiSink", "RecordSink", "rows_to_table"]
 
@@ -44,7 +46,10 @@ class RecordSink(Protocol):
 
 
 def rows_to_table(schema: RecordSchema, rows: list[Row]) -> pa.Table:
-    """Rows (plain Python values) as a table of ``schema``'s storage types."""
+    """Rows (plain Python values) as a table of ``schema``'s storage types (for readers and
+    tests: the tap itself publishes JSON rows and never loads pyarrow)."""
+    import pyarrow as pa
+
     return pa.Table.from_pylist(rows, schema=schema.storage_arrow)
 
 
@@ -124,9 +129,10 @@ def _first_use_only(producer: BusProducer) -> Callable[[], BusProducer]:
 class KafkaSink:
     """Batches rows and hands them to the one bounded, retrying publisher (``pipeline.publisher``).
 
-    The event loop only appends to a deque (no Arrow, no Kafka): a background thread turns
-    rows into tables every ``flush_interval_s`` (or once ``batch_max_rows`` wait) and puts
-    them on the :class:`~pipeline.publisher.Publisher`, which re-sends through broker
+    The event loop only appends to a deque (no encoding, no Kafka): a background thread
+    encodes rows as one JSON message (:class:`~pipeline.publisher.JsonRows`, the wire
+    format's JSON form, so the sidecar never loads pyarrow) every ``flush_interval_s`` (or
+    once ``batch_max_rows`` wait) and puts them on the :class:`~pipeline.publisher.Publisher`, which re-sends through broker
     outages with back-off. At most ``max_pending`` rows wait here, beyond which new rows are
     dropped with reason ``sink_full``; the publisher holds at most ``max_pending`` more and
     drops its oldest with ``buffer_full`` (``shutdown`` for what is left unpublished at
@@ -192,12 +198,12 @@ class KafkaSink:
             while queue:
                 rows = self._take(queue)
                 try:
-                    table = rows_to_table(schema, rows)
-                except (pa.ArrowException, TypeError, ValueError) as exc:  # never raise: count
+                    batch = JsonRows(rows)
+                except (TypeError, ValueError) as exc:  # never raise: count
                     log.warning("dropping %d %s rows: not convertible: %s", len(rows), name, exc)
                     self._on_drop("unconvertible", len(rows))
                     continue
-                self.publisher.put(schema, table)
+                self.publisher.put(schema, batch)
 
     def _run(self) -> None:
         while not self._stop.is_set():

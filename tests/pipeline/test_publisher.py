@@ -52,7 +52,8 @@ def test_a_full_buffer_drops_the_oldest_and_counts_them() -> None:
     assert buffer.rows == 8 and buffer.dropped_rows == 4
     assert _dropped(registry, "unit", "buffer_full") == 4 and hooked == [("buffer_full", 4)]
     batch = buffer.take(0)
-    assert batch is not None and batch.table["ts_ms"][0].as_py() == 2_000  # the oldest left
+    assert batch is not None and isinstance(batch.table, pa.Table)
+    assert batch.table["ts_ms"][0].as_py() == 2_000  # the oldest left
     assert registry.get_sample_value("llmslo_publish_buffered_rows", {"component": "unit"}) == 4
 
 
