@@ -152,7 +152,7 @@ def page_context() -> PageContext | None:
         return None
     now_ms = int(time.time() * 1000)
     query = {key: st.query_params.get(key, "") for key in st.query_params}
-    filters, problems = parse_filters(query, meta.data_end_ms, now_ms)
+    filters, problems = parse_filters(query, meta.data_end_ms, now_ms, meta.data_start_ms)
     if problems:
         notice(st.warning, "Some link parameters were not used:", problems)
     live = meta.data_end_ms is not None and now_ms - meta.data_end_ms < LIVE_WITHIN_MS

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS
 
 __all__ = [
     "MAX_NAME_CHARS",
@@ -29,6 +29,7 @@ __all__ = [
     "RANGES",
     "Filters",
     "bucket_for",
+    "bucket_label",
     "deep_link",
     "parse_filters",
     "shown",
@@ -45,6 +46,10 @@ RANGES: Mapping[str, int] = {
 }
 DEFAULT_RANGE = "24h"
 #: Bucket widths a chart may use; the narrowest giving at most ``_MAX_BUCKETS`` points wins.
+#: Sub-minute widths only for data spans of at most ``_SUB_MINUTE_SPAN_MS`` (a demo, a
+#: drill): they read raw records, where the rollups serve minutes and hours.
+_SUB_MINUTE_MS = (5 * SECOND_MS, 10 * SECOND_MS, 15 * SECOND_MS, 30 * SECOND_MS)
+_SUB_MINUTE_SPAN_MS = 30 * MINUTE_MS
 _BUCKETS_MS = (
     MINUTE_MS,
     5 * MINUTE_MS,
@@ -69,7 +74,13 @@ _SHOWN_CHARS = 60
 
 @dataclass(frozen=True)
 class Filters:
-    """One view's range ``[start_ms, end_ms)`` (epoch ms) and optional pool/instance/SLO."""
+    """One view's range ``[start_ms, end_ms)`` (epoch ms) and optional pool/instance/SLO.
+
+    ``data_start_ms``/``data_end_ms`` are the data's first and last times (``None``: not
+    known). Where the data covers less of the range, the charts' grid (:meth:`grid`) spans
+    only what it covers and buckets follow that span: 2 minutes of demo data in a 24-hour
+    view are drawn in 5-second buckets, not as one 15-minute dot.
+    """
 
     start_ms: int
     end_ms: int
@@ -77,30 +88,70 @@ class Filters:
     pool: str | None = None
     instance: str | None = None
     slo: str | None = None
+    data_start_ms: int | None = None
+    data_end_ms: int | None = None
+
+    def _covered(self) -> tuple[int, int]:
+        """The part of the range the data covers; the whole range when that is unknown or
+        empty (an empty view must not ask for 5-second buckets over 30 days)."""
+        if self.data_start_ms is None or self.data_end_ms is None:
+            return self.start_ms, self.end_ms
+        start = max(self.start_ms, self.data_start_ms)
+        end = min(self.end_ms, self.data_end_ms + 1)
+        return (start, end) if start < end else (self.start_ms, self.end_ms)
+
+    @property
+    def span_ms(self) -> int:
+        """What the buckets divide: the data's span in the range when shorter than it."""
+        start, end = self._covered()
+        return end - start
 
     @property
     def bucket_ms(self) -> int:
-        """Chart bucket width for this range (whole minutes, ≤ 240 buckets)."""
-        return bucket_for(self.end_ms - self.start_ms)
+        """Chart bucket width for the data's span in this range (≤ 240 buckets)."""
+        return bucket_for(self.span_ms)
+
+    @property
+    def minute_bucket_ms(self) -> int:
+        """:attr:`bucket_ms`, at least a minute: the SLO rollups' grain (``slo_minute``)."""
+        return max(MINUTE_MS, self.bucket_ms)
+
+    def grid(self, *, minutes: bool = False) -> dict[str, int]:
+        """``start_ms``, ``end_ms`` and ``bucket_ms`` of a chart's query: the covered span
+        (its start on a bucket boundary) in :attr:`bucket_ms`, or :attr:`minute_bucket_ms`
+        with ``minutes`` (reads of the SLO rollups)."""
+        bucket = self.minute_bucket_ms if minutes else self.bucket_ms
+        start, end = self._covered()
+        if (start, end) != (self.start_ms, self.end_ms):
+            start = max(self.start_ms, start // bucket * bucket)
+        return {"start_ms": start, "end_ms": end, "bucket_ms": bucket}
 
     def request_scope(self) -> dict[str, int | str | None]:
         """The range, bucket, pool and instance as keyword parameters of the request queries
         (``latency_percentiles``, ``outcome_counts``, ``ghost_counts``)."""
         return {
-            "start_ms": self.start_ms,
-            "end_ms": self.end_ms,
-            "bucket_ms": self.bucket_ms,
+            **self.grid(),
             "pool": self.pool,
             "instance": self.instance,
         }
 
 
 def bucket_for(span_ms: int) -> int:
-    """The narrowest bucket width (ms) that splits ``span_ms`` into at most 240 buckets."""
-    for bucket_ms in _BUCKETS_MS:
+    """The narrowest bucket width (ms) that splits ``span_ms`` into at most 240 buckets:
+    5 to 30 seconds for a span of at most 30 minutes, whole minutes above."""
+    widths = (*_SUB_MINUTE_MS, *_BUCKETS_MS) if span_ms <= _SUB_MINUTE_SPAN_MS else _BUCKETS_MS
+    for bucket_ms in widths:
         if span_ms <= bucket_ms * _MAX_BUCKETS:
             return bucket_ms
     return _BUCKETS_MS[-1]
+
+
+def bucket_label(bucket_ms: int) -> str:
+    """A bucket width as a person says it: ``5 s``, ``15 min``, ``3 h``, ``1 d``."""
+    for unit_ms, unit in ((DAY_MS, "d"), (HOUR_MS, "h"), (MINUTE_MS, "min")):
+        if bucket_ms >= unit_ms and bucket_ms % unit_ms == 0:
+            return f"{bucket_ms // unit_ms:,} {unit}"
+    return f"{bucket_ms / SECOND_MS:g} s"
 
 
 def shown(raw: str) -> str:
@@ -144,10 +195,14 @@ def _name_param(query: Mapping[str, str], name: str, problems: list[str]) -> str
 
 
 def parse_filters(
-    query: Mapping[str, str], data_end_ms: int | None, now_ms: int
+    query: Mapping[str, str],
+    data_end_ms: int | None,
+    now_ms: int,
+    data_start_ms: int | None = None,
 ) -> tuple[Filters, list[str]]:
     """Filters from URL parameters (``from``, ``to``, ``range``, ``pool``, ``instance``,
-    ``slo``) and the problems found in them (each ignored, in words for the page)."""
+    ``slo``) and the problems found in them (each ignored, in words for the page).
+    ``data_start_ms`` and ``data_end_ms`` are kept for :meth:`Filters.grid`."""
     problems: list[str] = []
     start, end = _time_param(query, "from", problems), _time_param(query, "to", problems)
     if problems:  # half a range is not what the link meant: show the default one
@@ -184,6 +239,8 @@ def parse_filters(
             pool=_name_param(query, "pool", problems),
             instance=_name_param(query, "instance", problems),
             slo=_name_param(query, "slo", problems),
+            data_start_ms=data_start_ms,
+            data_end_ms=data_end_ms,
         ),
         problems,
     )

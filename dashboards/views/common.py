@@ -12,7 +12,7 @@ import streamlit as st
 
 from dashboards.charts import frame, incidents_frame, line_chart
 from dashboards.context import REFRESH_S, PageContext, page_context
-from dashboards.filters import RANGES
+from dashboards.filters import RANGES, bucket_for, bucket_label
 from slo.queries import FINDINGS_SCHEMA
 from slo.signals.catalog import RUNBOOK_BASE_URL, runbook_url
 
@@ -89,9 +89,29 @@ def _sidebar(ctx: PageContext) -> None:
         st.caption(
             f"{pd.Timestamp(f.start_ms, unit='ms', tz='UTC'):%Y-%m-%d %H:%M} → "
             f"{pd.Timestamp(f.end_ms, unit='ms', tz='UTC'):%Y-%m-%d %H:%M} UTC · "
-            f"buckets of {f.bucket_ms // 60_000:,} min"
+            + _bucket_choice(ctx)
             + (f" · live, refreshing every {REFRESH_S} s" if ctx.live else "")
         )
+
+
+def _bucket_choice(ctx: PageContext) -> str:
+    """The bucket width and why: the range, or the shorter span the data covers in it."""
+    f = ctx.filters
+    choice = f"buckets of {bucket_label(f.bucket_ms)}"
+    if f.bucket_ms != bucket_for(f.end_ms - f.start_ms):
+        choice += f" (data covers {_duration(f.span_ms)} of the range)"
+    if f.minute_bucket_ms != f.bucket_ms:
+        choice += f"; SLO charts {bucket_label(f.minute_bucket_ms)} (the SLO rollups' grain)"
+    return choice
+
+
+def _duration(span_ms: int) -> str:
+    """``2 min 30 s``, ``5 h 12 min``, ``3 d 4 h``: the two largest units of a span."""
+    seconds = span_ms // 1000
+    parts = [(seconds // 86400, "d"), (seconds // 3600 % 24, "h"), (seconds // 60 % 60, "min")]
+    parts.append((seconds % 60, "s"))
+    shown = [(n, u) for n, u in parts if n]
+    return " ".join(f"{n} {u}" for n, u in shown[:2]) or "under a second"
 
 
 def page(title: str, body: Callable[[PageContext], None]) -> Callable[[], None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from dashboards.charts import frame, line_chart
+from dashboards.charts import frame, line_chart, time_tip, time_x
 from dashboards.context import PageContext, fmt_count, fmt_pct, fmt_seconds
 from dashboards.views.common import no_data, page
 
@@ -47,11 +47,11 @@ def _outcomes(ctx: PageContext) -> None:
             alt.Chart(rows)
             .mark_area(opacity=0.85, interpolate="step-after")
             .encode(
-                x=alt.X("time:T", title=None),
+                x=time_x(),
                 y=alt.Y("requests:Q", title=title, stack=True),
                 color=alt.Color("outcome:N", scale=alt.Scale(scheme="tableau10")),
                 tooltip=[
-                    alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+                    time_tip(),
                     "outcome:N",
                     alt.Tooltip("requests:Q", format=","),
                     alt.Tooltip("attempts:Q", format=","),
@@ -96,7 +96,7 @@ def _ghosts(ctx: PageContext) -> None:
         alt.Chart(long)
         .mark_bar()
         .encode(
-            x=alt.X("time:T", title=None),
+            x=time_x(),
             y=alt.Y("count:Q"),
             color="kind:N",
             xOffset="kind:N",
@@ -104,7 +104,7 @@ def _ghosts(ctx: PageContext) -> None:
                 "instance:N",
                 "kind:N",
                 "count:Q",
-                alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+                time_tip(),
             ],
         )
         .properties(height=200),
@@ -127,9 +127,7 @@ def _probes(ctx: PageContext) -> None:
     f = ctx.filters
     st.subheader("Probes (entry points)")
     scope = {
-        "start_ms": f.start_ms,
-        "end_ms": f.end_ms,
-        "bucket_ms": f.bucket_ms,
+        **f.grid(),
         "pool": f.pool,
         "by": "instance",
         "source": "probe",

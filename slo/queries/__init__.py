@@ -6,13 +6,15 @@ columns). Every function takes a DuckDB connection first: a cursor of the writer
 connection (``store.con.cursor()`` inside ``llmslo run``: DuckDB lets no other process
 open a file that one process writes) or a read-only connection to a file nobody writes.
 A table the jobs have not created yet reads as empty (:func:`present_tables` says which
-exist). The raw-series reads (``engine_series``, ``gpu_series``) live in
+exist). Every SLO's burn per bucket (the Fleet page's strip) is in
+:mod:`slo.queries.burn`. The raw-series reads (``engine_series``, ``gpu_series``) live in
 :mod:`slo.queries.series`, the alerts' and drills' in :mod:`slo.queries.alerts`; both are
 re-exported here.
 
 Values are always bound parameters; column names come from fixed tables here. Ranges are
-``[start_ms, end_ms)`` in Unix epoch ms, at most 90 days; buckets are whole minutes
-starting at multiples of ``bucket_ms`` since the epoch, at most 5,000 per series; listings
+``[start_ms, end_ms)`` in Unix epoch ms, at most 90 days; buckets are whole minutes (or 5,
+10, 15, 20 or 30 s for reads of raw rows, never of the SLO rollups) starting at multiples
+of ``bucket_ms`` since the epoch, at most 5,000 per series; listings
 return at most ``limit`` (≤ 10,000) rows. A bad parameter raises
 :class:`pipeline.errors.QueryError` naming it (see :mod:`slo.queries._params`).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 from slo.queries.reads import (
     ALERTS_SCHEMA,
     BUDGET_SCHEMA,
+    BURN_SCHEMA,
     DRILLS_SCHEMA,
     ENGINE_SERIES_SCHEMA,
     FINDINGS_SCHEMA,
@@ -45,12 +48,14 @@ from slo.queries.reads import (
     open_findings,
     outcome_counts,
     present_tables,
+    slo_burn_series,
     slo_status,
 )
 
 __all__ = [
     "ALERTS_SCHEMA",
     "BUDGET_SCHEMA",
+    "BURN_SCHEMA",
     "DRILLS_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
     "FINDINGS_SCHEMA",
@@ -74,5 +79,6 @@ __all__ = [
     "open_findings",
     "outcome_counts",
     "present_tables",
+    "slo_burn_series",
     "slo_status",
 ]

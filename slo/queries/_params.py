@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pipeline.errors import QueryError
-from pipeline.units import DAY_MS, MINUTE_MS
+from pipeline.units import DAY_MS, MINUTE_MS, SECOND_MS
 
 __all__ = [
     "MAX_LIMIT",
@@ -20,11 +20,13 @@ __all__ = [
     "MAX_RANGE_MS",
     "MAX_TEXT_CHARS",
     "MAX_VALUES",
+    "SUB_MINUTE_BUCKETS_MS",
     "Grid",
     "check_choice",
     "check_fraction",
     "check_grid",
     "check_limit",
+    "check_minute_grid",
     "check_range",
     "check_seconds",
     "check_text",
@@ -42,6 +44,9 @@ MAX_LIMIT = 10_000
 MAX_TEXT_CHARS = 256
 #: Most values a list parameter (instances, signals) may hold.
 MAX_VALUES = 256
+#: The bucket widths below a minute a query accepts (they divide a minute, so a minute's
+#: buckets never straddle two minutes); they read raw rows, never the minute rollups.
+SUB_MINUTE_BUCKETS_MS = tuple(n * SECOND_MS for n in (5, 10, 15, 20, 30))
 #: Timestamps are Unix epoch ms between 1970 and 2286 (below 10**13).
 _MAX_TS_MS = 10**13
 
@@ -88,12 +93,15 @@ def check_range(start_ms: object, end_ms: object) -> tuple[int, int]:
 
 
 def check_grid(start_ms: object, end_ms: object, bucket_ms: object) -> Grid:
-    """A range and a bucket width: whole minutes, at most :data:`MAX_POINTS` buckets."""
+    """A range and a bucket width: whole minutes or one of :data:`SUB_MINUTE_BUCKETS_MS`
+    (5, 10, 15, 20 or 30 s, for a short span of data), at most :data:`MAX_POINTS` buckets."""
     start, end = check_range(start_ms, end_ms)
     bucket = _int("bucket_ms", bucket_ms)
-    if bucket < MINUTE_MS or bucket % MINUTE_MS:
+    if bucket not in SUB_MINUTE_BUCKETS_MS and (bucket < MINUTE_MS or bucket % MINUTE_MS):
         raise QueryError(
-            "bucket_ms", f"must be a whole number of minutes (>= {MINUTE_MS}), got {bucket}"
+            "bucket_ms",
+            f"must be a whole number of minutes (>= {MINUTE_MS}) or 5, 10, 15, 20 or 30 s, "
+            f"got {bucket}",
         )
     points = (end - 1) // bucket - start // bucket + 1
     if points > MAX_POINTS:
@@ -103,6 +111,17 @@ def check_grid(start_ms: object, end_ms: object, bucket_ms: object) -> Grid:
             f"{points} buckets exceed {MAX_POINTS}: use at least {wider} ms for this range",
         )
     return Grid(start, end, bucket)
+
+
+def check_minute_grid(start_ms: object, end_ms: object, bucket_ms: object) -> Grid:
+    """:func:`check_grid` for a read of the SLO rollups: buckets of whole minutes only."""
+    grid = check_grid(start_ms, end_ms, bucket_ms)
+    if grid.bucket_ms % MINUTE_MS:
+        raise QueryError(
+            "bucket_ms",
+            f"the SLO rollups hold minutes: must be a whole number of minutes, got {grid.bucket_ms}",
+        )
+    return grid
 
 
 def check_limit(limit: object) -> int:

@@ -5,7 +5,8 @@ Private to ``slo``. A range is read from the request rollups where they are sett
 the buckets are whole hours, the edges from the ``*_minute`` tables, and raw ``requests``
 before and after (the unsettled tail, a range edge inside a minute), turned into the same
 minute rows by the rollup's own SQL. So one answer never mixes exact and binned
-percentiles. Without rollups (an older file) the exact SQL over raw records answers.
+percentiles. Without rollups (an older file), or for buckets under a minute (a short span
+of data: a demo), the exact SQL over raw records answers.
 Reads count the taps' records (user traffic) unless the scope asks for the prober's
 (``source = "probe"``): those are few and never rolled up, so they are always read exactly.
 Parameters arrive validated; every value is bound.
@@ -116,7 +117,7 @@ def _union(
 def latency_sql(con: duckdb.DuckDBPyConnection, metric: str, scope: RequestScope) -> Query:
     """Samples, mean, p50/p90/p99 and max of ``metric`` per bucket and group (LATENCY_SCHEMA)."""
     coverage = scope.coverage(con)
-    if coverage is None:
+    if coverage is None or scope.grid.bucket_ms < MINUTE_MS:  # rollups hold minutes
         return _exact_latency_sql(metric, scope)
     pieces = _pieces(scope.grid, coverage)
     columns = "ts_ms, pool, instance, metric, bin, samples, sum_s, max_s"
@@ -164,7 +165,7 @@ def outcome_sql(con: duckdb.DuckDBPyConnection, scope: RequestScope) -> Query:
     group, pool_sql, instance_sql = scope.columns()
     where, filters = scope.where()
     bucket = scope.grid.bucket_ms
-    if coverage is None:
+    if coverage is None or bucket < MINUTE_MS:  # rollups hold minutes
         grid = scope.grid
         sql = f"""
             SELECT received_ts_ms // ? * ? AS bucket_ts_ms, {pool_sql}, {instance_sql}, outcome,

@@ -11,6 +11,7 @@ import pyarrow as pa
 __all__ = [
     "ALERTS_SCHEMA",
     "BUDGET_SCHEMA",
+    "BURN_SCHEMA",
     "DRILLS_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
     "FINDINGS_SCHEMA",
@@ -34,6 +35,12 @@ BUDGET_SCHEMA = pa.schema(
     [
         ("bucket_ts_ms", _I64), ("total", _I64), ("bad", _I64), ("error_ratio", _F64),
         ("burn_rate", _F64), ("budget_remaining", _F64),
+    ]
+)  # fmt: skip
+BURN_SCHEMA = pa.schema(
+    [
+        ("bucket_ts_ms", _I64), ("slo_id", _S), ("total", _I64), ("bad", _I64),
+        ("error_ratio", _F64), ("burn_rate", _F64),
     ]
 )  # fmt: skip
 FINDINGS_SCHEMA = pa.schema(

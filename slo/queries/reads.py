@@ -16,6 +16,7 @@ from slo.queries._params import (
     check_fraction,
     check_grid,
     check_limit,
+    check_minute_grid,
     check_range,
     check_seconds,
     check_text,
@@ -25,6 +26,7 @@ from slo.queries._request_reads import RequestScope, latency_sql, outcome_sql, r
 from slo.queries._schemas import (
     ALERTS_SCHEMA,
     BUDGET_SCHEMA,
+    BURN_SCHEMA,
     DRILLS_SCHEMA,
     ENGINE_SERIES_SCHEMA,
     FINDINGS_SCHEMA,
@@ -39,12 +41,14 @@ from slo.queries._sql import optional_equal as _optional
 from slo.queries._sql import present_tables
 from slo.queries._sql import run_query as _run
 from slo.queries.alerts import alerts, drills
+from slo.queries.burn import slo_burn_series
 from slo.queries.series import engine_series, gpu_series
 from slo.request_sources import REQUEST_SOURCES, RequestSource, source_filter
 
 __all__ = [
     "ALERTS_SCHEMA",
     "BUDGET_SCHEMA",
+    "BURN_SCHEMA",
     "DRILLS_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
     "FINDINGS_SCHEMA",
@@ -68,6 +72,7 @@ __all__ = [
     "open_findings",
     "outcome_counts",
     "present_tables",
+    "slo_burn_series",
     "slo_status",
 ]
 
@@ -112,11 +117,11 @@ def budget_series(
     from ``start_ms``: 1 − Σbad / ((1 − objective) · Σtotal). Buckets without events are
     absent (no NaN). ``group`` narrows to groups whose ``pool``/``instance``/``tenant``/
     ``route`` equal the given values. Reads ``slo_hour`` when buckets are whole hours,
-    else ``slo_minute`` (kept 35 days by default).
+    else ``slo_minute`` (kept 35 days by default), so buckets are whole minutes.
     """
     slo = check_text("slo_id", slo_id)
     allowed = 1.0 - check_fraction("objective", objective, low=0.0, high=1.0)
-    grid = check_grid(start_ms, end_ms, bucket_ms)
+    grid = check_minute_grid(start_ms, end_ms, bucket_ms)
     where, params = "", list[object]()
     for column, value in sorted((group or {}).items()):
         check_choice("group", column, _GROUP_COLUMNS)

@@ -1,9 +1,14 @@
-"""A small DuckDB history with faults in it, built once per session, for every page's tests.
+"""A small DuckDB history with faults in it, built once per session, for every page's tests,
+and a demo-like file: what `make demo` leaves.
 
 Two days of 4 pods from the history generator (one incident a day: TTFT × 6 and 5 %
 errors), the SLO jobs run over it (rollups, status, findings), plus the events a fault
 drill leaves: a stall finding, a KV leak walking one pod L0 → L1 → L2 → L1, and one
 canary verdict. Times end at a fixed hour so the pages see the same range every run.
+
+The demo-like file is 2.5 minutes of 4 pods scraped every 5 s with every request kept,
+ending at 18:45 UTC (an hour whose 12-hour reading differs), with the demo's two faults
+still open at its end (a stall on one pod, a KV leak holding another at L2) and a verdict.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import pytest
 import simulator.history as history
 from api.verdicts import VerdictStore
 from pipeline.store import Store
-from pipeline.units import HOUR_MS
+from pipeline.units import DAY_MS, HOUR_MS
 from slo.flags import FlagTransition
 from slo.jobs import SloJobs
 from slo.signals.findings import Finding
@@ -26,6 +31,9 @@ from slo.spec import parse_spec
 from slo.spec.model import build_model
 
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
+#: The demo-like file's last scrape: 2026-09-21 18:45 UTC, 150 s after its first.
+DEMO_END_MS = END_MS + 4 * HOUR_MS + 45 * 60_000
+DEMO_SPAN_MS = 150_000
 POOL = "llama-3-8b"
 SPEC = {
     "version": "llmslo/v1",
@@ -63,6 +71,28 @@ class History:
     stalled: str
 
 
+def _verdict(store: Store, canary: str, baseline: str, at_ms: int) -> None:
+    verdicts = VerdictStore(store.con)
+    verdicts.migrate()
+    document = {
+        "verdict": "fail",
+        "metrics": [
+            {"metric": "ttft_p99", "result": "High", "canary": 2.9, "baseline": 0.6},
+            {"metric": "error_rate", "result": "Pass", "canary": 0.004, "baseline": 0.003},
+        ],
+    }
+    verdicts.insert(
+        {
+            "verdict_id": "v-1", "idempotency_key": None, "evaluated_ts_ms": at_ms,
+            "source": "argo", "namespace": "prod", "service": "chat", "canary": f"instances={canary}",
+            "baseline": f"instances={baseline}", "window_start_ts_ms": at_ms - HOUR_MS,
+            "window_end_ts_ms": at_ms, "verdict": "fail", "score": 42.0,
+            "reason": "ttft_p99 High", "canary_requests": 812, "baseline_requests": 790,
+            "document_json": json.dumps(document),
+        }
+    )  # fmt: skip
+
+
 def _drill_events(store: Store, instances: list[str]) -> None:
     stalled, leaking = instances[0], instances[1]
     stall = Finding(
@@ -88,25 +118,7 @@ def _drill_events(store: Store, instances: list[str]) -> None:
             for hours, before, after, free in steps
         ]
     )
-    verdicts = VerdictStore(store.con)
-    verdicts.migrate()
-    document = {
-        "verdict": "fail",
-        "metrics": [
-            {"metric": "ttft_p99", "result": "High", "canary": 2.9, "baseline": 0.6},
-            {"metric": "error_rate", "result": "Pass", "canary": 0.004, "baseline": 0.003},
-        ],
-    }
-    verdicts.insert(
-        {
-            "verdict_id": "v-1", "idempotency_key": None, "evaluated_ts_ms": END_MS - HOUR_MS,
-            "source": "argo", "namespace": "prod", "service": "chat", "canary": f"instances={leaking}",
-            "baseline": f"instances={instances[2]}", "window_start_ts_ms": END_MS - 2 * HOUR_MS,
-            "window_end_ts_ms": END_MS - HOUR_MS, "verdict": "fail", "score": 42.0,
-            "reason": "ttft_p99 High", "canary_requests": 812, "baseline_requests": 790,
-            "document_json": json.dumps(document),
-        }
-    )  # fmt: skip
+    _verdict(store, leaking, instances[2], END_MS - HOUR_MS)
 
 
 @pytest.fixture(scope="session")
@@ -133,3 +145,42 @@ def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with Store(path):
         pass
     return path
+
+
+@pytest.fixture(scope="session")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> History:
+    """The demo-like file (about 5 s to build): 150 s of 4 pods, faults open at its end."""
+    path = tmp_path_factory.mktemp("dash-demo") / "demo.duckdb"
+    config = history.HistoryConfig(
+        days=DEMO_SPAN_MS / DAY_MS, end_ts_ms=DEMO_END_MS, pods=4, interval_s=5,
+        request_sample=1.0, incidents_per_day=0, seed=3,
+    )  # fmt: skip
+    generator = history.HistoryGenerator(config)
+    stalled, leaking = generator.instances[0], generator.instances[1]
+    with Store(path) as store:
+        for schema, table in generator.chunks():
+            store.commit_batch({schema.table: [table]}, group_id="d", offsets={}, now_ts_ms=0)
+        SloJobs(store.con, build_model(parse_spec(SPEC))).run_once(DEMO_END_MS)
+        stall = Finding(
+            DEMO_END_MS - 70_000, "stall", "instance", stalled, POOL, "page", "signature",
+            {"running": 12, "generation_tokens_per_s": 0.0, "for_s": 20},
+        )  # fmt: skip
+        write_findings(store.con, DEMO_END_MS - 70_000, "firing", [stall])
+        StoreTransitionSink(store.con).write(
+            [
+                FlagTransition(
+                    DEMO_END_MS - ago_ms,
+                    "instance",
+                    leaking,
+                    POOL,
+                    before,
+                    after,
+                    free,
+                    "kv_free_ratio",
+                    {"kv_usage": round(1 - free, 2)},
+                )
+                for ago_ms, before, after, free in ((100_000, 0, 1, 0.08), (50_000, 1, 2, 0.04))
+            ]
+        )
+        _verdict(store, leaking, generator.instances[2], DEMO_END_MS - 10_000)
+    return History(path, [], generator.instances, leaking, stalled)

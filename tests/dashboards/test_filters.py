@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dashboards.filters import Filters, bucket_for, parse_filters, to_query
+from dashboards.filters import Filters, bucket_for, bucket_label, parse_filters, to_query
 from pipeline.units import HOUR_MS, MINUTE_MS
 
 END = 1_790_000_000_000
@@ -51,7 +51,27 @@ def test_a_bad_parameter_is_reported_and_the_default_used(
 
 
 @given(span_ms=st.integers(min_value=1, max_value=90 * 86_400_000))
-def test_buckets_are_whole_minutes_and_at_most_240_per_range_up_to_60_days(span_ms: int) -> None:
+def test_buckets_are_at_most_240_per_range_and_whole_minutes_above_half_an_hour(
+    span_ms: int,
+) -> None:
     bucket = bucket_for(span_ms)
-    assert bucket % MINUTE_MS == 0
+    assert bucket % MINUTE_MS == 0 or (span_ms <= 30 * MINUTE_MS and MINUTE_MS % bucket == 0)
+    assert bucket >= 5_000
     assert span_ms / bucket <= 240 or span_ms > 60 * 86_400_000
+
+
+def test_a_two_minute_demo_in_a_day_view_gets_five_second_buckets() -> None:
+    """The sidebar's 24 h over 2.5 minutes of data: buckets follow the data, not the range."""
+    data_start, data_end = END - 150_000, END
+    filters, _ = parse_filters({}, data_end_ms=data_end, now_ms=END, data_start_ms=data_start)
+    assert filters.end_ms - filters.start_ms == 24 * HOUR_MS
+    assert filters.bucket_ms == 5_000 and bucket_label(filters.bucket_ms) == "5 s"
+    assert filters.minute_bucket_ms == MINUTE_MS  # the SLO rollups' grain
+    # Data covering the whole range keeps the range's buckets; data outside it too.
+    history, _ = parse_filters({}, data_end_ms=data_end, now_ms=END, data_start_ms=0)
+    assert history.bucket_ms == 15 * MINUTE_MS and bucket_label(history.bucket_ms) == "15 min"
+    elsewhere, _ = parse_filters(
+        {"from": "0", "to": str(7 * 86_400_000)}, data_end_ms=data_end, now_ms=END,
+        data_start_ms=data_start,
+    )  # fmt: skip
+    assert elsewhere.bucket_ms == bucket_for(7 * 86_400_000)

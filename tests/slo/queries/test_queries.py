@@ -189,6 +189,62 @@ def test_budget_series_adds_up_to_the_rollups_and_the_incident_burns(con: Any, b
     assert 0 < pa.compute.sum(one_pod["total"]).as_py() < pa.compute.sum(minutes["total"]).as_py()
 
 
+def test_slo_burn_series_is_every_slos_budget_series_in_one_read(con: Any) -> None:
+    window = {"start_ms": END_MS - 6 * HOUR_MS, "end_ms": END_MS, "bucket_ms": 10 * MINUTE_MS}
+    burn = queries.slo_burn_series(con, **window)
+    assert burn.schema == queries.BURN_SCHEMA
+    assert set(burn["slo_id"].to_pylist()) == {"q-avail", "q-ttft"}
+    for slo_id, objective in (("q-avail", 0.99), ("q-ttft", 0.995)):
+        one = queries.budget_series(con, slo_id=slo_id, objective=objective, **window)
+        rows = [r for r in burn.to_pylist() if r["slo_id"] == slo_id]
+        assert [(r["bucket_ts_ms"], r["total"], r["bad"]) for r in rows] == list(
+            zip(
+                one["bucket_ts_ms"].to_pylist(),
+                one["total"].to_pylist(),
+                one["bad"].to_pylist(),
+                strict=True,
+            )
+        )
+        assert [r["burn_rate"] for r in rows] == pytest.approx(one["burn_rate"].to_pylist())
+    one_pod = queries.slo_burn_series(con, **window, group={"instance": POD})
+    assert 0 < pa.compute.sum(one_pod["total"]).as_py() < pa.compute.sum(burn["total"]).as_py()
+    with pytest.raises(QueryError) as raised:
+        queries.slo_burn_series(con, **{**window, "bucket_ms": 5_000})
+    assert raised.value.parameter == "bucket_ms" and "SLO rollups hold minutes" in str(raised.value)
+
+
+def test_five_second_buckets_read_raw_records_and_agree_with_minutes(con: Any) -> None:
+    """A 2-minute demo is drawn in 5-s buckets: twelve per minute, adding up to the minute."""
+    window = {"start_ms": END_MS - 10 * MINUTE_MS, "end_ms": END_MS}
+    fine = queries.outcome_counts(con, **window, bucket_ms=5_000).to_pylist()
+    minute = queries.outcome_counts(con, **window, bucket_ms=MINUTE_MS).to_pylist()
+    assert {r["bucket_ts_ms"] % 5_000 for r in fine} == {0}
+    assert len({r["bucket_ts_ms"] for r in fine}) > len({r["bucket_ts_ms"] for r in minute})
+    assert sum(r["attempts"] for r in fine) == sum(r["attempts"] for r in minute)
+    ttft = queries.latency_percentiles(con, metric="ttft", **window, bucket_ms=5_000)
+    assert ttft.num_rows > 0 and sum(ttft["samples"].to_pylist()) == sum(
+        queries.latency_percentiles(con, metric="ttft", **window, bucket_ms=MINUTE_MS)[
+            "samples"
+        ].to_pylist()
+    )
+    kv = queries.engine_series(con, signals=["kv_usage"], **window, bucket_ms=15_000)
+    assert kv.num_rows > 0
+
+
+def test_counter_rates_do_not_depend_on_the_bucket_width(con: Any) -> None:
+    """Buckets narrower than the scrape interval read the same rate, not 0 or a multiple."""
+    window = {"start_ms": END_MS - 2 * HOUR_MS, "end_ms": END_MS, "instances": [POD]}
+    rates = {}
+    for bucket_ms in (10_000, MINUTE_MS, 10 * MINUTE_MS):
+        table = queries.engine_series(
+            con, signals=["generation_tokens"], bucket_ms=bucket_ms, **window
+        )
+        values = [v for v in table["value"].to_pylist() if v is not None]
+        rates[bucket_ms] = float(np.mean(values))
+    assert rates[10_000] == pytest.approx(rates[MINUTE_MS], rel=0.05)
+    assert rates[MINUTE_MS] == pytest.approx(rates[10 * MINUTE_MS], rel=0.05)
+
+
 def test_findings_newest_first_with_evidence_and_open_ones(con: Any) -> None:
     listed = queries.findings(con, start_ms=START_MS, end_ms=END_MS).to_pylist()
     assert [(f["state"], f["scope_id"]) for f in listed] == [

@@ -1,5 +1,11 @@
-"""Fleet: traffic in the last hour, every SLO with budget and burn, instances by degradation
-level, open findings, and what changed in the last hour."""
+"""Fleet: pictures first, then the tables behind them.
+
+Above the fold the page answers what is wrong, where and since when: a burn-rate strip (SLO ×
+time, each cell coloured by the highest alert window pair its burn rate reaches), request
+rate and p99 TTFT per pool over the range, and the degradation level of every instance that
+left L0. The tables follow (SLOs with their alert and budget first, instances by level,
+open findings, what changed); a wide table scrolls inside its own frame.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import streamlit as st
 
 from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
 from dashboards.views.common import findings_table, instances_in_scope, no_data, page
+from dashboards.views.fleet.pictures import pictures
 from pipeline.units import HOUR_MS
 
 __all__ = ["PAGE", "slo_rows"]
@@ -23,7 +30,8 @@ _LEVELS = {
 
 
 def slo_rows(status: pd.DataFrame) -> pd.DataFrame:
-    """The SLO table: one row per SLO × group, numbers formatted with units."""
+    """The SLO table: one row per SLO × group, numbers formatted with units; what an SRE
+    reads first (SLO, group, alert, budget left) leads, the burn per window follows."""
     rows = []
     for row in status.itertuples():
         burns = json.loads(row.burn_rates_json or "{}")
@@ -32,13 +40,13 @@ def slo_rows(status: pd.DataFrame) -> pd.DataFrame:
             {
                 "SLO": row.slo_id,
                 "group": ", ".join(f"{k}={v}" for k, v in sorted(group.items())) or "all",
-                "objective": fmt_pct(row.objective, 3),
-                "SLI": fmt_pct(row.sli, 3),
+                "alert": "FIRING" if row.alerting else "ok",
                 "budget left": fmt_pct(row.budget_remaining, 1),
+                "SLI": fmt_pct(row.sli, 3),
+                "objective": fmt_pct(row.objective, 3),
                 **{f"burn {w}": f"{burns[w]:,.2f}×" for w in sorted(burns, key=window_seconds)},
                 "events": fmt_count(row.events),
                 "bad": fmt_count(row.bad),
-                "alert": "FIRING" if row.alerting else "ok",
             }
         )
     return pd.DataFrame(rows)
@@ -76,7 +84,8 @@ def _slos(ctx: PageContext) -> None:
         "last evaluation",
         f"{pd.Timestamp(int(df['ts_ms'].max()), unit='ms', tz='UTC'):%H:%M:%S} UTC",
     )
-    st.dataframe(slo_rows(df), hide_index=True, width="stretch")
+    table = slo_rows(df.sort_values(["alerting", "budget_remaining"], ascending=[False, True]))
+    st.dataframe(table, hide_index=True, width="stretch")
 
 
 def _levels(ctx: PageContext) -> None:
@@ -194,6 +203,7 @@ def _traffic(ctx: PageContext) -> None:
 
 def _body(ctx: PageContext) -> None:
     _traffic(ctx)
+    pictures(ctx)
     _slos(ctx)
     _levels(ctx)
     left, right = st.columns(2)
