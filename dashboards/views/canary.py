@@ -1,16 +1,49 @@
-"""Canary: verdict history with per-metric results."""
+"""Canary: verdicts over time (which canary failed, when), then the verdict history with
+per-metric results."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
+from dashboards.charts import time_tip, time_x
 from dashboards.context import PageContext
 from dashboards.views.common import no_data, page
 
 __all__ = ["PAGE"]
+
+_VERDICT_COLOURS = {"fail": "#d62728", "inconclusive": "#ff7f0e", "pass": "#2ca02c"}
+
+
+def _timeline(df: pd.DataFrame) -> alt.Chart:
+    """One point per verdict: when (UTC), which canary, coloured by the verdict."""
+    return (
+        alt.Chart(df)
+        .mark_point(filled=True, size=120)
+        .encode(
+            x=time_x(),
+            y=alt.Y("canary:N", title=None, axis=alt.Axis(labelLimit=260)),
+            color=alt.Color(
+                "verdict:N",
+                scale=alt.Scale(
+                    domain=list(_VERDICT_COLOURS), range=list(_VERDICT_COLOURS.values())
+                ),
+            ),
+            tooltip=[
+                time_tip(),
+                "service:N",
+                "canary:N",
+                "baseline:N",
+                "verdict:N",
+                alt.Tooltip("score:Q", format=",.1f"),
+                "reason:N",
+            ],
+        )
+        .properties(height=max(80, 30 * df["canary"].nunique()))
+    )
 
 
 def _metric_rows(document: dict[str, Any] | None) -> pd.DataFrame:
@@ -33,16 +66,17 @@ def _body(ctx: PageContext) -> None:
     cols = st.columns(3)
     for col, name in zip(cols, ("pass", "fail", "inconclusive"), strict=True):
         col.metric(name, f"{int(counts.get(name, 0)):,}")
+    st.altair_chart(_timeline(df), width="stretch")
     st.dataframe(
         df[
             [
                 "time",
-                "service",
-                "canary",
-                "baseline",
                 "verdict",
-                "score",
+                "canary",
                 "reason",
+                "service",
+                "baseline",
+                "score",
                 "canary_requests",
                 "baseline_requests",
             ]

@@ -85,14 +85,14 @@ def _requests(history: History, where: str = "true", *params: object) -> int:
 
 #: page → (least number of charts, texts that must appear) on the 2-day history.
 EXPECTED = {
-    "fleet": (0, ["chat-availability", "chat-ttft", "L1 no speculative decoding=1", "FIRING"]),
+    "fleet": (4, ["chat-availability", "chat-ttft", "L1 no speculative decoding=1", "FIRING"]),
     "slo": (4, ["objective=99.000 %", "budget left=", "Bad events behind it"]),
     "latency": (3, ["TTFT p99 (worst bucket)=", "samples="]),
     "engines": (5, ["KV cache usage", "stall", "signature"]),
     "gpus": (4, ["Utilisation", "No XID error reported"]),
     "requests": (3, ["client requests=", "disconnects="]),
     "flags": (1, ["L1 → L2", "kv_usage", "resolved,stall"]),
-    "canary": (0, ["fail=1", "ttft_p99,High"]),
+    "canary": (1, ["fail=1", "ttft_p99,High"]),
 }
 
 
@@ -114,7 +114,7 @@ def test_fleet_counts_every_request_of_the_period(on_history: History) -> None:
     table = _page("fleet", range="30d").dataframe[0].value
     availability = table[table["SLO"] == "chat-availability"].iloc[0]
     assert availability["events"] == f"{_requests(on_history):,}"
-    assert list(table.columns[:5]) == ["SLO", "group", "objective", "SLI", "budget left"]
+    assert list(table.columns[:6]) == ["SLO", "group", "alert", "budget left", "SLI", "objective"]
     burns = [c for c in table.columns if c.startswith("burn ")]
     assert burns[:3] == ["burn 5m", "burn 30m", "burn 1h"]  # shortest window first
 
