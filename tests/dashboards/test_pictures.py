@@ -135,9 +135,21 @@ _LAYOUT_JS = """(() => {
   const tables = Array.from(document.querySelectorAll(
     '[data-testid="stDataFrame"], [data-testid="stTable"]')).filter(shown);
   const main = document.querySelector('[data-testid="stMain"]') || document.body;
+  // Wider than the window and not inside a frame that clips it (a table scrolls inside).
+  const clipped = (e) => {
+    for (let a = e.parentElement; a && a !== main; a = a.parentElement) {
+      const o = getComputedStyle(a).overflowX;
+      if (o !== 'visible' && a.getBoundingClientRect().right <= window.innerWidth + 1) return true;
+    }
+    return false;
+  };
+  const name = (e) => {
+    const owner = e.closest('[data-testid]');
+    return (owner ? owner.getAttribute('data-testid') + '>' : '') + e.tagName;
+  };
   const wide = Array.from(main.querySelectorAll('*')).filter(e => shown(e) &&
-    e.getBoundingClientRect().right > window.innerWidth + 1).map(e =>
-    (e.getAttribute('data-testid') || e.tagName) + ' ' + Math.round(e.getBoundingClientRect().right));
+    e.getBoundingClientRect().right > window.innerWidth + 1 && !clipped(e)).map(e =>
+    name(e) + ' ' + Math.round(e.getBoundingClientRect().right));
   const cut = Array.from(document.querySelectorAll(
     '[data-testid="stMetricValue"] div, [data-testid="stMetricLabel"] p, h1, h2, h3'))
     .filter(e => shown(e) && e.scrollWidth > e.clientWidth + 1).map(e => e.innerText.slice(0, 80));
