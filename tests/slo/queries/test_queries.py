@@ -190,7 +190,11 @@ def test_budget_series_adds_up_to_the_rollups_and_the_incident_burns(con: Any, b
 
 
 def test_slo_burn_series_is_every_slos_budget_series_in_one_read(con: Any) -> None:
-    window = {"start_ms": END_MS - 6 * HOUR_MS, "end_ms": END_MS, "bucket_ms": 10 * MINUTE_MS}
+    window: dict[str, Any] = {
+        "start_ms": END_MS - 6 * HOUR_MS,
+        "end_ms": END_MS,
+        "bucket_ms": 10 * MINUTE_MS,
+    }
     burn = queries.slo_burn_series(con, **window)
     assert burn.schema == queries.BURN_SCHEMA
     assert set(burn["slo_id"].to_pylist()) == {"q-avail", "q-ttft"}
@@ -215,7 +219,7 @@ def test_slo_burn_series_is_every_slos_budget_series_in_one_read(con: Any) -> No
 
 def test_five_second_buckets_read_raw_records_and_agree_with_minutes(con: Any) -> None:
     """A 2-minute demo is drawn in 5-s buckets: twelve per minute, adding up to the minute."""
-    window = {"start_ms": END_MS - 10 * MINUTE_MS, "end_ms": END_MS}
+    window: dict[str, Any] = {"start_ms": END_MS - 10 * MINUTE_MS, "end_ms": END_MS}
     fine = queries.outcome_counts(con, **window, bucket_ms=5_000).to_pylist()
     minute = queries.outcome_counts(con, **window, bucket_ms=MINUTE_MS).to_pylist()
     assert {r["bucket_ts_ms"] % 5_000 for r in fine} == {0}
@@ -233,7 +237,11 @@ def test_five_second_buckets_read_raw_records_and_agree_with_minutes(con: Any) -
 
 def test_counter_rates_do_not_depend_on_the_bucket_width(con: Any) -> None:
     """Buckets narrower than the scrape interval read the same rate, not 0 or a multiple."""
-    window = {"start_ms": END_MS - 2 * HOUR_MS, "end_ms": END_MS, "instances": [POD]}
+    window: dict[str, Any] = {
+        "start_ms": END_MS - 2 * HOUR_MS,
+        "end_ms": END_MS,
+        "instances": [POD],
+    }
     rates = {}
     for bucket_ms in (10_000, MINUTE_MS, 10 * MINUTE_MS):
         table = queries.engine_series(
