@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,20 @@ def test_alertmanager_snippet_passes_amtool_and_routes_by_severity(tmp_path: Pat
     for labels, receiver in [("severity=page", "page"), ("severity=ticket", "ticket")]:
         routed = run(amtool, "config", "routes", "test", f"--config.file={config}", labels)
         assert routed.stdout.strip() == receiver, routed.stdout + routed.stderr
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask 022", "umask 027"])
+def test_generated_files_are_readable_by_another_user_as_the_umask_allows(
+    tmp_path: Path, umask: int
+) -> None:
+    """A Prometheus or Alertmanager running as its own user reads the generated files."""
+    out, tests, manager = tmp_path / "slo.yml", tmp_path / "tests", tmp_path / "am.yml"
+    old = os.umask(umask)
+    try:
+        spec = str(REPO / "config/slo.example.yaml")
+        assert _main("rules", "generate", spec, "-o", str(out), "--tests", str(tests)) == 0
+        assert _main("rules", "alertmanager", "-o", str(manager)) == 0
+    finally:
+        os.umask(old)
+    for path in [out, manager, *tests.iterdir()]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path.name
