@@ -163,6 +163,9 @@ def api_config(args: argparse.Namespace, config: Any) -> ApiConfig:
     updates: dict[str, object] = {}
     if getattr(args, "host", None):
         updates["host"] = args.host
-    if getattr(args, "api_port", None) is not None:
-        updates["port"] = args.api_port
+    port = getattr(args, "api_port", None)  # ``run --api-port``; ``api --port``
+    if port is None:
+        port = getattr(args, "port", None)
+    if port is not None:
+        updates["port"] = port
     return section.model_copy(update=updates) if updates else section

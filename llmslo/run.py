@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, closing
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,19 @@ from collectors.receive.config import ReceiveConfig
 from collectors.receive.service import ReceiveService
 from llmslo.api_server import ApiServer, api_config
 from llmslo.commands.probe import probe_until
-from llmslo.options import add_common_options, install_stop_handlers, print_json, resolve_config
+from llmslo.options import (
+    add_common_options,
+    add_spec_option,
+    install_stop_handlers,
+    load_model,
+    print_json,
+    resolve_config,
+    resolve_spec,
+)
 from llmslo.roles import ROLES, run_ingest_role, run_jobs_role
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
-from pipeline.errors import ConfigError, LlmsloError
+from pipeline.errors import LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
 from pipeline.publisher import Publisher
@@ -49,15 +56,11 @@ from slo.jobs import CycleResult, JobsConfig, SloJobs
 from slo.metrics import JobMetrics
 from slo.queries import alerts as recorded_alerts
 from slo.sinks import BusTransitionSink
-from slo.spec.loader import load_spec
-from slo.spec.model import SloModel, build_model
+from slo.spec.model import SloModel
 
-__all__ = ["EXAMPLE_SPEC", "Pipeline", "load_model", "register"]
+__all__ = ["Pipeline", "register"]
 
 log = logging.getLogger(__name__)
-
-#: The SLO spec used when none is configured (the seeds' targets), shipped inside ``slo``.
-EXAMPLE_SPEC = Path(str(resources.files("slo").joinpath("slo.example.yaml")))
 
 
 def register(subparsers: Any) -> None:
@@ -77,11 +80,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common_options(run, db=True)
-    run.add_argument(
-        "--spec",
-        type=Path,
-        help="SLO spec (default: slo.spec, else the example spec shipped with llmslo)",
-    )
+    add_spec_option(run)
     run.add_argument(
         "--metrics-port",
         type=int,
@@ -100,17 +99,6 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--instance-id", help="static group membership name (--role ingest)")
     run.set_defaults(handler=run_pipeline)
-
-
-def load_model(spec: Path | None) -> SloModel:
-    """The validated SLO model of ``spec`` (default: the example spec)."""
-    path = spec or EXAMPLE_SPEC
-    if not path.exists():
-        raise ConfigError(f"SLO spec {path} not found: pass --spec FILE or set slo.spec")
-    model = build_model(load_spec(path))
-    for warning in model.warnings:
-        log.warning("%s", warning)
-    return model
 
 
 class Pipeline:
@@ -269,7 +257,7 @@ def serve_api(
 
 def run_pipeline(args: argparse.Namespace) -> int:
     config = resolve_config(args)
-    spec = args.spec or config.section("slo", JobsConfig).spec
+    spec = resolve_spec(args, config)
     if args.role == "ingest":
         return run_ingest_role(config, args.instance_id)
     model = load_model(spec)

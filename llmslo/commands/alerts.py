@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from llmslo.options import add_subcommand, print_json, resolve_config
+from llmslo.options import add_config_option, add_subcommand, print_json, resolve_config
 from pipeline.errors import LlmsloError
 from pipeline.store import Store
 from slo.queries import alerts as recorded_alerts
@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
         "llmslo alerts --db var/llmslo.duckdb --severity page --json\n"
         "llmslo alerts --alertmanager http://127.0.0.1:9093",
     )
-    parser.add_argument("-c", "--config", type=Path, help="llmslo YAML config (for store.path)")
+    add_config_option(parser, "llmslo YAML config (for store.path)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--db", type=Path, help="DuckDB file (default: store.path), read-only")
     source.add_argument("--alertmanager", metavar="URL", help="ask this Alertmanager instead")

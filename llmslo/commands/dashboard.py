@@ -15,7 +15,13 @@ from typing import Any
 
 from dashboards import APP_SCRIPT, SOURCE_ENV, DuckDBSource
 from dashboards.sources import GPU_PODS_ENV
-from llmslo.options import add_common_options, add_subcommand, install_stop_handlers, resolve_config
+from llmslo.options import (
+    add_common_options,
+    add_listen_options,
+    add_subcommand,
+    install_stop_handlers,
+    resolve_config,
+)
 from pipeline.errors import ConfigError, LlmsloError
 from slo.jobs import JobsConfig
 
@@ -38,9 +44,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--api", metavar="URL", help="read API of a running `llmslo run` (instead of --db)"
     )
-    parser.add_argument(
-        "--port", type=int, default=8501, help="loopback port (default 8501; 0 = any free port)"
-    )
+    add_listen_options(parser, "the dashboard", port_default="8501")
     parser.set_defaults(handler=run_dashboard)
 
 
@@ -61,21 +65,23 @@ def dashboard_env(args: argparse.Namespace) -> dict[str, str]:
     return {SOURCE_ENV: f"db:{path.resolve()}", GPU_PODS_ENV: json.dumps(gpu_pods)}
 
 
-def _port(requested: int) -> int:
+def _port(requested: int | None, host: str) -> int:
+    if requested is None:
+        return 8501
     if requested == 0:
         with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
+            probe.bind((host, 0))
             return int(probe.getsockname()[1])
     if not 1 <= requested <= 65535:
         raise ConfigError(f"--port {requested}: must be in 1..65535 (or 0 for any free port)")
     return requested
 
 
-def dashboard_command(port: int) -> list[str]:
-    """The ``streamlit run`` command line serving :data:`APP_SCRIPT` on ``127.0.0.1:port``."""
+def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
+    """The ``streamlit run`` command line serving :data:`APP_SCRIPT` on ``host:port``."""
     return [
         sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT),
-        "--server.address", "127.0.0.1", "--server.port", str(port),
+        "--server.address", host, "--server.port", str(port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
         "--global.developmentMode", "false", "--server.fileWatcherType", "none",
         "--client.toolbarMode", "viewer",
@@ -100,12 +106,13 @@ def run_dashboard(args: argparse.Namespace) -> int:
     """Start Streamlit, wait until it serves, print the URL, run until SIGTERM/SIGINT."""
     source_env = dashboard_env(args)
     spec = source_env[SOURCE_ENV]
-    port = _port(args.port)
-    url = f"http://127.0.0.1:{port}/"
+    host = args.host or "127.0.0.1"
+    port = _port(args.port, host)
+    url = f"http://{host}:{port}/"
     root = str(APP_SCRIPT.parent.parent)  # so the script imports this very package
     env = {**os.environ, **source_env}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    process = subprocess.Popen(dashboard_command(port), env=env, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(dashboard_command(port, host), env=env, stdout=subprocess.DEVNULL)
     stopping = False
 
     def stop() -> None:

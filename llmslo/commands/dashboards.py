@@ -11,7 +11,7 @@ from typing import Any
 from alerts.grafana import dashboard_files
 from alerts.load import load_rule_model
 from alerts.writer import write_all
-from llmslo.options import add_subcommand
+from llmslo.options import add_spec_option, add_subcommand, resolve_spec
 
 __all__ = ["register", "run_grafana"]
 
@@ -22,20 +22,22 @@ def register(subparsers: Any) -> None:
         subparsers,
         "dashboards",
         "Generate Grafana dashboards (SLO overview, engines/GPUs) from an SLO spec.",
-        "llmslo dashboards grafana config/slo.example.yaml -o var/grafana\n"
-        "llmslo dashboards grafana sloth-spec.yml -o var/grafana --prefix checkout",
+        "llmslo dashboards grafana -o var/grafana               # the example spec\n"
+        "llmslo dashboards grafana --spec tests/alerts/specs/sloth-getting-started.yaml \\\n"
+        "    -o var/grafana --prefix checkout",
     )
     sub = dashboards.add_subparsers(dest="dashboards_command", required=True)
     grafana = add_subcommand(
         sub,
         "grafana",
-        "Write <prefix>-slos.json and <prefix>-engines.json into DIR. SPEC may be llmslo/v1, "
+        "Write <prefix>-slos.json and <prefix>-engines.json into DIR. --spec may be llmslo/v1, "
         "OpenSLO v1 or Sloth prometheus/v1, as for `llmslo rules generate`; the boards read "
         "the series those rules record. Nothing is written unless both boards render.",
-        "llmslo dashboards grafana config/slo.example.yaml -o var/grafana\n"
-        "llmslo dashboards grafana sloth-spec.yml -o var/grafana --prefix checkout",
+        "llmslo dashboards grafana -o var/grafana               # the example spec\n"
+        "llmslo dashboards grafana --spec tests/alerts/specs/sloth-getting-started.yaml \\\n"
+        "    -o var/grafana --prefix checkout",
     )
-    grafana.add_argument("spec", type=Path)
+    add_spec_option(grafana, positional=True)
     grafana.add_argument("-o", "--output", type=Path, required=True, help="directory to write")
     grafana.add_argument(
         "--prefix",
@@ -48,7 +50,7 @@ def register(subparsers: Any) -> None:
 
 def run_grafana(args: argparse.Namespace) -> int:
     """Render both boards, then write them; ConfigError (nothing written) on a bad spec."""
-    model = load_rule_model(args.spec)
+    model = load_rule_model(resolve_spec(args))
     for reason in model.skipped:
         sys.stderr.write(f"skipped: {reason}\n")
     files = {args.output / name: text for name, text in dashboard_files(model, args.prefix).items()}

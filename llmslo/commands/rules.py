@@ -12,7 +12,7 @@ from alerts.files import prometheus_rule_text, render_bundle, rules_text
 from alerts.load import load_rule_model
 from alerts.operator import alertmanager_config_object, parse_labels
 from alerts.writer import render_yaml, write_all
-from llmslo.options import add_subcommand
+from llmslo.options import add_spec_option, add_subcommand, resolve_spec
 
 __all__ = ["register", "run_alertmanager", "run_generate"]
 
@@ -23,11 +23,10 @@ def register(subparsers: Any) -> None:
         subparsers,
         "rules",
         "Generate Prometheus rules, promtool tests and Alertmanager config from an SLO spec.",
-        "llmslo rules generate config/slo.example.yaml -o var/rules/slo.rules.yml --tests var/rules/tests\n"
-        "llmslo rules generate sloth-spec.yml -o -\n"
-        "llmslo rules generate sloth-k8s-slo.yml -o slo.rules.yaml   # a PrometheusRule, as Sloth\n"
-        "llmslo rules generate pyrra-slo.yaml --format rules -o -\n"
-        "llmslo rules generate config/slo.example.yaml --format prometheusrule \\\n"
+        "llmslo rules generate -o var/rules/slo.rules.yml --tests var/rules/tests  # example spec\n"
+        "llmslo rules generate --spec tests/alerts/specs/sloth-getting-started.yaml -o -\n"
+        "llmslo rules generate --spec tests/alerts/specs/pyrra-http-ratio.yaml --format rules -o -\n"
+        "llmslo rules generate --spec config/slo.example.yaml --format prometheusrule \\\n"
         "    --namespace monitoring --label release=kube-prometheus-stack -o slo.rules.yaml\n"
         "llmslo rules alertmanager -o var/rules/alertmanager.yml\n"
         "llmslo rules alertmanager --format alertmanagerconfig --namespace inference -o -",
@@ -35,13 +34,13 @@ def register(subparsers: Any) -> None:
     sub = rules.add_subparsers(dest="rules_command", required=True)
     generate = sub.add_parser(
         "generate",
-        help="write the rule file (and promtool tests) for SPEC",
+        help="write the rule file (and promtool tests) for --spec",
         description="SPEC may be llmslo/v1, OpenSLO v1 or v1alpha, Sloth prometheus/v1 or "
         "its PrometheusServiceLevel CRD, or Pyrra ServiceLevelObjectives (one or more "
         "documents). A Sloth CRD is written as a PrometheusRule named like it unless "
         "--format rules. Nothing is written unless every file renders.",
     )
-    generate.add_argument("spec", type=Path)
+    add_spec_option(generate, positional=True)
     generate.add_argument("-o", "--output", required=True, help="rule file, or - for stdout")
     generate.add_argument("--tests", type=Path, help="directory for the promtool test files")
     generate.add_argument(
@@ -86,7 +85,7 @@ def _add_object_options(
 
 def run_generate(args: argparse.Namespace) -> int:
     """Render everything first, then write it all; ConfigError (nothing written) on bad input."""
-    model = load_rule_model(args.spec, strict=args.strict)
+    model = load_rule_model(resolve_spec(args), strict=args.strict)
     signatures = not args.no_signatures
     for reason in model.skipped:
         sys.stderr.write(f"skipped: {reason}\n")

@@ -18,10 +18,14 @@ from alerts.pusher import AlertPusher, RecordSink, restore_state
 from alerts.records import table_writer
 from llmslo.options import (
     add_common_options,
+    add_config_option,
+    add_spec_option,
     add_subcommand,
     install_stop_handlers,
+    load_model,
     print_json,
     resolve_config,
+    resolve_spec,
 )
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
@@ -52,17 +56,18 @@ def register(subparsers: Any) -> None:
         subparsers,
         "slo",
         "Check SLO specs and report SLO status.",
-        "llmslo slo validate config/slo.example.yaml\n"
+        "llmslo slo validate --spec config/slo.example.yaml\n"
         "llmslo slo report --spec config/slo.example.yaml --db var/llmslo.duckdb --json",
     )
     sub = slo.add_subparsers(dest="slo_command", required=True)
     validate = sub.add_parser(
         "validate",
-        help="validate FILE; report every error by field path",
+        help="validate --spec FILE; report every error by field path",
         description="Validate an SLO spec; engine-histogram thresholds are checked "
         "against the bucket bounds in --db, or the dialect's defaults.",
     )
-    validate.add_argument("file", type=Path)
+    add_config_option(validate)
+    add_spec_option(validate, positional=True)
     validate.add_argument(
         "--db", type=Path, help="check histogram thresholds against the bounds stored here"
     )
@@ -72,7 +77,7 @@ def register(subparsers: Any) -> None:
         "report", help="SLO table: objective, SLI, budget left, burn rates, alerting pairs"
     )
     add_common_options(report, bus=False, db=True)
-    report.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
+    add_spec_option(report)
     report.add_argument(
         "--at", type=int, metavar="TS_MS", help="evaluate at this event time (default: newest data)"
     )
@@ -88,10 +93,10 @@ def register(subparsers: Any) -> None:
         "Evaluate SLOs, signals and degradation flags every interval.",
         "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --metrics-port 9466\n"
         "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --once\n"
-        "llmslo jobs -c config/llmslo.yaml --publish --bootstrap-servers 127.0.0.1:9092",
+        "llmslo jobs -c config/llmslo.example.yaml --publish   # to the broker of var/broker.address",
     )
     add_common_options(jobs, db=True)
-    jobs.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
+    add_spec_option(jobs)
     jobs.add_argument(
         "--interval", type=float, help="seconds between cycles (default: slo.interval_s, 15)"
     )
@@ -109,27 +114,22 @@ def register(subparsers: Any) -> None:
 
 
 def _model(args: argparse.Namespace, config: LlmsloConfig) -> SloModel:
-    spec = args.spec or config.section("slo", JobsConfig).spec
-    if spec is None:
-        raise ConfigError("no SLO spec: pass --spec FILE or set slo.spec in the config")
-    model = build_model(load_spec(spec))
-    for warning in model.warnings:
-        log.warning("%s", warning)
-    return model
+    return load_model(resolve_spec(args, config))
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    model = build_model(load_spec(args.file))
+    spec = resolve_spec(args)
+    model = build_model(load_spec(spec))
     observed = None
     if args.db:
         with Store(args.db, read_only=True) as store:
             observed = observed_bounds(store.con)
     problems = check_bucket_bounds(model, observed)
     if problems:
-        raise ConfigError(f"{args.file}: invalid SLO spec\n" + "\n".join(problems))
+        raise ConfigError(f"{spec}: invalid SLO spec\n" + "\n".join(problems))
     for warning in model.warnings:
         print(f"warning: {warning}")
-    print(f"{args.file}: valid ({len(model.slos)} SLOs)")
+    print(f"{spec}: valid ({len(model.slos)} SLOs)")
     return 0
 
 

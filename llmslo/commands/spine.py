@@ -18,6 +18,7 @@ from prometheus_client import start_http_server
 from api.tables import API_TABLES
 from llmslo.options import (
     add_common_options,
+    add_listen_options,
     add_subcommand,
     install_stop_handlers,
     print_json,
@@ -44,9 +45,10 @@ def register(subparsers: Any) -> None:
         subparsers,
         "broker",
         "Start the embedded Kafka-protocol broker and print its address.",
-        "llmslo broker\nllmslo broker --port 19092",
+        "llmslo broker                # prints its address, writes var/broker.address\n"
+        "llmslo broker --port 19092",
     )
-    broker.add_argument("--port", type=int, help="loopback port (default: a free one)")
+    add_listen_options(broker, "the broker", port_default="a free one")
     broker.set_defaults(handler=run_broker)
 
     ingest = add_subcommand(
@@ -116,7 +118,7 @@ def register(subparsers: Any) -> None:
 def run_broker(args: argparse.Namespace) -> int:
     stopped = threading.Event()
     install_stop_handlers(stopped.set)
-    with EmbeddedBroker(port=args.port) as broker:
+    with EmbeddedBroker(port=args.port, host=args.host or "127.0.0.1") as broker:
         print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
         while not stopped.wait(0.5):
             pass

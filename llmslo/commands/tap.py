@@ -20,7 +20,12 @@ from collectors.tap.flagsource import KafkaFlagSource
 from collectors.tap.proxy import TapProxy, freeze_startup_heap, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
-from llmslo.options import add_common_options, resolve_config
+from llmslo.options import (
+    add_common_options,
+    add_deprecated_alias,
+    add_listen_options,
+    resolve_config,
+)
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
@@ -31,10 +36,10 @@ log = logging.getLogger(__name__)
 
 
 EXAMPLES = """\
-llmslo tap --listen 127.0.0.1:8100 --upstream http://127.0.0.1:8000
-llmslo tap --listen 127.0.0.1:8100 --upstream http://10.0.0.7:8000,http://10.0.0.8:8000 \\
+llmslo tap --port 8100 --upstream http://127.0.0.1:8000
+llmslo tap --port 8100 --upstream http://10.0.0.7:8000,http://10.0.0.8:8000 \\
     --bootstrap-servers kafka:9092 --metrics-port 9466
-llmslo tap --listen 127.0.0.1:8100 --upstream http://127.0.0.1:8000 --no-kafka --records-out -
+llmslo tap --port 8100 --upstream http://127.0.0.1:8000 --no-kafka --records-out -
 llmslo tap --upstream http://127.0.0.1:8000 --instance pod-3 --revision r42 --cohort canary
 llmslo tap -c config/tap.example.yaml --drain-s 5 --otlp-endpoint http://127.0.0.1:4318
 """
@@ -52,9 +57,8 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common_options(parser)
-    parser.add_argument(
-        "--listen", metavar="HOST:PORT", help="where to serve (overrides tap.listen)"
-    )
+    add_listen_options(parser, "the tap", port_default="tap.listen, 8100")
+    add_deprecated_alias(parser, "--listen", dest="listen", use="--host and --port")
     parser.add_argument(
         "--upstream", metavar="URL[,URL…]", help="engine base URLs (overrides tap.upstreams)"
     )
@@ -95,8 +99,14 @@ def tap_config(config: LlmsloConfig, args: argparse.Namespace) -> TapConfig:
     """The ``tap`` section with command-line overrides applied (validated again)."""
     section = config.section("tap", TapConfig)
     updates: dict[str, Any] = {}
+    listen = getattr(args, "listen", None)  # the old spelling, HOST:PORT
+    host, port = getattr(args, "host", None), getattr(args, "port", None)
+    listen_host, _, listen_port = (listen or section.listen).rpartition(":")
+    if host or port is not None:
+        updates["listen"] = f"{host or listen_host}:{listen_port if port is None else port}"
+    elif listen:
+        updates["listen"] = listen
     for name in (
-        "listen",
         "records_out",
         "metrics_port",
         "tenant_header",
