@@ -4,7 +4,7 @@ The shared flags have one spelling in every command, declared here: ``-c/--confi
 llmslo config), ``--db`` (the DuckDB file), ``--spec`` (the SLO spec; default ``slo.spec``
 from the config, else :data:`EXAMPLE_SPEC`), ``--host``/``--port`` (where a command serves)
 and ``--bootstrap-servers``. Older spellings (``--api-port``, ``--listen``, a positional
-spec) still parse, hidden from ``--help``, and warn once on stderr.
+spec) still parse, hidden from ``--help``.
 """
 
 from __future__ import annotations
@@ -15,15 +15,17 @@ import logging
 import signal
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from llmslo.sections import load_config
-from pipeline.config import LlmsloConfig
-from pipeline.errors import ConfigError
+from pipeline.address import address_file, read_address, remove_address, unreachable, write_address
+from pipeline.config import BusConfig, LlmsloConfig
+from pipeline.errors import BusError, ConfigError
 from slo.jobs import JobsConfig
 from slo.spec.loader import load_spec
 from slo.spec.model import SloModel, build_model
@@ -31,12 +33,14 @@ from slo.spec.model import SloModel, build_model
 __all__ = [
     "EXAMPLE_SPEC",
     "SPEC_HELP",
+    "BusRole",
     "add_common_options",
     "add_config_option",
     "add_deprecated_alias",
     "add_listen_options",
     "add_spec_option",
     "add_subcommand",
+    "announce_broker",
     "install_stop_handlers",
     "load_model",
     "print_json",
@@ -49,6 +53,15 @@ log = logging.getLogger("llmslo")
 #: The SLO spec used when none is given or configured (the seeds' targets), shipped inside
 #: ``slo`` (``config/slo.example.yaml`` in a checkout links to it).
 EXAMPLE_SPEC = Path(str(resources.files("slo").joinpath("slo.example.yaml")))
+#: How a command meets the bus when ``--bootstrap-servers`` and ``bus.bootstrap_servers``
+#: name none: ``join`` the running broker of the address file (else start a private one, and
+#: say so), and refuse an address nobody answers at; ``ride`` the same, but a dead address is
+#: an outage to buffer through (collect, tap), said once; ``serve`` (``run``) joins the
+#: running broker or starts one and publishes it; ``explicit`` uses the bus only when an
+#: address is given (``sim history``).
+BusRole = Literal["join", "ride", "serve", "explicit"]
+_said: set[str] = set()
+
 #: What every ``--spec`` says in ``--help``.
 SPEC_HELP = "SLO spec (default: slo.spec from --config, else the example config/slo.example.yaml)"
 
@@ -68,11 +81,13 @@ def add_subcommand(
 
 
 def add_common_options(
-    parser: argparse.ArgumentParser, *, bus: bool = True, db: bool = False
+    parser: argparse.ArgumentParser, *, bus: bool | BusRole = True, db: bool = False
 ) -> None:
-    """``--config``, and where relevant ``--bootstrap-servers`` and ``--db``, for a subcommand."""
+    """``--config``, and where relevant ``--bootstrap-servers`` and ``--db``, for a subcommand
+    (``bus=True`` is the ``join`` role of :data:`BusRole`)."""
     add_config_option(parser)
     if bus:
+        parser.set_defaults(bus_role="join" if bus is True else bus)
         parser.add_argument(
             "--bootstrap-servers",
             metavar="HOST:PORT|embedded",
@@ -89,31 +104,12 @@ def add_config_option(
     parser.add_argument("-c", "--config", type=Path, help=help_)
 
 
-class _Deprecated(argparse.Action):
-    """An old spelling of a flag: stores like the new one and says once which to use."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        self.use = kwargs.pop("use")
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        sys.stderr.write(f"{parser.prog}: {option_string} is deprecated; use {self.use}\n")
-        setattr(namespace, self.dest, values)
-
-
 def add_deprecated_alias(
-    parser: argparse.ArgumentParser, old: str, *, dest: str, use: str, **kwargs: Any
+    parser: argparse.ArgumentParser, old: str, *, dest: str, **kwargs: Any
 ) -> None:
-    """Accept ``old`` as a hidden spelling of the flag stored in ``dest`` (named ``use``)."""
-    parser.add_argument(
-        old, dest=dest, action=_Deprecated, use=use, help=argparse.SUPPRESS, default=None, **kwargs
-    )
+    """Accept ``old`` as a hidden spelling of the flag stored in ``dest`` (``--help`` shows the
+    new one only). Silent: scripts and manifests that parse a command's stderr keep working."""
+    parser.add_argument(old, dest=dest, help=argparse.SUPPRESS, default=None, **kwargs)
 
 
 def add_spec_option(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
@@ -159,11 +155,88 @@ def resolve_config(args: argparse.Namespace) -> LlmsloConfig:
     """The config file named by ``--config`` with command-line overrides applied."""
     config = load_config(getattr(args, "config", None))
     updates: dict[str, object] = {}
-    if getattr(args, "bootstrap_servers", None):
-        updates["bus"] = config.bus.model_copy(update={"bootstrap_servers": args.bootstrap_servers})
+    bus = _bus_config(args, config.bus)
+    if bus is not config.bus:
+        updates["bus"] = bus
     if getattr(args, "db", None):
         updates["store"] = config.store.model_copy(update={"path": args.db})
     return config.model_copy(update=updates) if updates else config
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
+def _bus_config(args: argparse.Namespace, bus: BusConfig) -> BusConfig:
+    """``bus`` with ``--bootstrap-servers``, else the address file, applied; raises
+    :class:`BusError` for an address nobody answers at (see :data:`BusRole`)."""
+    given = getattr(args, "bootstrap_servers", None)
+    role = getattr(args, "bus_role", None)
+    explicit = bool(given) or "bootstrap_servers" in bus.model_fields_set
+    if given:
+        bus = bus.model_copy(update={"bootstrap_servers": given})
+    uses_bus = getattr(args, "publish", True) and not getattr(args, "no_kafka", False)
+    if role is None or not uses_bus or (role == "explicit" and not explicit):
+        return bus
+    path = address_file()
+    if not explicit:
+        address = read_address(path)
+        if address is None:
+            if role != "serve":
+                _say_once(
+                    f"llmslo: no --bootstrap-servers and no {path}: using a private embedded "
+                    "broker that no other process reads. Start `llmslo run` or `llmslo broker` "
+                    f"first (they write {path}), or pass --bootstrap-servers HOST:PORT."
+                )
+            return bus
+        if not unreachable(address):
+            _say_once(f"llmslo: joining the broker at {address} (from {path})")
+            return bus.model_copy(update={"bootstrap_servers": address})
+        if role == "serve":
+            _say_once(f"llmslo: {path} names {address}, where nothing answers: starting a broker")
+            return bus
+        raise BusError(
+            f"{path} names the broker {address}, but nothing answers there (the `llmslo run` "
+            "or `llmslo broker` that wrote it is gone): start one again, delete the file, "
+            "or pass --bootstrap-servers HOST:PORT (or embedded)"
+        )
+    if bus.bootstrap_servers == "embedded":
+        return bus
+    dead = unreachable(bus.bootstrap_servers)
+    if dead:
+        running = read_address(path)
+        hint = (
+            f"the broker of `llmslo run`/`llmslo broker` is at {running} (in {path})"
+            if running and running != bus.bootstrap_servers and not unreachable(running)
+            else f"`llmslo broker` and `llmslo run` print the address to use (and write it to "
+            f"{path}, read when no --bootstrap-servers is given)"
+        )
+        message = (
+            f"nothing answers at {', '.join(dead)} (the bootstrap servers given): {hint}; "
+            "--bootstrap-servers embedded starts a private broker"
+        )
+        if role != "ride":
+            raise BusError(message)
+        _say_once(f"llmslo: {message}. Buffering until it answers.")
+    return bus
+
+
+@contextmanager
+def announce_broker(address: str) -> Iterator[None]:
+    """Print the broker's address once and keep it in the address file while it runs."""
+    path = write_address(address)
+    print(
+        f"bootstrap servers: {address}  (in {path}: commands given no --bootstrap-servers "
+        "join this broker)",
+        flush=True,
+    )
+    try:
+        yield
+    finally:
+        remove_address(address, path)
 
 
 def install_stop_handlers(stop: object) -> None:

@@ -36,6 +36,7 @@ from llmslo.commands.probe import probe_until
 from llmslo.options import (
     add_common_options,
     add_spec_option,
+    announce_broker,
     install_stop_handlers,
     load_model,
     print_json,
@@ -79,7 +80,7 @@ def register(subparsers: Any) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_common_options(run, db=True)
+    add_common_options(run, bus="serve", db=True)
     add_spec_option(run)
     run.add_argument(
         "--metrics-port",
@@ -270,6 +271,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
         print(f"serving /metrics on http://{host}:{server.server_port}/metrics", flush=True)
     try:
         with ExitStack() as api_stack:  # the API stops first: no request outlives the store
+            if pipeline.bus.started_broker:
+                api_stack.enter_context(announce_broker(pipeline.bus.bootstrap_servers))
             if not args.no_api:
                 api = serve_api(pipeline, model, args, api_stack)
                 print(f"serving the API on {api.url} (OpenAPI at {api.url}/docs)", flush=True)

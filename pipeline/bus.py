@@ -131,6 +131,11 @@ class Bus:
             self.bootstrap_servers = self._broker.bootstrap_servers
         return self
 
+    @property
+    def started_broker(self) -> bool:
+        """Whether this Bus started (and owns) an embedded broker."""
+        return self._broker is not None
+
     def stop(self) -> None:
         if self._broker is not None:
             self._broker.stop()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.address import ADDRESS_FILE_ENV
 from pipeline.broker import EmbeddedBroker
 from pipeline.bus import Bus
 from pipeline.config import BusConfig
@@ -39,6 +40,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     minutes-long file handed out last would keep one worker busy after the others are done."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # a stable sort
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_broker_address_file(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every test (and the processes it starts) keeps the broker address file of
+    ``llmslo run``/``llmslo broker`` in its session's temporary directory, never in the
+    checkout's ``var/``: a broker a test starts is not joined by another test's command."""
+    os.environ[ADDRESS_FILE_ENV] = str(tmp_path_factory.mktemp("address") / "broker.address")
 
 
 @pytest.fixture(scope="session")

@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
         help="open the file read-only: verdicts computed, not stored; overrides refused",
     )
     add_listen_options(parser, "the API", port_default="api.port, 8190")
-    add_deprecated_alias(parser, "--api-port", dest="port", use="--port", type=int)
+    add_deprecated_alias(parser, "--api-port", dest="port", type=int)
     parser.set_defaults(handler=run_api)
 
 

@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
         "    --bootstrap-servers 127.0.0.1:9092\n"
         "llmslo collect -c llmslo.yaml --rounds 1    # one round, then a JSON summary",
     )
-    add_common_options(collect)
+    add_common_options(collect, bus="ride")
     collect.add_argument(
         "--target",
         action="append",

@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
         "llmslo receive --port 9201 --bearer-token-file /etc/llmslo/token \\\n"
         "    --bootstrap-servers 127.0.0.1:9092",
     )
-    add_common_options(receive)
+    add_common_options(receive, bus="ride")
     receive.add_argument("--host", help="listen address (overrides receive.host)")
     receive.add_argument("--port", type=int, help="listen port (overrides receive.port)")
     receive.add_argument("--bearer-token-file", help="file holding the token writers must send")

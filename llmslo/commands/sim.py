@@ -109,7 +109,7 @@ def register(subparsers: Any) -> None:
         "  llmslo sim history --days 1 --bootstrap-servers embedded",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_common_options(history, bus=True, db=True)
+    add_common_options(history, bus="explicit", db=True)
     history.add_argument("--days", type=float, required=True, help="days of history")
     history.add_argument("--pods", type=int, default=8, help="simulated pods (default 8)")
     history.add_argument(

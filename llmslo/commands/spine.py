@@ -20,6 +20,7 @@ from llmslo.options import (
     add_common_options,
     add_listen_options,
     add_subcommand,
+    announce_broker,
     install_stop_handlers,
     print_json,
     resolve_config,
@@ -118,8 +119,10 @@ def register(subparsers: Any) -> None:
 def run_broker(args: argparse.Namespace) -> int:
     stopped = threading.Event()
     install_stop_handlers(stopped.set)
-    with EmbeddedBroker(port=args.port, host=args.host or "127.0.0.1") as broker:
-        print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
+    with (
+        EmbeddedBroker(port=args.port, host=args.host or "127.0.0.1") as broker,
+        announce_broker(broker.bootstrap_servers),
+    ):
         while not stopped.wait(0.5):
             pass
     return 0

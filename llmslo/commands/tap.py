@@ -56,9 +56,9 @@ def register(subparsers: Any) -> None:
         epilog="examples:\n" + textwrap.indent(EXAMPLES, "  "),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_common_options(parser)
+    add_common_options(parser, bus="ride")
     add_listen_options(parser, "the tap", port_default="tap.listen, 8100")
-    add_deprecated_alias(parser, "--listen", dest="listen", use="--host and --port")
+    add_deprecated_alias(parser, "--listen", dest="listen")
     parser.add_argument(
         "--upstream", metavar="URL[,URL…]", help="engine base URLs (overrides tap.upstreams)"
     )
