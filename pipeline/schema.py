@@ -401,6 +401,20 @@ REQUEST_RECORDS = RecordSchema(
                 _DICT_STR,
                 "who measured it: null = a stream tap, 'probe' = the synthetic prober (llmslo probe)",
             ),
+            _field(
+                "timing_uncertain",
+                pa.bool_(),
+                "the tap was late reading this attempt's token chunks by more than "
+                "tap.timing_bound_s (a burst read at once after a loop stall, or a stall without "
+                "kernel receive stamps): its ITL gaps and jitter may be the tap's, not the "
+                "engine's, and the jitter SLI leaves it out; null in old rows",
+            ),
+            _field(
+                "read_lag_max_s",
+                pa.float64(),
+                "largest delay between the kernel receiving this attempt's bytes and the tap "
+                "reading them (kernel receive stamps); null without stamps (TLS, non-Linux)",
+            ),
         ]
     ),
 )
@@ -689,6 +703,7 @@ VALUE_RULES: dict[tuple[str, int], tuple[ValueRule, ...]] = {
             "token_chunks",
             "chunk_tokens",
             "tokens_after_disconnect",
+            "read_lag_max_s",
         ),
     ),
     ("flag_transition", 1): (

@@ -133,6 +133,22 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
         "tap: client disconnects on streams to this instance, cumulative",
     ),
     (
+        "tap_loop_lag_max",
+        "gauge",
+        "tap: worst lateness of the tap's own event loop since the last sample, seconds "
+        "(the measurement's health, not the engine's)",
+    ),
+    (
+        "tap_gc_pause_max",
+        "gauge",
+        "tap: longest GC pause of the tap since the last sample, seconds",
+    ),
+    (
+        "tap_cpu_throttled",
+        "counter",
+        "tap: seconds the tap's cgroup was CPU-throttled (cpu.stat), cumulative",
+    ),
+    (
         "counter_reset",
         "gauge",
         "collector: series of this instance whose cumulative counters reset in this "

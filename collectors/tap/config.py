@@ -162,6 +162,21 @@ class TapConfig(BaseModel):
         description="raw ITL gaps kept in a record (the first ones); summaries and the "
         "histogram always cover every gap, so a record's size is bounded",
     )
+    kernel_timestamps: bool = Field(
+        True,
+        description="take each upstream read's arrival time from the kernel (SO_TIMESTAMPNS, "
+        "Linux, plain-TCP upstreams) instead of from when the event loop ran",
+    )
+    timing_bound_s: float = Field(
+        0.005,
+        gt=0,
+        description="a record is timing_uncertain (left out of the jitter SLI) when the tap "
+        "was later than this reading its token chunks: a burst of them read at once after "
+        "this much lag, or a loop stall over it while unstamped",
+    )
+    loop_lag_interval_s: float = Field(
+        0.01, gt=0, description="how often the tap samples its own event-loop lag"
+    )
     kafka: bool = Field(True, description="publish records and gauges to the bus")
     records_out: str | None = Field(
         None, description="also write records as JSON lines to FILE or '-'"

@@ -21,6 +21,7 @@ from collectors.tap.contract import Upstream
 from collectors.tap.downstream import ClientGone, Downstream
 from collectors.tap.measure import Measurements, StreamMeter, measure_json_response
 from collectors.tap.sse import SseEvent, SseFramer
+from collectors.tap.timing import TimingGuard
 from collectors.tap.upstream import (
     ConnectFailed,
     ConnectTimeout,
@@ -92,6 +93,8 @@ class Exchange:
         self._config, self._client, self._clock, self._hooks = config, client, clock, hooks
         self.meter = StreamMeter(ctx.t0_s)
         self.framer = SseFramer(config.max_event_bytes)
+        #: Whether the chunk times are the engine's (kernel stamps, loop stalls).
+        self.timing = TimingGuard(config.timing_bound_s, stamped=False)
         self.outcome: str | None = None
         self.error_kind: str | None = None
         self.retryable = False
@@ -186,6 +189,7 @@ class Exchange:
         )
         self.upstream_status = self._resp.status
         self.upstream_headers = CIMultiDict(self._resp.headers)
+        self.timing.stamped = self._resp.stamped
 
     async def _error_status(self) -> None:
         """A non-200 answer: keep a bounded copy of its body for the client, classify it."""
@@ -223,7 +227,7 @@ class Exchange:
             chunk = await response.readany()
             if not chunk:
                 break
-            out = self._frame(chunk, self._clock())
+            out = self._frame(chunk)
             self.held.append(out)
             self.held_bytes += len(out)
             if self.meter.first_token_seen:
@@ -251,13 +255,12 @@ class Exchange:
         is framed, measured and written from the upstream's data callback, so an event
         costs no task hand-off; the task only waits when the client falls behind."""
         assert self._resp is not None
-        clock = self._clock
         # Committed before the first token (over hold_max_bytes): its timeout still runs.
         waiting = None if self.meter.first_token_seen else self._first_token_scope
 
         def relay(chunk: bytes) -> bool:
             nonlocal waiting
-            down.write_nowait(self._frame(chunk, clock()))
+            down.write_nowait(self._frame(chunk))
             if not self.answered:
                 self._note_answered()
             if waiting is not None and self.meter.first_token_seen:
@@ -272,14 +275,20 @@ class Exchange:
         if self._first_token_scope is not None:
             self._first_token_scope.reschedule(None)
 
-    def _frame(self, chunk: bytes, now_s: float) -> bytes:
-        """Frame ``chunk`` into events, measure them, and return the bytes to forward."""
+    def _frame(self, chunk: bytes) -> bytes:
+        """Frame ``chunk`` into events, measure them at their read's arrival time, and
+        return the bytes to forward."""
         self._bytes_in += len(chunk)
         if self._bytes_in >= _BYTES_REPORT_EVERY:
             self._report_bytes_in()
-        before = self.framer.oversized_events
-        out = self._measure(self.framer.feed(chunk), now_s)
-        if self.framer.oversized_events != before:
+        resp = self._resp
+        assert resp is not None
+        arrival_s = resp.arrival_s
+        tokens = self.meter.m.chunk_tokens
+        before, oversized = len(tokens), self.framer.oversized_events
+        out = self._measure(self.framer.feed(chunk), arrival_s)
+        self.timing.on_read(arrival_s, resp.read_lag_s, len(tokens), before)
+        if self.framer.oversized_events != oversized:
             self._hooks.dropped("oversized_event")
         return out
 

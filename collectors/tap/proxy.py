@@ -34,6 +34,7 @@ from collectors.tap.degradation import (
 )
 from collectors.tap.downstream import HOP_BY_HOP, ClientGone, Downstream
 from collectors.tap.exchange import Exchange, RequestContext
+from collectors.tap.health import LoopMonitor
 from collectors.tap.inflight import InFlightTracker
 from collectors.tap.labels import MAX_MODEL_NAME_CHARS, ModelLabels
 from collectors.tap.records import header_label, record_row, tenant_label
@@ -135,6 +136,13 @@ class TapProxy:
             Degrader(config.degradation, flags, self.clock.monotonic_s) if flags else None
         )
         self._instances = tuple(u.instance for u in self.pool.upstreams)
+        #: The tap's own health: loop lag, GC pauses, CPU throttling (collectors.tap.health).
+        self.health = LoopMonitor(
+            bound_s=config.timing_bound_s,
+            interval_s=config.loop_lag_interval_s,
+            clock=self.clock.monotonic_s,
+            registry=self.metrics.registry,
+        )
         fallback = config.degradation.fallback_upstream
         self._fallback = Upstream.from_url(fallback) if fallback else None
 
@@ -146,6 +154,8 @@ class TapProxy:
             read_timeout_s=self.config.read_timeout_s,
             max_connections=self.config.max_connections,
             keepalive_s=self.config.upstream_keepalive_s,
+            clock=self.clock.monotonic_s,
+            kernel_stamps=self.config.kernel_timestamps,
         )
         self._server = TapServer(
             self._route,
@@ -158,12 +168,14 @@ class TapProxy:
         await self.refresh_models()  # labels known before the first request, when reachable
         host, _, port = self.config.listen.rpartition(":")
         self.port = await self._server.start(host, int(port))
+        self.health.start()
         self._gauges = asyncio.create_task(self._gauge_loop())
         self._models_loop = asyncio.create_task(self._refresh_models_loop())
         return self.port
 
     async def stop(self) -> None:
         """Stop serving, wait for drains, publish a last gauge sample, close the sink."""
+        self.health.stop()
         if self._gauges is not None:
             self._gauges.cancel()
         if self._models_loop is not None:
@@ -182,8 +194,10 @@ class TapProxy:
         return len(self._server.connections) if self._server is not None else 0
 
     def publish_gauges(self) -> None:
-        """Hand the current in-flight and disconnect counts to the sink."""
-        self.sink.add_samples(self.inflight.samples(int(self.clock.wall_s() * 1000), self.tap_id))
+        """Hand the current in-flight and disconnect counts and the tap's health to the sink."""
+        ts_ms = int(self.clock.wall_s() * 1000)
+        self.sink.add_samples(self.inflight.samples(ts_ms, self.tap_id))
+        self.sink.add_samples(self.health.samples(ts_ms, self.tap_id, list(self._instances)))
 
     async def refresh_models(self) -> None:
         """Read every upstream's ``/v1/models`` again (see :meth:`ModelLabels.refresh`)."""
@@ -469,15 +483,18 @@ class TapProxy:
                 tap_id=self.tap_id,
                 pool=self._pool_of(ctx),
                 max_gaps=self.config.record_max_gaps,
+                timing_uncertain=ex.timing.uncertain(self.health.stall_within),
             )
             self.sink.add_request(row)
-            self._observe(row, ex.finish().itl_gaps_s)
+            self._observe(row, ex.finish().itl_gaps_s, ex.timing.reason)
 
     def _pool_of(self, ctx: RequestContext) -> str:
         """The tap's pool, else the requested model's bounded label (never a client's string)."""
         return self.config.pool or self.model_labels.label(ctx.model)
 
-    def _observe(self, row: dict[str, Any], itl_gaps_s: Sequence[float]) -> None:
+    def _observe(
+        self, row: dict[str, Any], itl_gaps_s: Sequence[float], uncertain: str | None = None
+    ) -> None:
         """Telemetry of one record; ``itl_gaps_s`` is every gap (the row keeps the first few)."""
         model = self.model_labels.label(row.get("model"))  # bounded, never the raw string
         labels = (row["instance"], model)
@@ -490,6 +507,10 @@ class TapProxy:
             metrics.tpot.labels(*labels).observe(row["tpot_s"])
         if row["e2e_s"] is not None:
             metrics.e2e.labels(*labels).observe(row["e2e_s"])
+        if row["read_lag_max_s"] is not None:
+            metrics.read_lag.labels(row["instance"]).observe(row["read_lag_max_s"])
+        if uncertain is not None:
+            metrics.timing_uncertain.labels(row["instance"], uncertain).inc()
         itl = metrics.itl.labels(*labels)
         for gap in itl_gaps_s:
             itl.observe(gap)

@@ -52,11 +52,18 @@ def _ms(wall_s: float | None) -> int | None:
 
 
 def record_row(
-    ctx: RequestContext, ex: Exchange, *, tap_id: str, pool: str, max_gaps: int = 256
+    ctx: RequestContext,
+    ex: Exchange,
+    *,
+    tap_id: str,
+    pool: str,
+    max_gaps: int = 256,
+    timing_uncertain: bool = False,
 ) -> dict[str, Any]:
     """The row for attempt ``ex`` of request ``ctx`` (plain Python values, schema column names).
 
-    ``pool`` is the tap's (configured, or the bounded label of the requested model).
+    ``pool`` is the tap's (configured, or the bounded label of the requested model);
+    ``timing_uncertain`` the verdict of the attempt's :class:`~collectors.tap.timing.TimingGuard`.
 
     Its size is bounded whatever the stream's length: exact ITL summaries and a fixed-size
     histogram, and only the first ``max_gaps`` gaps (and ``max_gaps`` + 1 chunk token counts).
@@ -109,4 +116,6 @@ def record_row(
         "degradation_level": ctx.degradation_level,
         "enforced_action": ctx.enforced_action,
         "source": None,  # measured on the SSE path by a tap (the prober says "probe")
+        "timing_uncertain": timing_uncertain,
+        "read_lag_max_s": ex.timing.max_lag_s if ex.timing.stamped else None,
     }

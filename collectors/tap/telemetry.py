@@ -143,6 +143,22 @@ class TapMetrics:
         self.retries = Counter(
             "llmslo_tap_retries", "Retries before the first token", ["result"], registry=r
         )
+        self.timing_uncertain = Counter(
+            "llmslo_tap_timing_uncertain",
+            "Attempts whose chunk times include the tap's own lateness (left out of the "
+            "jitter SLI), by reason: burst (token chunks read at once after a stall), stall "
+            "(a loop stall without kernel stamps)",
+            ["instance", "reason"],
+            registry=r,
+        )
+        self.read_lag = Histogram(
+            "llmslo_tap_read_lag_max_seconds",
+            "Per attempt, the largest delay between the kernel receiving upstream bytes and "
+            "the tap reading them (kernel receive stamps)",
+            ["instance"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=r,
+        )
         self.degradation_actions = Counter(
             "llmslo_tap_degradation_actions",
             "Requests a degradation flag acted on (fail_open: flags stale, nothing enforced)",

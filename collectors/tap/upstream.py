@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from collectors.tap.http1 import HeadLimit
+from collectors.tap.stamped import kernel_stamps_available, open_stamped
 from pipeline.errors import LlmsloError
 
 __all__ = [
@@ -120,6 +122,22 @@ class UpstreamResponse:
         """
         return await self._conn.pipe(on_chunk)
 
+    @property
+    def arrival_s(self) -> float:
+        """When the bytes of the latest read arrived, on the client's clock: the kernel's
+        receive stamp when :attr:`stamped`, else the moment the read callback ran."""
+        return self._conn.arrival_s
+
+    @property
+    def read_lag_s(self) -> float:
+        """How late the latest read was after its newest byte arrived (0.0 unstamped)."""
+        return self._conn.read_lag_s
+
+    @property
+    def stamped(self) -> bool:
+        """The connection's reads carry kernel receive stamps (plain TCP on Linux)."""
+        return self._conn.stamped
+
     def at_eof(self) -> bool:
         """The whole body has been received and read."""
         return self._conn.body_complete and not self._conn.chunks
@@ -145,6 +163,10 @@ class _Connection(asyncio.Protocol):
         self.reused = False
         self.idle_timer: asyncio.TimerHandle | None = None
         self.sent_at = 0.0
+        #: Set by a StampedTransport before each data_received; stays 0.0 otherwise.
+        self.read_lag_s = 0.0
+        self.arrival_s = 0.0
+        self.stamped = False
         self._parser = httptools.HttpResponseParser(self)
         self._head_limit = HeadLimit()
         self._paused = False  # reading paused: the consumer is behind
@@ -285,6 +307,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
+        self.arrival_s = self.client.clock() - self.read_lag_s
         if self._head is None or self.body_complete:
             # Bytes after the answer ended (or on an idle connection): the connection is out
             # of step with the engine and must never carry another request.
@@ -409,8 +432,15 @@ class UpstreamClient:
         read_timeout_s: float,
         max_connections: int,
         keepalive_s: float = 4.0,
+        clock: Callable[[], float] = time.perf_counter,
+        kernel_stamps: bool = True,
     ) -> None:
+        """``clock`` (monotonic seconds) stamps each read's arrival; ``kernel_stamps``
+        takes arrival times from the kernel on plain-TCP connections where the platform
+        offers them (:mod:`collectors.tap.stamped`)."""
         self.loop = asyncio.get_running_loop()
+        self.clock = clock
+        self.kernel_stamps = kernel_stamps and kernel_stamps_available()
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.max_connections = max_connections
@@ -516,13 +546,17 @@ class UpstreamClient:
         self._open.add(conn)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                await self.loop.create_connection(
-                    lambda: conn,
-                    origin.host,
-                    origin.port,
-                    ssl=self._tls_context() if origin.tls else None,
-                    server_hostname=origin.host if origin.tls else None,
-                )
+                if self.kernel_stamps and not origin.tls:
+                    await open_stamped(self.loop, origin.host, origin.port, conn)
+                    conn.stamped = True
+                else:
+                    await self.loop.create_connection(
+                        lambda: conn,
+                        origin.host,
+                        origin.port,
+                        ssl=self._tls_context() if origin.tls else None,
+                        server_hostname=origin.host if origin.tls else None,
+                    )
         except TimeoutError as exc:
             conn.abort()
             raise ConnectTimeout(

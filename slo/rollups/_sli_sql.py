@@ -61,7 +61,11 @@ def outcome_class_sql(classes: OutcomeClasses) -> str:
 
 
 def _tap_value(metric: str, statistic: str = "p99") -> str:
-    return _ITL_VALUE[statistic] if metric == "itl" else _TAP_VALUE[metric]
+    if metric != "itl":
+        return _TAP_VALUE[metric]
+    # A record whose chunks the tap read late (collectors/tap/timing.py) has gap statistics
+    # that may be the tap's lateness, not the engine's: no event of an ITL SLI.
+    return f"(CASE WHEN timing_uncertain THEN NULL ELSE {_ITL_VALUE[statistic]} END)"
 
 
 def _selector_sql(selector: Mapping[str, tuple[str, ...]]) -> tuple[str, list[object]]:

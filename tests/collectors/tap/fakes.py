@@ -194,3 +194,71 @@ async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> No
 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "secret prompt"}], "stream": True}
+
+
+class PacedEngine:
+    """An engine stand-in on its own thread (so a blocked tap loop cannot delay it) that
+    sends each SSE event of a stream at a fixed schedule, with the events' send times.
+
+    ``gaps_s[i]`` is the pause before event ``i`` of :func:`chat_events` (role chunk,
+    tokens, ...). ``sent[request][i]`` is (before, after) ``sendall`` of event ``i`` on
+    ``time.perf_counter``: the kernel stamps a loopback segment inside that call. One
+    request per connection (``Connection: close``).
+    """
+
+    def __init__(self, tokens: int, gaps_s: Sequence[float]) -> None:
+        import socket as _socket
+        import threading
+
+        self.events = chat_events(tokens)
+        self.gaps_s = list(gaps_s)
+        assert len(self.gaps_s) == len(self.events)
+        self.sent: list[list[tuple[float, float]]] = []
+        self._server = _socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            with conn:
+                self._answer(conn)
+
+    def _answer(self, conn: Any) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        if not head.startswith(b"POST"):  # the tap's GET /v1/models at start
+            conn.sendall(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            )
+            return
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        while len(body) < length:
+            body += conn.recv(65536)
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        )
+        times: list[tuple[float, float]] = []
+        self.sent.append(times)
+        due = time.perf_counter()
+        for gap_s, event in zip(self.gaps_s, self.events, strict=True):
+            due += gap_s
+            time.sleep(max(due - time.perf_counter(), 0.0))
+            before = time.perf_counter()
+            conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+            times.append((before, time.perf_counter()))
+        conn.sendall(b"0\r\n\r\n")
