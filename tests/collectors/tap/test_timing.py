@@ -7,11 +7,15 @@ event loop with a synchronous sleep delays the tap's reads but not the engine's 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
+from collectors.tap.health import CgroupThrottling
 from collectors.tap.stamped import kernel_stamps_available
 from collectors.tap.timing import TimingGuard
 from pipeline.store import Store
@@ -171,3 +175,47 @@ def test_without_kernel_stamps_a_stall_during_the_tokens_is_uncertain() -> None:
     assert not guard.uncertain(lambda start, end: 0.05 if end < 1.0 else 0.0)  # before: TTFT's
     assert guard.uncertain(lambda start, end: 0.02 if start <= 1.05 <= end else 0.0)
     assert guard.reason == "stall"
+
+
+# ---------------------------------------------------------------- the tap's own health
+def test_the_taps_loop_lag_and_gc_pauses_are_on_its_metrics() -> None:
+    engine = PacedEngine(3, [0.0] * 6)
+
+    async def scenario() -> tuple[str, list[dict[str, Any]]]:
+        async with tap_over([engine.url], loop_lag_interval_s=0.005) as (_url, sink, proxy):
+            await asyncio.sleep(0.05)
+            time.sleep(0.03)  # the loop late by 30 ms: the monitor's next tick says so
+            await asyncio.sleep(0.02)
+            gc.collect()
+            proxy.publish_gauges()
+            text = generate_latest(proxy.metrics.registry).decode()
+            stall = proxy.health.stall_within(0.0, time.perf_counter())
+            assert stall >= 0.025
+            return text, list(sink.samples)
+
+    try:
+        text, samples = asyncio.run(scenario())
+    finally:
+        engine.close()
+    lag_count = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith('llmslo_tap_loop_lag_seconds_bucket{le="+Inf"}')
+    )
+    assert lag_count >= 5
+    assert 'llmslo_tap_loop_lag_seconds_bucket{le="0.02"}' in text
+    assert 'llmslo_tap_gc_pause_seconds_count{generation="2"} 1.0' in text
+    lag = {s["signal"]: s["value"] for s in samples if s["signal"] == "tap_loop_lag_max"}
+    assert lag["tap_loop_lag_max"] >= 0.025  # stored beside the tap's gauges
+
+
+def test_cgroup_cpu_throttling_is_read_from_cpu_stat(tmp_path: Path) -> None:
+    v2 = tmp_path / "cpu.stat"
+    v2.write_text("usage_usec 100\nnr_periods 50\nnr_throttled 7\nthrottled_usec 250000\n")
+    assert CgroupThrottling((tmp_path / "absent", v2)).read() == (7, 0.25)
+    v1 = tmp_path / "v1.stat"
+    v1.write_text("nr_periods 50\nnr_throttled 3\nthrottled_time 2000000000\n")
+    assert CgroupThrottling((v1,)).read() == (3, 2.0)
+    assert CgroupThrottling((tmp_path / "absent",)).read() is None
+    names = {m.name for m in CgroupThrottling((v2,)).collect()}
+    assert names == {"llmslo_tap_cpu_throttled_periods", "llmslo_tap_cpu_throttled_seconds"}
