@@ -12,6 +12,13 @@ generator. Phases, each with 256 concurrent streams in a closed loop:
    clients received through the tap per second; ``tap_cpu_us_per_chunk`` = CPU time the tap
    process used per chunk (independent of how busy the machine is; 1e6 / it = chunks/s one
    free core could carry).
+3. Jitter error: 64 streams of 30 tokens at 20 ms per token through two more taps, one
+   with kernel receive stamps (as shipped) and one on the loop clock
+   (``kernel_timestamps: false``, the tap before stamps), without and then with one CPU hog
+   per core (``bench.support.hogs``: busy, loopback-free, stopped after the phase). Per gap,
+   error = tap-recorded gap − the engine's emission gap (its write times);
+   ``jitter_err_p50_ms``/``_p99_ms`` over every gap, ``jitter_certain_err_*`` over records
+   not flagged ``timing_uncertain`` (what the jitter SLI counts), ``jitter_flagged_share``.
 
 ``tap_cpu_us_per_chunk_ttft`` is the same for the tap's TTFT phases: one event per read and
 per write, request overheads included (20 token chunks per request) — the case that sets
@@ -85,25 +92,42 @@ def _events(tokens: int) -> tuple[bytes, list[bytes], bytes]:
 def serve_upstream(port: int) -> None:
     from aiohttp import web
 
+    from bench.support.jitter import PREFIX
+
+    #: jitter phases: per request id, (before, after) each token write (the kernel stamps
+    #: the segment inside the write's send call)
+    emitted: dict[str, list[tuple[float, float]]] = {}
+
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         tokens, gap_s = int(body.get("max_tokens", 16)), float(body.get("bench_gap_ms", 0)) / 1000
         role, toks, usage = _events(tokens)
+        rid = request.headers.get("x-request-id", "")
+        times = emitted.setdefault(rid, []) if rid.startswith(PREFIX) else None
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(role)
         for event in toks:
             if gap_s:
                 await asyncio.sleep(gap_s)
+            before = time.perf_counter()
             await resp.write(event)
+            if times is not None:
+                times.append((before, time.perf_counter()))
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(usage)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
+    async def emissions(request: web.Request) -> web.Response:
+        tag = request.query.get("tag", PREFIX)
+        picked = {rid: emitted.pop(rid) for rid in [r for r in emitted if r.startswith(tag)]}
+        return web.json_response(picked)
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/bench/emissions", emissions)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=2048)
 
 
@@ -122,8 +146,11 @@ class CountingSink:
         pass
 
 
-def serve_tap(port: int, upstream: str) -> None:
-    from collectors.tap import TapConfig, TapProxy
+def serve_tap(
+    port: int, upstream: str, records_out: str | None = None, kernel_timestamps: bool = True
+) -> None:
+    """The tap (counting its records, or writing them to ``records_out`` as JSON lines)."""
+    from collectors.tap import JsonLinesSink, TapConfig, TapProxy
     from collectors.tap.proxy import freeze_startup_heap, run_event_loop
 
     async def main() -> None:
@@ -133,8 +160,10 @@ def serve_tap(port: int, upstream: str) -> None:
             kafka=False,
             max_connections=4096,
             gauge_interval_s=60,
+            **({} if kernel_timestamps else {"kernel_timestamps": False}),
         )
-        proxy = TapProxy(config, CountingSink())
+        sink = JsonLinesSink(records_out) if records_out else CountingSink()
+        proxy = TapProxy(config, sink)
         await proxy.start()
         freeze_startup_heap()  # as `llmslo tap` does
         await asyncio.Event().wait()
@@ -318,6 +347,43 @@ def wait_port(port: int, timeout_s: float = 20.0) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
+#: Jitter phases: 64 streams of 30 tokens at 20 ms per token (3,200 chunks/s).
+JITTER_STREAMS, JITTER_TOKENS, JITTER_GAP_MS = 64, 30, 20
+
+
+def jitter_phases(
+    ctx: Any, taps: dict[str, tuple[str, Path]], upstream_url: str, phase_s: float
+) -> dict[str, Any]:
+    """Each tap of ``taps`` (name → (url, records file)), without and with one hog per core."""
+    from bench.support.hogs import CpuHogs
+    from bench.support.jitter import emissions_of, jitter_errors, run_jitter_load
+
+    figures: dict[str, Any] = {}
+    for hogs in (0, os.cpu_count() or 1):
+        for name, (url, records) in taps.items():
+            tag = f"{name}{hogs}"
+            queue = ctx.Queue()
+            with CpuHogs(hogs, max_s=phase_s + 30, ctx=ctx):
+                proc = ctx.Process(
+                    target=run_jitter_load,
+                    args=(url, JITTER_STREAMS, phase_s, JITTER_TOKENS, JITTER_GAP_MS, tag, queue),
+                )
+                proc.start()
+                queue.get(timeout=phase_s + 120)
+                proc.join(timeout=30)
+            time.sleep(0.6)  # the tap's sink flushes the last records
+            got = jitter_errors(records, emissions_of(upstream_url, tag))
+            key = f"{name}{'_hog' if hogs else ''}"
+            figures[key] = got
+            print(
+                f"jitter {key:>14}: {got['records']} records, |error| p50 {got['err_p50_ms']} "
+                f"p99 {got['err_p99_ms']} ms; unflagged p99 {got['certain_err_p99_ms']} ms, "
+                f"flagged {got['flagged_share']} ({hogs} hogs)",
+                flush=True,
+            )
+    return figures
+
+
 def main() -> None:
     import psutil
 
@@ -345,6 +411,18 @@ def main() -> None:
     )
     workdir = Path(tempfile.mkdtemp(prefix="llmslo-bench-nginx-"))
     nginx = start_nginx(up_port, nginx_port, workdir)
+    jitter_taps: dict[str, tuple[str, Path]] = {}
+    jitter_procs = []
+    for name, stamps in (("stamped", True), ("loop_clock", False)):
+        port, records = free_port(), workdir / f"records-{name}.jsonl"
+        proc = ctx.Process(
+            target=serve_tap,
+            args=(port, f"http://127.0.0.1:{up_port}", str(records), stamps),
+            daemon=True,
+        )
+        proc.start()
+        jitter_procs.append(proc)
+        jitter_taps[name] = (f"http://127.0.0.1:{port}", records)
     try:
         wait_port(up_port)
         wait_port(tap_port)
@@ -408,6 +486,9 @@ def main() -> None:
             f"throughput via tap: {chunks_per_s:.0f} chunks/s ({throughput['errors']} errors)",
             flush=True,
         )
+        for url, _ in jitter_taps.values():
+            wait_port(int(url.rpartition(":")[2]))
+        jitter = jitter_phases(ctx, jitter_taps, direct, phase_s)
 
         def added(mode: str, q: float) -> float | None:
             if mode not in modes:
@@ -438,6 +519,13 @@ def main() -> None:
             "nginx_added_ttft_p50_ms": added("nginx", 0.5),
             "kib_per_stream": round(max(open_rss - idle_rss, 0) / args.streams / 1024, 1),
         }
+        for key, got in jitter.items():
+            prefix = "jitter" if key.startswith("stamped") else "loop_clock_jitter"
+            suffix = "_hog" if key.endswith("_hog") else ""
+            summary[f"{prefix}_err_p50_ms{suffix}"] = got["err_p50_ms"]
+            summary[f"{prefix}_err_p99_ms{suffix}"] = got["err_p99_ms"]
+            summary[f"{prefix}_certain_err_p99_ms{suffix}"] = got["certain_err_p99_ms"]
+            summary[f"{prefix}_flagged_share{suffix}"] = got["flagged_share"]
         if baseline is not None:
             summary["baseline_added_ttft_p50_ms"] = added("baseline", 0.5)
             summary["baseline_added_ttft_p99_ms"] = added("baseline", 0.99)
@@ -450,7 +538,7 @@ def main() -> None:
         if baseline is not None:
             baseline.terminate()
             baseline.wait(timeout=10)
-        for child in (tap, upstream):
+        for child in (tap, *jitter_procs, upstream):
             child.terminate()
             child.join(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -44,8 +44,9 @@ def create_rollup_tables(con: duckdb.DuckDBPyConnection) -> None:
 
 #: Bumped when the meaning of an event changes, so stored rollups are rebuilt once:
 #: 2 = tap events per client request (``original_request_id``), no longer per attempt;
-#: 3 = outcome classes (client 4xx and cancellations excluded by default).
-EVENTS_VERSION = 3
+#: 3 = outcome classes (client 4xx and cancellations excluded by default);
+#: 4 = ITL events leave out records the tap flagged ``timing_uncertain``.
+EVENTS_VERSION = 4
 
 
 def fingerprint(slo: Slo) -> str:
