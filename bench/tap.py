@@ -415,13 +415,13 @@ def main() -> None:
     jitter_procs = []
     for name, stamps in (("stamped", True), ("loop_clock", False)):
         port, records = free_port(), workdir / f"records-{name}.jsonl"
-        proc = ctx.Process(
+        jitter_tap = ctx.Process(
             target=serve_tap,
             args=(port, f"http://127.0.0.1:{up_port}", str(records), stamps),
             daemon=True,
         )
-        proc.start()
-        jitter_procs.append(proc)
+        jitter_tap.start()
+        jitter_procs.append(jitter_tap)
         jitter_taps[name] = (f"http://127.0.0.1:{port}", records)
     try:
         wait_port(up_port)
