@@ -64,7 +64,9 @@ __all__ = [
     "decode_message",
     "encode_arrow",
     "encode_json",
+    "encode_json_object",
     "headers_for",
+    "join_json_objects",
 ]
 
 ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
@@ -213,7 +215,18 @@ def encode_arrow(schema: RecordSchema, table: pa.Table | pa.RecordBatch) -> byte
 
 def encode_json(rows: Sequence[Mapping[str, Any]]) -> bytes:
     """Serialise rows the way a third-party producer would: a JSON array of objects."""
-    return json.dumps(list(rows), separators=(",", ":"), allow_nan=False).encode()
+    return join_json_objects([encode_json_object(row) for row in rows])
+
+
+def encode_json_object(row: Mapping[str, Any]) -> bytes:
+    """One row as a compact JSON object; ``ValueError`` for NaN/inf, ``TypeError`` for a value
+    JSON cannot hold."""
+    return json.dumps(row, separators=(",", ":"), allow_nan=False).encode()
+
+
+def join_json_objects(objects: Sequence[bytes]) -> bytes:
+    """Encoded objects as one JSON array (what :func:`encode_json` gives for their rows)."""
+    return b"[" + b",".join(objects) + b"]"
 
 
 def _text(value: bytes | str) -> str:

@@ -31,7 +31,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pipeline._lazy import on_first_use
 from pipeline.bus import BusProducer, split_by_key
-from pipeline.codec import JSON_CONTENT_TYPE, encode_arrow, encode_json, headers_for
+from pipeline.codec import (
+    JSON_CONTENT_TYPE,
+    encode_arrow,
+    encode_json_object,
+    headers_for,
+    join_json_objects,
+)
 from pipeline.errors import BusError
 from pipeline.schema import RecordSchema
 
@@ -132,27 +138,35 @@ class JsonRows:
 
     Every consumer decodes it exactly as it decodes Arrow (``pipeline.codec``: same schema
     header, same conforming, same value rules), so a producer that must stay small (the tap
-    sidecar) publishes without loading pyarrow. Encoded once, here, so rows that cannot be
-    JSON (``NaN``, an unknown type) raise ``ValueError``/``TypeError`` to the producer, not
-    in the publisher's thread.
+    sidecar) publishes without loading pyarrow. Each row is encoded once, here, so rows that
+    cannot be JSON (``NaN``, an unknown type) raise ``ValueError``/``TypeError`` to the
+    producer, not in the publisher's thread, and splitting by key re-encodes nothing.
     """
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
-        self.payload = encode_json(rows)
+        self._objects = [encode_json_object(row) for row in rows]
 
     @property
     def num_rows(self) -> int:
         return len(self.rows)
 
+    @property
+    def payload(self) -> bytes:
+        return join_json_objects(self._objects)
+
     def by_key(self, key_field: str) -> list[tuple[bytes, JsonRows]]:
         """One part per value of ``key_field``, rows in order (like :func:`split_by_key`)."""
-        groups: dict[str, list[dict[str, Any]]] = {}
-        for row in self.rows:
-            groups.setdefault(str(row.get(key_field)), []).append(row)
+        groups: dict[str, JsonRows] = {}
+        for row, encoded in zip(self.rows, self._objects, strict=True):
+            part = groups.get(key := str(row.get(key_field)))
+            if part is None:
+                part = groups[key] = JsonRows([])
+            part.rows.append(row)
+            part._objects.append(encoded)
         if len(groups) == 1:
             return [(next(iter(groups)).encode(), self)]
-        return [(key.encode(), JsonRows(rows)) for key, rows in groups.items()]
+        return [(key.encode(), part) for key, part in groups.items()]
 
 
 #: What the publisher carries: an Arrow table, or JSON rows from a producer without Arrow.
