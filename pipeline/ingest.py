@@ -407,15 +407,36 @@ class Ingester:
         """Collect a finished commit; start the next one when the batch in hand is due."""
         if self._in_flight is not None and self._in_flight[1].done():
             self._collect()
-        if not self._batch_due() or not self._logs_confirmed():
+        if not self._batch_due():
             return
-        batch, config = self._batch, self.config
-        if self._in_flight is not None and (
-            batch.rows >= 2 * config.batch_max_rows or batch.bytes >= 2 * config.batch_max_bytes
-        ):
+        if not self._logs_confirmed():
+            if not self._over_bound():
+                return
+            # Backpressure: the confirming metadata arrives on kafka-python's IO thread,
+            # while one poll's messages are taken in microseconds; read no further than the
+            # bound until it is here (or its timeout lets the batch commit unconfirmed).
+            self._await_metadata()
+            if not self._logs_confirmed():
+                return
+        if self._in_flight is not None and self._over_bound():
             self._collect()  # backpressure: DuckDB is behind, so stop reading ahead
         if self._in_flight is None:
             self._submit()
+
+    def _over_bound(self) -> bool:
+        """The batch in hand holds twice what makes it due: read no further until it goes."""
+        batch, config = self._batch, self.config
+        return batch.rows >= 2 * config.batch_max_rows or batch.bytes >= 2 * config.batch_max_bytes
+
+    def _await_metadata(self) -> None:
+        """Wait for the metadata update :meth:`_logs_confirmed` asked for, within its timeout."""
+        batch = self._batch
+        if batch.metadata is None or batch.metadata.is_done:
+            return
+        arrived = threading.Event()
+        batch.metadata.add_both(lambda _: arrived.set())
+        waited_s = time.monotonic() - batch.metadata_requested_s
+        arrived.wait(max(0.0, LOG_CONFIRM_TIMEOUT_S - waited_s))
 
     def _submit(self) -> None:
         if self._failure is not None:
