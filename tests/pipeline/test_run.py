@@ -97,8 +97,10 @@ def test_run_ingests_tap_records_and_evaluates_slos_until_sigterm(bus: Bus, tmp_
     rows = json.loads(out.decode().strip().splitlines()[-1])["rows"]
     with Store(tmp_path / "run.duckdb", read_only=True) as store:
         assert store.count("requests") == 200
-        # The run's own outputs come back through Kafka too: the alerts its jobs raised.
-        assert rows == 200 + store.count("alerts")
+        # The run's own outputs come back through Kafka too: the alerts its jobs raised and
+        # the heartbeats that tell consumers the jobs are alive.
+        assert store.count("jobs_heartbeats") >= 1
+        assert rows == 200 + store.count("alerts") + store.count("jobs_heartbeats")
         counts = store.con.execute("SELECT sum(bad), sum(total) FROM slo_minute").fetchone()
     assert counts == (20, 200)
 
