@@ -13,8 +13,10 @@ and topic id the broker reported for the partition's log. A new log (an in-memor
 restarted, a topic deleted and re-created, another cluster) is read from its beginning,
 logged and counted in ``llmslo_ingest_log_resets_total``, whether it is found on assignment
 or while consuming. An offset whose log the broker cannot confirm (no topic ids, or a file
-written before offsets carried them) is checked against the partition's end offset instead;
-the embedded broker's end offsets can lag, so only an offset still beyond the end after
+written before offsets carried them, or a broker that drops commit metadata, as Tansu does)
+is checked against the partition's end instead: the high watermark of the consumer's own
+fetch answers (the embedded broker's ListOffsets answer is the last record batch's base
+offset + 1, short of the end), and only an offset still beyond it after
 :data:`BEYOND_END_RECHECK_S` counts as a new log.
 
 Undecodable messages never stop the consumer: they go to the ``deadletter`` table and
@@ -76,8 +78,8 @@ __all__ = ["IngestMetrics", "IngestStats", "Ingester", "choose_start"]
 log = logging.getLogger(__name__)
 
 #: An offset that identity cannot confirm and that lies beyond its partition's end is
-#: checked again this much later before the partition counts as a new log: the embedded
-#: broker's reported end offsets can lag the true end (DESIGN §6).
+#: checked again this much later before the partition counts as a new log: one fetch
+#: answer's high watermark may predate records produced since (DESIGN §6).
 BEYOND_END_RECHECK_S = 3.0
 #: A due batch waits at most this long for the metadata that confirms its partitions' logs
 #: (then it commits unconfirmed, logged): a broker that does not answer must not stop ingest.
@@ -674,17 +676,17 @@ class Ingester:
             pending = {tp: o for tp, o in self._unconfirmed.items() if tp in assigned}
         if not pending:
             return
-        try:
-            ends = consumer.end_offsets(list(pending), timeout_ms=5_000)
-        except KafkaError as exc:
-            log.info("end offsets of %d partitions not read (%s): checked again", len(pending), exc)
-            return
+        # The end is the high watermark of the consumer's own fetch answers, not ListOffsets:
+        # the embedded broker (Tansu 0.6) answers ListOffsets with its last record batch's
+        # base offset + 1, so an offset at the true end looked beyond it and its records
+        # were read twice. No fetch answer yet: checked again.
+        ends = {tp: consumer.highwater(tp) for tp in pending}
         with self._offsets_lock:
             for tp, offset in pending.items():
-                if self._unconfirmed.get(tp) != offset:
-                    continue  # re-assigned meanwhile
-                end = ends.get(tp)
-                if end is None or offset <= end:
+                end = ends[tp]
+                if self._unconfirmed.get(tp) != offset or end is None:
+                    continue  # re-assigned meanwhile, or not fetched yet
+                if offset <= end:
                     del self._unconfirmed[tp]
                 elif tp in self._beyond_end:
                     del self._unconfirmed[tp]

@@ -16,6 +16,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from pipeline.broker import free_port
 from pipeline.bus import Bus
 from pipeline.config import BusConfig
+from pipeline.ingest import BEYOND_END_RECHECK_S
 from pipeline.schema import ENGINE_SAMPLES
 from tests.pipeline.ingest_helpers import (
     produce_numbered,
@@ -173,3 +174,32 @@ def test_offsets_stored_without_an_identity_beyond_a_new_logs_end_restart_it(
 
     assert _stored(db) == (11_000, 11_000)
     assert resets == bus.config.partitions
+
+
+def test_offsets_stored_without_an_identity_at_the_logs_end_are_the_logs(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """The same fallback on an unchanged log reads nothing twice. The end it checks against
+    is the consumer's fetch high watermark: the embedded broker answers ListOffsets with
+    its last record batch's base offset + 1, short of the end when producers batch."""
+    config = write_config(tmp_path / "llmslo.yaml", bus, batch_max_ms=100)
+    db = tmp_path / "old.duckdb"
+    produce_numbered(bus, total=8_000, per_message=50)  # one flush: batched records
+    first = start_ingest(config, db, tmp_path / "first.log", "--exit-when-idle", "3")
+    first.communicate(timeout=120)
+    assert first.returncode == 0
+    assert _stored(db) == (8_000, 8_000)
+    with duckdb.connect(str(db)) as con:  # what an older release wrote
+        con.execute("ALTER TABLE ingest_offsets DROP COLUMN IF EXISTS topic_id")
+        con.execute("ALTER TABLE ingest_offsets DROP COLUMN IF EXISTS cluster_id")
+
+    log, port = tmp_path / "second.log", free_port()
+    second = start_ingest(config, db, log, "--metrics-port", str(port))
+    wait_for_log(second, log, "starts at offset")
+    time.sleep(2 * BEYOND_END_RECHECK_S + 2)  # both checks are behind it
+    assert _metric(port, RESETS) == 0, log.read_text()[-2000:]
+    produce_numbered(bus, total=1_000, per_message=250, first=8_000)
+    _wait_for_metric(port, ROWS, 1_000, timeout_s=40)
+    _stop(second, log)
+
+    assert _stored(db) == (9_000, 9_000)
