@@ -42,8 +42,10 @@ _STATE_JS = """(() => {
   const h1 = document.querySelector('[data-testid="stMain"] h1, section.main h1, h1');
   const charts = q('[data-testid="stVegaLiteChart"]').length;
   const drawn = q('[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg.marks').length;
+  const app = document.querySelector('[data-testid="stApp"]');
   return {
     title: h1 ? h1.innerText.trim() : null,
+    script: app ? app.getAttribute('data-test-script-state') : null,
     running: q('[data-testid="stStatusWidget"]').length > 0,
     skeletons: q('[data-testid="stSkeleton"]').length,
     charts: charts, drawn: drawn,
@@ -57,13 +59,17 @@ _STATE_JS = """(() => {
 
 
 class RenderState(dict[str, Any]):
-    """The page state read by :data:`_STATE_JS` (title, charts, drawn, exceptions, text, url)."""
+    """The page state read by :data:`_STATE_JS` (title, script, charts, drawn, exceptions,
+    text, url)."""
 
     @property
     def rendered(self) -> bool:
-        """Script done (no running widget, no skeleton), a title, and every chart drawn."""
+        """Script done (the app says so, no running widget, no skeleton), a title, and
+        every chart drawn. The running widget alone is not enough: Streamlit shows it only
+        after a delay, so on a busy machine a page half-way through its script looked done."""
         return (
             not self.get("stale", True)
+            and self.get("script") == "notRunning"
             and bool(self.get("title"))
             and not self["running"]
             and self["skeletons"] == 0
