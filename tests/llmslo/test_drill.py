@@ -78,7 +78,11 @@ def test_the_kv_leak_raises_the_instance_flag_through_l1_l2_l3_in_order(
     leak = next(r for r in report.results if r.mode == "kv_leak")
     assert leak.detected and leak.first_flag_s is not None
     assert sorted(leak.flag_level_s) == [1, 2, 3]
-    assert leak.flag_level_s[1] <= leak.flag_level_s[2] <= leak.flag_level_s[3] < PROFILE.hold_s
+    assert leak.flag_level_s[1] <= leak.flag_level_s[2] <= leak.flag_level_s[3]
+    # The leak crossed every line while it was injected; each flag's lag is judged below
+    # (a busy machine scrapes later, so the L3 flag itself may come just after the hold).
+    assert sorted(leak.kv_crossing_s) == [1, 2, 3]
+    assert max(leak.kv_crossing_s.values()) < PROFILE.hold_s
     levels = _stored(
         workdir,
         leak.fleet,
