@@ -266,6 +266,10 @@ def decode_otlp(
     raw = _inflate(body, limits) if gzipped else body
     if len(raw) > limits.max_decompressed_bytes:
         raise RefusedWrite(413, "decompressed_size", f"body of {len(raw)} bytes")
+    if kind == JSON and len(raw) > limits.max_json_bytes:
+        raise RefusedWrite(
+            413, "json_size", f"JSON body of {len(raw)} bytes, more than {limits.max_json_bytes}"
+        )
     request = _parse(raw, kind)
     batch = PushedBatch()
     now_ms = int(time.time() * 1000)

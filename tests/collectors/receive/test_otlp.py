@@ -307,6 +307,14 @@ MALFORMED = [
         "gzip",
         id="corrupt gzip",
     ),
+    pytest.param(
+        gzip.compress(b" " * (9 * 1024 * 1024) + b"{}"),
+        "application/json",
+        {"Content-Encoding": "gzip"},
+        413,
+        "json_size",
+        id="JSON past max_json_bytes",
+    ),
     pytest.param(b"{}", "text/plain", {}, 415, "content_type", id="wrong content type"),
     pytest.param(
         b"{}",
