@@ -183,7 +183,7 @@ class Pipeline:
         if lake_dir is not None:
             workers["lake-export"] = lambda: self._export_lake(lake_dir)
         receive = self.config.section("receive", ReceiveConfig)
-        if receive.enabled:  # Prometheus remote-write into this process's bus (section receive:)
+        if receive.enabled:  # remote-write and OTLP into this process's bus (section receive:)
             service = ReceiveService(receive, self.bus.producer, registry=self.registry)
             workers["receive"] = lambda: service.run(self._stopping)
         probes = self.config.section("probe", ProbeSection).targets

@@ -24,6 +24,12 @@ class ReceiveLimits(BaseModel):
         gt=0,
         description="snappy length header checked before decompressing (413 past it)",
     )
+    max_json_bytes: int = Field(
+        8 * 1024 * 1024,
+        gt=0,
+        description="an OTLP JSON body, decompressed (413 past it): parsed JSON takes ~10x "
+        "its size in memory, protobuf ~2x",
+    )
     max_series_per_request: int = Field(
         200_000, gt=0, description="time series in one request (413 past it)"
     )

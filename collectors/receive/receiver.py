@@ -28,6 +28,11 @@ Prometheus semantics:
   replay or a retried request is counted as ``duplicate`` (``out_of_order`` if older);
 * only mapped samples are stored (a signal, or a row the canonicalizer derives); the others
   are counted as ``unmapped``.
+
+OTLP (:mod:`collectors.receive.otlp`) has no ``up``: its resource attributes declare the
+target labels (:attr:`PushedBatch.targets`), and a *delta* series' stored values are
+summed per series (the same key) into the cumulative counter a scrape would show; a resent
+delta point is a ``duplicate`` and is not added twice.
 """
 
 from __future__ import annotations
@@ -161,6 +166,7 @@ class Receiver:
         self.max_tracked_series = max_tracked_series
         self._targets: dict[tuple[str, str], _Target] = {}
         self._last_ts: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+        self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # delta series
         self._family_types: dict[str, str] = {}
 
     @property
@@ -172,6 +178,10 @@ class Receiver:
         """Canonicalise and hand over one write; returns what became of its samples."""
         report = IngestReport()
         self._family_types.update(batch.family_types)
+        for key, target_labels in batch.targets.items():
+            target = self._target({"job": key[0], "instance": key[1]})
+            if target_labels != target.labels:
+                target.relabel(target_labels)
         groups: dict[_Target, dict[int, list[tuple[PushedSeries, float]]]] = defaultdict(
             lambda: defaultdict(list)
         )
@@ -204,16 +214,21 @@ class Receiver:
         key = (target.job + "\0" + target.address, series.labels)
         last = self._last_ts.get(key)
         by_ts = groups[target]
+        total = self._totals.get(key, 0.0) if series.delta else 0.0
         for ts_ms, value in series.samples:
             if is_stale(value):
                 self._last_ts.pop(key, None)
-                last = None
+                self._totals.pop(key, None)
+                last, total = None, 0.0
                 report.drop("stale")
                 continue
             if last is not None and ts_ms <= last:
                 report.drop("duplicate" if ts_ms == last else "out_of_order")
                 continue
             last = ts_ms
+            if series.delta:
+                total += value
+                value = total
             by_ts[ts_ms].append((series, value))
         if last is not None:
             if len(self._last_ts) >= self.max_tracked_series and key not in self._last_ts:
@@ -221,7 +236,10 @@ class Receiver:
                     "more than %d series tracked: deduplication starts afresh", len(self._last_ts)
                 )
                 self._last_ts.clear()
+                self._totals.clear()
             self._last_ts[key] = last
+            if series.delta:
+                self._totals[key] = total
         bucket = series.name.endswith("_bucket") and "le" in labels
         if bucket and len(target.histograms) < _MAX_FAMILIES_PER_TARGET:
             target.histograms.add(series.name[: -len("_bucket")])

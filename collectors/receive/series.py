@@ -15,11 +15,20 @@ from dataclasses import dataclass, field
 from collectors.receive.config import ReceiveLimits
 from pipeline.errors import DecodeError
 
-__all__ = ["STALE_NAN_BITS", "PushedBatch", "PushedSeries", "RefusedWrite", "is_stale"]
+__all__ = [
+    "STALE",
+    "STALE_NAN_BITS",
+    "PushedBatch",
+    "PushedSeries",
+    "RefusedWrite",
+    "is_stale",
+]
 
 #: Prometheus' staleness marker: a NaN with this exact bit pattern ends a series.
 STALE_NAN_BITS = 0x7FF0000000000002
 _STALE = struct.pack("<Q", STALE_NAN_BITS)
+#: The staleness marker as a float (what an OTLP point flagged "no recorded value" becomes).
+STALE: float = struct.unpack("<d", _STALE)[0]
 
 
 def is_stale(value: float) -> bool:
@@ -43,21 +52,29 @@ class PushedSeries:
     """One series of a write: its name, labels (``__name__`` included, sorted) and samples.
 
     ``samples`` are ``(timestamp_ms, value)``; ``family_type`` is the exposition type the
-    sender declared (``None``: not declared in this write).
+    sender declared (``None``: not declared in this write); ``delta``: each value is an
+    increment (OTLP delta temporality) the receiver adds to the series' running total.
     """
 
     name: str
     labels: tuple[tuple[str, str], ...]
     samples: list[tuple[int, float]]
     family_type: str | None = None
+    delta: bool = False
 
 
 @dataclass
 class PushedBatch:
-    """A decoded write: its series, family types it declared, and what was refused."""
+    """A decoded write: its series, family types it declared, and what was refused.
+
+    ``targets``: the target labels the sender declared per (job, instance) — OTLP's resource
+    attributes; remote-write declares them with each target's ``up`` series instead.
+    ``refused`` counts series (remote-write) or data points (OTLP) by reason.
+    """
 
     series: list[PushedSeries] = field(default_factory=list)
     family_types: dict[str, str] = field(default_factory=dict)
+    targets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     refused: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 

@@ -1,4 +1,5 @@
-"""The HTTP door: ``POST /api/v1/write`` (remote-write 1.0), ``GET /metrics``, ``GET /-/healthy``.
+"""The HTTP doors: ``POST /api/v1/write`` (remote-write 1.0), ``POST /v1/metrics`` (OTLP/HTTP),
+``GET /metrics``, ``GET /-/healthy``.
 
 Response codes follow the remote-write spec: ``204`` stored; ``4xx`` never retried, with the
 reason in the body (``401`` token, ``413`` a size bound, ``415`` wrong encoding or type,
@@ -6,6 +7,11 @@ reason in the body (``401`` token, ``413`` a size bound, ``415`` wrong encoding 
 write of more samples than the whole publish buffer holds); ``503`` with
 ``Retry-After`` when the publish buffer cannot take the write (nothing of it was accepted, so
 the sender's retry stores it once). Every outcome is counted on ``/metrics``.
+
+OTLP/HTTP answers the same statuses, with OTLP's bodies in the request's encoding: ``200`` and
+an ``ExportMetricsServiceResponse`` (its ``partial_success`` counting the refused data points,
+the others stored) instead of ``204``/``400``-for-some; a ``google.rpc.Status`` with every
+failure. Both doors share the token, the body bounds and the publish buffer.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
+from collectors.receive import otlp
 from collectors.receive.config import ReceiveConfig
 from collectors.receive.receiver import Receiver
 from collectors.receive.remote_write import check_headers, decode_remote_write
@@ -27,6 +34,7 @@ __all__ = ["ReceiveMetrics", "receive_app"]
 log = logging.getLogger(__name__)
 
 WRITE_PATH = "/api/v1/write"
+OTLP_PATH = "/v1/metrics"
 # Read bodies in steps of this many bytes, counting them against the body bound.
 _READ_BYTES = 256 * 1024
 
@@ -100,20 +108,27 @@ def receive_app(
         headers = {"Retry-After": str(config.retry_after_s)} if status == 503 else None
         return web.Response(status=status, text=text or None, headers=headers)
 
-    def store(door: str, batch: PushedBatch) -> web.Response:
+    def admit(door: str, batch: PushedBatch) -> None:
+        """Hand ``batch`` to the receiver, or raise the 413/503 that refuses all of it."""
         samples = batch.samples
         metrics.samples.labels(door).inc(samples)
         if samples > buffer.max_rows:  # could never fit, even in an empty buffer
-            text = f"write_too_large: {samples} samples, more than receive.buffer_max_rows"
-            return answer(door, 413, "write_too_large", text)
+            text = f"{samples} samples, more than receive.buffer_max_rows"
+            raise RefusedWrite(413, "write_too_large", text)
         if buffer.rows + samples > buffer.max_rows:
-            return answer(door, 503, "bus_full", "bus_full: publish buffer full, retry later")
+            raise RefusedWrite(503, "bus_full", "publish buffer full, retry later")
         report = receiver.ingest(batch)
         for reason, count in report.dropped.items():
             metrics.dropped.labels(reason).inc(count)
+        for reason, count in batch.refused.items():
+            metrics.refused.labels(reason).inc(count)
+
+    def store(door: str, batch: PushedBatch) -> web.Response:
+        try:
+            admit(door, batch)
+        except RefusedWrite as exc:
+            return answer(door, exc.status, exc.reason, f"{exc.reason}: {exc}")
         if batch.refused:
-            for reason, count in batch.refused.items():
-                metrics.refused.labels(reason).inc(count)
             text = f"{sum(batch.refused.values())} series refused: " + "; ".join(batch.errors)
             return answer(door, 400, None, text)
         return answer(door, 204, None)
@@ -135,6 +150,29 @@ def receive_app(
             return answer("remote_write", exc.status, exc.reason, f"{exc.reason}: {exc}")
         return store("remote_write", batch)
 
+    async def otlp_metrics(request: web.Request) -> web.Response:
+        door, kind = "otlp", otlp.PROTOBUF
+        try:
+            if not authorised(request):
+                raise RefusedWrite(401, "unauthorized", "missing or wrong bearer token")
+            kind, gzipped = otlp.check_otlp_headers(
+                request.headers.get("Content-Type", ""),
+                request.headers.get("Content-Encoding", ""),
+            )
+            body = await read_body(request)
+            batch = otlp.decode_otlp(body, kind, gzipped, limits, peer=request.remote or "")
+            admit(door, batch)
+        except RefusedWrite as exc:
+            log.info("OTLP from %s refused: %s: %s", request.remote, exc.reason, exc)
+            response = answer(door, exc.status, exc.reason)
+            response.body = otlp.error_body(kind, exc.status, f"{exc.reason}: {exc}")
+            response.content_type = kind
+            return response
+        response = answer(door, 200, None)
+        response.body = otlp.success_body(kind, batch)
+        response.content_type = kind
+        return response
+
     async def serve_metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(metrics.registry), content_type="text/plain")
 
@@ -144,6 +182,7 @@ def receive_app(
     # the body limit is ours (a counted 413), not aiohttp's
     app = web.Application(client_max_size=limits.max_body_bytes + 1)
     app.router.add_post(WRITE_PATH, write)
+    app.router.add_post(OTLP_PATH, otlp_metrics)
     app.router.add_get("/metrics", serve_metrics)
     app.router.add_get("/-/healthy", healthy)
     return app

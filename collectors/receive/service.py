@@ -63,14 +63,20 @@ class ReceiveService:
 
     async def _serve(self, stop: threading.Event) -> None:
         app = receive_app(self.config, self.receiver, self.buffer, self.metrics)
-        runner = web.AppRunner(app, access_log=None)
+        # bodies are inflated by the doors themselves, within max_decompressed_bytes: aiohttp's
+        # own gzip would hand them an unbounded stream (a gzip bomb) as if it were the body
+        runner = web.AppRunner(app, access_log=None, auto_decompress=False)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self.config.port
-        log.info("receiving remote-write on http://%s:%d/api/v1/write", self.config.host, self.port)
+        log.info(
+            "receiving remote-write on http://%s:%d/api/v1/write and OTLP on /v1/metrics",
+            self.config.host,
+            self.port,
+        )
         self.ready.set()
         try:
             while not stop.is_set():

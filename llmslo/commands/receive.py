@@ -1,4 +1,4 @@
-"""``llmslo receive``: the Prometheus remote-write receiver, publishing to Kafka."""
+"""``llmslo receive``: Prometheus remote-write and OTLP/HTTP metrics in, Kafka out."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def register(subparsers: Any) -> None:
     receive = add_subcommand(
         subparsers,
         "receive",
-        "Accept Prometheus remote-write and publish the mapped samples to Kafka.",
+        "Accept Prometheus remote-write (/api/v1/write) and OTLP/HTTP metrics (/v1/metrics)"
+        " and publish the mapped samples to Kafka.",
         "llmslo receive -c llmslo.yaml\n"
         "llmslo receive --port 9201 --bearer-token-file /etc/llmslo/token \\\n"
         "    --bootstrap-servers 127.0.0.1:9092",

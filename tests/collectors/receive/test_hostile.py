@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,3 +193,29 @@ def test_a_million_series_are_refused_and_rss_stays_bounded(
     assert (status, "decompressed_size" in text) == (413, True), (status, text[:200])
     assert rss_kib(pid) - before < 600 * 1024
     assert post(port, GOOD, headers=AUTH) == (204, "")
+
+
+def test_an_otlp_gzip_bomb_is_refused_before_it_inflates_and_the_receiver_keeps_serving(
+    receiver_process: tuple[int, int],
+) -> None:
+    import gzip
+
+    port, pid = receiver_process
+    bomb = gzip.compress(b"\x00" * (1024 * 1024 * 1024), compresslevel=9)  # 1 GiB in ~1 MB
+    before = rss_kib(pid)
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/metrics",
+        data=bomb,
+        headers=AUTH | {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"},
+        method="POST",
+    )
+    try:
+        urllib.request.urlopen(request, timeout=60)
+        raise AssertionError("a gzip bomb was accepted")
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read()
+    assert (status, b"decompressed_size" in text) == (413, True), text[:200]
+    assert rss_kib(pid) - before < 200 * 1024  # inflated to the 64 MiB bound, no further
+    assert post(port, GOOD, headers=AUTH) == (204, "")
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'llmslo_receive_requests_total{code="413",door="otlp"} 1.0' in metrics
