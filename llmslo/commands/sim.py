@@ -20,6 +20,7 @@ from llmslo.options import (
     print_json,
     resolve_config,
 )
+from llmslo.run import load_model
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
 from pipeline.publisher import Publisher
@@ -36,6 +37,8 @@ from simulator.history import BusSink, HistoryConfig, HistoryGenerator, HistoryS
 from simulator.load import LoadConfig, run_load_sync
 from simulator.scenario import ScenarioRunner, load_scenario
 from simulator.traces import load_trace, poisson_arrivals
+from slo.jobs import JobsConfig
+from slo.replay import ReplaySummary, replay
 from slo.rollups.requests import rollup_history
 
 __all__ = ["register"]
@@ -121,6 +124,13 @@ def register(subparsers: Any) -> None:
     history.add_argument("--incidents-per-day", type=float, default=1.0)
     history.add_argument("--end-ts-ms", type=int, help="last simulated timestamp (default now)")
     history.add_argument("--seed", type=int, default=0)
+    history.add_argument(
+        "--no-replay",
+        action="store_true",
+        help="skip the SLO replay at the end (by default the SLO jobs' cycle runs at every "
+        "minute of the history with slo.spec or the example spec, so the file opens with "
+        "findings, flags and SLO status; llmslo jobs --replay does it later)",
+    )
     history.set_defaults(handler=run_history)
 
     load = add_subcommand(
@@ -337,6 +347,7 @@ def run_history(args: argparse.Namespace) -> int:
     )
     config = resolve_config(args)
     rows: dict[str, int] = {}
+    replayed: ReplaySummary | None = None  # the jobs replay only what they can read: DuckDB
     if args.bootstrap_servers:
         with Bus(config.bus) as bus:
             bus.ensure_topics()
@@ -354,6 +365,9 @@ def run_history(args: argparse.Namespace) -> int:
             _drain(generator, StoreSink(store), rows)
             # Nothing more arrives for these minutes: the dashboards' long ranges read these.
             rollup_history(store.con)
+            if not args.no_replay:
+                model = load_model(config.section("slo", JobsConfig).spec)
+                replayed = replay(store.con, model, config.section("slo", JobsConfig))
         target = str(config.store.path)
     print_json(
         {
@@ -362,6 +376,7 @@ def run_history(args: argparse.Namespace) -> int:
             "pods": args.pods,
             "rows": rows,
             "incidents_ts_ms": generator.incidents,
+            "replay": None if replayed is None else replayed.as_dict(),
         }
     )
     return 0
