@@ -40,6 +40,7 @@ from simulator.traces import load_trace, poisson_arrivals
 from slo.jobs import JobsConfig
 from slo.replay import ReplaySummary, replay
 from slo.rollups.requests import rollup_history
+from slo.windows import parse_duration_ms
 
 __all__ = ["register"]
 
@@ -128,8 +129,16 @@ def register(subparsers: Any) -> None:
         "--no-replay",
         action="store_true",
         help="skip the SLO replay at the end (by default the SLO jobs' cycle runs at every "
-        "minute of the history with slo.spec or the example spec, so the file opens with "
-        "findings, flags and SLO status; llmslo jobs --replay does it later)",
+        "minute of the newest --replay-last of the history, with slo.spec or the example "
+        "spec, so the file opens with findings, flags and SLO status; llmslo jobs --replay "
+        "does it later, over any range)",
+    )
+    history.add_argument(
+        "--replay-last",
+        default="1d",
+        metavar="DURATION",
+        help="how much of the history's end to replay (default 1d, about 1,440 cycles; "
+        "'all' for the whole history, which takes as many cycles as minutes)",
     )
     history.set_defaults(handler=run_history)
 
@@ -345,6 +354,7 @@ def run_history(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     )
+    replay_from = None if args.replay_last == "all" else end - _duration(args.replay_last)
     config = resolve_config(args)
     rows: dict[str, int] = {}
     replayed: ReplaySummary | None = None  # the jobs replay only what they can read: DuckDB
@@ -366,8 +376,9 @@ def run_history(args: argparse.Namespace) -> int:
             # Nothing more arrives for these minutes: the dashboards' long ranges read these.
             rollup_history(store.con)
             if not args.no_replay:
-                model = load_model(config.section("slo", JobsConfig).spec)
-                replayed = replay(store.con, model, config.section("slo", JobsConfig))
+                jobs_config = config.section("slo", JobsConfig)
+                model = load_model(jobs_config.spec)
+                replayed = replay(store.con, model, jobs_config, start_ms=replay_from)
         target = str(config.store.path)
     print_json(
         {
@@ -380,6 +391,13 @@ def run_history(args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration_ms(text)
+    except ValueError as exc:
+        raise ConfigError(f"--replay-last: {exc} (or all)") from None
 
 
 #: Rows the history publisher may hold: more than one generated hour of the largest fleet.
