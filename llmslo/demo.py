@@ -273,7 +273,9 @@ def open_findings_lines(con: duckdb.DuckDBPyConnection) -> list[str]:
     finding a detector stopped re-confirming in the very last cycle (a stalled pod whose
     tokens stopped long ago) is still open, and is what the on-call must see."""
     rows = open_findings(con).to_pylist()
-    rows.sort(key=lambda r: (_SEVERITY_ORDER.get(r["severity"] or "", 9), r["signal"], r["scope_id"]))
+    rows.sort(
+        key=lambda r: (_SEVERITY_ORDER.get(r["severity"] or "", 9), r["signal"], r["scope_id"])
+    )
     lines = []
     for row in rows:
         evidence = json.loads(row["evidence_json"] or "{}")
