@@ -18,8 +18,11 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import duckdb
 
 from llmslo.run import Pipeline, load_model
 from llmslo.sections import load_config, parse_config
@@ -29,6 +32,7 @@ from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.store import Store
 from slo.jobs import CycleResult
+from slo.queries.reads import open_findings
 from slo.report import render_table
 
 __all__ = ["register"]
@@ -260,19 +264,37 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+_SEVERITY_ORDER = {"page": 0, "ticket": 1, "info": 2}
+
+
+def open_findings_lines(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The findings still open in ``slo_findings`` (the query of ``/api/v1/findings/open``),
+    pages first, each with the time it fired. Not the last cycle's detector output: a
+    finding a detector stopped re-confirming in the very last cycle (a stalled pod whose
+    tokens stopped long ago) is still open, and is what the on-call must see."""
+    rows = open_findings(con).to_pylist()
+    rows.sort(
+        key=lambda r: (_SEVERITY_ORDER.get(r["severity"] or "", 9), r["signal"], r["scope_id"])
+    )
+    lines = []
+    for row in rows:
+        evidence = json.loads(row["evidence_json"] or "{}")
+        shown = ", ".join(f"{k}={v}" for k, v in list(evidence.items())[:4])
+        since = datetime.fromtimestamp(row["ts_ms"] / 1000, UTC).strftime("%H:%M:%S")
+        lines.append(
+            f"  {row['severity'] or '':<6} {row['signal']:<20} {row['scope_id']:<22} "
+            f"since {since} UTC  {row['basis'] or ''}: {shown}"
+        )
+    return lines or ["  (none)"]
+
+
 def _print_demo_result(db: Path, result: CycleResult | None) -> None:
     print("\n=== SLOs (from tap request records and engine histograms) ===")
     if result is not None:
         print(render_table(result.statuses), end="")
-        print("\n=== signals ===")
-        for finding in result.findings:
-            evidence = ", ".join(f"{k}={v}" for k, v in list(finding.evidence.items())[:4])
-            print(
-                f"  {finding.severity:<6} {finding.signal:<20} {finding.scope_id:<22} {finding.basis}: {evidence}"
-            )
-        if not result.findings:
-            print("  (none)")
     with Store(db, read_only=True) as store:
+        print("\n=== signals ===")  # the open findings, as /api/v1/findings/open
+        print("\n".join(open_findings_lines(store.con)))
         flags = store.con.execute(
             "SELECT scope_id, from_level, to_level, reason FROM flag_transitions ORDER BY ts_ms"
         ).fetchall()

@@ -109,6 +109,9 @@ class HistoryConfig:
     request_sample: float = 0.05
     incidents_per_day: float = 1.0
     seed: int = 0
+    #: Incident start times (Unix ms) instead of ``incidents_per_day`` random ones: a test or
+    #: a drill that must know when the fault happened.
+    incident_starts_ms: tuple[int, ...] | None = None
 
 
 def _dict(values: list[str]) -> pa.DictionaryArray:
@@ -135,6 +138,8 @@ class HistoryGenerator:
         count = round(config.incidents_per_day * config.days)
         starts = np.sort(self.rng.uniform(0, span_s, count)) if span_s > 0 else np.zeros(0)
         self.incidents = [self.start_ts_ms + int(s * 1000) for s in starts]
+        if config.incident_starts_ms is not None:
+            self.incidents = sorted(config.incident_starts_ms)
         self._req_seq = 0
 
     def _load(self, ts_ms: np.ndarray) -> np.ndarray:

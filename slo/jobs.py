@@ -216,6 +216,25 @@ class SloJobs:
         result = CycleResult(now)
         self._timed("rollup", result, lambda: self.rollup.update(now))
         self._timed("request_rollup", result, lambda: self.request_rollup.update(now))
+        judged = self.judge(result)
+        if judged and not _failed(result, ("flags", "write")):
+            self._timed("heartbeat", result, lambda: self._beat(result))
+        if self.on_cycle is not None:
+            hook = self.on_cycle
+            self._timed("alerts", result, lambda: hook(result))
+        self._timed("prune", result, lambda: self._prune(now))
+        self.metrics.last_eval.set(now / 1000)
+        return result
+
+    def judge(self, result: CycleResult, *, status: bool = True) -> bool:
+        """The part of a cycle that reads the rollups and raw rows as of ``result.now_ms`` and
+        writes what it concluded: evaluate, detect, step flags, write. Every time inside it is
+        ``result.now_ms`` (event time), never the wall clock, so a replay
+        (:mod:`slo.replay`) that calls it step by step concludes what live cycles did.
+        ``status=False`` leaves ``slo_status_current`` as it is (a replay writes it at its
+        last step only: each write replaces the last). Returns whether a snapshot was read
+        (the flags were stepped)."""
+        now = result.now_ms
         result.statuses = (
             self._timed("evaluate", result, lambda: evaluate(self.con, self.model, now)) or []
         )
@@ -233,16 +252,9 @@ class SloJobs:
             result.transitions = (
                 self._timed("flags", result, lambda: self._step_flags(snap, result.findings)) or []
             )
-        self._timed("write", result, lambda: self._write(result))
-        if snap is not None and not _failed(result, ("flags", "write")):
-            self._timed("heartbeat", result, lambda: self._beat(result))
+        self._timed("write", result, lambda: self._write(result, status))
         result.flags = dict(self.board.states)
-        if self.on_cycle is not None:
-            hook = self.on_cycle
-            self._timed("alerts", result, lambda: hook(result))
-        self._timed("prune", result, lambda: self._prune(now))
-        self.metrics.last_eval.set(now / 1000)
-        return result
+        return snap is not None
 
     def _beat(self, result: CycleResult) -> None:
         self.sink.beat(
@@ -352,14 +364,15 @@ class SloJobs:
             evidence["held_for_s"] = self.config.flags.dwell_s
         return self.board.observe(snap.now_ms, "pool", pool, pool, free, all_pinned, evidence)
 
-    def _write(self, result: CycleResult) -> None:
+    def _write(self, result: CycleResult, status: bool = True) -> None:
         current = {f.key: f for f in result.findings}
         started = [f for k, f in current.items() if k not in self.active]
         ended = [f for k, f in self.active.items() if k not in current]
         write_findings(self.con, result.now_ms, "firing", started)
         write_findings(self.con, result.now_ms, "resolved", ended)
         self.active = current
-        write_status(self.con, result.statuses)
+        if status:
+            write_status(self.con, result.statuses)
         if result.transitions:
             self.sink.write(result.transitions)
             for t in result.transitions:

@@ -148,12 +148,17 @@ class BusTransitionSink:
 OVERRIDE_REASONS = ("manual_override", "manual_override_ended")
 
 
-def load_flag_states(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], FlagState]:
+def load_flag_states(
+    con: duckdb.DuckDBPyConnection, before_ms: int | None = None
+) -> dict[tuple[str, str], FlagState]:
     """The last level the jobs stored for every scope, so a restart resumes instead of
-    re-announcing (an operator's override is not the jobs' state: it is skipped)."""
+    re-announcing (an operator's override is not the jobs' state: it is skipped).
+    ``before_ms``: as of then (a replay starting there), from transitions before it."""
+    bound = "" if before_ms is None else f" AND ts_ms < {int(before_ms)}"
     rows = con.execute(
         "SELECT scope, scope_id, arg_max(to_level, ts_ms), max(ts_ms) "
-        f"FROM {FLAG_TRANSITIONS.table} WHERE reason IS NULL OR reason NOT IN (?, ?) GROUP BY ALL",
+        f"FROM {FLAG_TRANSITIONS.table} WHERE (reason IS NULL OR reason NOT IN (?, ?)){bound} "
+        "GROUP BY ALL",
         list(OVERRIDE_REASONS),
     ).fetchall()
     return {

@@ -20,6 +20,7 @@ from llmslo.options import (
     print_json,
     resolve_config,
 )
+from llmslo.run import load_model
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
 from pipeline.publisher import Publisher
@@ -36,7 +37,10 @@ from simulator.history import BusSink, HistoryConfig, HistoryGenerator, HistoryS
 from simulator.load import LoadConfig, run_load_sync
 from simulator.scenario import ScenarioRunner, load_scenario
 from simulator.traces import load_trace, poisson_arrivals
+from slo.jobs import JobsConfig
+from slo.replay import ReplaySummary, replay
 from slo.rollups.requests import rollup_history
+from slo.windows import parse_duration_ms
 
 __all__ = ["register"]
 
@@ -121,6 +125,21 @@ def register(subparsers: Any) -> None:
     history.add_argument("--incidents-per-day", type=float, default=1.0)
     history.add_argument("--end-ts-ms", type=int, help="last simulated timestamp (default now)")
     history.add_argument("--seed", type=int, default=0)
+    history.add_argument(
+        "--no-replay",
+        action="store_true",
+        help="skip the SLO replay at the end (by default the SLO jobs' cycle runs at every "
+        "minute of the newest --replay-last of the history, with slo.spec or the example "
+        "spec, so the file opens with findings, flags and SLO status; llmslo jobs --replay "
+        "does it later, over any range)",
+    )
+    history.add_argument(
+        "--replay-last",
+        default="1d",
+        metavar="DURATION",
+        help="how much of the history's end to replay (default 1d, about 1,440 cycles; "
+        "'all' for the whole history, which takes as many cycles as minutes)",
+    )
     history.set_defaults(handler=run_history)
 
     load = add_subcommand(
@@ -335,8 +354,10 @@ def run_history(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     )
+    replay_from = None if args.replay_last == "all" else end - _duration(args.replay_last)
     config = resolve_config(args)
     rows: dict[str, int] = {}
+    replayed: ReplaySummary | None = None  # the jobs replay only what they can read: DuckDB
     if args.bootstrap_servers:
         with Bus(config.bus) as bus:
             bus.ensure_topics()
@@ -354,6 +375,10 @@ def run_history(args: argparse.Namespace) -> int:
             _drain(generator, StoreSink(store), rows)
             # Nothing more arrives for these minutes: the dashboards' long ranges read these.
             rollup_history(store.con)
+            if not args.no_replay:
+                jobs_config = config.section("slo", JobsConfig)
+                model = load_model(jobs_config.spec)
+                replayed = replay(store.con, model, jobs_config, start_ms=replay_from)
         target = str(config.store.path)
     print_json(
         {
@@ -362,9 +387,17 @@ def run_history(args: argparse.Namespace) -> int:
             "pods": args.pods,
             "rows": rows,
             "incidents_ts_ms": generator.incidents,
+            "replay": None if replayed is None else replayed.as_dict(),
         }
     )
     return 0
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration_ms(text)
+    except ValueError as exc:
+        raise ConfigError(f"--replay-last: {exc} (or all)") from None
 
 
 #: Rows the history publisher may hold: more than one generated hour of the largest fleet.

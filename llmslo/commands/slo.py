@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import functools
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,13 @@ from slo.evaluate import evaluate
 from slo.jobs import JobsConfig, SloJobs, data_clock
 from slo.metrics import JobMetrics
 from slo.queries import alerts as recorded_alerts
+from slo.replay import copy_store, data_extent, parse_instant, replay
 from slo.report import render_json, render_table
 from slo.rollups.counts import Rollup
 from slo.sinks import BusTransitionSink, StoreTransitionSink, TransitionSink
 from slo.spec.loader import load_spec
 from slo.spec.model import SloModel, build_model
+from slo.windows import parse_duration_ms
 
 __all__ = ["register"]
 
@@ -88,7 +91,10 @@ def register(subparsers: Any) -> None:
         "Evaluate SLOs, signals and degradation flags every interval.",
         "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --metrics-port 9466\n"
         "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --once\n"
-        "llmslo jobs -c config/llmslo.yaml --publish --bootstrap-servers 127.0.0.1:9092",
+        "llmslo jobs -c config/llmslo.yaml --publish --bootstrap-servers 127.0.0.1:9092\n"
+        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --replay "
+        "--from -24h --step 1m\n"
+        "llmslo jobs --spec my-new-slo.yaml --db var/llmslo.duckdb --replay --into var/what-if.duckdb",
     )
     add_common_options(jobs, db=True)
     jobs.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
@@ -105,6 +111,41 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="publish flag transitions to Kafka (else write them to the flag_transitions table)",
     )
+    replay = jobs.add_argument_group(
+        "replay", "evaluate stored history step by step in event time, then exit (slo/replay.py)"
+    )
+    replay.add_argument(
+        "--replay",
+        action="store_true",
+        help="run the cycle at every step of --from..--to over stored history; replaces the "
+        "findings and flag transitions of that range (never publishes, never pushes alerts)",
+    )
+    replay.add_argument(
+        "--from",
+        dest="replay_from",
+        metavar="T",
+        help="first instant: ISO-8601 UTC (2026-12-01T06:00:00Z), epoch ms, or relative to the "
+        "newest data (-24h); default: the oldest data",
+    )
+    replay.add_argument(
+        "--to",
+        dest="replay_to",
+        metavar="T",
+        help="last instant (as --from); default: the newest data",
+    )
+    replay.add_argument(
+        "--step", default="1m", metavar="DURATION", help="time between steps (default 1m)"
+    )
+    replay.add_argument(
+        "--into",
+        type=Path,
+        metavar="FILE",
+        help="what would this spec have done: copy --db (read-only) into FILE and write the "
+        "results there, leaving --db untouched (FILE is replaced)",
+    )
+    # "--from -24h": argparse takes a value starting with "-" for an option unless it looks
+    # like a negative number; a relative time is one here (no option of jobs looks like it).
+    jobs._negative_number_matcher = re.compile(r"^-\d+(\.\d+)?[smhdw]?$")
     jobs.set_defaults(handler=run_jobs)
 
 
@@ -198,9 +239,38 @@ def _alert_pusher(
     return pusher
 
 
+def run_replay(args: argparse.Namespace, config: LlmsloConfig, model: SloModel) -> int:
+    """``jobs --replay``: the cycle over stored history, in place or into a scratch copy."""
+    try:
+        step_ms = parse_duration_ms(args.step)
+    except ValueError as exc:
+        raise ConfigError(f"--step: {exc}") from None
+    path = config.store.path
+    if args.into is not None:
+        copy_store(path, args.into)
+        path = args.into
+    with Store(path, must_exist=True) as store:
+        extent = data_extent(store.con)
+        newest = extent[1] if extent else 0
+        summary = replay(
+            store.con,
+            model,
+            config.section("slo", JobsConfig),
+            start_ms=parse_instant(args.replay_from, newest) if args.replay_from else None,
+            end_ms=parse_instant(args.replay_to, newest) if args.replay_to else None,
+            step_ms=step_ms,
+        )
+    print_json({**summary.as_dict(), "db": str(path)})
+    return 0
+
+
 def run_jobs(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     model = _model(args, config)
+    if args.replay:
+        return run_replay(args, config, model)
+    if args.into or args.replay_from or args.replay_to:
+        raise ConfigError("--from, --to and --into go with --replay")
     jobs_config = config.section("slo", JobsConfig)
     if args.interval is not None:
         jobs_config = jobs_config.model_copy(update={"interval_s": args.interval})

@@ -112,11 +112,13 @@ def test_cli_history_into_duckdb(tmp_path, capsys):
                 str(db),
                 "--end-ts-ms",
                 str(END),
+                "--no-replay",
             ]
         )
         == 0
     )
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["replay"] is None
     assert out["rows"]["engine_samples"] > 0
     with Store(db) as store:
         assert store.count("engine_samples") == out["rows"]["engine_samples"]

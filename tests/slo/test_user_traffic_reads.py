@@ -270,6 +270,7 @@ def test_every_record_is_of_exactly_one_source(tmp_path: Path) -> None:
 READS_OF_EVERY_KIND = {
     "slo/jobs.py": "the data clock: the newest record of any kind is the event time",
     "llmslo/demo.py": "the demo's summary of enforced actions, whoever was refused",
+    "slo/replay.py": "the history's extent: the oldest and newest record of any kind bound it",
 }
 _LIBRARY = ("pipeline", "collectors", "simulator", "slo", "alerts", "api", "dashboards", "llmslo")
 _READS_REQUESTS = re.compile(r"\b(?:FROM|JOIN)\s+requests\b")

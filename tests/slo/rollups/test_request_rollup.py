@@ -327,7 +327,7 @@ def test_the_jobs_cycle_keeps_the_request_rollups(store: Store) -> None:
 
 def test_sim_history_files_carry_the_request_rollups(tmp_path: Path) -> None:
     path = tmp_path / "h.duckdb"
-    argv = ["sim", "history", "--days", "0.1", "--pods", "2", "--db", str(path)]
+    argv = ["sim", "history", "--days", "0.1", "--pods", "2", "--db", str(path), "--no-replay"]
     assert main([*argv, "--end-ts-ms", str(END_MS)]) == 0
     with duckdb.connect(str(path), read_only=True) as con:
         coverage = read_coverage(con)
