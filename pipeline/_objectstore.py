@@ -8,8 +8,9 @@ batches by deleting their files (:mod:`pipeline.broker`).
 
 The subset: ``GET``/``HEAD`` of an object (with ``Range``), ``PUT`` with the conditional
 headers Tansu relies on for its metadata (``If-None-Match: *``, ``If-Match: <etag>``;
-412 when they fail), ``DELETE``, and ``ListObjectsV2`` by prefix. Request signatures are
-not checked: it listens on loopback only.
+412 when they fail), ``DELETE``, the batch ``DeleteObjects`` (``POST /<bucket>?delete``,
+which Tansu sends to delete a topic) and ``ListObjectsV2`` by prefix. Request signatures
+are not checked: it listens on loopback only.
 
 Run as ``python pipeline/_objectstore.py --root DIR`` (a script: it imports nothing of
 llmslo); it prints its port on the first
@@ -27,6 +28,7 @@ import sys
 import threading
 import urllib.parse
 from pathlib import Path
+from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 #: Name prefix of a file being written: never listed, renamed over its object when complete.
@@ -58,7 +60,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _target(self) -> tuple[str, str, dict[str, list[str]]]:
         url = urllib.parse.urlsplit(self.path)
         bucket, _, key = url.path.lstrip("/").partition("/")
-        return bucket, urllib.parse.unquote(key), urllib.parse.parse_qs(url.query)
+        return (
+            bucket,
+            urllib.parse.unquote(key),
+            urllib.parse.parse_qs(url.query, keep_blank_values=True),
+        )
 
     def _file(self, bucket: str, key: str) -> Path | None:
         path = (self.root / bucket / key).resolve()
@@ -143,6 +149,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if path is not None:
             path.unlink(missing_ok=True)
         self._reply(204)
+
+    def do_POST(self) -> None:
+        bucket, key, query = self._target()
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if key or "delete" not in query:
+            return self._reply(501)
+        try:
+            request = ElementTree.fromstring(body)
+        except ElementTree.ParseError:
+            return self._reply(400, b"<Error><Code>MalformedXML</Code></Error>")
+        deleted = []
+        # S3's namespace is optional in the request; match the element names either way.
+        for element in request.iter():
+            if element.tag.rpartition("}")[2] == "Key" and element.text:
+                path = self._file(bucket, element.text)
+                if path is not None:
+                    path.unlink(missing_ok=True)  # deleting a missing key succeeds, as in S3
+                deleted.append(element.text)
+        result = "".join(f"<Deleted><Key>{escape(key)}</Key></Deleted>" for key in deleted)
+        reply = f'<?xml version="1.0" encoding="UTF-8"?><DeleteResult>{result}</DeleteResult>'
+        self._reply(200, reply.encode(), {"Content-Type": "application/xml"})
 
 
 def main(argv: list[str] | None = None) -> int:

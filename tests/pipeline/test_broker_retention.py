@@ -133,3 +133,26 @@ def test_without_a_directory_the_log_is_temporary_and_removed() -> None:
         root = broker.retention.topics_dir.parent.parent
         assert root.is_dir()
     assert not root.exists()
+
+
+def test_a_deleted_topic_leaves_no_records_behind_and_its_successor_starts_empty(
+    broker: EmbeddedBroker,
+) -> None:
+    """DeleteTopics on the durable log removes the topic's batches, keeps the broker up
+    and answering, and a topic re-created under the same name starts a new log."""
+    assert broker.retention is not None
+    _publish(broker, 0, 500)
+    records = broker.retention.topics_dir.glob(f"*/topics/{TOPIC}/partitions/*/records/*")
+    assert list(records)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    try:
+        answer = admin.delete_topics([TOPIC])  # on a failure the broker drops the connection
+        assert [t["error_code"] for t in answer["topics"]] == [0]
+        assert TOPIC not in admin.list_topics()
+        batches = broker.retention.topics_dir.glob(f"*/topics/{TOPIC}/**/*.batch")
+        assert list(batches) == []
+        admin.create_topics([NewTopic(TOPIC, 1, 1)])
+    finally:
+        admin.close()
+    _publish(broker, 1000, 100)
+    assert _numbers(broker, "after", 100) == list(range(1000, 1100))
