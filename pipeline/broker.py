@@ -352,8 +352,11 @@ class EmbeddedBroker:
         return root
 
     def _start_store(self, root: Path, timeout_s: float) -> str:
+        command = [sys.executable, str(_OBJECT_STORE), "--root", str(root), "--host", self.host]
+        if self._temp_dir is not None:
+            command.append("--no-sync")  # removed at stop: nothing to keep across a crash
         self._store = subprocess.Popen(
-            [sys.executable, str(_OBJECT_STORE), "--root", str(root), "--host", self.host],
+            command,
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
