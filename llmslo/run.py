@@ -127,7 +127,12 @@ class Pipeline:
         self.config = config
         self.registry = registry or CollectorRegistry()
         self._stack = ExitStack()
-        self.bus = self._stack.enter_context(Bus(config.bus))
+        # The embedded broker's log lives beside the file it feeds: a restart on the same
+        # file finds the records it had not ingested yet.
+        broker_dir = config.store.path.with_name(config.store.path.name + ".broker")
+        self.bus = self._stack.enter_context(
+            Bus(config.bus, embedded_data_dir=broker_dir, registry=self.registry)
+        )
         self.store = self._stack.enter_context(
             Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit)
         )

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+from prometheus_client import CollectorRegistry
 
 from pipeline._lazy import on_first_use
-from pipeline.broker import EmbeddedBroker
+from pipeline.broker import BrokerMetrics, EmbeddedBroker
 from pipeline.codec import encode_arrow, headers_for
 from pipeline.config import BusConfig, secret_from_env
 from pipeline.errors import BusError
@@ -120,11 +122,22 @@ class Bus:
     """Connection settings for one Kafka cluster (or the embedded broker), and factories.
 
     ``Bus(config)`` with ``bootstrap_servers: embedded`` starts a broker when entered and
-    stops it when left; otherwise entering only checks that the cluster answers.
+    stops it when left (its log in ``bus.embedded_data_dir``, else ``embedded_data_dir``,
+    else a temporary directory; its ``llmslo_broker_*`` metrics in ``registry``); otherwise
+    entering only checks that the cluster answers.
     """
 
-    def __init__(self, config: BusConfig) -> None:
+    def __init__(
+        self,
+        config: BusConfig,
+        *,
+        embedded_data_dir: Path | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.config = config
+        # The config's directory wins; the caller's default (beside its store) comes next.
+        self._embedded_data_dir = config.embedded_data_dir or embedded_data_dir
+        self._registry = registry
         self._broker: EmbeddedBroker | None = None
         self.bootstrap_servers = config.bootstrap_servers
 
@@ -134,7 +147,12 @@ class Bus:
 
     def start(self) -> Bus:
         if self.config.bootstrap_servers == "embedded" and self._broker is None:
-            self._broker = EmbeddedBroker().start()
+            self._broker = EmbeddedBroker(
+                data_dir=self._embedded_data_dir,
+                max_bytes=self.config.embedded_max_bytes,
+                retention_interval_s=self.config.embedded_retention_interval_s,
+                metrics=BrokerMetrics(self._registry),
+            ).start()
             self.bootstrap_servers = self._broker.bootstrap_servers
         return self
 

@@ -39,6 +39,7 @@ from pydantic import (
 from pipeline.errors import ConfigError
 
 __all__ = [
+    "EMBEDDED_MAX_BYTES",
     "INGEST_BASELINE_MB",
     "STRICT",
     "BusConfig",
@@ -143,6 +144,11 @@ class _Section(BaseModel):
     model_config = STRICT
 
 
+#: Default bound on the embedded broker's stored record batches (1 GiB on disk; the
+#: broker's memory does not grow with them).
+EMBEDDED_MAX_BYTES = 1024 * 1024 * 1024
+
+
 class BusConfig(_Section):
     """Where Kafka is and how topics are laid out."""
 
@@ -159,6 +165,26 @@ class BusConfig(_Section):
     sasl_username: str | None = None
     sasl_password_env: str | None = Field(
         None, description="name of the environment variable holding the SASL password"
+    )
+    embedded_data_dir: Path | None = Field(
+        None,
+        strict=False,
+        description="where the embedded broker keeps its log, so un-ingested records survive "
+        "its restart; default: `llmslo run` keeps it beside the DuckDB file "
+        "(<store.path>.broker), other commands in a temporary directory removed at exit",
+    )
+    embedded_max_bytes: int = Field(
+        EMBEDDED_MAX_BYTES,
+        ge=1024 * 1024,
+        description="bound on the embedded broker's record batches: past it the oldest are "
+        "dropped even if a consumer group has not committed them (counted in "
+        'llmslo_broker_deleted_records_total{reason="overflow"} and logged)',
+    )
+    embedded_retention_interval_s: float = Field(
+        5.0,
+        gt=0,
+        description="seconds between the embedded broker's retention passes (records every "
+        "consumer group committed are deleted)",
     )
 
     @field_validator("bootstrap_servers")

@@ -9,8 +9,8 @@ nor repeats a row. Kafka's own committed offsets are written after DuckDB's, for
 monitoring and for handing a partition to another group member.
 
 Offsets know their log (:mod:`pipeline._offsets`): each stored offset carries the cluster
-and topic id the broker reported for the partition's log. A new log (an in-memory broker
-restarted, a topic deleted and re-created, another cluster) is read from its beginning,
+and topic id the broker reported for the partition's log. A new log (the embedded broker's
+log lost, a topic deleted and re-created, another cluster) is read from its beginning,
 logged and counted in ``llmslo_ingest_log_resets_total``, whether it is found on assignment
 or while consuming. An offset whose log the broker cannot confirm (no topic ids, or a file
 written before offsets carried them, or a broker that drops commit metadata, as Tansu does)
@@ -667,7 +667,13 @@ class Ingester:
 
     def _check_unconfirmed(self) -> None:
         """Offsets identity could not confirm: beyond the end twice, BEYOND_END_RECHECK_S
-        apart, means a new log; within it, the offset is the log's."""
+        apart, means a new log; within it, the offset is the log's.
+
+        The end is the greater of ListOffsets' answer and the high-water mark of the last
+        fetch: the embedded broker on its durable log answers ListOffsets with a stale end
+        (its first batch's), while its fetches report the true one. Kafka's copy of an
+        offset is unconfirmed there (the broker keeps no commit metadata), so a hand-over
+        would otherwise be taken for a new log and read again from the beginning."""
         consumer, now_s = self._consumer, time.monotonic()
         if consumer is None or now_s < self._next_log_check_s:
             return

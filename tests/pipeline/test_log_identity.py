@@ -1,9 +1,11 @@
-"""Stored offsets know the log they index: a new log (a restarted in-memory broker, a topic
-deleted and re-created) is read from its beginning, logged and counted, never skipped."""
+"""Stored offsets know the log they index: a new log (the embedded broker's log lost
+between runs, a topic deleted and re-created) is read from its beginning, logged and
+counted, never skipped; the same log kept across a restart is resumed."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -72,8 +74,9 @@ def _stop(process: subprocess.Popen[bytes], log: Path) -> None:
 
 
 def _run_embedded(db: Path, log: Path, first: int, total: int) -> float:
-    """``llmslo run`` on a fresh embedded broker: publish ``total`` numbered samples from
-    ``first``, wait until ingested (or 40 s), stop it; returns the log resets it counted."""
+    """``llmslo run`` on the embedded broker (its log in ``<db>.broker/``): publish ``total``
+    numbered samples from ``first``, wait until ingested (or 40 s), stop it; returns the
+    log resets it counted."""
     port = free_port()
     process = start_run(
         log,
@@ -96,17 +99,33 @@ def _run_embedded(db: Path, log: Path, first: int, total: int) -> float:
     return resets
 
 
-def test_a_restart_on_a_new_embedded_broker_ingests_the_new_log(tmp_path: Path) -> None:
+def test_a_restart_on_the_kept_embedded_log_resumes_it(tmp_path: Path) -> None:
+    db = tmp_path / "r.duckdb"
+    assert _run_embedded(db, tmp_path / "run-1.log", first=0, total=6_000) == 0
+    assert _stored(db) == (6_000, 6_000)
+    assert (tmp_path / "r.duckdb.broker").is_dir()
+
+    resets = _run_embedded(db, tmp_path / "run-2.log", first=6_000, total=6_000)
+
+    # Twice the records, none twice: the second run resumed the same log where it stopped.
+    assert _stored(db) == (12_000, 12_000)
+    assert resets == 0
+    assert "is a new log" not in (tmp_path / "run-2.log").read_text()
+
+
+def test_a_restart_after_the_embedded_log_was_lost_ingests_the_new_log(tmp_path: Path) -> None:
     db = tmp_path / "r.duckdb"
     assert _run_embedded(db, tmp_path / "run-1.log", first=0, total=6_000) == 0
     assert _stored(db) == (6_000, 6_000)
     partitions_stored = _stored_partitions(db)
+    # As after a wiped volume or a move to another machine: the DuckDB file without its log.
+    shutil.rmtree(tmp_path / "r.duckdb.broker")
 
     resets = _run_embedded(db, tmp_path / "run-2.log", first=6_000, total=6_000)
 
-    # Twice the records, none twice: the second broker's log was read from its beginning.
+    # Twice the records, none twice: the new broker's log was read from its beginning.
     assert _stored(db) == (12_000, 12_000)
-    # Every partition the first run stored offsets for belonged to the first broker's log.
+    # Every partition the first run stored offsets for belonged to the lost log.
     assert resets == partitions_stored
     logged = (tmp_path / "run-2.log").read_text().count("is a new log")
     assert logged == partitions_stored

@@ -1,0 +1,236 @@
+"""Soak: the pipeline on embedded defaults for a long while, with one restart in the middle.
+
+``llmslo -v run --bootstrap-servers embedded`` (its broker's log beside the DuckDB file)
+ingests simulated fleet histories, published every ``--publish-every-s`` by ``llmslo sim
+history`` at ``--load-multiple`` × the demo's four pods. Each minute it samples the RSS of
+every process (``llmslo run``, its broker and the broker's object store) and the DuckDB
+file's size; at half time it stops ``llmslo run`` right after a publish (un-ingested
+records sit in the broker) and starts it again on the same file. At the end it compares
+the rows the histories published with the rows stored.
+
+Targets: nothing lost or doubled; every process's RSS slope over the second half
+(from a minute after the restart) ≤ 1 MB/min; the broker's stored bytes under ``bus.embedded_max_bytes``.
+
+    python -m bench.soak --quick               # 3 minutes
+    python -m bench.soak --minutes 30          # the full run
+
+The last line is JSON with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import psutil
+
+#: The demo's fleet: four simulated pods.
+DEMO_PODS = 4
+#: Target: an RSS slope over the run's second half at most this (MB per minute).
+RSS_SLOPE_MAX_MB_PER_MIN = 1.0
+_READY = re.compile(r"embedded broker ready on tcp://([\d.]+:\d+)")
+
+
+def _llmslo(*args: str) -> list[str]:
+    return [sys.executable, "-m", "llmslo", *args]
+
+
+def _start_run(db: Path, config: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    seen = log_path.stat().st_size if log_path.exists() else 0  # the last run's lines
+    log_file = log_path.open("ab")
+    process = subprocess.Popen(
+        _llmslo("-v", "run", "-c", str(config), "--db", str(db)),
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with log_path.open("rb") as log_text:
+            log_text.seek(seen)
+            found = _READY.findall(log_text.read().decode(errors="replace"))
+        if found and process.poll() is None:
+            return process, found[-1]
+        if process.poll() is not None:
+            raise SystemExit(f"llmslo run exited ({process.returncode}); see {log_path}")
+        time.sleep(0.5)
+    raise SystemExit(f"llmslo run's broker did not come up; see {log_path}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _publish(bootstrap: str, pods: int, end_ts_ms: int, seed: int) -> dict[str, int]:
+    out = subprocess.run(
+        _llmslo(
+            "sim",
+            "history",
+            "--days",
+            "0.002",  # ~3 simulated minutes per publish
+            "--pods",
+            str(pods),
+            "--seed",
+            str(seed),
+            "--end-ts-ms",
+            str(end_ts_ms),
+            "--bootstrap-servers",
+            bootstrap,
+        ),
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"llmslo sim history failed ({out.returncode}): {out.stderr[-2000:]}")
+    rows: dict[str, int] = json.loads(out.stdout)["rows"]
+    return rows
+
+
+def _rss_mb(root_pid: int) -> dict[str, float]:
+    """RSS of ``llmslo run`` and each child (the broker, its object store), by name."""
+    root = psutil.Process(root_pid)
+    sizes = {"llmslo-run": root.memory_info().rss / 1e6}
+    for child in root.children(recursive=True):
+        try:
+            name = "broker" if child.name().startswith("tansu") else "object-store"
+            sizes[name] = sizes.get(name, 0.0) + child.memory_info().rss / 1e6
+        except psutil.NoSuchProcess:
+            continue
+    return sizes
+
+
+def _slope_mb_per_min(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (minute, MB) points."""
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / var if var else 0.0
+
+
+def _stored_rows(db: Path, tables: list[str]) -> dict[str, int]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return {t: int(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in tables}  # type: ignore[index]
+
+
+def soak(
+    minutes: float, load_multiple: int, publish_every_s: float, sample_every_s: float
+) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="llmslo-soak-"))
+    db, log_path, config = workdir / "soak.duckdb", workdir / "run.log", workdir / "soak.yaml"
+    max_bytes = 256 * 1024 * 1024
+    config.write_text(
+        json.dumps(
+            {
+                "bus": {"bootstrap_servers": "embedded", "embedded_max_bytes": max_bytes},
+                "api": {"port": 0},  # the default port may be taken on a shared machine
+            }
+        ),
+        encoding="utf-8",
+    )
+    run, bootstrap = _start_run(db, config, log_path)
+    pods = DEMO_PODS * load_multiple
+    published: dict[str, int] = {}
+    samples: list[dict[str, Any]] = []
+    start = time.monotonic()
+    end_s, restart_at_s = minutes * 60, minutes * 30
+    next_publish = next_sample = 0.0
+    restarted = False
+    seed = 0
+    end_ts_ms = int(time.time() * 1000) - 86_400_000  # a day back, one batch after another
+    while (elapsed := time.monotonic() - start) < end_s:
+        if elapsed >= next_publish:
+            seed += 1
+            end_ts_ms += 180_000
+            for table, count in _publish(bootstrap, pods, end_ts_ms, seed).items():
+                published[table] = published.get(table, 0) + count
+            next_publish += publish_every_s
+            if not restarted and elapsed >= restart_at_s:
+                _stop(run)  # right after a publish: its records are not all ingested yet
+                run, bootstrap = _start_run(db, config, log_path)
+                restarted = True
+        if elapsed >= next_sample:
+            samples.append(
+                {
+                    "minute": round(elapsed / 60, 2),
+                    "rss_mb": _rss_mb(run.pid),
+                    "db_mb": round(_db_bytes(db) / 1e6, 1),
+                    "broker_log_mb": round(_dir_bytes(Path(f"{db}.broker")) / 1e6, 1),
+                }
+            )
+            print(json.dumps(samples[-1]), flush=True)
+            next_sample += sample_every_s
+        time.sleep(0.5)
+    time.sleep(30)  # the last publish reaches DuckDB
+    _stop(run)
+    stored = _stored_rows(db, sorted(published))
+    # The second half starts with the restart: its first minute is the new process warming
+    # up (imports, DuckDB's buffer pool), not a leak.
+    second_half = [s for s in samples if s["minute"] * 60 >= end_s / 2 + 60]
+    slopes = {
+        name: round(
+            _slope_mb_per_min([(s["minute"], s["rss_mb"].get(name, 0.0)) for s in second_half]), 2
+        )
+        for name in samples[-1]["rss_mb"]
+    }
+    peak_log_bytes = max(s["broker_log_mb"] for s in samples) * 1e6
+    return {
+        "minutes": minutes,
+        "pods": pods,
+        "published": published,
+        "stored": stored,
+        "lost_or_doubled": {t: stored.get(t, 0) - n for t, n in published.items()},
+        "rss_slope_second_half_mb_per_min": slopes,
+        "rss_last_mb": {k: round(v, 1) for k, v in samples[-1]["rss_mb"].items()},
+        "db_mb_last": samples[-1]["db_mb"],
+        "broker_log_peak_mb": round(peak_log_bytes / 1e6, 1),
+        "broker_max_mb": round(max_bytes / 1e6, 1),
+        "ok": all(stored.get(t, 0) == n for t, n in published.items())
+        and all(v <= RSS_SLOPE_MAX_MB_PER_MIN for v in slopes.values())
+        and peak_log_bytes <= max_bytes,
+        "workdir": str(workdir),
+    }
+
+
+def _db_bytes(db: Path) -> int:
+    """The DuckDB file and its write-ahead log (rows sit there until a checkpoint)."""
+    return sum(p.stat().st_size for p in (db, Path(f"{db}.wal")) if p.exists())
+
+
+def _dir_bytes(path: Path) -> int:
+    return (
+        sum(f.stat().st_size for f in path.rglob("*.batch") if f.is_file()) if path.exists() else 0
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0, help="run length (default 30)")
+    parser.add_argument("--quick", action="store_true", help="3 minutes, samples every 20 s")
+    parser.add_argument("--load-multiple", type=int, default=2, help="× the demo's 4 pods")
+    parser.add_argument("--publish-every-s", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    minutes = 3.0 if args.quick else args.minutes
+    if not args.quick and minutes < 30:
+        parser.error("--minutes must be at least 30 without --quick")
+    figures = soak(minutes, args.load_multiple, args.publish_every_s, 20.0 if args.quick else 60.0)
+    print(json.dumps(figures), flush=True)
+    return 0 if figures["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
