@@ -32,6 +32,8 @@ from typing import Any
 import duckdb
 import psutil
 
+from pipeline.processes import stop_process
+
 #: The demo's fleet: four simulated pods.
 DEMO_PODS = 4
 #: Target: an RSS slope over the run's second half at most this (MB per minute).
@@ -62,15 +64,6 @@ def _start_run(db: Path, config: Path, log_path: Path) -> tuple[subprocess.Popen
             raise SystemExit(f"llmslo run exited ({process.returncode}); see {log_path}")
         time.sleep(0.5)
     raise SystemExit(f"llmslo run's broker did not come up; see {log_path}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _publish(bootstrap: str, pods: int, end_ts_ms: int, seed: int) -> dict[str, int]:
@@ -160,7 +153,8 @@ def soak(
                 published[table] = published.get(table, 0) + count
             next_publish += publish_every_s
             if not restarted and elapsed >= restart_at_s:
-                _stop(run)  # right after a publish: its records are not all ingested yet
+                # Right after a publish: its records are not all ingested yet.
+                stop_process(run, timeout_s=60)
                 run, bootstrap = _start_run(db, config, log_path)
                 restarted = True
         if elapsed >= next_sample:
@@ -176,7 +170,7 @@ def soak(
             next_sample += sample_every_s
         time.sleep(0.5)
     time.sleep(30)  # the last publish reaches DuckDB
-    _stop(run)
+    stop_process(run, timeout_s=60)
     stored = _stored_rows(db, sorted(published))
     # The second half starts with the restart: its first minute is the new process warming
     # up (imports, DuckDB's buffer pool), not a leak.

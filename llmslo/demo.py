@@ -30,6 +30,7 @@ from pipeline.broker import free_port
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
+from pipeline.processes import stop_process
 from pipeline.store import Store
 from slo.jobs import CycleResult
 from slo.queries.reads import open_findings
@@ -89,13 +90,7 @@ def _child(
         try:
             yield process
         finally:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process, timeout_s=20)
 
 
 def _first_json_line(process: subprocess.Popen[str], what: str, log_path: Path) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pipeline.config import EMBEDDED_MAX_BYTES
 from pipeline.errors import BusError
+from pipeline.processes import stop_process
 
 __all__ = [
     "BrokerMetrics",
@@ -435,13 +436,8 @@ class EmbeddedBroker:
             self.retention.close()
             self.retention = None
         for process in (self._process, self._store):
-            if process is not None and process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            if process is not None:
+                stop_process(process, timeout_s=5)
         if self._store is not None and self._store.stdout is not None:
             self._store.stdout.close()
         self._process = self._store = None
