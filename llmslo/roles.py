@@ -28,6 +28,7 @@ from llmslo.options import install_stop_handlers, print_json
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
+from pipeline.iceberg.lake import open_iceberg_lake
 from pipeline.ingest import Ingester
 from pipeline.lake import create_lake_views, export_hours
 from pipeline.publisher import Publisher
@@ -80,28 +81,34 @@ def export_lake_until(
 
 def run_ingest_role(config: LlmsloConfig, instance_id: str | None) -> int:
     """One ingester of the group, exporting to the lake; returns the exit code."""
-    lake_dir = _lake_dir(config)
+    iceberg = config.store.lake == "iceberg"
+    lake_dir = config.store.lake_dir if iceberg else _lake_dir(config)
     ingester_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
     with (
         Bus(config.bus) as bus,
         Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit) as store,
     ):
         bus.ensure_topics()
-        ingester = Ingester(bus, store, config.ingest, instance_id=instance_id)
+        lake = open_iceberg_lake(config.store, config.ingest.group_id, bus.prefix)
+        ingester = Ingester(bus, store, config.ingest, instance_id=instance_id, lake=lake)
         install_stop_handlers(ingester.stop)
         stop = threading.Event()
+        # The Parquet export, unless the Iceberg lake alone is configured (it is written
+        # batch by batch, in the commit path). Pruning old raw rows rides on the export.
         exporter = threading.Thread(
             target=export_lake_until,
             args=(store, lake_dir, ingester_id, config.store.lake_export_interval_s, stop),
             kwargs={"retention_ms": int(config.store.raw_retention_days * DAY_MS)},
             name="lake-export",
         )
-        exporter.start()
+        if lake_dir is not None:
+            exporter.start()
         try:
             stats = ingester.run()
         finally:
             stop.set()
-            exporter.join()
+            if lake_dir is not None:
+                exporter.join()
     print_json({"run": "stopped", "role": "ingest", "rows": stats.rows})
     return 0
 
