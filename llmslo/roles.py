@@ -35,7 +35,7 @@ from pipeline.publisher import Publisher
 from pipeline.store import Store
 from pipeline.units import DAY_MS
 from slo.jobs import JobsConfig, SloJobs
-from slo.sinks import BusTransitionSink
+from slo.sinks import BusTransitionSink, StoreTransitionSink, TeeTransitionSink
 from slo.spec.model import SloModel
 
 __all__ = ["ROLES", "run_ingest_role", "run_jobs_role"]
@@ -115,6 +115,8 @@ def run_ingest_role(config: LlmsloConfig, instance_id: str | None) -> int:
 
 def run_jobs_role(config: LlmsloConfig, model: SloModel) -> int:
     """The SLO jobs over the lake until SIGTERM; returns the exit code."""
+    if config.store.lake == "iceberg":
+        return _run_jobs_over_iceberg(config, model)
     lake_dir = _lake_dir(config)
     jobs_config = config.section("slo", JobsConfig)
     stop = threading.Event()
@@ -138,6 +140,54 @@ def run_jobs_role(config: LlmsloConfig, model: SloModel) -> int:
                     lake_dir,
                     time.monotonic() - started,
                 )
+            stop.wait(jobs_config.interval_s)
+    print_json({"run": "stopped", "role": "jobs", "cycles": cycles})
+    return 0
+
+
+def _run_jobs_over_iceberg(config: LlmsloConfig, model: SloModel) -> int:
+    """The jobs over the Iceberg lake: each cycle first loads the data files committed
+    since the last (:class:`pipeline.iceberg.mirror.IcebergMirror`) into the jobs' own file,
+    which also keeps the flag transitions they resume from (the lake holds only the
+    one-topic tables; flags share their topic with heartbeats)."""
+    from pipeline.iceberg.mirror import IcebergMirror
+
+    jobs_config = config.section("slo", JobsConfig)
+    stop = threading.Event()
+    install_stop_handlers(stop.set)
+    cycles = 0
+    window_ms = int(config.store.raw_retention_days * DAY_MS)
+    with (
+        Bus(config.bus) as bus,
+        Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit) as store,
+        closing(BusTransitionSink(Publisher(bus.producer, component="slo-jobs"))) as published,
+    ):
+        lake = open_iceberg_lake(config.store, config.ingest.group_id, bus.prefix)
+        assert lake is not None  # store.lake is iceberg
+        mirror = IcebergMirror(lake, store, window_ms=window_ms)
+        sink = TeeTransitionSink(published, StoreTransitionSink(store.con))
+        jobs = SloJobs(store.con, model, jobs_config, sink=sink)
+        started = time.monotonic()
+        while not stop.is_set():
+            now_ms = int(time.time() * 1000)
+            try:
+                report = mirror.refresh(now_ms)
+            except LlmsloError as exc:  # no cycle over a lake that cannot be read
+                log.error("skipping an SLO cycle: %s", exc)
+            else:
+                log.debug(
+                    "mirrored %d rows of %d files in %.2f s",
+                    report.rows,
+                    report.files,
+                    report.seconds,
+                )
+                jobs.run_once()
+                cycles += 1
+                if cycles == 1:
+                    log.info(
+                        "first SLO cycle over the Iceberg lake done %.1f s after start",
+                        time.monotonic() - started,
+                    )
             stop.wait(jobs_config.interval_s)
     print_json({"run": "stopped", "role": "jobs", "cycles": cycles})
     return 0

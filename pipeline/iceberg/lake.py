@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 OFFSETS_PREFIX = "llmslo.offsets."
 COMMIT_ID = "llmslo.commit-id"
 MAX_BACKOFF_S = 5.0
+#: Table properties: the lake retries its own conflicts (see ``_without_library_retries``).
+NO_LIBRARY_RETRIES = {"commit.retry.num-retries": "0"}
 #: An object store's refusals that retrying cannot fix (spaces and underscores removed:
 #: botocore says AccessDenied, pyarrow ACCESS_DENIED).
 _REFUSALS = (
@@ -106,6 +108,10 @@ def _decode(text: str | None) -> dict[tuple[str, int], StoredOffset]:
 
 
 def _is_refusal(exc: BaseException) -> bool:
+    """Whether retrying cannot help: the store refused us, or this process cannot write
+    Iceberg at all (a missing optional module: pyiceberg's ``NotInstalledError``)."""
+    if isinstance(exc, ImportError) or type(exc).__name__ == "NotInstalledError":
+        return True
     text = f"{type(exc).__name__} {exc}".lower().replace("_", "").replace(" ", "")
     return any(word in text for word in _REFUSALS)
 
@@ -166,27 +172,78 @@ class IcebergLake:
             raise LakeError(f"Iceberg lake: cannot {what} ({self._where(table)}): {exc}") from exc
 
     def _open(self, table: str) -> Any:
-        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+        from pyiceberg.exceptions import (
+            CommitFailedException,
+            NoSuchTableError,
+            TableAlreadyExistsError,
+        )
         from pyiceberg.transforms import TruncateTransform
 
         identifier = f"{self.config.namespace}.{table}"
         try:
-            return self._catalog.load_table(identifier)
+            loaded = self._catalog.load_table(identifier)
+            return self._with_new_columns(table, self._without_library_retries(loaded))
         except NoSuchTableError:
             pass
         try:
             with (
                 self._catalog.create_table_transaction(
-                    identifier, schema=lake_arrow_schema(table)
+                    identifier, schema=lake_arrow_schema(table), properties=NO_LIBRARY_RETRIES
                 ) as create,
                 create.update_spec() as spec,
             ):
                 spec.add_field(
                     ICEBERG_TABLES[table], TruncateTransform(PARTITION_WIDTH_MS), "hour_ms"
                 )
-        except TableAlreadyExistsError:  # another ingester created it meanwhile
+        except (TableAlreadyExistsError, CommitFailedException):
+            # Another ingester created it meanwhile: the catalog refuses the insert, or
+            # the commit's "table does not exist" requirement fails.
             pass
-        return self._catalog.load_table(identifier)
+        return self._without_library_retries(self._catalog.load_table(identifier))
+
+    @staticmethod
+    def _with_new_columns(name: str, table: Any) -> Any:
+        """``table`` with the columns a newer release appended to its record schema (nullable,
+        as schemas append them): Iceberg evolves the schema in place, old files read them as
+        null, and this release's batches append with them."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        wanted = lake_arrow_schema(name)
+        for _ in range(10):
+            present = {field.name for field in table.schema().fields}
+            if set(wanted.names) <= present:
+                return table
+            try:
+                with table.update_schema() as update:
+                    update.union_by_name(wanted)
+            except CommitFailedException:
+                pass
+            table.refresh()
+        raise LakeError(f"cannot add new columns to {table.name()}: commits keep conflicting")
+
+    @staticmethod
+    def _without_library_retries(table: Any) -> Any:
+        """``table`` with pyiceberg's own commit retries off (a table created elsewhere).
+
+        pyiceberg (≥ 0.10) re-applies a conflicting append on the refreshed table with the
+        snapshot properties it was given, i.e. with offsets merged from the stale parent: it
+        would record another ingester's partitions at their old offsets. :meth:`_commit`
+        retries itself and merges the offsets again.
+        """
+        from pyiceberg.exceptions import CommitFailedException
+
+        for _ in range(10):
+            if all(table.properties.get(k) == v for k, v in NO_LIBRARY_RETRIES.items()):
+                return table
+            try:
+                with table.transaction() as change:
+                    change.set_properties(NO_LIBRARY_RETRIES)
+            except CommitFailedException:
+                pass
+            table.refresh()
+        raise LakeError(
+            f"cannot set {NO_LIBRARY_RETRIES} on {table.name()}: commits keep conflicting"
+        )
 
     def table(self, name: str) -> Any:
         """The pyiceberg table ``name`` as last loaded (for readers, benches and tests)."""

@@ -26,7 +26,12 @@ import pytest
 
 from tests.conftest import require_tool
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+#: Debian installs PostgreSQL's server binaries off PATH, under its major version.
+PG_BIN = max(
+    Path("/usr/lib/postgresql").glob("*/bin"),
+    key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+    default=Path("/usr/lib/postgresql/15/bin"),
+)
 BUCKET = "lake"
 
 

@@ -43,7 +43,9 @@ def wide_bus(broker: EmbeddedBroker) -> Iterator[Bus]:
         yield connected
 
 
-def _lake_config(path: Path, bus: Bus, s3: S3Server, catalog_uri: str) -> tuple[Path, IcebergConfig]:
+def _lake_config(
+    path: Path, bus: Bus, s3: S3Server, catalog_uri: str
+) -> tuple[Path, IcebergConfig]:
     write_config(path, bus, batch_max_rows=5_000, batch_max_ms=10_000, session_timeout_ms=6_000)
     iceberg = IcebergConfig(
         catalog_uri=catalog_uri,
