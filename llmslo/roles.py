@@ -28,13 +28,14 @@ from llmslo.options import install_stop_handlers, print_json
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
+from pipeline.iceberg.lake import open_iceberg_lake
 from pipeline.ingest import Ingester
 from pipeline.lake import create_lake_views, export_hours
 from pipeline.publisher import Publisher
 from pipeline.store import Store
 from pipeline.units import DAY_MS
 from slo.jobs import JobsConfig, SloJobs
-from slo.sinks import BusTransitionSink
+from slo.sinks import BusTransitionSink, StoreTransitionSink, TeeTransitionSink
 from slo.spec.model import SloModel
 
 __all__ = ["ROLES", "run_ingest_role", "run_jobs_role"]
@@ -80,34 +81,42 @@ def export_lake_until(
 
 def run_ingest_role(config: LlmsloConfig, instance_id: str | None) -> int:
     """One ingester of the group, exporting to the lake; returns the exit code."""
-    lake_dir = _lake_dir(config)
+    iceberg = config.store.lake == "iceberg"
+    lake_dir = config.store.lake_dir if iceberg else _lake_dir(config)
     ingester_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
     with (
         Bus(config.bus) as bus,
         Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit) as store,
     ):
         bus.ensure_topics()
-        ingester = Ingester(bus, store, config.ingest, instance_id=instance_id)
+        lake = open_iceberg_lake(config.store, config.ingest.group_id, bus.prefix)
+        ingester = Ingester(bus, store, config.ingest, instance_id=instance_id, lake=lake)
         install_stop_handlers(ingester.stop)
         stop = threading.Event()
+        # The Parquet export, unless the Iceberg lake alone is configured (it is written
+        # batch by batch, in the commit path). Pruning old raw rows rides on the export.
         exporter = threading.Thread(
             target=export_lake_until,
             args=(store, lake_dir, ingester_id, config.store.lake_export_interval_s, stop),
             kwargs={"retention_ms": int(config.store.raw_retention_days * DAY_MS)},
             name="lake-export",
         )
-        exporter.start()
+        if lake_dir is not None:
+            exporter.start()
         try:
             stats = ingester.run()
         finally:
             stop.set()
-            exporter.join()
+            if lake_dir is not None:
+                exporter.join()
     print_json({"run": "stopped", "role": "ingest", "rows": stats.rows})
     return 0
 
 
 def run_jobs_role(config: LlmsloConfig, model: SloModel) -> int:
     """The SLO jobs over the lake until SIGTERM; returns the exit code."""
+    if config.store.lake == "iceberg":
+        return _run_jobs_over_iceberg(config, model)
     lake_dir = _lake_dir(config)
     jobs_config = config.section("slo", JobsConfig)
     stop = threading.Event()
@@ -131,6 +140,54 @@ def run_jobs_role(config: LlmsloConfig, model: SloModel) -> int:
                     lake_dir,
                     time.monotonic() - started,
                 )
+            stop.wait(jobs_config.interval_s)
+    print_json({"run": "stopped", "role": "jobs", "cycles": cycles})
+    return 0
+
+
+def _run_jobs_over_iceberg(config: LlmsloConfig, model: SloModel) -> int:
+    """The jobs over the Iceberg lake: each cycle first loads the data files committed
+    since the last (:class:`pipeline.iceberg.mirror.IcebergMirror`) into the jobs' own file,
+    which also keeps the flag transitions they resume from (the lake holds only the
+    one-topic tables; flags share their topic with heartbeats)."""
+    from pipeline.iceberg.mirror import IcebergMirror
+
+    jobs_config = config.section("slo", JobsConfig)
+    stop = threading.Event()
+    install_stop_handlers(stop.set)
+    cycles = 0
+    window_ms = int(config.store.raw_retention_days * DAY_MS)
+    with (
+        Bus(config.bus) as bus,
+        Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit) as store,
+        closing(BusTransitionSink(Publisher(bus.producer, component="slo-jobs"))) as published,
+    ):
+        lake = open_iceberg_lake(config.store, config.ingest.group_id, bus.prefix)
+        assert lake is not None  # store.lake is iceberg
+        mirror = IcebergMirror(lake, store, window_ms=window_ms)
+        sink = TeeTransitionSink(published, StoreTransitionSink(store.con))
+        jobs = SloJobs(store.con, model, jobs_config, sink=sink)
+        started = time.monotonic()
+        while not stop.is_set():
+            now_ms = int(time.time() * 1000)
+            try:
+                report = mirror.refresh(now_ms)
+            except LlmsloError as exc:  # no cycle over a lake that cannot be read
+                log.error("skipping an SLO cycle: %s", exc)
+            else:
+                log.debug(
+                    "mirrored %d rows of %d files in %.2f s",
+                    report.rows,
+                    report.files,
+                    report.seconds,
+                )
+                jobs.run_once()
+                cycles += 1
+                if cycles == 1:
+                    log.info(
+                        "first SLO cycle over the Iceberg lake done %.1f s after start",
+                        time.monotonic() - started,
+                    )
             stop.wait(jobs_config.interval_s)
     print_json({"run": "stopped", "role": "jobs", "cycles": cycles})
     return 0

@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from pipeline.errors import ConfigError
+from pipeline.iceberg.config import IcebergConfig
 
 __all__ = [
     "EMBEDDED_MAX_BYTES",
@@ -213,6 +214,18 @@ class StoreConfig(_Section):
         description="seconds between lake exports in `llmslo run --role ingest` (the open "
         "hours are rewritten each time: the lake's freshness)",
     )
+    lake: Literal["parquet", "iceberg"] = Field(
+        "parquet",
+        description="parquet: hourly files under lake_dir; iceberg: each committed batch "
+        "appended to Iceberg tables (store.iceberg) with its Kafka offsets",
+    )
+    iceberg: IcebergConfig | None = None
+
+    @model_validator(mode="after")
+    def _iceberg_configured(self) -> StoreConfig:
+        if self.lake == "iceberg" and self.iceberg is None:
+            raise ValueError("store.lake: iceberg needs store.iceberg (catalog_uri, warehouse)")
+        return self
 
 
 #: What the ingester's process holds besides batches, fetches and DuckDB's buffer pool:

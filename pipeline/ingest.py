@@ -70,6 +70,7 @@ from pipeline.bus import DEADLETTER_TOPIC, Bus, BusProducer
 from pipeline.codec import decode_message
 from pipeline.config import IngestConfig
 from pipeline.errors import DecodeError, StoreError
+from pipeline.iceberg.lake import IcebergLake
 from pipeline.schema import iter_schemas
 from pipeline.store import DEADLETTER_PAYLOAD_LIMIT, DeadLetter, Store, read_peer_offsets
 
@@ -123,6 +124,17 @@ class IngestMetrics:
             "Partitions read from their beginning because their stored offset indexed "
             "another log (broker restarted in memory, topic re-created, another cluster)",
             ["topic", "partition"],
+            registry=r,
+        )
+        self.lake_commit_seconds = Histogram(
+            "llmslo_ingest_lake_commit_seconds",
+            "Time to append one batch to the Iceberg lake (retries included)",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.lake_conflicts = Counter(
+            "llmslo_ingest_lake_conflicts",
+            "Iceberg commits retried because another ingester committed first",
             registry=r,
         )
         self.last_commit = Gauge(
@@ -248,6 +260,7 @@ class Ingester:
         clock: Callable[[], float] = time.time,
         instance_id: str | None = None,
         after_commit: Callable[[int], None] | None = None,
+        lake: IcebergLake | None = None,
     ) -> None:
         self.bus = bus
         self.store = store
@@ -258,6 +271,9 @@ class Ingester:
         # Called on the commit thread with the count of DuckDB commits so far, after a batch
         # is in the file and before Kafka hears of it: where the exactly-once tests crash.
         self.after_commit = after_commit
+        # The Iceberg lake (store.lake: iceberg): each batch is appended there, with its
+        # offsets, before DuckDB's commit; a partition resumes at the table's offset too.
+        self.lake = lake
         self._duckdb_commits = 0
         self.stats = IngestStats()
         self._stop = threading.Event()
@@ -450,6 +466,12 @@ class Ingester:
 
     def _commit(self, batch: _Batch) -> float:
         started = time.perf_counter()
+        if self.lake is not None:
+            report = self.lake.append_batch(
+                batch.tables, batch.offsets, should_stop=self._stop.is_set
+            )
+            self.metrics.lake_commit_seconds.observe(report.seconds)
+            self.metrics.lake_conflicts.inc(report.conflicts)
         self.store.commit_batch(
             batch.tables,
             group_id=self.config.group_id,
@@ -560,8 +582,9 @@ class Ingester:
         DuckDB's offset is ours and exact; Kafka's is newer when another group member owned
         the partition since (it commits to Kafka on hand-over); a dead member's file
         (``ingest.peer_stores``) is newer than Kafka when it crashed between its DuckDB and
-        Kafka commits. Offsets are the source of truth in each file, so the union of the
-        files holds every record once. Offsets of another log than the broker's are
+        Kafka commits; the Iceberg lake's (``lake``) is the newest of all when a member
+        crashed after its Iceberg commit. Offsets are the source of truth in each file, so
+        the union of the files holds every record once, and so does the lake. Offsets of another log than the broker's are
         discarded (:func:`pipeline._offsets.choose_start`).
         """
         self._last_activity_s = time.monotonic()
@@ -573,10 +596,19 @@ class Ingester:
         peers = read_peer_offsets(
             self.config.peer_stores, self.config.group_id, own_path=self.store.path
         )
+        try:
+            in_lake = self.lake.read_offsets() if self.lake is not None else {}
+        except StoreError as exc:
+            # Without the lake's offsets a partition could start before what the lake holds:
+            # commit nothing and stop (run() re-raises); a restart asks the lake again.
+            log.error("stopping: %s", exc)
+            self._failure = exc
+            self._stop.set()
+            return
         for tp in assigned:
             key = (tp.topic, tp.partition)
             current = log_identity(consumer._client.cluster, tp.topic)
-            candidates = [stored.get(key), committed.get(tp), *peers.get(key, [])]
+            candidates = [stored.get(key), committed.get(tp), in_lake.get(key), *peers.get(key, [])]
             decision = choose_start(candidates, current)
             self._logs[key] = current
             self._positions[key] = decision.offset

@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,8 +334,13 @@ class Store:
         offsets: Mapping[tuple[str, int], StoredOffset],
         deadletters: Sequence[DeadLetter] = (),
         now_ts_ms: int,
+        in_same_transaction: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
     ) -> None:
-        """Append ``rows`` (table name → Arrow tables of its schema), dead letters and offsets atomically."""
+        """Append ``rows`` (table name → Arrow tables of its schema), dead letters and offsets atomically.
+
+        ``in_same_transaction(con)`` runs inside the same transaction, for a writer whose own
+        bookkeeping must commit or roll back with the rows (the Iceberg mirror's file list).
+        """
         new_series: dict[str, pa.Table] = {}
         with self.transaction("commit a batch") as con:
             for table_name, all_parts in rows.items():
@@ -376,6 +381,8 @@ class Store:
                         for (topic, partition), stored in offsets.items()
                     ],
                 )
+            if in_same_transaction is not None:
+                in_same_transaction(con)
         for table_name, series in new_series.items():
             self._series[table_name].mark_stored(series.column("series_id").combine_chunks())
 

@@ -6,8 +6,9 @@ current status.
 bounded publisher of ``pipeline.publisher``; the ingester stores them);
 :class:`StoreTransitionSink` writes them straight into ``flag_transitions`` and
 ``jobs_heartbeats`` when no bus is used; :class:`ListTransitionSink` keeps them in memory
-(tests). The jobs' own tables ``slo_findings`` and ``slo_status_current`` are written here
-too (declared in :mod:`slo.tables`).
+(tests); :class:`TeeTransitionSink` writes to several. The jobs' own tables
+``slo_findings`` and ``slo_status_current`` are written here too (declared in
+:mod:`slo.tables`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "JobsHeartbeat",
     "ListTransitionSink",
     "StoreTransitionSink",
+    "TeeTransitionSink",
     "TransitionSink",
     "create_output_tables",
     "load_flag_states",
@@ -142,6 +144,22 @@ class BusTransitionSink:
     def close(self) -> None:
         """Publish what is still buffered (bounded wait), then stop the publisher."""
         self.publisher.close()
+
+
+class TeeTransitionSink:
+    """Writes transitions and heartbeats to every one of ``sinks``, in order: the jobs over
+    the Iceberg lake publish them and keep them in their own file to resume from."""
+
+    def __init__(self, *sinks: TransitionSink) -> None:
+        self.sinks = sinks
+
+    def write(self, transitions: list[FlagTransition]) -> None:
+        for sink in self.sinks:
+            sink.write(transitions)
+
+    def beat(self, heartbeat: JobsHeartbeat) -> None:
+        for sink in self.sinks:
+            sink.beat(heartbeat)
 
 
 #: Reasons of the transitions a manual override publishes (``api``) when set and when it ends.

@@ -27,6 +27,7 @@ from llmslo.sections import load_config
 from pipeline.broker import EmbeddedBroker
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError, LlmsloError
+from pipeline.iceberg.lake import open_iceberg_lake
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
 from pipeline.store import Store
@@ -154,6 +155,7 @@ def run_ingest(
             metrics=metrics,
             instance_id=args.instance_id,
             after_commit=after_commit,
+            lake=open_iceberg_lake(config.store, ingest_config.group_id, bus.prefix),
         )
         install_stop_handlers(ingester.stop)
         exporting = threading.Event()

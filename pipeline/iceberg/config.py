@@ -1,0 +1,149 @@
+"""The ``store.iceberg`` section and where the object store's credentials come from.
+
+Secrets never live in the config file (nor in its dump, nor in logs): the access key and
+secret come from a credentials file in the AWS shared-credentials format
+(``credentials_file``, profile ``s3_profile``) or from the standard environment variables
+``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN`` optional). A
+PostgreSQL catalog's password comes from libpq's own ``PGPASSWORD`` or ``~/.pgpass``, so
+``catalog_uri`` refuses one.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pipeline.errors import ConfigError
+
+__all__ = ["IcebergConfig", "S3Credentials", "catalog_properties", "s3_credentials"]
+
+
+class IcebergConfig(BaseModel):
+    """Where the Iceberg catalog and warehouse are (``store.iceberg``)."""
+
+    # pipeline.config.STRICT (that module imports this one, so it is spelled out here).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    catalog_uri: str = Field(
+        description="SQL catalog: sqlite:///PATH (one host) or postgresql://USER@HOST:PORT/DB "
+        "(a fleet; the password from PGPASSWORD or ~/.pgpass)"
+    )
+    warehouse: str = Field(
+        description="s3://BUCKET/PREFIX, or a local directory, where tables' files go"
+    )
+    namespace: str = Field("llmslo", pattern=r"^[A-Za-z0-9_]{1,64}$")
+    s3_endpoint: str | None = Field(
+        None,
+        description="S3-compatible endpoint URL (MinIO, Ceph, moto…); default: "
+        "AWS_ENDPOINT_URL or AWS's own",
+    )
+    s3_region: str | None = Field(None, description="default: AWS_REGION, else us-east-1")
+    credentials_file: Path | None = Field(
+        None,
+        strict=False,
+        description="AWS shared-credentials file (aws_access_key_id, aws_secret_access_key); "
+        "default: the AWS_* environment variables",
+    )
+    s3_profile: str = "default"
+    retry_for_s: float = Field(
+        600.0,
+        gt=0,
+        description="how long a commit retries an unreachable store (backing off up to 5 s) "
+        "before the ingester stops (a restart re-reads the batch: nothing is lost)",
+    )
+
+    @field_validator("catalog_uri")
+    @classmethod
+    def _sql_catalog(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("sqlite", "postgresql", "postgresql+psycopg2"):
+            raise ValueError("catalog_uri must start with sqlite:/// or postgresql://")
+        if parts.password:
+            raise ValueError(
+                "catalog_uri must not hold a password: set PGPASSWORD or use ~/.pgpass"
+            )
+        return value
+
+    @property
+    def sqlalchemy_uri(self) -> str:
+        """``catalog_uri`` as SQLAlchemy names its driver."""
+        if self.catalog_uri.startswith("postgresql://"):
+            return "postgresql+psycopg2://" + self.catalog_uri.removeprefix("postgresql://")
+        return self.catalog_uri
+
+    @property
+    def warehouse_uri(self) -> str:
+        """``warehouse`` as a URI (a local directory becomes ``file://``, absolute)."""
+        if "://" in self.warehouse:
+            return self.warehouse
+        return Path(self.warehouse).resolve().as_uri()
+
+    @property
+    def bucket(self) -> str | None:
+        """The warehouse's bucket when it is on S3."""
+        parts = urlsplit(self.warehouse)
+        return parts.netloc if parts.scheme in ("s3", "s3a") else None
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    """An access key; ``repr`` hides the secret (it must never reach a log)."""
+
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+
+def s3_credentials(config: IcebergConfig) -> S3Credentials | None:
+    """The credentials file's profile, else the environment's; ``None`` when neither has any
+    (then the store is read anonymously, or by the instance's role where pyarrow finds one).
+    Raises :class:`ConfigError` naming the file and profile (never a value)."""
+    if config.credentials_file is not None:
+        parser = configparser.ConfigParser()
+        try:
+            with config.credentials_file.open() as handle:
+                parser.read_file(handle)
+        except (OSError, configparser.Error) as exc:
+            raise ConfigError(
+                f"cannot read credentials file {config.credentials_file}: {exc}"
+            ) from exc
+        if not parser.has_section(config.s3_profile):
+            raise ConfigError(
+                f"credentials file {config.credentials_file} has no profile [{config.s3_profile}]"
+            )
+        profile = parser[config.s3_profile]
+        try:
+            return S3Credentials(
+                profile["aws_access_key_id"],
+                profile["aws_secret_access_key"],
+                profile.get("aws_session_token"),
+            )
+        except KeyError as exc:
+            raise ConfigError(
+                f"credentials file {config.credentials_file} [{config.s3_profile}] lacks {exc}"
+            ) from exc
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        return S3Credentials(key, secret, os.environ.get("AWS_SESSION_TOKEN"))
+    return None
+
+
+def catalog_properties(config: IcebergConfig) -> dict[str, str]:
+    """pyiceberg's catalog properties: URI, warehouse, endpoint, region and credentials."""
+    properties = {"uri": config.sqlalchemy_uri, "warehouse": config.warehouse_uri}
+    endpoint = config.s3_endpoint or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        properties["s3.endpoint"] = endpoint
+    properties["s3.region"] = config.s3_region or os.environ.get("AWS_REGION") or "us-east-1"
+    credentials = s3_credentials(config)
+    if credentials is not None:
+        properties["s3.access-key-id"] = credentials.access_key_id
+        properties["s3.secret-access-key"] = credentials.secret_access_key
+        if credentials.session_token:
+            properties["s3.session-token"] = credentials.session_token
+    return properties
