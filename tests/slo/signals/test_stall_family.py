@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.store import Store
 from slo.signals.detectors import DetectorConfig, Finding, detect_all, fold_symptoms
-from slo.signals.snapshot import load_snapshot
+from slo.signals.engine import detect_fragmentation, detect_queue_growth
+from slo.signals.snapshot import Snapshot, load_snapshot
 from tests.slo.factories import T0_MS, engine_sample, insert
 from tests.slo.fleet import FleetTimeline, State
 
@@ -41,6 +42,27 @@ def demo_stall(s: State, since: float) -> None:
     s["waiting"] = 8 + since * 2.4
     s["tap_in_flight"] = 9 + s["waiting"]
     s["requests"] = 0
+
+
+def stalled_then_restarted(stall_s: float, drain_per_scrape: float = 40) -> object:
+    """The demo's stall for ``stall_s``, then the group restarted: tokens flow again and the
+    backlog drains ``drain_per_scrape`` a scrape (the queue keeps what the stall grew)."""
+
+    def fault(s: State, since: float) -> None:
+        if since < stall_s:
+            demo_stall(s, since)
+            return
+        s["tokens_per_s"], s["kv_usage"], s["requests"] = 180.0, 0.6, 8
+        s["waiting"] = max(s["waiting"] - drain_per_scrape, 0.0)
+        s["tap_in_flight"] = s["running"] + s["waiting"]
+
+    return fault
+
+
+def busy_queue(s: State, since: float) -> None:
+    """A healthy pod taking more than it serves: tokens flow, its queue grows 6 a minute."""
+    s["waiting"] = 1 + since / 10
+    s["tap_in_flight"] = s["running"] + s["waiting"]
 
 
 def stale_gauge(s: State, _: float) -> None:
@@ -106,6 +128,51 @@ def test_a_stalls_growing_queue_is_its_evidence_not_findings_of_their_own(
     assert set(explained) == {"fragmentation", "queue_growth"}
     assert explained["fragmentation"]["basis"] == "admission_signature"
     assert explained["queue_growth"]["waiting_per_min"] > CFG.queue_growth_per_min
+
+
+def _raw_symptoms(snap: Snapshot, instance: str) -> set[str]:
+    """What the symptom detectors alone (no folding) raise on ``instance``."""
+    raw = detect_queue_growth(snap, CFG) + detect_fragmentation(snap, CFG)
+    return {f.signal for f in raw if f.scope_id == instance}
+
+
+def test_a_stall_is_the_only_finding_on_its_pod_in_every_cycle_from_onset_to_the_hold(
+    store: Store,
+) -> None:
+    """Cycle by cycle (one per scrape): before the stall is confirmed (``stall_for_s``), while
+    it holds, and for ``stall_hold_s`` after the pod recovers, the queue the stall grew is
+    never a finding of its own on the pod; while the stall holds it is the stall's
+    evidence. A healthy neighbour's queue growth is still reported every cycle it shows."""
+    onset_s, stall_s, scrape_s = 300, 420, 15
+    recovered_s = onset_s + stall_s
+    end_s = recovered_s + int(CFG.stall_hold_s) + 120
+    fleet = FleetTimeline(instances=3, seconds=end_s, scrape_s=scrape_s)
+    fleet.add_fault(0, onset_s, stalled_then_restarted(stall_s))  # type: ignore[arg-type]
+    fleet.add_fault(1, 600, busy_queue)
+    requests, engine, gpu, health = fleet.all_rows()
+    insert(store, requests=requests, engine=engine, gpu=gpu, health=health)
+    pod, neighbour = fleet.instance(0), fleet.instance(1)
+    symptoms_seen = {"pending": 0, "stalled": 0, "cleared": 0}
+    neighbour_growth = 0
+    for t in range(onset_s, end_s + 1, scrape_s):
+        now = fleet.end_ms - (end_s - t) * 1000
+        snap = load_snapshot(store.con, now, int(CFG.lookback_s * 1000))
+        findings = detect_all(snap, CFG)
+        on_pod = _on(findings, pod)
+        assert set(on_pod) <= {"stall"}, f"at {t} s: {sorted(on_pod)}"
+        raw = _raw_symptoms(snap, pod)
+        stalled = onset_s + CFG.stall_for_s <= t <= recovered_s
+        assert ("stall" in on_pod) == stalled, f"at {t} s"
+        if stalled:
+            assert set(on_pod["stall"].evidence.get("explained", {})) == raw, f"at {t} s"
+        phase = "stalled" if stalled else "pending" if t < recovered_s else "cleared"
+        symptoms_seen[phase] += bool(raw)
+        if "queue_growth" in _raw_symptoms(snap, neighbour):
+            neighbour_growth += 1
+            assert "queue_growth" in _on(findings, neighbour), f"at {t} s"
+    # the symptoms were there to fold in each phase: before, during and after the stall
+    assert all(symptoms_seen.values()), symptoms_seen
+    assert neighbour_growth > 0
 
 
 def test_a_stale_running_gauge_after_load_raises_nothing(store: Store) -> None:
