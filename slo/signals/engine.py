@@ -166,14 +166,15 @@ def _true_spans(flags: np.ndarray) -> list[tuple[int, int]]:
 
 
 def stall_suspects(snap: Snapshot, cfg: EngineThresholds) -> dict[str, str]:
-    """Instances where a stall explains symptoms though :func:`detect_stall` has no finding
-    on them now, each with why:
+    """Instances where the engine held work while its token counter stood still, recently
+    enough that a stall explains their symptoms, each with how:
 
-    - ``pending``: up to the last scrape the engine held work and its token counter stood
-      still, for less than ``stall_for_s`` so far (the stall a later cycle confirms if it
-      lasts; a symptom seen now would otherwise be raised before its cause);
-    - ``cleared``: such a span lasted ``stall_for_s`` or more (a stall) and ended at most
-      ``stall_hold_s`` ago: the symptoms' windows still hold its samples.
+    - ``pending``: up to the last scrape, for less than ``stall_for_s`` so far (the stall a
+      later cycle confirms if it lasts; a symptom seen now would be raised before its cause);
+    - ``open``: up to the last scrape, for ``stall_for_s`` or more (what :func:`detect_stall`
+      reports, or would but for the kind changing inside its window);
+    - ``cleared``: for ``stall_for_s`` or more, ending at most ``stall_hold_s`` ago (the
+      symptoms' windows still hold its samples).
 
     Not where :func:`detect_stall`'s guards hold over the span (the tap held no stream: a
     stale gauge; sleep mode). Read from the token counter: an engine without one stalls
@@ -190,9 +191,13 @@ def stall_suspects(snap: Snapshot, cfg: EngineThresholds) -> dict[str, str]:
         for first, last in reversed(runs):
             if last < hold_from:
                 break
-            state = "pending" if last == newest else "cleared"
-            if (state == "pending") == (last - first >= stall_ms):
-                continue  # an open stall is detect_stall's to judge; a short blip is none
+            lasted = last - first >= stall_ms
+            if last == newest:
+                state = "open" if lasted else "pending"
+            elif lasted:
+                state = "cleared"
+            else:
+                continue  # a pause shorter than a stall, over: nothing to explain
             if _asleep(snap, instance, last) or _nothing_in_flight(snap, instance, first, last):
                 continue
             out[instance] = state
