@@ -89,9 +89,9 @@ class Signal:
     symptoms this signal causes, as ``signal`` or ``signal:basis`` (a stall's growing queue
     with free KV is ``fragmentation:admission_signature``); on the same instance in the same
     cycle they are reported in its evidence (``explained``), not as findings of their own.
-    ``suspects``: where the cause explains them though it has no finding in this cycle
-    (instance → ``pending`` before it is confirmed, ``cleared`` for a hold after it ends),
-    so its symptoms are not raised there either, in the cycles before or after its own.
+    ``suspects``: where the cause explains them though it may have no finding in this cycle
+    (instance → ``pending`` before it is confirmed, ``open``, ``cleared`` for a hold after
+    it ends), so they are not raised there either, in the cycles before or after its own.
     """
 
     name: str

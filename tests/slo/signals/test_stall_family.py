@@ -256,3 +256,18 @@ def test_only_the_symptoms_a_cause_explains_on_its_own_instance_are_folded() -> 
     ]
     assert out[0].evidence["explained"] == {"queue_growth": {"basis": "engine_gauges", "n": 1}}
     assert fold_symptoms([real, symptom]) == [real, symptom]  # no cause, nothing folded
+
+
+def test_a_symptom_where_its_cause_is_only_suspected_is_no_finding() -> None:
+    """Before the stall is confirmed or just after it cleared there is no stall finding to
+    hold the symptom, and the symptom is not reported on its own either; elsewhere, and a
+    cause of its own (block stats), it is."""
+    real = _finding("fragmentation", "block_stats")
+    elsewhere = _finding("queue_growth", "engine_gauges", instance="pod-1:8000")
+    symptom = _finding("queue_growth", "engine_gauges")
+    admission = _finding("fragmentation", "admission_signature")
+    for state in ("pending", "open", "cleared"):
+        suspected = {"stall": {"pod-0:8000": state}}
+        out = fold_symptoms([real, elsewhere, symptom, admission], suspected)
+        assert out == [real, elsewhere], state
+    assert fold_symptoms([symptom], {"ghost_requests": {"pod-0:8000": "x"}}) == [symptom]
