@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slo.naming import alert_name
-from slo.signals.config import Detector
+from slo.signals.config import Detector, Suspects
 from slo.signals.edge import (
     detect_entry_unavailable,
     detect_gateway_queue_full,
@@ -31,6 +31,7 @@ from slo.signals.engine import (
     detect_preemption_cascade,
     detect_queue_growth,
     detect_stall,
+    stall_suspects,
 )
 from slo.signals.failure import detect_prefill_failure, detect_stream_interrupted
 from slo.signals.health import (
@@ -88,6 +89,9 @@ class Signal:
     symptoms this signal causes, as ``signal`` or ``signal:basis`` (a stall's growing queue
     with free KV is ``fragmentation:admission_signature``); on the same instance in the same
     cycle they are reported in its evidence (``explained``), not as findings of their own.
+    ``suspects``: where the cause explains them though it may have no finding in this cycle
+    (instance → ``pending`` before it is confirmed, ``open``, ``cleared`` for a hold after
+    it ends), so they are not raised there either, in the cycles before or after its own.
     """
 
     name: str
@@ -101,6 +105,7 @@ class Signal:
     family: str | None = None
     alert_stem: str | None = None
     explains: tuple[str, ...] = ()
+    suspects: Suspects | None = None
 
     @property
     def alert(self) -> str:
@@ -162,6 +167,7 @@ SIGNALS: Mapping[str, Signal] = {
             drills=("stall", "wedge_waiting"),
             alert_stem="engine_stalled",
             explains=("fragmentation:admission_signature", "queue_growth"),
+            suspects=stall_suspects,
         ),
         Signal(
             "ghost_requests",

@@ -21,7 +21,7 @@ from slo.signals.latency import LatencyThresholds
 from slo.signals.snapshot import Snapshot
 from slo.signals.traffic import TrafficThresholds
 
-__all__ = ["Detector", "DetectorConfig"]
+__all__ = ["Detector", "DetectorConfig", "Suspects"]
 
 
 class DetectorConfig(
@@ -41,3 +41,7 @@ class DetectorConfig(
 
 #: A detector: reads one snapshot with the thresholds, returns its findings.
 Detector = Callable[[Snapshot, DetectorConfig], list[Finding]]
+
+#: Where a cause explains symptoms though it has no finding now (pending, or just
+#: cleared): reads one snapshot with the thresholds, returns instance → why.
+Suspects = Callable[[Snapshot, DetectorConfig], dict[str, str]]

@@ -21,6 +21,7 @@ __all__ = [
     "detect_preemption_cascade",
     "detect_queue_growth",
     "detect_stall",
+    "stall_suspects",
 ]
 
 
@@ -34,6 +35,12 @@ class EngineThresholds(CommonThresholds):
         gt=0,
         description="work held (running > 0, or waiting with nothing running) with flat "
         "tokens this long is a stall",
+    )
+    stall_hold_s: float = Field(
+        default=300,
+        ge=0,
+        description="after a stall clears, the symptoms it explains stay folded this long "
+        "(their windows still hold stalled samples; fragmentation_for_s is the longest)",
     )
     ghost_grace_s: float = Field(default=2, ge=0)
     ghost_min: int = Field(default=1, ge=1, description="ghost requests needed to report")
@@ -103,21 +110,99 @@ def _stall_basis(
     return basis, evidence
 
 
-def _nothing_in_flight(snap: Snapshot, instance: str, start: int) -> bool:
-    """The tap in front of ``instance`` held no stream over the window: whatever the
-    engine's gauges say is running or waiting is a stale gauge left from the last load
-    (SGLang stops refreshing them when the scheduler idles), not work."""
+def _nothing_in_flight(snap: Snapshot, instance: str, start: int, end: int | None = None) -> bool:
+    """The tap in front of ``instance`` held no stream over the window (``start`` to
+    ``end``, default now): whatever the engine's gauges say is running or waiting is a stale
+    gauge left from the last load (SGLang stops refreshing them when the scheduler idles),
+    not work."""
     in_flight = snap.series(instance, "tap_in_flight")
     if in_flight is None:
         return False
     recent = in_flight.since(start)
+    if end is not None:
+        recent = Series(recent.ts_ms[recent.ts_ms <= end], recent.values[recent.ts_ms <= end])
     return len(recent) >= 2 and float(recent.values.max()) == 0
 
 
-def _asleep(snap: Snapshot, instance: str) -> bool:
-    """Sleep mode offloaded the weights: an engine that schedules nothing by design."""
+def _asleep(snap: Snapshot, instance: str, at_ms: int | None = None) -> bool:
+    """Sleep mode offloaded the weights (now, or at ``at_ms``): an engine that schedules
+    nothing by design."""
     awake = snap.series(instance, "engine_awake")
-    return awake is not None and len(awake) > 0 and awake.last() == 0
+    if awake is None or len(awake) == 0:
+        return False
+    return float(_at(awake, np.array([at_ms if at_ms is not None else snap.now_ms]))[0]) == 0
+
+
+def _at(series: Series | None, ts_ms: np.ndarray) -> np.ndarray:
+    """A gauge's value at each of ``ts_ms``: its latest sample at or before (0 before any)."""
+    if series is None or len(series) == 0:
+        return np.zeros(len(ts_ms))
+    index = np.searchsorted(series.ts_ms, ts_ms, side="right") - 1
+    return np.where(index >= 0, series.values[np.clip(index, 0, None)], 0.0)
+
+
+def _held_still_runs(snap: Snapshot, instance: str) -> list[tuple[int, int]]:
+    """Spans ``(first_ms, last_ms)`` over which the engine held work (running or waiting > 0
+    at every scrape) while its token counter did not move, from the scrape before the first
+    still one to the last; oldest first. Empty without a token counter."""
+    tokens = snap.series(instance, "generation_tokens")
+    if tokens is None or len(tokens) < 2:
+        return []
+    ts = tokens.ts_ms
+    held = (_at(snap.series(instance, "running"), ts) > 0) | (
+        _at(snap.series(instance, "waiting"), ts) > 0
+    )
+    still = np.concatenate(([False], np.diff(tokens.values) == 0)) & held
+    runs = []
+    for first, last in _true_spans(still):
+        runs.append((int(ts[first - 1]), int(ts[last])))
+    return runs
+
+
+def _true_spans(flags: np.ndarray) -> list[tuple[int, int]]:
+    """``(first, last)`` index of each run of consecutive true values."""
+    edges = np.diff(np.concatenate(([0], flags.astype(np.int8), [0])))
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1, strict=True))
+
+
+def stall_suspects(snap: Snapshot, cfg: EngineThresholds) -> dict[str, str]:
+    """Instances where the engine held work while its token counter stood still, recently
+    enough that a stall explains their symptoms, each with how:
+
+    - ``pending``: up to the last scrape, for less than ``stall_for_s`` so far (the stall a
+      later cycle confirms if it lasts; a symptom seen now would be raised before its cause);
+    - ``open``: up to the last scrape, for ``stall_for_s`` or more (what :func:`detect_stall`
+      reports, or would but for the kind changing inside its window);
+    - ``cleared``: for ``stall_for_s`` or more, ending at most ``stall_hold_s`` ago (the
+      symptoms' windows still hold its samples).
+
+    Not where :func:`detect_stall`'s guards hold over the span (the tap held no stream: a
+    stale gauge; sleep mode). Read from the token counter: an engine without one stalls
+    only on frozen gauges, and a frozen queue grows no symptom.
+    """
+    out = {}
+    hold_from = snap.ago_ms(cfg.stall_hold_s)
+    stall_ms = cfg.stall_for_s * 1000
+    for instance in snap.engine:
+        runs = _held_still_runs(snap, instance)
+        if not runs:
+            continue
+        newest = int(snap.engine[instance]["generation_tokens"].ts_ms[-1])
+        for first, last in reversed(runs):
+            if last < hold_from:
+                break
+            lasted = last - first >= stall_ms
+            if last == newest:
+                state = "open" if lasted else "pending"
+            elif lasted:
+                state = "cleared"
+            else:
+                continue  # a pause shorter than a stall, over: nothing to explain
+            if _asleep(snap, instance, last) or _nothing_in_flight(snap, instance, first, last):
+                continue
+            out[instance] = state
+            break
+    return out
 
 
 def _wedge_basis(
