@@ -23,7 +23,9 @@ ADDED_OWN_TARGETS = ("slo_ttft_s", "slo_tpot_s", "slo_met")
 def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     with Store(path) as store:
-        for column in ADDED + ADDED_FLAGS + ADDED_SOURCE + ADDED_OWN_TARGETS:  # a file from before those columns
+        for column in (
+            ADDED + ADDED_FLAGS + ADDED_SOURCE + ADDED_OWN_TARGETS
+        ):  # a file from before those columns
             store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
         store.con.execute(
             "INSERT INTO requests (request_id, attempt, instance, received_ts_ms, outcome) VALUES ('old', 1, 'h:1', 0, 'ok')"
