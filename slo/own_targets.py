@@ -7,7 +7,8 @@ tap records them with its own measurement (``requests.slo_ttft_s``, ``slo_tpot_s
 The two are told apart, not merged: the router judges at the router (its own clock, the
 requests it scheduled, counted when its response path sees the latency), the tap per
 request and per attempt's client t₀ on the SSE path. :func:`compare_violations` sets
-them side by side per pool and type, over one window; a gap between them is a finding to
+them side by side per pool and type, over one window (``llmslo slo report`` prints the
+last hour's); a gap between them is a finding to
 read (a router whose view of latency drifts from what clients got, or requests that
 reach the pool without passing a tap), not an error.
 """
@@ -18,19 +19,22 @@ from dataclasses import dataclass
 
 import duckdb
 
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo.request_sources import source_filter
 
-__all__ = ["TARGET_TYPES", "ViolationComparison", "compare_violations"]
+__all__ = ["REPORT_WINDOW_MS", "TARGET_TYPES", "ViolationComparison", "compare_violations"]
 
 #: The router's ``type`` label values, and the request columns each one judges.
 TARGET_TYPES: dict[str, tuple[str, str]] = {
     "ttft": ("ttft_s", "slo_ttft_s"),
     "tpot": ("tpot_s", "slo_tpot_s"),
 }
+#: The window ``llmslo slo report`` compares over, ending at its evaluation time.
+REPORT_WINDOW_MS = HOUR_MS
 #: One client request, whatever its attempts (retries come before the first token).
 _CLIENT = "coalesce(original_request_id, request_id)"
 #: Counter samples read before the window, so its first increase is known.
-LOOKBACK_MS = 10 * 60_000
+LOOKBACK_MS = 10 * MINUTE_MS
 
 
 @dataclass(frozen=True)
