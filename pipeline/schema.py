@@ -37,6 +37,7 @@ __all__ = [
     "GPU_SAMPLES",
     "HEARTBEAT_STALE_INTERVALS",
     "JOBS_HEARTBEATS",
+    "MAX_OWN_TARGET_S",
     "OUTCOMES",
     "REQUEST_RECORDS",
     "SCHEMAS",
@@ -424,6 +425,24 @@ REQUEST_RECORDS = RecordSchema(
                 _dict_str(),
                 "who measured it: null = a stream tap, 'probe' = the synthetic prober (llmslo probe)",
             ),
+            _field(
+                "slo_ttft_s",
+                pa.float64(),
+                "the request's own TTFT target (router header x-llm-d-slo-ttft-ms), seconds; "
+                "null if it carried none or an unusable one",
+            ),
+            _field(
+                "slo_tpot_s",
+                pa.float64(),
+                "the request's own TPOT target (router header x-llm-d-slo-tpot-ms), seconds; "
+                "null if none",
+            ),
+            _field(
+                "slo_met",
+                pa.bool_(),
+                "the measured TTFT/TPOT are within the request's own targets (each judged where "
+                "measured); null without targets or without a targeted measurement",
+            ),
         ]
     ),
 )
@@ -646,6 +665,9 @@ def lookup_schema(header_value: bytes | str | None) -> RecordSchema:
 
 #: Event times are after the Unix epoch and before 2100-01-01 (a ms/µs/ns mix-up lands beyond).
 MAX_TIMESTAMP_MS = 4_102_444_800_000
+#: A request's own latency target (``slo_ttft_s``, ``slo_tpot_s``) is at most 10 minutes:
+#: beyond it a value is a mistake, not an SLO (the tap ignores such a header value).
+MAX_OWN_TARGET_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -715,6 +737,7 @@ VALUE_RULES: dict[tuple[str, int], tuple[ValueRule, ...]] = {
             "chunk_tokens",
             "tokens_after_disconnect",
         ),
+        *_ranged(0, MAX_OWN_TARGET_S, "slo_ttft_s", "slo_tpot_s"),
     ),
     ("flag_transition", 1): (
         *_timestamps("ts_ms"),

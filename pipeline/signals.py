@@ -150,6 +150,13 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
         "(ServiceUnavailable: no eligible endpoint; ResourceExhausted, before llm-d-router "
         "InferencePoolResourceExhausted: shed, 429)",
     ),
+    (
+        "gateway_slo_violations",
+        "counter",
+        "gateway router (EPP): requests that missed their own SLO target "
+        "(x-llm-d-slo-ttft-ms / -tpot-ms) as the router judged them, cumulative; label type "
+        "(ttft, tpot). The tap's per-request view is the requests' slo_met column",
+    ),
     ("gateway_running", "gauge", "gateway router (EPP): requests forwarded, not finished"),
     ("pool_ready_pods", "gauge", "gateway router (EPP): ready endpoints of the pool"),
     ("gateway_queue", "gauge", "gateway: requests held in its admission / flow-control queue"),

@@ -6,9 +6,10 @@ from collections.abc import Iterable, Mapping
 
 from slo.evaluate import SloStatus
 from slo.metrics import group_label
+from slo.own_targets import ViolationComparison
 from slo.windows import format_duration
 
-__all__ = ["render_json", "render_table"]
+__all__ = ["render_json", "render_own_targets", "render_table"]
 
 
 def _pct(value: float | None, digits: int = 3) -> str:
@@ -55,3 +56,20 @@ def render_table(statuses: Iterable[SloStatus]) -> str:
 def render_json(statuses: Iterable[SloStatus]) -> dict[str, object]:
     """``{"slos": [...]}`` with one entry per SLO and group (see :meth:`SloStatus.as_dict`)."""
     return {"slos": [s.as_dict() for s in statuses]}
+
+
+def render_own_targets(rows: Iterable[ViolationComparison], window_ms: int) -> str:
+    """Requests' own SLO targets over the last ``window_ms``: per pool and type, the taps'
+    violations of the targeted requests beside the router's counter increase (``—``: no
+    router counter scraped). Empty without any such row."""
+    rows = list(rows)
+    if not rows:
+        return ""
+    lines = [f"own SLO targets, last {format_duration(window_ms)}: taps vs router"]
+    for row in rows:
+        router = "—" if row.router_violations is None else f"{row.router_violations:g}"
+        lines.append(
+            f"  [pool={row.pool}] {row.type:<4}  taps {row.tap_violations} of "
+            f"{row.tap_targeted} missed   router {router}"
+        )
+    return "\n".join(lines) + "\n"

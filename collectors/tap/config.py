@@ -83,6 +83,14 @@ class TapConfig(BaseModel):
     timeout_header: str = Field(
         "x-request-timeout-ms", description="relative timeout, milliseconds"
     )
+    slo_ttft_header: str = Field(
+        "x-llm-d-slo-ttft-ms",
+        description="the request's own TTFT target, milliseconds (llm-d's router sets it); "
+        "recorded and judged per request, never a grouping key",
+    )
+    slo_tpot_header: str = Field(
+        "x-llm-d-slo-tpot-ms", description="the request's own TPOT target, milliseconds"
+    )
     default_timeout_s: float | None = Field(
         None, gt=0, description="deadline when the client sends none"
     )

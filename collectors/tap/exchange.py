@@ -21,6 +21,7 @@ from collectors.tap.contract import Upstream
 from collectors.tap.downstream import ClientGone, Downstream
 from collectors.tap.measure import Measurements, StreamMeter, measure_json_response
 from collectors.tap.sse import SseEvent, SseFramer
+from collectors.tap.targets import NO_TARGETS, OwnTargets
 from collectors.tap.upstream import (
     ConnectFailed,
     ConnectTimeout,
@@ -66,6 +67,8 @@ class RequestContext:
     #: Degradation flags (collectors.tap.degradation): the level acted on and the action.
     degradation_level: int | None = None
     enforced_action: str | None = None
+    #: The request's own latency targets (``x-llm-d-slo-*`` headers; see collectors.tap.targets).
+    own_targets: OwnTargets = NO_TARGETS
 
 
 def _is_event_stream(headers: CIMultiDict[str]) -> bool:

@@ -39,6 +39,7 @@ from collectors.tap.labels import MAX_MODEL_NAME_CHARS, ModelLabels
 from collectors.tap.records import header_label, record_row, tenant_label
 from collectors.tap.server import IncomingRequest, TapServer
 from collectors.tap.sinks import RecordSink
+from collectors.tap.targets import MAX_TARGET_MS, OwnTargets, parse_own_targets
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
 from collectors.tap.upstream import UpstreamClient, UpstreamError
 from pipeline.errors import ConfigError
@@ -405,6 +406,7 @@ class TapProxy:
         if problem:
             self.dropped(problem)
         revision, cohort = self._cohort_labels(request.headers)
+        own_targets = self._own_targets(request.headers)
         headers: CIMultiDict[str] = CIMultiDict(
             (k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP
         )
@@ -428,6 +430,7 @@ class TapProxy:
             revision=revision,
             cohort=cohort,
             max_tokens=max_tokens,
+            own_targets=own_targets,
         )
 
     def _cohort_labels(self, headers: Mapping[str, str]) -> tuple[str | None, str | None]:
@@ -452,6 +455,26 @@ class TapProxy:
                     )
             stamped.append(value)
         return stamped[0], stamped[1]
+
+    def _own_targets(self, headers: Mapping[str, str]) -> OwnTargets:
+        """The request's own SLO targets; unusable header values are counted, logged once."""
+        cfg = self.config
+        targets, problems = parse_own_targets(
+            headers, ttft_header=cfg.slo_ttft_header, tpot_header=cfg.slo_tpot_header
+        )
+        for problem in problems:
+            self.dropped(problem)
+            if problem not in self._label_problems_logged:
+                self._label_problems_logged.add(problem)
+                log.warning(
+                    "%s: an SLO target header (%s / %s) holds no number in (0, %g] ms; "
+                    "the request is judged without it (counted as dropped, logged once)",
+                    self.tap_id,
+                    cfg.slo_ttft_header,
+                    cfg.slo_tpot_header,
+                    MAX_TARGET_MS,
+                )
+        return targets
 
     # ------------------------------------------------------------------ records
     def _emit(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from collectors.config import check_label_value
 from collectors.tap.labels import OTHER_MODEL
+from collectors.tap.targets import met_own_targets
 
 if TYPE_CHECKING:
     from collectors.tap.exchange import Exchange, RequestContext
@@ -109,4 +110,7 @@ def record_row(
         "degradation_level": ctx.degradation_level,
         "enforced_action": ctx.enforced_action,
         "source": None,  # measured on the SSE path by a tap (the prober says "probe")
+        "slo_ttft_s": ctx.own_targets.ttft_s,
+        "slo_tpot_s": ctx.own_targets.tpot_s,
+        "slo_met": met_own_targets(ctx.own_targets, m.ttft_s, m.tpot_s),
     }

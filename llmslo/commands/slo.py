@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
@@ -35,9 +36,10 @@ from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.evaluate import evaluate
 from slo.jobs import JobsConfig, SloJobs, data_clock
 from slo.metrics import JobMetrics
+from slo.own_targets import REPORT_WINDOW_MS, compare_violations
 from slo.queries import alerts as recorded_alerts
 from slo.replay import copy_store, data_extent, parse_instant, replay
-from slo.report import render_json, render_table
+from slo.report import render_json, render_own_targets, render_table
 from slo.rollups.counts import Rollup
 from slo.sinks import BusTransitionSink, StoreTransitionSink, TransitionSink
 from slo.spec.loader import load_spec
@@ -197,10 +199,18 @@ def run_report(args: argparse.Namespace) -> int:
                 horizon_ms=int(jobs_config.rollup_horizon_days * DAY_MS),
             ).update(now)
         statuses = evaluate(store.con, model, now)
+        # the hour up to and including ``now`` (the newest record, by default)
+        own = compare_violations(store.con, now - REPORT_WINDOW_MS + 1, now + 1)
     if args.json:
-        print_json(render_json(statuses))
+        report = render_json(statuses)
+        if own:
+            report["own_targets"] = {
+                "window_ms": REPORT_WINDOW_MS,
+                "rows": [dataclasses.asdict(row) for row in own],
+            }
+        print_json(report)
     else:
-        sys.stdout.write(render_table(statuses))
+        sys.stdout.write(render_table(statuses) + render_own_targets(own, REPORT_WINDOW_MS))
     return 0
 
 

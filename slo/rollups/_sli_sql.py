@@ -90,6 +90,11 @@ def _tap_good_eligible(slo: Slo) -> tuple[str, str]:
             f"({bad} OR ({counted} AND {value} IS NOT NULL))",
         )
     assert isinstance(sli, GoodputSpec)
+    if sli.own_targets:
+        # The tap judged each request against its own targets (slo_met, null where nothing
+        # targeted was measured: its outcome decides); a request without targets is no event.
+        has_targets = "(slo_ttft_s IS NOT NULL OR slo_tpot_s IS NOT NULL)"
+        return f"{good} AND coalesce(slo_met, true)", f"{counted} AND {has_targets}"
     met = " AND ".join(
         f"coalesce({_tap_value(metric)} <= {threshold!r}, true)"
         for metric, threshold in sorted(sli.targets_s.items())

@@ -191,17 +191,33 @@ class AvailabilitySpec(_RequestSli):
 
 
 class GoodputSpec(_RequestSli):
-    """Good = a ``good`` record with *every* latency target met (DistServe-style goodput)."""
+    """Good = a ``good`` record with *every* latency target met (DistServe-style goodput).
+
+    The targets are the spec's (``targets_s``), or with ``own_targets: true`` each request's
+    own, as llm-d's router sends them (``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms``, the
+    tap's ``slo_met``): then only requests that carry targets are events, and the SLI is the
+    share of them served within their own targets.
+    """
 
     kind: Literal["goodput"]
     source: Literal["tap"] = "tap"
-    targets_s: dict[Literal["ttft", "tpot", "itl", "e2e"], Annotated[float, Field(gt=0, le=86_400)]]
+    own_targets: bool = Field(
+        default=False,
+        description="judge each request against its own targets (the router's x-llm-d-slo-* "
+        "headers) instead of targets_s; requests without targets are no event",
+    )
+    targets_s: dict[
+        Literal["ttft", "tpot", "itl", "e2e"], Annotated[float, Field(gt=0, le=86_400)]
+    ] = Field(default={}, validate_default=True)
 
     @field_validator("targets_s")
     @classmethod
-    def _not_empty(cls, value: dict[str, float]) -> dict[str, float]:
-        if not value:
-            raise ValueError("needs at least one latency target")
+    def _one_set_of_targets(cls, value: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        own = info.data.get("own_targets")
+        if own and value:
+            raise ValueError("targets_s and own_targets: true exclude each other")
+        if not own and not value:
+            raise ValueError("needs at least one latency target, or own_targets: true")
         return value
 
 

@@ -94,6 +94,48 @@ def test_the_new_error_codes_reach_the_signal_by_code(capsys: pytest.CaptureFixt
     assert codes == {"Internal": 2.0, "ModelServerError": 1.0, "ResourceExhausted": 1.0}
 
 
+#: The router's own verdict on per-request SLO targets, in the shape its recorder writes
+#: (``sloViolationCounter``: labels model_name, target_model_name, type); no testdata file
+#: of llm-d-router's holds it, so this text is written here, one generation per name.
+_VIOLATIONS = """\
+# HELP {name} [ALPHA] Counter of SLO violations for each model, target model, and violation type.
+# TYPE {name} counter
+{name}{{model_name="m10",target_model_name="t10",type="ttft"}} {ttft}
+{name}{{model_name="m10",target_model_name="t10",type="tpot"}} {tpot}
+"""
+NEW_VIOLATIONS = _VIOLATIONS.format(name="llm_d_epp_request_slo_violation_total", ttft=3, tpot=1)
+OLD_VIOLATIONS = _VIOLATIONS.format(
+    name="inference_objective_request_slo_violation_total", ttft=3, tpot=1
+)
+
+
+@pytest.mark.parametrize(
+    ("violations", "metric"),
+    [
+        (NEW_VIOLATIONS, "llm_d_epp_request_slo_violation_total"),
+        (OLD_VIOLATIONS, "inference_objective_request_slo_violation_total"),
+        (NEW_VIOLATIONS + OLD_VIOLATIONS, "llm_d_epp_request_slo_violation_total"),
+    ],
+    ids=["new name alone", "deprecated name alone", "both generations, counted once"],
+)
+def test_the_routers_slo_violations_reach_their_signal_by_type(
+    violations: str, metric: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = NEW if metric.startswith("llm_d_epp") else OLD
+    text = _text(*names) + violations
+    report = _scrape(text, capsys)
+    assert report["dialect"] == "epp"
+    assert report["signals"]["gateway_slo_violations"]["metrics"] == [metric]
+    rows = rows_of(text, canonicalizer=TargetCanonicalizer("epp:9090"))
+    by_type = {
+        json.loads(r["labels_json"])["type"]: r["value"]
+        for r in rows
+        if r["signal"] == "gateway_slo_violations"
+    }
+    assert by_type == {"ttft": 3.0, "tpot": 1.0}
+    assert _signal_sums(text)["gateway_slo_violations"] == _client_sum(violations, metric[:-6])
+
+
 def test_a_dynamo_frontend_is_recognised(capsys: pytest.CaptureFixture[str]) -> None:
     text = (FIXTURES / "dynamo" / "frontend_metrics").read_text()
     report = _scrape(text, capsys)

@@ -16,12 +16,16 @@ ADDED = ("upstream_status", "itl_count", "itl_p50_s", "itl_p90_s", "itl_jitter_s
 ADDED_FLAGS = ("tokens_source", "degradation_level", "enforced_action")
 #: ... then for the prober's records, appended last.
 ADDED_SOURCE = ("source",)
+#: ... then for the request's own SLO targets (router headers), appended after it.
+ADDED_OWN_TARGETS = ("slo_ttft_s", "slo_tpot_s", "slo_met")
 
 
 def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     with Store(path) as store:
-        for column in ADDED + ADDED_FLAGS + ADDED_SOURCE:  # a file from before those columns
+        for column in (
+            ADDED + ADDED_FLAGS + ADDED_SOURCE + ADDED_OWN_TARGETS
+        ):  # a file from before those columns
             store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
         store.con.execute(
             "INSERT INTO requests (request_id, attempt, instance, received_ts_ms, outcome) VALUES ('old', 1, 'h:1', 0, 'ok')"
@@ -50,6 +54,25 @@ def test_a_file_from_before_the_enforcement_columns_gains_them(tmp_path: Path) -
             "SELECT request_id, tokens_source, degradation_level, enforced_action FROM requests"
         ).fetchall()
     assert got == [("new", "chunks", None, "fail_open")]
+
+
+def test_a_file_from_before_own_targets_gains_them_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "before_own_targets.duckdb"
+    with Store(path) as store:
+        for column in ADDED_OWN_TARGETS:
+            store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
+        store.con.execute(
+            "INSERT INTO requests (request_id, attempt, instance, received_ts_ms, outcome) "
+            "VALUES ('old', 1, 'h:1', 0, 'ok')"
+        )
+    with Store(path) as store:
+        row = request(60_000, request_id="new", slo_ttft_s=0.5, slo_met=False)
+        table = rows_to_table(REQUEST_RECORDS, [row])
+        store.commit_batch({"requests": [table]}, group_id="g", offsets={}, now_ts_ms=0)
+        got = store.con.execute(
+            "SELECT request_id, slo_ttft_s, slo_tpot_s, slo_met FROM requests ORDER BY request_id"
+        ).fetchall()
+    assert got == [("new", 0.5, None, False), ("old", None, None, None)]
 
 
 def test_a_file_from_before_offsets_carried_their_log_keeps_its_offsets(tmp_path: Path) -> None:

@@ -88,6 +88,8 @@ def _json_reason(schema: RecordSchema, rows: list[dict[str, object]]) -> DecodeE
         (REQUEST_RECORDS, "completion_tokens", -3, "completion_tokens=-3"),
         (REQUEST_RECORDS, "itl_gaps_s", [0.01, -0.5], "itl_gaps_s=-0.5"),
         (REQUEST_RECORDS, "chunk_tokens", [1, -1], "chunk_tokens=-1"),
+        (REQUEST_RECORDS, "slo_ttft_s", 601, "slo_ttft_s=601.0"),
+        (REQUEST_RECORDS, "slo_tpot_s", -0.02, "slo_tpot_s=-0.02"),
         (REQUEST_RECORDS, "received_ts_ms", -1, "received_ts_ms=-1"),
         (REQUEST_RECORDS, "received_ts_ms", T0_MS * 1000, "received_ts_ms=1700000000000000"),
         (ENGINE_SAMPLES, "kind", "histogramm", "kind='histogramm'"),
@@ -122,6 +124,13 @@ def test_a_flag_going_unknown_and_coming_back_is_a_valid_transition() -> None:
     ]
     decoded = decode_message(encode_json(rows), headers_for(FLAG_TRANSITIONS, JSON_CONTENT_TYPE))
     assert decoded.table.column("to_level").to_pylist() == [-1, 0]
+
+
+def test_a_request_judged_against_its_own_targets_decodes_from_json() -> None:
+    row = _request(slo_ttft_s=0.5, slo_tpot_s=600, slo_met=False)
+    decoded = decode_message(encode_json([row]), headers_for(REQUEST_RECORDS, JSON_CONTENT_TYPE))
+    got = decoded.table.select(["slo_ttft_s", "slo_tpot_s", "slo_met"]).to_pylist()
+    assert got == [{"slo_ttft_s": 0.5, "slo_tpot_s": 600.0, "slo_met": False}]
 
 
 def test_the_reason_holds_a_bounded_excerpt_of_a_huge_value() -> None:

@@ -61,9 +61,39 @@ def test_report_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str
     page = next(p for p in ttft["pairs"] if p["id"] == "page-1h-5m")
     assert page["alerting"] is True and page["guarded"] is False  # 100 events meet min_events: 100
     assert ttft["burn_rates"]["1h"] == pytest.approx(30.0)
+    assert "own_targets" not in report  # no request carried targets of its own
     assert main(["slo", "report", "--spec", EXAMPLE, "--db", str(db), "--no-update"]) == 0
     table = capsys.readouterr().out
     assert "inference-ttft-p99 [pool=llama-3-8b]" in table and "page-1h-5m" in table
+
+
+def test_report_sets_requests_own_targets_beside_the_routers_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "db.duckdb"
+    with Store(db) as store:
+        insert(
+            store,
+            requests=[
+                request(T0_MS, slo_ttft_s=0.5, ttft_s=0.9, slo_met=False),
+                request(T0_MS + 1000, slo_ttft_s=0.5, ttft_s=0.2, slo_met=True),
+                request(T0_MS + 2000, ttft_s=9.0),  # no targets of its own
+            ],
+        )
+    assert main(["slo", "report", "--spec", EXAMPLE, "--db", str(db), "--json"]) == 0
+    own = json.loads(capsys.readouterr().out)["own_targets"]
+    assert own["rows"] == [
+        {
+            "pool": "llama-3-8b",
+            "type": "ttft",
+            "tap_targeted": 2,
+            "tap_violations": 1,
+            "router_violations": None,
+        }
+    ]
+    assert main(["slo", "report", "--spec", EXAMPLE, "--db", str(db), "--no-update"]) == 0
+    table = capsys.readouterr().out
+    assert "[pool=llama-3-8b] ttft  taps 1 of 2 missed   router —" in table
 
 
 def test_report_on_an_empty_store_needs_a_time(

@@ -116,6 +116,29 @@ def test_goodput_needs_every_target(store: Store) -> None:
     assert status(store, m, T0_MS, "gp").period == WindowCounts(4, 2)
 
 
+def test_goodput_against_own_targets_counts_only_requests_that_carry_them(store: Store) -> None:
+    own = {"slo_ttft_s": 1.0, "slo_tpot_s": 0.05}
+    insert(
+        store,
+        requests=[
+            request(T0_MS, **own, slo_met=True),
+            request(T0_MS, **own, slo_met=False, ttft_s=1.5),
+            request(T0_MS, slo_ttft_s=0.2, slo_met=False),  # its own 200 ms, not a spec's 2 s
+            request(
+                T0_MS,
+                **own,
+                slo_met=None,
+                outcome="error_before_first_token",
+                http_status=502,
+                ttft_s=None,
+            ),  # failed before its first token: bad
+            request(T0_MS, ttft_s=9.0),  # no targets of its own: no event
+        ],
+    )
+    m = model({"name": "own", "objective": 0.9, "sli": {"kind": "goodput", "own_targets": True}})
+    assert status(store, m, T0_MS, "own").period == WindowCounts(4, 3)
+
+
 def test_itl_jitter_statistic(store: Store) -> None:
     insert(
         store,

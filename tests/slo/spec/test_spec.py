@@ -118,6 +118,10 @@ def _error(mutate: Any) -> str:
             "slos[2].sli.targets_s: needs at least one",
         ),
         (
+            lambda r: r["slos"][2]["sli"].update(own_targets=True),
+            "slos[2].sli.targets_s: targets_s and own_targets: true exclude each other",
+        ),
+        (
             lambda r: (
                 r["slos"][1]["alerting"].update()
                 if False
@@ -158,6 +162,7 @@ def _error(mutate: Any) -> str:
         "name with spaces",
         "duplicate names",
         "goodput without targets",
+        "goodput with both its own and the spec's targets",
         "negative min_events",
         "engine source grouped by tenant",
         "statistic on ttft",
