@@ -25,7 +25,7 @@ from tests.pipeline.lake_servers import BUCKET, S3Server, postgres, s3_server
 
 __all__ = ["postgres", "s3_server"]  # fixtures
 
-TOTAL = 60_000
+TOTAL = 12 * 5_000  # rows: twelve batches of 5,000
 FIRST_PHASE = 10_000  # two batches of 5,000 rows for the first member alone
 CRASH_AFTER_COMMIT = 3  # so its third commit comes after the others joined
 
