@@ -9,6 +9,7 @@ import contextlib
 import io
 import itertools
 import json
+import shutil
 import subprocess
 import tempfile
 import time
@@ -81,7 +82,9 @@ class HeadlessChromium:
     """One headless Chromium with one page, on loopback only; a context manager."""
 
     def __init__(self, binary: str, profile: Path | None = None) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="llmslo-chromium-")
+        self._tmp = tempfile.TemporaryDirectory(
+            prefix="llmslo-chromium-", ignore_cleanup_errors=True
+        )
         self.profile = profile or Path(self._tmp.name)
         self.process = subprocess.Popen(
             [binary, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
@@ -158,6 +161,23 @@ class HeadlessChromium:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
+        self._remove_profile()
+
+    def _remove_profile(self) -> None:
+        """Chromium's helper processes (crashpad, the zygote's children) can still write to
+        the profile for a moment after the browser exits, so one ``rmtree`` could fail with
+        "Directory not empty" on a busy machine: retry for up to 5 s, then leave the rest."""
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                shutil.rmtree(self._tmp.name)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
         self._tmp.cleanup()
 
     def __enter__(self) -> HeadlessChromium:
