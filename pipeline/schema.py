@@ -443,6 +443,19 @@ REQUEST_RECORDS = RecordSchema(
                 "the measured TTFT/TPOT are within the request's own targets (each judged where "
                 "measured); null without targets or without a targeted measurement",
             ),
+            _field(
+                "itl_error_s",
+                pa.float64(),
+                "bound on how late the tap read any token-bearing chunk (its own event-loop "
+                "lag): each ITL gap and statistic is within ± it, the jitter within ± twice "
+                "it; null if unmeasured",
+            ),
+            _field(
+                "itl_uncertain",
+                pa.bool_(),
+                "itl_error_s exceeded the tap's gap_error_max_s: the gaps say more about the "
+                "tap than the engine, ITL SLIs do not count the request; null without gaps",
+            ),
         ]
     ),
 )
@@ -736,6 +749,7 @@ VALUE_RULES: dict[tuple[str, int], tuple[ValueRule, ...]] = {
             "token_chunks",
             "chunk_tokens",
             "tokens_after_disconnect",
+            "itl_error_s",
         ),
         *_ranged(0, MAX_OWN_TARGET_S, "slo_ttft_s", "slo_tpot_s"),
     ),

@@ -133,6 +133,15 @@ ENGINE_SIGNALS: dict[str, Signal] = _table(
         "tap: client disconnects on streams to this instance, cumulative",
     ),
     (
+        "tap_uncertain_requests",
+        "counter",
+        "tap: attempts on this instance whose ITL gap error bound exceeded the tap's "
+        "gap_error_max_s (itl_uncertain), cumulative",
+    ),
+    ("tap_loop_lag", "gauge", "tap: its event loop's largest lateness since the last sample, s"),
+    ("tap_gc_pause", "counter", "tap: its interpreter's garbage-collection pauses, seconds"),
+    ("tap_cpu_throttled", "counter", "tap: its cgroup's CPU throttling (throttled_usec), s"),
+    (
         "counter_reset",
         "gauge",
         "collector: series of this instance whose cumulative counters reset in this "

@@ -163,6 +163,20 @@ class TapConfig(BaseModel):
     gauge_interval_s: float = Field(
         5.0, gt=0, description="how often in-flight/disconnect samples are published"
     )
+    loop_watch_interval_s: float = Field(
+        0.001,
+        gt=0,
+        le=0.1,
+        description="the loop watch's tick: a healthy loop bounds a chunk's read delay by "
+        "about this (collectors/tap/loopwatch.py)",
+    )
+    gap_error_max_s: float = Field(
+        0.005,
+        gt=0,
+        description="a request whose gap error bound (itl_error_s) exceeds this is "
+        "itl_uncertain and not counted by ITL SLIs; keep it at most a sixth of the tightest "
+        "ITL threshold (its jitter is then within a third of it)",
+    )
     record_max_gaps: int = Field(
         256,
         ge=0,

@@ -93,6 +93,8 @@ class Exchange:
         self.ctx, self.upstream, self.attempt = ctx, upstream, attempt
         self.request_id = ctx.original_id if attempt == 1 else f"{ctx.original_id}.{attempt}"
         self._config, self._client, self._clock, self._hooks = config, client, clock, hooks
+        #: now_s → the most a chunk read then can have waited for the loop (LoopWatch)
+        self._late: Callable[[float], float | None] = hooks.late_s
         self.meter = StreamMeter(ctx.t0_s)
         self.framer = SseFramer(config.max_event_bytes)
         self.outcome: str | None = None
@@ -291,9 +293,10 @@ class Exchange:
         parts = []
         strip = self.ctx.strip_usage
         meter = self.meter
+        late_s = self._late(now_s) if events else None
         for event in events:
             if event.data is not None:
-                info = meter.on_data(event.data, now_s)
+                info = meter.on_data(event.data, now_s, late_s)
                 if strip and info.usage_only:
                     continue
             parts.append(event.raw)

@@ -19,7 +19,11 @@ Definitions (t₀ = request received by the tap):
   chunk carried (from continuous usage stats or logprobs when present, else 1); kept in
   memory as 8-byte floats for the exact :class:`ItlSummary` a record carries instead of
   the whole list (a 25,000-token stream: ~200 KB while it runs, freed when it ends);
-* ``e2e_s`` is set by the proxy when the last byte has been written to the client.
+* ``e2e_s`` is set by the proxy when the last byte has been written to the client;
+* ``gap_error_s``: the largest read-delay bound (``late_s``) of the token-bearing chunks,
+  so every gap and ITL statistic is within ± it of the gaps at the socket, the jitter
+  within ± twice it (:mod:`collectors.tap.loopwatch` says where the bound comes from);
+  ``None`` when no bound was given.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ class Measurements:
     saw_done: bool = False
     error_event: bool = False
     not_json_events: int = 0
+    gap_error_s: float | None = None
 
     @property
     def token_chunks(self) -> int:
@@ -159,8 +164,11 @@ class StreamMeter:
     def first_token_seen(self) -> bool:
         return self._first_token_s is not None
 
-    def on_data(self, data: bytes, now_s: float) -> ChunkInfo:
-        """One data event arrived at ``now_s``; returns what kind of chunk it was."""
+    def on_data(self, data: bytes, now_s: float, late_s: float | None = None) -> ChunkInfo:
+        """One data event arrived at ``now_s``; returns what kind of chunk it was.
+
+        ``late_s`` bounds how long it may have waited for the reader (seconds) before
+        ``now_s``; ``None`` when unknown."""
         m = self.m
         if m.ttfb_s is None:
             m.ttfb_s = now_s - self.t0_s
@@ -175,9 +183,9 @@ class StreamMeter:
         if type(obj) is not dict:
             m.not_json_events += 1
             return _NOT_JSON
-        return self._on_object(obj, now_s)
+        return self._on_object(obj, now_s, late_s)
 
-    def _on_object(self, obj: dict[str, Any], now_s: float) -> ChunkInfo:
+    def _on_object(self, obj: dict[str, Any], now_s: float, late_s: float | None) -> ChunkInfo:
         m = self.m
         choices = obj.get("choices")
         if "error" in obj and not choices:
@@ -199,6 +207,8 @@ class StreamMeter:
                 tokens = continuous - self._tokens_counted  # cumulative usage is exact
             self._tokens_counted += tokens
             self._token_chunk(now_s, tokens)
+            if late_s is not None and (m.gap_error_s is None or late_s > m.gap_error_s):
+                m.gap_error_s = late_s
             return _TOKEN
         if isinstance(usage, dict) and not choices:
             return ChunkInfo(usage_only=True)

@@ -36,6 +36,7 @@ from collectors.tap.downstream import HOP_BY_HOP, ClientGone, Downstream
 from collectors.tap.exchange import Exchange, RequestContext
 from collectors.tap.inflight import InFlightTracker
 from collectors.tap.labels import MAX_MODEL_NAME_CHARS, ModelLabels
+from collectors.tap.loopwatch import LoopWatch, read_throttled_s
 from collectors.tap.records import header_label, record_row, tenant_label
 from collectors.tap.server import IncomingRequest, TapServer
 from collectors.tap.sinks import RecordSink
@@ -136,6 +137,13 @@ class TapProxy:
             Degrader(config.degradation, flags, self.clock.monotonic_s) if flags else None
         )
         self._instances = tuple(u.instance for u in self.pool.upstreams)
+        #: how late the loop is: every chunk's read-delay bound, the tap's lag and GC pauses
+        self.loop_watch = LoopWatch(
+            self.clock.monotonic_s,
+            config.loop_watch_interval_s,
+            on_lag=self.metrics.loop_lag.observe,
+            on_gc=self.metrics.gc_pause.observe,
+        )
         fallback = config.degradation.fallback_upstream
         self._fallback = Upstream.from_url(fallback) if fallback else None
 
@@ -159,6 +167,7 @@ class TapProxy:
         await self.refresh_models()  # labels known before the first request, when reachable
         host, _, port = self.config.listen.rpartition(":")
         self.port = await self._server.start(host, int(port))
+        self.loop_watch.start()
         self._gauges = asyncio.create_task(self._gauge_loop())
         self._models_loop = asyncio.create_task(self._refresh_models_loop())
         return self.port
@@ -175,6 +184,7 @@ class TapProxy:
             await asyncio.wait(list(self._tasks), timeout=self.config.drain_max_s + 5)
         if self._client is not None:
             await self._client.close()
+        self.loop_watch.stop()
         self.publish_gauges()
 
     @property
@@ -183,8 +193,25 @@ class TapProxy:
         return len(self._server.connections) if self._server is not None else 0
 
     def publish_gauges(self) -> None:
-        """Hand the current in-flight and disconnect counts to the sink."""
-        self.sink.add_samples(self.inflight.samples(int(self.clock.wall_s() * 1000), self.tap_id))
+        """Hand the current in-flight, disconnect and uncertain counts, and the tap's own
+        health (loop lag since the last call, GC pauses, CPU throttling), to the sink."""
+        watch = self.loop_watch
+        health = [
+            ("llmslo_tap_loop_lag_max_seconds", "tap_loop_lag", "gauge", watch.take_max_lag_s()),
+            ("llmslo_tap_gc_pause_seconds_total", "tap_gc_pause", "counter", watch.gc_pause_s),
+        ]
+        throttled_s = read_throttled_s()
+        if throttled_s is not None:
+            health.append(
+                (
+                    "llmslo_tap_cpu_throttled_seconds_total",
+                    "tap_cpu_throttled",
+                    "counter",
+                    throttled_s,
+                )
+            )
+        ts_ms = int(self.clock.wall_s() * 1000)
+        self.sink.add_samples(self.inflight.samples(ts_ms, self.tap_id, health))
 
     async def refresh_models(self) -> None:
         """Read every upstream's ``/v1/models`` again (see :meth:`ModelLabels.refresh`)."""
@@ -207,6 +234,10 @@ class TapProxy:
     # ------------------------------------------------------------------ hooks (used by Exchange)
     def wall_s(self) -> float:
         return self.clock.wall_s()
+
+    def late_s(self, now_s: float) -> float:
+        """The most a chunk read at ``now_s`` can have waited for the loop (seconds)."""
+        return self.loop_watch.late_s(now_s)
 
     def opened(self, ex: Exchange) -> None:
         self.inflight.opened(ex.upstream.instance, self.config.pool or ex.ctx.model)
@@ -492,7 +523,11 @@ class TapProxy:
                 tap_id=self.tap_id,
                 pool=self._pool_of(ctx),
                 max_gaps=self.config.record_max_gaps,
+                gap_error_max_s=self.config.gap_error_max_s,
             )
+            if row["itl_uncertain"]:
+                self.inflight.uncertain_gaps(row["instance"])
+                self.metrics.uncertain.labels(row["instance"]).inc()
             self.sink.add_request(row)
             self._observe(row, ex.finish().itl_gaps_s)
 

@@ -53,11 +53,19 @@ def _ms(wall_s: float | None) -> int | None:
 
 
 def record_row(
-    ctx: RequestContext, ex: Exchange, *, tap_id: str, pool: str, max_gaps: int = 256
+    ctx: RequestContext,
+    ex: Exchange,
+    *,
+    tap_id: str,
+    pool: str,
+    max_gaps: int = 256,
+    gap_error_max_s: float = 0.005,
 ) -> dict[str, Any]:
     """The row for attempt ``ex`` of request ``ctx`` (plain Python values, schema column names).
 
     ``pool`` is the tap's (configured, or the bounded label of the requested model).
+    ``itl_uncertain`` is set when the gaps' error bound exceeds ``gap_error_max_s`` (null
+    without gaps or without a bound).
 
     Its size is bounded whatever the stream's length: exact ITL summaries and a fixed-size
     histogram, and only the first ``max_gaps`` gaps (and ``max_gaps`` + 1 chunk token counts).
@@ -113,4 +121,10 @@ def record_row(
         "slo_ttft_s": ctx.own_targets.ttft_s,
         "slo_tpot_s": ctx.own_targets.tpot_s,
         "slo_met": met_own_targets(ctx.own_targets, m.ttft_s, m.tpot_s),
+        "itl_error_s": m.gap_error_s,
+        "itl_uncertain": _uncertain(m.gap_error_s, itl.count, gap_error_max_s),
     }
+
+
+def _uncertain(error_s: float | None, gaps: int, max_s: float) -> bool | None:
+    return None if error_s is None or not gaps else error_s > max_s

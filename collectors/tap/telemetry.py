@@ -64,6 +64,8 @@ TPOT_BUCKETS_S = (
     1.0,
     2.5,
 )
+#: The tap's own loop lag and GC pauses: 0.1 ms (healthy) to 2.5 s (a stalled process).
+LAG_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
 DURATION_BUCKETS_S = (
     0.01,
     0.02,
@@ -142,6 +144,26 @@ class TapMetrics:
         )
         self.retries = Counter(
             "llmslo_tap_retries", "Retries before the first token", ["result"], registry=r
+        )
+        # The tap's own health: how late its loop ran, GC pauses, requests whose gaps were
+        # too uncertain to count (collectors/tap/loopwatch.py).
+        self.loop_lag = Histogram(
+            "llmslo_tap_loop_lag_seconds",
+            "How late the tap's event loop ran its watch tick",
+            buckets=LAG_BUCKETS_S,
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            "llmslo_tap_gc_pause_seconds",
+            "Garbage-collection pauses of the tap's interpreter",
+            buckets=LAG_BUCKETS_S,
+            registry=r,
+        )
+        self.uncertain = Counter(
+            "llmslo_tap_uncertain_requests",
+            "Attempts whose ITL gap error bound exceeded gap_error_max_s (itl_uncertain)",
+            ["instance"],
+            registry=r,
         )
         self.degradation_actions = Counter(
             "llmslo_tap_degradation_actions",

@@ -83,11 +83,16 @@ def _tap_good_eligible(slo: Slo) -> tuple[str, str]:
         return good, counted
     if isinstance(sli, LatencySpec):
         value = _tap_value(sli.metric, sli.statistic)
+        measured = f"{value} IS NOT NULL"
+        if sli.metric == "itl":
+            # Gaps the tap read too late to vouch for (its loop lagged past the bound,
+            # itl_uncertain) are no event: they would be the tap's lateness, not the engine's.
+            measured += " AND NOT coalesce(itl_uncertain, false)"
         # A good request without the value (TPOT with one token, TTFT of a non-streamed
         # response) is not an event of this SLI; a bad one always is.
         return (
             f"{good} AND {value} <= {sli.threshold_s!r}",
-            f"({bad} OR ({counted} AND {value} IS NOT NULL))",
+            f"({bad} OR ({counted} AND {measured}))",
         )
     assert isinstance(sli, GoodputSpec)
     if sli.own_targets:

@@ -368,7 +368,8 @@ def _latency(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> N
         f"""
         SELECT instance, list(ttft_s) FILTER (WHERE ttft_s IS NOT NULL),
                list(tpot_s) FILTER (WHERE tpot_s IS NOT NULL),
-               list(itl_jitter_s) FILTER (WHERE itl_jitter_s IS NOT NULL)
+               list(itl_jitter_s) FILTER (
+                   WHERE itl_jitter_s IS NOT NULL AND NOT coalesce(itl_uncertain, false))
         FROM requests
         WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND outcome = 'ok'
           AND {source_filter()}

@@ -18,13 +18,15 @@ ADDED_FLAGS = ("tokens_source", "degradation_level", "enforced_action")
 ADDED_SOURCE = ("source",)
 #: ... then for the request's own SLO targets (router headers), appended after it.
 ADDED_OWN_TARGETS = ("slo_ttft_s", "slo_tpot_s", "slo_met")
+#: ... then for the tap's gap error bound, appended after those.
+ADDED_GAP_ERROR = ("itl_error_s", "itl_uncertain")
 
 
 def test_a_file_from_before_the_new_request_columns_opens_and_ingests(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     with Store(path) as store:
         for column in (
-            ADDED + ADDED_FLAGS + ADDED_SOURCE + ADDED_OWN_TARGETS
+            ADDED + ADDED_FLAGS + ADDED_SOURCE + ADDED_OWN_TARGETS + ADDED_GAP_ERROR
         ):  # a file from before those columns
             store.con.execute(f"ALTER TABLE requests DROP COLUMN {column}")
         store.con.execute(
