@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from prometheus_client import CollectorRegistry
 
 from pipeline._lazy import on_first_use
@@ -115,7 +115,24 @@ class BusProducer:
         self._producer.flush(timeout=timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self._producer.close(timeout=timeout_s)
+        """Deliver what is queued within ``timeout_s``, then stop the client's thread.
+
+        kafka-python (3.0.12) flushes first in ``close()`` and, when no broker answers,
+        raises at the flush's timeout with its network thread still running: that thread
+        would log connection errors for the rest of the process's life. What was not
+        delivered is dropped (and logged), and the thread stopped anyway.
+        """
+        try:
+            self._producer.close(timeout=timeout_s)
+        except KafkaTimeoutError:
+            log.warning(
+                "producer closed with records undelivered after %.1f s (no broker answered): "
+                "they are dropped",
+                timeout_s,
+            )
+            sender = self._producer._sender  # what close() itself force-closes after a flush
+            sender.force_close()
+            sender.join(timeout_s)
 
 
 class Bus:
