@@ -193,6 +193,7 @@ class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
         # Kafka, so the next owner starts exactly where we stopped. Kafka gets DuckDB's
         # offsets for every revoked partition, not only this flush's: an earlier
         # asynchronous commit may have failed.
+        self.ingester.rebalancing()
         self.ingester.flush(commit_to_kafka=False)
         stored = self.ingester.store.read_offsets(self.ingester.config.group_id)
         handed_over = {
@@ -222,6 +223,7 @@ class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
         # Our session expired: another member may already read these partitions, so what
         # we hold must not be committed. Partitions we get back are re-read from DuckDB's
         # offsets on assignment, so dropping the batch in hand loses nothing.
+        self.ingester.rebalancing()
         self.ingester.discard_uncommitted()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
@@ -307,6 +309,11 @@ class Ingester:
     def stop(self) -> None:
         """Ask :meth:`run` to commit what it holds and return (safe from a signal handler)."""
         self._stop.set()
+
+    def rebalancing(self) -> None:
+        """The group is reassigning partitions: until it assigns ours, this is no idleness
+        (a member that left mid-rebalance on the embedded broker stalled the others)."""
+        self._joined = False
 
     def run(self, *, max_idle_s: float | None = None) -> IngestStats:
         """Consume until :meth:`stop` (or ``max_idle_s`` without a message); returns stats."""

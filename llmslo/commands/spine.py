@@ -67,7 +67,8 @@ def register(subparsers: Any) -> None:
         "--exit-when-idle",
         type=float,
         metavar="SECONDS",
-        help="stop after this long without a message (batch jobs, tests)",
+        help="stop after this long without a message while owning partitions (batch jobs, "
+        "tests); a rebalance in progress is not idleness",
     )
     ingest.set_defaults(handler=run_ingest)
 

@@ -121,6 +121,13 @@ def wait_for_log(
         if process.poll() is not None:
             raise AssertionError(
                 f"{log.name}: exited ({process.returncode}) before logging {needle!r}"
+                f"{_tail(log)}"
             )
         time.sleep(0.05)
-    raise AssertionError(f"{log.name}: {needle!r} not logged within {timeout_s} s")
+    raise AssertionError(f"{log.name}: {needle!r} not logged within {timeout_s} s{_tail(log)}")
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    """The log's last lines, for a failure message (what the child was doing instead)."""
+    text = log.read_text(errors="replace").splitlines()[-lines:]
+    return "\n--- last lines of " + log.name + " ---\n" + "\n".join(text)
