@@ -120,8 +120,7 @@ def wait_for_log(
             return
         if process.poll() is not None:
             raise AssertionError(
-                f"{log.name}: exited ({process.returncode}) before logging {needle!r}"
-                f"{_tail(log)}"
+                f"{log.name}: exited ({process.returncode}) before logging {needle!r}{_tail(log)}"
             )
         time.sleep(0.05)
     raise AssertionError(f"{log.name}: {needle!r} not logged within {timeout_s} s{_tail(log)}")
