@@ -15,6 +15,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from collectors.tap import ListSink, TapConfig, TapProxy
+from collectors.tap.loopwatch import read_throttled_s
 
 
 def chat_events(
@@ -194,3 +195,16 @@ async def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> No
 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "secret prompt"}], "stream": True}
+
+
+def tap_sample_signals() -> set[str]:
+    """The signals of the tap's own sample rows: its gauges and its health, with CPU
+    throttling only where the cgroup reports it (collectors/tap/loopwatch.py)."""
+    signals = {
+        "tap_in_flight",
+        "tap_disconnects",
+        "tap_uncertain_requests",
+        "tap_loop_lag",
+        "tap_gc_pause",
+    }
+    return signals | ({"tap_cpu_throttled"} if read_throttled_s() is not None else set())

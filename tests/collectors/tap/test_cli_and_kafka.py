@@ -19,7 +19,13 @@ from llmslo.sections import load_config
 from pipeline.bus import Bus
 from pipeline.codec import decode_message
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS
-from tests.collectors.tap.fakes import CHAT, ScriptedUpstream, post, stream_script
+from tests.collectors.tap.fakes import (
+    CHAT,
+    ScriptedUpstream,
+    post,
+    stream_script,
+    tap_sample_signals,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -135,8 +141,7 @@ def test_records_and_gauges_reach_the_bus(bus: Bus) -> None:
     assert all(r["chunk_tokens"] == [1, 1, 1, 1] and len(r["itl_gaps_s"]) == 3 for r in rows)
     samples = consume_all(bus, ENGINE_SAMPLES.topic, 2)
     assert {(s["signal"], s["dialect"]) for s in samples} == {
-        ("tap_in_flight", "tap"),
-        ("tap_disconnects", "tap"),
+        (signal, "tap") for signal in tap_sample_signals()
     }
 
 
@@ -191,7 +196,7 @@ def test_tap_process_publishes_to_kafka_by_default(broker, tmp_path: Path) -> No
         rows = consume_all(bus, REQUEST_RECORDS.topic, 2)
         samples = consume_all(bus, ENGINE_SAMPLES.topic, 2)
     assert sorted(r["request_id"] for r in rows) == ["k0", "k1"]
-    assert {s["signal"] for s in samples} == {"tap_in_flight", "tap_disconnects"}
+    assert {s["signal"] for s in samples} == tap_sample_signals()
 
 
 def test_tap_records_land_in_the_duckdb_requests_table(store) -> None:
