@@ -16,6 +16,7 @@ from multidict import CIMultiDict
 
 from collectors.tap import ListSink, TapConfig, TapProxy
 from collectors.tap.loopwatch import read_throttled_s
+from pipeline.signals import ENGINE_SIGNALS
 
 
 def chat_events(
@@ -198,13 +199,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "secret prompt"}]
 
 
 def tap_sample_signals() -> set[str]:
-    """The signals of the tap's own sample rows: its gauges and its health, with CPU
+    """The signals of the tap's own sample rows: every ``tap_*`` signal of the catalog, CPU
     throttling only where the cgroup reports it (collectors/tap/loopwatch.py)."""
-    signals = {
-        "tap_in_flight",
-        "tap_disconnects",
-        "tap_uncertain_requests",
-        "tap_loop_lag",
-        "tap_gc_pause",
-    }
-    return signals | ({"tap_cpu_throttled"} if read_throttled_s() is not None else set())
+    signals = {name for name in ENGINE_SIGNALS if name.startswith("tap_")}
+    return signals if read_throttled_s() is not None else signals - {"tap_cpu_throttled"}
