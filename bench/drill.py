@@ -3,13 +3,16 @@
 Every mode of :data:`llmslo.drill.modes.MODES` is injected into simulated fleets with the real
 pipeline (embedded broker, ingest, SLO jobs) and scored: detected or not, by what, time to
 detect and to clear, false positives on the healthy instances and over the control run.
-Prints the Markdown report; ``--quick`` drills only stall and KV leak with a 30-second
-control. Last line is JSON::
+Prints the Markdown report. By default the control is DESIGN §8's: 30 minutes at 70 % of
+the sustainable rate (it runs beside the mode fleets, longest first); ``--quick`` drills
+only stall and KV leak with a 30-second control at the mode fleets' rate. ``--hog N`` runs N
+busy processes beside the fleets for the whole drill (one per core is the target's busy
+node). Last line is JSON::
 
     {"bench": "drill", "modes": …, "detected": …, "median_detect_s": …, "stall_detect_s": …,
      "false_positives": …, "healthy_minutes": …, "healthy_load": …,
      "healthy_load_basis": "sustainable", "capacity_rps": …, "sustainable_rps": …, "median_alert_s": …, "alertmanager": true|false, "wall_s": …,
-     "jobs": …, "failed_fleets": …}
+     "jobs": …, "hogs": …, "failed_fleets": …}
 
 ``healthy_load`` is the control run's share of the rate one pod serves without degrading
 (``sustainable_rps``: no preemption, KV free never below 10 %; ``--healthy-load``; null: the
@@ -42,17 +45,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="stall and kv_leak, 0.5 healthy min")
     parser.add_argument("--modes", default="all")
-    parser.add_argument("--healthy-minutes", type=float, default=None)
-    parser.add_argument("--healthy-load", type=float, default=None, help="e.g. 0.7 of sustainable")
+    parser.add_argument(
+        "--healthy-minutes", type=float, default=None, help="default 30 (quick 0.5)"
+    )
+    parser.add_argument(
+        "--healthy-load", type=float, default=None, help="share of sustainable, default 0.7"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2, help="fleets at a time (default 2)")
+    parser.add_argument(
+        "--hog", type=int, default=0, metavar="N", help="N busy processes beside the fleets"
+    )
     parser.add_argument("--workdir", type=Path, help="logs and stores (default: a temporary dir)")
     args = parser.parse_args(argv)
     modes = select_modes("stall,kv_leak" if args.quick else args.modes)
     minutes = (
-        args.healthy_minutes if args.healthy_minutes is not None else (0.5 if args.quick else 2.0)
+        args.healthy_minutes if args.healthy_minutes is not None else (0.5 if args.quick else 30.0)
     )
-    profile = DrillProfile(healthy_minutes=minutes, healthy_load=args.healthy_load, seed=args.seed)
+    load = args.healthy_load if args.healthy_load is not None else (None if args.quick else 0.7)
+    profile = DrillProfile(
+        healthy_minutes=minutes, healthy_load=load, seed=args.seed, hogs=args.hog
+    )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="llmslo-drill-") as tmp:
         workdir = args.workdir or Path(tmp)
@@ -88,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 "alertmanager": report.alertmanager is not None,
                 "wall_s": wall_s,
                 "jobs": args.jobs,
+                "hogs": args.hog,
                 "failed_fleets": len(report.failed),
             }
         )

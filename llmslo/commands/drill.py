@@ -21,6 +21,7 @@ llmslo drill                                   # every mode + 2 healthy minutes 
 llmslo drill --jobs 1                          # one fleet at a time (~29 min on 2 cores)
 llmslo drill --modes stall,kv_leak --healthy-minutes 1 -o var/drill.md --json var/drill.json
 llmslo drill --modes none --healthy-minutes 30 --healthy-load 0.7  # DESIGN §8's healthy run
+llmslo drill --hog 2                           # the same matrix beside one busy process per core
 """
 
 
@@ -57,6 +58,14 @@ def register(subparsers: Any) -> None:
         default=2,
         help="fleets run at a time, each in a worker process of its own (default 2)",
     )
+    parser.add_argument(
+        "--hog",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N busy processes beside the fleets for the whole drill (a node that is never "
+        "idle; stopped with the drill; default 0)",
+    )
     parser.add_argument("-o", "--output", default="-", help="Markdown report file, - for stdout")
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
     parser.add_argument("--db", type=Path, help="append the results to this DuckDB's drills table")
@@ -71,7 +80,10 @@ def run_drill_cmd(args: argparse.Namespace) -> int:
         raise ConfigError("--healthy-minutes: must be ≥ 0")
     modes = [] if args.modes.strip() == "none" else select_modes(args.modes)
     profile = DrillProfile(
-        healthy_minutes=args.healthy_minutes, healthy_load=args.healthy_load, seed=args.seed
+        healthy_minutes=args.healthy_minutes,
+        healthy_load=args.healthy_load,
+        seed=args.seed,
+        hogs=args.hog,
     )
     try:
         report = run_drill(

@@ -38,6 +38,7 @@ from typing import Any
 from llmslo.drill.alerts import find_alertmanager
 from llmslo.drill.fleet import FleetPlan
 from llmslo.drill.fronts import drill_fleet_config, front_end_config, front_end_fleet
+from llmslo.drill.hogs import cpu_hogs
 from llmslo.drill.jobs import FleetFailure, run_plans
 from llmslo.drill.modes import MODES, DrillMode
 from llmslo.drill.profile import DrillProfile, FleetRun, fleet_rng, injection_times
@@ -52,6 +53,9 @@ __all__ = ["DrillProfile", "DrillReport", "FleetFailure", "FleetRun", "plan_flee
 #: The drill's token mix (``simulator.traces.poisson_arrivals`` defaults, exponential).
 MEAN_PROMPT_TOKENS = 512.0
 MEAN_OUTPUT_TOKENS = 128.0
+
+#: The CPU hogs' own bound: a whole matrix one fleet at a time takes ~30 minutes.
+HOGS_MAX_S = 3 * 3600.0
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,7 @@ class DrillReport:
             "sustainable_rps": self.sustainable_rps,
             "sustainable_method": self.sustainable_method,
             "healthy_load": self.profile.healthy_load,
+            "hogs": self.profile.hogs,
             "jobs": self.jobs,
             "wall_s": self.wall_s,
             "failed": [asdict(f) for f in self.failed],
@@ -151,17 +156,20 @@ def run_drill(
     ]
     if say:
         say(f"[drill] {len(plans)} fleets, {jobs} at a time, longest first")
+    if say and profile.hogs:
+        say(f"[drill] {profile.hogs} CPU hog(s) beside the fleets")
     started = time.monotonic()
-    outcomes = run_plans(
-        plans,
-        profile,
-        workdir,
-        binary,
-        jobs=jobs,
-        progress=say is not None,
-        say=say,
-        start_gap_s=profile.start_gap_s if jobs > 1 else 0.0,
-    )
+    with cpu_hogs(profile.hogs, max_s=HOGS_MAX_S):
+        outcomes = run_plans(
+            plans,
+            profile,
+            workdir,
+            binary,
+            jobs=jobs,
+            progress=say is not None,
+            say=say,
+            start_gap_s=profile.start_gap_s if jobs > 1 else 0.0,
+        )
     report.wall_s = round(time.monotonic() - started, 1)
     for outcome in outcomes:
         if isinstance(outcome, FleetFailure):

@@ -62,6 +62,7 @@ class DrillProfile:
     healthy_pods: int = 2
     healthy_minutes: float = 2.0
     seed: int = 0
+    hogs: int = 0  # busy processes beside the fleets for the whole drill (llmslo.drill.hogs)
 
 
 @dataclass

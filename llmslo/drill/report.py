@@ -61,7 +61,9 @@ def _timing_line(report: DrillReport) -> str:
         f"Run: {len(report.fleets) + len(report.failed)} fleets, {report.jobs} at a time "
         f"(a worker process each, longest first); drill wall time {_s(report.wall_s)} s; "
         f"fleet wall times sum to {sum(walls):.0f} s "
-        f"({', '.join(f'{f.name} {_s(f.wall_s)} (setup {_s(f.setup_s)})' for f in report.fleets) or 'none'})."
+        f"({', '.join(f'{f.name} {_s(f.wall_s)} (setup {_s(f.setup_s)})' for f in report.fleets) or 'none'}). "
+        f"CPU hogs beside the fleets: {report.profile.hogs or 'none'} (busy processes for the "
+        "whole drill, `llmslo/drill/hogs.py`)."
     )
 
 

@@ -1,0 +1,86 @@
+"""The drill's CPU hogs: they really burn CPU, and nothing outlives the drill."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from llmslo.drill.hogs import MAX_HOGS, cpu_hogs
+from pipeline.errors import ConfigError
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def test_each_hog_burns_cpu_and_is_stopped_when_the_block_ends() -> None:
+    with cpu_hogs(2, max_s=60) as hogs:
+        pids = [h.pid for h in hogs]
+        time.sleep(1.5)
+        burnt = [_cpu_s(p) for p in pids]
+    assert len(pids) == 2
+    assert all(b > 0.3 for b in burnt), burnt  # busy, not sleeping (two cores, shared)
+    assert _wait_gone(pids, 1.0) == []
+
+
+def test_hogs_are_stopped_when_the_drill_raises() -> None:
+    pids: list[int] = []
+    with pytest.raises(RuntimeError), cpu_hogs(1, max_s=60) as hogs:
+        pids = [h.pid for h in hogs]
+        raise RuntimeError("a fleet failed")
+    assert _wait_gone(pids, 1.0) == []
+
+
+def test_a_hog_stops_itself_at_its_deadline() -> None:
+    with cpu_hogs(1, max_s=0.5) as hogs:
+        hog = hogs[0]
+        assert hog.wait(timeout=10) == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_hogs_die_with_a_killed_parent() -> None:
+    parent = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\n"
+            "from llmslo.drill.hogs import cpu_hogs\n"
+            "with cpu_hogs(2, max_s=120) as hogs:\n"
+            "    print(' '.join(str(h.pid) for h in hogs), flush=True)\n"
+            "    os._exit(9)  # no clean-up runs, as after a SIGKILL\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    pids = [int(p) for p in parent.stdout.split()]
+    assert parent.returncode == 9 and len(pids) == 2
+    assert _wait_gone(pids, 5.0) == []
+
+
+@pytest.mark.parametrize("count", [-1, MAX_HOGS + 1])
+def test_a_count_out_of_bounds_is_refused(count: int) -> None:
+    with pytest.raises(ConfigError, match="hogs"), cpu_hogs(count, max_s=1):
+        pass
