@@ -149,6 +149,14 @@ class HistoryGenerator:
     def _incident(self, ts_ms: int) -> bool:
         return any(0 <= ts_ms - start < HOUR_MS for start in self.incidents)
 
+    @property
+    def hours(self) -> int:
+        """How many hour chunks :meth:`chunks` yields (an engine chunk each)."""
+        step_ms = self.config.interval_s * 1000
+        stamps = len(range(self.start_ts_ms + step_ms, self.config.end_ts_ms + 1, step_ms))
+        per_hour = len(range(0, HOUR_MS - step_ms + 1, step_ms))
+        return -(-stamps // per_hour)
+
     def chunks(self) -> Iterator[tuple[RecordSchema, pa.Table]]:
         """(schema, rows) per simulated hour, engine then GPU then requests."""
         cfg = self.config

@@ -46,7 +46,7 @@ from slo.sinks import OVERRIDE_REASONS, StoreTransitionSink, load_flag_states
 from slo.spec.model import SloModel
 from slo.windows import parse_duration_ms
 
-__all__ = ["ReplaySummary", "copy_store", "data_extent", "parse_instant", "replay"]
+__all__ = ["ReplaySummary", "copy_store", "data_extent", "parse_instant", "replay", "replay_steps"]
 
 _RELATIVE = re.compile(r"^-\s*(\d+[smhdw])$")
 
@@ -113,6 +113,36 @@ class ReplaySummary:
         }
 
 
+def replay_steps(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    start_ms: int | None = None,
+    end_ms: int | None = None,
+    step_ms: int = MINUTE_MS,
+) -> range:
+    """The instants (epoch ms) :func:`replay` would evaluate with the same arguments (for a
+    progress bar's total). Raises :class:`ConfigError` as :func:`replay` does."""
+    return _plan(con, start_ms, end_ms, step_ms)[1]
+
+
+def _plan(
+    con: duckdb.DuckDBPyConnection, start_ms: int | None, end_ms: int | None, step_ms: int
+) -> tuple[tuple[int, int], range]:
+    """The data's extent and the replay's steps in ``[start, end]`` (defaults: the extent),
+    on the step's grid (10:01:00, not 10:00:37)."""
+    extent = data_extent(con)
+    if extent is None:
+        raise ConfigError("the store holds no engine samples or request records to replay")
+    start = extent[0] if start_ms is None else start_ms
+    end = extent[1] if end_ms is None else end_ms
+    if step_ms <= 0:
+        raise ConfigError("--step must be positive")
+    if end < start:
+        raise ConfigError(f"nothing to replay: the range ends ({end}) before it starts ({start})")
+    first = -(-start // step_ms) * step_ms
+    return extent, range(first, end + 1, step_ms)
+
+
 def _clear(con: duckdb.DuckDBPyConnection, start_ms: int, end_ms: int) -> None:
     """Delete the jobs' findings and transitions of ``[start, end]`` (overrides stay)."""
     con.execute("DELETE FROM slo_findings WHERE ts_ms >= ? AND ts_ms <= ?", [start_ms, end_ms])
@@ -171,15 +201,9 @@ def replay(
     ``start``/``end`` default to the data's extent. ``on_step(result)`` sees every step
     (progress, tests). Raises :class:`ConfigError` on an empty store or an empty range.
     """
-    extent = data_extent(con)
-    if extent is None:
-        raise ConfigError("the store holds no engine samples or request records to replay")
+    extent, steps = _plan(con, start_ms, end_ms, step_ms)
     start = extent[0] if start_ms is None else start_ms
     end = extent[1] if end_ms is None else end_ms
-    if step_ms <= 0:
-        raise ConfigError("--step must be positive")
-    if end < start:
-        raise ConfigError(f"nothing to replay: the range ends ({end}) before it starts ({start})")
     began = time.perf_counter()
     jobs = SloJobs(con, model, config, sink=StoreTransitionSink(con))
     summary = ReplaySummary(start, end, step_ms)
@@ -187,8 +211,7 @@ def replay(
     _clear(con, start, end)
     jobs.board.states = load_flag_states(con, before_ms=start)
     jobs.active = _open_before(con, start)
-    first = -(-start // step_ms) * step_ms  # steps on the step's grid: 10:01:00, not 10:00:37
-    for now in range(first, end + 1, step_ms):
+    for now in steps:
         result = CycleResult(now)
         jobs.judge(result, status=now + step_ms > end)
         summary.steps += 1

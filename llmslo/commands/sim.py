@@ -20,10 +20,12 @@ from llmslo.options import (
     print_json,
     resolve_config,
 )
+from llmslo.progress import add_quiet_option, progress
 from llmslo.run import load_model
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
 from pipeline.publisher import Publisher
+from pipeline.schema import ENGINE_SAMPLES
 from pipeline.store import Store
 from simulator.config import (
     DIALECTS,
@@ -38,7 +40,7 @@ from simulator.load import LoadConfig, run_load_sync
 from simulator.scenario import ScenarioRunner, load_scenario
 from simulator.traces import load_trace, poisson_arrivals
 from slo.jobs import JobsConfig
-from slo.replay import ReplaySummary, replay
+from slo.replay import ReplaySummary, replay, replay_steps
 from slo.rollups.requests import rollup_history
 from slo.windows import parse_duration_ms
 
@@ -125,6 +127,7 @@ def register(subparsers: Any) -> None:
     history.add_argument("--incidents-per-day", type=float, default=1.0)
     history.add_argument("--end-ts-ms", type=int, help="last simulated timestamp (default now)")
     history.add_argument("--seed", type=int, default=0)
+    add_quiet_option(history)
     history.add_argument(
         "--no-replay",
         action="store_true",
@@ -366,19 +369,27 @@ def run_history(args: argparse.Namespace) -> int:
                 bus.producer, component="sim-history", max_rows=_HISTORY_BUFFER_ROWS
             )
             try:
-                _drain(generator, BusSink(publisher), rows)
+                _drain(generator, BusSink(publisher), rows, quiet=args.quiet)
             finally:
                 publisher.close()
         target = f"kafka {config.bus.bootstrap_servers}"
     else:
         with Store(config.store.path) as store:
-            _drain(generator, StoreSink(store), rows)
+            _drain(generator, StoreSink(store), rows, quiet=args.quiet)
             # Nothing more arrives for these minutes: the dashboards' long ranges read these.
             rollup_history(store.con)
             if not args.no_replay:
                 jobs_config = config.section("slo", JobsConfig)
                 model = load_model(jobs_config.spec)
-                replayed = replay(store.con, model, jobs_config, start_ms=replay_from)
+                steps = replay_steps(store.con, start_ms=replay_from)
+                with progress("replay", len(steps), "steps", quiet=args.quiet) as advance:
+                    replayed = replay(
+                        store.con,
+                        model,
+                        jobs_config,
+                        start_ms=replay_from,
+                        on_step=lambda _: advance(1),
+                    )
         target = str(config.store.path)
     print_json(
         {
@@ -404,10 +415,17 @@ def _duration(text: str) -> int:
 _HISTORY_BUFFER_ROWS = 10_000_000
 
 
-def _drain(generator: HistoryGenerator, sink: HistorySink, rows: dict[str, int]) -> None:
-    for schema, table in generator.chunks():
-        sink.write(schema, table)
-        rows[schema.table] = rows.get(schema.table, 0) + table.num_rows
+def _drain(
+    generator: HistoryGenerator, sink: HistorySink, rows: dict[str, int], *, quiet: bool
+) -> None:
+    """Write every generated chunk to ``sink``, counting rows per table, with a bar of
+    simulated hours (one engine chunk per hour)."""
+    with progress("history", generator.hours, "sim h", quiet=quiet) as advance:
+        for schema, table in generator.chunks():
+            sink.write(schema, table)
+            rows[schema.table] = rows.get(schema.table, 0) + table.num_rows
+            if schema is ENGINE_SAMPLES:
+                advance(1)
 
 
 def run_load_cmd(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from llmslo.options import (
     print_json,
     resolve_config,
 )
+from llmslo.progress import add_quiet_option, progress
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
@@ -38,7 +39,7 @@ from slo.jobs import JobsConfig, SloJobs, data_clock
 from slo.metrics import JobMetrics
 from slo.own_targets import REPORT_WINDOW_MS, compare_violations
 from slo.queries import alerts as recorded_alerts
-from slo.replay import copy_store, data_extent, parse_instant, replay
+from slo.replay import copy_store, data_extent, parse_instant, replay, replay_steps
 from slo.report import render_json, render_own_targets, render_table
 from slo.rollups.counts import Rollup
 from slo.sinks import BusTransitionSink, StoreTransitionSink, TransitionSink
@@ -145,6 +146,7 @@ def register(subparsers: Any) -> None:
         help="what would this spec have done: copy --db (read-only) into FILE and write the "
         "results there, leaving --db untouched (FILE is replaced)",
     )
+    add_quiet_option(replay)
     # "--from -24h": argparse takes a value starting with "-" for an option unless it looks
     # like a negative number; a relative time is one here (no option of jobs looks like it).
     jobs._negative_number_matcher = re.compile(r"^-\d+(\.\d+)?[smhdw]?$")
@@ -262,14 +264,19 @@ def run_replay(args: argparse.Namespace, config: LlmsloConfig, model: SloModel) 
     with Store(path, must_exist=True) as store:
         extent = data_extent(store.con)
         newest = extent[1] if extent else 0
-        summary = replay(
-            store.con,
-            model,
-            config.section("slo", JobsConfig),
-            start_ms=parse_instant(args.replay_from, newest) if args.replay_from else None,
-            end_ms=parse_instant(args.replay_to, newest) if args.replay_to else None,
-            step_ms=step_ms,
-        )
+        start_ms = parse_instant(args.replay_from, newest) if args.replay_from else None
+        end_ms = parse_instant(args.replay_to, newest) if args.replay_to else None
+        steps = replay_steps(store.con, start_ms=start_ms, end_ms=end_ms, step_ms=step_ms)
+        with progress("replay", len(steps), "steps", quiet=args.quiet) as advance:
+            summary = replay(
+                store.con,
+                model,
+                config.section("slo", JobsConfig),
+                start_ms=start_ms,
+                end_ms=end_ms,
+                step_ms=step_ms,
+                on_step=lambda _: advance(1),
+            )
     print_json({**summary.as_dict(), "db": str(path)})
     return 0
 
