@@ -64,7 +64,7 @@ EPILOG = textwrap.dedent(
     """\
     examples:
       llmslo demo                                  # whole pipeline on embedded defaults
-      llmslo broker                                # embedded Kafka-protocol broker, prints its address
+      llmslo broker --port 9092                    # embedded Kafka-protocol broker, prints its address
       llmslo ingest --bootstrap-servers 127.0.0.1:9092 --db var/llmslo.duckdb
       llmslo config validate config/llmslo.example.yaml
       llmslo tables                                # the documented DuckDB tables

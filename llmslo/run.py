@@ -272,6 +272,17 @@ def serve_api(
     return server
 
 
+def _kafka_line(config: LlmsloConfig, bootstrap_servers: str) -> str:
+    """Where the pipeline's Kafka is: the embedded broker's address is the one every other
+    process of this pipeline (collectors, taps, probes) must be given."""
+    if config.bus.bootstrap_servers != "embedded":
+        return f"Kafka at {bootstrap_servers}"
+    return (
+        f"Kafka: the embedded broker at {bootstrap_servers}; give collectors, taps and probes "
+        f"--bootstrap-servers {bootstrap_servers}"
+    )
+
+
 def run_pipeline(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     spec = args.spec or config.section("slo", JobsConfig).spec
@@ -281,6 +292,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     if args.role == "jobs":
         return run_jobs_role(config, model)
     pipeline = Pipeline(config, model)
+    print(_kafka_line(config, pipeline.bus.bootstrap_servers), flush=True)
     if args.metrics_port is not None:
         host = config.ingest.metrics_host  # 0.0.0.0 in a pod, so a ServiceMonitor can scrape it
         server, _ = start_http_server(args.metrics_port, host, registry=pipeline.registry)

@@ -214,7 +214,11 @@ class Bus:
                 **self.client_settings(), request_timeout_ms=15_000, bootstrap_timeout_ms=10_000
             )
         except KafkaError as exc:
-            raise BusError(f"cannot reach Kafka at {self.bootstrap_servers}: {exc}") from exc
+            raise BusError(
+                f"cannot reach Kafka at {self.bootstrap_servers}: {exc}. Is it running? "
+                "`llmslo run` and `llmslo broker` print the address to pass as "
+                "--bootstrap-servers (or pass 'embedded' to start a broker of this process's own)"
+            ) from exc
         try:
             existing = set(admin.list_topics())
             wanted = [name for name in topic_names(self.config) if name not in existing]

@@ -19,6 +19,7 @@ from llmslo.run import Pipeline, load_model
 from pipeline.broker import EmbeddedBroker, free_port
 from pipeline.bus import Bus
 from pipeline.config import parse_config
+from pipeline.errors import BusError
 from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from tests.slo.factories import request, to_table
@@ -130,3 +131,63 @@ def test_a_stopped_pipeline_leaves_no_kafka_client_behind(
         time.sleep(3.0)  # a client left open would have failed to refresh metadata by now
     leaked = [r for r in caplog.records if r.name.startswith("kafka") and r.thread not in earlier]
     assert [f"{r.threadName}: {r.getMessage()}" for r in leaked] == []
+
+
+def test_run_on_the_embedded_broker_prints_an_address_other_processes_can_join(
+    tmp_path: Path,
+) -> None:
+    """The README's way to join processes: `llmslo run` prints its embedded broker's
+    address, and a producer given it publishes into that pipeline's store."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmslo",
+            "run",
+            "--bootstrap-servers",
+            "embedded",
+            "--db",
+            str(tmp_path / "run.duckdb"),
+            "--no-api",
+            "--metrics-port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("Kafka: the embedded broker at "), line
+        address = line.rsplit("--bootstrap-servers ", 1)[1].strip()
+        now_ms = int(time.time() * 1000)
+        with Bus(parse_config({"bus": {"bootstrap_servers": address}}).bus) as joined:
+            producer = joined.producer()
+            rows = [request(now_ms - 1000 + i, outcome="ok") for i in range(50)]
+            producer.publish(REQUEST_RECORDS, to_table(REQUEST_RECORDS, rows))
+            producer.flush()
+            producer.close()
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        deadline = time.monotonic() + 120
+        while _metric(metrics, 'llmslo_ingest_rows_total{table="requests"}') < 50:
+            assert process.poll() is None
+            assert time.monotonic() < deadline, "the joined producer's rows were not ingested"
+            time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    assert process.returncode == 0
+    with Store(tmp_path / "run.duckdb", read_only=True) as store:
+        assert store.count("requests") == 50
+
+
+def test_an_unreachable_broker_says_where_the_address_comes_from() -> None:
+    bus = Bus(parse_config({"bus": {"bootstrap_servers": f"127.0.0.1:{free_port()}"}}).bus)
+    with pytest.raises(BusError, match="llmslo run") as raised:
+        bus.ensure_topics()
+    assert "--bootstrap-servers" in str(raised.value)
