@@ -21,6 +21,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -244,7 +245,7 @@ class Store:
         try:
             self.con = duckdb.connect(str(self.path), read_only=read_only, config=settings)
         except duckdb.Error as exc:
-            raise StoreError(f"cannot open DuckDB file {self.path}: {exc}") from exc
+            raise StoreError(_open_failure(self.path, exc)) from exc
         self._series: dict[str, SeriesIndex] = {}
         #: Held while using ``con`` from a thread other than the owner's (ingest commits, lake export).
         self.lock = threading.RLock()
@@ -497,3 +498,26 @@ def _peer_offsets_query(con: duckdb.DuckDBPyConnection) -> str:
     if {"cluster_id", "topic_id"} <= columns:
         return _READ_OFFSETS
     return _READ_OFFSETS.replace("cluster_id, topic_id", "NULL, NULL")
+
+
+#: DuckDB's lock error names the holder: "Conflicting lock is held in /usr/bin/python (PID 42)".
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in .*?\(PID (\d+)\)")
+
+
+def _open_failure(path: Path, exc: duckdb.Error) -> str:
+    """Why ``path`` did not open, in words: for a lock, which process holds it and what to do."""
+    holder = _LOCK_HOLDER.search(str(exc))
+    if holder is None:
+        return f"cannot open DuckDB file {path}: {exc}"
+    pid = int(holder.group(1))
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        command = ""
+    who = f"process {pid}" + (f" ({command[:400]})" if command else "")
+    return (
+        f"{path} is open in {who}. DuckDB lets one process write a file and no other process "
+        "open it meanwhile (a reader blocks a writer too). Stop that process, or read through "
+        "the API of the process that writes (`llmslo dashboard --api URL`), or work on a copy "
+        "of the file taken while nothing writes it."
+    )
