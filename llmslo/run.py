@@ -52,7 +52,7 @@ from slo.sinks import BusTransitionSink
 from slo.spec.loader import load_spec
 from slo.spec.model import SloModel, build_model
 
-__all__ = ["EXAMPLE_SPEC", "Pipeline", "load_model", "register"]
+__all__ = ["EXAMPLE_SPEC", "Pipeline", "add_spec_option", "load_model", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,18 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common_options(run, db=True)
-    run.add_argument(
-        "--spec",
-        type=Path,
-        help="SLO spec (default: slo.spec, else the example spec shipped with llmslo)",
-    )
+    add_spec_option(run)
     run.add_argument(
         "--metrics-port",
         type=int,
         help="serve ingest and job /metrics on this port (ingest.metrics_host)",
     )
     run.add_argument(
-        "--api-port", type=int, help="serve the HTTP API on this port (default: api.port; 0: any)"
+        "--port",
+        "--api-port",
+        dest="api_port",
+        type=int,
+        help="serve the HTTP API on this port (default: api.port, 8190; 0: any)",
     )
     run.add_argument("--no-api", action="store_true", help="do not serve the HTTP API")
     run.add_argument(
@@ -102,9 +102,23 @@ def register(subparsers: Any) -> None:
     run.set_defaults(handler=run_pipeline)
 
 
+def add_spec_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--spec FILE``, the same in every command that evaluates SLOs, with the same default:
+    the config's ``slo.spec``, else the example spec shipped with llmslo (:func:`load_model`)."""
+    parser.add_argument(
+        "--spec",
+        type=Path,
+        metavar="FILE",
+        help="SLO spec: llmslo/v1, OpenSLO or Sloth (default: slo.spec of the config, else "
+        "the example spec shipped with llmslo, config/slo.example.yaml)",
+    )
+
+
 def load_model(spec: Path | None) -> SloModel:
     """The validated SLO model of ``spec`` (default: the example spec)."""
     path = spec or EXAMPLE_SPEC
+    if spec is None:
+        log.info("SLO spec: the example shipped with llmslo (%s)", EXAMPLE_SPEC)
     if not path.exists():
         raise ConfigError(f"SLO spec {path} not found: pass --spec FILE or set slo.spec")
     model = build_model(load_spec(path))

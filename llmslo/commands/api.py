@@ -21,7 +21,7 @@ import duckdb
 from api import create_app
 from llmslo.api_server import ApiServer, api_config
 from llmslo.options import add_common_options, add_subcommand, install_stop_handlers, resolve_config
-from llmslo.run import load_model
+from llmslo.run import add_spec_option, load_model
 from pipeline.errors import ConfigError, StoreError
 from pipeline.store import Store
 from slo.jobs import JobsConfig
@@ -38,19 +38,25 @@ def register(subparsers: Any) -> None:
         "api",
         "Serve the HTTP API (reads, flags, verdicts) on a DuckDB file nobody else writes.",
         "llmslo api --db var/llmslo.duckdb                  # read-write: verdicts are stored\n"
-        "llmslo api --db copy.duckdb --read-only --api-port 8191\n"
+        "llmslo api --db copy.duckdb --read-only --port 8191\n"
         "LLMSLO_API_TOKEN=... llmslo api -c config/llmslo.example.yaml\n"
         "while `llmslo run` writes a file, it serves this API itself (section api:)",
     )
     add_common_options(parser, bus=False, db=True)
-    parser.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec, else the example)")
+    add_spec_option(parser)
     parser.add_argument(
         "--read-only",
         action="store_true",
         help="open the file read-only: verdicts computed, not stored; overrides refused",
     )
     parser.add_argument("--host", help="listen address (default: api.host, 127.0.0.1)")
-    parser.add_argument("--api-port", type=int, help="listen port (default: api.port; 0: any)")
+    parser.add_argument(
+        "--port",
+        "--api-port",
+        dest="api_port",
+        type=int,
+        help="listen port (default: api.port, 8190; 0: any)",
+    )
     parser.set_defaults(handler=run_api)
 
 

@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--image", default="", help="the image of --command (for its version)")
     parser.add_argument("--db", type=Path, help="llmslo's DuckDB store: the live evidence")
-    parser.add_argument("--config", type=Path, help="llmslo/tap config YAML (tap limits)")
+    parser.add_argument("-c", "--config", type=Path, help="llmslo/tap config YAML (tap limits)")
     parser.add_argument("--spec", type=Path, help="the SLO spec (three-part latency SLOs)")
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument("-o", "--output", default="-", help="file, or - for stdout (default)")

@@ -67,6 +67,7 @@ def register(subparsers: Any) -> None:
         "llmslo sim history --days 30 --pods 16 --db var/llmslo.duckdb",
     )
     sim.add_argument(
+        "-c",
         "--config",
         type=Path,
         help="fleet YAML (FleetConfig, or an llmslo config with a simulator: section)",

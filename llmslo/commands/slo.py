@@ -26,6 +26,7 @@ from llmslo.options import (
     resolve_config,
 )
 from llmslo.progress import add_quiet_option, progress
+from llmslo.run import EXAMPLE_SPEC, add_spec_option, load_model
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
@@ -68,7 +69,14 @@ def register(subparsers: Any) -> None:
         description="Validate an SLO spec; engine-histogram thresholds are checked "
         "against the bucket bounds in --db, or the dialect's defaults.",
     )
-    validate.add_argument("file", type=Path)
+    validate.add_argument(
+        "file",
+        type=Path,
+        nargs="?",
+        metavar="SPEC",
+        help="the spec (or --spec; default: the example)",
+    )
+    add_spec_option(validate)
     validate.add_argument(
         "--db", type=Path, help="check histogram thresholds against the bounds stored here"
     )
@@ -78,7 +86,7 @@ def register(subparsers: Any) -> None:
         "report", help="SLO table: objective, SLI, budget left, burn rates, alerting pairs"
     )
     add_common_options(report, bus=False, db=True)
-    report.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
+    add_spec_option(report)
     report.add_argument(
         "--at", type=int, metavar="TS_MS", help="evaluate at this event time (default: newest data)"
     )
@@ -100,7 +108,7 @@ def register(subparsers: Any) -> None:
         "llmslo jobs --spec my-new-slo.yaml --db var/llmslo.duckdb --replay --into var/what-if.duckdb",
     )
     add_common_options(jobs, db=True)
-    jobs.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
+    add_spec_option(jobs)
     jobs.add_argument(
         "--interval", type=float, help="seconds between cycles (default: slo.interval_s, 15)"
     )
@@ -154,27 +162,24 @@ def register(subparsers: Any) -> None:
 
 
 def _model(args: argparse.Namespace, config: LlmsloConfig) -> SloModel:
-    spec = args.spec or config.section("slo", JobsConfig).spec
-    if spec is None:
-        raise ConfigError("no SLO spec: pass --spec FILE or set slo.spec in the config")
-    model = build_model(load_spec(spec))
-    for warning in model.warnings:
-        log.warning("%s", warning)
-    return model
+    return load_model(args.spec or config.section("slo", JobsConfig).spec)
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    model = build_model(load_spec(args.file))
+    if args.file is not None and args.spec is not None and args.file != args.spec:
+        raise ConfigError(f"two specs given: {args.file} and --spec {args.spec}; give one")
+    spec = args.file or args.spec or EXAMPLE_SPEC
+    model = build_model(load_spec(spec))
     observed = None
     if args.db:
         with Store(args.db, read_only=True) as store:
             observed = observed_bounds(store.con)
     problems = check_bucket_bounds(model, observed)
     if problems:
-        raise ConfigError(f"{args.file}: invalid SLO spec\n" + "\n".join(problems))
+        raise ConfigError(f"{spec}: invalid SLO spec\n" + "\n".join(problems))
     for warning in model.warnings:
         print(f"warning: {warning}")
-    print(f"{args.file}: valid ({len(model.slos)} SLOs)")
+    print(f"{spec}: valid ({len(model.slos)} SLOs)")
     return 0
 
 
