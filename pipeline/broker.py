@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pipeline.config import EMBEDDED_MAX_BYTES
 from pipeline.errors import BusError
-from pipeline.processes import stop_process
+from pipeline.processes import die_with_parent, stop_process
 
 __all__ = [
     "BrokerMetrics",
@@ -357,7 +357,7 @@ class EmbeddedBroker:
         if self._temp_dir is not None:
             command.append("--no-sync")  # removed at stop: nothing to keep across a crash
         self._store = subprocess.Popen(
-            command,
+            die_with_parent(command),
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
@@ -383,17 +383,19 @@ class EmbeddedBroker:
             AWS_DEFAULT_REGION="us-east-1",
         )
         self._process = subprocess.Popen(
-            [
-                _broker_binary(),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                f"s3://{_BUCKET}/",
-                "--silent",
-            ],
+            die_with_parent(
+                [
+                    _broker_binary(),
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    f"s3://{_BUCKET}/",
+                    "--silent",
+                ]
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,

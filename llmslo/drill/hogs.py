@@ -3,14 +3,12 @@ is never idle (DESIGN §8: no false positive with one hog per core, as with none
 
 Each hog is a child interpreter spinning in a pure-Python loop. It touches no network and no
 file, and it is bounded three ways: it stops itself at its deadline, the kernel kills it when
-its parent dies (``PR_SET_PDEATHSIG`` on Linux), and :func:`cpu_hogs` stops it on exit,
+its parent dies (:func:`pipeline.processes.die_with_parent`), and :func:`cpu_hogs` stops it on exit,
 exception included.
 """
 
 from __future__ import annotations
 
-import ctypes
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pipeline.errors import ConfigError
-from pipeline.processes import stop_process
+from pipeline.processes import die_with_parent, stop_process
 
 __all__ = ["MAX_HOGS", "cpu_hogs"]
 
@@ -34,18 +32,6 @@ while time.monotonic() < deadline:
     for _ in range(100_000):
         pass
 """
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL me when my parent exits (Linux only; elsewhere the
-    deadline still bounds the hog)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
 
 
 @contextmanager
@@ -66,11 +52,10 @@ def cpu_hogs(count: int, max_s: float) -> Iterator[list[subprocess.Popen[bytes]]
         for _ in range(count):
             hogs.append(
                 subprocess.Popen(
-                    [sys.executable, "-S", "-c", _SPIN, repr(deadline)],
+                    die_with_parent([sys.executable, "-S", "-c", _SPIN, repr(deadline)], "KILL"),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 )
             )
         yield hogs

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -21,3 +25,37 @@ def test_a_picked_port_taken_before_the_broker_binds_it_is_picked_again() -> Non
                 pass
         with pytest.raises(BusError, match="exited"), EmbeddedBroker(port=port):
             pass  # a port the caller chose is not swapped
+
+
+def test_a_killed_owner_takes_its_embedded_broker_with_it(tmp_path: Path) -> None:
+    """A test run or a pipeline killed with SIGKILL runs no clean-up: the kernel stops the
+    broker and its object store (they used to pile up, one per killed run)."""
+    owner = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os\n"
+            "from pipeline.broker import EmbeddedBroker\n"
+            "broker = EmbeddedBroker().start()\n"
+            "print(broker.pid, broker._store.pid, flush=True)\n"
+            "os._exit(9)  # as after a SIGKILL: no atexit, no finally\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    pids = [int(p) for p in owner.stdout.split()]
+    assert owner.returncode == 9 and len(pids) == 2, owner.stderr[-2000:]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
