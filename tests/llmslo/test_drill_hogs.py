@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -11,28 +10,7 @@ import pytest
 
 from llmslo.drill.hogs import MAX_HOGS, cpu_hogs
 from pipeline.errors import ConfigError
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
+from tests.processes import cpu_s, wait_gone
 
 
 def test_each_hog_burns_cpu_and_is_stopped_when_the_block_ends() -> None:
@@ -40,12 +18,12 @@ def test_each_hog_burns_cpu_and_is_stopped_when_the_block_ends() -> None:
         pids = [h.pid for h in hogs]
         # Busy, not sleeping: each reaches 0.3 CPU seconds (how soon depends on the load).
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and min(_cpu_s(p) for p in pids) < 0.3:
+        while time.monotonic() < deadline and min(cpu_s(p) for p in pids) < 0.3:
             time.sleep(0.1)
-        burnt = [_cpu_s(p) for p in pids]
+        burnt = [cpu_s(p) for p in pids]
     assert len(pids) == 2
     assert min(burnt) >= 0.3, burnt
-    assert _wait_gone(pids, 1.0) == []
+    assert wait_gone(pids, 1.0) == []
 
 
 def test_hogs_are_stopped_when_the_drill_raises() -> None:
@@ -53,7 +31,7 @@ def test_hogs_are_stopped_when_the_drill_raises() -> None:
     with pytest.raises(RuntimeError), cpu_hogs(1, max_s=60) as hogs:
         pids = [h.pid for h in hogs]
         raise RuntimeError("a fleet failed")
-    assert _wait_gone(pids, 1.0) == []
+    assert wait_gone(pids, 1.0) == []
 
 
 def test_a_hog_stops_itself_at_its_deadline() -> None:
@@ -81,7 +59,7 @@ def test_hogs_die_with_a_killed_parent() -> None:
     )
     pids = [int(p) for p in parent.stdout.split()]
     assert parent.returncode == 9 and len(pids) == 2
-    assert _wait_gone(pids, 5.0) == []
+    assert wait_gone(pids, 5.0) == []
 
 
 @pytest.mark.parametrize("count", [-1, MAX_HOGS + 1])

@@ -5,13 +5,13 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.broker import EmbeddedBroker
 from pipeline.errors import BusError
+from tests.processes import wait_gone
 
 
 def test_a_picked_port_taken_before_the_broker_binds_it_is_picked_again() -> None:
@@ -47,15 +47,4 @@ def test_a_killed_owner_takes_its_embedded_broker_with_it(tmp_path: Path) -> Non
     )
     pids = [int(p) for p in owner.stdout.split()]
     assert owner.returncode == 9 and len(pids) == 2, owner.stderr[-2000:]
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    assert not [p for p in pids if _alive(p)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    assert wait_gone(pids, 15.0) == []
