@@ -1,7 +1,8 @@
 """Encode and decode record batches for the Kafka bus.
 
-Our producers send Arrow IPC streams (fast, typed), except the stream tap, which sends JSON
-arrays (:class:`pipeline.publisher.JsonRows`) so that a sidecar never loads pyarrow;
+Our producers send Arrow IPC streams (fast, typed), except the stream tap and the SLO jobs'
+``flags`` topic (which every tap reads), which are JSON arrays
+(:class:`pipeline.publisher.JsonRows`) so that a sidecar never loads pyarrow;
 third-party producers may send JSON too (one object or an array of objects). Both decode to
 the same table. Either way two headers travel with the message:
 
