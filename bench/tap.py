@@ -14,8 +14,10 @@ generator. Phases, each with 256 concurrent streams in a closed loop:
    free core could carry).
 
 3. Footprint: ``llmslo tap`` itself, as a sidecar runs it (its own process, publishing to
-   Kafka: the embedded broker, whose own RSS is not counted), warmed and then at the
-   streams of phase 1: its peak RSS ``tap_command_rss_mib`` (idle:
+   Kafka and following the flags topic, on which the SLO jobs' sink has published a
+   heartbeat and an L1 transition, as in the demo: the embedded broker, whose own RSS is not
+   counted), warmed and then at the streams of phase 1: its peak RSS
+   ``tap_command_rss_mib`` (idle, once it has read the flags:
    ``tap_command_idle_rss_mib``; ``tap_command_published_rows`` proves Kafka was on) beside
    nginx's peak RSS (master + worker) in phase 1's nginx rounds (the same load), and
    ``tap_to_nginx_rss``. (``tap_rss_mib``
@@ -217,10 +219,30 @@ http {{
 
 
 # ---------------------------------------------------------------- footprint
+def publish_flags(bootstrap: str) -> None:
+    """What the SLO jobs put on the flags topic: a heartbeat, and an L1 transition of the
+    pool the bench's requests name (L1 only forwards a header: every request still passes)."""
+    from pipeline.bus import Bus
+    from pipeline.config import BusConfig
+    from pipeline.publisher import Publisher
+    from slo.flags import FlagBoard, FlagPolicy
+    from slo.sinks import BusTransitionSink, JobsHeartbeat
+
+    with Bus(BusConfig(bootstrap_servers=bootstrap)) as bus:
+        bus.ensure_topics()
+        sink = BusTransitionSink(Publisher(bus.producer, component="bench-flags"), 10.0)
+        now_ms = int(time.time() * 1000)
+        change = FlagBoard(FlagPolicy()).observe(now_ms, "pool", "m", "m", 0.08)
+        sink.write([change] if change is not None else [])
+        sink.beat(JobsHeartbeat(now_ms, now_ms, "bench-jobs", 30.0))
+        sink.close()
+
+
 def start_tap_command(port: int, upstream: str, bootstrap: str) -> subprocess.Popen[str]:
-    """``llmslo tap`` as a sidecar runs it: its own process, publishing to Kafka."""
+    """``llmslo tap`` as a sidecar runs it: its own process, publishing to Kafka and
+    following the flags."""
     command = [sys.executable, "-m", "llmslo", "tap", "--listen", f"127.0.0.1:{port}"]
-    command += ["--upstream", upstream, "--bootstrap-servers", bootstrap]
+    command += ["--upstream", upstream, "--bootstrap-servers", bootstrap, "--follow-flags"]
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     tap = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     assert tap.stdout is not None
@@ -284,8 +306,10 @@ def footprint(ctx: Any, upstream: str, nginx_rss: int | None, args: Any) -> dict
     duration_s = 3.0 if args.quick else 12.0
     port = free_port()
     broker = EmbeddedBroker().start()  # its own process: its RSS is not the tap's
+    publish_flags(broker.bootstrap_servers)
     tap = start_tap_command(port, upstream, broker.bootstrap_servers)
     try:
+        time.sleep(3.0)  # the follower has read the flags topic (it polls every 0.5 s)
         idle = rss_bytes(tap.pid)
         url = f"http://127.0.0.1:{port}"
         load(ctx, url, args.streams, 0.5 if args.quick else 2.0, 8, 20)  # warm: pools, first use

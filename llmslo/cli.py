@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.abc
 import logging
 import sys
 import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 from pipeline.errors import LlmsloError
 
-__all__ = ["COMMAND_MODULES", "build_parser", "console_main", "main"]
+__all__ = ["COMMAND_MODULES", "SIDECAR_COMMANDS", "build_parser", "console_main", "main"]
 
 #: Each command → the module whose ``register(subparsers)`` adds it, in help order. The
 #: module is imported only when its command runs (or for ``--help`` of the whole CLI): a tap
@@ -58,7 +59,31 @@ COMMAND_MODULES: Mapping[str, str] = MappingProxyType(
     }
 )
 
+#: Commands that run as one process beside every engine pod or node. Their code never uses
+#: pandas, but pyarrow's pandas shim imports it, when it is installed, on the first Arrow
+#: array built from Python values (~45 MiB of RSS in the collector); run as a process
+#: (:func:`console_main`), these commands refuse it, so pyarrow sees no pandas.
+SIDECAR_COMMANDS = frozenset({"tap", "collect"})
+#: What a sidecar's process refuses to import (see :data:`SIDECAR_COMMANDS`).
+SIDECAR_REFUSES = frozenset({"pandas"})
+
 Register = Callable[[Any], None]
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    """Makes ``import NAME`` (and its submodules) raise ``ModuleNotFoundError``."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> None:
+        if fullname.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(
+                f"{fullname} is not used by an llmslo sidecar (llmslo/cli.py)", name=fullname
+            )
+
 
 EPILOG = textwrap.dedent(
     """\
@@ -119,5 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    """Entry point of the ``llmslo`` console script."""
+    """Entry point of the ``llmslo`` console script (and ``python -m llmslo``)."""
+    if _command_of(sys.argv[1:]) in SIDECAR_COMMANDS:
+        # The whole process is the sidecar: nothing else in it may want pandas.
+        sys.meta_path.insert(0, _Refuse(SIDECAR_REFUSES - set(sys.modules)))
     sys.exit(main())

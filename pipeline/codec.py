@@ -1,7 +1,8 @@
 """Encode and decode record batches for the Kafka bus.
 
-Our producers send Arrow IPC streams (fast, typed), except the stream tap, which sends JSON
-arrays (:class:`pipeline.publisher.JsonRows`) so that a sidecar never loads pyarrow;
+Our producers send Arrow IPC streams (fast, typed), except the stream tap and the SLO jobs'
+``flags`` topic (which every tap reads), which are JSON arrays
+(:class:`pipeline.publisher.JsonRows`) so that a sidecar never loads pyarrow;
 third-party producers may send JSON too (one object or an array of objects). Both decode to
 the same table. Either way two headers travel with the message:
 
@@ -67,6 +68,7 @@ __all__ = [
     "encode_json_object",
     "headers_for",
     "join_json_objects",
+    "message_kind",
 ]
 
 ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
@@ -241,6 +243,24 @@ def _header(headers: Iterable[tuple[str | bytes, HeaderValue]] | None, name: str
     return None
 
 
+def message_kind(
+    headers: Iterable[tuple[str | bytes, HeaderValue]] | None,
+) -> tuple[RecordSchema, str]:
+    """A message's schema and media type (:data:`ARROW_CONTENT_TYPE` or
+    :data:`JSON_CONTENT_TYPE`) from its headers, without reading the payload (or loading
+    Arrow). Raises :class:`DecodeError` (``unknown_schema``, ``unknown_content_type``)."""
+    schema = lookup_schema(_header(headers, SCHEMA_HEADER))
+    content_type = _header(headers, CONTENT_TYPE_HEADER)
+    media_type = (
+        ARROW_CONTENT_TYPE if content_type is None else content_type.split(";")[0].strip().lower()
+    )
+    if media_type not in (ARROW_CONTENT_TYPE, JSON_CONTENT_TYPE):
+        raise DecodeError(
+            "unknown_content_type", f"unknown content-type {(content_type or '')[:80]!r}"
+        )
+    return schema, media_type
+
+
 def _decode_arrow(value: bytes, max_decoded_bytes: int) -> pa.Table:
     check_decoded_size(value, max_decoded_bytes)  # before Arrow allocates a single buffer
     try:
@@ -340,19 +360,11 @@ def _decode(
         raise DecodeError("empty", "message has no value (tombstone)")
     if len(value) > max_bytes:
         raise DecodeError("oversized", f"message of {len(value)} bytes exceeds {max_bytes}")
-    schema = lookup_schema(_header(headers, SCHEMA_HEADER))
-    content_type = _header(headers, CONTENT_TYPE_HEADER)
-    media_type = (
-        ARROW_CONTENT_TYPE if content_type is None else content_type.split(";")[0].strip().lower()
-    )
+    schema, media_type = message_kind(headers)
     if media_type == ARROW_CONTENT_TYPE:
         table = _decode_arrow(value, max_decoded_bytes)
-    elif media_type == JSON_CONTENT_TYPE:
-        table = _decode_json(schema, value)
     else:
-        raise DecodeError(
-            "unknown_content_type", f"unknown content-type {(content_type or '')[:80]!r}"
-        )
+        table = _decode_json(schema, value)
     table = conform(schema, table)
     _check_required(schema, table)
     check_values(schema, table)

@@ -35,6 +35,7 @@ __all__ = [
     "FlagTransition",
     "step",
     "strict_level",
+    "transition_rows",
     "transitions_table",
 ]
 
@@ -202,17 +203,24 @@ class FlagBoard:
         )
 
 
+def transition_rows(transitions: list[FlagTransition]) -> list[dict[str, Any]]:
+    """FLAG_TRANSITIONS rows as plain dicts (what is published, as JSON)."""
+    return [
+        {
+            "ts_ms": int(t.ts_ms),
+            "scope": t.scope,
+            "scope_id": t.scope_id,
+            "pool": t.pool,
+            "from_level": int(t.from_level),
+            "to_level": int(t.to_level),
+            "kv_free_ratio": None if t.kv_free_ratio is None else float(t.kv_free_ratio),
+            "reason": t.reason,
+            "evidence_json": json.dumps(t.evidence, sort_keys=True, default=str),
+        }
+        for t in transitions
+    ]
+
+
 def transitions_table(transitions: list[FlagTransition]) -> pa.Table:
-    """FLAG_TRANSITIONS rows (storage schema) for publishing or storing."""
-    columns: dict[str, list[Any]] = {
-        "ts_ms": [t.ts_ms for t in transitions],
-        "scope": [t.scope for t in transitions],
-        "scope_id": [t.scope_id for t in transitions],
-        "pool": [t.pool for t in transitions],
-        "from_level": [t.from_level for t in transitions],
-        "to_level": [t.to_level for t in transitions],
-        "kv_free_ratio": [t.kv_free_ratio for t in transitions],
-        "reason": [t.reason for t in transitions],
-        "evidence_json": [json.dumps(t.evidence, sort_keys=True, default=str) for t in transitions],
-    }
-    return pa.Table.from_pydict(columns, schema=FLAG_TRANSITIONS.storage_arrow)
+    """FLAG_TRANSITIONS rows (storage schema) for storing."""
+    return pa.Table.from_pylist(transition_rows(transitions), schema=FLAG_TRANSITIONS.storage_arrow)

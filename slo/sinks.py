@@ -3,7 +3,9 @@ current status.
 
 :class:`BusTransitionSink` publishes FLAG_TRANSITIONS rows and each cycle's
 :class:`JobsHeartbeat` (JOBS_HEARTBEATS rows) to the Kafka ``flags`` topic (through the one
-bounded publisher of ``pipeline.publisher``; the ingester stores them);
+bounded publisher of ``pipeline.publisher``; the ingester stores them) in the wire format's
+JSON form: every tap that follows the flags reads them, and a tap must not load pyarrow for
+a heartbeat (``collectors/tap/flagsource.py``);
 :class:`StoreTransitionSink` writes them straight into ``flag_transitions`` and
 ``jobs_heartbeats`` when no bus is used; :class:`ListTransitionSink` keeps them in memory
 (tests); :class:`TeeTransitionSink` writes to several. The jobs' own tables
@@ -17,16 +19,16 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
 
-from pipeline.publisher import Publisher
+from pipeline.publisher import JsonRows, Publisher
 from pipeline.schema import FLAG_TRANSITIONS, JOBS_HEARTBEATS
 from pipeline.store import insert_arrow
 from slo.evaluate import SloStatus
-from slo.flags import FlagState, FlagTransition, transitions_table
+from slo.flags import FlagState, FlagTransition, transition_rows, transitions_table
 from slo.signals.detectors import Finding
 from slo.tables import OUTPUT_TABLES
 
@@ -65,16 +67,19 @@ class JobsHeartbeat:
     interval_s: float
     errors: int = 0
 
+    def row(self) -> dict[str, Any]:
+        """The heartbeat as one JOBS_HEARTBEATS row (a plain dict, what is published)."""
+        return {
+            "ts_ms": int(self.ts_ms),
+            "event_ts_ms": int(self.event_ts_ms),
+            "jobs_id": self.jobs_id,
+            "interval_s": float(self.interval_s),
+            "errors": int(self.errors),
+        }
+
     def table(self) -> pa.Table:
         """The heartbeat as one JOBS_HEARTBEATS row (storage schema)."""
-        columns = {
-            "ts_ms": [self.ts_ms],
-            "event_ts_ms": [self.event_ts_ms],
-            "jobs_id": [self.jobs_id],
-            "interval_s": [self.interval_s],
-            "errors": [self.errors],
-        }
-        return pa.Table.from_pydict(columns, schema=JOBS_HEARTBEATS.storage_arrow)
+        return pa.Table.from_pylist([self.row()], schema=JOBS_HEARTBEATS.storage_arrow)
 
 
 class TransitionSink(Protocol):
@@ -127,7 +132,7 @@ class BusTransitionSink:
 
     def write(self, transitions: list[FlagTransition]) -> None:
         if transitions:
-            self.publisher.put(FLAG_TRANSITIONS, transitions_table(transitions))
+            self.publisher.put(FLAG_TRANSITIONS, JsonRows(transition_rows(transitions)))
             if not self.publisher.flush(self.flush_timeout_s):
                 log.warning(
                     "%d flag transitions not acknowledged by Kafka within %.0f s; still retrying",
@@ -139,7 +144,7 @@ class BusTransitionSink:
         """Queue the heartbeat (keyed by ``jobs_id``); the publisher sends it in the
         background, so a broker outage does not hold the cycle (the beat then arrives late or
         is dropped when the buffer is full, and readers see the flags age, as they should)."""
-        self.publisher.put(JOBS_HEARTBEATS, heartbeat.table())
+        self.publisher.put(JOBS_HEARTBEATS, JsonRows([heartbeat.row()]))
 
     def close(self) -> None:
         """Publish what is still buffered (bounded wait), then stop the publisher."""

@@ -20,9 +20,12 @@ import sys
 from pathlib import Path
 
 from llmslo.cli import COMMAND_MODULES
+from pipeline.bus import Bus
 from pipeline.codec import decode_message, encode_arrow, headers_for
 from pipeline.publisher import JsonRows
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS
+from tests.collectors.examples import vllm_exposition
+from tests.collectors.piecewise import Page, PiecewiseServer
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Never in a tap or a collector process: the store, the ingester, the API, the SLO maths,
@@ -90,6 +93,50 @@ def test_the_collect_commands_import_closure_excludes_the_store_the_api_and_the_
     )
     assert "collectors.collector" in modules
     assert _held(modules, NOT_IN_A_SIDECAR) == []
+
+
+def test_a_running_collector_publishing_arrow_never_imports_pandas_or_the_store(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """The real ``llmslo collect`` process (``console_main``), two rounds against a loopback
+    exporter: it builds Arrow tables, yet pyarrow's pandas shim finds no pandas."""
+    pages = {"/metrics": Page(body=vllm_exposition(engines=2))}
+    config = tmp_path / "llmslo.yaml"
+    with PiecewiseServer(pages) as exporter:
+        config.write_text(
+            json.dumps(
+                {
+                    "bus": {"bootstrap_servers": bus.bootstrap_servers, "topic_prefix": bus.prefix},
+                    "collect": {
+                        "interval_s": 0.2,
+                        "jitter_s": 0,
+                        "targets": [{"url": exporter.host_port}],
+                    },
+                }
+            )
+        )
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import atexit, sys\n"
+                "atexit.register(lambda: print(' '.join(sorted(sys.modules)), file=sys.stderr))\n"
+                "sys.argv[1:] = ['collect', '-c', sys.argv[1], '--rounds', '2']\n"
+                "from llmslo.cli import console_main\n"
+                "console_main()\n",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            cwd=ROOT,
+            timeout=120,
+        )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["published_rows"] > 0
+    modules = set(run.stderr.strip().splitlines()[-1].split())
+    assert "pyarrow" in modules  # it did build Arrow tables
+    assert _held(modules, (*NOT_IN_A_SIDECAR, "pandas")) == []
 
 
 def test_a_running_tap_publishing_to_kafka_never_imports_arrow_or_the_store(
