@@ -18,13 +18,9 @@ from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
 from simulator import FAULTS, Fleet, FleetConfig, PodConfig
-from simulator.config import EngineConfig
-from simulator.dialects import make_dialect
-from simulator.engine import EngineModel
-from simulator.faults import FaultBoard
-from simulator.traces import poisson_arrivals
 from tests.simulator.conftest import (
     completion,
+    engine_scrapes,
     get,
     open_stream,
     post,
@@ -188,65 +184,19 @@ def test_fragmentation_stalls_admission_with_room_left(make_fleet):
     assert wait_for(lambda: value(scrape(pod.url), "vllm:request_success_total") == 4)
 
 
-def _scrapes_under_load(fault: dict, rate_per_s: float, seconds: float, fault_from_s: float):
-    """The engine model on a virtual clock under Poisson load (the drill's workload: 512-token
-    prompts, 128-token answers, 256-token prefill chunks), ``fault`` set from ``fault_from_s``
-    on: ``(t_s, running, waiting, tokens, kv_usage, preemptions)`` every 2 s of it."""
-    now = [0.0]
-    faults = FaultBoard()
-    config = EngineConfig(prefill_chunk_tokens=256)
-    dialect = make_dialect("vllm", "m", config.max_model_len)
-    engine = EngineModel(config, dialect, faults, lambda: now[0], seed=3)
-    arrivals = list(poisson_arrivals(rate_per_s, seconds, seed=3, mean_output_tokens=128))
-    rows, index, next_scrape_s = [], 0, 0.0
-    while now[0] < seconds:
-        if "fragmentation" not in faults and now[0] >= fault_from_s:
-            faults.set("fragmentation", fault, now[0])
-        while next_scrape_s <= now[0]:
-            if next_scrape_s >= fault_from_s:
-                rows.append(
-                    (
-                        next_scrape_s,
-                        len(engine.running),
-                        len(engine.waiting),
-                        engine.tokens_generated,
-                        engine.kv_usage(),
-                        engine.preemptions,
-                    )
-                )
-            next_scrape_s += 2.0
-        while index < len(arrivals) and arrivals[index].offset_s <= now[0]:
-            a = arrivals[index]
-            req = engine.new_request(
-                str(index), a.prompt_tokens, a.output_tokens, lambda n, r: None, ignore_eos=True
-            )
-            engine.add(req)
-            index += 1
-        plan = engine.plan_step()
-        if plan is None:  # nothing admissible: on to the next arrival or scrape
-            now[0] = min(
-                arrivals[index].offset_s if index < len(arrivals) else seconds, next_scrape_s
-            )
-            continue
-        now[0] += plan.duration_s
-        engine.finish_step(plan)
-    return rows
-
-
 def test_fragmentation_under_load_keeps_a_running_batch_while_the_queue_grows():
     """Prompts that fit no free run wait (the admission signature: waiting grows with KV
     room, preemptions), and the prompts that fit one are admitted past them: the batch never
     empties and tokens keep flowing, so the data says fragmentation, not a stall."""
-    rows = _scrapes_under_load({}, rate_per_s=3.0, seconds=90.0, fault_from_s=20.0)
-    settled = rows[3:]  # from 6 s after the fault: the batch of before has turned over
-    running = [r[1] for r in settled]
-    waiting = [r[2] for r in settled]
-    tokens = [r[3] for r in settled]
+    scrapes = engine_scrapes("fragmentation", rate_per_s=3.0, seconds=90.0, fault_from_s=20.0)
+    settled = [s for s in scrapes if s.t_s >= 26.0]  # the batch of before has turned over
+    running = [s.running for s in settled]
+    waiting = [s.waiting for s in settled]
     assert min(running) > 0, running
-    assert all(b > a for a, b in pairwise(tokens)), "tokens stood still"
+    assert all(b.tokens > a.tokens for a, b in pairwise(settled)), "tokens stood still"
     assert waiting == sorted(waiting) and waiting[-1] - waiting[0] >= 20, waiting
-    assert max(r[4] for r in settled) < 0.5, "KV keeps room"
-    assert settled[-1][5] > settled[0][5], "preemptions"
+    assert max(s.kv_usage for s in settled) < 0.5, "KV keeps room"
+    assert settled[-1].preemptions > settled[0].preemptions
 
 
 def test_preemption_cascade(make_fleet):
