@@ -329,6 +329,8 @@ class EngineModel:
         fragmentation alone: it keeps its place and the requests behind it that fit a run
         are admitted past it, so the running batch keeps working while it waits."""
         admitted: list[SimRequest] = []
+        if not self.waiting:
+            return admitted
         budget = self.config.max_num_batched_tokens
         run, free = self.largest_free_run(now), self.free_blocks(now)
         index = 0
