@@ -321,16 +321,30 @@ class EngineModel:
         self.observer.on_preempt(req)
 
     def _admit(self, now: float) -> list[SimRequest]:
+        """Admit waiting requests, oldest first, each into the largest free run of blocks.
+
+        A request that does not fit the free blocks stops admission there (first come,
+        first served, as vLLM's scheduler: nothing overtakes a head the pool has no room
+        for). One that fits the free blocks but not the largest run is held back by
+        fragmentation alone: it keeps its place and the requests behind it that fit a run
+        are admitted past it, so the running batch keeps working while it waits."""
         admitted: list[SimRequest] = []
+        if not self.waiting:
+            return admitted
         budget = self.config.max_num_batched_tokens
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+        run, free = self.largest_free_run(now), self.free_blocks(now)
+        index = 0
+        while index < len(self.waiting) and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[index]
             need = self._blocks_for(req.to_prefill + 1)
-            if need > self.largest_free_run(now) or need > self.total_blocks:
-                break
+            if need > run:
+                if need > free:
+                    break
+                index += 1
+                continue
             if not self.config.chunked_prefill and req.to_prefill > budget and admitted:
                 break
-            self.waiting.popleft()
+            del self.waiting[index]
             budget -= req.to_prefill
             req.blocks = need
             self.used_blocks += need
@@ -339,6 +353,7 @@ class EngineModel:
             if req.scheduled_s is None:
                 req.scheduled_s = now
                 self.observer.on_scheduled(req, now - req.arrival_s)
+            run, free = self.largest_free_run(now), self.free_blocks(now)
         return admitted
 
     # ---- step completion --------------------------------------------------------------

@@ -49,11 +49,18 @@ class KvLeakParams(_Params):
 
 
 class FragmentationParams(_Params):
+    """The free pool split into runs of at most ``largest_free_run`` blocks.
+
+    The default, 32 blocks of 16 tokens, holds a 511-token prompt: about half of the
+    drill's (exponential, mean 512) fit a run and are admitted past the longer ones, so the
+    running batch keeps working while the queue of prompts that fit no run grows.
+    """
+
     largest_free_run: int = Field(
-        default=1, ge=0, description="largest contiguous free run (blocks)"
+        default=32, ge=0, description="largest contiguous free run (blocks)"
     )
     preempt_probability: float = Field(
-        0.05, ge=0, le=1, description="per step, chance to preempt one"
+        0.01, ge=0, le=1, description="per step, chance to preempt one"
     )
 
 
@@ -121,7 +128,10 @@ FAULTS: dict[str, FaultSpec] = {
         ),
         FaultSpec("kv_leak", KvLeakParams, "KV usage climbs through 0.90/0.95/0.99 without load"),
         FaultSpec(
-            "fragmentation", FragmentationParams, "waiting grows while KV usage says there is room"
+            "fragmentation",
+            FragmentationParams,
+            "waiting grows while KV usage says there is room; preemptions; the running batch "
+            "and tokens go on with the prompts that fit a run",
         ),
         FaultSpec(
             "preemption_cascade",

@@ -19,6 +19,9 @@ Faults (:data:`GATEWAY_FAULTS`, set with :meth:`Gateway.set_fault`):
 Everything it does is counted on ``/metrics`` under the Inference Extension EPP's names
 where a real router has them (:mod:`simulator.gateway_metrics`), ``llmslo_sim_gateway_*``
 for what only the gateway sees (answers by code and reason, router up, decisions by mode).
+A request that carries its own targets (``x-llm-d-slo-ttft-ms`` / ``-tpot-ms``) is timed by
+the router and, when it missed one, counted as the EPP's SLO violation of that type
+(:mod:`simulator.own_targets`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import aiohttp
@@ -36,6 +40,7 @@ from prometheus_client import Counter, generate_latest
 from pipeline.errors import ConfigError
 from simulator.gateway_metrics import GatewayMetrics, RouterNames
 from simulator.locality import LocalityIndex, prefix_key
+from simulator.own_targets import ResponseTimer, read_targets
 
 __all__ = ["GATEWAY_FAULTS", "Gateway"]
 
@@ -67,11 +72,13 @@ class Gateway:
         pool: str = "default",
         port: int = 0,
         router_names: RouterNames = "inference-extension",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``replica_in_flight``: when set, the gateway forwards at most that many requests
         per *active* replica (the autoscaler's ready replicas) instead of ``max_in_flight``.
         ``pool``: the InferencePool name on ``inference_pool_*`` metrics; ``port`` 0: a free one.
-        ``router_names``: the name set of the router's metrics (:data:`simulator.gateway_metrics.ROUTER_NAMES`)."""
+        ``router_names``: the name set of the router's metrics (:data:`simulator.gateway_metrics.ROUTER_NAMES`).
+        ``clock``: seconds, what the router times requests' own targets with."""
         if not upstreams:
             raise ConfigError("gateway.upstreams: at least one pod URL is required")
         self.upstreams = [u.rstrip("/") for u in upstreams]
@@ -79,6 +86,7 @@ class Gateway:
         self.policy, self.router_down_policy = policy, router_down_policy
         self.max_queue = max_queue
         self.health_interval_s = health_interval_s
+        self.clock = clock
         self.faults: set[str] = set()
         self.in_flight = dict.fromkeys(self.upstreams, 0)
         self.ready = dict.fromkeys(self.upstreams, True)
@@ -257,6 +265,7 @@ class Gateway:
             self._admission.notify_all()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
+        received_s = self.clock()
         body = await request.read()
         prompt, model = _fields_of(body)
         if not await self._admit():
@@ -272,14 +281,23 @@ class Gateway:
                 return self._refuse(code, mode, model)
             self.metrics.scheduled(mode, model)
             self.metrics.forwarding(model, 1)
+            targets = read_targets(request.headers) if mode != "fail_open" else None
+            timer = None if targets is None else ResponseTimer(targets, received_s)
             try:
-                return await self._proxy(request, upstream, body)
+                return await self._proxy(request, upstream, body, timer)
             finally:
                 self.metrics.forwarding(model, -1)
+                for kind in timer.missed() if timer is not None else ():
+                    self.metrics.missed_target(model, kind)
         finally:
             await self._release()
 
-    async def _proxy(self, request: web.Request, upstream: str, body: bytes) -> web.StreamResponse:
+    async def _proxy(
+        self, request: web.Request, upstream: str, body: bytes, timer: ResponseTimer | None
+    ) -> web.StreamResponse:
+        """Stream ``upstream``'s answer back; ``timer`` (a request with its own targets)
+        times the answer as the router does, and hears of its end only when it was a 200
+        that ended whole."""
         assert self._session is not None
         self.in_flight[upstream] += 1
         response: web.StreamResponse | None = None
@@ -292,9 +310,14 @@ class Gateway:
                     headers={k: v for k, v in up.headers.items() if k.lower() not in _HOP_HEADERS},
                 )
                 await response.prepare(request)
+                streamed = up.headers.get("content-type", "").startswith("text/event-stream")
                 async for piece in up.content.iter_any():
+                    if timer is not None and streamed:
+                        timer.feed(piece, self.clock())
                     await response.write(piece)
                 await response.write_eof()
+                if timer is not None and up.status == 200:
+                    timer.finish(self.clock(), streamed=streamed)
                 self.metrics.answers.labels(str(up.status), "upstream").inc()
                 return response
         except (aiohttp.ClientError, TimeoutError, ConnectionError):

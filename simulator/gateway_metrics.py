@@ -8,15 +8,20 @@ The router in front of the pool speaks one of three name sets (``GatewayConfig.r
   ``ServiceUnavailable`` (no candidate pod: 503) and ``InferencePoolResourceExhausted``
   (shed for lack of capacity: 429), ``inference_objective_running_requests{model_name}``,
   ``inference_pool_ready_pods{name}``, ``inference_extension_flow_control_queue_size
-  {fairness_id,priority}`` (the flow-control layer; our bounded admission queue);
+  {fairness_id,priority}`` (the flow-control layer; our bounded admission queue),
+  ``inference_objective_request_slo_violation_total{…,type}`` (requests that carried
+  ``x-llm-d-slo-ttft-ms`` / ``-tpot-ms`` and missed them by the router's clock:
+  :mod:`simulator.own_targets`);
 * ``llm-d-router`` — llm-d's EPP during its rename: every series under its ``llm_d_epp_``
   name (``request_total``, ``request_error_total`` with ``ResourceExhausted`` for a shed,
-  ``request_running``, ``ready_endpoints``, ``flow_control_queue_size``) *and* its deprecated
-  twin above, as llm-d-router emits them side by side;
+  ``request_running``, ``ready_endpoints``, ``flow_control_queue_size``,
+  ``request_slo_violation_total``) *and* its deprecated twin above, as llm-d-router emits
+  them side by side;
 * ``dynamo`` — NVIDIA Dynamo's HTTP frontend: ``dynamo_frontend_requests_total{model,…}``,
   ``dynamo_frontend_queued_requests{model}`` (the gateway's admission queue),
   ``dynamo_frontend_inflight_requests{model}``. Dynamo's frontend has no refusal counter by
-  error code: refusals show in the gateway's own answers below.
+  error code (refusals show in the gateway's own answers below) and no counter of missed
+  per-request targets.
 
 A down router cannot count its own failures, so what only the gateway in front of it sees
 keeps the simulator's prefix: ``llmslo_sim_gateway_requests_total{code,reason}`` (every
@@ -52,7 +57,7 @@ ERROR_CODES: dict[str, dict[str, str]] = {
     "dynamo": {},
 }
 _FAIRNESS = ("default", "0")  # fairness_id, priority: one flow, one priority band
-# (generation prefix, request, error, running, ready, queue) of each EPP generation emitted
+# (request, error, running, ready, queue, SLO violation) of each EPP generation emitted
 _EPP_NAMES = {
     "old": (
         "inference_objective_request",
@@ -60,6 +65,7 @@ _EPP_NAMES = {
         "inference_objective_running_requests",
         "inference_pool_ready_pods",
         "inference_extension_flow_control_queue_size",
+        "inference_objective_request_slo_violation",
     ),
     "new": (
         "llm_d_epp_request",
@@ -67,6 +73,7 @@ _EPP_NAMES = {
         "llm_d_epp_request_running",
         "llm_d_epp_ready_endpoints",
         "llm_d_epp_flow_control_queue_size",
+        "llm_d_epp_request_slo_violation",
     ),
 }
 
@@ -75,11 +82,17 @@ class _Epp:
     """One EPP generation's series."""
 
     def __init__(self, names: tuple[str, ...], registry: CollectorRegistry) -> None:
-        request, error, running, ready, queue = names
+        request, error, running, ready, queue, violation = names
         model_labels = ["model_name", "target_model_name"]
         self.requests = Counter(request, "Requests scheduled.", model_labels, registry=registry)
         self.errors = Counter(
             error, "Request errors.", [*model_labels, "error_code"], registry=registry
+        )
+        self.violations = Counter(
+            violation,
+            "Counter of SLO violations for each model, target model, and violation type.",
+            [*model_labels, "type"],
+            registry=registry,
         )
         self.running = Gauge(running, "Running requests.", ["model_name"], registry=registry)
         self.ready = Gauge(ready, "Ready endpoints of the pool.", ["name"], registry=registry)
@@ -169,6 +182,13 @@ class GatewayMetrics:
             epp.requests.labels(model, model).inc()
         if self._dynamo is not None:
             self._dynamo.requests.labels(model, "chat_completions", "stream", "success", "").inc()
+
+    def missed_target(self, model: str, kind: str) -> None:
+        """The router judged a request of ``model`` to have missed its own ``kind`` target
+        (``ttft`` or ``tpot``; :mod:`simulator.own_targets`). Dynamo's frontend has no such
+        counter."""
+        for epp in self._epp:
+            epp.violations.labels(model, model, kind).inc()
 
     def forwarding(self, model: str, delta: int) -> None:
         """A request of ``model`` was forwarded (+1) or finished (−1)."""

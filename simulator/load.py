@@ -58,6 +58,18 @@ class LoadConfig(BaseModel):
     max_prompt_tokens: int | None = Field(default=None, ge=1)
     request_timeout_s: float = Field(default=300.0, gt=0)
     seed: int = 0
+    slo_ttft_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=600_000,
+        description="every request's own TTFT target, sent as x-llm-d-slo-ttft-ms (ms)",
+    )
+    slo_tpot_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=600_000,
+        description="every request's own TPOT target, sent as x-llm-d-slo-tpot-ms (ms)",
+    )
     conversation_turns: int | None = Field(
         default=None,
         ge=1,
@@ -134,6 +146,13 @@ class _Client:
         self.semaphore = asyncio.Semaphore(config.concurrency)
         self._rr = 0
         self._bodies = 0  # bodies rendered, numbering conversation turns
+        self.headers = {"Content-Type": "application/json"}
+        for header, target_ms in (
+            ("x-llm-d-slo-ttft-ms", config.slo_ttft_ms),
+            ("x-llm-d-slo-tpot-ms", config.slo_tpot_ms),
+        ):
+            if target_ms is not None:
+                self.headers[header] = f"{target_ms:g}"
 
     def pick_target(self) -> str:
         targets = self.config.targets
@@ -234,8 +253,7 @@ class _Client:
             return True
 
     async def _exchange(self, url: str, body: bytes, result: RequestResult, start: float) -> bool:
-        headers = {"Content-Type": "application/json"}
-        async with self.session.post(url, data=body, headers=headers) as resp:
+        async with self.session.post(url, data=body, headers=self.headers) as resp:
             result.status = resp.status
             if resp.status != 200:
                 await resp.read()

@@ -179,6 +179,16 @@ def register(subparsers: Any) -> None:
         "--completions", action="store_true", help="use /v1/completions instead of chat"
     )
     load.add_argument("--no-stream", action="store_true")
+    load.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        help="every request's own TTFT target, sent as x-llm-d-slo-ttft-ms",
+    )
+    load.add_argument(
+        "--slo-tpot-ms",
+        type=float,
+        help="every request's own TPOT target, sent as x-llm-d-slo-tpot-ms",
+    )
     load.set_defaults(handler=run_load_cmd)
 
 
@@ -444,6 +454,8 @@ def run_load_cmd(args: argparse.Namespace) -> int:
         hot_share=args.hot_share,
         max_output_tokens=args.max_output_tokens,
         max_prompt_tokens=args.max_prompt_tokens,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
     )
     if args.trace:
         requests = load_trace(args.trace)[: args.limit] if args.limit else load_trace(args.trace)

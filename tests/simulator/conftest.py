@@ -9,14 +9,84 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator import EngineConfig, Fleet, FleetConfig, NodeConfig, PodConfig
+from simulator.dialects import make_dialect
+from simulator.engine import EngineModel
+from simulator.faults import FaultBoard
+from simulator.traces import poisson_arrivals
 
 MODEL = "llama-3-8b"
+
+
+@dataclass(frozen=True)
+class EngineScrape:
+    """What a scrape of the engine model reads at ``t_s`` (virtual seconds)."""
+
+    t_s: float
+    running: int
+    waiting: int
+    tokens: int
+    kv_usage: float
+    preemptions: int
+
+
+def engine_scrapes(
+    fault: str,
+    *,
+    rate_per_s: float,
+    seconds: float,
+    fault_from_s: float,
+    params: dict[str, Any] | None = None,
+    seed: int = 3,
+) -> list[EngineScrape]:
+    """The engine model on a virtual clock under Poisson load (the drill's workload:
+    512-token prompts and 128-token answers on average, 256-token prefill chunks), ``fault``
+    set from ``fault_from_s`` on, scraped every 2 s from the start."""
+    now = [0.0]
+    faults = FaultBoard()
+    config = EngineConfig(prefill_chunk_tokens=256)
+    dialect = make_dialect("vllm", "m", config.max_model_len)
+    engine = EngineModel(config, dialect, faults, lambda: now[0], seed=seed)
+    arrivals = list(poisson_arrivals(rate_per_s, seconds, seed=seed, mean_output_tokens=128))
+    scrapes: list[EngineScrape] = []
+    index, next_scrape_s = 0, 0.0
+    while now[0] < seconds:
+        if fault not in faults and now[0] >= fault_from_s:
+            faults.set(fault, params, now[0])
+        while next_scrape_s <= now[0]:
+            scrapes.append(
+                EngineScrape(
+                    next_scrape_s,
+                    len(engine.running),
+                    len(engine.waiting),
+                    engine.tokens_generated,
+                    engine.kv_usage(),
+                    engine.preemptions,
+                )
+            )
+            next_scrape_s += 2.0
+        while index < len(arrivals) and arrivals[index].offset_s <= now[0]:
+            a = arrivals[index]
+            engine.add(
+                engine.new_request(
+                    str(index), a.prompt_tokens, a.output_tokens, lambda n, r: None, ignore_eos=True
+                )
+            )
+            index += 1
+        plan = engine.plan_step()
+        if plan is None:  # nothing admissible: on to the next arrival or scrape
+            upcoming = arrivals[index].offset_s if index < len(arrivals) else seconds
+            now[0] = min(upcoming, next_scrape_s)
+            continue
+        now[0] += plan.duration_s
+        engine.finish_step(plan)
+    return scrapes
 
 
 def post(url: str, body: dict[str, Any], timeout: float = 30) -> tuple[int, bytes]:

@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from pipeline.errors import ConfigError
 from simulator import FAULTS, Fleet, FleetConfig, PodConfig
 from tests.simulator.conftest import (
     completion,
+    engine_scrapes,
     get,
     open_stream,
     post,
@@ -180,6 +182,21 @@ def test_fragmentation_stalls_admission_with_room_left(make_fleet):
     assert value(s, "vllm:kv_cache_usage_perc") < 0.1
     fleet.clear_fault("pod-0", "fragmentation")
     assert wait_for(lambda: value(scrape(pod.url), "vllm:request_success_total") == 4)
+
+
+def test_fragmentation_under_load_keeps_a_running_batch_while_the_queue_grows():
+    """Prompts that fit no free run wait (the admission signature: waiting grows with KV
+    room, preemptions), and the prompts that fit one are admitted past them: the batch never
+    empties and tokens keep flowing, so the data says fragmentation, not a stall."""
+    scrapes = engine_scrapes("fragmentation", rate_per_s=3.0, seconds=90.0, fault_from_s=20.0)
+    settled = [s for s in scrapes if s.t_s >= 26.0]  # the batch of before has turned over
+    running = [s.running for s in settled]
+    waiting = [s.waiting for s in settled]
+    assert min(running) > 0, running
+    assert all(b.tokens > a.tokens for a, b in pairwise(settled)), "tokens stood still"
+    assert waiting == sorted(waiting) and waiting[-1] - waiting[0] >= 20, waiting
+    assert max(s.kv_usage for s in settled) < 0.5, "KV keeps room"
+    assert settled[-1].preemptions > settled[0].preemptions
 
 
 def test_preemption_cascade(make_fleet):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +20,15 @@ from collectors.probe import ProbeConfig, Prober
 from llmslo.cli import main
 from pipeline.errors import ConfigError
 from pipeline.schema import RecordSchema
+from pipeline.store import Store
+from pipeline.units import MINUTE_MS
 from simulator import Fleet, FleetConfig, GatewayConfig, PodConfig
 from simulator.gateway import Gateway
-from tests.simulator.conftest import get
+from simulator.load import LoadConfig, run_load_sync
+from simulator.traces import TraceRequest
+from slo.own_targets import ViolationComparison, compare_violations
+from tests.simulator.conftest import completion, get
+from tests.slo.factories import T0_MS, insert
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +266,98 @@ def test_gateway_down_also_cuts_kept_alive_connections(fleet: Fleet, gateway_fac
     assert before["outcome"] == "ok"
     assert during["outcome"] == "error_before_first_token"
     assert during["error_kind"] in ("connect_refused", "stream_cut", "connect_error")
+
+
+def _send(url: str, targets: dict[str, str], *, stream: bool = True) -> None:
+    """One completion through the gateway with ``targets`` as headers, read to its end."""
+    body = json.dumps(completion(4, stream=stream)).encode()
+    headers = {"Content-Type": "application/json", **targets}
+    request = urllib.request.Request(f"{url}/v1/completions", body, headers)
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        assert resp.status == 200
+        resp.read()
+
+
+#: One round of requests and the router's verdict on them: 1 ms misses any TTFT (a prefill
+#: pass) and any TPOT (a decode step); 60 s misses none; a header that is no number is no
+#: target; a non-streamed answer's TTFT is its whole latency.
+_ROUND = [
+    ({"x-llm-d-slo-ttft-ms": "1", "x-llm-d-slo-tpot-ms": "60000"}, True),
+    ({"x-llm-d-slo-ttft-ms": "60000", "x-llm-d-slo-tpot-ms": "1"}, True),
+    ({"x-llm-d-slo-ttft-ms": "60000", "x-llm-d-slo-tpot-ms": "60000"}, True),
+    ({"x-llm-d-slo-ttft-ms": "fast"}, True),
+    ({}, True),
+    ({"x-llm-d-slo-ttft-ms": "1"}, False),
+]
+_MISSED = {"ttft": 2.0, "tpot": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("router_names", "emitted", "read"),
+    [
+        (
+            "llm-d-router",
+            (
+                "llm_d_epp_request_slo_violation_total",
+                "inference_objective_request_slo_violation_total",
+            ),
+            "llm_d_epp_request_slo_violation_total",
+        ),
+        (
+            "inference-extension",
+            ("inference_objective_request_slo_violation_total",),
+            "inference_objective_request_slo_violation_total",
+        ),
+    ],
+    ids=["llm-d-router: both generations, read once", "inference extension: the old name"],
+)
+def test_the_router_counts_requests_that_missed_their_own_targets(
+    fleet: Fleet,
+    gateway_factory: Any,
+    store: Store,
+    router_names: str,
+    emitted: tuple[str, ...],
+    read: str,
+) -> None:
+    gw = gateway_factory(router_names=router_names)
+    canonicalizer = TargetCanonicalizer(f"127.0.0.1:{gw.port}")
+    scrapes = []
+    for rounds, ts_ms in enumerate((T0_MS, T0_MS + MINUTE_MS), 1):  # a round, then a scrape
+        for targets, stream in _ROUND:
+            _send(gw.url, targets, stream=stream)
+        for name in emitted:
+            by_type = {k: metric(gw.url, name, type=k) for k in _MISSED}
+            assert by_type == {k: v * rounds for k, v in _MISSED.items()}, name
+        _, body = get(f"{gw.url}/metrics")
+        scrapes.extend(
+            canonicalizer.canonicalize(
+                ExpositionParser().parse(body.decode()), ts_ms
+            ).table.to_pylist()
+        )
+    assert canonicalizer.detection is not None and canonicalizer.detection.dialect == "epp"
+    rows = [r for r in scrapes if r["signal"] == "gateway_slo_violations"]
+    assert {r["metric"] for r in rows} == {read}  # the deprecated twin yields to its new name
+    insert(store, engine=rows)
+    # the window holds the second scrape: the second round's misses, per pool and type
+    assert compare_violations(store.con, T0_MS + 1, T0_MS + 2 * MINUTE_MS) == [
+        ViolationComparison("llama-3-8b", kind, 0, 0, missed)
+        for kind, missed in sorted(_MISSED.items())
+    ]
+
+
+def test_a_dynamo_frontend_counts_no_missed_targets(fleet: Fleet, gateway_factory: Any) -> None:
+    gw = gateway_factory(router_names="dynamo")
+    _send(gw.url, {"x-llm-d-slo-ttft-ms": "1"})
+    _, body = get(f"{gw.url}/metrics")
+    assert b"slo_violation" not in body
+
+
+def test_the_load_generator_sends_its_targets_to_the_router(
+    fleet: Fleet, gateway_factory: Any
+) -> None:
+    gw = gateway_factory(router_names="llm-d-router")
+    config = LoadConfig(targets=[gw.url], slo_ttft_ms=1, slo_tpot_ms=600_000)
+    report = run_load_sync(config, [TraceRequest(0.01 * i, 16, 3) for i in range(3)])
+    assert report.summary()["outcomes"] == {"ok": 3}
+    name = "llm_d_epp_request_slo_violation_total"
+    assert (metric(gw.url, name, type="ttft"), metric(gw.url, name, type="tpot")) == (3.0, 0.0)

@@ -13,6 +13,7 @@ from pipeline.store import Store
 from slo.signals.detectors import DetectorConfig, Finding, detect_all, fold_symptoms
 from slo.signals.engine import detect_fragmentation, detect_queue_growth
 from slo.signals.snapshot import Snapshot, load_snapshot
+from tests.simulator.conftest import EngineScrape, engine_scrapes
 from tests.slo.factories import T0_MS, engine_sample, insert
 from tests.slo.fleet import Fault, FleetTimeline, State
 
@@ -271,3 +272,38 @@ def test_a_symptom_where_its_cause_is_only_suspected_is_no_finding() -> None:
         out = fold_symptoms([real, elsewhere, symptom, admission], suspected)
         assert out == [real, elsewhere], state
     assert fold_symptoms([symptom], {"ghost_requests": {"pod-0:8000": "x"}}) == [symptom]
+
+
+#: The drill's compressed windows (llmslo.drill.profile), against which it scores the matrix.
+DRILL = DetectorConfig(stall_for_s=20, fragmentation_for_s=40, queue_for_s=40, lookback_s=60)
+
+
+def _engine_rows(scrape: EngineScrape) -> list[dict]:
+    ts_ms = T0_MS + int(scrape.t_s * 1000)
+    return [
+        engine_sample(ts_ms, "running", scrape.running),
+        engine_sample(ts_ms, "waiting", scrape.waiting),
+        engine_sample(ts_ms, "kv_usage", scrape.kv_usage),
+        engine_sample(ts_ms, "generation_tokens", scrape.tokens, kind="counter"),
+        engine_sample(ts_ms, "preemptions", scrape.preemptions, kind="counter"),
+    ]
+
+
+def test_the_simulated_fragmentation_under_load_is_fragmentation_not_a_stall(
+    store: Store,
+) -> None:
+    """The simulator's fault under the drill's load, scraped every 2 s and judged every
+    cycle as the jobs do: its queue grows while the batch runs, never a stall."""
+    fault_from_s = 20.0
+    scrapes = engine_scrapes(
+        "fragmentation", rate_per_s=1.5, seconds=70.0, fault_from_s=fault_from_s
+    )
+    seen: set[str] = set()
+    for scrape in scrapes:
+        insert(store, engine=_engine_rows(scrape))
+        snap = load_snapshot(store.con, T0_MS + int(scrape.t_s * 1000), 60_000)
+        signals = {f.signal for f in detect_all(snap, DRILL)}
+        assert "stall" not in signals, scrape
+        if scrape.t_s >= fault_from_s:
+            seen |= signals
+    assert {"fragmentation", "queue_growth"} <= seen
