@@ -38,13 +38,53 @@ class LatencyThresholds(PoolThresholds):
     )
 
 
+#: Prompt-length bins of the pool's TTFT curve: its prompt-length deciles.
+_PROMPT_BINS = 10
+
+
+def _by_prompt_length(
+    mine: np.ndarray, mine_prompts: np.ndarray, pool: np.ndarray, pool_prompts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Both sides' TTFT as multiples of what the pool takes for a prompt of the same length,
+    so an instance routed longer prompts than its peers (prefix-aware routing, a tenant's
+    documents) is not called slow for doing more prefill work.
+
+    The pool's curve is a line through its per-decile medians (prompt tokens, TTFT):
+    prefill grows with the prompt, and the medians keep one slow peer from bending it; a
+    line also carries the curve past the longest prompt the pool saw. ``None`` where a
+    side's prompt lengths are unknown (an engine that reports no usage) or the pool's
+    prompts are all of one length: the caller compares the raw values.
+    """
+    if (mine_prompts < 0).any() or (pool_prompts < 0).any() or np.ptp(pool_prompts) == 0:
+        return None
+    edges = np.quantile(pool_prompts, np.linspace(0, 1, _PROMPT_BINS + 1)[1:-1])
+    bins = np.searchsorted(edges, pool_prompts)
+    points = [
+        (np.median(pool_prompts[bins == b]), np.median(pool[bins == b])) for b in np.unique(bins)
+    ]
+    xs, ys = np.array(points).T
+    slope, intercept = np.polyfit(xs, ys, 1) if len(xs) > 1 else (0.0, float(ys[0]))
+    if slope < 0:  # prompt length does not explain this pool's TTFT: one level for all
+        slope, intercept = 0.0, float(np.median(pool))
+    floor = 0.1 * float(np.median(pool))  # a queue-free short prompt still takes time
+    if floor <= 0:
+        return None
+
+    def expected(prompts: np.ndarray) -> np.ndarray:
+        return np.maximum(intercept + slope * prompts, floor)
+
+    return mine / expected(mine_prompts), pool / expected(pool_prompts)
+
+
 def _shifted(snap: Snapshot, cfg: LatencyThresholds, metric: str, signal: str) -> list[Finding]:
     """Serving instances (:func:`slo.signals._serving.pool_baselines`) whose ``metric`` sits above
     the rest of their pool's serving instances; none in a pool with fewer than
-    ``pool_min_serving`` serving instances holding samples."""
+    ``pool_min_serving`` serving instances holding samples. TTFT is compared at equal prompt
+    length (:func:`_by_prompt_length`) where the prompts' lengths are known."""
     findings = []
     for baseline in pool_baselines(snap, cfg).values():
-        samples = {i: snap.latency[i][metric] for i in baseline.serving if i in snap.latency}
+        serving = [i for i in baseline.serving if i in snap.latency]
+        samples = {i: snap.latency[i][metric] for i in serving}
         if len(samples) < cfg.pool_min_serving:
             continue
         for instance, mine in samples.items():
@@ -54,6 +94,20 @@ def _shifted(snap: Snapshot, cfg: LatencyThresholds, metric: str, signal: str) -
             pool = np.concatenate(rest)
             if len(pool) < cfg.slow_min_samples:
                 continue
+            basis = "mann_whitney"
+            raw_medians = float(np.median(mine)), float(np.median(pool))
+            if metric == "ttft_s":
+                prompts = {i: snap.latency[i].get("ttft_prompt_tokens") for i in serving}
+                if all(p is not None and len(p) == len(samples[i]) for i, p in prompts.items()):
+                    pool_prompts = np.concatenate(
+                        [p for i, p in prompts.items() if i != instance and p is not None]
+                    )
+                    mine_prompts = prompts[instance]
+                    assert mine_prompts is not None
+                    scaled = _by_prompt_length(mine, mine_prompts, pool, pool_prompts)
+                    if scaled is not None:
+                        mine, pool = scaled
+                        basis = "mann_whitney_by_prompt_length"
             mine_median, pool_median = float(np.median(mine)), float(np.median(pool))
             if pool_median <= 0 or mine_median / pool_median < cfg.slow_median_ratio:
                 continue
@@ -62,8 +116,9 @@ def _shifted(snap: Snapshot, cfg: LatencyThresholds, metric: str, signal: str) -
                 continue
             evidence = {
                 "metric": metric,
-                "median_s": mine_median,
-                "pool_median_s": pool_median,
+                "median_s": raw_medians[0],
+                "pool_median_s": raw_medians[1],
+                # at equal prompt length where basis says so, else of the raw values
                 "median_ratio": mine_median / pool_median,
                 "prob_superiority": float(test.statistic) / (len(mine) * len(pool)),
                 "p_value": float(test.pvalue),
@@ -71,14 +126,13 @@ def _shifted(snap: Snapshot, cfg: LatencyThresholds, metric: str, signal: str) -
                 "pool_n": len(pool),
                 "left_out": dict(baseline.left_out),
             }
-            findings.append(
-                Finding.on_instance(snap, signal, instance, "ticket", "mann_whitney", evidence)
-            )
+            findings.append(Finding.on_instance(snap, signal, instance, "ticket", basis, evidence))
     return findings
 
 
 def detect_slow_prefill(snap: Snapshot, cfg: LatencyThresholds) -> list[Finding]:
-    """An instance's TTFT shifted above the rest of its pool (ok tap records)."""
+    """An instance's TTFT shifted above the rest of its pool at equal prompt length (ok tap
+    records; raw TTFT where an engine reports no prompt tokens)."""
     return _shifted(snap, cfg, "ttft_s", "slow_prefill")
 
 

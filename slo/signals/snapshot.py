@@ -130,7 +130,7 @@ class Snapshot:
     health: dict[str, TargetHealthSeries] = field(default_factory=dict)  # instance → scrapes
     latency: dict[str, dict[str, np.ndarray]] = field(
         default_factory=dict
-    )  # instance → {"ttft_s", "tpot_s", "itl_jitter_s"} of ok requests
+    )  # instance → {"ttft_s", "ttft_prompt_tokens", "tpot_s", "itl_jitter_s"} of ok requests
     ranks: dict[str, dict[str, dict[str, Series]]] = field(
         default_factory=dict
     )  # instance → engine rank → signal → series (instances with more than one rank)
@@ -367,6 +367,7 @@ def _latency(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> N
     rows = con.execute(
         f"""
         SELECT instance, list(ttft_s) FILTER (WHERE ttft_s IS NOT NULL),
+               list(coalesce(prompt_tokens, -1)) FILTER (WHERE ttft_s IS NOT NULL),
                list(tpot_s) FILTER (WHERE tpot_s IS NOT NULL),
                list(itl_jitter_s) FILTER (
                    WHERE itl_jitter_s IS NOT NULL AND NOT coalesce(itl_uncertain, false))
@@ -377,9 +378,10 @@ def _latency(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> N
         """,
         [start_ms, snap.now_ms],
     ).fetchall()
-    for instance, ttft, tpot, jitter in rows:
+    for instance, ttft, prompts, tpot, jitter in rows:
         snap.latency[instance] = {
             "ttft_s": np.array(ttft or [], dtype=float),
+            "ttft_prompt_tokens": np.array(prompts or [], dtype=float),  # -1: not reported
             "tpot_s": np.array(tpot or [], dtype=float),
             "itl_jitter_s": np.array(jitter or [], dtype=float),
         }
