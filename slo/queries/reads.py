@@ -10,7 +10,7 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
-from pipeline.units import HOUR_MS
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo.queries._params import (
     check_choice,
     check_fraction,
@@ -112,11 +112,11 @@ def budget_series(
     from ``start_ms``: 1 − Σbad / ((1 − objective) · Σtotal). Buckets without events are
     absent (no NaN). ``group`` narrows to groups whose ``pool``/``instance``/``tenant``/
     ``route`` equal the given values. Reads ``slo_hour`` when buckets are whole hours,
-    else ``slo_minute`` (kept 35 days by default).
+    else ``slo_minute`` (kept 35 days by default), so buckets are whole minutes.
     """
     slo = check_text("slo_id", slo_id)
     allowed = 1.0 - check_fraction("objective", objective, low=0.0, high=1.0)
-    grid = check_grid(start_ms, end_ms, bucket_ms)
+    grid = check_grid(start_ms, end_ms, bucket_ms, unit_ms=MINUTE_MS)
     where, params = "", list[object]()
     for column, value in sorted((group or {}).items()):
         check_choice("group", column, _GROUP_COLUMNS)

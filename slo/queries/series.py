@@ -2,7 +2,7 @@
 
 Both read the collectors' raw tables (``engine_samples``, ``gpu_samples``) on the same grid
 and filters as the rest of :mod:`slo.queries`: ``[start_ms, end_ms)`` in Unix epoch ms,
-buckets of whole minutes, values bound as parameters; a bad parameter raises
+buckets of whole seconds, values bound as parameters; a bad parameter raises
 :class:`pipeline.errors.QueryError` naming it; a table not created yet reads as empty.
 """
 

@@ -337,9 +337,21 @@ HOSTILE = [
     ("an endless id", queries.slo_status, {"slo_id": "x" * 10_000}, "slo_id"),
     ("an unknown scope", queries.current_flags, {"scope": "cluster"}, "scope"),
     (
-        "second buckets",
+        "second buckets of a series read from minute rollups",
+        queries.budget_series,
+        {
+            "slo_id": "q-avail",
+            "objective": 0.99,
+            "start_ms": 0,
+            "end_ms": HOUR_MS,
+            "bucket_ms": 5_000,
+        },
+        "bucket_ms",
+    ),
+    (
+        "buckets of a second and a half",
         queries.outcome_counts,
-        {"start_ms": 0, "end_ms": HOUR_MS, "bucket_ms": 1_000},
+        {"start_ms": 0, "end_ms": HOUR_MS, "bucket_ms": 1_500},
         "bucket_ms",
     ),
     (
