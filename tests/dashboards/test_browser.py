@@ -217,8 +217,8 @@ def test_a_two_minute_demo_draws_a_latency_band_not_a_dot(
         process.terminate()
         process.wait(timeout=20)
     assert state["exceptions"] == [] and state["errors"] == []
-    assert "24h selected · data covers 2.5 min · buckets of 5 s" in state["text"]
     band_chart = {layer["mark"]: layer for layer in answer["result"]["value"][0]}
     # One bucket draws one (invisible) point and a band of no width.
     assert band_chart["symbol"]["items"] == 30, band_chart  # 2.5 min in 5 s buckets
     assert band_chart["area"]["width_px"] > 300, band_chart  # the p50–p99 band spans them
+    assert "24h selected · data covers 2.5 min · buckets of 5 s" in state["text"]
