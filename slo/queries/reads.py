@@ -340,11 +340,38 @@ def ghost_counts(
     return _run(con, GHOSTS_SCHEMA, ["requests"], sql, [bucket, bucket, grace_ms, *params])
 
 
+#: Rollups that outlive the raw rows they summarise (raw rows are pruned after
+#: ``store.raw_retention_days``): per minute (row time: the minute's start), and per hour.
+_MINUTE_ROLLUPS = ("slo_minute", "request_minute")
+_HOUR_ROLLUPS = ("slo_hour", "request_hour")
+
+
+def _first_rollup_ms(
+    con: duckdb.DuckDBPyConnection, present: set[str], tables: tuple[str, ...]
+) -> int | None:
+    spans = [f"SELECT min(ts_ms) AS lo FROM {table}" for table in tables if table in present]
+    if not spans:
+        return None
+    row = con.execute(f"SELECT min(lo) FROM ({' UNION ALL '.join(spans)})").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _first_data_ms(con: duckdb.DuckDBPyConnection, present: set[str], raw_start_ms: int) -> int:
+    """The first time of the data: raw rows or minute rollups, or the hour rollups where
+    they reach an hour or more earlier (rows pruned from the finer tables; an hour row's
+    time is its hour's start, up to an hour before its first event)."""
+    minutes = _first_rollup_ms(con, present, _MINUTE_ROLLUPS)
+    first = raw_start_ms if minutes is None else min(raw_start_ms, minutes)
+    hours = _first_rollup_ms(con, present, _HOUR_ROLLUPS)
+    return hours if hours is not None and hours <= first - HOUR_MS else first
+
+
 def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """What the data covers, for the dashboards' filters (JSON-ready, not a table).
 
     ``data_start_ms``/``data_end_ms``: the first and last sample or request time (Unix epoch
-    ms; null on an empty store; probe records count); ``pools``: sorted pool names;
+    ms; null on an empty store; probe records count), the start reaching back to the first
+    SLO or request rollup row where raw rows were pruned; ``pools``: sorted pool names;
     ``instances``: one ``{"instance", "pool", "address"}`` per engine instance seen in engine
     samples or the taps' request records (a probed entry point is none; ``address``: its
     host:port, or the instance where records carry none);
@@ -363,6 +390,8 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     if spans:
         row = con.execute(f"SELECT min(lo), max(hi) FROM ({' UNION ALL '.join(spans)})").fetchone()
         start_ms, end_ms = (row[0], row[1]) if row else (None, None)
+    if start_ms is not None:
+        start_ms = _first_data_ms(con, present, start_ms)
     instances: dict[str, tuple[str | None, str | None]] = {}
     if pairs:
         sql = (

@@ -209,6 +209,22 @@ def test_sub_minute_buckets_read_the_raw_records_exactly_where_rollups_reach(
     assert any(row["bucket_ts_ms"] % MINUTE_MS for row in outcomes.to_pylist())
 
 
+def test_the_datas_first_time_reaches_back_into_the_rollups_once_raw_rows_are_pruned(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    pruned = tmp_path / "pruned.duckdb"
+    pruned.write_bytes(files[1].read_bytes())
+    with duckdb.connect(str(pruned)) as con:
+        first_minute = con.execute("SELECT min(ts_ms) FROM request_minute").fetchone()
+        assert first_minute is not None and first_minute[0] < END_MS - 6 * HOUR_MS
+        con.execute("DELETE FROM requests WHERE received_ts_ms < ?", [END_MS - 6 * HOUR_MS])
+        con.execute("DELETE FROM engine_samples_values WHERE ts_ms < ?", [END_MS - 6 * HOUR_MS])
+        con.execute("DELETE FROM request_minute WHERE ts_ms < ?", [END_MS - 12 * HOUR_MS])
+        assert queries.meta(con)["data_start_ms"] == first_minute[0] // HOUR_MS * HOUR_MS
+        con.execute("DELETE FROM request_hour")  # the minutes alone still reach back
+        assert queries.meta(con)["data_start_ms"] == END_MS - 12 * HOUR_MS
+
+
 def _values(con: Any, metric: str, scope: dict[str, Any], row: dict[str, Any], end: int) -> Any:
     column = "unnest(itl_gaps_s)" if metric == "itl" else f"{metric}_s"
     group = "instance" if scope.get("by") == "instance" else "pool"
