@@ -357,13 +357,15 @@ def _first_rollup_ms(
 
 
 def _first_data_ms(con: duckdb.DuckDBPyConnection, present: set[str], raw_start_ms: int) -> int:
-    """The first time of the data: raw rows or minute rollups, or the hour rollups where
-    they reach an hour or more earlier (rows pruned from the finer tables; an hour row's
-    time is its hour's start, up to an hour before its first event)."""
-    minutes = _first_rollup_ms(con, present, _MINUTE_ROLLUPS)
-    first = raw_start_ms if minutes is None else min(raw_start_ms, minutes)
-    hours = _first_rollup_ms(con, present, _HOUR_ROLLUPS)
-    return hours if hours is not None and hours <= first - HOUR_MS else first
+    """The first time of the data: of the raw rows, or of the rollups where they reach back
+    further than their own width (raw rows pruned; a rollup row's time is its minute's or
+    hour's start, up to that width before its first event)."""
+    first = raw_start_ms
+    for tables, width_ms in ((_MINUTE_ROLLUPS, MINUTE_MS), (_HOUR_ROLLUPS, HOUR_MS)):
+        rolled = _first_rollup_ms(con, present, tables)
+        if rolled is not None and rolled <= first - width_ms:
+            first = rolled
+    return first
 
 
 def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
