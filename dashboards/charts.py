@@ -1,5 +1,9 @@
 """Altair charts of time series: thresholds drawn as labelled rules, incidents shaded, and a
-tooltip on every point. Inputs are pandas frames with a ``time`` column (datetime, UTC)."""
+tooltip on every point. Inputs are pandas frames with a ``time`` column (datetime, UTC).
+
+Every time axis and tooltip reads UTC on a 24-hour clock, through :func:`utc_time`: a Vega
+time scale otherwise follows the browser's time zone and labels minutes on a 12-hour clock
+without AM/PM (``06:45`` for 18:45 UTC)."""
 
 from __future__ import annotations
 
@@ -15,9 +19,35 @@ __all__ = [
     "incidents_frame",
     "line_chart",
     "step_chart",
+    "utc_time",
 ]
 
 _HEIGHT = 220
+#: Axis label format by the longest span it shows (ms): seconds for a few minutes, the
+#: date past a day; all UTC, 24-hour clock.
+_AXIS_FORMATS = ((15 * 60_000, "%H:%M:%S"), (24 * 3_600_000, "%H:%M"))
+_DATED_AXIS_FORMAT = "%m-%d %H:%M"
+#: Tooltip time: the instant in full, as text computed here (Vega would format it in the
+#: browser's time zone).
+_TOOLTIP_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
+
+
+def utc_time(df: pd.DataFrame, field: str = "time") -> tuple[pd.DataFrame, alt.X, alt.Tooltip]:
+    """The encodings of the datetime column ``field`` of ``df`` in UTC on a 24-hour clock:
+    ``df`` with a ``{field}_utc`` text column, the x encoding (UTC scale titled "UTC",
+    labels ``%H:%M``, with seconds for a span under 15 minutes and the date past a day),
+    and the tooltip showing that text."""
+    times = pd.to_datetime(df[field], utc=True)
+    span_ms = (times.max() - times.min()).total_seconds() * 1000 if len(times) else 0.0
+    axis_format = next((f for most, f in _AXIS_FORMATS if span_ms <= most), _DATED_AXIS_FORMAT)
+    x = alt.X(
+        f"{field}:T",
+        title="UTC",
+        scale=alt.Scale(type="utc"),
+        axis=alt.Axis(format=axis_format, labelOverlap=True),
+    )
+    tooltip = alt.Tooltip(f"{field}_utc:N", title=f"{field} (UTC)")
+    return df.assign(**{f"{field}_utc": times.dt.strftime(_TOOLTIP_FORMAT)}), x, tooltip
 
 
 def frame(table: pa.Table, time_column: str = "bucket_ts_ms") -> pd.DataFrame:
@@ -53,23 +83,23 @@ def incidents_frame(findings: pd.DataFrame, end_ms: int) -> pd.DataFrame:
 
 def _decorate(
     chart: alt.Chart,
+    x: alt.X,
     thresholds: Sequence[tuple[float, str]],
     incidents: pd.DataFrame | None,
 ) -> alt.LayerChart | alt.Chart:
+    """``chart`` (time on ``x``) over shaded ``incidents`` and under ``thresholds``."""
     layers: list[alt.Chart] = []
     if incidents is not None and not incidents.empty:
+        shaded, _, start_tip = utc_time(incidents, "start")
+        shaded, _, end_tip = utc_time(shaded, "end")
+        # The chart's own axis (its span's label format), not one fitted to the incidents.
+        spec = x.to_dict()
+        assert isinstance(spec, dict)
+        start_x = alt.X.from_dict({**spec, "field": "start"})
         layers.append(
-            alt.Chart(incidents)
+            alt.Chart(shaded)
             .mark_rect(color="#d62728", opacity=0.12)
-            .encode(
-                x="start:T",
-                x2="end:T",
-                tooltip=[
-                    alt.Tooltip("incident:N"),
-                    alt.Tooltip("start:T", format="%Y-%m-%d %H:%M"),
-                    alt.Tooltip("end:T", format="%Y-%m-%d %H:%M"),
-                ],
-            )
+            .encode(x=start_x, x2="end:T", tooltip=[alt.Tooltip("incident:N"), start_tip, end_tip])
         )
     layers.append(chart)
     if thresholds:
@@ -103,19 +133,17 @@ def line_chart(
     incidents: pd.DataFrame | None = None,
 ) -> alt.LayerChart | alt.Chart:
     """A line per ``color`` value of ``y`` over ``time``."""
-    tooltip = [
-        alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
-        alt.Tooltip(f"{y}:Q", format=y_format),
-    ]
+    df, x, when = utc_time(df)
+    tooltip = [when, alt.Tooltip(f"{y}:Q", format=y_format)]
     encoding: dict[str, object] = {
-        "x": alt.X("time:T", title=None),
+        "x": x,
         "y": alt.Y(f"{y}:Q", title=y_title, axis=alt.Axis(format=y_format)),
     }
     if color:
         encoding["color"] = alt.Color(f"{color}:N", title=color)
         tooltip.insert(0, alt.Tooltip(f"{color}:N"))
     chart = alt.Chart(df).mark_line(point=len(df) < 60).encode(**encoding, tooltip=tooltip)
-    return _decorate(chart.properties(height=_HEIGHT), thresholds, incidents).properties(
+    return _decorate(chart.properties(height=_HEIGHT), x, thresholds, incidents).properties(
         height=_HEIGHT
     )
 
@@ -133,38 +161,37 @@ def band_chart(
     incidents: pd.DataFrame | None = None,
 ) -> alt.LayerChart | alt.Chart:
     """A shaded ``low``–``high`` band and a ``mid`` line per ``color`` value over ``time``."""
+    df, x, when = utc_time(df)
     tooltip = [
         alt.Tooltip(f"{color}:N"),
-        alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+        when,
         alt.Tooltip(f"{low}:Q", format=y_format),
         alt.Tooltip(f"{mid}:Q", format=y_format),
         alt.Tooltip(f"{high}:Q", format=y_format),
     ]
-    base = alt.Chart(df).encode(
-        x=alt.X("time:T", title=None), color=alt.Color(f"{color}:N", title=color)
-    )
+    base = alt.Chart(df).encode(x=x, color=alt.Color(f"{color}:N", title=color))
     band = base.mark_area(opacity=0.2).encode(
         y=alt.Y(f"{low}:Q", title=y_title, axis=alt.Axis(format=y_format)), y2=f"{high}:Q"
     )
     line = base.mark_line().encode(y=f"{mid}:Q", tooltip=tooltip)
     points = base.mark_point(opacity=0, size=60).encode(y=f"{high}:Q", tooltip=tooltip)
     chart = alt.layer(band, line, points)
-    return _decorate(chart, thresholds, incidents).properties(height=_HEIGHT)  # type: ignore[arg-type]
+    return _decorate(chart, x, thresholds, incidents).properties(height=_HEIGHT)  # type: ignore[arg-type]
 
 
 def step_chart(df: pd.DataFrame, *, y: str, y_title: str, color: str) -> alt.Chart:
     """Levels that hold until the next change (degradation flags), one line per ``color``."""
+    shown, x, when = utc_time(df)
     return (
-        alt.Chart(df)
+        alt.Chart(shown)
         .mark_line(interpolate="step-after", point=True)
         .encode(
-            x=alt.X("time:T", title=None),
+            x=x,
             y=alt.Y(
                 f"{y}:Q", title=y_title, scale=alt.Scale(domain=[0, 3]), axis=alt.Axis(tickCount=4)
             ),
             color=alt.Color(f"{color}:N", title=color),
-            tooltip=[c for c in df.columns if c not in ("time",)]
-            + [alt.Tooltip("time:T", format="%Y-%m-%d %H:%M:%S")],
+            tooltip=[c for c in df.columns if c not in ("time",)] + [when],
         )
         .properties(height=_HEIGHT)
     )

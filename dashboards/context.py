@@ -47,6 +47,7 @@ __all__ = [
     "fmt_count",
     "fmt_pct",
     "fmt_seconds",
+    "fmt_span",
     "notice",
     "open_source",
     "page_context",
@@ -152,7 +153,9 @@ def page_context() -> PageContext | None:
         return None
     now_ms = int(time.time() * 1000)
     query = {key: st.query_params.get(key, "") for key in st.query_params}
-    filters, problems = parse_filters(query, meta.data_end_ms, now_ms)
+    filters, problems = parse_filters(
+        query, meta.data_end_ms, now_ms, data_start_ms=meta.data_start_ms
+    )
     if problems:
         notice(st.warning, "Some link parameters were not used:", problems)
     live = meta.data_end_ms is not None and now_ms - meta.data_end_ms < LIVE_WITHIN_MS
@@ -191,6 +194,14 @@ def fmt_seconds(value: float | None) -> str:
     if abs(value) < 1:
         return f"{value * 1000:,.0f} ms"
     return f"{value:,.2f} s"
+
+
+def fmt_span(span_ms: int) -> str:
+    """A span of time (ms) in the unit a person reads: ``5 s``, ``2.5 min``, ``23.5 h``, ``7 d``."""
+    for unit_ms, unit in ((86_400_000, "d"), (3_600_000, "h"), (60_000, "min")):
+        if span_ms >= unit_ms:
+            return f"{round(span_ms / unit_ms, 1):g} {unit}"
+    return f"{round(span_ms / 1000, 1):g} s"
 
 
 def fmt_count(value: float | None) -> str:

@@ -10,6 +10,12 @@ times are epoch milliseconds from 1970 to 2100 spanning at most ``MAX_SPAN_MS``,
 parameter that does not parse or is out of bounds is ignored and reported (never a
 traceback); the report quotes it through :func:`shown`, which pages still escape, because
 a URL is anyone's to write.
+
+Charts cut the range into buckets that fit the data (:func:`bucket_for`): the width follows
+the span the data actually covers inside the range (:attr:`Filters.covered`, from the
+source's meta), so two minutes of a demo under a 24-hour range draw 5-second buckets, not
+one 15-minute dot. Series read from per-minute rollups never go below a minute
+(:data:`ROLLUP_BUCKET_MS`).
 """
 
 from __future__ import annotations
@@ -20,13 +26,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, SECOND_MS
 
 __all__ = [
     "MAX_NAME_CHARS",
     "MAX_SPAN_MS",
     "MAX_TIME_MS",
     "RANGES",
+    "ROLLUP_BUCKET_MS",
     "Filters",
     "bucket_for",
     "deep_link",
@@ -44,17 +51,23 @@ RANGES: Mapping[str, int] = {
     "30d": 30 * DAY_MS,
 }
 DEFAULT_RANGE = "24h"
-#: Bucket widths a chart may use; the narrowest giving at most ``_MAX_BUCKETS`` points wins.
-_BUCKETS_MS = (
-    MINUTE_MS,
-    5 * MINUTE_MS,
-    15 * MINUTE_MS,
-    HOUR_MS,
-    3 * HOUR_MS,
-    6 * HOUR_MS,
-    DAY_MS,
+#: Bucket widths a chart may use, each with the most buckets it may cut a span into; the
+#: narrowest width within its limit wins. Sub-minute widths are read from raw records (the
+#: rollups are per minute), so they serve short spans only: at most 60 buckets, 30 minutes.
+_BUCKETS_MS: tuple[tuple[int, int], ...] = (
+    (5 * SECOND_MS, 60),
+    (15 * SECOND_MS, 60),
+    (30 * SECOND_MS, 60),
+    (MINUTE_MS, 240),
+    (5 * MINUTE_MS, 240),
+    (15 * MINUTE_MS, 240),
+    (HOUR_MS, 240),
+    (3 * HOUR_MS, 240),
+    (6 * HOUR_MS, 240),
+    (DAY_MS, 240),
 )
-_MAX_BUCKETS = 240
+#: The narrowest bucket of a series read from per-minute rollups (``budget_series``).
+ROLLUP_BUCKET_MS = MINUTE_MS
 #: The latest time a link may name: 2100-01-01 UTC (pandas' datetimes end in 2262).
 MAX_TIME_MS = 4_102_444_800_000
 #: The longest explicit range: a year and a day (the presets end at 30 days).
@@ -69,7 +82,9 @@ _SHOWN_CHARS = 60
 
 @dataclass(frozen=True)
 class Filters:
-    """One view's range ``[start_ms, end_ms)`` (epoch ms) and optional pool/instance/SLO."""
+    """One view's range ``[start_ms, end_ms)`` (epoch ms), optional pool/instance/SLO, and
+    the first and last time of the data (epoch ms, from the source's meta; ``None`` when
+    unknown or empty)."""
 
     start_ms: int
     end_ms: int
@@ -77,30 +92,54 @@ class Filters:
     pool: str | None = None
     instance: str | None = None
     slo: str | None = None
+    data_start_ms: int | None = None
+    data_end_ms: int | None = None
+
+    @property
+    def covered(self) -> tuple[int, int]:
+        """``[start, end)`` (epoch ms) of the range narrowed to the data's first and last
+        time; the whole range when the data's extent is unknown or lies outside it."""
+        start, end = self.start_ms, self.end_ms
+        if self.data_start_ms is not None:
+            start = max(start, self.data_start_ms)
+        if self.data_end_ms is not None:
+            end = min(end, self.data_end_ms + 1)
+        return (start, end) if start < end else (self.start_ms, self.end_ms)
 
     @property
     def bucket_ms(self) -> int:
-        """Chart bucket width for this range (whole minutes, ≤ 240 buckets)."""
-        return bucket_for(self.end_ms - self.start_ms)
+        """Bucket width (ms) of a series read from raw records: :func:`bucket_for` the
+        span the data covers in the range."""
+        start, end = self.covered
+        return bucket_for(end - start)
+
+    @property
+    def rollup_bucket_ms(self) -> int:
+        """Bucket width (ms) of a series read from per-minute rollups: never below a minute."""
+        start, end = self.covered
+        return bucket_for(end - start, least_ms=ROLLUP_BUCKET_MS)
+
+    def series_scope(self, *, rollup: bool = False) -> dict[str, int]:
+        """``start_ms``, ``end_ms`` (the covered span) and ``bucket_ms`` as keyword parameters
+        of a series query; ``rollup`` for one read from per-minute rollups."""
+        start, end = self.covered
+        bucket = self.rollup_bucket_ms if rollup else self.bucket_ms
+        return {"start_ms": start, "end_ms": end, "bucket_ms": bucket}
 
     def request_scope(self) -> dict[str, int | str | None]:
-        """The range, bucket, pool and instance as keyword parameters of the request queries
-        (``latency_percentiles``, ``outcome_counts``, ``ghost_counts``)."""
-        return {
-            "start_ms": self.start_ms,
-            "end_ms": self.end_ms,
-            "bucket_ms": self.bucket_ms,
-            "pool": self.pool,
-            "instance": self.instance,
-        }
+        """:meth:`series_scope`, pool and instance as keyword parameters of the request
+        queries (``latency_percentiles``, ``outcome_counts``, ``ghost_counts``)."""
+        return {**self.series_scope(), "pool": self.pool, "instance": self.instance}
 
 
-def bucket_for(span_ms: int) -> int:
-    """The narrowest bucket width (ms) that splits ``span_ms`` into at most 240 buckets."""
-    for bucket_ms in _BUCKETS_MS:
-        if span_ms <= bucket_ms * _MAX_BUCKETS:
+def bucket_for(span_ms: int, *, least_ms: int = 0) -> int:
+    """The narrowest bucket width (ms), at least ``least_ms``, that cuts ``span_ms`` into at
+    most its limit of buckets: 60 for the sub-minute widths (5, 15, 30 s), 240 for the
+    others (1, 5, 15 min; 1, 3, 6 h; 1 d, the widest, whatever the span)."""
+    for bucket_ms, most in _BUCKETS_MS:
+        if bucket_ms >= least_ms and span_ms <= bucket_ms * most:
             return bucket_ms
-    return _BUCKETS_MS[-1]
+    return _BUCKETS_MS[-1][0]
 
 
 def shown(raw: str) -> str:
@@ -144,10 +183,15 @@ def _name_param(query: Mapping[str, str], name: str, problems: list[str]) -> str
 
 
 def parse_filters(
-    query: Mapping[str, str], data_end_ms: int | None, now_ms: int
+    query: Mapping[str, str],
+    data_end_ms: int | None,
+    now_ms: int,
+    *,
+    data_start_ms: int | None = None,
 ) -> tuple[Filters, list[str]]:
     """Filters from URL parameters (``from``, ``to``, ``range``, ``pool``, ``instance``,
-    ``slo``) and the problems found in them (each ignored, in words for the page)."""
+    ``slo``) and the problems found in them (each ignored, in words for the page);
+    ``data_start_ms``/``data_end_ms`` are the data's first and last time (the meta's)."""
     problems: list[str] = []
     start, end = _time_param(query, "from", problems), _time_param(query, "to", problems)
     if problems:  # half a range is not what the link meant: show the default one
@@ -184,6 +228,8 @@ def parse_filters(
             pool=_name_param(query, "pool", problems),
             instance=_name_param(query, "instance", problems),
             slo=_name_param(query, "slo", problems),
+            data_start_ms=data_start_ms,
+            data_end_ms=data_end_ms,
         ),
         problems,
     )

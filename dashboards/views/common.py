@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.charts import frame, incidents_frame, line_chart
-from dashboards.context import REFRESH_S, PageContext, page_context
+from dashboards.context import REFRESH_S, PageContext, fmt_span, page_context
 from dashboards.filters import RANGES
 from slo.queries import FINDINGS_SCHEMA
 from slo.signals.catalog import RUNBOOK_BASE_URL, runbook_url
@@ -89,9 +89,25 @@ def _sidebar(ctx: PageContext) -> None:
         st.caption(
             f"{pd.Timestamp(f.start_ms, unit='ms', tz='UTC'):%Y-%m-%d %H:%M} → "
             f"{pd.Timestamp(f.end_ms, unit='ms', tz='UTC'):%Y-%m-%d %H:%M} UTC · "
-            f"buckets of {f.bucket_ms // 60_000:,} min"
+            + _buckets_caption(ctx)
             + (f" · live, refreshing every {REFRESH_S} s" if ctx.live else "")
         )
+
+
+def _buckets_caption(ctx: PageContext) -> str:
+    """``24h selected · data covers 2.5 min · buckets of 5 s (1 min from rollups)``: the
+    span the data covers only where it is shorter than the range (by more than the newest,
+    partly filled minute), the rollup width only where it differs."""
+    f = ctx.filters
+    selected_ms = f.end_ms - f.start_ms
+    start_ms, end_ms = f.covered
+    words = [f"{f.range_name or fmt_span(selected_ms)} selected"]
+    if selected_ms - (end_ms - start_ms) > 60_000:
+        words.append(f"data covers {fmt_span(end_ms - start_ms)}")
+    buckets = f"buckets of {fmt_span(f.bucket_ms)}"
+    if f.rollup_bucket_ms != f.bucket_ms:
+        buckets += f" ({fmt_span(f.rollup_bucket_ms)} for SLO budgets, from per-minute rollups)"
+    return " · ".join([*words, buckets])
 
 
 def page(title: str, body: Callable[[PageContext], None]) -> Callable[[], None]:

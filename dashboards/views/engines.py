@@ -52,9 +52,7 @@ def _body(ctx: PageContext) -> None:
     table = ctx.table(
         "engine_series",
         signals=list(_SIGNALS),
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
+        **f.series_scope(),
         instances=instances,
         pool=f.pool,
     )

@@ -42,9 +42,7 @@ def _body(ctx: PageContext) -> None:
     table = ctx.table(
         "gpu_series",
         signals=list(_SIGNALS),
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
+        **f.series_scope(),
         instances=[f.instance] if f.instance else None,
         pool=f.pool,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from dashboards.charts import frame, line_chart
+from dashboards.charts import frame, line_chart, utc_time
 from dashboards.context import PageContext, fmt_count, fmt_pct, fmt_seconds
 from dashboards.views.common import no_data, page
 
@@ -43,15 +43,16 @@ def _outcomes(ctx: PageContext) -> None:
     ):
         if rows.empty:
             continue
+        rows, x, when = utc_time(rows)
         st.altair_chart(
             alt.Chart(rows)
             .mark_area(opacity=0.85, interpolate="step-after")
             .encode(
-                x=alt.X("time:T", title=None),
+                x=x,
                 y=alt.Y("requests:Q", title=title, stack=True),
                 color=alt.Color("outcome:N", scale=alt.Scale(scheme="tableau10")),
                 tooltip=[
-                    alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+                    when,
                     "outcome:N",
                     alt.Tooltip("requests:Q", format=","),
                     alt.Tooltip("attempts:Q", format=","),
@@ -92,11 +93,12 @@ def _ghosts(ctx: PageContext) -> None:
         var_name="kind",
         value_name="count",
     )
+    long, x, when = utc_time(long)
     st.altair_chart(
         alt.Chart(long)
         .mark_bar()
         .encode(
-            x=alt.X("time:T", title=None),
+            x=x,
             y=alt.Y("count:Q"),
             color="kind:N",
             xOffset="kind:N",
@@ -104,7 +106,7 @@ def _ghosts(ctx: PageContext) -> None:
                 "instance:N",
                 "kind:N",
                 "count:Q",
-                alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"),
+                when,
             ],
         )
         .properties(height=200),
@@ -127,9 +129,7 @@ def _probes(ctx: PageContext) -> None:
     f = ctx.filters
     st.subheader("Probes (entry points)")
     scope = {
-        "start_ms": f.start_ms,
-        "end_ms": f.end_ms,
-        "bucket_ms": f.bucket_ms,
+        **f.series_scope(),
         "pool": f.pool,
         "by": "instance",
         "source": "probe",

@@ -158,9 +158,7 @@ def _body(ctx: PageContext) -> None:
         "budget_series",
         slo_id=slo_id,
         objective=float(first["objective"]),
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
+        **f.series_scope(rollup=True),
         group=_group(ctx),
     )
     incidents = page_incidents(ctx)

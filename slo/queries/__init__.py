@@ -11,8 +11,9 @@ exist). The raw-series reads (``engine_series``, ``gpu_series``) live in
 re-exported here.
 
 Values are always bound parameters; column names come from fixed tables here. Ranges are
-``[start_ms, end_ms)`` in Unix epoch ms, at most 90 days; buckets are whole minutes
-starting at multiples of ``bucket_ms`` since the epoch, at most 5,000 per series; listings
+``[start_ms, end_ms)`` in Unix epoch ms, at most 90 days; buckets are whole seconds (whole
+minutes for ``budget_series``, read from per-minute rollups) starting at multiples of
+``bucket_ms`` since the epoch, at most 5,000 per series; listings
 return at most ``limit`` (≤ 10,000) rows. A bad parameter raises
 :class:`pipeline.errors.QueryError` naming it (see :mod:`slo.queries._params`).
 """

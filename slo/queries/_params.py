@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pipeline.errors import QueryError
-from pipeline.units import DAY_MS, MINUTE_MS
+from pipeline.units import DAY_MS, MINUTE_MS, SECOND_MS
 
 __all__ = [
     "MAX_LIMIT",
@@ -87,17 +87,21 @@ def check_range(start_ms: object, end_ms: object) -> tuple[int, int]:
     return start, end
 
 
-def check_grid(start_ms: object, end_ms: object, bucket_ms: object) -> Grid:
-    """A range and a bucket width: whole minutes, at most :data:`MAX_POINTS` buckets."""
+def check_grid(
+    start_ms: object, end_ms: object, bucket_ms: object, *, unit_ms: int = SECOND_MS
+) -> Grid:
+    """A range and a bucket width: a whole number of ``unit_ms`` (seconds, or minutes for
+    a series read from per-minute rollups), at most :data:`MAX_POINTS` buckets."""
     start, end = check_range(start_ms, end_ms)
     bucket = _int("bucket_ms", bucket_ms)
-    if bucket < MINUTE_MS or bucket % MINUTE_MS:
+    if bucket < unit_ms or bucket % unit_ms:
+        unit = {SECOND_MS: "seconds", MINUTE_MS: "minutes"}.get(unit_ms, f"{unit_ms} ms")
         raise QueryError(
-            "bucket_ms", f"must be a whole number of minutes (>= {MINUTE_MS}), got {bucket}"
+            "bucket_ms", f"must be a whole number of {unit} (>= {unit_ms}), got {bucket}"
         )
     points = (end - 1) // bucket - start // bucket + 1
     if points > MAX_POINTS:
-        wider = math.ceil((end - start) / MAX_POINTS / MINUTE_MS) * MINUTE_MS
+        wider = math.ceil((end - start) / MAX_POINTS / unit_ms) * unit_ms
         raise QueryError(
             "bucket_ms",
             f"{points} buckets exceed {MAX_POINTS}: use at least {wider} ms for this range",

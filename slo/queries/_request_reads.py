@@ -5,7 +5,8 @@ Private to ``slo``. A range is read from the request rollups where they are sett
 the buckets are whole hours, the edges from the ``*_minute`` tables, and raw ``requests``
 before and after (the unsettled tail, a range edge inside a minute), turned into the same
 minute rows by the rollup's own SQL. So one answer never mixes exact and binned
-percentiles. Without rollups (an older file) the exact SQL over raw records answers.
+percentiles. Without rollups (an older file), and for buckets finer than the rollups'
+minute, the exact SQL over raw records answers.
 Reads count the taps' records (user traffic) unless the scope asks for the prober's
 (``source = "probe"``): those are few and never rolled up, so they are always read exactly.
 Parameters arrive validated; every value is bound.
@@ -46,8 +47,11 @@ class RequestScope:
     source: RequestSource = "tap"
 
     def coverage(self, con: duckdb.DuckDBPyConnection) -> RequestCoverage | None:
-        """The rollups' reach for this scope: none for probe records (never rolled up)."""
-        return read_coverage(con) if self.source == "tap" else None
+        """The rollups' reach for this scope: none for probe records (never rolled up) and
+        for buckets that are not whole minutes (finer than the rollups)."""
+        if self.source != "tap" or self.grid.bucket_ms % MINUTE_MS:
+            return None
+        return read_coverage(con)
 
     def where(self) -> tuple[str, list[object]]:
         """Filter clauses (`` AND …``) on ``pool``/``instance`` and their values."""

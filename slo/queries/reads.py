@@ -10,7 +10,7 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
-from pipeline.units import HOUR_MS
+from pipeline.units import HOUR_MS, MINUTE_MS
 from slo.queries._params import (
     check_choice,
     check_fraction,
@@ -112,11 +112,11 @@ def budget_series(
     from ``start_ms``: 1 − Σbad / ((1 − objective) · Σtotal). Buckets without events are
     absent (no NaN). ``group`` narrows to groups whose ``pool``/``instance``/``tenant``/
     ``route`` equal the given values. Reads ``slo_hour`` when buckets are whole hours,
-    else ``slo_minute`` (kept 35 days by default).
+    else ``slo_minute`` (kept 35 days by default), so buckets are whole minutes.
     """
     slo = check_text("slo_id", slo_id)
     allowed = 1.0 - check_fraction("objective", objective, low=0.0, high=1.0)
-    grid = check_grid(start_ms, end_ms, bucket_ms)
+    grid = check_grid(start_ms, end_ms, bucket_ms, unit_ms=MINUTE_MS)
     where, params = "", list[object]()
     for column, value in sorted((group or {}).items()):
         check_choice("group", column, _GROUP_COLUMNS)
@@ -340,11 +340,40 @@ def ghost_counts(
     return _run(con, GHOSTS_SCHEMA, ["requests"], sql, [bucket, bucket, grace_ms, *params])
 
 
+#: Rollups that outlive the raw rows they summarise (raw rows are pruned after
+#: ``store.raw_retention_days``): per minute (row time: the minute's start), and per hour.
+_MINUTE_ROLLUPS = ("slo_minute", "request_minute")
+_HOUR_ROLLUPS = ("slo_hour", "request_hour")
+
+
+def _first_rollup_ms(
+    con: duckdb.DuckDBPyConnection, present: set[str], tables: tuple[str, ...]
+) -> int | None:
+    spans = [f"SELECT min(ts_ms) AS lo FROM {table}" for table in tables if table in present]
+    if not spans:
+        return None
+    row = con.execute(f"SELECT min(lo) FROM ({' UNION ALL '.join(spans)})").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _first_data_ms(con: duckdb.DuckDBPyConnection, present: set[str], raw_start_ms: int) -> int:
+    """The first time of the data: of the raw rows, or of the rollups where they reach back
+    further than their own width (raw rows pruned; a rollup row's time is its minute's or
+    hour's start, up to that width before its first event)."""
+    first = raw_start_ms
+    for tables, width_ms in ((_MINUTE_ROLLUPS, MINUTE_MS), (_HOUR_ROLLUPS, HOUR_MS)):
+        rolled = _first_rollup_ms(con, present, tables)
+        if rolled is not None and rolled <= first - width_ms:
+            first = rolled
+    return first
+
+
 def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """What the data covers, for the dashboards' filters (JSON-ready, not a table).
 
     ``data_start_ms``/``data_end_ms``: the first and last sample or request time (Unix epoch
-    ms; null on an empty store; probe records count); ``pools``: sorted pool names;
+    ms; null on an empty store; probe records count), the start reaching back to the first
+    SLO or request rollup row where raw rows were pruned; ``pools``: sorted pool names;
     ``instances``: one ``{"instance", "pool", "address"}`` per engine instance seen in engine
     samples or the taps' request records (a probed entry point is none; ``address``: its
     host:port, or the instance where records carry none);
@@ -363,6 +392,8 @@ def meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     if spans:
         row = con.execute(f"SELECT min(lo), max(hi) FROM ({' UNION ALL '.join(spans)})").fetchone()
         start_ms, end_ms = (row[0], row[1]) if row else (None, None)
+    if start_ms is not None:
+        start_ms = _first_data_ms(con, present, start_ms)
     instances: dict[str, tuple[str | None, str | None]] = {}
     if pairs:
         sql = (

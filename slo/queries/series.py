@@ -2,7 +2,7 @@
 
 Both read the collectors' raw tables (``engine_samples``, ``gpu_samples``) on the same grid
 and filters as the rest of :mod:`slo.queries`: ``[start_ms, end_ms)`` in Unix epoch ms,
-buckets of whole minutes, values bound as parameters; a bad parameter raises
+buckets of whole seconds, values bound as parameters; a bad parameter raises
 :class:`pipeline.errors.QueryError` naming it; a table not created yet reads as empty.
 """
 
@@ -37,7 +37,9 @@ def engine_series(
     """Canonical engine signals per bucket and series (instance × engine rank × labels).
 
     Gauges: ``value`` the mean, ``value_max`` the maximum in the bucket. Counters:
-    ``value`` the rate per second (increase over the bucket, counter resets handled),
+    ``value`` the rate per second over the scrape intervals that end in the bucket (their
+    increase, counter resets handled, over their length: a bucket narrower than the scrape
+    interval, or one after a scrape gap, reads the true rate, not a multiple of it),
     ``value_max`` null. Series are never summed across instances or ranks.
     """
     grid = check_grid(start_ms, end_ms, bucket_ms)
@@ -48,21 +50,23 @@ def engine_series(
         WITH samples AS (
             SELECT ts_ms, instance, pool, coalesce(engine, '') AS engine, signal,
                    coalesce(labels_json, '{{}}') AS labels_json, kind, value,
-                   value - lag(value) OVER (
-                       PARTITION BY instance, engine, metric, labels_json ORDER BY ts_ms) AS delta
+                   value - lag(value) OVER series AS delta, ts_ms - lag(ts_ms) OVER series AS gap_ms
             FROM engine_samples WHERE ts_ms >= ? AND ts_ms < ? AND kind IN ('gauge', 'counter')
               AND {where}
+            WINDOW series AS (PARTITION BY instance, engine, metric, labels_json ORDER BY ts_ms)
         )
         SELECT ts_ms // ? * ? AS bucket_ts_ms, instance, any_value(pool), engine, signal,
                labels_json, kind,
                CASE kind WHEN 'gauge' THEN avg(value)
-                    ELSE sum(CASE WHEN delta < 0 THEN value ELSE delta END) / (? / 1000.0) END,
+                    ELSE sum(CASE WHEN delta < 0 THEN value ELSE delta END)
+                         / (nullif(sum(gap_ms) FILTER (WHERE delta IS NOT NULL), 0) / 1000.0)
+               END,
                CASE kind WHEN 'gauge' THEN max(value) END
         FROM samples WHERE ts_ms >= ?
         GROUP BY bucket_ts_ms, instance, engine, signal, labels_json, kind
         ORDER BY bucket_ts_ms, instance, engine, signal, labels_json"""
     bound = [grid.start_ms - _COUNTER_LOOKBACK_MS, grid.end_ms, *params]
-    bound += [grid.bucket_ms, grid.bucket_ms, grid.bucket_ms, grid.start_ms]
+    bound += [grid.bucket_ms, grid.bucket_ms, grid.start_ms]
     return run_query(con, ENGINE_SERIES_SCHEMA, ["engine_samples"], sql, bound)
 
 

@@ -12,12 +12,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import simulator.history as history
 from api.verdicts import VerdictStore
+from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
-from pipeline.units import HOUR_MS
+from pipeline.units import HOUR_MS, SECOND_MS
 from slo.flags import FlagTransition
 from slo.jobs import SloJobs
 from slo.signals.findings import Finding
@@ -132,4 +134,32 @@ def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("dash-empty") / "empty.duckdb"
     with Store(path):
         pass
+    return path
+
+
+#: The demo store's records: 2.5 minutes from a minute past an hour (inside one 15-minute
+#: bucket), one every 2 s on two pods.
+DEMO_START_MS = END_MS + 60 * SECOND_MS
+DEMO_SPAN_MS = 150 * SECOND_MS
+
+
+@pytest.fixture(scope="session")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What a short demo leaves: 2.5 minutes of tap records, the SLO jobs run over them."""
+    path = tmp_path_factory.mktemp("dash-demo") / "demo.duckdb"
+    rows = [
+        {
+            "request_id": f"r{i}", "received_ts_ms": DEMO_START_MS + i * 2 * SECOND_MS,
+            "attempt": 1, "instance": f"pod-{i % 2}", "pool": POOL, "outcome": "ok",
+            "ttft_s": 0.2 + 0.01 * (i % 17), "e2e_s": 1.0 + 0.02 * (i % 13),
+        }
+        for i in range(DEMO_SPAN_MS // (2 * SECOND_MS))
+    ]  # fmt: skip
+    table = pa.Table.from_pylist(
+        [{f.name: row.get(f.name) for f in REQUEST_RECORDS.arrow} for row in rows],
+        schema=REQUEST_RECORDS.arrow,
+    )
+    with Store(path) as store:
+        store.commit_batch({"requests": [table]}, group_id="d", offsets={}, now_ts_ms=0)
+        SloJobs(store.con, build_model(parse_spec(SPEC))).run_once(DEMO_START_MS + DEMO_SPAN_MS)
     return path

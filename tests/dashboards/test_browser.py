@@ -194,3 +194,31 @@ def test_an_out_of_range_time_is_a_message_not_a_traceback(
     assert state["exceptions"] == [] and "OutOfBoundsDatetime" not in state["text"]
     assert "to='99999999999999999999' is not epoch milliseconds" in state["text"]
     assert "2026-09-20 14:01 → 2026-09-21 14:01 UTC" in state["text"]  # the default range
+
+
+#: Per chart on the page, its Vega marks as drawn (SVG): each layer's mark kind, how many
+#: items it drew and how wide (px) they spread.
+_MARKS_JS = """Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]')).map(c =>
+  Array.from(c.querySelectorAll('svg.marks g.role-mark')).map(g => ({
+    mark: (g.getAttribute('class').match(/mark-([a-z]+)/) || [])[1],
+    items: g.children.length, width_px: Math.round(g.getBBox().width)})))"""
+
+
+def test_a_two_minute_demo_draws_a_latency_band_not_a_dot(
+    chromium: HeadlessChromium, demo_db: Path
+) -> None:
+    process, url = start_dashboard("--db", str(demo_db))
+    try:
+        chromium.open(deep_link(url, "latency"), timeout_s=90)
+        state = chromium.state()
+        answer = chromium.call("Runtime.evaluate", expression=_MARKS_JS, returnByValue=True)
+        chromium.screenshot(SHOTS / "demo-latency.png")
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    assert state["exceptions"] == [] and state["errors"] == []
+    band_chart = {layer["mark"]: layer for layer in answer["result"]["value"][0]}
+    # One bucket draws one (invisible) point and a band of no width.
+    assert band_chart["symbol"]["items"] == 30, band_chart  # 2.5 min in 5 s buckets
+    assert band_chart["area"]["width_px"] > 300, band_chart  # the p50–p99 band spans them
+    assert "24h selected · data covers 2.5 min · buckets of 5 s" in state["text"]

@@ -17,7 +17,8 @@ from dashboards import SOURCE_ENV
 from dashboards.views import PAGES
 from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
-from tests.dashboards.conftest import END_MS, HOUR_MS, History
+from tests.dashboards.conftest import DEMO_SPAN_MS, DEMO_START_MS, END_MS, HOUR_MS, History
+from tests.dashboards.test_charts import time_encodings_problems
 
 _TIMEOUT_S = 60
 
@@ -55,6 +56,12 @@ def _text(app: AppTest) -> str:
 def on_history(history_db: History, monkeypatch: pytest.MonkeyPatch) -> Iterator[History]:
     monkeypatch.setenv(SOURCE_ENV, f"db:{history_db.path}")
     yield history_db
+
+
+@pytest.fixture
+def on_demo(demo_db: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv(SOURCE_ENV, f"db:{demo_db}")
+    yield demo_db
 
 
 @pytest.fixture
@@ -291,3 +298,38 @@ def test_fleet_counts_instances_that_never_left_l0_as_l0(on_history: History) ->
     levels = next(df.value for df in app.dataframe if "level" in df.value.columns)
     assert sorted(i.split()[0] for i in levels["instance"]) == sorted(on_history.instances)
     assert set(levels[levels["level"] == "L0 normal"]["reason"]) == {"no transition"}
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_every_pages_time_axes_and_tooltips_are_utc_on_a_24_hour_clock(
+    on_history: History, path: str
+) -> None:
+    specs = _charts(_page(path, range="30d"))
+    assert [problem for spec in specs for problem in time_encodings_problems(spec)] == []
+
+
+def _buckets(app: AppTest, column: str) -> list[int]:
+    """The distinct buckets of the chart rows that have ``column``."""
+    return sorted({r["bucket_ts_ms"] for r in _chart_rows(app) if r.get(column) is not None})
+
+
+def test_a_two_minute_demo_under_the_default_day_draws_five_second_buckets(
+    on_demo: Path,
+) -> None:
+    app = _page("latency")
+    assert not app.exception, [e.value for e in app.exception]
+    captions = " ".join(str(c.value) for c in app.caption)
+    assert "24h selected · data covers 2.5 min · buckets of 5 s" in captions
+    band = _buckets(app, "p90_s")
+    assert len(band) == DEMO_SPAN_MS // 5_000  # a band, not one dot
+    assert band[0] == DEMO_START_MS and all(b % 5_000 == 0 for b in band)
+
+
+def test_the_demos_slo_budget_is_drawn_per_minute_from_its_rollups(on_demo: Path) -> None:
+    app = _page("slo", slo="chat-availability")
+    assert not app.exception, [e.value for e in app.exception]
+    assert not app.warning, [w.value for w in app.warning]
+    budget = _buckets(app, "budget_remaining")
+    assert len(budget) >= 3 and all(b % 60_000 == 0 for b in budget)
+    captions = " ".join(str(c.value) for c in app.caption)
+    assert "buckets of 5 s (1 min for SLO budgets, from per-minute rollups)" in captions

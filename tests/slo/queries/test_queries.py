@@ -26,6 +26,7 @@ from slo.signals.findings import Finding
 from slo.sinks import StoreTransitionSink, create_output_tables, write_findings, write_status
 from slo.spec import parse_spec
 from slo.spec.model import build_model
+from tests.slo.factories import engine_sample, insert
 
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
 START_MS = END_MS - 86_400_000
@@ -337,9 +338,21 @@ HOSTILE = [
     ("an endless id", queries.slo_status, {"slo_id": "x" * 10_000}, "slo_id"),
     ("an unknown scope", queries.current_flags, {"scope": "cluster"}, "scope"),
     (
-        "second buckets",
+        "second buckets of a series read from minute rollups",
+        queries.budget_series,
+        {
+            "slo_id": "q-avail",
+            "objective": 0.99,
+            "start_ms": 0,
+            "end_ms": HOUR_MS,
+            "bucket_ms": 5_000,
+        },
+        "bucket_ms",
+    ),
+    (
+        "buckets of a second and a half",
         queries.outcome_counts,
-        {"start_ms": 0, "end_ms": HOUR_MS, "bucket_ms": 1_000},
+        {"start_ms": 0, "end_ms": HOUR_MS, "bucket_ms": 1_500},
         "bucket_ms",
     ),
     (
@@ -470,3 +483,28 @@ def test_present_tables_lists_tables_and_views_of_this_database_only(tmp_path: P
     # engine_samples is a view over engine_samples_values; both count as present.
     assert {"engine_samples", "engine_samples_values", "requests"} <= present
     assert "only_elsewhere" not in present
+
+
+@pytest.mark.parametrize("bucket_ms", [5_000, 15_000, MINUTE_MS], ids=["5 s", "15 s", "1 min"])
+def test_a_counter_reads_its_rate_in_buckets_narrower_than_the_scrape_interval(
+    tmp_path: Path, bucket_ms: int
+) -> None:
+    """10 tokens/s scraped every 7 s: each bucket's rate is 10/s, never 14 or 0."""
+    start = END_MS
+    samples = [
+        engine_sample(start + i * 7_000, "generation_tokens", 70.0 * i, kind="counter")
+        for i in range(40)
+    ]
+    with Store(tmp_path / "c.duckdb") as store:
+        insert(store, engine=samples)
+        table = queries.engine_series(
+            store.con,
+            signals=["generation_tokens"],
+            start_ms=start + 7_000,
+            end_ms=start + 39 * 7_000,
+            bucket_ms=bucket_ms,
+        )
+    rates = [row["value"] for row in table.to_pylist()]
+    scraped = {s["ts_ms"] // bucket_ms for s in samples[1:39]}  # buckets a scrape ends in
+    assert len(rates) == len(scraped)
+    assert rates == pytest.approx([10.0] * len(rates))

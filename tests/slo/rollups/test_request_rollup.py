@@ -185,6 +185,46 @@ def test_a_request_retried_across_buckets_counts_once_in_the_first(cons: tuple[A
     assert rejected(rolled) == [(3, 2), (1, 0)]  # the rollup: once, where it first came
 
 
+@pytest.mark.parametrize("metric", METRICS)
+def test_sub_minute_buckets_read_the_raw_records_exactly_where_rollups_reach(
+    cons: tuple[Any, Any], metric: str
+) -> None:
+    raw, rolled = cons
+    start = END_MS - 8 * HOUR_MS - 30 * MINUTE_MS  # the ITL requests, every 97 s
+    args: dict[str, Any] = {
+        "start_ms": start,
+        "end_ms": start + 20 * MINUTE_MS,
+        "bucket_ms": 15_000,
+    }
+    answer = queries.latency_percentiles(rolled, metric=metric, **args, by="instance")
+    assert read_coverage(rolled) is not None  # the rollups reach this range...
+    assert _rows(answer) == _rows(
+        queries.latency_percentiles(raw, metric=metric, **args, by="instance")
+    )
+    buckets = {row["bucket_ts_ms"] for row in answer.to_pylist()}
+    assert len(buckets) > 5 and all(b % 15_000 == 0 for b in buckets)
+    assert any(b % MINUTE_MS for b in buckets)  # ...yet buckets start inside minutes
+    outcomes = queries.outcome_counts(rolled, **args)
+    assert _rows(outcomes) == _rows(queries.outcome_counts(raw, **args))
+    assert any(row["bucket_ts_ms"] % MINUTE_MS for row in outcomes.to_pylist())
+
+
+def test_the_datas_first_time_reaches_back_into_the_rollups_once_raw_rows_are_pruned(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    pruned = tmp_path / "pruned.duckdb"
+    pruned.write_bytes(files[1].read_bytes())
+    with duckdb.connect(str(pruned)) as con:
+        first_minute = con.execute("SELECT min(ts_ms) FROM request_minute").fetchone()
+        assert first_minute is not None and first_minute[0] < END_MS - 6 * HOUR_MS
+        con.execute("DELETE FROM requests WHERE received_ts_ms < ?", [END_MS - 6 * HOUR_MS])
+        con.execute("DELETE FROM engine_samples_values WHERE ts_ms < ?", [END_MS - 6 * HOUR_MS])
+        con.execute("DELETE FROM request_minute WHERE ts_ms < ?", [END_MS - 12 * HOUR_MS])
+        assert queries.meta(con)["data_start_ms"] == first_minute[0] // HOUR_MS * HOUR_MS
+        con.execute("DELETE FROM request_hour")  # the minutes alone still reach back
+        assert queries.meta(con)["data_start_ms"] == END_MS - 12 * HOUR_MS
+
+
 def _values(con: Any, metric: str, scope: dict[str, Any], row: dict[str, Any], end: int) -> Any:
     column = "unnest(itl_gaps_s)" if metric == "itl" else f"{metric}_s"
     group = "instance" if scope.get("by") == "instance" else "pool"
