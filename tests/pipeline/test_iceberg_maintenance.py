@@ -21,8 +21,11 @@ import pytest
 import yaml
 
 from llmslo.cli import main
+from llmslo.roles import maintain_lake_until
+from llmslo.sections import load_config
 from pipeline._offsets import LogIdentity, StoredOffset
 from pipeline.codec import conform
+from pipeline.config import StoreConfig
 from pipeline.iceberg.config import IcebergConfig
 from pipeline.iceberg.lake import IcebergLake
 from pipeline.iceberg.maintenance import LakeMaintainer, MaintenancePolicy
@@ -260,3 +263,31 @@ def test_llmslo_lake_maintain_needs_the_iceberg_lake(
     path.write_text(yaml.safe_dump({"store": {"lake": "parquet"}}))
     assert main(["lake", "maintain", "-c", str(path)]) == 2
     assert "store.lake: iceberg" in capsys.readouterr().err
+
+
+def test_the_jobs_roles_schedule_maintains_the_lake_and_stops_when_told(tmp_path: Path) -> None:
+    iceberg = {
+        "catalog_uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "warehouse": str(tmp_path),
+        "maintain_interval_s": 0.2,
+    }
+    config = load_config(None).model_copy(
+        update={"store": StoreConfig(lake="iceberg", iceberg=IcebergConfig(**iceberg))}
+    )
+    lake = IcebergLake(IcebergConfig(**iceberg), group_id="g", topics=lake_topics("t."))
+    ingester = _Ingester(lake, partition=0)
+    hour_ms = (int(time.time() * 1000) - 2 * HOUR_MS) // HOUR_MS * HOUR_MS
+    for n in range(3):
+        ingester.append(n * 10, 10, hour_ms)
+    stop = threading.Event()
+    schedule = threading.Thread(target=maintain_lake_until, args=(config, "t.", stop))
+    schedule.start()
+    deadline = time.monotonic() + 60
+    while _data_files(lake) > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    schedule.join(timeout=60)
+    assert not schedule.is_alive()
+    assert _data_files(lake) == 1
+    assert _values(lake) == sorted(ingester.values)
+    assert lake.read_offsets() == {(TOPIC, 0): StoredOffset(3, LOG)}
