@@ -195,6 +195,11 @@ class LakeMaintainer:
                 lambda files=files: self._write_compacted(table, name, files),  # type: ignore[misc]
                 name,
             )
+            read, kept = (sum(int(f.record_count) for f in fs) for fs in (files, written))
+            if read != kept:  # never trade rows for fewer files
+                report.skipped.append(f"compact hour {hour_ms}: {read} rows read, {kept} written")
+                _delete_quietly(table, written)
+                continue
             if self._replace(table, name, files, written, report, f"compact hour {hour_ms}"):
                 report.hours_compacted += 1
             else:
