@@ -58,14 +58,14 @@ class IcebergConfig(BaseModel):
     )
 
     maintain_interval_s: float = Field(
-        3600.0,
+        600.0,
         ge=0,
         description="seconds between lake maintenance passes in `llmslo run --role jobs` "
         "(retention, compaction of closed hours, snapshot expiry); 0: never (run "
         "`llmslo lake maintain` from a scheduler instead)",
     )
     snapshot_keep_s: float = Field(
-        3600.0,
+        600.0,
         gt=0,
         description="snapshots younger than this survive expiry (at least retry_for_s: an "
         "ingester retrying a commit whose reply was lost looks for it among them)",
