@@ -205,28 +205,31 @@ def _run_jobs_over_iceberg(config: LlmsloConfig, model: SloModel) -> int:
         if config.store.iceberg.maintain_interval_s > 0:
             maintenance.start()
         started = time.monotonic()
-        while not stop.is_set():
-            now_ms = int(time.time() * 1000)
-            try:
-                report = mirror.refresh(now_ms)
-            except LlmsloError as exc:  # no cycle over a lake that cannot be read
-                log.error("skipping an SLO cycle: %s", exc)
-            else:
-                log.debug(
-                    "mirrored %d rows of %d files in %.2f s",
-                    report.rows,
-                    report.files,
-                    report.seconds,
-                )
-                jobs.run_once()
-                cycles += 1
-                if cycles == 1:
-                    log.info(
-                        "first SLO cycle over the Iceberg lake done %.1f s after start",
-                        time.monotonic() - started,
+        try:
+            while not stop.is_set():
+                now_ms = int(time.time() * 1000)
+                try:
+                    report = mirror.refresh(now_ms)
+                except LlmsloError as exc:  # no cycle over a lake that cannot be read
+                    log.error("skipping an SLO cycle: %s", exc)
+                else:
+                    log.debug(
+                        "mirrored %d rows of %d files in %.2f s",
+                        report.rows,
+                        report.files,
+                        report.seconds,
                     )
-            stop.wait(jobs_config.interval_s)
-        if maintenance.is_alive():
-            maintenance.join()  # a pass in progress finishes: each of its commits is whole
+                    jobs.run_once()
+                    cycles += 1
+                    if cycles == 1:
+                        log.info(
+                            "first SLO cycle over the Iceberg lake done %.1f s after start",
+                            time.monotonic() - started,
+                        )
+                stop.wait(jobs_config.interval_s)
+        finally:  # a pass in progress stops after its current commit
+            stop.set()
+            if maintenance.is_alive():
+                maintenance.join()
     print_json({"run": "stopped", "role": "jobs", "cycles": cycles})
     return 0
