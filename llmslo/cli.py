@@ -37,7 +37,7 @@ COMMAND_MODULES: Mapping[str, str] = MappingProxyType(
         "run": "llmslo.run",
         "broker": "llmslo.commands.spine",
         "ingest": "llmslo.commands.spine",
-        "lake": "llmslo.commands.spine",
+        "lake": "llmslo.commands.lake",
         "config": "llmslo.commands.spine",
         "tables": "llmslo.commands.spine",
         "tap": "llmslo.commands.tap",

@@ -9,7 +9,9 @@ on one DuckDB file. In a fleet (docs/topology.md) the parts run apart:
 * ``jobs``: the SLO jobs over the lake (:func:`pipeline.lake.create_lake_views`), writing
   rollups and statuses to their own DuckDB file (``--db``) and flag transitions to Kafka.
   DuckDB lets one process open a file, so the jobs never open an ingester's file: they
-  see rows at most one export interval (plus one ingest batch) old.
+  see rows at most one export interval (plus one ingest batch) old. Over the Iceberg lake
+  (``store.lake: iceberg``) they mirror it instead, and maintain it every
+  ``store.iceberg.maintain_interval_s`` (:func:`maintain_lake_until`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from slo.jobs import JobsConfig, SloJobs
 from slo.sinks import BusTransitionSink, StoreTransitionSink, TeeTransitionSink
 from slo.spec.model import SloModel
 
-__all__ = ["ROLES", "run_ingest_role", "run_jobs_role"]
+__all__ = ["ROLES", "maintain_lake_until", "run_ingest_role", "run_jobs_role"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,35 @@ def export_lake_until(
             log.error("lake export or pruning failed: %s", exc)
         if stopping:
             return
+
+
+def maintain_lake_until(config: LlmsloConfig, topic_prefix: str, stop: threading.Event) -> None:
+    """A lake maintenance pass (:mod:`pipeline.iceberg.maintenance`) every
+    ``store.iceberg.maintain_interval_s`` until ``stop``; the first after one interval.
+
+    Its own lake (catalog connection and table objects), so the jobs' mirror never sees a
+    table object change under it. A failed pass is logged; the next one retries.
+    """
+    from pipeline.iceberg.maintenance import LakeMaintainer, maintenance_policy
+
+    assert config.store.iceberg is not None  # store.lake is iceberg
+    interval_s = config.store.iceberg.maintain_interval_s
+    maintainer: LakeMaintainer | None = None
+    while not stop.wait(interval_s):
+        try:
+            if maintainer is None:
+                lake = open_iceberg_lake(config.store, config.ingest.group_id, topic_prefix)
+                assert lake is not None
+                maintainer = LakeMaintainer(
+                    lake, maintenance_policy(config.store), should_stop=stop.is_set
+                )
+            reports = maintainer.run(int(time.time() * 1000))
+        except LlmsloError as exc:
+            log.error("lake maintenance failed: %s", exc)
+            continue
+        for report in reports:
+            for skipped in report.skipped:
+                log.warning("lake maintenance of %s left %s", report.table, skipped)
 
 
 def run_ingest_role(config: LlmsloConfig, instance_id: str | None) -> int:
@@ -167,27 +198,38 @@ def _run_jobs_over_iceberg(config: LlmsloConfig, model: SloModel) -> int:
         mirror = IcebergMirror(lake, store, window_ms=window_ms)
         sink = TeeTransitionSink(published, StoreTransitionSink(store.con))
         jobs = SloJobs(store.con, model, jobs_config, sink=sink)
+        maintenance = threading.Thread(
+            target=maintain_lake_until, args=(config, bus.prefix, stop), name="lake-maintain"
+        )
+        assert config.store.iceberg is not None
+        if config.store.iceberg.maintain_interval_s > 0:
+            maintenance.start()
         started = time.monotonic()
-        while not stop.is_set():
-            now_ms = int(time.time() * 1000)
-            try:
-                report = mirror.refresh(now_ms)
-            except LlmsloError as exc:  # no cycle over a lake that cannot be read
-                log.error("skipping an SLO cycle: %s", exc)
-            else:
-                log.debug(
-                    "mirrored %d rows of %d files in %.2f s",
-                    report.rows,
-                    report.files,
-                    report.seconds,
-                )
-                jobs.run_once()
-                cycles += 1
-                if cycles == 1:
-                    log.info(
-                        "first SLO cycle over the Iceberg lake done %.1f s after start",
-                        time.monotonic() - started,
+        try:
+            while not stop.is_set():
+                now_ms = int(time.time() * 1000)
+                try:
+                    report = mirror.refresh(now_ms)
+                except LlmsloError as exc:  # no cycle over a lake that cannot be read
+                    log.error("skipping an SLO cycle: %s", exc)
+                else:
+                    log.debug(
+                        "mirrored %d rows of %d files in %.2f s",
+                        report.rows,
+                        report.files,
+                        report.seconds,
                     )
-            stop.wait(jobs_config.interval_s)
+                    jobs.run_once()
+                    cycles += 1
+                    if cycles == 1:
+                        log.info(
+                            "first SLO cycle over the Iceberg lake done %.1f s after start",
+                            time.monotonic() - started,
+                        )
+                stop.wait(jobs_config.interval_s)
+        finally:  # a pass in progress stops after its current commit
+            stop.set()
+            if maintenance.is_alive():
+                maintenance.join()
     print_json({"run": "stopped", "role": "jobs", "cycles": cycles})
     return 0

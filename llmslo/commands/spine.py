@@ -1,4 +1,4 @@
-"""The spine's subcommands: ``broker``, ``ingest``, ``lake export``, ``config validate``, ``tables``."""
+"""The spine's subcommands: ``broker``, ``ingest``, ``config validate``, ``tables``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from llmslo.options import (
 from llmslo.sections import load_config
 from pipeline.broker import EmbeddedBroker
 from pipeline.bus import Bus
-from pipeline.errors import ConfigError, LlmsloError
+from pipeline.errors import LlmsloError
 from pipeline.iceberg.lake import open_iceberg_lake
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
@@ -71,23 +71,6 @@ def register(subparsers: Any) -> None:
         "tests); a rebalance in progress is not idleness",
     )
     ingest.set_defaults(handler=run_ingest)
-
-    lake = add_subcommand(
-        subparsers,
-        "lake",
-        "Export complete hours of a DuckDB file to the Parquet lake.",
-        "llmslo lake export --db var/llmslo.duckdb --lake /srv/llmslo-lake --ingester ingest-0",
-    )
-    lake_sub = lake.add_subparsers(dest="lake_command", required=True)
-    export = lake_sub.add_parser(
-        "export", help="write hours not exported yet as Hive-partitioned Parquet"
-    )
-    add_common_options(export, bus=False, db=True)
-    export.add_argument("--lake", type=Path, help="lake directory (overrides store.lake_dir)")
-    export.add_argument(
-        "--ingester", default=socket.gethostname(), help="file name of this ingester's parts"
-    )
-    export.set_defaults(handler=run_lake_export)
 
     config = add_subcommand(
         subparsers,
@@ -177,29 +160,6 @@ def run_ingest(
             "rows": stats.rows,
             "deadletters": stats.deadletters,
             "commits": stats.commits,
-        }
-    )
-    return 0
-
-
-def run_lake_export(args: argparse.Namespace) -> int:
-    config = resolve_config(args)
-    lake_dir = args.lake or config.store.lake_dir
-    if lake_dir is None:
-        raise ConfigError("no lake directory: pass --lake or set store.lake_dir")
-    with Store(config.store.path, must_exist=True) as store:
-        written = export_hours(store, lake_dir, args.ingester, now_ts_ms=int(time.time() * 1000))
-    print_json(
-        {
-            "exported": [
-                {
-                    "table": w.table,
-                    "hour_start_ms": w.hour_start_ms,
-                    "rows": w.rows,
-                    "path": str(w.path),
-                }
-                for w in written
-            ]
         }
     )
     return 0

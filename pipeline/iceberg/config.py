@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.errors import ConfigError
 
@@ -56,6 +56,29 @@ class IcebergConfig(BaseModel):
         description="how long a commit retries an unreachable store (backing off up to 5 s) "
         "before the ingester stops (a restart re-reads the batch: nothing is lost)",
     )
+
+    maintain_interval_s: float = Field(
+        600.0,
+        ge=0,
+        description="seconds between lake maintenance passes in `llmslo run --role jobs` "
+        "(retention, compaction of closed hours, snapshot expiry); 0: never (run "
+        "`llmslo lake maintain` from a scheduler instead)",
+    )
+    snapshot_keep_s: float = Field(
+        600.0,
+        gt=0,
+        description="snapshots younger than this survive expiry (at least retry_for_s: an "
+        "ingester retrying a commit whose reply was lost looks for it among them)",
+    )
+
+    @model_validator(mode="after")
+    def _keep_covers_retries(self) -> IcebergConfig:
+        if self.snapshot_keep_s < self.retry_for_s:
+            raise ValueError(
+                "snapshot_keep_s must be >= retry_for_s (a retried commit looks for itself "
+                "among the snapshots kept)"
+            )
+        return self
 
     @field_validator("catalog_uri")
     @classmethod

@@ -55,8 +55,14 @@ log = logging.getLogger(__name__)
 OFFSETS_PREFIX = "llmslo.offsets."
 COMMIT_ID = "llmslo.commit-id"
 MAX_BACKOFF_S = 5.0
-#: Table properties: the lake retries its own conflicts (see ``_without_library_retries``).
-NO_LIBRARY_RETRIES = {"commit.retry.num-retries": "0"}
+#: Properties of every lake table: the lake retries its own conflicts (see
+#: ``_with_lake_properties``), and each commit deletes the table's metadata files more than
+#: 100 versions old (every commit writes one listing all snapshots; they would pile up).
+TABLE_PROPERTIES = {
+    "commit.retry.num-retries": "0",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
+}
 #: An object store's refusals that retrying cannot fix (spaces and underscores removed:
 #: botocore says AccessDenied, pyarrow ACCESS_DENIED).
 _REFUSALS = (
@@ -182,13 +188,13 @@ class IcebergLake:
         identifier = f"{self.config.namespace}.{table}"
         try:
             loaded = self._catalog.load_table(identifier)
-            return self._with_new_columns(table, self._without_library_retries(loaded))
+            return self._with_new_columns(table, self._with_lake_properties(loaded))
         except NoSuchTableError:
             pass
         try:
             with (
                 self._catalog.create_table_transaction(
-                    identifier, schema=lake_arrow_schema(table), properties=NO_LIBRARY_RETRIES
+                    identifier, schema=lake_arrow_schema(table), properties=TABLE_PROPERTIES
                 ) as create,
                 create.update_spec() as spec,
             ):
@@ -199,7 +205,7 @@ class IcebergLake:
             # Another ingester created it meanwhile: the catalog refuses the insert, or
             # the commit's "table does not exist" requirement fails.
             pass
-        return self._without_library_retries(self._catalog.load_table(identifier))
+        return self._with_lake_properties(self._catalog.load_table(identifier))
 
     @staticmethod
     def _with_new_columns(name: str, table: Any) -> Any:
@@ -222,8 +228,9 @@ class IcebergLake:
         raise LakeError(f"cannot add new columns to {table.name()}: commits keep conflicting")
 
     @staticmethod
-    def _without_library_retries(table: Any) -> Any:
-        """``table`` with pyiceberg's own commit retries off (a table created elsewhere).
+    def _with_lake_properties(table: Any) -> Any:
+        """``table`` with :data:`TABLE_PROPERTIES` (created elsewhere, or by a release
+        before one of them), pyiceberg's own commit retries off among them.
 
         pyiceberg (≥ 0.10) re-applies a conflicting append on the refreshed table with the
         snapshot properties it was given, i.e. with offsets merged from the stale parent: it
@@ -233,16 +240,16 @@ class IcebergLake:
         from pyiceberg.exceptions import CommitFailedException
 
         for _ in range(10):
-            if all(table.properties.get(k) == v for k, v in NO_LIBRARY_RETRIES.items()):
+            if all(table.properties.get(k) == v for k, v in TABLE_PROPERTIES.items()):
                 return table
             try:
                 with table.transaction() as change:
-                    change.set_properties(NO_LIBRARY_RETRIES)
+                    change.set_properties(TABLE_PROPERTIES)
             except CommitFailedException:
                 pass
             table.refresh()
         raise LakeError(
-            f"cannot set {NO_LIBRARY_RETRIES} on {table.name()}: commits keep conflicting"
+            f"cannot set {TABLE_PROPERTIES} on {table.name()}: commits keep conflicting"
         )
 
     def table(self, name: str) -> Any:
