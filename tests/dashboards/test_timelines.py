@@ -1,0 +1,80 @@
+"""The Fleet strips' frames: alert state per bucket from stored rollups, level spans."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from dashboards.timelines import Pair, alert_states, level_spans, status_pairs
+from pipeline.units import HOUR_MS, MINUTE_MS
+
+BUCKET = 5 * MINUTE_MS
+START, END = 100 * HOUR_MS, 106 * HOUR_MS
+PAGE = Pair("page", 14.4, HOUR_MS, 5 * MINUTE_MS)
+TICKET = Pair("ticket", 1.0, 6 * HOUR_MS, 30 * MINUTE_MS)
+
+
+def _series(bad_from_ms: int, bad_to_ms: int, bad: int) -> pd.DataFrame:
+    """1,000 events per bucket from 6 h before START, ``bad`` of them bad in the interval."""
+    rows = [
+        {"bucket_ts_ms": ts, "total": 1000, "bad": bad if bad_from_ms <= ts < bad_to_ms else 0}
+        for ts in range(START - 6 * HOUR_MS, END, BUCKET)
+    ]
+    return pd.DataFrame(rows)
+
+
+def _states(series: pd.DataFrame) -> pd.DataFrame:
+    return alert_states(
+        series, pairs=[PAGE, TICKET], objective=0.99, start_ms=START, end_ms=END, bucket_ms=BUCKET
+    )
+
+
+def test_an_outage_tickets_then_pages_while_both_windows_burn_then_recovers() -> None:
+    # 50 % errors from +1 h to +3 h: burn 50 per bad bucket. The 6 h window passes 1 after
+    # two bad buckets (2 × 0.69), the 1 h window 14.4 after four (4 × 4.17); when errors
+    # stop the 5 m window clears at once, the 30 m window six buckets later.
+    out = _states(_series(START + HOUR_MS, START + 3 * HOUR_MS, 500))
+    assert len(out) == 6 * 12 and out["start_ms"].iloc[0] == START
+    state = dict(zip((out["start_ms"] - START) // MINUTE_MS, out["state"], strict=True))
+    assert [state[m] for m in (0, 55, 60, 65, 70, 75, 175)] == [
+        "ok", "ok", "ok", "ticket", "ticket", "page", "page",
+    ]  # fmt: skip
+    assert [state[m] for m in (180, 200, 205, 355)] == ["ticket", "ticket", "ok", "ok"]
+    assert out["detail"].iloc[0] == "page ×14.4: 0.0 / 0.0; ticket ×1: 0.0 / 0.0"
+
+
+def test_no_events_is_its_own_state() -> None:
+    out = _states(pd.DataFrame(columns=["bucket_ts_ms", "total", "bad"]))
+    assert set(out["state"]) == {"no events"}
+
+
+def test_the_pairs_are_read_from_the_stored_status() -> None:
+    status = {
+        "pairs": [
+            {"id": "page-1h-5m", "severity": "page", "factor": 14.4},
+            {"id": "ticket-3d-6h", "severity": "ticket", "factor": 1.0},
+            {"id": "odd", "factor": 2.0},
+        ]
+    }
+    assert status_pairs(json.dumps(status)) == [
+        PAGE,
+        Pair("ticket", 1.0, 72 * HOUR_MS, 6 * HOUR_MS),
+    ]
+
+
+def test_levels_hold_from_before_the_range_until_each_move() -> None:
+    moves = [
+        {"ts_ms": START + HOUR_MS, "scope_id": "a", "to_level": 2, "reason": "kv_free_ratio"},
+        {"ts_ms": START + 2 * HOUR_MS, "scope_id": "a", "to_level": 1, "reason": "kv_free_ratio"},
+    ]
+    out = level_spans(moves, before={"a": 1}, instances=["a", "b"], start_ms=START, end_ms=END)
+    rows = [
+        tuple(r) for r in out[["instance", "level", "start_ms", "end_ms"]].itertuples(index=False)
+    ]
+    assert rows == [
+        ("a", "L1", START, START + HOUR_MS),
+        ("a", "L2", START + HOUR_MS, START + 2 * HOUR_MS),
+        ("a", "L1", START + 2 * HOUR_MS, END),
+        ("b", "L0", START, END),  # never moved: L0 all along
+    ]
