@@ -6,6 +6,7 @@ level, open findings, and what changed in the last hour."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -113,43 +114,63 @@ def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
             "no SLO has been evaluated: the SLO jobs (`llmslo run` or `llmslo jobs`) write `slo_status_current`."
         )
         return
-    f = ctx.filters
-    frames = []
+    frames, unlabelled = [], []
     for row in status.itertuples():
-        pairs = status_pairs(row.status_json)
         group = json.loads(row.group_json or "{}")
-        longest = max((p.long_ms for p in pairs), default=0)
-        # slo.queries answers ranges of at most 90 days: the look-back shrinks to fit.
-        series = ctx.table(
-            "budget_series",
-            slo_id=row.slo_id,
-            objective=float(row.objective),
-            start_ms=max(f.start_ms - longest, f.end_ms - 90 * DAY_MS) // f.bucket_ms * f.bucket_ms,
-            end_ms=f.end_ms,
-            bucket_ms=f.bucket_ms,
-            group=group or None,
-        )
-        if series is None:
-            return
-        states = alert_states(
-            series.to_pandas(),
-            pairs=pairs,
-            objective=float(row.objective),
-            start_ms=f.start_ms,
-            end_ms=f.end_ms,
-            bucket_ms=f.bucket_ms,
-        )
-        states["slo"] = f"{row.slo_id} · {_group_label(group)}"
-        frames.append(states)
-    df = pd.concat(frames, ignore_index=True)
+        if not all(group.values()):
+            # An empty label value (records without that label) cannot be selected by
+            # budget_series, which refuses empty names: such groups are listed, not drawn.
+            unlabelled.append(f"{row.slo_id} · {_group_label(group)}")
+            continue
+        states = _alert_states(ctx, row, group)
+        if states is not None:
+            states["slo"] = f"{row.slo_id} · {_group_label(group)}"
+            frames.append(states)
+    if frames:
+        _draw_alert_strip(ctx, pd.concat(frames, ignore_index=True))
+    else:
+        no_data("no SLO group with events in its rollups (`slo_minute`, `slo_hour`).")
+    if unlabelled:
+        st.caption("Not drawn (a group label without a value):")
+        st.text("\n".join(unlabelled))
+
+
+def _draw_alert_strip(ctx: PageContext, df: pd.DataFrame) -> None:
     df["start"] = pd.to_datetime(df["start_ms"], unit="ms", utc=True)
     df["end"] = pd.to_datetime(df["end_ms"], unit="ms", utc=True)
     st.altair_chart(alert_strip(df), width="stretch")
     st.caption(
         "Each cell: the worst alert window pair over its burn-rate factor at the end of the "
-        f"bucket ({f.bucket_ms // 60_000:,} min), recomputed from the SLO rollups "
+        f"bucket ({ctx.filters.bucket_ms // 60_000:,} min), recomputed from the SLO rollups "
         "(windows counted in whole buckets; the low-traffic guard is not applied). "
         "The table below has the jobs' own last evaluation."
+    )
+
+
+def _alert_states(ctx: PageContext, row: Any, group: dict[str, str]) -> pd.DataFrame | None:
+    """One SLO group's :func:`~dashboards.timelines.alert_states` over the view's range."""
+    f = ctx.filters
+    pairs = status_pairs(row.status_json)
+    longest = max((p.long_ms for p in pairs), default=0)
+    # slo.queries answers ranges of at most 90 days: the look-back shrinks to fit.
+    series = ctx.table(
+        "budget_series",
+        slo_id=row.slo_id,
+        objective=float(row.objective),
+        start_ms=max(f.start_ms - longest, f.end_ms - 90 * DAY_MS) // f.bucket_ms * f.bucket_ms,
+        end_ms=f.end_ms,
+        bucket_ms=f.bucket_ms,
+        group=group or None,
+    )
+    if series is None:
+        return None
+    return alert_states(
+        series.to_pandas(),
+        pairs=pairs,
+        objective=float(row.objective),
+        start_ms=f.start_ms,
+        end_ms=f.end_ms,
+        bucket_ms=f.bucket_ms,
     )
 
 
@@ -161,8 +182,9 @@ def _pool_charts(ctx: PageContext) -> None:
         st.subheader("Client requests/s by pool")
         outcomes = ctx.table("outcome_counts", by="pool", **f.request_scope())
         if outcomes is not None and outcomes.num_rows:
-            df = frame(outcomes).groupby(["time", "pool"], as_index=False)["requests"].sum()
-            df["requests/s"] = df["requests"] / (f.bucket_ms / 1000)
+            df = frame(outcomes)
+            df = df.groupby(["time", "bucket_ts_ms", "pool"], as_index=False)["requests"].sum()
+            df["requests/s"] = df["requests"] / _covered_s(ctx, df["bucket_ts_ms"])
             st.altair_chart(
                 line_chart(df, "requests/s", y_title="client requests/s", color="pool"),
                 width="stretch",
@@ -179,6 +201,15 @@ def _pool_charts(ctx: PageContext) -> None:
             )
         elif latency is not None:
             no_data("no request with a first token in this range.")
+
+
+def _covered_s(ctx: PageContext, bucket_ts_ms: pd.Series) -> pd.Series:
+    """Seconds of each bucket that data can cover: the last bucket ends at the newest data,
+    so a rate there is not read as a sudden drop."""
+    f = ctx.filters
+    last_ms = min(f.end_ms, (ctx.meta.data_end_ms or f.end_ms) + 1)
+    ends = (bucket_ts_ms + f.bucket_ms).clip(upper=last_ms)
+    return ((ends - bucket_ts_ms).clip(lower=1_000)) / 1000
 
 
 def _level_strip(ctx: PageContext) -> None:
