@@ -178,7 +178,9 @@ def step_chart(df: pd.DataFrame, *, y: str, y_title: str, color: str) -> alt.Cha
 ALERT_COLOURS = {"page": "#d62728", "ticket": "#ff9f1c", "ok": "#2ca02c", "no events": "#d9d9d9"}
 #: Degradation-level colours of the instance strip, L0 (normal) to L3 (economy mode).
 LEVEL_COLOURS = {"L0": "#2ca02c", "L1": "#f2cc0c", "L2": "#ff7f0e", "L3": "#d62728"}
-_ROW_PX = 22
+#: A strip row's height (px): full for a few rows, thinner for many so that a fleet of 64
+#: still fits in about 640 px (labels shrink with the rows).
+_ROW_PX, _MIN_ROW_PX, _STRIP_PX = 22, 10, 400
 
 
 def _strip(
@@ -192,6 +194,7 @@ def _strip(
 ) -> alt.Chart:
     """Rows × time of rectangles ``start``–``end`` coloured by ``colour`` on a fixed scale."""
     rows = max(1, df[row].nunique()) if row in df else 1
+    row_px = max(_MIN_ROW_PX, min(_ROW_PX, _STRIP_PX // rows))
     return (
         alt.Chart(df)
         .mark_rect()
@@ -202,7 +205,7 @@ def _strip(
                 f"{row}:N",
                 title=None,
                 sort=sorted(set(df[row])) if row in df else None,
-                axis=alt.Axis(labelLimit=320),
+                axis=alt.Axis(labelLimit=320, labelFontSize=min(11, row_px - 2)),
             ),
             color=alt.Color(
                 f"{colour}:N",
@@ -215,7 +218,7 @@ def _strip(
         # Streamlit's default autosize ("fit", padding included) would squeeze a short
         # strip's rows under its legend and axis: fit the width only, the height is the rows'.
         .properties(
-            height=rows * _ROW_PX, autosize=alt.AutoSizeParams(type="fit-x", contains="padding")
+            height=rows * row_px, autosize=alt.AutoSizeParams(type="fit-x", contains="padding")
         )
     )
 

@@ -248,7 +248,10 @@ def _in_scope(ctx: PageContext, row: dict[str, object]) -> bool:
 
 def _slo_table(status: pd.DataFrame | None) -> None:
     st.subheader("SLOs")
-    if status is None or status.empty:
+    if status is None:
+        return
+    if status.empty:
+        st.caption("No SLO group in this view.")
         return
     rows = slo_rows(status)
     st.dataframe(

@@ -64,3 +64,10 @@ def test_the_level_strip_colours_l0_to_l3_on_a_fixed_scale() -> None:
     assert enc["color"]["scale"]["range"] == list(LEVEL_COLOURS.values())
     assert enc["y"]["sort"] == ["pod-a", "pod-b"]
     assert {t["field"] for t in enc["tooltip"]} >= {"instance", "level", "reason"}
+
+
+def test_a_strip_of_many_rows_stays_about_a_screen_tall() -> None:
+    many = _spans("instance", "level", [(f"pod-{i:02d}", "L0") for i in range(64)])
+    few = _spans("instance", "level", [(f"pod-{i}", "L0") for i in range(3)])
+    assert _spec(level_strip(few))["height"] == 3 * 22
+    assert _spec(level_strip(many))["height"] == 64 * 10  # 10 px rows, not 64 × 22 = 1,408
