@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pandas as pd
 
 from dashboards.timelines import Pair, alert_states, level_spans, status_pairs
 from pipeline.units import HOUR_MS, MINUTE_MS
+from slo.budget import WindowCounts, pair_alerting
 
 BUCKET = 5 * MINUTE_MS
 START, END = 100 * HOUR_MS, 106 * HOUR_MS
@@ -78,3 +80,38 @@ def test_levels_hold_from_before_the_range_until_each_move() -> None:
         ("a", "L1", START + 2 * HOUR_MS, END),
         ("b", "L0", START, END),  # never moved: L0 all along
     ]
+
+
+def test_every_cell_agrees_with_the_jobs_pair_rule() -> None:
+    """The strip's arrays against :func:`slo.budget.pair_alerting` bucket by bucket, over
+    bursty random traffic with empty stretches."""
+    rng = random.Random(7)
+    rows = []
+    for ts in range(START - 6 * HOUR_MS, END, BUCKET):
+        # Nothing until an hour into the range (every window empty), then bursts.
+        total = rng.choice([0, 0, 5, 200, 1000]) if ts >= START + HOUR_MS else 0
+        rows.append(
+            {"bucket_ts_ms": ts, "total": total, "bad": rng.choice([0, total // 40, total // 2])}
+        )
+    series = pd.DataFrame(rows)
+    out = _states(series)
+    assert set(out["state"]) == {"page", "ticket", "ok", "no events"}  # every branch is met
+    counts = series.set_index("bucket_ts_ms")
+    for start_ms, state in zip(out["start_ms"], out["state"], strict=True):
+
+        def window(ms: int, end: int = start_ms + BUCKET) -> WindowCounts:
+            inside = counts[(counts.index >= end - ms) & (counts.index < end)]
+            return WindowCounts(int(inside["total"].sum()), int(inside["bad"].sum()))
+
+        firing = {
+            p.severity
+            for p in (PAGE, TICKET)
+            if pair_alerting(window(p.short_ms), window(p.long_ms), 0.99, p.factor)
+        }
+        seen = any(window(p.long_ms).total for p in (PAGE, TICKET))
+        expected = (
+            ("page" if "page" in firing else "ticket")
+            if firing
+            else ("ok" if seen else "no events")
+        )
+        assert state == expected, start_ms
