@@ -3,6 +3,7 @@ tooltip on every point. Inputs are pandas frames with a ``time`` column (datetim
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import altair as alt
@@ -183,6 +184,11 @@ LEVEL_COLOURS = {"L0": "#2ca02c", "L1": "#f2cc0c", "L2": "#ff7f0e", "L3": "#d627
 _ROW_PX, _MIN_ROW_PX, _STRIP_PX = 22, 10, 400
 
 
+def _natural(label: str) -> list[tuple[int, str]]:
+    """Sort key reading digit runs as numbers: ``pod-2`` before ``pod-10``."""
+    return [(int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"(\d+)", label)]
+
+
 def _strip(
     df: pd.DataFrame,
     *,
@@ -204,7 +210,7 @@ def _strip(
             y=alt.Y(
                 f"{row}:N",
                 title=None,
-                sort=sorted(set(df[row])) if row in df else None,
+                sort=sorted(set(df[row]), key=_natural) if row in df else None,
                 axis=alt.Axis(labelLimit=320, labelFontSize=min(11, row_px - 2)),
             ),
             color=alt.Color(
@@ -236,8 +242,9 @@ def alert_strip(df: pd.DataFrame) -> alt.Chart:
         tooltip=[
             alt.Tooltip("slo:N"),
             alt.Tooltip("state:N", title="alert"),
-            alt.Tooltip("start:T", format="%Y-%m-%d %H:%M"),
-            alt.Tooltip("detail:N", title="burn long / short (× budget)"),
+            alt.Tooltip("start:T", title="from", format="%Y-%m-%d %H:%M"),
+            alt.Tooltip("end:T", title="until", format="%Y-%m-%d %H:%M"),
+            alt.Tooltip("detail:N", title="burn long / short (× budget) at the end"),
         ],
     )
 

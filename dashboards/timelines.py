@@ -26,6 +26,7 @@ __all__ = [
     "Pair",
     "alert_states",
     "level_spans",
+    "merge_runs",
     "status_pairs",
 ]
 
@@ -98,7 +99,7 @@ def alert_states(
 ) -> pd.DataFrame:
     """One row per bucket of ``[start_ms, end_ms)``: ``start_ms``/``end_ms`` of the bucket,
     ``state`` (``page``, ``ticket``, ``ok``, or ``no events`` when no pair's long window holds
-    one) and ``detail`` (each pair's long/short burn rate, ``×`` budget).
+    one) and ``detail`` (each pair's long/short burn rate, ``×`` budget, at the bucket's end).
 
     A pair fires as :func:`slo.budget.pair_alerting` says (both burns strictly above the
     factor), computed over whole arrays: a page of 30 days × 64 groups has 70,000 cells.
@@ -132,6 +133,22 @@ def alert_states(
         {"start_ms": grid, "end_ms": grid + bucket_ms, "state": states, "detail": details}
     )
     return rows[rows["end_ms"] > start_ms].reset_index(drop=True)
+
+
+def merge_runs(cells: pd.DataFrame) -> pd.DataFrame:
+    """:func:`alert_states` rows with consecutive buckets of one state joined into one span
+    (``start_ms`` of the first, ``end_ms`` and ``detail`` of the last): a browser draws a
+    few hundred rectangles for a fleet instead of tens of thousands."""
+    if cells.empty:
+        return cells
+    run = (cells["state"] != cells["state"].shift()).cumsum()
+    spans = cells.groupby(run, sort=False).agg(
+        start_ms=("start_ms", "first"),
+        end_ms=("end_ms", "last"),
+        state=("state", "first"),
+        detail=("detail", "last"),
+    )
+    return spans.reset_index(drop=True)
 
 
 def level_spans(

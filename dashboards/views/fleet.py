@@ -13,7 +13,7 @@ import streamlit as st
 
 from dashboards.charts import alert_strip, frame, level_strip, line_chart
 from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
-from dashboards.timelines import alert_states, level_spans, status_pairs
+from dashboards.timelines import alert_states, level_spans, merge_runs, status_pairs
 from dashboards.views.common import findings_table, instances_in_scope, no_data, page
 from pipeline.units import DAY_MS, HOUR_MS
 
@@ -124,6 +124,7 @@ def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
             continue
         states = _alert_states(ctx, row, group)
         if states is not None:
+            states = merge_runs(states)
             states["slo"] = f"{row.slo_id} · {_group_label(group)}"
             frames.append(states)
     if frames:

@@ -71,3 +71,8 @@ def test_a_strip_of_many_rows_stays_about_a_screen_tall() -> None:
     few = _spans("instance", "level", [(f"pod-{i}", "L0") for i in range(3)])
     assert _spec(level_strip(few))["height"] == 3 * 22
     assert _spec(level_strip(many))["height"] == 64 * 10  # 10 px rows, not 64 × 22 = 1,408
+
+
+def test_strip_rows_sort_pod_2_before_pod_10() -> None:
+    df = _spans("instance", "level", [("pod-10", "L0"), ("pod-2", "L1"), ("pod-1", "L0")])
+    assert _spec(level_strip(df))["encoding"]["y"]["sort"] == ["pod-1", "pod-2", "pod-10"]

@@ -7,7 +7,7 @@ import random
 
 import pandas as pd
 
-from dashboards.timelines import Pair, alert_states, level_spans, status_pairs
+from dashboards.timelines import Pair, alert_states, level_spans, merge_runs, status_pairs
 from pipeline.units import HOUR_MS, MINUTE_MS
 from slo.budget import WindowCounts, pair_alerting
 
@@ -115,3 +115,11 @@ def test_every_cell_agrees_with_the_jobs_pair_rule() -> None:
             else ("ok" if seen else "no events")
         )
         assert state == expected, start_ms
+
+
+def test_runs_of_one_state_become_one_span_that_ends_with_the_last_bucket() -> None:
+    cells = _states(_series(START + HOUR_MS, START + 3 * HOUR_MS, 500))
+    spans = merge_runs(cells)
+    assert list(spans["state"]) == ["ok", "ticket", "page", "ticket", "ok"]
+    assert list((spans["start_ms"] - START) // MINUTE_MS) == [0, 65, 75, 180, 205]
+    assert spans["end_ms"].iloc[-1] == END and spans["detail"].iloc[-1] == cells["detail"].iloc[-1]
