@@ -7,6 +7,7 @@ without AM/PM (``06:45`` for 18:45 UTC)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import altair as alt
@@ -14,9 +15,13 @@ import pandas as pd
 import pyarrow as pa
 
 __all__ = [
+    "ALERT_COLOURS",
+    "LEVEL_COLOURS",
+    "alert_strip",
     "band_chart",
     "frame",
     "incidents_frame",
+    "level_strip",
     "line_chart",
     "step_chart",
     "utc_time",
@@ -194,4 +199,100 @@ def step_chart(df: pd.DataFrame, *, y: str, y_title: str, color: str) -> alt.Cha
             tooltip=[c for c in df.columns if c not in ("time",)] + [when],
         )
         .properties(height=_HEIGHT)
+    )
+
+
+#: Alert-state colours of the SLO strip, worst first (red page, amber ticket, green ok).
+ALERT_COLOURS = {"page": "#d62728", "ticket": "#ff9f1c", "ok": "#2ca02c", "no events": "#d9d9d9"}
+#: Degradation-level colours of the instance strip, L0 (normal) to L3 (economy mode).
+LEVEL_COLOURS = {"L0": "#2ca02c", "L1": "#f2cc0c", "L2": "#ff7f0e", "L3": "#d62728"}
+#: A strip row's height (px): full for a few rows, thinner for many so that a fleet of 64
+#: still fits in about 640 px (labels shrink with the rows).
+_ROW_PX, _MIN_ROW_PX, _STRIP_PX = 22, 10, 400
+
+
+def _natural(label: str) -> list[tuple[int, str]]:
+    """Sort key reading digit runs as numbers: ``pod-2`` before ``pod-10``."""
+    return [(int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"(\d+)", label)]
+
+
+def _strip(
+    df: pd.DataFrame,
+    *,
+    row: str,
+    colour: str,
+    colours: dict[str, str],
+    legend: str,
+    tooltip: Sequence[alt.Tooltip],
+) -> alt.Chart:
+    """Rows × time of rectangles ``start``–``end`` coloured by ``colour`` on a fixed scale."""
+    rows = max(1, df[row].nunique()) if row in df else 1
+    row_px = max(_MIN_ROW_PX, min(_ROW_PX, _STRIP_PX // rows))
+    if "start" in df:
+        df, x, start_tip = utc_time(df, "start")
+        df, _, end_tip = utc_time(df, "end")
+        tooltip = [*tooltip, start_tip, end_tip]
+    else:
+        x = alt.X("start:T", title="UTC", scale=alt.Scale(type="utc"))
+    return (
+        alt.Chart(df)
+        .mark_rect()
+        .encode(
+            x=x,
+            x2="end:T",
+            y=alt.Y(
+                f"{row}:N",
+                title=None,
+                sort=sorted(set(df[row]), key=_natural) if row in df else None,
+                axis=alt.Axis(labelLimit=320, labelFontSize=min(11, row_px - 2)),
+            ),
+            color=alt.Color(
+                f"{colour}:N",
+                title=legend,
+                scale=alt.Scale(domain=list(colours), range=list(colours.values())),
+                legend=alt.Legend(orient="top"),
+            ),
+            tooltip=list(tooltip),
+        )
+        # Streamlit's default autosize ("fit", padding included) would squeeze a short
+        # strip's rows under its legend and axis: fit the width only, the height is the rows'.
+        .properties(
+            height=rows * row_px, autosize=alt.AutoSizeParams(type="fit-x", contains="padding")
+        )
+    )
+
+
+def alert_strip(df: pd.DataFrame) -> alt.Chart:
+    """SLO groups × time, each cell the worst alert pair firing then (:data:`ALERT_COLOURS`).
+
+    ``df``: ``slo`` (row label), ``start``/``end`` (UTC datetimes), ``state``, ``detail``."""
+    return _strip(
+        df,
+        row="slo",
+        colour="state",
+        colours=ALERT_COLOURS,
+        legend="alert",
+        tooltip=[
+            alt.Tooltip("slo:N"),
+            alt.Tooltip("state:N", title="alert"),
+            alt.Tooltip("detail:N", title="burn long / short (× budget) at the end"),
+        ],
+    )
+
+
+def level_strip(df: pd.DataFrame) -> alt.Chart:
+    """Instances × time, each span its degradation level (:data:`LEVEL_COLOURS`).
+
+    ``df``: ``instance`` (row label), ``start``/``end`` (UTC datetimes), ``level``, ``reason``."""
+    return _strip(
+        df,
+        row="instance",
+        colour="level",
+        colours=LEVEL_COLOURS,
+        legend="level",
+        tooltip=[
+            alt.Tooltip("instance:N"),
+            alt.Tooltip("level:N"),
+            alt.Tooltip("reason:N"),
+        ],
     )

@@ -1,16 +1,21 @@
-"""Fleet: traffic in the last hour, every SLO with budget and burn, instances by degradation
+"""Fleet: what is wrong, where and since when, in pictures first — the alert state of every
+SLO group over the range, request rate and p99 TTFT per pool, the degradation level of
+every instance — then the tables behind them: every SLO with budget and burn, instances by
 level, open findings, and what changed in the last hour."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
+from dashboards.charts import alert_strip, frame, level_strip, line_chart
 from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
+from dashboards.timelines import alert_states, level_spans, merge_runs, status_pairs
 from dashboards.views.common import findings_table, instances_in_scope, no_data, page
-from pipeline.units import HOUR_MS
+from pipeline.units import DAY_MS, HOUR_MS
 
 __all__ = ["PAGE", "slo_rows"]
 
@@ -23,7 +28,8 @@ _LEVELS = {
 
 
 def slo_rows(status: pd.DataFrame) -> pd.DataFrame:
-    """The SLO table: one row per SLO × group, numbers formatted with units."""
+    """The SLO table: one row per SLO × group, numbers formatted with units; the columns an
+    on-call reads first (SLO, group, budget left, alert) lead, then the burn rates."""
     rows = []
     for row in status.itertuples():
         burns = json.loads(row.burn_rates_json or "{}")
@@ -31,24 +37,28 @@ def slo_rows(status: pd.DataFrame) -> pd.DataFrame:
         rows.append(
             {
                 "SLO": row.slo_id,
-                "group": ", ".join(f"{k}={v}" for k, v in sorted(group.items())) or "all",
+                "group": _group_label(group),
+                "budget left": fmt_pct(row.budget_remaining, 1),
+                "alert": "FIRING" if row.alerting else "ok",
+                **{f"burn {w}": f"{burns[w]:,.2f}×" for w in sorted(burns, key=window_seconds)},
                 "objective": fmt_pct(row.objective, 3),
                 "SLI": fmt_pct(row.sli, 3),
-                "budget left": fmt_pct(row.budget_remaining, 1),
-                **{f"burn {w}": f"{burns[w]:,.2f}×" for w in sorted(burns, key=window_seconds)},
                 "events": fmt_count(row.events),
                 "bad": fmt_count(row.bad),
-                "alert": "FIRING" if row.alerting else "ok",
             }
         )
     return pd.DataFrame(rows)
 
 
-def _slos(ctx: PageContext) -> None:
-    st.subheader("SLOs")
+def _group_label(group: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(group.items())) or "all"
+
+
+def _slo_status(ctx: PageContext) -> pd.DataFrame | None:
+    """``slo_status`` narrowed to the SLO, pool and instance filters (``None``: not read)."""
     status = ctx.table("slo_status")
     if status is None:
-        return
+        return None
     df = status.to_pandas()
     if ctx.filters.slo:
         df = df[df["slo_id"] == ctx.filters.slo]
@@ -62,21 +72,198 @@ def _slos(ctx: PageContext) -> None:
             )
         )
         df = df[keep]
-    if df.empty:
+    return df
+
+
+def _summary(ctx: PageContext, status: pd.DataFrame | None) -> None:
+    """One row of numbers: traffic in the view's last hour, SLOs alerting, budget left."""
+    f = ctx.filters
+    table = ctx.table(
+        "outcome_counts",
+        start_ms=f.end_ms - HOUR_MS,
+        end_ms=f.end_ms,
+        bucket_ms=HOUR_MS,
+        pool=f.pool,
+        instance=f.instance,
+    )
+    cols = st.columns(5)
+    if table is not None:
+        rows = table.to_pylist()
+        total = sum(row["requests"] for row in rows)
+        failed = sum(row["requests"] for row in rows if row["outcome"] != "ok")
+        cols[0].metric("client requests (last hour)", fmt_count(total))
+        cols[1].metric("not ok (last hour)", fmt_count(failed))
+    if status is not None and not status.empty:
+        cols[2].metric(
+            "SLO groups alerting", f"{int(status['alerting'].sum()):,} of {len(status):,}"
+        )
+        cols[3].metric("lowest budget left", fmt_pct(status["budget_remaining"].min(), 1))
+        cols[4].metric(
+            "last evaluation",
+            f"{pd.Timestamp(int(status['ts_ms'].max()), unit='ms', tz='UTC'):%H:%M} UTC",
+        )
+
+
+def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
+    """Each SLO group's worst alert over the range, recomputed per bucket from the rollups."""
+    st.subheader("SLO alerts over time")
+    if status is None:
+        return
+    if status.empty:
         no_data(
             "no SLO has been evaluated: the SLO jobs (`llmslo run` or `llmslo jobs`) write `slo_status_current`."
         )
         return
-    firing = int(df["alerting"].sum())
-    cols = st.columns(4)
-    cols[0].metric("SLO groups", f"{len(df):,}")
-    cols[1].metric("alerting", f"{firing:,}")
-    cols[2].metric("lowest budget left", fmt_pct(df["budget_remaining"].min(), 1))
-    cols[3].metric(
-        "last evaluation",
-        f"{pd.Timestamp(int(df['ts_ms'].max()), unit='ms', tz='UTC'):%H:%M:%S} UTC",
+    frames, unlabelled = [], []
+    for row in status.itertuples():
+        group = json.loads(row.group_json or "{}")
+        if not all(group.values()):
+            # An empty label value (records without that label) cannot be selected by
+            # budget_series, which refuses empty names: such groups are listed, not drawn.
+            unlabelled.append(f"{row.slo_id} · {_group_label(group)}")
+            continue
+        states = _alert_states(ctx, row, group)
+        if states is not None:
+            states = merge_runs(states)
+            states["slo"] = f"{row.slo_id} · {_group_label(group)}"
+            frames.append(states)
+    if frames:
+        _draw_alert_strip(ctx, pd.concat(frames, ignore_index=True))
+    else:
+        no_data("no SLO group with events in its rollups (`slo_minute`, `slo_hour`).")
+    if unlabelled:
+        st.caption("Not drawn (a group label without a value):")
+        st.text("\n".join(unlabelled))
+
+
+def _draw_alert_strip(ctx: PageContext, df: pd.DataFrame) -> None:
+    df["start"] = pd.to_datetime(df["start_ms"], unit="ms", utc=True)
+    df["end"] = pd.to_datetime(df["end_ms"], unit="ms", utc=True)
+    st.altair_chart(alert_strip(df), width="stretch")
+    st.caption(
+        "Each cell: the worst alert window pair over its burn-rate factor at the end of the "
+        f"bucket ({ctx.filters.bucket_ms // 60_000:,} min), recomputed from the SLO rollups "
+        "(windows counted in whole buckets; the low-traffic guard is not applied). "
+        "The table below has the jobs' own last evaluation."
     )
-    st.dataframe(slo_rows(df), hide_index=True, width="stretch")
+
+
+def _alert_states(ctx: PageContext, row: Any, group: dict[str, str]) -> pd.DataFrame | None:
+    """One SLO group's :func:`~dashboards.timelines.alert_states` over the view's range."""
+    f = ctx.filters
+    pairs = status_pairs(row.status_json)
+    longest = max((p.long_ms for p in pairs), default=0)
+    # slo.queries answers ranges of at most 90 days: the look-back shrinks to fit.
+    series = ctx.table(
+        "budget_series",
+        slo_id=row.slo_id,
+        objective=float(row.objective),
+        start_ms=max(f.start_ms - longest, f.end_ms - 90 * DAY_MS) // f.bucket_ms * f.bucket_ms,
+        end_ms=f.end_ms,
+        bucket_ms=f.bucket_ms,
+        group=group or None,
+    )
+    if series is None:
+        return None
+    return alert_states(
+        series.to_pandas(),
+        pairs=pairs,
+        objective=float(row.objective),
+        start_ms=f.start_ms,
+        end_ms=f.end_ms,
+        bucket_ms=f.bucket_ms,
+    )
+
+
+def _pool_charts(ctx: PageContext) -> None:
+    """Request rate and p99 TTFT per pool over the range, side by side."""
+    f = ctx.filters
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Client requests/s by pool")
+        outcomes = ctx.table("outcome_counts", by="pool", **f.request_scope())
+        if outcomes is not None and outcomes.num_rows:
+            df = frame(outcomes)
+            df = df.groupby(["time", "bucket_ts_ms", "pool"], as_index=False)["requests"].sum()
+            df["requests/s"] = df["requests"] / _covered_s(ctx, df["bucket_ts_ms"])
+            st.altair_chart(
+                line_chart(df, "requests/s", y_title="client requests/s", color="pool"),
+                width="stretch",
+            )
+        elif outcomes is not None:
+            no_data("no request records in this range (the taps write `requests`).")
+    with right:
+        st.subheader("p99 TTFT by pool")
+        latency = ctx.table("latency_percentiles", metric="ttft", by="pool", **f.request_scope())
+        if latency is not None and latency.num_rows:
+            st.altair_chart(
+                line_chart(frame(latency), "p99_s", y_title="p99 TTFT (s)", color="pool"),
+                width="stretch",
+            )
+        elif latency is not None:
+            no_data("no request with a first token in this range.")
+
+
+def _covered_s(ctx: PageContext, bucket_ts_ms: pd.Series) -> pd.Series:
+    """Seconds of each bucket that data can cover: the last bucket ends at the newest data,
+    so a rate there is not read as a sudden drop."""
+    f = ctx.filters
+    last_ms = min(f.end_ms, (ctx.meta.data_end_ms or f.end_ms) + 1)
+    ends = (bucket_ts_ms + f.bucket_ms).clip(upper=last_ms)
+    return ((ends - bucket_ts_ms).clip(lower=1_000)) / 1000
+
+
+def _level_strip(ctx: PageContext) -> None:
+    """Every instance's degradation level over the range (L0 when its flag never moved)."""
+    st.subheader("Degradation level per instance")
+    f = ctx.filters
+    moves = ctx.table(
+        "flag_timeline", start_ms=f.start_ms, end_ms=f.end_ms, scope="instance", limit=10_000
+    )
+    before = ctx.table("current_flags", scope="instance", at_ms=f.start_ms - 1)
+    if moves is None or before is None:
+        return
+    names = [str(i["instance"]) for i in instances_in_scope(ctx)]
+    rows = [r for r in moves.to_pylist() if _in_scope(ctx, r)]
+    levels = {
+        str(r["scope_id"]): int(r["to_level"]) for r in before.to_pylist() if _in_scope(ctx, r)
+    }
+    if f.instance:
+        names = [n for n in names if n == f.instance]
+    df = level_spans(rows, before=levels, instances=names, start_ms=f.start_ms, end_ms=f.end_ms)
+    if df.empty:
+        no_data("no instance has been observed and no degradation flag has been set.")
+        return
+    df["instance"] = df["instance"].map(ctx.instance_label)
+    df["start"] = pd.to_datetime(df["start_ms"], unit="ms", utc=True)
+    df["end"] = pd.to_datetime(df["end_ms"], unit="ms", utc=True)
+    st.altair_chart(level_strip(df), width="stretch")
+
+
+def _in_scope(ctx: PageContext, row: dict[str, object]) -> bool:
+    f = ctx.filters
+    return (f.pool is None or row["pool"] == f.pool) and (
+        f.instance is None or row["scope_id"] == f.instance
+    )
+
+
+def _slo_table(status: pd.DataFrame | None) -> None:
+    st.subheader("SLOs")
+    if status is None:
+        return
+    if status.empty:
+        st.caption("No SLO group in this view.")
+        return
+    rows = slo_rows(status)
+    st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "SLO": st.column_config.TextColumn(pinned=True),
+            "group": st.column_config.TextColumn(pinned=True),
+        },
+    )
 
 
 def _levels(ctx: PageContext) -> None:
@@ -170,31 +357,13 @@ def _changes(ctx: PageContext) -> None:
     st.dataframe(df, hide_index=True, width="stretch")
 
 
-def _traffic(ctx: PageContext) -> None:
-    """Client requests the taps saw in the view's last hour, and how many did not end ok:
-    the first thing to check in an incident (is traffic flowing, is it failing)."""
-    f = ctx.filters
-    table = ctx.table(
-        "outcome_counts",
-        start_ms=f.end_ms - HOUR_MS,
-        end_ms=f.end_ms,
-        bucket_ms=HOUR_MS,
-        pool=f.pool,
-        instance=f.instance,
-    )
-    if table is None:
-        return
-    rows = table.to_pylist()
-    total = sum(row["requests"] for row in rows)
-    failed = sum(row["requests"] for row in rows if row["outcome"] != "ok")
-    cols = st.columns(4)
-    cols[0].metric("client requests (last hour)", fmt_count(total))
-    cols[1].metric("not ok (last hour)", fmt_count(failed))
-
-
 def _body(ctx: PageContext) -> None:
-    _traffic(ctx)
-    _slos(ctx)
+    status = _slo_status(ctx)
+    _summary(ctx, status)
+    _alert_strip(ctx, status)
+    _pool_charts(ctx)
+    _level_strip(ctx)
+    _slo_table(status)
     _levels(ctx)
     left, right = st.columns(2)
     with left:

@@ -28,9 +28,9 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "var" / "screenshots" / "dashboards"
-#: page → charts it must draw on the history (Fleet and Canary are tables).
+#: page → charts it must draw on the history (Canary is tables).
 LEAST_CHARTS = {
-    "fleet": 0,
+    "fleet": 4,
     "slo": 4,
     "latency": 3,
     "engines": 5,
@@ -107,6 +107,39 @@ def test_every_page_renders_in_chromium_without_an_exception(
     assert state["drawn"] >= LEAST_CHARTS[path], state
     assert "No data yet" not in state["text"] and "Page not found" not in state["text"]
     assert not blank(png)
+
+
+#: Top edges (px, in the page) of the first drawn chart and of the first table.
+_FIRST_JS = """(() => {
+  const top = (s) => { const e = document.querySelector(s);
+                       return e ? e.getBoundingClientRect().top : null; };
+  return {chart: top('[data-testid="stVegaLiteChart"] canvas, [data-testid="stVegaLiteChart"] svg.marks'),
+          table: top('[data-testid="stDataFrame"]'),
+          width: window.innerWidth};
+})()"""
+
+
+def test_the_fleet_page_opens_with_pictures_above_its_tables(
+    chromium: HeadlessChromium, dashboard: str
+) -> None:
+    chromium.call(
+        "Emulation.setDeviceMetricsOverride", width=1440, height=2200, deviceScaleFactor=1,
+        mobile=False,
+    )  # fmt: skip
+    try:
+        chromium.open(deep_link(dashboard, "fleet", range="24h"), timeout_s=90)
+        state = chromium.state()
+        tops = chromium.call("Runtime.evaluate", expression=_FIRST_JS, returnByValue=True)
+        png = chromium.screenshot(SHOTS / "fleet-pictures.png")
+    finally:
+        chromium.call("Emulation.clearDeviceMetricsOverride")
+    first = tops["result"]["value"]
+    assert state["exceptions"] == [] and state["errors"] == []
+    assert first["width"] == 1440
+    assert state["drawn"] >= 4, state  # alert strip, requests/s, p99 TTFT, level strip
+    assert first["chart"] is not None and first["table"] is not None, first
+    assert first["chart"] < first["table"], first
+    assert "SLO alerts over time" in state["text"] and not blank(png)
 
 
 def test_an_alert_link_opens_the_slo_page_with_its_filters(

@@ -92,7 +92,7 @@ def _requests(history: History, where: str = "true", *params: object) -> int:
 
 #: page → (least number of charts, texts that must appear) on the 2-day history.
 EXPECTED = {
-    "fleet": (0, ["chat-availability", "chat-ttft", "L1 no speculative decoding=1", "FIRING"]),
+    "fleet": (4, ["chat-availability", "chat-ttft", "L1 no speculative decoding=1", "FIRING"]),
     "slo": (4, ["objective=99.000 %", "budget left=", "Bad events behind it"]),
     "latency": (3, ["TTFT p99 (worst bucket)=", "samples="]),
     "engines": (5, ["KV cache usage", "stall", "signature"]),
@@ -121,9 +121,28 @@ def test_fleet_counts_every_request_of_the_period(on_history: History) -> None:
     table = _page("fleet", range="30d").dataframe[0].value
     availability = table[table["SLO"] == "chat-availability"].iloc[0]
     assert availability["events"] == f"{_requests(on_history):,}"
-    assert list(table.columns[:5]) == ["SLO", "group", "objective", "SLI", "budget left"]
-    burns = [c for c in table.columns if c.startswith("burn ")]
-    assert burns[:3] == ["burn 5m", "burn 30m", "burn 1h"]  # shortest window first
+    # What an on-call reads first leads, then the burn rates (shortest window first).
+    assert list(table.columns[:7]) == [
+        "SLO", "group", "budget left", "alert", "burn 5m", "burn 30m", "burn 1h",
+    ]  # fmt: skip
+
+
+def test_fleet_draws_every_slo_groups_alerts_and_every_instances_level(
+    on_history: History,
+) -> None:
+    app = _page("fleet", range="24h")
+    rows = _chart_rows(app)
+    alerts = [r for r in rows if "state" in r]
+    pods = [f"chat-ttft · instance={pod}" for pod in on_history.instances]
+    assert {r["slo"] for r in alerts} == {"chat-availability · all", *pods}
+    assert {r["state"] for r in alerts} <= {"page", "ticket", "ok", "no events"}
+    assert "page" in {r["state"] for r in alerts}  # the day's incident pages
+    levels = [r for r in rows if "level" in r and "instance" in r]
+    leaking = {r["level"] for r in levels if r["instance"].startswith(on_history.leaking)}
+    assert leaking == {"L0", "L1", "L2"}  # L0 → L1 → L2 → L1 over the last 5 hours
+    assert {r["instance"].split()[0] for r in levels} == set(on_history.instances)
+    pools = [r for r in rows if "requests/s" in r or "p99_s" in r]
+    assert {r["pool"] for r in pools} == {"llama-3-8b"}
 
 
 def test_the_instance_filter_narrows_the_slo_rows_and_the_latency(on_history: History) -> None:
