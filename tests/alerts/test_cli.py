@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from llmslo.cli import main as cli_main
 from llmslo.commands.rules import register
 from tests.alerts.conftest import REPO, SPECS, run
 from tests.conftest import require_tool
@@ -67,3 +71,51 @@ def test_alertmanager_snippet_passes_amtool_and_routes_by_severity(tmp_path: Pat
     for labels, receiver in [("severity=page", "page"), ("severity=ticket", "ticket")]:
         routed = run(amtool, "config", "routes", "test", f"--config.file={config}", labels)
         assert routed.stdout.strip() == receiver, routed.stdout + routed.stderr
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "rules",
+            "generate",
+            "config/slo.example.yaml",
+            "-o",
+            "{out}/slo.yml",
+            "--tests",
+            "{out}/t",
+        ],
+        ["rules", "alertmanager", "-o", "{out}/alertmanager.yml"],
+        ["dashboards", "grafana", "config/slo.example.yaml", "-o", "{out}/grafana"],
+    ],
+    ids=["rule files and promtool tests", "alertmanager config", "grafana boards"],
+)
+def test_generated_files_are_readable_by_a_prometheus_running_as_another_user(
+    tmp_path: Path, argv: list[str], umask_022: None
+) -> None:
+    args = [arg.replace("{out}", str(tmp_path)) for arg in argv]
+    args = [str(REPO / arg) if arg.startswith("config/") else arg for arg in args]
+    assert cli_main(args) == 0
+    written = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert written
+    assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in written} == {
+        path.name: 0o644 for path in written
+    }
+
+
+def test_generated_files_follow_a_stricter_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        assert cli_main(["rules", "alertmanager", "-o", str(tmp_path / "am.yml")]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "am.yml").stat().st_mode) == 0o600
