@@ -6,12 +6,13 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 import threading
 from typing import Any, get_args
 
 from prometheus_client import start_http_server
 
-from collectors.collector import Collector
+from collectors.collector import Collector, TargetHealth
 from collectors.config import CollectConfig, DialectChoice, TargetConfig
 from collectors.inspect import inspect_url, render_report
 from collectors.metrics import CollectorMetrics
@@ -152,7 +153,26 @@ def run_collect(args: argparse.Namespace) -> int:
             "targets": {url: h.as_dict() for url, h in collector.health.items()},
         }
     )
-    return 0
+    return _nothing_scraped(collector.health)
+
+
+def _nothing_scraped(health: dict[str, TargetHealth]) -> int:
+    """1 with a sentence on stderr when no scrape of any target succeeded, else 0."""
+    if not health:
+        sys.stderr.write(
+            "llmslo collect: no targets to scrape: give --target URL or collect.targets "
+            "(or collect.file_sd) in the config\n"
+        )
+        return 1
+    if any(h.scrapes_ok for h in health.values()):
+        return 0
+    failed = sum(h.scrapes_failed for h in health.values())
+    lines = [
+        f"llmslo collect: all {failed} scrapes of {len(health)} targets failed, nothing collected:"
+    ]
+    lines += [f"  {url}: {h.last_error or 'not scraped'}" for url, h in sorted(health.items())]
+    sys.stderr.write("\n".join(lines) + "\n")
+    return 1
 
 
 def outage_producer(bus: Bus, timeout_ms: int) -> BusProducer:
