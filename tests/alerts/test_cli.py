@@ -67,7 +67,7 @@ def test_alertmanager_snippet_passes_amtool_and_routes_by_severity(tmp_path: Pat
     assert _main("rules", "alertmanager", "-o", str(config)) == 0
     checked = run(amtool, "check-config", str(config))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "3 inhibit rules" in checked.stdout
+    assert "4 inhibit rules" in checked.stdout
     for labels, receiver in [("severity=page", "page"), ("severity=ticket", "ticket")]:
         routed = run(amtool, "config", "routes", "test", f"--config.file={config}", labels)
         assert routed.stdout.strip() == receiver, routed.stdout + routed.stderr
