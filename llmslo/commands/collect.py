@@ -10,13 +10,17 @@ import sys
 import threading
 from typing import Any, get_args
 
-from prometheus_client import start_http_server
-
 from collectors.collector import Collector, TargetHealth
 from collectors.config import CollectConfig, DialectChoice, TargetConfig
 from collectors.inspect import inspect_url, render_report
 from collectors.metrics import CollectorMetrics
-from llmslo.options import add_common_options, add_subcommand, print_json, resolve_config
+from llmslo.options import (
+    add_common_options,
+    add_subcommand,
+    print_json,
+    resolve_config,
+    serve_metrics,
+)
 from pipeline.bus import Bus, BusProducer
 from pipeline.errors import BusError
 from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
@@ -113,10 +117,8 @@ def run_collect(args: argparse.Namespace) -> int:
     collect = collect_config(args)
     metrics = CollectorMetrics()
     if collect.metrics_port is not None:
-        server, _ = start_http_server(
-            collect.metrics_port, collect.metrics_host, registry=metrics.registry
-        )
-        log.info("serving /metrics on %s:%d", collect.metrics_host, server.server_port)
+        port = serve_metrics(collect.metrics_port, collect.metrics_host, metrics.registry)
+        log.info("serving /metrics on %s:%d", collect.metrics_host, port)
     timeout_ms = int(collect.publish_timeout_s * 1000)
     with Bus(config.bus) as bus:
         # Kafka may be down at start: ride it out like any outage (the buffer holds the rounds),

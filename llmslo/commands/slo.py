@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from alerts.config import AlertmanagerConfig
 from alerts.pusher import AlertPusher, RecordSink, restore_state
@@ -24,6 +24,7 @@ from llmslo.options import (
     install_stop_handlers,
     print_json,
     resolve_config,
+    serve_metrics,
 )
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
@@ -287,11 +288,8 @@ def run_jobs(args: argparse.Namespace) -> int:
     metrics = JobMetrics()
     port = args.metrics_port if args.metrics_port is not None else jobs_config.metrics_port
     if port is not None:
-        server, _ = start_http_server(port, jobs_config.metrics_host, registry=metrics.registry)
-        print(
-            f"serving /metrics on http://{jobs_config.metrics_host}:{server.server_port}/metrics",
-            flush=True,
-        )
+        bound = serve_metrics(port, jobs_config.metrics_host, metrics.registry)
+        print(f"serving /metrics on http://{jobs_config.metrics_host}:{bound}/metrics", flush=True)
     bus = Bus(config.bus).start() if args.publish else None
     try:
         with Store(config.store.path) as store, contextlib.ExitStack() as stack:
