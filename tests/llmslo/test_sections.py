@@ -75,3 +75,33 @@ def test_a_process_without_the_command_line_gets_the_same_errors(
 def test_the_example_config_loads_with_every_section() -> None:
     example = Path(__file__).resolve().parents[2] / "config" / "llmslo.example.yaml"
     assert load_config(example).bus.bootstrap_servers == "embedded"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "version: llmslo/v1\nservice: chat\nslos: []\n",
+        "version: prometheus/v1\nservice: chat\nslos: []\n",
+        "apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: x}\nspec: {}\n",
+    ],
+    ids=["llmslo/v1", "sloth prometheus/v1", "openslo"],
+)
+def test_an_slo_spec_given_as_config_points_to_slo_validate(
+    spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "slo.yaml"
+    path.write_text(spec)
+    assert main(["config", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "this is an SLO spec, not an llmslo config" in err
+    assert f"`llmslo slo validate {path}`" in err
+    assert "unknown section" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_config_with_one_stray_key_still_names_it_an_unknown_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("bus: {}\nslos: []\n")
+    assert main(["config", "validate", str(path)]) == 2
+    assert "slos: unknown section" in capsys.readouterr().err
