@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
         "llmslo collect -c config/collectors.example.yaml\n"
         "llmslo collect --target 127.0.0.1:8000 --target 127.0.0.1:9400 \\\n"
         "    --bootstrap-servers 127.0.0.1:9092\n"
-        "llmslo collect -c llmslo.yaml --rounds 1    # one round, then a JSON summary",
+        "llmslo collect -c config/collectors.example.yaml --rounds 1    # one round, then a summary",
     )
     add_common_options(collect)
     collect.add_argument(

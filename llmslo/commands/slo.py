@@ -92,12 +92,14 @@ def register(subparsers: Any) -> None:
         subparsers,
         "jobs",
         "Evaluate SLOs, signals and degradation flags every interval.",
-        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --metrics-port 9466\n"
+        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --metrics-port 9468\n"
         "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --once\n"
-        "llmslo jobs -c config/llmslo.yaml --publish --bootstrap-servers 127.0.0.1:9092\n"
+        "llmslo jobs -c config/llmslo.example.yaml --spec config/slo.example.yaml --publish \\\n"
+        "    --bootstrap-servers 127.0.0.1:9092\n"
         "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --replay "
         "--from -24h --step 1m\n"
-        "llmslo jobs --spec my-new-slo.yaml --db var/llmslo.duckdb --replay --into var/what-if.duckdb",
+        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --replay \\\n"
+        "    --into var/what-if.duckdb   # an edited spec over stored history, source untouched",
     )
     add_common_options(jobs, db=True)
     jobs.add_argument("--spec", type=Path, help="SLO spec (default: slo.spec from the config)")
