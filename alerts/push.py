@@ -15,7 +15,17 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["ActiveAlert", "PushState", "reconcile", "to_rfc3339"]
+__all__ = ["ActiveAlert", "PushState", "alert_ttl_s", "reconcile", "to_rfc3339"]
+
+#: A firing alert's ``endsAt`` lies this many re-send intervals ahead (as Prometheus does).
+TTL_RESENDS = 4
+
+
+def alert_ttl_s(resend_s: float) -> float:
+    """How long a firing alert stays active after it was last sent (or confirmed by a jobs
+    cycle) without news, seconds: its ``endsAt`` is that far ahead, so a dead pipeline's
+    alerts expire in Alertmanager and in ``llmslo alerts`` alike."""
+    return TTL_RESENDS * resend_s
 
 
 def to_rfc3339(ts_s: float) -> str:
@@ -96,7 +106,7 @@ def reconcile(
     does), so Alertmanager resolves it by itself if the pipeline dies; a cleared one is sent
     with ``endsAt = now_s``.
     """
-    ttl = 4 * resend_s if ttl_s is None else ttl_s
+    ttl = alert_ttl_s(resend_s) if ttl_s is None else ttl_s
     sent = dict(state.sent)
     payloads = []
     current = {alert.key: alert for alert in active}

@@ -4,7 +4,9 @@ Rendering: insertion order for rule fields (``record``/``alert``, ``expr``, ``fo
 ``labels``, ``annotations``, as Prometheus documents them), sorted keys inside ``labels``,
 ``annotations`` and ``exp_labels``, block style for multi-line PromQL, no timestamps.
 :func:`write_all` writes every file or none: all documents are rendered first, then each
-goes to a temporary file that is renamed into place.
+goes to a temporary file that is renamed into place, readable as any file the user creates
+(``0o666`` less the umask: ``0644`` under the usual ``022``), so a Prometheus or Alertmanager
+running as its own user can read it.
 """
 
 from __future__ import annotations
@@ -52,13 +54,23 @@ def render_yaml(document: Mapping[str, Any], header: str = HEADER) -> str:
     return header + body
 
 
+def _umask() -> int:
+    # mkstemp creates 0o600 whatever the umask; the umask can only be read by setting it.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_all(files: Mapping[Path, str]) -> None:
-    """Write every ``path → text``; on an error no target file has been replaced."""
+    """Write every ``path → text`` with mode ``0o666`` less the umask; on an error no target
+    file has been replaced."""
     staged: list[tuple[str, Path]] = []
+    mode = 0o666 & ~_umask()
     try:
         for path, text in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            os.fchmod(fd, mode)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
             staged.append((tmp, path))

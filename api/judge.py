@@ -16,9 +16,11 @@ Per metric (reference/canary-and-peers.md §1.3):
   fewer than ``min_samples`` on a side → **Nodata**.
 
 Score (``WeightedSumScorer``): per group ``100·#Pass/(#Pass+#High+#Low)``, a group with no
-scored metric counts 100, weighted by ``group_weights``. Overrides: ≥ 50 % Nodata →
-score 0 and ``inconclusive``; any critical metric not Pass → score 0 and ``fail``. The verdict
-then maps as §2.3: score ≥ pass → ``pass``, < marginal → ``fail``, between → ``inconclusive``.
+scored metric counts 100, weighted by ``group_weights``. Overrides, in Kayenta's order: a
+critical metric High or Low → score 0 and ``fail`` (even when other metrics lack data); then
+fewer than ``min_requests`` or ≥ 50 % Nodata → score 0 and ``inconclusive``; then a critical
+metric still not Pass (Nodata) → score 0 and ``fail``. The verdict then maps as §2.3: score ≥
+pass → ``pass``, < marginal → ``fail``, between → ``inconclusive``.
 An optional SLO gate (the canary's burn rates and budget left) fails the verdict on its own,
 and so does ``prefix_cache_hit_rate`` Low: the canary's engines hit their prefix cache at
 less than ``prefix_cache_min_share`` (0.5) of the baseline's rate (hits / queries over the
@@ -355,12 +357,20 @@ def _decide(
     requests: int,
     config: JudgeConfig,
 ) -> tuple[VerdictName, float, str]:
-    """Verdict, score and reason, in the order of reference §2.3."""
+    """Verdict, score and reason: Kayenta's critical override first, then reference §2.3."""
     score = _score(results, config.group_weights)
     nodata = sum(r.classification == "Nodata" for r in results)
     failing_critical = [r.name for r in results if r.critical and r.classification != "Pass"]
     moved = [f"{r.name} {r.classification}" for r in results if r.classification in ("High", "Low")]
     detail = ("; " + ", ".join(moved)) if moved else "; no High/Low metrics"
+    # Kayenta's first override: a critical metric with enough samples to be judged High or
+    # Low is evidence of harm, whatever else lacks data (a stalled pod completes too few
+    # requests for its latency metrics, yet its cut streams are counted).
+    judged_critical = [
+        r.name for r in results if r.critical and r.classification in ("High", "Low")
+    ]
+    if judged_critical:
+        return "fail", 0.0, "critical metric not Pass: " + ", ".join(judged_critical) + detail
     if requests < config.min_requests:
         return (
             "inconclusive",

@@ -94,9 +94,22 @@ def _serve(port: int, ready: object) -> None:
     }
 
     async def handler(request: web.Request) -> web.Response:
-        return web.Response(text=bodies[request.path], content_type="text/plain")
+        body = bodies.get(request.path)
+        if body is None:
+            raise web.HTTPNotFound()
+        return web.Response(text=body, content_type="text/plain")
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()  # an engine answers the collector's readiness probe as vLLM does
+
+    models = '{"object": "list", "data": [{"id": "llama-3-8b", "object": "model"}]}'
+
+    async def listed(request: web.Request) -> web.Response:
+        return web.Response(text=models, content_type="application/json")
 
     app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", listed)
     app.router.add_get("/{name}", handler)
     ready.set()  # type: ignore[attr-defined]
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)

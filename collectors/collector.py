@@ -35,7 +35,15 @@ from collectors.semantics import REASONS
 from pipeline.errors import DecodeError
 from pipeline.schema import TARGET_HEALTH, RecordSchema
 
-__all__ = ["ACCEPT", "Collector", "Fetched", "RoundReport", "TargetHealth", "fetch_exposition"]
+__all__ = [
+    "ACCEPT",
+    "Collector",
+    "Fetched",
+    "RoundReport",
+    "TargetHealth",
+    "client_error_text",
+    "fetch_exposition",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +57,8 @@ _READ_BYTES = 64 * 1024
 
 @dataclass
 class TargetHealth:
-    """What the last scrape of one target looked like."""
+    """What the last scrape of one target looked like, and how many scrapes succeeded
+    (``scrapes_ok``) and failed (``scrapes_failed``) since the collector started."""
 
     url: str
     instance: str
@@ -63,6 +72,8 @@ class TargetHealth:
     dialect: str | None = None
     version_family: str | None = None
     resets: int = 0
+    scrapes_ok: int = 0
+    scrapes_failed: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -113,7 +124,7 @@ async def fetch_exposition(
                 auto_decompress=False,
             ) as response:
                 if response.status != 200:
-                    raise DecodeError("http_status", f"HTTP {response.status}")
+                    raise DecodeError("http_status", f"HTTP {response.status} from {url}")
                 if response.content_length is not None and response.content_length > max_body_bytes:
                     raise DecodeError("oversized", f"body of {response.content_length} bytes")
                 decoder = _BodyDecoder(response.headers.get("Content-Encoding", ""), max_body_bytes)
@@ -128,8 +139,22 @@ async def fetch_exposition(
         # the connection closed before Content-Length or the last chunk
         raise DecodeError("truncated", f"body cut short: {exc}"[:200]) from exc
     except aiohttp.ClientError as exc:
-        raise DecodeError("connect", f"{type(exc).__name__}: {exc}"[:200]) from exc
+        raise DecodeError("connect", client_error_text(exc, url)[:200]) from exc
     return Fetched(body.decode("utf-8", "replace"), openmetrics, start)
+
+
+def client_error_text(exc: aiohttp.ClientError, url: str) -> str:
+    """What went wrong reaching ``url``, for a person: ``cannot connect to URL: connection
+    refused`` rather than aiohttp's ``Cannot connect to host … ssl:default [...]`` (which
+    names TLS settings even for plain HTTP)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        os_error = exc.os_error
+        if isinstance(os_error, ConnectionRefusedError):
+            why = "connection refused (is anything listening there?)"
+        else:
+            why = getattr(os_error, "strerror", None) or str(os_error) or type(os_error).__name__
+        return f"cannot connect to {url}: {why}"
+    return f"{url}: {type(exc).__name__}: {exc}"
 
 
 class _BodyDecoder:
@@ -370,6 +395,7 @@ class Collector:
     ) -> None:
         health = target.health
         health.up, health.last_error = False, f"{exc.reason}: {exc}"
+        health.scrapes_failed += 1
         health.last_scrape_ts_ms, health.duration_s = ts_ms, duration_s
         target.row = HealthRow(
             ts_ms,
@@ -398,6 +424,7 @@ class Collector:
         health, name, m = target.health, target.config.url, self.metrics
         detection = target.canonicalizer.detection
         health.up, health.last_error = True, None
+        health.scrapes_ok += 1
         health.last_scrape_ts_ms, health.duration_s = ts_ms, duration_s
         rejected = sum(batch.dropped.get(reason, 0) for reason in REASONS)
         health.samples = len(exposition) - rejected

@@ -33,6 +33,7 @@ import aiohttp
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
+from collectors.collector import client_error_text
 from collectors.tap.sse import SseFramer
 from pipeline.config import STRICT
 from pipeline.schema import REQUEST_RECORDS, RecordSchema
@@ -135,7 +136,12 @@ class Prober:
         self.instance = config.instance or parts.netloc or config.url
         self.probe_id = f"probe:{self.instance}"
         self._stop = asyncio.Event()
+        #: Probes sent, those that ended ``ok``, failures by ``error_kind``, and the last
+        #: failure in words (with the URL).
         self.probes = 0
+        self.ok = 0
+        self.failed: dict[str, int] = {}
+        self.last_error: str | None = None
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the probe in hand (call from the loop's thread)."""
@@ -175,15 +181,15 @@ class Prober:
         measure = _Measure()
         status: int | None = None
         kind: str | None = None
+        url = self.config.url.rstrip("/") + ROUTE
+        why = ""
         try:
             headers = {"content-type": "application/json", "x-request-id": request_id}
-            async with session.post(
-                self.config.url.rstrip("/") + ROUTE, data=self._body(), headers=headers
-            ) as resp:
+            async with session.post(url, data=self._body(), headers=headers) as resp:
                 status = resp.status
                 if status != 200:
                     await resp.read()
-                    kind = f"http_{status}"
+                    kind, why = f"http_{status}", f"HTTP {status} from {url}"
                 else:
                     framer = SseFramer()
                     async for piece in resp.content.iter_any():
@@ -194,20 +200,36 @@ class Prober:
                         if measure.done:
                             break
                     kind = None if measure.done else "stream_cut"
+                    why = f"the stream from {url} ended without [DONE]"
         except aiohttp.ClientConnectorError as exc:
             refused = isinstance(exc.os_error, ConnectionRefusedError)
             kind = "connect_refused" if refused else "connect_error"
+            why = client_error_text(exc, url)
         except (TimeoutError, aiohttp.ServerTimeoutError):
             kind = (
                 "read_timeout"
                 if status is not None or measure.ttfb_s is not None
                 else "connect_timeout"
             )
+            why = f"no complete answer from {url} within {self.config.timeout_s:g} s"
         except (aiohttp.ClientError, OSError) as exc:
-            log.info("probe %s to %s failed: %s", request_id, self.config.url, exc)
             kind = "stream_cut" if status == 200 else "connect_error"
-        self.probes += 1
+            why = (
+                client_error_text(exc, url)
+                if isinstance(exc, aiohttp.ClientError)
+                else f"{url}: {exc}"
+            )
+        self._count(request_id, kind, why)
         return self._row(request_id, received_ms, self.monotonic_s() - start, status, kind, measure)
+
+    def _count(self, request_id: str, kind: str | None, why: str) -> None:
+        self.probes += 1
+        if kind is None:
+            self.ok += 1
+            return
+        self.failed[kind] = self.failed.get(kind, 0) + 1
+        self.last_error = why
+        log.info("probe %s failed (%s): %s", request_id, kind, why)
 
     def _row(
         self,

@@ -12,8 +12,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from prometheus_client import CollectorRegistry, start_http_server
+
 from llmslo.sections import load_config
 from pipeline.config import LlmsloConfig
+from pipeline.errors import ConfigError
 
 __all__ = [
     "add_common_options",
@@ -21,6 +24,7 @@ __all__ = [
     "install_stop_handlers",
     "print_json",
     "resolve_config",
+    "serve_metrics",
 ]
 
 log = logging.getLogger("llmslo")
@@ -83,3 +87,19 @@ def print_json(payload: object) -> None:
     """Machine output: one JSON object on one line."""
     sys.stdout.write(json.dumps(payload, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
+
+
+def serve_metrics(port: int, host: str, registry: CollectorRegistry) -> int:
+    """Serve ``registry`` as Prometheus ``/metrics`` on ``host:port`` (a daemon thread) and
+    return the port bound (``0`` picks a free one). :class:`ConfigError` naming the port when
+    it cannot be bound (in use, or not ours to take), what every ``--metrics-port`` says."""
+    try:
+        server, _ = start_http_server(port, host, registry=registry)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"--metrics-port {port}: cannot serve /metrics on {host}:{port} ({reason}); "
+            "another process (another llmslo command?) may hold it: give a free port, "
+            "or 0 for any"
+        ) from exc
+    return int(server.server_port)

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from alerts.config import AlertmanagerConfig
 from alerts.pusher import AlertPusher, restore_state
@@ -34,7 +34,13 @@ from collectors.receive.config import ReceiveConfig
 from collectors.receive.service import ReceiveService
 from llmslo.api_server import ApiServer, api_config
 from llmslo.commands.probe import probe_until
-from llmslo.options import add_common_options, install_stop_handlers, print_json, resolve_config
+from llmslo.options import (
+    add_common_options,
+    install_stop_handlers,
+    print_json,
+    resolve_config,
+    serve_metrics,
+)
 from llmslo.roles import ROLES, run_ingest_role, run_jobs_role
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
@@ -309,8 +315,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
     print(_kafka_line(config, pipeline.bus.bootstrap_servers), flush=True)
     if args.metrics_port is not None:
         host = config.ingest.metrics_host  # 0.0.0.0 in a pod, so a ServiceMonitor can scrape it
-        server, _ = start_http_server(args.metrics_port, host, registry=pipeline.registry)
-        print(f"serving /metrics on http://{host}:{server.server_port}/metrics", flush=True)
+        port = serve_metrics(args.metrics_port, host, pipeline.registry)
+        print(f"serving /metrics on http://{host}:{port}/metrics", flush=True)
     try:
         with ExitStack() as api_stack:  # the API stops first: no request outlives the store
             if not args.no_api:

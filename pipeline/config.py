@@ -391,7 +391,15 @@ def parse_config(
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - {"bus", "store", "ingest"} - set(sections))
+    known = {"bus", "store", "ingest", *sections}
+    unknown = sorted(set(raw) - known)
+    if unknown and not set(raw) & known and _looks_like_slo_spec(raw):
+        raise ConfigError(
+            f"{source}: this is an SLO spec, not an llmslo config (it has "
+            f"{', '.join(unknown)} and no config section): check it with "
+            f"`llmslo slo validate {source}` and pass it as --spec; a config has sections "
+            f"such as {', '.join(sorted(known))}"
+        )
     problems = [f"{key}: unknown section" for key in unknown]
     config: LlmsloConfig | None = None
     try:
@@ -409,6 +417,11 @@ def parse_config(
     if problems or config is None:
         raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(problems))
     return config
+
+
+def _looks_like_slo_spec(raw: dict[Any, Any]) -> bool:
+    # llmslo/v1 and Sloth prometheus/v1 have `slos`; OpenSLO, Sloth's and Pyrra's CRDs `kind`.
+    return "slos" in raw or ("apiVersion" in raw and "kind" in raw)
 
 
 def load_config(path: str | Path | None, sections: Sections | None = None) -> LlmsloConfig:

@@ -4,6 +4,12 @@ From the ``alerts`` table of a DuckDB file nobody writes (``--db``; while ``llms
 holds the file, ask its Alertmanager or API instead), or from an Alertmanager's
 ``/api/v2/alerts`` (``--alertmanager URL``, every active alert it holds, from Prometheus
 rules too).
+
+A firing alert in the table is active only while the SLO jobs still confirm it: every jobs
+cycle (its heartbeat in ``jobs_heartbeats``) re-evaluates every alert, and the pushed alert's
+``endsAt`` lies :func:`~alerts.push.alert_ttl_s` (4 × ``alertmanager.resend_s``) after the
+last send. An alert whose start and newest heartbeat are both older than that is listed as
+``expired``, apart from the active ones: the pipeline stopped, and Alertmanager has let it go.
 """
 
 from __future__ import annotations
@@ -11,12 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from alerts.config import AlertmanagerConfig
+from alerts.push import alert_ttl_s
+from api.flags import last_heartbeat
 from llmslo.options import add_subcommand, print_json, resolve_config
 from pipeline.errors import LlmsloError
 from pipeline.store import Store
@@ -47,20 +57,28 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run_alerts)
 
 
-def _from_db(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _from_db(args: argparse.Namespace, now_ms: int) -> list[dict[str, Any]]:
     config = resolve_config(args)
+    ttl_ms = int(alert_ttl_s(config.section("alertmanager", AlertmanagerConfig).resend_s) * 1000)
     with Store(config.store.path, read_only=True) as store:
         table = recorded_alerts(store.con, severity=args.severity)
-    return [
-        {
-            "labels": json.loads(row["labels_json"] or "{}"),
-            "annotations": json.loads(row["annotations_json"] or "{}"),
-            "starts_ms": row["starts_ts_ms"],
-            "state": "active",
-            "generator_url": row["generator_url"] or "",
-        }
-        for row in table.to_pylist()
-    ]
+        beat = last_heartbeat(store.con)
+    rows = []
+    for row in table.to_pylist():
+        confirmed_ms = max(row["ts_ms"], beat[0] if beat else row["ts_ms"])
+        expires_ms = confirmed_ms + ttl_ms
+        rows.append(
+            {
+                "labels": json.loads(row["labels_json"] or "{}"),
+                "annotations": json.loads(row["annotations_json"] or "{}"),
+                "starts_ms": row["starts_ts_ms"],
+                "state": "active" if now_ms <= expires_ms else "expired",
+                "confirmed_ms": confirmed_ms,
+                "expires_ms": expires_ms,
+                "generator_url": row["generator_url"] or "",
+            }
+        )
+    return rows
 
 
 def _from_alertmanager(url: str, severity: str | None) -> list[dict[str, Any]]:
@@ -99,17 +117,35 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _expired_note(expired: list[dict[str, Any]], now_ms: int) -> str:
+    last = max(row["confirmed_ms"] for row in expired)
+    ttl_s = (expired[0]["expires_ms"] - expired[0]["confirmed_ms"]) / 1000
+    return (
+        f"{len(expired)} expired (past state, not alerts to act on): no SLO jobs cycle has "
+        f"confirmed them since {datetime.fromtimestamp(last / 1000, UTC):%Y-%m-%d %H:%M:%S} UTC, "
+        f"{(now_ms - last) / 60_000:.0f} min ago; an alert expires {ttl_s:g} s "
+        "(4 x alertmanager.resend_s) after the last cycle that saw it firing\n"
+    )
+
+
 def run_alerts(args: argparse.Namespace) -> int:
-    """Print the active alerts (a table, or ``{"alerts": [...]}`` with ``--json``)."""
+    """Print the active alerts (a table, or ``{"alerts": [...]}`` with ``--json``); alerts of
+    the table that no jobs cycle confirmed within their expiry are apart, as ``expired``."""
+    now_ms = int(time.time() * 1000)
     if args.alertmanager:
         rows = _from_alertmanager(args.alertmanager, args.severity)
     else:
-        rows = _from_db(args)
+        rows = _from_db(args, now_ms)
     rows.sort(key=lambda r: (r["labels"].get("severity", ""), r["labels"].get("alertname", "")))
+    active = [row for row in rows if row["state"] != "expired"]
+    expired = [row for row in rows if row["state"] == "expired"]
     if args.json:
-        print_json({"alerts": rows, "count": len(rows)})
-    elif rows:
-        sys.stdout.write(_table(rows))
+        print_json({"alerts": active, "count": len(active), "expired": expired})
+        return 0
+    if active:
+        sys.stdout.write(_table(active))
     else:
         sys.stdout.write("no active alerts\n")
+    if expired:
+        sys.stdout.write("\n" + _expired_note(expired, now_ms) + _table(expired))
     return 0

@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
         "api",
         "Serve the HTTP API (reads, flags, verdicts) on a DuckDB file nobody else writes.",
         "llmslo api --db var/llmslo.duckdb                  # read-write: verdicts are stored\n"
-        "llmslo api --db copy.duckdb --read-only --port 8191\n"
+        "llmslo api --db var/demo.duckdb --read-only --port 8191\n"
         "LLMSLO_API_TOKEN=... llmslo api -c config/llmslo.example.yaml\n"
         "while `llmslo run` writes a file, it serves this API itself (section api:)",
     )

@@ -6,16 +6,21 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 import threading
 from typing import Any, get_args
 
-from prometheus_client import start_http_server
-
-from collectors.collector import Collector
+from collectors.collector import Collector, TargetHealth
 from collectors.config import CollectConfig, DialectChoice, TargetConfig
 from collectors.inspect import inspect_url, render_report
 from collectors.metrics import CollectorMetrics
-from llmslo.options import add_common_options, add_subcommand, print_json, resolve_config
+from llmslo.options import (
+    add_common_options,
+    add_subcommand,
+    print_json,
+    resolve_config,
+    serve_metrics,
+)
 from pipeline.bus import Bus, BusProducer
 from pipeline.errors import BusError
 from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
@@ -38,7 +43,7 @@ def register(subparsers: Any) -> None:
         "llmslo collect -c config/collectors.example.yaml\n"
         "llmslo collect --target 127.0.0.1:8000 --target 127.0.0.1:9400 \\\n"
         "    --bootstrap-servers 127.0.0.1:9092\n"
-        "llmslo collect -c llmslo.yaml --rounds 1    # one round, then a JSON summary",
+        "llmslo collect -c config/collectors.example.yaml --rounds 1    # one round, then a summary",
     )
     add_common_options(collect)
     collect.add_argument(
@@ -112,10 +117,8 @@ def run_collect(args: argparse.Namespace) -> int:
     collect = collect_config(args)
     metrics = CollectorMetrics()
     if collect.metrics_port is not None:
-        server, _ = start_http_server(
-            collect.metrics_port, collect.metrics_host, registry=metrics.registry
-        )
-        log.info("serving /metrics on %s:%d", collect.metrics_host, server.server_port)
+        port = serve_metrics(collect.metrics_port, collect.metrics_host, metrics.registry)
+        log.info("serving /metrics on %s:%d", collect.metrics_host, port)
     timeout_ms = int(collect.publish_timeout_s * 1000)
     with Bus(config.bus) as bus:
         # Kafka may be down at start: ride it out like any outage (the buffer holds the rounds),
@@ -152,7 +155,26 @@ def run_collect(args: argparse.Namespace) -> int:
             "targets": {url: h.as_dict() for url, h in collector.health.items()},
         }
     )
-    return 0
+    return _nothing_scraped(collector.health)
+
+
+def _nothing_scraped(health: dict[str, TargetHealth]) -> int:
+    """1 with a sentence on stderr when no scrape of any target succeeded, else 0."""
+    if not health:
+        sys.stderr.write(
+            "llmslo collect: no targets to scrape: give --target URL or collect.targets "
+            "(or collect.file_sd) in the config\n"
+        )
+        return 1
+    if any(h.scrapes_ok for h in health.values()):
+        return 0
+    failed = sum(h.scrapes_failed for h in health.values())
+    lines = [
+        f"llmslo collect: all {failed} scrapes of {len(health)} targets failed, nothing collected:"
+    ]
+    lines += [f"  {url}: {h.last_error or 'not scraped'}" for url, h in sorted(health.items())]
+    sys.stderr.write("\n".join(lines) + "\n")
+    return 1
 
 
 def outage_producer(bus: Bus, timeout_ms: int) -> BusProducer:

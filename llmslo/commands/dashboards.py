@@ -23,7 +23,8 @@ def register(subparsers: Any) -> None:
         "dashboards",
         "Generate Grafana dashboards (SLO overview, engines/GPUs) from an SLO spec.",
         "llmslo dashboards grafana config/slo.example.yaml -o var/grafana\n"
-        "llmslo dashboards grafana sloth-spec.yml -o var/grafana --prefix checkout",
+        "llmslo dashboards grafana tests/alerts/specs/sloth-getting-started.yaml -o var/grafana "
+        "--prefix checkout",
     )
     sub = dashboards.add_subparsers(dest="dashboards_command", required=True)
     grafana = add_subcommand(
@@ -33,7 +34,8 @@ def register(subparsers: Any) -> None:
         "OpenSLO v1 or Sloth prometheus/v1, as for `llmslo rules generate`; the boards read "
         "the series those rules record. Nothing is written unless both boards render.",
         "llmslo dashboards grafana config/slo.example.yaml -o var/grafana\n"
-        "llmslo dashboards grafana sloth-spec.yml -o var/grafana --prefix checkout",
+        "llmslo dashboards grafana tests/alerts/specs/sloth-getting-started.yaml -o var/grafana "
+        "--prefix checkout",
     )
     grafana.add_argument("spec", type=Path)
     grafana.add_argument("-o", "--output", type=Path, required=True, help="directory to write")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -74,10 +75,19 @@ def run_probe(args: argparse.Namespace) -> int:
         {
             "probe": "stopped",
             "probes": prober.probes,
+            "ok": prober.ok,
+            "failed": prober.failed,
+            "last_error": prober.last_error,
             "published_rows": publisher.published_rows,
             "dropped_rows": buffer.dropped_rows,
         }
     )
+    if prober.probes and not prober.ok:
+        failures = ", ".join(f"{n} {kind}" for kind, n in sorted(prober.failed.items()))
+        sys.stderr.write(
+            f"llmslo probe: every probe of {probe.url} failed ({failures}): {prober.last_error}\n"
+        )
+        return 1
     return 0
 
 

@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
         "receive",
         "Accept Prometheus remote-write (/api/v1/write) and OTLP/HTTP metrics (/v1/metrics)"
         " and publish the mapped samples to Kafka.",
-        "llmslo receive -c llmslo.yaml\n"
+        "llmslo receive -c config/llmslo.example.yaml\n"
         "llmslo receive --port 9201 --bearer-token-file /etc/llmslo/token \\\n"
         "    --bootstrap-servers 127.0.0.1:9092",
     )

@@ -24,9 +24,9 @@ def register(subparsers: Any) -> None:
         "rules",
         "Generate Prometheus rules, promtool tests and Alertmanager config from an SLO spec.",
         "llmslo rules generate config/slo.example.yaml -o var/rules/slo.rules.yml --tests var/rules/tests\n"
-        "llmslo rules generate sloth-spec.yml -o -\n"
-        "llmslo rules generate sloth-k8s-slo.yml -o slo.rules.yaml   # a PrometheusRule, as Sloth\n"
-        "llmslo rules generate pyrra-slo.yaml --format rules -o -\n"
+        "llmslo rules generate tests/alerts/specs/sloth-getting-started.yaml -o -\n"
+        "llmslo rules generate tests/alerts/specs/sloth-crd-getting-started.yaml -o slo.rules.yaml\n"
+        "llmslo rules generate tests/alerts/specs/pyrra-http-ratio.yaml --format rules -o -\n"
         "llmslo rules generate config/slo.example.yaml --format prometheusrule \\\n"
         "    --namespace monitoring --label release=kube-prometheus-stack -o slo.rules.yaml\n"
         "llmslo rules alertmanager -o var/rules/alertmanager.yml\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from alerts.config import AlertmanagerConfig
 from alerts.pusher import AlertPusher, RecordSink, restore_state
@@ -24,6 +24,7 @@ from llmslo.options import (
     install_stop_handlers,
     print_json,
     resolve_config,
+    serve_metrics,
 )
 from llmslo.progress import add_quiet_option, progress
 from llmslo.run import EXAMPLE_SPEC, add_spec_option, load_model
@@ -100,12 +101,14 @@ def register(subparsers: Any) -> None:
         subparsers,
         "jobs",
         "Evaluate SLOs, signals and degradation flags every interval.",
-        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --metrics-port 9466\n"
+        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --metrics-port 9468\n"
         "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --once\n"
-        "llmslo jobs -c config/llmslo.yaml --publish --bootstrap-servers 127.0.0.1:9092\n"
+        "llmslo jobs -c config/llmslo.example.yaml --spec config/slo.example.yaml --publish \\\n"
+        "    --bootstrap-servers 127.0.0.1:9092\n"
         "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --replay "
         "--from -24h --step 1m\n"
-        "llmslo jobs --spec my-new-slo.yaml --db var/llmslo.duckdb --replay --into var/what-if.duckdb",
+        "llmslo jobs --spec config/slo.example.yaml --db var/llmslo.duckdb --replay \\\n"
+        "    --into var/what-if.duckdb   # an edited spec over stored history, source untouched",
     )
     add_common_options(jobs, db=True)
     add_spec_option(jobs)
@@ -299,11 +302,8 @@ def run_jobs(args: argparse.Namespace) -> int:
     metrics = JobMetrics()
     port = args.metrics_port if args.metrics_port is not None else jobs_config.metrics_port
     if port is not None:
-        server, _ = start_http_server(port, jobs_config.metrics_host, registry=metrics.registry)
-        print(
-            f"serving /metrics on http://{jobs_config.metrics_host}:{server.server_port}/metrics",
-            flush=True,
-        )
+        bound = serve_metrics(port, jobs_config.metrics_host, metrics.registry)
+        print(f"serving /metrics on http://{jobs_config.metrics_host}:{bound}/metrics", flush=True)
     bus = Bus(config.bus).start() if args.publish else None
     try:
         with Store(config.store.path) as store, contextlib.ExitStack() as stack:

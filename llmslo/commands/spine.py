@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import start_http_server
-
 from api.tables import API_TABLES
 from llmslo.options import (
     add_common_options,
@@ -22,6 +20,7 @@ from llmslo.options import (
     install_stop_handlers,
     print_json,
     resolve_config,
+    serve_metrics,
 )
 from llmslo.sections import load_config
 from pipeline.broker import EmbeddedBroker
@@ -123,10 +122,10 @@ def run_ingest(
     ingest_config = ingest_config.model_copy(update=overrides)
     metrics = IngestMetrics()
     if ingest_config.metrics_port is not None:
-        server, _ = start_http_server(
-            ingest_config.metrics_port, ingest_config.metrics_host, registry=metrics.registry
+        port = serve_metrics(
+            ingest_config.metrics_port, ingest_config.metrics_host, metrics.registry
         )
-        log.info("serving /metrics on %s:%d", ingest_config.metrics_host, server.server_port)
+        log.info("serving /metrics on %s:%d", ingest_config.metrics_host, port)
     with (
         Bus(config.bus) as bus,
         Store(config.store.path, memory_limit=ingest_config.duckdb_memory_limit) as store,

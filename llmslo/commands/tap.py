@@ -12,15 +12,13 @@ import sys
 import textwrap
 from typing import Any
 
-from prometheus_client import start_http_server
-
 from collectors.tap.config import TapConfig
 from collectors.tap.degradation import FlagFollower
 from collectors.tap.flagsource import KafkaFlagSource
 from collectors.tap.proxy import TapProxy, freeze_startup_heap, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
-from llmslo.options import add_common_options, resolve_config
+from llmslo.options import add_common_options, resolve_config, serve_metrics
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
@@ -190,10 +188,7 @@ def run_tap(args: argparse.Namespace) -> int:
         genai, providers = build_genai_otlp(tap.otlp_endpoint) if tap.otlp_endpoint else (None, [])
         metrics_port = None
         if tap.metrics_port is not None:
-            server, _ = start_http_server(
-                tap.metrics_port, tap.metrics_host, registry=metrics.registry
-            )
-            metrics_port = server.server_port
+            metrics_port = serve_metrics(tap.metrics_port, tap.metrics_host, metrics.registry)
         proxy = TapProxy(tap, MultiSink(sinks), metrics=metrics, genai=genai, flags=flags)
         run_event_loop(_serve(proxy, tap, metrics_port))
         for provider in providers:

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from alerts.push import ActiveAlert
+from alerts.records import AlertChange, alert_rows, table_writer
+from llmslo.cli import main as cli_main
 from llmslo.commands.rules import register
+from pipeline.store import Store
+from slo.sinks import JobsHeartbeat, StoreTransitionSink
 from tests.alerts.conftest import REPO, SPECS, run
 from tests.conftest import require_tool
 
@@ -63,7 +73,95 @@ def test_alertmanager_snippet_passes_amtool_and_routes_by_severity(tmp_path: Pat
     assert _main("rules", "alertmanager", "-o", str(config)) == 0
     checked = run(amtool, "check-config", str(config))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "3 inhibit rules" in checked.stdout
+    assert "4 inhibit rules" in checked.stdout
     for labels, receiver in [("severity=page", "page"), ("severity=ticket", "ticket")]:
         routed = run(amtool, "config", "routes", "test", f"--config.file={config}", labels)
         assert routed.stdout.strip() == receiver, routed.stdout + routed.stderr
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "rules",
+            "generate",
+            "config/slo.example.yaml",
+            "-o",
+            "{out}/slo.yml",
+            "--tests",
+            "{out}/t",
+        ],
+        ["rules", "alertmanager", "-o", "{out}/alertmanager.yml"],
+        ["dashboards", "grafana", "config/slo.example.yaml", "-o", "{out}/grafana"],
+    ],
+    ids=["rule files and promtool tests", "alertmanager config", "grafana boards"],
+)
+def test_generated_files_are_readable_by_a_prometheus_running_as_another_user(
+    tmp_path: Path, argv: list[str], umask_022: None
+) -> None:
+    args = [arg.replace("{out}", str(tmp_path)) for arg in argv]
+    args = [str(REPO / arg) if arg.startswith("config/") else arg for arg in args]
+    assert cli_main(args) == 0
+    written = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert written
+    assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in written} == {
+        path.name: 0o644 for path in written
+    }
+
+
+def test_generated_files_follow_a_stricter_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        assert cli_main(["rules", "alertmanager", "-o", str(tmp_path / "am.yml")]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "am.yml").stat().st_mode) == 0o600
+
+
+def _recorded_alert(db: Path, fired_ms: int, last_cycle_ms: int | None) -> None:
+    page = ActiveAlert(
+        {"alertname": "LlmEngineStalled", "severity": "page", "instance": "pod-0:8000"},
+        {"summary": "stall on instance pod-0:8000"},
+    )
+    with Store(db) as store:
+        table_writer(store.con)(alert_rows([AlertChange(fired_ms, "firing", page, fired_ms)]))
+        if last_cycle_ms is not None:
+            beat = JobsHeartbeat(last_cycle_ms, last_cycle_ms, "host-1", 10.0)
+            StoreTransitionSink(store.con).beat(beat)
+
+
+def test_a_stopped_pipelines_alerts_are_listed_as_expired_not_active(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, hour_ago = tmp_path / "demo.duckdb", int(time.time() * 1000) - 3_600_000
+    _recorded_alert(db, hour_ago, hour_ago)
+    assert cli_main(["alerts", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("no active alerts\n")
+    assert "1 expired (past state, not alerts to act on)" in out and "60 min ago" in out
+    assert "page     " in out and " expired    LlmEngineStalled instance=pod-0:8000" in out
+    assert cli_main(["alerts", "--db", str(db), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert (listed["count"], listed["alerts"]) == (0, [])
+    assert [a["state"] for a in listed["expired"]] == ["expired"]
+    assert listed["expired"][0]["expires_ms"] == hour_ago + 240_000  # 4 × resend_s 60
+
+
+def test_an_alert_the_running_jobs_still_confirm_is_active_however_old(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, now_ms = tmp_path / "live.duckdb", int(time.time() * 1000)
+    _recorded_alert(db, now_ms - 3_600_000, now_ms - 10_000)
+    assert cli_main(["alerts", "--db", str(db), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert (listed["count"], listed["expired"]) == (1, [])
+    assert listed["alerts"][0]["state"] == "active"

@@ -187,3 +187,50 @@ def test_queue_is_bounded_and_drops_are_counted() -> None:
         )
         assert not client.flush()
         assert client.pending == 3
+
+
+def test_an_l3_or_a_page_silences_only_its_own_instance_pool_or_slo(
+    alertmanager: Alertmanager,
+) -> None:
+    """Alertmanager counts a label missing on both sides as equal: a page without ``slo_id``
+    or a pool's L3 must not silence the tickets and L2s of everything else."""
+
+    def flag(level: str, scope: str, scope_id: str, pool: str) -> ActiveAlert:
+        labels = {"alertname": "LlmDegradationLevel", "level": level, "scope": scope}
+        return ActiveAlert({**labels, scope: scope_id, "pool": pool, "origin": "llmslo"})
+
+    crash = ActiveAlert(
+        {"alertname": "LlmCrash", "severity": "ticket", "instance": "pod-9:8000", "pool": "b"}
+    )
+    stall = ActiveAlert(
+        {"alertname": "LlmEngineStalled", "severity": "page", "instance": "pod-1:8000"}
+    )
+    sent = {
+        "pool a L3": flag("L3", "pool", "a", "a"),
+        "pool b L2": flag("L2", "pool", "b", "b"),
+        "pod-0 (pool a) L2": flag("L2", "instance", "pod-0:8000", "a"),
+        "pod-5 (pool b) L2": flag("L2", "instance", "pod-5:8000", "b"),
+        "crash ticket": crash,
+        "stall page": stall,
+    }
+    with AlertmanagerClient(alertmanager.url) as client:
+        _, payloads = reconcile(PushState(), list(sent.values()), now_s=time.time())
+        client.submit(payloads)
+        assert client.flush()
+    names = {alert.key: name for name, alert in sent.items()}
+
+    def states() -> dict[str, str] | None:
+        shown = {
+            names[tuple(sorted(a["labels"].items()))]: a["status"]["state"]
+            for a in alertmanager.alerts()
+        }
+        return shown if shown.get("pod-0 (pool a) L2") == "suppressed" else None
+
+    assert _eventually(states) == {
+        "pool a L3": "active",
+        "pool b L2": "active",
+        "pod-0 (pool a) L2": "suppressed",
+        "pod-5 (pool b) L2": "active",
+        "crash ticket": "active",
+        "stall page": "active",
+    }

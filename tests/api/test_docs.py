@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 import yaml
 
 from api.params import VerdictParams
+from tests.api.conftest import argo_params, auth
 from tests.api.test_argo_contract import FAILURE, SUCCESS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "canary.md"
@@ -47,3 +48,19 @@ def test_the_flagger_canary_calls_existing_gates_with_string_metadata(client) ->
         assert all(isinstance(value, str) for value in hook["metadata"].values())
         params = {k: v for k, v in hook["metadata"].items() if k != "token"}
         VerdictParams.model_validate(params)
+
+
+def _doc_row(name: str) -> str:
+    return next(line for line in DOC.read_text().splitlines() if line.startswith(f"| `{name}`"))
+
+
+def test_an_unknown_revision_gets_the_status_the_doc_gives_it(client) -> None:
+    """Reference §2.1: 404 for an unknown subject (a cohort no record matches)."""
+    params = {k: v for k, v in argo_params().items() if k != "canary_instances"}
+    params["canary_selector"] = "revision=0000000000"
+    response = client.get("/api/v1/verdict", params=params, headers=auth())
+    assert response.status_code == 404
+    assert "revision" in response.json()["error"]
+    row = _doc_row("canary_selector")
+    assert "unknown revision" in row and "404" in row
+    assert "400 saying so" not in row

@@ -151,3 +151,27 @@ def test_more_bad_events_on_the_canary_never_score_better(events: int, extra: in
     assert more.score <= fewer.score
     rank = {"pass": 0, "inconclusive": 1, "fail": 2}
     assert rank[more.verdict] >= rank[fewer.verdict]
+
+
+def test_a_stalled_canary_cutting_streams_fails_though_its_latency_metrics_have_no_data() -> None:
+    """A stalled pod completes too few requests for its latency metrics (Nodata) and its
+    engines answer too few prefix-cache queries: 5 of 10 metrics without data. Its cut
+    streams are counted, and a critical metric judged High fails it (Kayenta's first
+    override), rather than the ≥ 50 % Nodata rule pausing the rollout."""
+    canary = side(400, seed=2, bad={"interruption_rate": 120})
+    canary = CohortSamples(
+        canary.requests,
+        {name: values[:20] for name, values in canary.latency.items()},
+        canary.rates,
+        prefix_cache=(0, 10),
+    )
+    baseline = side(400, seed=1, bad={"interruption_rate": 2})
+    baseline = CohortSamples(
+        baseline.requests, baseline.latency, baseline.rates, prefix_cache=(5_000, 10_000)
+    )
+    verdict = judge(canary, baseline, JudgeConfig())
+    classes = {m.name: m.classification for m in verdict.metrics}
+    assert sum(c == "Nodata" for c in classes.values()) * 2 >= len(classes)
+    assert classes["interruption_rate"] == "High"
+    assert (verdict.verdict, verdict.score) == ("fail", 0.0)
+    assert verdict.reason.startswith("critical metric not Pass: interruption_rate")

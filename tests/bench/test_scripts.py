@@ -6,6 +6,7 @@ our packages (``bench/api.py`` beside ``api/``) would shadow it and the benchmar
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,16 @@ def test_every_benchmark_answers_help_from_another_folder(script: Path, tmp_path
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--quick" in done.stdout, f"bench/{script.name} --help names no --quick"
+
+
+def test_the_readme_gives_the_dashboard_benchmarks_quick_volume_its_help_gives() -> None:
+    help_text = subprocess.run(
+        [sys.executable, str(ROOT / "bench/dashboard.py"), "--help"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    days, pods = re.search(r"--quick\s+(\d+) days? × (\d+) instances", help_text).groups()
+    row = next(
+        line for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith("| `bench/dashboard.py`")
+    )  # fmt: skip
+    assert f"`--quick` is {days} d × {pods} instances" in row

@@ -52,7 +52,38 @@ def test_scrape_of_a_missing_endpoint_fails_cleanly(
     exporter: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["scrape", f"http://{exporter}/nope"]) == 2
-    assert "HTTP 404" in capsys.readouterr().err
+    assert f"HTTP 404 from http://{exporter}/nope" in capsys.readouterr().err
+
+
+def test_scrape_of_a_closed_port_says_refused_without_tls_words(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    assert main(["scrape", url]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot connect to {url}: connection refused" in err
+    assert "ssl:default" not in err
+
+
+def test_collect_rounds_where_every_scrape_failed_exit_non_zero_naming_each_target(
+    exporter: str, bus: Bus, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing, closed = f"http://{exporter}/nope", f"http://127.0.0.1:{free_port()}/metrics"
+    config = tmp_path / "llmslo.yaml"
+    config.write_text(
+        f"bus: {{bootstrap_servers: '{bus.bootstrap_servers}', topic_prefix: '{bus.prefix}'}}\n"
+        f"collect: {{interval_s: 0.1, jitter_s: 0, targets: [{{url: '{missing}'}}, {{url: '{closed}'}}]}}\n"
+    )
+    assert main(["collect", "-c", str(config), "--rounds", "3"]) == 1
+    out, err = capsys.readouterr()
+    health = json.loads(out.strip().splitlines()[-1])["targets"]
+    assert {url: (h["scrapes_ok"], h["scrapes_failed"]) for url, h in health.items()} == {
+        missing: (0, 3),
+        closed: (0, 3),
+    }
+    assert "all 6 scrapes of 2 targets failed" in err
+    assert f"{missing}: http_status: HTTP 404 from {missing}" in err
+    assert f"{closed}: connect: cannot connect to {closed}: connection refused" in err
 
 
 def test_collect_rounds_publish_and_report_health(

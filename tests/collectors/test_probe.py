@@ -117,7 +117,29 @@ def test_llmslo_probe_publishes_its_records_through_the_bounded_publisher(
     args = ["probe", "--url", fleet.pods[0].url, "--rounds", "2", "--interval", "0.1"]
     assert main([*args, "--bootstrap-servers", broker.bootstrap_servers]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary == {"dropped_rows": 0, "probe": "stopped", "probes": 2, "published_rows": 2}
+    assert summary == {
+        "dropped_rows": 0,
+        "probe": "stopped",
+        "probes": 2,
+        "ok": 2,
+        "failed": {},
+        "last_error": None,
+        "published_rows": 2,
+    }
+
+
+def test_llmslo_probe_of_a_dead_url_exits_non_zero_and_says_why(
+    broker: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    args = ["probe", "--url", url, "--rounds", "2", "--interval", "0.1"]
+    assert main([*args, "--bootstrap-servers", broker.bootstrap_servers]) == 1
+    out, err = capsys.readouterr()
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["probes"], summary["ok"], summary["failed"]) == (2, 0, {"connect_refused": 2})
+    assert f"every probe of {url} failed" in err
+    assert f"cannot connect to {url}/v1/chat/completions: connection refused" in err
+    assert "ssl:default" not in err
 
 
 def test_a_nonsense_probe_interval_is_refused_by_field(capsys: pytest.CaptureFixture[str]) -> None:

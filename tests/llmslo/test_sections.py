@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from llmslo.cli import main
+from llmslo.cli import build_parser, main
 from llmslo.sections import SECTIONS, load_config
 
 BAD = (
@@ -75,3 +77,73 @@ def test_a_process_without_the_command_line_gets_the_same_errors(
 def test_the_example_config_loads_with_every_section() -> None:
     example = Path(__file__).resolve().parents[2] / "config" / "llmslo.example.yaml"
     assert load_config(example).bus.bootstrap_servers == "embedded"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "version: llmslo/v1\nservice: chat\nslos: []\n",
+        "version: prometheus/v1\nservice: chat\nslos: []\n",
+        "apiVersion: openslo/v1\nkind: SLO\nmetadata: {name: x}\nspec: {}\n",
+    ],
+    ids=["llmslo/v1", "sloth prometheus/v1", "openslo"],
+)
+def test_an_slo_spec_given_as_config_points_to_slo_validate(
+    spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "slo.yaml"
+    path.write_text(spec)
+    assert main(["config", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "this is an SLO spec, not an llmslo config" in err
+    assert f"`llmslo slo validate {path}`" in err
+    assert "unknown section" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_config_with_one_stray_key_still_names_it_an_unknown_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("bus: {}\nslos: []\n")
+    assert main(["config", "validate", str(path)]) == 2
+    assert "slos: unknown section" in capsys.readouterr().err
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "config"
+
+
+def _blocks(text: str) -> dict[str, str]:
+    """Top-level section name (live or commented out) → its lines."""
+    blocks: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        top = re.match(r"^(?:# )?(\w+):", line)
+        if top:
+            current = blocks.setdefault(top.group(1), [])
+        current.append(line)
+    return {name: "\n".join(lines) for name, lines in blocks.items()}
+
+
+def test_the_example_config_shows_every_section_and_every_key_of_its_live_sections() -> None:
+    text = (EXAMPLES / "llmslo.example.yaml").read_text()
+    blocks, live = _blocks(text), yaml.safe_load(text)
+    assert {"bus", "store", "ingest", *SECTIONS} <= set(blocks)
+    for name in set(live) & set(SECTIONS):
+        missing = [
+            field
+            for field in SECTIONS[name].model_fields
+            if not re.search(rf"^\s*#?\s*{field}:", blocks[name], re.M)
+        ]
+        assert not missing, f"{name}: the example does not show {missing}"
+
+
+def test_each_process_has_its_own_metrics_port_in_the_examples() -> None:
+    ports = {
+        "ingest": yaml.safe_load((EXAMPLES / "llmslo.example.yaml").read_text())["ingest"],
+        "collect": yaml.safe_load((EXAMPLES / "collectors.example.yaml").read_text())["collect"],
+        "tap": yaml.safe_load((EXAMPLES / "tap.example.yaml").read_text())["tap"],
+    }
+    by_process = {name: section["metrics_port"] for name, section in ports.items()}
+    jobs_help = build_parser(["jobs"])._subparsers._group_actions[0].choices["jobs"].epilog
+    by_process["jobs"] = int(re.search(r"--metrics-port (\d+)", jobs_help).group(1))
+    assert len(set(by_process.values())) == len(by_process), by_process
