@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
         "lake",
         "Export hours to the Parquet lake; maintain the Iceberg lake.",
         "llmslo lake export --db var/llmslo.duckdb --lake /srv/llmslo-lake --ingester ingest-0\n"
-        "llmslo lake maintain -c /etc/llmslo/llmslo.yaml",
+        "llmslo lake maintain -c config/lake.example.yaml   # a one-host Iceberg lake under var/",
     )
     lake_sub = lake.add_subparsers(dest="lake_command", required=True)
     export = lake_sub.add_parser(

@@ -156,8 +156,18 @@ def s3_credentials(config: IcebergConfig) -> S3Credentials | None:
     return None
 
 
-def catalog_properties(config: IcebergConfig) -> dict[str, str]:
-    """pyiceberg's catalog properties: URI, warehouse, endpoint, region and credentials."""
+def catalog_properties(config: IcebergConfig, *, create_local: bool = False) -> dict[str, str]:
+    """pyiceberg's catalog properties: URI, warehouse, endpoint, region and credentials.
+
+    ``create_local`` first makes the directories of a local SQLite catalog file and of a
+    local warehouse (a one-host lake starts from an empty ``var/``)."""
+    if create_local:
+        if config.catalog_uri.startswith("sqlite:///"):
+            Path(config.catalog_uri.removeprefix("sqlite:///")).parent.mkdir(
+                parents=True, exist_ok=True
+            )
+        if "://" not in config.warehouse:
+            Path(config.warehouse).mkdir(parents=True, exist_ok=True)
     properties = {"uri": config.sqlalchemy_uri, "warehouse": config.warehouse_uri}
     endpoint = config.s3_endpoint or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:

@@ -142,7 +142,7 @@ class IcebergLake:
         self._offsets_key = OFFSETS_PREFIX + group_id
         self._catalog = self._guard(
             "open the catalog",
-            lambda: SqlCatalog("llmslo", **catalog_properties(config)),
+            lambda: SqlCatalog("llmslo", **catalog_properties(config, create_local=True)),
         )
         self._tables: dict[str, Any] = {}
         self._guard(
