@@ -191,6 +191,7 @@ def soak(
     end_s, restart_at_s = minutes * 60, minutes * 30
     next_publish = next_sample = 0.0
     restarted = False
+    restart_s = end_s / 2
     seed = 0
     end_ts_ms = int(time.time() * 1000) - 86_400_000  # a day back, one batch after another
     publishing: subprocess.Popen[str] | None = None
@@ -203,7 +204,7 @@ def soak(
                 # Right after a publish: its records are not all ingested yet.
                 stop_process(run, timeout_s=60)
                 run, bootstrap, metrics_url = _start_run(db, config, log_path)
-                restarted = True
+                restarted, restart_s = True, time.monotonic() - start
         if publishing is None and elapsed >= next_publish:
             seed += 1
             end_ts_ms += 180_000
@@ -232,7 +233,7 @@ def soak(
     stored = _stored_rows(db, sorted(published))
     # The second half starts with the restart: its first minute is the new process warming
     # up (imports, DuckDB's buffer pool), not a leak.
-    second_half = [s for s in samples if s["minute"] * 60 >= end_s / 2 + 60]
+    second_half = [s for s in samples if s["minute"] * 60 >= restart_s + 60]
     slopes = {
         name: round(
             _slope_mb_per_min([(s["minute"], s["rss_mb"].get(name, 0.0)) for s in second_half]), 2
