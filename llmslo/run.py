@@ -47,6 +47,7 @@ from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
 from pipeline.lake import export_hours
+from pipeline.memory import MemoryCollector
 from pipeline.publisher import Publisher
 from pipeline.schema import ALERTS
 from pipeline.store import Store
@@ -156,6 +157,9 @@ class Pipeline:
         self.store = self._stack.enter_context(
             Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit)
         )
+        memory_con = self.store.con.cursor()  # scrapes read DuckDB's accounting through it
+        self._stack.callback(memory_con.close)
+        MemoryCollector(memory_con, registry=self.registry)
         self.bus.ensure_topics()
         self.ingester = Ingester(
             self.bus, self.store, config.ingest, metrics=IngestMetrics(self.registry)

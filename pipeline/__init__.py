@@ -12,6 +12,8 @@ Every other package builds on these public names and nothing else of this packag
 * :mod:`pipeline.broker`: the embedded Kafka-protocol broker (``EmbeddedBroker``);
 * :mod:`pipeline.store`: the DuckDB file (``Store``);
 * :mod:`pipeline.ingest`: the exactly-once Kafka → DuckDB ingester (``Ingester``);
+* :mod:`pipeline.memory`: where a process's memory is (``MemoryCollector``: DuckDB's own
+  accounting, glibc's heap, pyarrow's pool, as ``llmslo_memory_bytes{part}``);
 * :mod:`pipeline.config`: the validated YAML config (``load_config``, ``format_validation_error``)
   and the strict YAML loader every package uses (``load_yaml``);
 * :mod:`pipeline.errors`: the exception tree rooted at ``LlmsloError``.

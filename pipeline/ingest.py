@@ -37,6 +37,9 @@ shares of it (:func:`pipeline.config.ingest_memory_defaults`):
   before anything is decompressed (:mod:`pipeline._ipc_size`), so a decompression bomb
   costs its wire size, not its decoded size;
 * DuckDB's buffer pool: ``duckdb_memory_limit``, half of the spare budget (176 MB at 512);
+* the series indexes of the sample tables: the series ids stored (8 B each) plus caches
+  of value hashes and of known message shapes, at most ~12 MB per table
+  (:data:`pipeline.series.MAX_CACHED_VALUES`, :data:`pipeline.series.MAX_COMPLETE_MESSAGES`);
 * the interpreter and libraries (pyarrow, DuckDB, kafka-python) with the store open: about
   175 MB (:data:`pipeline.config.INGEST_BASELINE_MB`).
 

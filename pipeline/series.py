@@ -32,8 +32,13 @@ __all__ = ["SeriesIndex", "SplitSamples", "series_ids"]
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: spreads bits when multiplied
 _NULL_HASH = np.uint64(0x5BD1E9955BD1E995)
-#: Distinct values whose hash is remembered; the vocabulary of a fleet is far smaller.
-MAX_CACHED_VALUES = 1_000_000
+#: Distinct values whose hash is remembered, per index (about 160 B each, so ≤ 8 MB); a
+#: fleet's vocabulary (instances, metrics, label sets, GPU ids) is far smaller, but one whose
+#: pods are renamed on every rollout adds to it for good. Past it the cache starts afresh.
+MAX_CACHED_VALUES = 50_000
+#: Fingerprints of messages whose series were all known, per index (about 200 B each, so
+#: ≤ 4 MB): one per scrape shape of every target. Past it they are learnt again.
+MAX_COMPLETE_MESSAGES = 20_000
 
 
 def _hash_value(value: object) -> int:
@@ -49,8 +54,6 @@ class _ValueHashes:
     def of(self, values: list[object]) -> np.ndarray:
         """Hash of each value (a null hashes as a null), plus ``_NULL_HASH`` at index -1."""
         cache = self._cache
-        if len(cache) > MAX_CACHED_VALUES:
-            cache.clear()
         out = np.empty(len(values) + 1, np.uint64)
         for i, value in enumerate(values):
             if value is None:  # a null entry of a dictionary is a null, as a masked one
@@ -58,6 +61,8 @@ class _ValueHashes:
                 continue
             hashed = cache.get(value)
             if hashed is None:
+                if len(cache) >= MAX_CACHED_VALUES:
+                    cache.clear()
                 hashed = cache[value] = _hash_value(value)
             out[i] = hashed
         out[-1] = _NULL_HASH  # index -1 is where nulls point
@@ -153,8 +158,6 @@ class SeriesIndex:
             # non-linear per id: Σ(id·c) would be c·Σid, no information beyond the first.
             sums = np.add.reduceat(unsigned, starts)
             mixed = np.add.reduceat(_splitmix64(unsigned), starts)
-        if len(self._complete) > MAX_CACHED_VALUES:
-            self._complete.clear()
         unknown: list[np.ndarray] = []
         for start, count, first_sum, second_sum in zip(
             starts.tolist(), counts.tolist(), sums.tolist(), mixed.tolist(), strict=True
@@ -166,6 +169,8 @@ class SeriesIndex:
             if len(rows):
                 unknown.append(rows)
             else:
+                if len(self._complete) >= MAX_COMPLETE_MESSAGES:
+                    self._complete.clear()
                 self._complete.add(fingerprint)
         return np.concatenate(unknown) if unknown else np.empty(0, np.int64)
 

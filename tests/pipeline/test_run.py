@@ -90,6 +90,9 @@ def test_run_ingests_tap_records_and_evaluates_slos_until_sigterm(bus: Bus, tmp_
             assert process.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "llmslo run did not ingest and evaluate in time"
             time.sleep(0.2)
+        # Where its memory is, for a reader telling DuckDB's filling cache from a leak.
+        assert _metric(metrics, 'llmslo_memory_bytes{part="duckdb_limit"}') > 0
+        assert _metric(metrics, 'llmslo_memory_bytes{part="duckdb"}') > 0
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=60)
     finally:

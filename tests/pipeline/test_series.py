@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -199,3 +201,24 @@ def test_a_batch_with_an_empty_message_commits(tmp_path: Path, empty_at: str) ->
         assert store.count("engine_samples") == 2 * rows
         series = store.con.execute("SELECT count(*) FROM engine_samples_series").fetchone()
     assert series == ((2,) if rows else (0,))
+
+
+def test_a_fleet_renamed_again_and_again_keeps_the_index_caches_small() -> None:
+    """Pods renamed on every rollout bring new values and new message shapes for good; the
+    caches of values and of complete messages stay bounded by bytes the ingester can spare
+    (the series ids themselves, 8 B each, are what the index must keep)."""
+    renamed = 80_000
+    table = _engine_table([f"pod-{i:06d}.rollout-{i // 1000}" for i in range(renamed)])
+    index = SeriesIndex(ENGINE_SAMPLES)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        split = index.split(table, [1] * renamed)  # every value and every message new
+        index.mark_stored(split.new_series.column("series_id").combine_chunks())
+        assert index.split(table, [1] * renamed).new_series.num_rows == 0  # all complete now
+        del split
+        gc.collect()
+        held_mb = (tracemalloc.get_traced_memory()[0] - before) / 1e6
+    finally:
+        tracemalloc.stop()
+    assert held_mb < 16, f"the index holds {held_mb:.1f} MB after {renamed:,} renamed series"
