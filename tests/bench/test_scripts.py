@@ -47,7 +47,9 @@ def test_the_readme_gives_the_dashboard_benchmarks_quick_volume_its_help_gives()
         [sys.executable, str(ROOT / "bench/dashboard.py"), "--help"],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
-    days, pods = re.search(r"--quick\s+(\d+) days? × (\d+) instances", help_text).groups()
+    quick = re.search(r"--quick\s+(\d+) days? × (\d+) instances", help_text)
+    assert quick is not None, help_text
+    days, pods = quick.groups()
     row = next(
         line for line in (ROOT / "README.md").read_text().splitlines()
         if line.startswith("| `bench/dashboard.py`")

@@ -144,6 +144,10 @@ def test_each_process_has_its_own_metrics_port_in_the_examples() -> None:
         "tap": yaml.safe_load((EXAMPLES / "tap.example.yaml").read_text())["tap"],
     }
     by_process = {name: section["metrics_port"] for name, section in ports.items()}
-    jobs_help = build_parser(["jobs"])._subparsers._group_actions[0].choices["jobs"].epilog
-    by_process["jobs"] = int(re.search(r"--metrics-port (\d+)", jobs_help).group(1))
+    subparsers = build_parser(["jobs"])._subparsers
+    assert subparsers is not None
+    jobs_help = subparsers._group_actions[0].choices["jobs"].epilog  # type: ignore[index]
+    port = re.search(r"--metrics-port (\d+)", jobs_help)
+    assert port is not None, jobs_help
+    by_process["jobs"] = int(port.group(1))
     assert len(set(by_process.values())) == len(by_process), by_process

@@ -242,7 +242,9 @@ def test_llmslo_lake_maintain_compacts_a_local_lake_and_prints_each_tables_figur
     path = tmp_path / "llmslo.yaml"
     path.write_text(yaml.safe_dump({"store": {"lake": "iceberg", "iceberg": iceberg}}))
     lake = IcebergLake(
-        IcebergConfig(**iceberg), group_id="llmslo-ingest", topics=lake_topics("llmslo.")
+        IcebergConfig.model_validate(iceberg),
+        group_id="llmslo-ingest",
+        topics=lake_topics("llmslo."),
     )
     ingester = _Ingester(lake, partition=0, topic="llmslo.engine")
     hour_ms = (int(time.time() * 1000) - 2 * HOUR_MS) // HOUR_MS * HOUR_MS
@@ -272,9 +274,11 @@ def test_the_jobs_roles_schedule_maintains_the_lake_and_stops_when_told(tmp_path
         "maintain_interval_s": 0.2,
     }
     config = load_config(None).model_copy(
-        update={"store": StoreConfig(lake="iceberg", iceberg=IcebergConfig(**iceberg))}
+        update={"store": StoreConfig(lake="iceberg", iceberg=IcebergConfig.model_validate(iceberg))}
     )
-    lake = IcebergLake(IcebergConfig(**iceberg), group_id="g", topics=lake_topics("t."))
+    lake = IcebergLake(
+        IcebergConfig.model_validate(iceberg), group_id="g", topics=lake_topics("t.")
+    )
     ingester = _Ingester(lake, partition=0)
     hour_ms = (int(time.time() * 1000) - 2 * HOUR_MS) // HOUR_MS * HOUR_MS
     for n in range(3):

@@ -24,6 +24,7 @@ from pipeline.store import Store
 from pipeline.units import HOUR_MS, MINUTE_MS
 from slo import queries
 from slo.jobs import JobsConfig, SloJobs
+from slo.queries.reads import LatencyMetric
 from slo.rollups.requests import (
     RELATIVE_ERROR,
     RequestRollup,
@@ -187,7 +188,7 @@ def test_a_request_retried_across_buckets_counts_once_in_the_first(cons: tuple[A
 
 @pytest.mark.parametrize("metric", METRICS)
 def test_sub_minute_buckets_read_the_raw_records_exactly_where_rollups_reach(
-    cons: tuple[Any, Any], metric: str
+    cons: tuple[Any, Any], metric: LatencyMetric
 ) -> None:
     raw, rolled = cons
     start = END_MS - 8 * HOUR_MS - 30 * MINUTE_MS  # the ITL requests, every 97 s
