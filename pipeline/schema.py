@@ -446,15 +446,17 @@ REQUEST_RECORDS = RecordSchema(
             _field(
                 "itl_error_s",
                 pa.float64(),
-                "bound on how late the tap read any token-bearing chunk (its own event-loop "
-                "lag): each ITL gap and statistic is within ± it, the jitter within ± twice "
-                "it; null if unmeasured",
+                "bound on how late the tap read the token-bearing chunks its ITL statistics "
+                "hold (its own event-loop lag; every chunk's when itl_uncertain): each of "
+                "those gaps and statistics is within ± it, the jitter within ± twice it; "
+                "null if unmeasured",
             ),
             _field(
                 "itl_uncertain",
                 pa.bool_(),
-                "itl_error_s exceeded the tap's gap_error_max_s: the gaps say more about the "
-                "tap than the engine, ITL SLIs do not count the request; null without gaps",
+                "too few gaps were read within the tap's gap_error_max_s for a jitter (the "
+                "ITL statistics then hold every gap as read): they say more about the tap "
+                "than the engine, ITL SLIs do not count the request; null without gaps",
             ),
         ]
     ),

@@ -21,9 +21,11 @@ Definitions (t₀ = request received by the tap):
   the whole list (a 25,000-token stream: ~200 KB while it runs, freed when it ends);
 * ``e2e_s`` is set by the proxy when the last byte has been written to the client;
 * ``gap_error_s``: the largest read-delay bound (``late_s``) of the token-bearing chunks,
-  so every gap and ITL statistic is within ± it of the gaps at the socket, the jitter
-  within ± twice it (:mod:`collectors.tap.loopwatch` says where the bound comes from);
-  ``None`` when no bound was given.
+  so every gap is within ± it of the gap at the socket (:mod:`collectors.tap.loopwatch`
+  says where the bound comes from); ``None`` when no bound was given;
+* ``itl_gap_errors_s``: each gap's own bound, the larger of its two chunks' read delays
+  (a chunk read late lengthens the gap before it and shortens the one after it), so
+  :meth:`Measurements.itl_summary` can summarise only the gaps the tap can vouch for.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class Measurements:
     finish_reason: str | None = None
     response_model: str | None = None
     itl_gaps_s: array[float] = field(default_factory=lambda: array("d"))
+    #: Each gap's error bound (seconds), parallel to ``itl_gaps_s``; empty without bounds.
+    itl_gap_errors_s: array[float] = field(default_factory=lambda: array("d"))
     chunk_tokens: list[int] = field(default_factory=list)
     saw_done: bool = False
     error_event: bool = False
@@ -138,9 +142,27 @@ class Measurements:
         summary = self.itl_summary()
         return summary.mean_s, summary.p99_s, summary.max_s
 
-    def itl_summary(self) -> ItlSummary:
-        """Exact statistics and the log-bucket histogram of the ITL gaps."""
-        return ItlSummary.of(self.itl_gaps_s)
+    def itl_summary(self, max_error_s: float | None = None) -> ItlSummary:
+        """Exact statistics and the log-bucket histogram of the ITL gaps; with
+        ``max_error_s``, of the gaps whose own bound is within it (all gaps when no bound
+        was measured)."""
+        if max_error_s is None or len(self.itl_gap_errors_s) != len(self.itl_gaps_s):
+            return ItlSummary.of(self.itl_gaps_s)
+        return ItlSummary.of(
+            [
+                gap
+                for gap, error in zip(self.itl_gaps_s, self.itl_gap_errors_s, strict=True)
+                if error <= max_error_s
+            ]
+        )
+
+    def vouched_error_s(self, max_error_s: float) -> float | None:
+        """The largest bound among the gaps within ``max_error_s`` (what the summary of
+        :meth:`itl_summary` with that bound is within); ``None`` without bounds."""
+        if not self.itl_gap_errors_s:
+            return None
+        kept = [e for e in self.itl_gap_errors_s if e <= max_error_s]
+        return max(kept) if kept else None
 
 
 _decode = json.JSONDecoder().decode
@@ -158,6 +180,7 @@ class StreamMeter:
         self.m = Measurements()
         self._first_token_s: float | None = None
         self._last_token_s: float | None = None
+        self._last_late_s: float | None = None  # the last token chunk's read-delay bound
         self._tokens_counted = 0  # tokens attributed to chunks so far
 
     @property
@@ -206,7 +229,7 @@ class StreamMeter:
             if continuous is not None and continuous > self._tokens_counted:
                 tokens = continuous - self._tokens_counted  # cumulative usage is exact
             self._tokens_counted += tokens
-            self._token_chunk(now_s, tokens)
+            self._token_chunk(now_s, tokens, late_s)
             if late_s is not None and (m.gap_error_s is None or late_s > m.gap_error_s):
                 m.gap_error_s = late_s
             return _TOKEN
@@ -248,7 +271,7 @@ class StreamMeter:
             return completion
         return None
 
-    def _token_chunk(self, now_s: float, tokens: int) -> None:
+    def _token_chunk(self, now_s: float, tokens: int, late_s: float | None = None) -> None:
         m = self.m
         if self._first_token_s is None:
             self._first_token_s = now_s
@@ -256,7 +279,10 @@ class StreamMeter:
         else:
             assert self._last_token_s is not None
             m.itl_gaps_s.append(now_s - self._last_token_s)
+            if late_s is not None and self._last_late_s is not None:
+                m.itl_gap_errors_s.append(max(late_s, self._last_late_s))
         self._last_token_s = now_s
+        self._last_late_s = late_s
         m.chunk_tokens.append(min(tokens, 32767))
 
     def finish(self, end_s: float | None) -> Measurements:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from collectors.config import check_label_value
 from collectors.tap.labels import OTHER_MODEL
+from collectors.tap.measure import JITTER_MIN_TOKEN_CHUNKS, Measurements
 from collectors.tap.targets import met_own_targets
 
 if TYPE_CHECKING:
@@ -64,14 +65,21 @@ def record_row(
     """The row for attempt ``ex`` of request ``ctx`` (plain Python values, schema column names).
 
     ``pool`` is the tap's (configured, or the bounded label of the requested model).
-    ``itl_uncertain`` is set when the gaps' error bound exceeds ``gap_error_max_s`` (null
-    without gaps or without a bound).
+    The ITL summary columns (count, mean, percentiles, jitter, histogram) are over the gaps
+    the tap can vouch for: those whose own error bound is within ``gap_error_max_s`` (a
+    chunk read late spoils the two gaps beside it, not the request), and ``itl_error_s`` is
+    the largest bound among them. ``itl_uncertain`` is set when dropping the others leaves
+    fewer gaps than a jitter needs (null without gaps or without a bound): the summary is
+    then of every gap as read, with the largest bound, and ITL SLIs leave the request out.
+    ``itl_gaps_s`` keeps every gap as read.
 
     Its size is bounded whatever the stream's length: exact ITL summaries and a fixed-size
     histogram, and only the first ``max_gaps`` gaps (and ``max_gaps`` + 1 chunk token counts).
     """
     m = ex.finish()
-    itl = m.itl_summary()
+    vouched = m.itl_summary(gap_error_max_s)
+    uncertain = _uncertain(m, vouched.count)
+    itl = m.itl_summary() if uncertain else vouched  # too few vouched: all, flagged
     return {
         "request_id": ex.request_id,
         "original_request_id": ctx.original_id,
@@ -121,10 +129,21 @@ def record_row(
         "slo_ttft_s": ctx.own_targets.ttft_s,
         "slo_tpot_s": ctx.own_targets.tpot_s,
         "slo_met": met_own_targets(ctx.own_targets, m.ttft_s, m.tpot_s),
-        "itl_error_s": m.gap_error_s,
-        "itl_uncertain": _uncertain(m.gap_error_s, itl.count, gap_error_max_s),
+        "itl_error_s": m.gap_error_s if uncertain else _error_s(m, gap_error_max_s),
+        "itl_uncertain": uncertain,
     }
 
 
-def _uncertain(error_s: float | None, gaps: int, max_s: float) -> bool | None:
-    return None if error_s is None or not gaps else error_s > max_s
+def _error_s(m: Measurements, max_s: float) -> float | None:
+    """The bound of the summarised gaps; when none is within ``max_s``, the largest."""
+    vouched = m.vouched_error_s(max_s)
+    return m.gap_error_s if vouched is None else vouched
+
+
+def _uncertain(m: Measurements, vouched: int) -> bool | None:
+    """Whether the gaps left out (bound past ``gap_error_max_s``) leave too few for a
+    jitter (:data:`JITTER_MIN_TOKEN_CHUNKS` chunks); null without gaps or bounds."""
+    gaps = len(m.itl_gaps_s)
+    if not gaps or len(m.itl_gap_errors_s) != gaps:
+        return None
+    return vouched < gaps and vouched + 1 < JITTER_MIN_TOKEN_CHUNKS
