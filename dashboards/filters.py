@@ -124,6 +124,9 @@ class Filters:
         of a series query; ``rollup`` for one read from per-minute rollups."""
         start, end = self.covered
         bucket = self.rollup_bucket_ms if rollup else self.bucket_ms
+        if rollup:  # a rollup row is stamped with its minute's start: take the minute the
+            # data starts in, not the minute after it (never before the range itself)
+            start = max(start // bucket * bucket, self.start_ms)
         return {"start_ms": start, "end_ms": end, "bucket_ms": bucket}
 
     def request_scope(self) -> dict[str, int | str | None]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import time
+from typing import IO
 
 
 def alive(pid: int) -> bool:
@@ -28,3 +30,20 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def line_matching(
+    stream: IO[str], pattern: str, max_lines: int = 10
+) -> tuple[re.Match[str] | None, list[str]]:
+    """The first of a child's next ``max_lines`` output lines that matches ``pattern``
+    (``re.search``), and the lines read (for the failure message)."""
+    seen: list[str] = []
+    for _ in range(max_lines):
+        line = stream.readline()
+        if not line:
+            break
+        seen.append(line)
+        found = re.search(pattern, line)
+        if found:
+            return found, seen
+    return None, seen

@@ -9,7 +9,6 @@ through it is published to the ``flags`` topic and comes back ingested in the ti
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pipeline.broker import free_port
 from pipeline.bus import Bus
 from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
 from slo.queries import FLAGS_SCHEMA, STATUS_SCHEMA
+from tests.processes import line_matching
 
 TOKEN = "e2e-token"
 
@@ -116,9 +116,8 @@ def test_run_serves_slos_and_flags_as_json_and_arrow_while_it_writes(
     with ExitStack() as stack:
         run = _child(stack, ["run", *cfg], run_log, stdout=subprocess.PIPE)
         assert run.stdout is not None
-        line = run.stdout.readline()
-        found = re.search(r"serving the API on (http://\S+) ", line)
-        assert found, f"{line!r} {run_log.read_text()[-2000:]}"
+        found, lines = line_matching(run.stdout, r"serving the API on (http://\S+) ")
+        assert found, f"{lines!r} {run_log.read_text()[-2000:]}"
         url = found[1]
         taps = []
         for pod in fleet.pods:

@@ -38,6 +38,7 @@ from pipeline.bus import Bus, BusConfig
 from simulator import Fleet, FleetConfig, NodeConfig, PodConfig
 from tests.dashboards.browser import HeadlessChromium, blank
 from tests.dashboards.test_browser import ROOT, SHOTS, chromium, start_dashboard  # noqa: F401
+from tests.processes import line_matching
 
 pytestmark = pytest.mark.slow
 
@@ -192,8 +193,8 @@ def live(
         run_log = workdir / "run.log"
         run = _llmslo(children, ["run", "-c", str(config)], run_log)
         assert run.stdout is not None
-        found = re.search(r"serving the API on (http://\S+) ", run.stdout.readline())
-        assert found, run_log.read_text()[-2000:]
+        found, lines = line_matching(run.stdout, r"serving the API on (http://\S+) ")
+        assert found, f"{lines!r} {run_log.read_text()[-2000:]}"
         api_url = found[1]
         dashboard, url = start_dashboard("--api", api_url)
         children.append(dashboard)
