@@ -76,15 +76,41 @@ def _by_prompt_length(
     return mine / expected(mine_prompts), pool / expected(pool_prompts)
 
 
-def _shifted(snap: Snapshot, cfg: LatencyThresholds, metric: str, signal: str) -> list[Finding]:
+def _scaled(
+    instance: str, samples: dict[str, np.ndarray], lengths: dict[str, np.ndarray | None]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``instance``'s and the rest's values at equal prompt length, or ``None`` where some
+    instance's lengths are missing or do not pair with its values."""
+    known = {i: p for i, p in lengths.items() if p is not None and len(p) == len(samples[i])}
+    if not known or len(known) != len(samples):
+        return None
+    others = [i for i in samples if i != instance]
+    return _by_prompt_length(
+        samples[instance],
+        known[instance],
+        np.concatenate([samples[i] for i in others]),
+        np.concatenate([known[i] for i in others]),
+    )
+
+
+def _shifted(
+    snap: Snapshot,
+    cfg: LatencyThresholds,
+    metric: str,
+    signal: str,
+    *,
+    prompts: str | None = None,
+) -> list[Finding]:
     """Serving instances (:func:`slo.signals._serving.pool_baselines`) whose ``metric`` sits above
     the rest of their pool's serving instances; none in a pool with fewer than
-    ``pool_min_serving`` serving instances holding samples. TTFT is compared at equal prompt
-    length (:func:`_by_prompt_length`) where the prompts' lengths are known."""
+    ``pool_min_serving`` serving instances holding samples. With ``prompts`` (the latency
+    key of each sample's prompt length) the values are compared at equal prompt length
+    (:func:`_by_prompt_length`) where every instance's lengths are known."""
     findings = []
     for baseline in pool_baselines(snap, cfg).values():
         serving = [i for i in baseline.serving if i in snap.latency]
         samples = {i: snap.latency[i][metric] for i in serving}
+        lengths = {i: snap.latency[i].get(prompts) for i in serving} if prompts else {}
         if len(samples) < cfg.pool_min_serving:
             continue
         for instance, mine in samples.items():
@@ -94,20 +120,11 @@ def _shifted(snap: Snapshot, cfg: LatencyThresholds, metric: str, signal: str) -
             pool = np.concatenate(rest)
             if len(pool) < cfg.slow_min_samples:
                 continue
-            basis = "mann_whitney"
             raw_medians = float(np.median(mine)), float(np.median(pool))
-            if metric == "ttft_s":
-                prompts = {i: snap.latency[i].get("ttft_prompt_tokens") for i in serving}
-                if all(p is not None and len(p) == len(samples[i]) for i, p in prompts.items()):
-                    pool_prompts = np.concatenate(
-                        [p for i, p in prompts.items() if i != instance and p is not None]
-                    )
-                    mine_prompts = prompts[instance]
-                    assert mine_prompts is not None
-                    scaled = _by_prompt_length(mine, mine_prompts, pool, pool_prompts)
-                    if scaled is not None:
-                        mine, pool = scaled
-                        basis = "mann_whitney_by_prompt_length"
+            scaled = _scaled(instance, samples, lengths)
+            basis = "mann_whitney" if scaled is None else "mann_whitney_by_prompt_length"
+            if scaled is not None:
+                mine, pool = scaled
             mine_median, pool_median = float(np.median(mine)), float(np.median(pool))
             if pool_median <= 0 or mine_median / pool_median < cfg.slow_median_ratio:
                 continue
@@ -133,7 +150,7 @@ def _shifted(snap: Snapshot, cfg: LatencyThresholds, metric: str, signal: str) -
 def detect_slow_prefill(snap: Snapshot, cfg: LatencyThresholds) -> list[Finding]:
     """An instance's TTFT shifted above the rest of its pool at equal prompt length (ok tap
     records; raw TTFT where an engine reports no prompt tokens)."""
-    return _shifted(snap, cfg, "ttft_s", "slow_prefill")
+    return _shifted(snap, cfg, "ttft_s", "slow_prefill", prompts="ttft_prompt_tokens")
 
 
 def detect_slow_decode(snap: Snapshot, cfg: LatencyThresholds) -> list[Finding]:
