@@ -142,27 +142,25 @@ class Measurements:
         summary = self.itl_summary()
         return summary.mean_s, summary.p99_s, summary.max_s
 
-    def itl_summary(self, max_error_s: float | None = None) -> ItlSummary:
-        """Exact statistics and the log-bucket histogram of the ITL gaps; with
-        ``max_error_s``, of the gaps whose own bound is within it (all gaps when no bound
-        was measured)."""
-        if max_error_s is None or len(self.itl_gap_errors_s) != len(self.itl_gaps_s):
-            return ItlSummary.of(self.itl_gaps_s)
-        return ItlSummary.of(
-            [
-                gap
-                for gap, error in zip(self.itl_gaps_s, self.itl_gap_errors_s, strict=True)
-                if error <= max_error_s
-            ]
-        )
+    def itl_summary(self) -> ItlSummary:
+        """Exact statistics and the log-bucket histogram of every ITL gap as read."""
+        return ItlSummary.of(self.itl_gaps_s)
 
-    def vouched_error_s(self, max_error_s: float) -> float | None:
-        """The largest bound among the gaps within ``max_error_s`` (what the summary of
-        :meth:`itl_summary` with that bound is within); ``None`` without bounds."""
-        if not self.itl_gap_errors_s:
-            return None
-        kept = [e for e in self.itl_gap_errors_s if e <= max_error_s]
-        return max(kept) if kept else None
+    def vouched_itl(self, max_error_s: float) -> tuple[ItlSummary, float | None, bool | None]:
+        """The ITL summary of the gaps whose own bound is within ``max_error_s``, that
+        summary's bound (the largest kept), and whether it is *uncertain*: dropping the
+        other gaps left too few for a jitter (:data:`JITTER_MIN_TOKEN_CHUNKS` chunks), in
+        which case the summary and bound are of every gap as read. Without gaps or bounds:
+        every gap, :attr:`gap_error_s` and ``None``."""
+        gaps, errors = self.itl_gaps_s, self.itl_gap_errors_s
+        if not gaps or len(errors) != len(gaps):
+            return ItlSummary.of(gaps), self.gap_error_s, None
+        kept = [
+            (gap, error) for gap, error in zip(gaps, errors, strict=True) if error <= max_error_s
+        ]
+        if len(kept) < len(gaps) and len(kept) + 1 < JITTER_MIN_TOKEN_CHUNKS:
+            return ItlSummary.of(gaps), self.gap_error_s, True
+        return ItlSummary.of([g for g, _ in kept]), max(e for _, e in kept), False
 
 
 _decode = json.JSONDecoder().decode

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from collectors.config import check_label_value
 from collectors.tap.labels import OTHER_MODEL
-from collectors.tap.measure import JITTER_MIN_TOKEN_CHUNKS, Measurements
 from collectors.tap.targets import met_own_targets
 
 if TYPE_CHECKING:
@@ -77,9 +76,7 @@ def record_row(
     histogram, and only the first ``max_gaps`` gaps (and ``max_gaps`` + 1 chunk token counts).
     """
     m = ex.finish()
-    vouched = m.itl_summary(gap_error_max_s)
-    uncertain = _uncertain(m, vouched.count)
-    itl = m.itl_summary() if uncertain else vouched  # too few vouched: all, flagged
+    itl, itl_error_s, uncertain = m.vouched_itl(gap_error_max_s)
     return {
         "request_id": ex.request_id,
         "original_request_id": ctx.original_id,
@@ -129,21 +126,6 @@ def record_row(
         "slo_ttft_s": ctx.own_targets.ttft_s,
         "slo_tpot_s": ctx.own_targets.tpot_s,
         "slo_met": met_own_targets(ctx.own_targets, m.ttft_s, m.tpot_s),
-        "itl_error_s": m.gap_error_s if uncertain else _error_s(m, gap_error_max_s),
+        "itl_error_s": itl_error_s,
         "itl_uncertain": uncertain,
     }
-
-
-def _error_s(m: Measurements, max_s: float) -> float | None:
-    """The bound of the summarised gaps; when none is within ``max_s``, the largest."""
-    vouched = m.vouched_error_s(max_s)
-    return m.gap_error_s if vouched is None else vouched
-
-
-def _uncertain(m: Measurements, vouched: int) -> bool | None:
-    """Whether the gaps left out (bound past ``gap_error_max_s``) leave too few for a
-    jitter (:data:`JITTER_MIN_TOKEN_CHUNKS` chunks); null without gaps or bounds."""
-    gaps = len(m.itl_gaps_s)
-    if not gaps or len(m.itl_gap_errors_s) != gaps:
-        return None
-    return vouched < gaps and vouched + 1 < JITTER_MIN_TOKEN_CHUNKS

@@ -257,9 +257,9 @@ def test_a_chunk_read_late_spoils_the_two_gaps_beside_it_and_only_them() -> None
         meter.on_data(chunk, 0.1 + 0.02 * i + late.get(i, 0.0), late.get(i, 0.001))
     m = meter.m
     assert len(m.itl_gaps_s) == 11 and len(m.itl_gap_errors_s) == 11
-    summary = m.itl_summary(0.005)
+    summary, bound, uncertain = m.vouched_itl(0.005)
     assert summary.count == 9  # gaps 4→5 and 5→6 left out
     assert summary.max_s is not None and abs(summary.max_s - 0.02) < 1e-9
-    assert m.vouched_error_s(0.005) == 0.001
+    assert (bound, uncertain) == (0.001, False)
     as_read = m.itl_summary().max_s
     assert as_read is not None and as_read > 0.09  # every gap as read
