@@ -151,6 +151,7 @@ def create_app(
     flag_sink: TransitionSink | None = None,
     read_only: bool = False,
     gpu_pods: Mapping[str, str] | None = None,
+    alert_ttl_s: float | None = None,
     registry: CollectorRegistry | None = None,
 ) -> FastAPI:
     """Build the app. ``token`` overrides the one read from ``config.token_env``.
@@ -161,7 +162,10 @@ def create_app(
     is opened read-only, so verdicts are computed but not stored (the answer says
     ``"stored": false``) and overrides cannot be set (503). ``gpu_pods`` maps dcgm-exporter's
     ``pod`` label to the engine instance where the two differ (the SLO config's
-    ``detectors.gpu_pods``), so ``/api/v1/gpus`` joins GPUs to engines as the detectors do. Otherwise the API's tables
+    ``detectors.gpu_pods``), so ``/api/v1/gpus`` joins GPUs to engines as the detectors do.
+    ``alert_ttl_s`` (the pusher's TTL, :func:`alerts.push.alert_ttl_s`) expires
+    ``/api/v1/alerts``' firing alerts that no jobs cycle confirmed within it; None lists
+    every firing alert however old. Otherwise the API's tables
     (``verdicts``, ``flag_overrides``) are created when missing; ``/readyz`` says what is
     missing when that failed. The API's counters (shed requests, refused bodies, passes
     without a verdict) go to ``registry`` (the process's, inside ``llmslo run``).
@@ -227,7 +231,10 @@ def create_app(
         app,
         connection_provider,
         {slo.id: slo.objective for slo in model.slos},
-        {"gpu_pods": dict(gpu_pods or {})},
+        {
+            "gpu_pods": dict(gpu_pods or {}),
+            **({"ttl_ms": int(alert_ttl_s * 1000)} if alert_ttl_s is not None else {}),
+        },
         lane=lanes.reads,
     )
     add_flag_routes(app, watcher)

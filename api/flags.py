@@ -43,9 +43,9 @@ from api.overrides import (
 )
 from api.reads import ARROW_STREAM, parse_query
 from pipeline.errors import QueryError
-from pipeline.schema import JOBS_HEARTBEATS, heartbeat_bound_s
+from pipeline.schema import heartbeat_bound_s
 from slo.flags import FlagTransition
-from slo.queries import FLAGS_SCHEMA, current_flags
+from slo.queries import FLAGS_SCHEMA, current_flags, last_heartbeat
 from slo.sinks import TransitionSink
 
 __all__ = [
@@ -54,7 +54,6 @@ __all__ = [
     "Freshness",
     "add_flag_routes",
     "etag_of",
-    "last_heartbeat",
 ]
 
 log = logging.getLogger(__name__)
@@ -113,24 +112,6 @@ class Freshness:
         if self.as_of_ms is not None:
             headers[AS_OF_HEADER] = _iso(self.as_of_ms)
         return headers
-
-
-def last_heartbeat(
-    con: duckdb.DuckDBPyConnection, at_ms: int | None = None
-) -> tuple[int, float | None] | None:
-    """The newest jobs heartbeat ``(ts_ms, interval_s)`` (at or before ``at_ms``), or None.
-
-    A store written before heartbeats existed has no such table: no heartbeat, not an error.
-    """
-    where, params = ("WHERE ts_ms <= ?", [at_ms]) if at_ms is not None else ("", [])
-    try:
-        row = con.execute(
-            f"SELECT max(ts_ms), arg_max(interval_s, ts_ms) FROM {JOBS_HEARTBEATS.table} {where}",
-            params,
-        ).fetchone()
-    except duckdb.CatalogException:
-        return None
-    return None if row is None or row[0] is None else (int(row[0]), row[1])
 
 
 def etag_of(body: bytes) -> str:

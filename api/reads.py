@@ -28,7 +28,6 @@ from fastapi.responses import JSONResponse, Response
 
 from api.capacity import Lane
 from pipeline.errors import QueryError
-from pipeline.schema import ALERTS
 from slo import queries
 
 __all__ = ["ARROW_STREAM", "READ_ROUTES", "ReadRoute", "add_read_routes", "table_response"]
@@ -52,15 +51,6 @@ class ReadRoute:
     configured: tuple[str, ...] = ()
 
 
-def _no_alerts(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """Until ``slo.queries.alerts`` exists: the ``alerts`` table's columns, no rows."""
-    return ALERTS.arrow.empty_table()
-
-
-#: ``slo.queries.alerts`` once the alerts engineer adds it (its own parameters then apply).
-_alerts: Callable[..., pa.Table] = getattr(queries, "alerts", _no_alerts)
-
-
 READ_ROUTES = (
     ReadRoute("/api/v1/slos", queries.slo_status, "Every SLO group's status, budget and burn."),
     ReadRoute("/api/v1/findings", queries.findings, "Findings in a range, with evidence."),
@@ -71,7 +61,9 @@ READ_ROUTES = (
     ReadRoute("/api/v1/ghosts", queries.ghost_counts, "Ghost-request evidence over time."),
     ReadRoute("/api/v1/engines", queries.engine_series, "Engine signals over time."),
     ReadRoute("/api/v1/gpus", queries.gpu_series, "GPU (DCGM) signals over time.", ("gpu_pods",)),
-    ReadRoute("/api/v1/alerts", _alerts, "Alerts the pipeline computed itself."),
+    ReadRoute(
+        "/api/v1/alerts", queries.alerts, "Alerts the pipeline computed itself.", ("ttl_ms",)
+    ),
 )
 
 
@@ -200,8 +192,8 @@ def add_read_routes(
 
     ``objectives`` (SLO id → objective from the loaded spec) fill in the budget route's
     ``objective`` when the caller leaves it out. ``configured`` holds the values of the
-    routes' :attr:`ReadRoute.configured` parameters (``gpu_pods``); one left out takes the
-    query function's default.
+    routes' :attr:`ReadRoute.configured` parameters (``gpu_pods``, the alerts' ``ttl_ms``); one
+    left out takes the query function's default.
     """
     for route in READ_ROUTES:
         endpoint = _endpoint(route, connection_provider, configured or {}, lane)

@@ -27,6 +27,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from alerts.config import AlertmanagerConfig
+from alerts.push import alert_ttl_s
 from alerts.pusher import AlertPusher, restore_state
 from api import create_app
 from collectors.probe import ProbeSection
@@ -289,6 +290,9 @@ def serve_api(
         model=model,
         flag_sink=sink,
         gpu_pods=gpu_pods,
+        alert_ttl_s=alert_ttl_s(
+            pipeline.config.section("alertmanager", AlertmanagerConfig).resend_s
+        ),
         registry=pipeline.registry,
     )
     server = ApiServer(app, settings).start()

@@ -26,11 +26,11 @@ import httpx
 
 from alerts.config import AlertmanagerConfig
 from alerts.push import alert_ttl_s
-from api.flags import last_heartbeat
 from llmslo.options import add_subcommand, print_json, resolve_config
 from pipeline.errors import LlmsloError
 from pipeline.store import Store
 from slo.queries import alerts as recorded_alerts
+from slo.queries import last_heartbeat
 
 __all__ = ["register", "run_alerts"]
 
@@ -61,20 +61,21 @@ def _from_db(args: argparse.Namespace, now_ms: int) -> list[dict[str, Any]]:
     config = resolve_config(args)
     ttl_ms = int(alert_ttl_s(config.section("alertmanager", AlertmanagerConfig).resend_s) * 1000)
     with Store(config.store.path, read_only=True) as store:
-        table = recorded_alerts(store.con, severity=args.severity)
+        firing = recorded_alerts(store.con, severity=args.severity)
+        active = recorded_alerts(store.con, severity=args.severity, at_ms=now_ms, ttl_ms=ttl_ms)
         beat = last_heartbeat(store.con)
+    confirmed = set(active.column("fingerprint").to_pylist())
     rows = []
-    for row in table.to_pylist():
+    for row in firing.to_pylist():
         confirmed_ms = max(row["ts_ms"], beat[0] if beat else row["ts_ms"])
-        expires_ms = confirmed_ms + ttl_ms
         rows.append(
             {
                 "labels": json.loads(row["labels_json"] or "{}"),
                 "annotations": json.loads(row["annotations_json"] or "{}"),
                 "starts_ms": row["starts_ts_ms"],
-                "state": "active" if now_ms <= expires_ms else "expired",
+                "state": "active" if row["fingerprint"] in confirmed else "expired",
                 "confirmed_ms": confirmed_ms,
-                "expires_ms": expires_ms,
+                "expires_ms": confirmed_ms + ttl_ms,
                 "generator_url": row["generator_url"] or "",
             }
         )

@@ -18,6 +18,8 @@ from typing import Any
 
 import duckdb
 
+from alerts.config import AlertmanagerConfig
+from alerts.push import alert_ttl_s
 from api import create_app
 from llmslo.api_server import ApiServer, api_config
 from llmslo.options import add_common_options, add_subcommand, install_stop_handlers, resolve_config
@@ -82,6 +84,7 @@ def run_api(args: argparse.Namespace) -> int:
             model=model,
             read_only=args.read_only,
             gpu_pods=jobs.detectors.gpu_pods,  # GPUs joined to engines as the detectors do
+            alert_ttl_s=alert_ttl_s(config.section("alertmanager", AlertmanagerConfig).resend_s),
         )
         server = ApiServer(app, settings).start()
         mode = "read-only" if args.read_only else "read-write"

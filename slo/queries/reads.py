@@ -38,7 +38,7 @@ from slo.queries._schemas import (
 from slo.queries._sql import optional_equal as _optional
 from slo.queries._sql import present_tables
 from slo.queries._sql import run_query as _run
-from slo.queries.alerts import alerts, drills
+from slo.queries.alerts import alerts, drills, last_heartbeat
 from slo.queries.series import engine_series, gpu_series
 from slo.request_sources import REQUEST_SOURCES, RequestSource, source_filter
 
@@ -63,6 +63,7 @@ __all__ = [
     "flag_timeline",
     "ghost_counts",
     "gpu_series",
+    "last_heartbeat",
     "latency_percentiles",
     "meta",
     "open_findings",

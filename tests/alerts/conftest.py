@@ -13,6 +13,10 @@ import httpx
 import pytest
 
 from alerts import alertmanager_config, load_rule_model, render_bundle, render_yaml, write_all
+from alerts.push import ActiveAlert
+from alerts.records import AlertChange, alert_rows, table_writer
+from pipeline.store import Store
+from slo.sinks import JobsHeartbeat, StoreTransitionSink
 from tests.conftest import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +34,20 @@ EXAMPLE_SPECS = [
 def promtool() -> str:
     """Path of promtool (Debian ``prometheus``)."""
     return require_tool("promtool")
+
+
+def record_alert(db: Path, fired_ms: int, last_cycle_ms: int | None) -> None:
+    """Store one page alert (``LlmEngineStalled`` on pod-0) that fired at ``fired_ms`` and, when
+    given, a jobs heartbeat at ``last_cycle_ms`` (the last cycle that confirmed it)."""
+    page = ActiveAlert(
+        {"alertname": "LlmEngineStalled", "severity": "page", "instance": "pod-0:8000"},
+        {"summary": "stall on instance pod-0:8000"},
+    )
+    with Store(db) as store:
+        table_writer(store.con)(alert_rows([AlertChange(fired_ms, "firing", page, fired_ms)]))
+        if last_cycle_ms is not None:
+            beat = JobsHeartbeat(last_cycle_ms, last_cycle_ms, "host-1", 10.0)
+            StoreTransitionSink(store.con).beat(beat)
 
 
 def generate(spec: Path, out: Path) -> tuple[Path, list[Path]]:

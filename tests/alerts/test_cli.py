@@ -13,13 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts.push import ActiveAlert
-from alerts.records import AlertChange, alert_rows, table_writer
 from llmslo.cli import main as cli_main
 from llmslo.commands.rules import register
-from pipeline.store import Store
-from slo.sinks import JobsHeartbeat, StoreTransitionSink
-from tests.alerts.conftest import REPO, SPECS, run
+from tests.alerts.conftest import REPO, SPECS, record_alert, run
 from tests.conftest import require_tool
 
 
@@ -127,23 +123,11 @@ def test_generated_files_follow_a_stricter_umask(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / "am.yml").stat().st_mode) == 0o600
 
 
-def _recorded_alert(db: Path, fired_ms: int, last_cycle_ms: int | None) -> None:
-    page = ActiveAlert(
-        {"alertname": "LlmEngineStalled", "severity": "page", "instance": "pod-0:8000"},
-        {"summary": "stall on instance pod-0:8000"},
-    )
-    with Store(db) as store:
-        table_writer(store.con)(alert_rows([AlertChange(fired_ms, "firing", page, fired_ms)]))
-        if last_cycle_ms is not None:
-            beat = JobsHeartbeat(last_cycle_ms, last_cycle_ms, "host-1", 10.0)
-            StoreTransitionSink(store.con).beat(beat)
-
-
 def test_a_stopped_pipelines_alerts_are_listed_as_expired_not_active(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db, hour_ago = tmp_path / "demo.duckdb", int(time.time() * 1000) - 3_600_000
-    _recorded_alert(db, hour_ago, hour_ago)
+    record_alert(db, hour_ago, hour_ago)
     assert cli_main(["alerts", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("no active alerts\n")
@@ -160,7 +144,7 @@ def test_an_alert_the_running_jobs_still_confirm_is_active_however_old(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db, now_ms = tmp_path / "live.duckdb", int(time.time() * 1000)
-    _recorded_alert(db, now_ms - 3_600_000, now_ms - 10_000)
+    record_alert(db, now_ms - 3_600_000, now_ms - 10_000)
     assert cli_main(["alerts", "--db", str(db), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert (listed["count"], listed["expired"]) == (1, [])
