@@ -192,7 +192,8 @@ class FlagBoard:
         evidence: Mapping[str, Any] | None = None,
     ) -> FlagTransition | None:
         """Set a scope nobody can observe to :data:`UNKNOWN`; the transition, or ``None``
-        when it already was unknown. ``reason``: ``target_down``, ``kv_stale``."""
+        when it already was unknown. ``reason``: ``target_down``, ``kv_stale`` (an instance),
+        ``no_instance_observed`` (a pool whose every instance is unknown)."""
         key = (scope, scope_id)
         before = self.states.get(key, FlagState(since_ts_ms=ts_ms))
         if before.level == UNKNOWN:

@@ -319,6 +319,15 @@ class SloJobs:
             )
         for pool, frees in sorted(pools.items()):
             transitions.append(self._step_pool(snap, pool, frees, pins, unknown.get(pool, [])))
+        for pool, down in sorted(unknown.items()):
+            if pool not in pools and ("pool", pool) in self.board.states:
+                # every instance down or stale: nothing vouches for the pool's last level
+                why = {"unknown_instances": down}
+                transitions.append(
+                    self.board.mark_unknown(
+                        snap.now_ms, "pool", pool, pool, "no_instance_observed", why
+                    )
+                )
         return [t for t in transitions if t is not None]
 
     def _pool_input(self, snap: Snapshot, instance: str, free: float) -> float:

@@ -353,3 +353,26 @@ def test_a_pool_level_with_no_scrape_inside_the_dwell_holds_the_last_value() -> 
         JobsConfig(flags=FlagPolicy(dwell_s=20), pool_level="worst_held"),
     )
     assert jobs._pool_input(snap, "pod-0", free=1 - 0.96) == pytest.approx(0.04)
+
+
+def test_a_pool_whose_every_instance_is_down_is_unknown_not_its_last_level(store: Store) -> None:
+    """Both pods of the pool at L2 crash together: nothing observes the pool any more, so its
+    flag turns unknown (−1) instead of telling gateways the pool is still at L2; back up, it
+    takes the level its instances' fresh data calls for."""
+
+    def tight_then_crash(s: State, since: float) -> None:
+        s["kv_usage"] = 0.96
+        if 120 <= since < 240:
+            s["up"], s["requests"] = False, 0
+        elif since >= 240:
+            s["up"], s["requests"] = True, 8
+            s["kv_usage"] = 0.4
+
+    fleet = FleetTimeline(instances=2, seconds=900)
+    for instance in range(2):
+        fleet.add_fault(instance, 300, tight_then_crash)
+    sink = ListTransitionSink()
+    replay(store, fleet, sink, start_s=240)
+    pool = [(t.from_level, t.to_level, t.reason) for t in sink.transitions if t.scope == "pool"]
+    assert pool[:2] == [(0, 2, "kv_free_below_l2"), (2, -1, "no_instance_observed")]
+    assert pool[2][:2] == (-1, 0)
