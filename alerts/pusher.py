@@ -160,6 +160,8 @@ class AlertPusher:
         for finding in result.findings:
             if finding.scope == "instance" and finding.pool:
                 self._pools[finding.scope_id] = finding.pool
+        # only the instances the jobs still hold a level for: the jobs forget departed pods
+        self._pools = {i: p for i, p in self._pools.items() if ("instance", i) in result.flags}
         return [
             FlagLevel(
                 scope,

@@ -31,7 +31,7 @@ from pipeline.errors import LlmsloError
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
 from slo.buckets import check_bucket_bounds, observed_bounds
 from slo.evaluate import SloStatus, evaluate
-from slo.flags import FlagBoard, FlagPolicy, FlagState, FlagTransition
+from slo.flags import UNKNOWN, FlagBoard, FlagPolicy, FlagState, FlagTransition
 from slo.metrics import JobMetrics
 from slo.rollups.counts import Rollup
 from slo.rollups.requests import RequestRollup
@@ -76,6 +76,13 @@ class JobsConfig(BaseModel):
     )
     kv_stale_s: float = Field(
         default=60.0, gt=0, description="a KV sample older than this is no observation"
+    )
+    forget_after_s: float = Field(
+        default=3_600.0,
+        gt=0,
+        description="an instance unknown this long and no longer in the data (a pod deleted "
+        "or rescheduled under a new name) is forgotten: dropped from the jobs' levels and "
+        "/metrics, so a fleet that churns pods does not grow them without end",
     )
     pool_level: Literal["worst_held", "kv"] = Field(
         default="worst_held",
@@ -280,7 +287,9 @@ class SloJobs:
         pools: dict[str, dict[str, float]] = {}
         unknown: dict[str, list[str]] = {}
         transitions: list[FlagTransition | None] = []
-        for instance in sorted(set(snap.engine) | set(down)):
+        observed = set(snap.engine) | set(down)
+        self._forget_departed(snap, observed)
+        for instance in sorted(observed):
             kv = snap.series(instance, "kv_usage")
             flagged_before = ("instance", instance) in self.board.states
             pinned = instance in pins and instance in snap.engine
@@ -319,16 +328,40 @@ class SloJobs:
             )
         for pool, frees in sorted(pools.items()):
             transitions.append(self._step_pool(snap, pool, frees, pins, unknown.get(pool, [])))
-        for pool, down in sorted(unknown.items()):
+        for pool, members in sorted(unknown.items()):
             if pool not in pools and ("pool", pool) in self.board.states:
                 # every instance down or stale: nothing vouches for the pool's last level
-                why = {"unknown_instances": down}
                 transitions.append(
                     self.board.mark_unknown(
-                        snap.now_ms, "pool", pool, pool, "no_instance_observed", why
+                        snap.now_ms,
+                        "pool",
+                        pool,
+                        pool,
+                        "no_instance_observed",
+                        {"unknown_instances": members},
                     )
                 )
         return [t for t in transitions if t is not None]
+
+    def _forget_departed(self, snap: Snapshot, observed: set[str]) -> None:
+        """Drop instances unknown for ``forget_after_s`` that the data no longer names."""
+        horizon = snap.ago_ms(self.config.forget_after_s)
+        departed = [
+            key
+            for key, state in self.board.states.items()
+            if key[0] == "instance"
+            and key[1] not in observed
+            and state.level == UNKNOWN
+            and state.since_ts_ms <= horizon
+        ]
+        for key in departed:
+            del self.board.states[key]
+        if departed:
+            log.info(
+                "flags: forgot %d departed instance(s), unknown since before %d",
+                len(departed),
+                horizon,
+            )
 
     def _pool_input(self, snap: Snapshot, instance: str, free: float) -> float:
         """What one instance contributes to its pool's level (see ``pool_level``)."""

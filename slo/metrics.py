@@ -138,5 +138,7 @@ class JobMetrics:
                 self.autoscalers_unpaired.labels(instance, reason).set(count)
 
     def record_levels(self, levels: Mapping[tuple[str, str], tuple[str, int]]) -> None:
+        """Every scope the jobs hold a level for (re-set every cycle: a forgotten one goes)."""
+        self.level.clear()
         for (scope, scope_id), (pool, level) in levels.items():
             self.level.labels(scope, scope_id, pool).set(level)

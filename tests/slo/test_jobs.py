@@ -376,3 +376,38 @@ def test_a_pool_whose_every_instance_is_down_is_unknown_not_its_last_level(store
     pool = [(t.from_level, t.to_level, t.reason) for t in sink.transitions if t.scope == "pool"]
     assert pool[:2] == [(0, 2, "kv_free_below_l2"), (2, -1, "no_instance_observed")]
     assert pool[2][:2] == (-1, 0)
+
+
+def test_a_pod_that_left_the_fleet_is_forgotten_not_held_unknown_forever(store: Store) -> None:
+    """A pod at L2 is deleted (its rows stop: no target, no samples). It turns unknown; once it
+    has been unknown for ``forget_after_s`` and the data no longer names it, the jobs drop it:
+    no level, no ``llmslo_degradation_level`` series, nothing for the alert pusher to map."""
+
+    def tight(s: State, _: float) -> None:
+        s["kv_usage"] = 0.96
+
+    fleet = FleetTimeline(instances=2, seconds=1_800).add_fault(1, 0, tight)
+    gone, gone_ms = fleet.instance(1), T0_MS + 300_000
+    kept = [
+        [row for row in rows if row.get("instance") != gone or row.get("ts_ms", 0) < gone_ms]
+        for rows in fleet.all_rows()[1:]
+    ]
+    insert(store, engine=kept[0], gpu=kept[1], health=kept[2])
+    config = JobsConfig(flags=FlagPolicy(dwell_s=60), forget_after_s=300)
+    metrics = JobMetrics()
+    jobs = SloJobs(store.con, MODEL, config, sink=ListTransitionSink(), metrics=metrics)
+    seen: dict[int, int | None] = {}
+    for t in range(240, fleet.seconds + 1, fleet.scrape_s):
+        jobs.run_once(T0_MS + t * 1000)
+        state = jobs.board.states.get(("instance", gone))
+        seen[t] = None if state is None else state.level
+        shown = metrics.registry.get_sample_value(
+            "llmslo_degradation_level", {"scope": "instance", "scope_id": gone, "pool": ""}
+        )
+        assert shown == seen[t]
+
+    def at(t: int) -> int | None:
+        return seen[max(k for k in seen if k <= t)]
+
+    assert at(299) == 2 and at(600) == -1  # L2, then unknown once its KV is stale
+    assert at(fleet.seconds) is None  # forgotten: 600 s lookback + 300 s unknown later
