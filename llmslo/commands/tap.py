@@ -18,8 +18,12 @@ from collectors.tap.flagsource import KafkaFlagSource
 from collectors.tap.proxy import TapProxy, freeze_startup_heap, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
-from llmslo.options import add_common_options, resolve_config, serve_metrics
-from pipeline.bus import Bus
+from llmslo.options import (
+    add_common_options,
+    pipeline_bus,
+    resolve_config,
+    serve_metrics,
+)
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
 
@@ -161,7 +165,7 @@ def run_tap(args: argparse.Namespace) -> int:
         raise ConfigError("tap.degradation.follow_flags: needs tap.kafka (the flags topic)")
     with contextlib.ExitStack() as stack:
         if tap.kafka:
-            bus = stack.enter_context(Bus(config.bus))
+            bus = stack.enter_context(pipeline_bus(config, args))
             bus.ensure_topics()
             sinks.append(
                 KafkaSink(
