@@ -241,7 +241,7 @@ def publish_flags(bootstrap: str) -> None:
 def start_tap_command(port: int, upstream: str, bootstrap: str) -> subprocess.Popen[str]:
     """``llmslo tap`` as a sidecar runs it: its own process, publishing to Kafka and
     following the flags."""
-    command = [sys.executable, "-m", "llmslo", "tap", "--listen", f"127.0.0.1:{port}"]
+    command = [sys.executable, "-m", "llmslo", "tap", "--port", str(port)]
     command += ["--upstream", upstream, "--bootstrap-servers", bootstrap, "--follow-flags"]
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     tap = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)

@@ -15,13 +15,16 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from llmslo.sections import load_config
-from pipeline.config import LlmsloConfig
+from pipeline.broker_address import address_file, read_address
+from pipeline.bus import Bus
+from pipeline.config import BusConfig, LlmsloConfig
 from pipeline.errors import ConfigError
 
 __all__ = [
     "add_common_options",
     "add_subcommand",
     "install_stop_handlers",
+    "pipeline_bus",
     "print_json",
     "resolve_config",
     "serve_metrics",
@@ -70,6 +73,69 @@ def resolve_config(args: argparse.Namespace) -> LlmsloConfig:
     if getattr(args, "db", None):
         updates["store"] = config.store.model_copy(update={"path": args.db})
     return config.model_copy(update=updates) if updates else config
+
+
+def pipeline_bus(
+    config: LlmsloConfig,
+    args: argparse.Namespace,
+    *,
+    owner: bool = False,
+    embedded_data_dir: Path | None = None,
+    registry: CollectorRegistry | None = None,
+) -> Bus:
+    """The :class:`Bus` of a command, joined to its pipeline's broker when not told one.
+
+    With ``--bootstrap-servers`` or ``bus.bootstrap_servers`` in the config, that address
+    (an unreachable one fails, naming where it came from; never a private broker instead).
+    Otherwise the broker named in the address file beside ``store.path``
+    (:mod:`pipeline.broker_address`), said in one line on stderr; a file whose owner is
+    gone is ignored, said too. With neither, an embedded broker of this process's own: an
+    ``owner`` (``run``, ``ingest``) writes its address there for the others to join; any
+    other command warns that nothing else reads what it publishes.
+    """
+    command = f"llmslo {getattr(args, 'command', '') or ''}".strip()
+    where = address_file(config.store.path)
+
+    def make(bus: BusConfig, **extra: Any) -> Bus:
+        return Bus(bus, embedded_data_dir=embedded_data_dir, registry=registry, **extra)
+
+    if getattr(args, "bootstrap_servers", None):
+        source = "--bootstrap-servers"
+    elif "bootstrap_servers" in config.bus.model_fields_set:
+        source = f"bus.bootstrap_servers of {getattr(args, 'config', None) or 'the config'}"
+    else:
+        source = None
+        found = read_address(where)
+        if found is not None and found.alive:
+            _say(
+                f"{command}: Kafka: joining the broker of `{found.command}` (pid {found.pid}) at "
+                f"{found.bootstrap_servers}, named in {where} (--bootstrap-servers to choose "
+                "another)"
+            )
+            bus = config.bus.model_copy(update={"bootstrap_servers": found.bootstrap_servers})
+            source = f"named in {where} by `{found.command}`, pid {found.pid}"
+            return make(bus, source=source)
+        if found is not None:
+            _say(
+                f"{command}: ignoring {where}: its broker's process (`{found.command}`, "
+                f"pid {found.pid}) is gone"
+            )
+    if config.bus.bootstrap_servers != "embedded":
+        return make(config.bus, source=source)
+    if owner:
+        return make(config.bus, address_file=where, command=command)
+    if source is None:
+        _say(
+            f"{command}: Kafka: no broker to join (no live one named in {where}: start `llmslo run` or "
+            "`llmslo broker` first, or give --bootstrap-servers); publishing to an embedded "
+            "broker of this process's own, which nothing else reads"
+        )
+    return make(config.bus)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def install_stop_handlers(stop: object) -> None:

@@ -1,7 +1,11 @@
-"""Progress bars for the long commands (history generation, replay, lake export): rich's,
-with the rate and the time left, drawn on stderr only when stderr is a terminal and the
-command was not given ``--quiet``. Piped or logged output gets no bar and no escape codes,
-and stdout (the commands' JSON summaries) is never touched.
+"""What a command shows while it works, on stderr (stdout keeps the commands' JSON summaries).
+
+* Progress bars for work of known size (history generation, replay, lake export, drills):
+  rich's, with the rate and the time left, drawn only when stderr is a terminal and the
+  command was not given ``--quiet``; piped or logged output gets no bar and no escape codes.
+* Status lines for the long-running processes (``ingest``, ``collect``, ``probe``, ``run``):
+  one plain line every :data:`STATUS_EVERY_TTY_S` on a terminal, every
+  :data:`STATUS_EVERY_S` otherwise (a pod's log), none with ``--quiet``.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
@@ -26,7 +31,14 @@ from rich.progress import (
 )
 from rich.text import Text
 
-__all__ = ["Advance", "add_quiet_option", "progress"]
+__all__ = [
+    "STATUS_EVERY_S",
+    "STATUS_EVERY_TTY_S",
+    "Advance",
+    "add_quiet_option",
+    "progress",
+    "status_lines",
+]
 
 #: ``advance(n)`` moves a bar on by ``n`` of its units.
 Advance = Callable[[float], None]
@@ -38,8 +50,52 @@ def add_quiet_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
         "-q",
         "--quiet",
         action="store_true",
-        help="no progress bar (drawn on stderr only when it is a terminal)",
+        help="no progress bar or periodic status line on stderr (a bar is drawn only on a "
+        "terminal)",
     )
+
+
+#: Seconds between status lines on a terminal, and in a log (stderr not a terminal).
+STATUS_EVERY_TTY_S = 10.0
+STATUS_EVERY_S = 60.0
+
+
+@contextmanager
+def status_lines(
+    describe: Callable[[], str],
+    *,
+    quiet: bool = False,
+    every_s: float | None = None,
+    stream: TextIO | None = None,
+) -> Iterator[None]:
+    """While the block runs, write ``describe()`` as one line to ``stream`` (default stderr)
+    every ``every_s`` seconds (default :data:`STATUS_EVERY_TTY_S` when it is a terminal,
+    else :data:`STATUS_EVERY_S`); nothing with ``quiet``. ``describe`` runs on a thread of
+    its own: it should only read counters. An error in it is logged and the lines stop."""
+    out = sys.stderr if stream is None else stream
+    if quiet:
+        yield
+        return
+    interval_s = every_s or (STATUS_EVERY_TTY_S if out.isatty() else STATUS_EVERY_S)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            try:
+                line = describe()
+            except Exception:  # a status line is no reason to stop the work it describes
+                logging.getLogger(__name__).exception("status line failed; no more of them")
+                return
+            out.write(line + "\n")
+            out.flush()
+
+    thread = threading.Thread(target=loop, name="llmslo-status", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 class _RateColumn(ProgressColumn):

@@ -26,7 +26,9 @@ from pathlib import Path
 
 import duckdb
 
+from llmslo.commands.spine import ingest_status
 from llmslo.options import install_stop_handlers, print_json
+from llmslo.progress import status_lines
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
@@ -110,13 +112,16 @@ def maintain_lake_until(config: LlmsloConfig, topic_prefix: str, stop: threading
                 log.warning("lake maintenance of %s left %s", report.table, skipped)
 
 
-def run_ingest_role(config: LlmsloConfig, instance_id: str | None) -> int:
-    """One ingester of the group, exporting to the lake; returns the exit code."""
+def run_ingest_role(
+    config: LlmsloConfig, bus: Bus, instance_id: str | None, *, quiet: bool = False
+) -> int:
+    """One ingester of the group on ``bus`` (not started), exporting to the lake; returns
+    the exit code."""
     iceberg = config.store.lake == "iceberg"
     lake_dir = config.store.lake_dir if iceberg else _lake_dir(config)
     ingester_id = instance_id or f"{socket.gethostname()}-{os.getpid()}"
     with (
-        Bus(config.bus) as bus,
+        bus,
         Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit) as store,
     ):
         bus.ensure_topics()
@@ -135,7 +140,8 @@ def run_ingest_role(config: LlmsloConfig, instance_id: str | None) -> int:
         if lake_dir is not None:
             exporter.start()
         try:
-            stats = ingester.run()
+            with status_lines(ingest_status(ingester, "llmslo run --role ingest"), quiet=quiet):
+                stats = ingester.run()
         finally:
             stop.set()
             if lake_dir is not None:
@@ -144,19 +150,21 @@ def run_ingest_role(config: LlmsloConfig, instance_id: str | None) -> int:
     return 0
 
 
-def run_jobs_role(config: LlmsloConfig, model: SloModel) -> int:
-    """The SLO jobs over the lake until SIGTERM; returns the exit code."""
+def run_jobs_role(config: LlmsloConfig, bus: Bus, model: SloModel, *, quiet: bool = False) -> int:
+    """The SLO jobs over the lake until SIGTERM, flag transitions to ``bus`` (not started);
+    returns the exit code."""
     if config.store.lake == "iceberg":
-        return _run_jobs_over_iceberg(config, model)
+        return _run_jobs_over_iceberg(config, bus, model, quiet=quiet)
     lake_dir = _lake_dir(config)
     jobs_config = config.section("slo", JobsConfig)
     stop = threading.Event()
     install_stop_handlers(stop.set)
     cycles = 0
     with (
-        Bus(config.bus) as bus,
+        bus,
         duckdb.connect(str(config.store.path)) as con,
         closing(BusTransitionSink(Publisher(bus.producer, component="slo-jobs"))) as sink,
+        status_lines(lambda: f"llmslo run --role jobs: {cycles:,} SLO cycles", quiet=quiet),
     ):
         create_lake_views(con, lake_dir)
         jobs = SloJobs(con, model, jobs_config, sink=sink)
@@ -176,7 +184,9 @@ def run_jobs_role(config: LlmsloConfig, model: SloModel) -> int:
     return 0
 
 
-def _run_jobs_over_iceberg(config: LlmsloConfig, model: SloModel) -> int:
+def _run_jobs_over_iceberg(
+    config: LlmsloConfig, bus: Bus, model: SloModel, *, quiet: bool = False
+) -> int:
     """The jobs over the Iceberg lake: each cycle first loads the data files committed
     since the last (:class:`pipeline.iceberg.mirror.IcebergMirror`) into the jobs' own file,
     which also keeps the flag transitions they resume from (the lake holds only the
@@ -189,9 +199,10 @@ def _run_jobs_over_iceberg(config: LlmsloConfig, model: SloModel) -> int:
     cycles = 0
     window_ms = int(config.store.raw_retention_days * DAY_MS)
     with (
-        Bus(config.bus) as bus,
+        bus,
         Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit) as store,
         closing(BusTransitionSink(Publisher(bus.producer, component="slo-jobs"))) as published,
+        status_lines(lambda: f"llmslo run --role jobs: {cycles:,} SLO cycles", quiet=quiet),
     ):
         lake = open_iceberg_lake(config.store, config.ingest.group_id, bus.prefix)
         assert lake is not None  # store.lake is iceberg

@@ -35,13 +35,16 @@ from collectors.receive.config import ReceiveConfig
 from collectors.receive.service import ReceiveService
 from llmslo.api_server import ApiServer, api_config
 from llmslo.commands.probe import probe_until
+from llmslo.commands.spine import ingest_status
 from llmslo.options import (
     add_common_options,
     install_stop_handlers,
+    pipeline_bus,
     print_json,
     resolve_config,
     serve_metrics,
 )
+from llmslo.progress import add_quiet_option, status_lines
 from llmslo.roles import ROLES, run_ingest_role, run_jobs_role
 from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
@@ -60,7 +63,14 @@ from slo.sinks import BusTransitionSink
 from slo.spec.loader import load_spec
 from slo.spec.model import SloModel, build_model
 
-__all__ = ["EXAMPLE_SPEC", "Pipeline", "add_spec_option", "load_model", "register"]
+__all__ = [
+    "EXAMPLE_SPEC",
+    "Pipeline",
+    "add_spec_option",
+    "broker_dir",
+    "load_model",
+    "register",
+]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +117,7 @@ def register(subparsers: Any) -> None:
         "lake; jobs: SLO jobs over the lake (see docs/topology.md)",
     )
     run.add_argument("--instance-id", help="static group membership name (--role ingest)")
+    add_quiet_option(run)
     run.set_defaults(handler=run_pipeline)
 
 
@@ -135,25 +146,34 @@ def load_model(spec: Path | None) -> SloModel:
     return model
 
 
+def broker_dir(config: LlmsloConfig) -> Path:
+    """Where the pipeline's embedded broker keeps its log: beside the file it feeds, so a
+    restart on the same file finds the records it had not ingested yet."""
+    return config.store.path.with_name(config.store.path.name + ".broker")
+
+
 class Pipeline:
     """Ingester and SLO jobs over one DuckDB file, each on its own thread.
 
     Flag transitions go to the Kafka ``flags`` topic and the ingester stores them, so the
     ingester stays the only writer of the raw tables. The jobs prune raw rows older than
-    ``store.raw_retention_days`` hourly.
+    ``store.raw_retention_days`` hourly. ``bus``: the (not yet started) bus to use, made
+    from ``config.bus`` when not given; its ``registry`` should be ``registry``.
     """
 
     def __init__(
-        self, config: LlmsloConfig, model: SloModel, *, registry: CollectorRegistry | None = None
+        self,
+        config: LlmsloConfig,
+        model: SloModel,
+        *,
+        registry: CollectorRegistry | None = None,
+        bus: Bus | None = None,
     ) -> None:
         self.config = config
         self.registry = registry or CollectorRegistry()
         self._stack = ExitStack()
-        # The embedded broker's log lives beside the file it feeds: a restart on the same
-        # file finds the records it had not ingested yet.
-        broker_dir = config.store.path.with_name(config.store.path.name + ".broker")
         self.bus = self._stack.enter_context(
-            Bus(config.bus, embedded_data_dir=broker_dir, registry=self.registry)
+            bus or Bus(config.bus, embedded_data_dir=broker_dir(config), registry=self.registry)
         )
         self.store = self._stack.enter_context(
             Store(config.store.path, memory_limit=config.ingest.duckdb_memory_limit)
@@ -300,14 +320,21 @@ def serve_api(
     return server
 
 
-def _kafka_line(config: LlmsloConfig, bootstrap_servers: str) -> str:
+def _kafka_line(config: LlmsloConfig, bus: Bus) -> str:
     """Where the pipeline's Kafka is: the embedded broker's address is the one every other
-    process of this pipeline (collectors, taps, probes) must be given."""
-    if config.bus.bootstrap_servers != "embedded":
-        return f"Kafka at {bootstrap_servers}"
+    process of this pipeline (collectors, taps, probes) joins: from the address file beside
+    the DuckDB file when they share it, else given as ``--bootstrap-servers``."""
+    if not bus.embedded:
+        return f"Kafka at {bus.bootstrap_servers}"
+    joined = (
+        f" (written to {bus.address_file}: commands whose store.path is {config.store.path} "
+        "join it without flags); elsewhere"
+        if bus.address_file is not None
+        else ";"
+    )
     return (
-        f"Kafka: the embedded broker at {bootstrap_servers}; give collectors, taps and probes "
-        f"--bootstrap-servers {bootstrap_servers}"
+        f"Kafka: the embedded broker at {bus.bootstrap_servers}{joined} give collectors, taps "
+        f"and probes --bootstrap-servers {bus.bootstrap_servers}"
     )
 
 
@@ -315,12 +342,17 @@ def run_pipeline(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     spec = args.spec or config.section("slo", JobsConfig).spec
     if args.role == "ingest":
-        return run_ingest_role(config, args.instance_id)
+        bus = pipeline_bus(config, args, owner=True)
+        return run_ingest_role(config, bus, args.instance_id, quiet=args.quiet)
     model = load_model(spec)
     if args.role == "jobs":
-        return run_jobs_role(config, model)
-    pipeline = Pipeline(config, model)
-    print(_kafka_line(config, pipeline.bus.bootstrap_servers), flush=True)
+        return run_jobs_role(config, pipeline_bus(config, args), model, quiet=args.quiet)
+    registry = CollectorRegistry()
+    bus = pipeline_bus(
+        config, args, owner=True, embedded_data_dir=broker_dir(config), registry=registry
+    )
+    pipeline = Pipeline(config, model, registry=registry, bus=bus)
+    print(_kafka_line(config, pipeline.bus), flush=True)
     if args.metrics_port is not None:
         host = config.ingest.metrics_host  # 0.0.0.0 in a pod, so a ServiceMonitor can scrape it
         port = serve_metrics(args.metrics_port, host, pipeline.registry)
@@ -332,7 +364,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
                 print(f"serving the API on {api.url} (OpenAPI at {api.url}/docs)", flush=True)
             install_stop_handlers(pipeline.request_stop)
             pipeline.start()
-            pipeline.wait()
+            with status_lines(ingest_status(pipeline.ingester, "llmslo run"), quiet=args.quiet):
+                pipeline.wait()
     finally:  # also when the API cannot start: close the bus and the store
         pipeline.stop()
     if pipeline.failure is not None:

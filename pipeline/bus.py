@@ -10,6 +10,7 @@ stay on one partition, in order, and ingesters can scale as one consumer group.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from pipeline._lazy import on_first_use
 from pipeline.broker import BrokerMetrics, EmbeddedBroker
+from pipeline.broker_address import published_address
 from pipeline.codec import encode_arrow, headers_for
 from pipeline.config import BusConfig, secret_from_env
 from pipeline.errors import BusError
@@ -141,7 +143,9 @@ class Bus:
     ``Bus(config)`` with ``bootstrap_servers: embedded`` starts a broker when entered and
     stops it when left (its log in ``bus.embedded_data_dir``, else ``embedded_data_dir``,
     else a temporary directory; its ``llmslo_broker_*`` metrics in ``registry``); otherwise
-    entering only checks that the cluster answers.
+    entering only checks that the cluster answers. With ``address_file``, the embedded
+    broker's address is written there while it runs, for the pipeline's other processes to
+    join (:mod:`pipeline.broker_address`; ``command`` names the owner in it).
     """
 
     def __init__(
@@ -150,13 +154,38 @@ class Bus:
         *,
         embedded_data_dir: Path | None = None,
         registry: CollectorRegistry | None = None,
+        address_file: Path | None = None,
+        command: str = "llmslo",
+        source: str | None = None,
     ) -> None:
         self.config = config
         # The config's directory wins; the caller's default (beside its store) comes next.
         self._embedded_data_dir = config.embedded_data_dir or embedded_data_dir
         self._registry = registry
         self._broker: EmbeddedBroker | None = None
+        self._address_file = address_file
+        self._command = command
+        self._source = source  # where the address came from, for the errors that name it
+        self._published = contextlib.ExitStack()
+        self._written = False
         self.bootstrap_servers = config.bootstrap_servers
+
+    @property
+    def embedded(self) -> bool:
+        """Whether this bus runs a broker of its own (started, ``embedded``)."""
+        return self._broker is not None
+
+    @property
+    def address_file(self) -> Path | None:
+        """Where this bus's embedded broker's address is written while it runs (None: not
+        written: no embedded broker, or another live owner's file is there)."""
+        return self._address_file if self._written else None
+
+    @property
+    def where(self) -> str:
+        """The address, and where it came from when the caller said so."""
+        given = f" ({self._source})" if self._source else ""
+        return f"{self.bootstrap_servers}{given}"
 
     @property
     def prefix(self) -> str:
@@ -171,9 +200,15 @@ class Bus:
                 metrics=BrokerMetrics(self._registry),
             ).start()
             self.bootstrap_servers = self._broker.bootstrap_servers
+            if self._address_file is not None:
+                self._written = self._published.enter_context(
+                    published_address(self._address_file, self.bootstrap_servers, self._command)
+                )
         return self
 
     def stop(self) -> None:
+        self._published.close()  # the address goes before the broker does
+        self._written = False
         if self._broker is not None:
             self._broker.stop()
             self._broker = None
@@ -215,7 +250,7 @@ class Bus:
             )
         except KafkaError as exc:
             raise BusError(
-                f"cannot reach Kafka at {self.bootstrap_servers}: {exc}. Is it running? "
+                f"cannot reach Kafka at {self.where}: {exc}. Is it running? "
                 "`llmslo run` and `llmslo broker` print the address to pass as "
                 "--bootstrap-servers (or pass 'embedded' to start a broker of this process's own)"
             ) from exc
@@ -245,7 +280,7 @@ class Bus:
         try:
             return BusProducer(KafkaProducer(**(settings | overrides)), self.prefix)
         except KafkaError as exc:
-            raise BusError(f"cannot connect a producer to {self.bootstrap_servers}: {exc}") from exc
+            raise BusError(f"cannot connect a producer to {self.where}: {exc}") from exc
 
     def consumer(self, group_id: str | None, **overrides: Any) -> KafkaConsumer:
         """A consumer with manual offsets (llmslo stores offsets itself), not yet subscribed."""
@@ -262,4 +297,4 @@ class Bus:
         try:
             return KafkaConsumer(**(settings | overrides))
         except KafkaError as exc:
-            raise BusError(f"cannot connect a consumer to {self.bootstrap_servers}: {exc}") from exc
+            raise BusError(f"cannot connect a consumer to {self.where}: {exc}") from exc

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, get_args
 
 from collectors.collector import Collector, TargetHealth
@@ -17,10 +18,12 @@ from collectors.metrics import CollectorMetrics
 from llmslo.options import (
     add_common_options,
     add_subcommand,
+    pipeline_bus,
     print_json,
     resolve_config,
     serve_metrics,
 )
+from llmslo.progress import add_quiet_option, status_lines
 from pipeline.bus import Bus, BusProducer
 from pipeline.errors import BusError
 from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
@@ -70,6 +73,7 @@ def register(subparsers: Any) -> None:
     collect.add_argument(
         "--metrics-port", type=int, help="serve the collector's /metrics on this loopback port"
     )
+    add_quiet_option(collect)
     collect.set_defaults(handler=run_collect)
 
     scrape = add_subcommand(
@@ -120,7 +124,7 @@ def run_collect(args: argparse.Namespace) -> int:
         port = serve_metrics(collect.metrics_port, collect.metrics_host, metrics.registry)
         log.info("serving /metrics on %s:%d", collect.metrics_host, port)
     timeout_ms = int(collect.publish_timeout_s * 1000)
-    with Bus(config.bus) as bus:
+    with pipeline_bus(config, args) as bus:
         # Kafka may be down at start: ride it out like any outage (the buffer holds the rounds),
         # but give a healthy cluster a moment so topics get our partition count first.
         topics = threading.Thread(
@@ -141,8 +145,10 @@ def run_collect(args: argparse.Namespace) -> int:
             make_producer, buffer, publish_timeout_s=collect.publish_timeout_s
         ).start()
         collector = Collector(collect, buffer.put, metrics=metrics)
+        describe = _status(collector, buffer, publisher)
         try:
-            asyncio.run(_run_until_signal(collector, args.rounds))
+            with status_lines(describe, quiet=args.quiet):
+                asyncio.run(_run_until_signal(collector, args.rounds))
         finally:
             publisher.stop(drain_timeout_s=collect.publish_timeout_s)
             publisher.close()
@@ -155,7 +161,33 @@ def run_collect(args: argparse.Namespace) -> int:
             "targets": {url: h.as_dict() for url, h in collector.health.items()},
         }
     )
-    return _nothing_scraped(collector.health)
+    lost = buffer.dropped_rows + buffer.rows + publisher.in_flight_rows
+    return _nothing_scraped(collector.health) or _nothing_published(
+        bus, publisher.published_rows, lost
+    )
+
+
+def _status(
+    collector: Collector, buffer: PublishBuffer, publisher: KafkaPublisher
+) -> Callable[[], str]:
+    """The collector's status line: targets up, scrapes, rows published, buffered, dropped."""
+
+    def describe() -> str:
+        health = list(collector.health.values())
+        up = sum(h.up for h in health)
+        line = (
+            f"llmslo collect: {up} of {len(health)} targets up, "
+            f"{sum(h.scrapes_ok for h in health):,} scrapes ok, "
+            f"{sum(h.scrapes_failed for h in health):,} failed; "
+            f"{publisher.published_rows:,} rows published, {buffer.rows:,} buffered, "
+            f"{buffer.dropped_rows:,} dropped"
+        )
+        down = sorted((h.url, h.last_error) for h in health if not h.up)
+        if down:
+            line += f"; {down[0][0]}: {down[0][1] or 'not scraped yet'}"
+        return line
+
+    return describe
 
 
 def _nothing_scraped(health: dict[str, TargetHealth]) -> int:
@@ -174,6 +206,18 @@ def _nothing_scraped(health: dict[str, TargetHealth]) -> int:
     ]
     lines += [f"  {url}: {h.last_error or 'not scraped'}" for url, h in sorted(health.items())]
     sys.stderr.write("\n".join(lines) + "\n")
+    return 1
+
+
+def _nothing_published(bus: Bus, published_rows: int, lost_rows: int) -> int:
+    """1 with a sentence on stderr when rows were collected and none reached Kafka (the
+    broker named was never reachable), else 0: a collector is no success without its bus."""
+    if published_rows or not lost_rows:
+        return 0
+    sys.stderr.write(
+        f"llmslo collect: nothing reached Kafka at {bus.where}: {lost_rows} rows collected, "
+        "none published; is the broker running at that address?\n"
+    )
     return 1
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from llmslo.drill.matrix import DrillProfile, run_drill, select_modes
 from llmslo.drill.report import render_markdown, write_drills
 from llmslo.options import add_subcommand
+from llmslo.progress import add_quiet_option, progress
 from pipeline.errors import ConfigError
 from pipeline.store import Store
 
@@ -72,6 +73,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--workdir", type=Path, default=Path("var/drill"), help="logs and per-fleet stores"
     )
+    add_quiet_option(parser)
     parser.set_defaults(handler=run_drill_cmd)
 
 
@@ -85,18 +87,17 @@ def run_drill_cmd(args: argparse.Namespace) -> int:
         seed=args.seed,
         hogs=args.hog,
     )
-    try:
+    healthy = args.healthy_minutes > 0
+    with progress("drill", len(modes) + healthy, "modes", quiet=args.quiet) as advance:
         report = run_drill(
             modes,
             args.workdir,
             profile,
-            healthy_control=args.healthy_minutes > 0,
+            healthy_control=healthy,
             jobs=args.jobs,
             say=lambda text: print(text, file=sys.stderr, flush=True),
+            advance=advance,
         )
-    except KeyboardInterrupt:
-        print("llmslo drill: interrupted; the fleets were stopped", file=sys.stderr)
-        return 130
     text = render_markdown(report)
     if args.output == "-":
         sys.stdout.write(text)
@@ -109,4 +110,11 @@ def run_drill_cmd(args: argparse.Namespace) -> int:
             write_drills(store.con, report)
     for failure in report.failed:
         print(f"llmslo drill: fleet {failure.name} failed: {failure.error}", file=sys.stderr)
+    if report.interrupted:
+        print(
+            f"llmslo drill: interrupted; the fleets were stopped, the report holds the "
+            f"{len(report.fleets)} that finished",
+            file=sys.stderr,
+        )
+        return 130
     return 1 if report.failed else 0

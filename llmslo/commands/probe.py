@@ -7,11 +7,18 @@ import asyncio
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from collectors.probe import ProbeConfig, Prober
-from llmslo.options import add_common_options, add_subcommand, print_json, resolve_config
+from llmslo.options import (
+    add_common_options,
+    add_subcommand,
+    pipeline_bus,
+    print_json,
+    resolve_config,
+)
+from llmslo.progress import add_quiet_option, status_lines
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
 from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
@@ -44,6 +51,7 @@ def register(subparsers: Any) -> None:
         "--instance", help="entry point name in the records (default: the URL's host:port)"
     )
     parser.add_argument("--rounds", type=int, help="stop after this many probes")
+    add_quiet_option(parser)
     parser.set_defaults(handler=run_probe)
 
 
@@ -61,13 +69,14 @@ def run_probe(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"probe: {exc}") from exc
     config = resolve_config(args)
-    with Bus(config.bus) as bus:
+    with pipeline_bus(config, args) as bus:
         bus.ensure_topics()
         buffer = PublishBuffer(10_000, PublishMetrics("probe"))
         publisher = KafkaPublisher(bus.producer, buffer).start()
         prober = Prober(probe, buffer.put)
         try:
-            asyncio.run(_run_until_signal(prober, args.rounds))
+            with status_lines(_status(prober, publisher), quiet=args.quiet):
+                asyncio.run(_run_until_signal(prober, args.rounds))
         finally:
             publisher.stop(drain_timeout_s=10)
             publisher.close()
@@ -89,6 +98,23 @@ def run_probe(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _status(prober: Prober, publisher: KafkaPublisher) -> Callable[[], str]:
+    """The prober's status line: probes sent, how they ended, rows published."""
+
+    def describe() -> str:
+        failed = ", ".join(f"{n} {kind}" for kind, n in sorted(prober.failed.items()))
+        line = (
+            f"llmslo probe {prober.config.url}: {prober.probes:,} probes, {prober.ok:,} ok, "
+            f"{sum(prober.failed.values()):,} failed{f' ({failed})' if failed else ''}; "
+            f"{publisher.published_rows:,} rows published"
+        )
+        if prober.failed:
+            line += f"; last error: {prober.last_error}"
+        return line
+
+    return describe
 
 
 async def _run_until_signal(prober: Prober, rounds: int | None) -> None:

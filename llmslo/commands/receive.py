@@ -14,10 +14,11 @@ from llmslo.options import (
     add_common_options,
     add_subcommand,
     install_stop_handlers,
+    pipeline_bus,
     print_json,
     resolve_config,
 )
-from pipeline.bus import Bus, BusProducer
+from pipeline.bus import BusProducer
 
 __all__ = ["register"]
 
@@ -63,7 +64,7 @@ def run_receive(args: argparse.Namespace) -> int:
     timeout_ms = int(receive.publish_timeout_s * 1000)
     stop = threading.Event()
     install_stop_handlers(stop.set)
-    with Bus(config.bus) as bus:
+    with pipeline_bus(config, args) as bus:
         bus.ensure_topics()
 
         def make_producer() -> BusProducer:

@@ -22,6 +22,7 @@ from llmslo.options import (
     add_common_options,
     add_subcommand,
     install_stop_handlers,
+    pipeline_bus,
     print_json,
     resolve_config,
     serve_metrics,
@@ -304,7 +305,7 @@ def run_jobs(args: argparse.Namespace) -> int:
     if port is not None:
         bound = serve_metrics(port, jobs_config.metrics_host, metrics.registry)
         print(f"serving /metrics on http://{jobs_config.metrics_host}:{bound}/metrics", flush=True)
-    bus = Bus(config.bus).start() if args.publish else None
+    bus = pipeline_bus(config, args).start() if args.publish else None
     try:
         with Store(config.store.path) as store, contextlib.ExitStack() as stack:
             pusher = _alert_pusher(

@@ -18,13 +18,15 @@ from llmslo.options import (
     add_common_options,
     add_subcommand,
     install_stop_handlers,
+    pipeline_bus,
     print_json,
     resolve_config,
     serve_metrics,
 )
+from llmslo.progress import add_quiet_option, status_lines
 from llmslo.sections import load_config
 from pipeline.broker import EmbeddedBroker
-from pipeline.bus import Bus
+from pipeline.broker_address import address_file, published_address
 from pipeline.errors import LlmsloError
 from pipeline.iceberg.lake import open_iceberg_lake
 from pipeline.ingest import Ingester, IngestMetrics
@@ -33,7 +35,7 @@ from pipeline.store import Store
 from pipeline.tables import render_tables_doc
 from slo.tables import DOCUMENTED_TABLES
 
-__all__ = ["register"]
+__all__ = ["ingest_status", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +45,11 @@ def register(subparsers: Any) -> None:
     broker = add_subcommand(
         subparsers,
         "broker",
-        "Start the embedded Kafka-protocol broker and print its address.",
-        "llmslo broker\nllmslo broker --port 19092",
+        "Start the embedded Kafka-protocol broker and print its address; the pipeline's "
+        "other commands (same store.path) join it without flags.",
+        "llmslo broker\nllmslo broker --port 19092\nllmslo broker --db var/other.duckdb",
     )
+    add_common_options(broker, bus=False, db=True)
     broker.add_argument("--port", type=int, help="loopback port (default: a free one)")
     broker.set_defaults(handler=run_broker)
 
@@ -69,6 +73,7 @@ def register(subparsers: Any) -> None:
         help="stop after this long without a message while owning partitions (batch jobs, "
         "tests); a rebalance in progress is not idleness",
     )
+    add_quiet_option(ingest)
     ingest.set_defaults(handler=run_ingest)
 
     config = add_subcommand(
@@ -100,8 +105,14 @@ def register(subparsers: Any) -> None:
 def run_broker(args: argparse.Namespace) -> int:
     stopped = threading.Event()
     install_stop_handlers(stopped.set)
-    with EmbeddedBroker(port=args.port) as broker:
+    where = address_file(resolve_config(args).store.path)
+    with (
+        EmbeddedBroker(port=args.port) as broker,
+        published_address(where, broker.bootstrap_servers, "llmslo broker") as written,
+    ):
         print(f"bootstrap servers: {broker.bootstrap_servers}", flush=True)
+        if written:
+            print(f"address written to {where}: commands on that store join it", flush=True)
         while not stopped.wait(0.5):
             pass
     return 0
@@ -127,7 +138,7 @@ def run_ingest(
         )
         log.info("serving /metrics on %s:%d", ingest_config.metrics_host, port)
     with (
-        Bus(config.bus) as bus,
+        pipeline_bus(config, args, owner=True) as bus,
         Store(config.store.path, memory_limit=ingest_config.duckdb_memory_limit) as store,
     ):
         bus.ensure_topics()
@@ -150,7 +161,8 @@ def run_ingest(
                 daemon=True,
                 args=(store, config.store.lake_dir, ingester_id, exporting),
             ).start()
-        stats = ingester.run(max_idle_s=args.exit_when_idle)
+        with status_lines(ingest_status(ingester), quiet=args.quiet):
+            stats = ingester.run(max_idle_s=args.exit_when_idle)
         exporting.set()
     print_json(
         {
@@ -162,6 +174,22 @@ def run_ingest(
         }
     )
     return 0
+
+
+def ingest_status(ingester: Ingester, command: str = "llmslo ingest") -> Callable[[], str]:
+    """The status line of an ingesting process: what came in, what was stored, commits."""
+    last = [0]
+
+    def describe() -> str:
+        stats = ingester.stats
+        new_commits, last[0] = stats.commits - last[0], stats.commits
+        return (
+            f"{command}: {stats.messages:,} messages in, {stats.rows:,} rows stored, "
+            f"{stats.deadletters:,} dead letters, {stats.commits:,} commits "
+            f"({new_commits:,} since the last line)"
+        )
+
+    return describe
 
 
 def _export_lake_periodically(

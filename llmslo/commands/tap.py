@@ -18,8 +18,12 @@ from collectors.tap.flagsource import KafkaFlagSource
 from collectors.tap.proxy import TapProxy, freeze_startup_heap, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
-from llmslo.options import add_common_options, resolve_config, serve_metrics
-from pipeline.bus import Bus
+from llmslo.options import (
+    add_common_options,
+    pipeline_bus,
+    resolve_config,
+    serve_metrics,
+)
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
 
@@ -29,10 +33,10 @@ log = logging.getLogger(__name__)
 
 
 EXAMPLES = """\
-llmslo tap --listen 127.0.0.1:8100 --upstream http://127.0.0.1:8000
-llmslo tap --listen 127.0.0.1:8100 --upstream http://10.0.0.7:8000,http://10.0.0.8:8000 \\
+llmslo tap --port 8100 --upstream http://127.0.0.1:8000
+llmslo tap --host 0.0.0.0 --port 8100 --upstream http://10.0.0.7:8000,http://10.0.0.8:8000 \\
     --bootstrap-servers kafka:9092 --metrics-port 9466
-llmslo tap --listen 127.0.0.1:8100 --upstream http://127.0.0.1:8000 --no-kafka --records-out -
+llmslo tap --port 8100 --upstream http://127.0.0.1:8000 --no-kafka --records-out -
 llmslo tap --upstream http://127.0.0.1:8000 --instance pod-3 --revision r42 --cohort canary
 llmslo tap -c config/tap.example.yaml --drain-s 5 --otlp-endpoint http://127.0.0.1:4318
 """
@@ -50,8 +54,12 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common_options(parser)
+    parser.add_argument("--host", help="listen address (overrides tap.listen's host, 127.0.0.1)")
     parser.add_argument(
-        "--listen", metavar="HOST:PORT", help="where to serve (overrides tap.listen)"
+        "--port", type=int, help="port to serve on (overrides tap.listen's port, 8100; 0: any)"
+    )
+    parser.add_argument(
+        "--listen", metavar="HOST:PORT", help="deprecated: give --host and --port (still works)"
     )
     parser.add_argument(
         "--upstream", metavar="URL[,URL…]", help="engine base URLs (overrides tap.upstreams)"
@@ -93,8 +101,10 @@ def tap_config(config: LlmsloConfig, args: argparse.Namespace) -> TapConfig:
     """The ``tap`` section with command-line overrides applied (validated again)."""
     section = config.section("tap", TapConfig)
     updates: dict[str, Any] = {}
+    listen = _listen(section.listen, args)
+    if listen != section.listen:
+        updates["listen"] = listen
     for name in (
-        "listen",
         "records_out",
         "metrics_port",
         "tenant_header",
@@ -123,6 +133,18 @@ def tap_config(config: LlmsloConfig, args: argparse.Namespace) -> TapConfig:
         return TapConfig.model_validate(section.model_dump() | updates)
     except ValueError as exc:
         raise ConfigError(f"tap: {exc}") from exc
+
+
+def _listen(configured: str, args: argparse.Namespace) -> str:
+    """``HOST:PORT`` to serve on: ``--host`` and ``--port`` over ``--listen`` (the old
+    spelling) over ``tap.listen``."""
+    # No warning for the old spelling: the tap's stderr may carry its JSON banner first.
+    listen = getattr(args, "listen", None) or configured
+    host, _, port = listen.rpartition(":")
+    host = getattr(args, "host", None) or host
+    if getattr(args, "port", None) is not None:
+        port = str(args.port)
+    return f"{host}:{port}"
 
 
 def build_genai_otlp(endpoint: str) -> tuple[GenAiTelemetry, list[Any]]:
@@ -161,7 +183,7 @@ def run_tap(args: argparse.Namespace) -> int:
         raise ConfigError("tap.degradation.follow_flags: needs tap.kafka (the flags topic)")
     with contextlib.ExitStack() as stack:
         if tap.kafka:
-            bus = stack.enter_context(Bus(config.bus))
+            bus = stack.enter_context(pipeline_bus(config, args))
             bus.ensure_topics()
             sinks.append(
                 KafkaSink(

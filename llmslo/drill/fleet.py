@@ -146,6 +146,8 @@ def run_fleet(
                 f"{[m.name for m in modes] or 'none'} on {targets or 'nothing'}, {end_s:.0f} s"
             )
         lags = {"pods": LoopLag(fleet.loop), "taps": LoopLag(edges.loop)}
+        for lag in lags.values():  # stopped before their loops close, also on Ctrl-C
+            stack.callback(lag.stop)
         t0, started_ts_ms = time.monotonic(), int(time.time() * 1000)
         results = _play(fleet, edges, plan, targets, profile, t0, say)
         _wait_out(t0, end_s, say)

@@ -49,7 +49,14 @@ from llmslo.drill.fleet import FleetPlan, Say, run_fleet
 from llmslo.drill.profile import DrillProfile, FleetRun
 from llmslo.drill.score import ModeResult
 
-__all__ = ["STOP_GRACE_S", "FleetFailure", "FleetOutcome", "FleetStopped", "run_plans"]
+__all__ = [
+    "STOP_GRACE_S",
+    "DrillInterrupted",
+    "FleetFailure",
+    "FleetOutcome",
+    "FleetStopped",
+    "run_plans",
+]
 
 #: Seconds a stopped worker gets to tear its fleet down before it is killed.
 STOP_GRACE_S = 60.0
@@ -75,6 +82,16 @@ FleetOutcome = FleetResult | FleetFailure
 class FleetStopped(KeyboardInterrupt):
     """Raised in a worker's main thread by SIGTERM/SIGINT or its watchdog: tear the fleet
     down (a ``KeyboardInterrupt``, so no ``except Exception`` on the way swallows it)."""
+
+
+class DrillInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) in the parent, raised by :func:`run_plans` once the workers are
+    stopped, with every fleet's outcome: the finished fleets' results, the others failed
+    as interrupted (so a partial report can be written)."""
+
+    def __init__(self, outcomes: list[FleetOutcome]) -> None:
+        super().__init__("interrupted")
+        self.outcomes = outcomes
 
 
 def _say(name: str, text: str) -> None:
@@ -187,15 +204,17 @@ def run_plans(
     runner: Runner = run_fleet,
     watchdog_s: float = 600.0,
     start_gap_s: float = 0.0,
+    on_outcome: Callable[[FleetPlan, FleetOutcome], None] | None = None,
 ) -> list[FleetOutcome]:
     """Run every plan in its own worker process, ``jobs`` at a time, longest first; returns
     the outcomes in the plans' order. ``runner`` (a module-level function: it is pickled by
     name) runs one fleet; ``progress``: the workers print their progress lines to stderr;
     ``say`` gets the parent's lines (a fleet done, a fleet failed); ``start_gap_s``: the
-    least time between two fleets' starts.
+    least time between two fleets' starts; ``on_outcome(plan, outcome)`` is called as each
+    fleet ends (a progress bar).
 
-    Raises ``ValueError`` when ``jobs`` < 1; ``KeyboardInterrupt`` (and any error of the
-    parent) after stopping the workers.
+    Raises ``ValueError`` when ``jobs`` < 1; :class:`DrillInterrupted` on Ctrl-C and any
+    other error of the parent, after stopping the workers.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be ≥ 1, not {jobs}")
@@ -255,11 +274,21 @@ def run_plans(
             for future in done:
                 i = running.pop(future)
                 outcomes[i] = outcome = _outcome(future, plans[i], watchdog_s)
+                if on_outcome is not None:
+                    on_outcome(plans[i], outcome)
                 if say:
                     worker_s = time.monotonic() - submitted[i]
                     say(_done_line(plans[i].name, outcome, outcomes, started, worker_s))
             while waiting and len(running) < jobs:  # a broken pool fails every waiting fleet
                 start_next()
+    except KeyboardInterrupt:
+        _stop_workers(pool, say)
+        raise DrillInterrupted(
+            [
+                outcome or _failure(plans[i], "interrupted (Ctrl-C) before it finished")
+                for i, outcome in enumerate(outcomes)
+            ]
+        ) from None
     except BaseException:
         _stop_workers(pool, say)
         raise

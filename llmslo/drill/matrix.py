@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ from llmslo.drill.alerts import find_alertmanager
 from llmslo.drill.fleet import FleetPlan
 from llmslo.drill.fronts import drill_fleet_config, front_end_config, front_end_fleet
 from llmslo.drill.hogs import cpu_hogs
-from llmslo.drill.jobs import FleetFailure, run_plans
+from llmslo.drill.jobs import DrillInterrupted, FleetFailure, run_plans
 from llmslo.drill.modes import MODES, DrillMode
 from llmslo.drill.profile import DrillProfile, FleetRun, fleet_rng, injection_times
 from llmslo.drill.score import ModeResult
@@ -76,6 +76,7 @@ class DrillReport:
     jobs: int = 1  # fleets run at a time (worker processes)
     wall_s: float | None = None  # the whole drill's wall seconds, first start to last teardown
     failed: list[FleetFailure] = field(default_factory=list)  # fleets that did not finish
+    interrupted: bool = False  # stopped by Ctrl-C: the fleets that finished are reported
 
     @property
     def false_positive_count(self) -> int:
@@ -98,6 +99,7 @@ class DrillReport:
             "jobs": self.jobs,
             "wall_s": self.wall_s,
             "failed": [asdict(f) for f in self.failed],
+            "interrupted": self.interrupted,
         }
 
 
@@ -116,13 +118,16 @@ def run_drill(
     healthy_control: bool = True,
     jobs: int = 2,
     say: Any = None,
+    advance: Callable[[float], None] | None = None,
 ) -> DrillReport:
     """Drill every mode, then (``healthy_control``) a fleet with no faults; returns the report.
 
     Each fleet runs in a worker process of its own, ``jobs`` at a time (:mod:`llmslo.drill.jobs`);
     a fleet that fails is listed in ``DrillReport.failed`` with its error, the others are
     reported. ``say(text)`` gets the drill's own progress lines, and with ``say`` the
-    workers print theirs to stderr. Raises :class:`ConfigError` when nothing is to be run,
+    workers print theirs to stderr; ``advance(n)`` is called with a fleet's mode count (1
+    for the healthy control) as it ends. On Ctrl-C the report of the fleets that finished
+    comes back with ``interrupted`` set. Raises :class:`ConfigError` when nothing is to be run,
     for a bad profile, ``jobs`` or front end, or when Alertmanager is required
     (``LLMSLO_REQUIRE_TOOLS=1``) but not installed.
     """
@@ -159,17 +164,22 @@ def run_drill(
     if say and profile.hogs:
         say(f"[drill] {profile.hogs} CPU hog(s) beside the fleets")
     started = time.monotonic()
-    with cpu_hogs(profile.hogs, max_s=HOGS_MAX_S):
-        outcomes = run_plans(
-            plans,
-            profile,
-            workdir,
-            binary,
-            jobs=jobs,
-            progress=say is not None,
-            say=say,
-            start_gap_s=profile.start_gap_s if jobs > 1 else 0.0,
-        )
+    try:
+        with cpu_hogs(profile.hogs, max_s=HOGS_MAX_S):
+            outcomes = run_plans(
+                plans,
+                profile,
+                workdir,
+                binary,
+                jobs=jobs,
+                progress=say is not None,
+                say=say,
+                start_gap_s=profile.start_gap_s if jobs > 1 else 0.0,
+                on_outcome=None if advance is None else lambda p, _: advance(len(p.modes) or 1),
+            )
+    except DrillInterrupted as stopped:
+        outcomes = stopped.outcomes
+        report.interrupted = True
     report.wall_s = round(time.monotonic() - started, 1)
     for outcome in outcomes:
         if isinstance(outcome, FleetFailure):

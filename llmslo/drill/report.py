@@ -83,6 +83,15 @@ def render_markdown(report: DrillReport) -> str:
     lines = [
         "# llmslo drill",
         "",
+        *(
+            [
+                "**Interrupted (Ctrl-C)**: partial report of the fleets that finished; the "
+                "others are listed under failed fleets.",
+                "",
+            ]
+            if report.interrupted
+            else []
+        ),
         f"Profile (time compression, stated): scrape every {p.scrape_s:g} s, jobs every "
         f"{p.interval_s:g} s, stall_for_s {p.stall_for_s:g}, flag dwell {p.dwell_s:g} s, "
         f"fragmentation/queue windows {p.detector_window_s:g} s (300/120), ghost window "

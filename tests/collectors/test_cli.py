@@ -114,17 +114,21 @@ def test_collect_config_errors_name_the_field(
     assert "collect.interval_s" in err and "collect.targets[0].url" in err
 
 
-def test_collect_starts_and_stops_cleanly_while_kafka_is_down(
+def test_collect_starts_and_stops_cleanly_while_kafka_is_down_and_says_nothing_reached_it(
     exporter: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """It rides the outage out (scrapes go on, rows wait), and with nothing delivered it
+    exits 1 naming the address and where it came from: no success without its bus."""
     dead = free_port()
     config = tmp_path / "llmslo.yaml"
     config.write_text(
         f"bus: {{bootstrap_servers: '127.0.0.1:{dead}'}}\n"
         f"collect: {{interval_s: 0.2, jitter_s: 0, publish_timeout_s: 1, targets: [{{url: '{exporter}'}}]}}\n"
     )
-    assert main(["collect", "-c", str(config), "--rounds", "2"]) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["collect", "-c", str(config), "--rounds", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert f"nothing reached Kafka at 127.0.0.1:{dead} (bus.bootstrap_servers of {config})" in err
+    summary = json.loads(out.strip().splitlines()[-1])
     assert summary["published_rows"] == 0
     assert summary["unpublished_rows"] + summary["dropped_rows"] > 0
     assert all(h["up"] for h in summary["targets"].values())

@@ -222,10 +222,10 @@ def test_the_rendered_pods_run_and_the_pipeline_judges_the_canary(
             sidecar = config_file("llmslo-sidecar", "sidecar.yaml", sidecar_ports, revision)
             mounts["/etc/llmslo/sidecar.yaml"] = str(sidecar)
             tap_args, tap_env = _command(_container(engine, "llmslo-tap"), pod, configmaps, secrets)
-            listen = tap_args.index("--listen") + 1
-            assert tap_args[listen] == "0.0.0.0:8100"
+            host, port = tap_args.index("--host") + 1, tap_args.index("--port") + 1
+            assert (tap_args[host], tap_args[port]) == ("0.0.0.0", "8100")
             tap_port = free_port()
-            tap_args[listen] = f"127.0.0.1:{tap_port}"
+            tap_args[host], tap_args[port] = "127.0.0.1", str(tap_port)
             assert f"http://127.0.0.1:{simulated.port}" in tap_args
             start(tap_args, tap_env, f"tap-{revision}.log")
             taps.append(f"http://127.0.0.1:{tap_port}")

@@ -76,6 +76,41 @@ def test_the_port_a_command_listens_on_is_port(name: str) -> None:
             assert spellings[0] in ("--port", "--metrics-port"), (name, spellings)
 
 
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_address_a_command_listens_on_is_host(name: str) -> None:
+    """A listen address is ``--host`` (and its port ``--port``); ``HOST:PORT`` in one flag
+    (the tap's ``--listen``) is only a deprecated alias."""
+    for action in _options(COMMANDS[name]):
+        if action.dest == "host":
+            assert action.option_strings == ["--host"], name
+        if action.dest == "listen":
+            assert (action.help or "").startswith("deprecated"), name
+            assert _by_dest(COMMANDS[name], "host") and _by_dest(COMMANDS[name], "port"), name
+
+
+@pytest.mark.parametrize(
+    ("argv", "listen"),
+    [
+        pytest.param([], "127.0.0.1:8100", id="the configured address by default"),
+        pytest.param(["--port", "0"], "127.0.0.1:0", id="--port alone keeps the host"),
+        pytest.param(["--host", "0.0.0.0", "--port", "9"], "0.0.0.0:9", id="--host and --port"),
+        pytest.param(["--listen", "10.0.0.1:7"], "10.0.0.1:7", id="--listen still works"),
+        pytest.param(["--listen", "10.0.0.1:7", "--port", "8"], "10.0.0.1:8", id="--port wins"),
+    ],
+)
+def test_the_tap_serves_where_host_and_port_say(argv: list[str], listen: str) -> None:
+    from llmslo.commands.tap import tap_config
+    from llmslo.sections import load_config
+
+    args = build_parser(["tap"]).parse_args(["tap", "--upstream", "http://127.0.0.1:1", *argv])
+    assert tap_config(load_config(None), args).listen == listen
+
+
+@pytest.mark.parametrize("name", ["ingest", "collect", "probe", "run"])
+def test_a_long_running_process_can_be_quieted(name: str) -> None:
+    assert [a.option_strings for a in _by_dest(COMMANDS[name], "quiet")] == [["-q", "--quiet"]]
+
+
 def test_jobs_start_on_the_example_spec_when_given_none(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import duckdb
 import pytest
 
 from llmslo.drill.fleet import FleetPlan, Say
-from llmslo.drill.jobs import FleetFailure, run_plans
+from llmslo.drill.jobs import DrillInterrupted, FleetFailure, run_plans
 from llmslo.drill.matrix import DrillProfile, run_drill
 from llmslo.drill.modes import MODES, DrillMode
 from llmslo.drill.profile import FleetRun, fleet_rng, injection_times
@@ -243,6 +244,26 @@ def test_two_fleets_at_once_inject_at_their_planned_offsets_and_keep_their_store
     assert b.started_ts_ms < a.started_ts_ms + a.minutes * 60_000
 
 
+def test_ctrl_c_keeps_the_outcomes_of_the_fleets_that_finished(tmp_path: Path) -> None:
+    plans = [_plan("quick", 0.2), _plan("hangs", 1.0)]
+    ended: list[str] = []
+
+    def on_outcome(plan: FleetPlan, outcome: object) -> None:
+        ended.append(plan.name)
+        # Ctrl-C once the quick fleet is in: the main thread gets KeyboardInterrupt.
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    with pytest.raises(DrillInterrupted) as stopped:
+        run_plans(
+            plans, PROFILE, tmp_path, None, jobs=2, runner=_sleeping_runner, on_outcome=on_outcome
+        )
+    quick, hung = stopped.value.outcomes
+    assert ended == ["quick"]
+    assert not isinstance(quick, FleetFailure) and quick[1].name == "quick"
+    assert isinstance(hung, FleetFailure) and "interrupted" in hung.error
+    assert (tmp_path / "hangs" / "torn-down").exists()  # its worker tore the fleet down
+
+
 @pytest.mark.slow
 def test_ctrl_c_in_a_terminal_stops_llmslo_drill_and_its_fleet(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -261,7 +282,9 @@ def test_ctrl_c_in_a_terminal_stops_llmslo_drill_and_its_fleet(tmp_path: Path) -
                 break
         os.killpg(command.pid, signal.SIGINT)  # Ctrl-C: every process of the group
         assert command.wait(timeout=90) == 130
-        assert "interrupted" in command.stderr.read()
+        err = command.stderr.read()
+        assert "interrupted" in err
+        assert "Task was destroyed but it is pending" not in err
     finally:
         if command.poll() is None:
             os.killpg(command.pid, signal.SIGKILL)
@@ -277,7 +300,9 @@ def test_ctrl_c_in_a_terminal_stops_llmslo_drill_and_its_fleet(tmp_path: Path) -
         if p.name.isdigit() and str(tmp_path) in _cmdline(p) and int(p.name) != command.pid
     ]
     assert left == []
-    assert not (tmp_path / "report.md").exists()
+    # The partial report: the interrupted fleet is listed, not silently dropped.
+    report = (tmp_path / "report.md").read_text()
+    assert "Interrupted (Ctrl-C)" in report and "fleet0 (stall)" in report
 
 
 def _cmdline(proc: Path) -> str:
