@@ -16,6 +16,8 @@ Transient failures (no connection, a timeout, a 5xx) are retried with back-off f
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import configparser
 import logging
 import os
@@ -41,6 +43,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0
+#: An upload slower than this (bytes/s, beyond ``timeout_s``) is given up and retried.
+MIN_THROUGHPUT_BYTES_S = 1024 * 1024
 
 
 class ObjectStoreError(StoreError):
@@ -79,7 +83,10 @@ class S3Config(BaseModel):
         "before the export round fails (the next round exports the hour again)",
     )
     timeout_s: float = Field(
-        30.0, gt=0, description="connect and read timeout of one request to the store"
+        30.0,
+        gt=0,
+        description="seconds an upload attempt may take, plus one per MiB uploaded, before "
+        "it is cancelled and retried",
     )
 
 
@@ -170,7 +177,7 @@ class ObjectStore:
         transient = _transient()
         while True:
             try:
-                self._fs.put_file(str(local), f"{bucket}/{key}")
+                self._put_once(local, f"{bucket}/{key}")
                 return
             except _REFUSALS as exc:
                 raise ObjectStoreError(bucket, key, f"refused: {_reason(exc)}") from exc
@@ -192,6 +199,20 @@ class ObjectStore:
                 )
                 self._sleep(delay)
                 delay = min(MAX_BACKOFF_S, delay * 2)
+
+    def _put_once(self, local: Path, path: str) -> None:
+        """One attempt, cancelled after ``timeout_s`` plus a second per MiB: botocore's
+        own timeouts do not end a request to a server that accepted the connection and
+        then answers nothing (a stopped process, a black-holed route)."""
+        limit_s = self.config.timeout_s + local.stat().st_size / MIN_THROUGHPUT_BYTES_S
+        attempt = asyncio.run_coroutine_threadsafe(
+            self._fs._put_file(str(local), path), self._fs.loop
+        )
+        try:
+            attempt.result(timeout=limit_s)
+        except concurrent.futures.TimeoutError:
+            attempt.cancel()  # a late success could overwrite a later round's object
+            raise TimeoutError(f"no answer within {limit_s:.0f} s") from None
 
     def glob(self, uri: str) -> list[str]:
         """The ``s3://`` URIs matching ``uri``'s pattern; raises :class:`ObjectStoreError`."""
