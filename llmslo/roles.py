@@ -34,8 +34,9 @@ from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.iceberg.lake import open_iceberg_lake
 from pipeline.ingest import Ingester
-from pipeline.lake import create_lake_views, export_hours
+from pipeline.lake import create_lake_views, export_hours, lake_object_store
 from pipeline.publisher import Publisher
+from pipeline.s3 import ObjectStore
 from pipeline.store import Store
 from pipeline.units import DAY_MS
 from slo.jobs import JobsConfig, SloJobs
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 ROLES = ("all", "ingest", "jobs")
 
 
-def _lake_dir(config: LlmsloConfig) -> Path:
+def _lake_dir(config: LlmsloConfig) -> Path | str:
     if config.store.lake_dir is None:
         raise ConfigError("--role ingest and --role jobs need store.lake_dir (the shared lake)")
     return config.store.lake_dir
@@ -57,23 +58,32 @@ def _lake_dir(config: LlmsloConfig) -> Path:
 
 def export_lake_until(
     store: Store,
-    lake_dir: Path,
+    lake_dir: Path | str,
     ingester_id: str,
     interval_s: float,
     stop: threading.Event,
     retention_ms: int | None = None,
+    objects: ObjectStore | None = None,
 ) -> None:
     """Export to the lake every ``interval_s`` (open hours included) until ``stop``, and once more.
 
     With ``retention_ms``, raw rows older than that are pruned hourly (an ingest role has
-    no jobs thread to do it; the lake keeps them).
+    no jobs thread to do it; the lake keeps them). ``objects``: the store of an ``s3://``
+    lake (its uploads retry while the ingester goes on committing).
     """
     last_prune_s = float("-inf")
     while True:
         stopping = stop.wait(interval_s)
         now_ms = int(time.time() * 1000)
         try:
-            export_hours(store, lake_dir, ingester_id, now_ts_ms=now_ms, include_open=True)
+            export_hours(
+                store,
+                lake_dir,
+                ingester_id,
+                now_ts_ms=now_ms,
+                include_open=True,
+                objects=objects,
+            )
             if retention_ms is not None and time.monotonic() - last_prune_s >= 3600:
                 store.prune(now_ms - retention_ms)
                 last_prune_s = time.monotonic()
@@ -134,7 +144,12 @@ def run_ingest_role(
         exporter = threading.Thread(
             target=export_lake_until,
             args=(store, lake_dir, ingester_id, config.store.lake_export_interval_s, stop),
-            kwargs={"retention_ms": int(config.store.raw_retention_days * DAY_MS)},
+            kwargs={
+                "retention_ms": int(config.store.raw_retention_days * DAY_MS),
+                "objects": lake_object_store(lake_dir, config.store.s3)
+                if lake_dir is not None
+                else None,
+            },
             name="lake-export",
         )
         if lake_dir is not None:
@@ -166,11 +181,12 @@ def run_jobs_role(config: LlmsloConfig, bus: Bus, model: SloModel, *, quiet: boo
         closing(BusTransitionSink(Publisher(bus.producer, component="slo-jobs"))) as sink,
         status_lines(lambda: f"llmslo run --role jobs: {cycles:,} SLO cycles", quiet=quiet),
     ):
-        create_lake_views(con, lake_dir)
+        objects = lake_object_store(lake_dir, config.store.s3)
+        create_lake_views(con, lake_dir, objects=objects)
         jobs = SloJobs(con, model, jobs_config, sink=sink)
         started = time.monotonic()
         while not stop.is_set():
-            create_lake_views(con, lake_dir)  # picks up a table's first file
+            create_lake_views(con, lake_dir, objects=objects)  # picks up a table's first file
             jobs.run_once()
             cycles += 1
             if cycles == 1:  # the role is up: its views and store answer

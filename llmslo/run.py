@@ -50,7 +50,7 @@ from pipeline.bus import Bus
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError, LlmsloError
 from pipeline.ingest import Ingester, IngestMetrics
-from pipeline.lake import export_hours
+from pipeline.lake import export_hours, lake_object_store
 from pipeline.memory import MemoryCollector
 from pipeline.publisher import Publisher
 from pipeline.schema import ALERTS
@@ -255,11 +255,18 @@ class Pipeline:
             self.failure = exc
             self._stopping.set()
 
-    def _export_lake(self, lake_dir: Path) -> None:
+    def _export_lake(self, lake_dir: Path | str) -> None:
         ingester_id = f"{socket.gethostname()}-{os.getpid()}"
+        objects = lake_object_store(lake_dir, self.config.store.s3)
         while not self._stopping.wait(60.0):
             try:
-                export_hours(self.store, lake_dir, ingester_id, now_ts_ms=int(time.time() * 1000))
+                export_hours(
+                    self.store,
+                    lake_dir,
+                    ingester_id,
+                    now_ts_ms=int(time.time() * 1000),
+                    objects=objects,
+                )
             except LlmsloError as exc:  # keep ingesting; the next round retries the hour
                 log.error("lake export failed: %s", exc)
 

@@ -11,6 +11,9 @@ Every other package builds on these public names and nothing else of this packag
 * :mod:`pipeline.publisher`: the one bounded, retrying way to publish (``Publisher``);
 * :mod:`pipeline.broker`: the embedded Kafka-protocol broker (``EmbeddedBroker``);
 * :mod:`pipeline.store`: the DuckDB file (``Store``);
+* :mod:`pipeline.lake`: the hourly Parquet export to a directory or ``s3://`` (``export_hours``);
+* :mod:`pipeline.s3`: object storage for the lake: credentials from the environment or a
+  file, uploads retried with back-off (``ObjectStore``, ``ObjectStoreError``);
 * :mod:`pipeline.ingest`: the exactly-once Kafka → DuckDB ingester (``Ingester``);
 * :mod:`pipeline.memory`: where a process's memory is (``MemoryCollector``: DuckDB's own
   accounting, glibc's heap, pyarrow's pool, as ``llmslo_memory_bytes{part}``);

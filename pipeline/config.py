@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -38,6 +39,7 @@ from pydantic import (
 
 from pipeline.errors import ConfigError
 from pipeline.iceberg.config import IcebergConfig
+from pipeline.s3 import S3Config, split_s3_uri
 
 __all__ = [
     "EMBEDDED_MAX_BYTES",
@@ -200,13 +202,34 @@ class BusConfig(_Section):
         return value
 
 
+def _lake_location(value: object) -> object:
+    """An ``s3://`` URI stays a string (checked); any other string is a local path."""
+    if isinstance(value, str):
+        if value.startswith("s3://"):
+            try:
+                split_s3_uri(value)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from exc
+            return value
+        if "://" in value:
+            raise ValueError(f"{value!r}: only local paths and s3:// URIs are lakes")
+        return Path(value)
+    return value
+
+
 class StoreConfig(_Section):
     """The DuckDB file and how long raw rows are kept."""
 
     path: Path = Field(Path("var/llmslo.duckdb"), strict=False)
     raw_retention_days: float = Field(7.0, gt=0)
-    lake_dir: Path | None = Field(
-        None, strict=False, description="where hourly Parquet partitions are exported"
+    lake_dir: Annotated[Path | str, BeforeValidator(_lake_location)] | None = Field(
+        None,
+        description="where hourly Parquet partitions are exported: a directory every "
+        "ingester and the jobs share, or s3://BUCKET/PREFIX (the store in store.s3)",
+    )
+    s3: S3Config = Field(
+        default_factory=S3Config,
+        description="endpoint, credentials and retries of an s3:// lake_dir",
     )
     lake_export_interval_s: float = Field(
         60.0,

@@ -12,7 +12,8 @@ defined there, beside the code that raises it (module in parentheses)::
     │   └── RefusedWrite            (collectors.receive.series) a remote-write body refused with its reason
     ├── BusError                    the Kafka bus or the embedded broker failed (start, connect, create topics)
     ├── StoreError                  DuckDB could not be opened or written
-    │   └── LakeError               (pipeline.iceberg.lake) the Iceberg lake refused a write or stayed unreachable
+    │   ├── LakeError               (pipeline.iceberg.lake) the Iceberg lake refused a write or stayed unreachable
+    │   └── ObjectStoreError        (pipeline.s3) an object store refused a file or stayed unreachable (names bucket and key)
     ├── QueryError                  a read query's or API request's parameter is invalid (HTTP 400, names the parameter)
     │   └── UnknownCohortError      (api.errors) a cohort matches no request record at all (HTTP 404)
     ├── AuthError                   (api.errors) the bearer token is missing (HTTP 401) or wrong (HTTP 403)

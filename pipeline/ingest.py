@@ -140,6 +140,12 @@ class IngestMetrics:
             "Iceberg commits retried because another ingester committed first",
             registry=r,
         )
+        self.lake_retries = Counter(
+            "llmslo_ingest_lake_retries",
+            "Iceberg commits retried because the object store or catalog failed or did not "
+            "answer (backing off up to 5 s, for store.iceberg.retry_for_s)",
+            registry=r,
+        )
         self.last_commit = Gauge(
             "llmslo_ingest_last_commit_timestamp_seconds",
             "Wall time of the last DuckDB commit",
@@ -482,6 +488,7 @@ class Ingester:
             )
             self.metrics.lake_commit_seconds.observe(report.seconds)
             self.metrics.lake_conflicts.inc(report.conflicts)
+            self.metrics.lake_retries.inc(report.retries)
         self.store.commit_batch(
             batch.tables,
             group_id=self.config.group_id,

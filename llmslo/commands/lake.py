@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from llmslo.options import add_common_options, add_subcommand, print_json, resolve_config
+from llmslo.progress import add_quiet_option, progress
 from pipeline.errors import ConfigError
-from pipeline.lake import export_hours
+from pipeline.lake import export_hours, is_s3, lake_object_store, pending_hours
 from pipeline.store import Store
 
 __all__ = ["register", "run_lake_export", "run_lake_maintain"]
@@ -23,6 +24,7 @@ def register(subparsers: Any) -> None:
         "lake",
         "Export hours to the Parquet lake; maintain the Iceberg lake.",
         "llmslo lake export --db var/llmslo.duckdb --lake /srv/llmslo-lake --ingester ingest-0\n"
+        "AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… llmslo lake export --lake s3://bucket/lake\n"
         "llmslo lake maintain -c config/lake.example.yaml   # a one-host Iceberg lake under var/",
     )
     lake_sub = lake.add_subparsers(dest="lake_command", required=True)
@@ -30,10 +32,16 @@ def register(subparsers: Any) -> None:
         "export", help="write hours not exported yet as Hive-partitioned Parquet"
     )
     add_common_options(export, bus=False, db=True)
-    export.add_argument("--lake", type=Path, help="lake directory (overrides store.lake_dir)")
+    export.add_argument(
+        "--lake",
+        type=_lake_location,
+        help="lake directory or s3://BUCKET/PREFIX (overrides store.lake_dir; an s3:// "
+        "lake's endpoint and credentials: store.s3, else the AWS_* environment)",
+    )
     export.add_argument(
         "--ingester", default=socket.gethostname(), help="file name of this ingester's parts"
     )
+    add_quiet_option(export)
     export.set_defaults(handler=run_lake_export)
 
     maintain = lake_sub.add_parser(
@@ -49,13 +57,24 @@ def register(subparsers: Any) -> None:
     maintain.set_defaults(handler=run_lake_maintain)
 
 
+def _lake_location(value: str) -> Path | str:
+    """``--lake``: an ``s3://`` URI as given, anything else a local path."""
+    return value if is_s3(value) else Path(value)
+
+
 def run_lake_export(args: argparse.Namespace) -> int:
     config = resolve_config(args)
     lake_dir = args.lake or config.store.lake_dir
     if lake_dir is None:
         raise ConfigError("no lake directory: pass --lake or set store.lake_dir")
+    objects = lake_object_store(lake_dir, config.store.s3)
+    now_ms = int(time.time() * 1000)
     with Store(config.store.path, must_exist=True) as store:
-        written = export_hours(store, lake_dir, args.ingester, now_ts_ms=int(time.time() * 1000))
+        total = len(pending_hours(store, now_ts_ms=now_ms))
+        with progress("lake export", total, "files", quiet=args.quiet) as advance:
+            written = export_hours(
+                store, lake_dir, args.ingester, now_ts_ms=now_ms, objects=objects, advance=advance
+            )
     print_json(
         {
             "exported": [

@@ -30,7 +30,8 @@ from pipeline.broker_address import address_file, published_address
 from pipeline.errors import LlmsloError
 from pipeline.iceberg.lake import open_iceberg_lake
 from pipeline.ingest import Ingester, IngestMetrics
-from pipeline.lake import export_hours
+from pipeline.lake import export_hours, lake_object_store
+from pipeline.s3 import ObjectStore
 from pipeline.store import Store
 from pipeline.tables import render_tables_doc
 from slo.tables import DOCUMENTED_TABLES
@@ -159,7 +160,13 @@ def run_ingest(
                 target=_export_lake_periodically,
                 name="lake-export",
                 daemon=True,
-                args=(store, config.store.lake_dir, ingester_id, exporting),
+                args=(
+                    store,
+                    config.store.lake_dir,
+                    ingester_id,
+                    exporting,
+                    lake_object_store(config.store.lake_dir, config.store.s3),
+                ),
             ).start()
         with status_lines(ingest_status(ingester), quiet=args.quiet):
             stats = ingester.run(max_idle_s=args.exit_when_idle)
@@ -193,11 +200,17 @@ def ingest_status(ingester: Ingester, command: str = "llmslo ingest") -> Callabl
 
 
 def _export_lake_periodically(
-    store: Store, lake_dir: Path, ingester_id: str, stop: threading.Event
+    store: Store,
+    lake_dir: Path | str,
+    ingester_id: str,
+    stop: threading.Event,
+    objects: ObjectStore | None,
 ) -> None:
     while not stop.wait(60.0):
         try:
-            export_hours(store, lake_dir, ingester_id, now_ts_ms=int(time.time() * 1000))
+            export_hours(
+                store, lake_dir, ingester_id, now_ts_ms=int(time.time() * 1000), objects=objects
+            )
         except LlmsloError as exc:  # keep ingesting; the next round retries the hour
             log.error("lake export failed: %s", exc)
 

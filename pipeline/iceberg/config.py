@@ -1,24 +1,21 @@
 """The ``store.iceberg`` section and where the object store's credentials come from.
 
 Secrets never live in the config file (nor in its dump, nor in logs): the access key and
-secret come from a credentials file in the AWS shared-credentials format
-(``credentials_file``, profile ``s3_profile``) or from the standard environment variables
-``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN`` optional). A
-PostgreSQL catalog's password comes from libpq's own ``PGPASSWORD`` or ``~/.pgpass``, so
+secret come from a credentials file (``credentials_file``, profile ``s3_profile``) or from
+the ``AWS_*`` environment variables, read as :func:`pipeline.s3.read_credentials` reads
+them for every object store of the lake. A PostgreSQL catalog's password comes from libpq's own ``PGPASSWORD`` or ``~/.pgpass``, so
 ``catalog_uri`` refuses one.
 """
 
 from __future__ import annotations
 
-import configparser
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pipeline.errors import ConfigError
+from pipeline.s3 import S3Credentials, read_credentials
 
 __all__ = ["IcebergConfig", "S3Credentials", "catalog_properties", "s3_credentials"]
 
@@ -113,47 +110,11 @@ class IcebergConfig(BaseModel):
         return parts.netloc if parts.scheme in ("s3", "s3a") else None
 
 
-@dataclass(frozen=True)
-class S3Credentials:
-    """An access key; ``repr`` hides the secret (it must never reach a log)."""
-
-    access_key_id: str
-    secret_access_key: str = field(repr=False)
-    session_token: str | None = field(default=None, repr=False)
-
-
 def s3_credentials(config: IcebergConfig) -> S3Credentials | None:
     """The credentials file's profile, else the environment's; ``None`` when neither has any
     (then the store is read anonymously, or by the instance's role where pyarrow finds one).
     Raises :class:`ConfigError` naming the file and profile (never a value)."""
-    if config.credentials_file is not None:
-        parser = configparser.ConfigParser()
-        try:
-            with config.credentials_file.open() as handle:
-                parser.read_file(handle)
-        except (OSError, configparser.Error) as exc:
-            raise ConfigError(
-                f"cannot read credentials file {config.credentials_file}: {exc}"
-            ) from exc
-        if not parser.has_section(config.s3_profile):
-            raise ConfigError(
-                f"credentials file {config.credentials_file} has no profile [{config.s3_profile}]"
-            )
-        profile = parser[config.s3_profile]
-        try:
-            return S3Credentials(
-                profile["aws_access_key_id"],
-                profile["aws_secret_access_key"],
-                profile.get("aws_session_token"),
-            )
-        except KeyError as exc:
-            raise ConfigError(
-                f"credentials file {config.credentials_file} [{config.s3_profile}] lacks {exc}"
-            ) from exc
-    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
-    if key and secret:
-        return S3Credentials(key, secret, os.environ.get("AWS_SESSION_TOKEN"))
-    return None
+    return read_credentials(config.credentials_file, config.s3_profile)
 
 
 def catalog_properties(config: IcebergConfig, *, create_local: bool = False) -> dict[str, str]:
