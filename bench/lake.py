@@ -262,7 +262,7 @@ def fleet_requests(
 def fleet_engine(t0: int, t1: int, instances: int) -> pa.Table:
     """Every instance's scrapes in [t0, t1), one per 15 s: an SGLang TTFT histogram (buckets
     and count, cumulative) and its KV usage and running gauges."""
-    scrapes = np.arange(t0 - t0 % INTERVAL_MS + INTERVAL_MS, t1, INTERVAL_MS)
+    scrapes = np.arange(t0 + (-t0) % INTERVAL_MS, t1, INTERVAL_MS)  # from the first at or after t0
     per = len(BUCKETS) + 3
     signal = ["ttft"] * (len(BUCKETS) + 1) + ["kv_usage", "running"]
     kind = ["bucket"] * len(BUCKETS) + ["count", "gauge", "gauge"]
