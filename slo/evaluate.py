@@ -1,9 +1,9 @@
 """Evaluate every SLO of a model at one instant: SLI, budget left, burn rates, pair states.
 
 Windows are whole minutes ending with the minute that holds ``now_ms``. A window's counts
-come from ``slo_hour`` for the whole hours it covers and from ``slo_minute`` for the
-partial hours at both ends, so a 30-day window reads ~720 hour rows plus ≤ 120 minute rows
-per rollup key, whatever the traffic.
+come from ``slo_day`` for the whole UTC days it covers, from ``slo_hour`` for the whole hours
+of the partial days at both ends and from ``slo_minute`` for the partial hours, so a 30-day
+window reads ≤ 30 day, 46 hour and 118 minute rows per rollup key, whatever the traffic.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 
-from pipeline.units import HOUR_MS, MINUTE_MS, ceil_to, floor_to
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, ceil_to, floor_to
 from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
 from slo.spec.model import Slo, SloModel
 from slo.windows import AlertPair, format_duration
@@ -113,15 +113,24 @@ class SloStatus:
         }
 
 
-def _ranges(window_ms: int, end_ms: int) -> tuple[tuple[int, int] | None, list[tuple[int, int]]]:
-    """(hour range or None, minute ranges) that exactly cover [end − window, end)."""
-    start = end_ms - window_ms
-    first_hour = ceil_to(start, HOUR_MS)
-    last_hour = floor_to(end_ms, HOUR_MS)
-    if first_hour >= last_hour:
-        return None, [(start, end_ms)]
-    minutes = [(a, b) for a, b in ((start, first_hour), (last_hour, end_ms)) if a < b]
-    return (first_hour, last_hour), minutes
+#: Rollup tables by grain, coarsest first.
+_GRAINS = ((DAY_MS, "slo_day"), (HOUR_MS, "slo_hour"), (MINUTE_MS, "slo_minute"))
+#: Finer ranges ending this close to the evaluation time share one scan per table.
+_NEAR_MS = {HOUR_MS: 2 * DAY_MS, MINUTE_MS: 2 * HOUR_MS}
+
+
+def _cover(start_ms: int, end_ms: int, grains: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(grain, start, end) ranges that exactly cover [start, end) (minute-aligned): the
+    whole units of the coarsest grain inside, then finer ones at both edges."""
+    if start_ms >= end_ms:
+        return []
+    grain, finer = grains[0], grains[1:]
+    if not finer:
+        return [(grain, start_ms, end_ms)]
+    first, last = ceil_to(start_ms, grain), floor_to(end_ms, grain)
+    if first >= last:
+        return _cover(start_ms, end_ms, finer)
+    return [*_cover(start_ms, first, finer), (grain, first, last), *_cover(last, end_ms, finer)]
 
 
 def _sum_query(table: str, ranges: list[tuple[int, int]]) -> str:
@@ -138,16 +147,18 @@ def _sum_query(table: str, ranges: list[tuple[int, int]]) -> str:
 
 
 def _plan(
-    windows: list[int], end_ms: int
+    windows: list[int], end_ms: int, days: bool = True
 ) -> dict[tuple[str, int], list[tuple[int, tuple[int, int]]]]:
-    """Queries to run: hour ranges share one scan, minute ranges near ``end`` another, and
-    each far leading edge (of the 1 d, 3 d, 30 d windows) gets its own narrow scan."""
+    """Queries to run: day ranges share one scan, hour and minute ranges near ``end`` one
+    scan per table, and each far leading edge (of the 1 d, 3 d, 30 d windows) gets its own
+    narrow scan. ``days=False``: a file without ``slo_day`` (hours serve the long windows)."""
+    grains = tuple(g for g, _ in _GRAINS if days or g != DAY_MS)
+    tables = dict(_GRAINS)
     batches: dict[tuple[str, int], list[tuple[int, tuple[int, int]]]] = defaultdict(list)
     for index, window in enumerate(windows):
-        hours, minutes = _ranges(window, end_ms)
-        parts = ([("slo_hour", hours)] if hours else []) + [("slo_minute", r) for r in minutes]
-        for table, (a, b) in parts:
-            near = table == "slo_hour" or b > end_ms - 2 * HOUR_MS
+        for grain, a, b in _cover(end_ms - window, end_ms, grains):
+            table = tables[grain]
+            near = grain == grains[0] or b > end_ms - _NEAR_MS[grain]
             batches[(table, 0 if near else a)].append((index, (a, b)))
     return batches
 
@@ -167,7 +178,7 @@ def count_matrix(
     matrix = np.zeros((len(keys), len(windows), 2), dtype=np.int64)
     if not keys:
         return keys, matrix
-    for (table, _), items in _plan(windows, end_ms).items():
+    for (table, _), items in _plan(windows, end_ms, _has_days(con)).items():
         got = con.execute(_sum_query(table, [r for _, r in items])).fetchnumpy()
         ids = np.asarray(got["key_id"], dtype=np.int64)
         pos = np.clip(np.searchsorted(key_ids, ids), 0, len(key_ids) - 1)
@@ -191,6 +202,13 @@ def window_counts(
         }
         for k, key in enumerate(keys)
     }
+
+
+def _has_days(con: duckdb.DuckDBPyConnection) -> bool:
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'slo_day'"
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def _has_rollups(con: duckdb.DuckDBPyConnection) -> bool:

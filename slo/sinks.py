@@ -222,11 +222,17 @@ def write_status(con: duckdb.DuckDBPyConnection, statuses: Iterable[SloStatus]) 
         ]
         for s in statuses
     ]
+    # One Arrow insert: executemany costs ~0.1 ms a row (0.5 s for 4,096 instances).
+    names = ("slo_id", "group_json", "ts_ms", "status_json")
+    table = pa.table(
+        {name: pa.array([row[i] for row in rows], pa.int64() if i == 2 else pa.string())
+         for i, name in enumerate(names)}
+    )  # fmt: skip
     con.execute("BEGIN")
     try:
         con.execute("DELETE FROM slo_status_current")
         if rows:
-            con.executemany("INSERT INTO slo_status_current VALUES (?, ?, ?, ?)", rows)
+            insert_arrow(con, "slo_status_current", table)
         con.execute("COMMIT")
     except duckdb.Error:
         con.execute("ROLLBACK")

@@ -21,6 +21,7 @@ __all__ = [
     "REQUEST_ROLLUP_STATE",
     "REQUEST_ROLLUP_TABLES",
     "ROLLUP_TABLES",
+    "SLO_DAY",
     "SLO_FINDINGS",
     "SLO_HOUR",
     "SLO_KEYS",
@@ -72,6 +73,12 @@ SLO_HOUR = TableDoc(
     doc="The same counts summed per hour, so a 30-day window reads ~720 rows per group.",
     facts=("key: (`key_id`, `ts_ms`); written by the SLO jobs (rollup)", "retention: forever"),
     columns=_counts("hour"),
+)
+SLO_DAY = TableDoc(
+    name="slo_day",
+    doc="The same counts summed per UTC day, so a 30-day window reads ~30 rows per group.",
+    facts=("key: (`key_id`, `ts_ms`); written by the SLO jobs (rollup)", "retention: forever"),
+    columns=_counts("day"),
 )
 SLO_ROLLUP_STATE = TableDoc(
     name="slo_rollup_state",
@@ -252,7 +259,7 @@ REQUEST_ROLLUP_TABLES: dict[str, TableDoc] = {
 
 #: Tables of the rollup, by name.
 ROLLUP_TABLES: dict[str, TableDoc] = {
-    t.name: t for t in (SLO_KEYS, SLO_MINUTE, SLO_HOUR, SLO_ROLLUP_STATE)
+    t.name: t for t in (SLO_KEYS, SLO_MINUTE, SLO_HOUR, SLO_DAY, SLO_ROLLUP_STATE)
 }
 #: Tables the jobs write besides the rollups, by name.
 OUTPUT_TABLES: dict[str, TableDoc] = {t.name: t for t in (SLO_FINDINGS, SLO_STATUS_CURRENT)}

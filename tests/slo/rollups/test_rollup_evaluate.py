@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.store import Store
-from pipeline.units import HOUR_MS, MINUTE_MS
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
 from slo.budget import WindowCounts
 from slo.evaluate import evaluate
-from slo.rollups.counts import Rollup
+from slo.rollups.counts import Rollup, create_rollup_tables
 from slo.spec import parse_spec
 from slo.spec.model import SloModel, build_model
 from tests.slo.factories import T0_MS, histogram, insert, request
@@ -297,6 +297,54 @@ def test_every_window_agrees_with_counting_raw_records(
         end = now // MINUTE_MS * MINUTE_MS + MINUTE_MS
         for window, counts in got.windows.items():
             assert counts == _reference(rows, end - window, end), window
+
+
+@pytest.mark.parametrize(
+    "now_offset_ms",
+    [
+        31 * DAY_MS + 7 * HOUR_MS + 23 * MINUTE_MS,
+        31 * DAY_MS + 59 * MINUTE_MS,
+        32 * DAY_MS - MINUTE_MS,
+        32 * DAY_MS,
+    ],
+    ids=["mid-day", "an hour's last minute", "a day's last minute", "midnight"],
+)
+def test_thirty_day_windows_read_from_day_hour_and_minute_rollups_equal_the_raw_counts(
+    store: Store, now_offset_ms: int
+) -> None:
+    # Records every 47 minutes over 35 days (ending past every tested instant), every fifth
+    # bad, every seventh without a TTFT: each window's edges cut days, hours and minutes.
+    rows = [
+        request(
+            T0_MS + i * 47 * MINUTE_MS + 1_000,
+            ttft_s=None if i % 7 == 0 else (2.5 if i % 5 == 0 else 0.5),
+        )
+        for i in range(35 * 24 * 60 // 47)
+    ]
+    insert(store, requests=rows)
+    m = model(TTFT)
+    Rollup(store.con, m, horizon_ms=40 * DAY_MS).update(T0_MS + 35 * DAY_MS)
+    assert store.con.execute("SELECT count(*) FROM slo_day").fetchone() == (36,)
+    now = T0_MS + now_offset_ms
+    (got,) = evaluate(store.con, m, now)
+    end = now // MINUTE_MS * MINUTE_MS + MINUTE_MS
+    assert got.period.total > 700
+    for window, counts in got.windows.items():
+        assert counts == _reference(rows, end - window, end), window
+
+
+def test_a_file_whose_rollups_predate_days_gets_them_from_its_hours(store: Store) -> None:
+    rows = [request(T0_MS + i * 5 * HOUR_MS, ttft_s=2.5 if i % 3 else 0.5) for i in range(100)]
+    insert(store, requests=rows)
+    m = model(TTFT)
+    now = T0_MS + 21 * DAY_MS
+    Rollup(store.con, m, horizon_ms=40 * DAY_MS).update(now)
+    (before,) = evaluate(store.con, m, now)
+    store.con.execute("DROP TABLE slo_day")  # as an older release left the file
+    create_rollup_tables(store.con)
+    (after,) = evaluate(store.con, m, now)
+    assert after.windows == before.windows
+    assert after.period.total == 100
 
 
 def test_engine_histogram_source_counts_bucket_increases(store: Store) -> None:
