@@ -23,6 +23,19 @@ generator. Phases, each with 256 concurrent streams in a closed loop:
    ``tap_to_nginx_rss``. (``tap_rss_mib``
    is the in-process tap of phase 1, without Kafka.)
 
+4. Jitter error: ``JITTER_STREAMS`` streams of ``JITTER_TOKENS`` tokens at
+   ``JITTER_GAP_MS`` through a second tap (records kept) in front of a paced engine that
+   notes the monotonic time just before each token chunk's write (the engine-side gap
+   schedule; ``CLOCK_MONOTONIC`` is one clock for every process on the host). Per gap,
+   |tap-recorded gap − engine gap| over the gaps the tap vouched for (those its records' ITL
+   statistics hold): ``jitter_error_p50_ms`` / ``jitter_error_p99_ms``, with
+   ``jitter_error_max_bound_ms`` (the largest bound it stated for one of them),
+   ``jitter_error_vouched_share`` (of all gaps) and ``jitter_error_uncertain_requests``;
+   ``jitter_error_all_p50_ms`` / ``…_all_p99_ms`` over every gap as timed; the same with one CPU hog per core
+   (``llmslo.drill.hogs.cpu_hogs``) as ``hog_jitter_*``, and both again through a tap
+   without kernel receive stamps (``loop_jitter_*``, ``hog_loop_jitter_*``), in the same run. The engine stand-in
+   is ``serve_paced`` (aiohttp), not the simulator: its emission times are its writes.
+
 ``tap_cpu_us_per_chunk_ttft`` is the same for the tap's TTFT phases: one event per read and
 per write, request overheads included (20 token chunks per request) — the case that sets
 the tap's added latency on a shared core.
@@ -47,9 +60,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing as mp
 import os
+import queue
 import random
 import shutil
 import signal
@@ -65,6 +80,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 #: TTFT phases: 256 streams of 20 tokens at 100 ms per token (a busy engine), 2,560 chunks/s.
 TTFT_TOKENS, TTFT_GAP_MS = 20, 100
+#: Jitter phase: streams of tokens at a decode pace, through a tap that keeps its records.
+JITTER_STREAMS, JITTER_TOKENS, JITTER_GAP_MS = 64, 40, 20
+#: the tap's default ``gap_error_max_s``: the gaps its ITL statistics hold
+GAP_ERROR_MAX_S = 0.005
 sys.path.insert(0, str(ROOT))
 
 
@@ -117,6 +136,35 @@ def serve_upstream(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=2048)
 
 
+def serve_paced(port: int, sends: Any) -> None:
+    """The engine of the jitter phase: token chunks every ``bench_gap_ms``, each write's
+    monotonic time (taken just before it) put on ``sends`` as (request id, times)."""
+    from aiohttp import web
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        tokens, gap_s = int(body.get("max_tokens", 16)), float(body.get("bench_gap_ms", 0)) / 1000
+        role, toks, usage = _events(tokens)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(role)
+        times: list[float] = []
+        due = time.monotonic()
+        for event in toks:
+            due += gap_s
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            times.append(time.monotonic())
+            await resp.write(event)
+        await resp.write(usage + b"data: [DONE]\n\n")
+        await resp.write_eof()
+        sends.put((request.headers.get("x-request-id", ""), times))
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=2048)
+
+
 # ---------------------------------------------------------------- tap process
 class CountingSink:
     def __init__(self) -> None:
@@ -132,9 +180,35 @@ class CountingSink:
         pass
 
 
-def serve_tap(port: int, upstream: str) -> None:
+class RecordsSink(CountingSink):
+    """Puts each record's (request id, recorded gaps, each gap's bound, uncertain) on a queue
+    (the bounds are not a record column: ``serve_tap`` adds them for the bench)."""
+
+    def __init__(self, out: Any) -> None:
+        super().__init__()
+        self.out = out
+
+    def add_request(self, row: dict[str, Any]) -> None:
+        self.out.put(
+            (row["request_id"], row["itl_gaps_s"], row["_gap_errors_s"], row["itl_uncertain"])
+        )
+
+
+def serve_tap(port: int, upstream: str, records: Any = None, kernel: bool = True) -> None:
     from collectors.tap import TapConfig, TapProxy
     from collectors.tap.proxy import freeze_startup_heap, run_event_loop
+
+    if records is not None:  # each gap's own bound beside the record, for the jitter phase
+        import collectors.tap.proxy as proxy_module
+
+        plain_row = proxy_module.record_row
+
+        def record_row(ctx: Any, ex: Any, **kw: Any) -> dict[str, Any]:
+            row = plain_row(ctx, ex, **kw)
+            row["_gap_errors_s"] = ex.finish().itl_gap_errors_s.tolist()
+            return row
+
+        proxy_module.record_row = record_row  # type: ignore[assignment]
 
     async def main() -> None:
         config = TapConfig(
@@ -143,8 +217,9 @@ def serve_tap(port: int, upstream: str) -> None:
             kafka=False,
             max_connections=4096,
             gauge_interval_s=60,
+            kernel_timestamps=kernel,
         )
-        proxy = TapProxy(config, CountingSink())
+        proxy = TapProxy(config, RecordsSink(records) if records is not None else CountingSink())
         await proxy.start()
         freeze_startup_heap()  # as `llmslo tap` does
         await asyncio.Event().wait()
@@ -433,6 +508,112 @@ def load(
     return result
 
 
+def run_tagged_load(url: str, streams: int, duration_s: float, tag: str, out: Any) -> None:
+    """Closed-loop streams with an ``x-request-id`` each (``tag``-worker-n); puts the ids."""
+    import aiohttp
+
+    async def main() -> list[str]:
+        body = json.dumps(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+                "max_tokens": JITTER_TOKENS,
+                "bench_gap_ms": JITTER_GAP_MS,
+            }
+        ).encode()
+        ids: list[str] = []
+        stop_at = time.perf_counter() + duration_s
+
+        async def worker(session: aiohttp.ClientSession, w: int) -> None:
+            await asyncio.sleep(random.random() * JITTER_TOKENS * JITTER_GAP_MS / 1000)
+            n = 0
+            while time.perf_counter() < stop_at:
+                rid = f"{tag}-{w}-{n}"
+                n += 1
+                try:
+                    async with session.post(
+                        url + "/v1/chat/completions",
+                        data=body,
+                        headers={"Content-Type": "application/json", "x-request-id": rid},
+                    ) as resp:
+                        async for _line in resp.content:
+                            pass
+                    ids.append(rid)
+                except aiohttp.ClientError:
+                    continue
+
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await asyncio.gather(*(worker(session, w) for w in range(streams)))
+        return ids
+
+    out.put(asyncio.run(main()))
+
+
+def _drain(source: Any) -> list[Any]:
+    """Everything on ``source`` until it has been quiet for half a second."""
+    items = []
+    while True:
+        try:
+            items.append(source.get(timeout=0.5))
+        except queue.Empty:
+            return items
+
+
+def jitter_error(
+    ctx: Any, url: str, sends: Any, records: Any, duration_s: float, tag: str
+) -> dict[str, Any]:
+    """One jitter phase: |recorded gap − engine gap| (ms) over the gaps the tap vouched for
+    (those its ITL statistics hold: own bound within ``gap_error_max_s``, request not
+    uncertain), p50/p99, and over every gap as timed (``all_*``); the vouched share; the
+    uncertain requests; the largest bound of a vouched gap."""
+    done = ctx.Queue()
+    proc = ctx.Process(target=run_tagged_load, args=(url, JITTER_STREAMS, duration_s, tag, done))
+    proc.start()
+    ids = set(done.get(timeout=duration_s + 120))
+    proc.join(timeout=30)
+    engine: dict[str, list[float]] = {}
+    for rid, times in _drain(sends):
+        engine[rid] = times
+    recorded: dict[str, tuple[list[float], list[float], bool]] = {}
+    for rid, gaps, bounds, uncertain in _drain(records):
+        recorded[rid] = (gaps, bounds, uncertain)
+    errors: list[float] = []
+    every: list[float] = []
+    max_bound = 0.0
+    total = uncertain_requests = requests = 0
+    for rid in ids & engine.keys() & recorded.keys():
+        if not rid.startswith(tag):
+            continue
+        times = engine[rid]
+        gaps, bounds, uncertain = recorded[rid]
+        engine_gaps = [b - a for a, b in itertools.pairwise(times)]
+        if not len(gaps) == len(bounds) == len(engine_gaps):
+            continue
+        requests += 1
+        uncertain_requests += bool(uncertain)
+        total += len(gaps)
+        for gap, bound, sent in zip(gaps, bounds, engine_gaps, strict=True):
+            every.append(abs(gap - sent))
+            if not uncertain and bound <= GAP_ERROR_MAX_S:
+                errors.append(abs(gap - sent))
+                max_bound = max(max_bound, bound)
+
+    def ms(values: list[float], q: float) -> float | None:
+        return round(pct(values, q) * 1e3, 3) if values else None
+
+    return {
+        "requests": requests,
+        "p50_ms": ms(errors, 0.5),
+        "p99_ms": ms(errors, 0.99),
+        "max_bound_ms": round(max_bound * 1e3, 3),
+        "vouched_share": round(len(errors) / total, 3) if total else None,
+        "uncertain_requests": uncertain_requests,
+        "all_p50_ms": ms(every, 0.5),
+        "all_p99_ms": ms(every, 0.99),
+    }
+
+
 def report(name: str, res: dict[str, Any]) -> None:
     p50, p99 = pct(res["ttfts"], 0.5) * 1e3, pct(res["ttfts"], 0.99) * 1e3
     rate = res["chunks"] / res["elapsed_s"]
@@ -581,6 +762,7 @@ def main() -> None:
         }
         nginx_rss = max(r["nginx"]["sampled"] for r in rounds) if nginx else None
         summary |= footprint(ctx, direct, nginx_rss, args)
+        summary |= jitter_phases(ctx, phase_s)
         if baseline is not None:
             summary["baseline_added_ttft_p50_ms"] = added("baseline", 0.5)
             summary["baseline_added_ttft_p99_ms"] = added("baseline", 0.99)
@@ -597,6 +779,52 @@ def main() -> None:
             child.terminate()
             child.join(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def jitter_phases(ctx: Any, phase_s: float) -> dict[str, Any]:
+    """Phase 4, without and with one CPU hog per core, in this run; each through a tap
+    with kernel receive stamps and one without (``loop_*``: the loop-lag fallback)."""
+    from llmslo.drill.hogs import cpu_hogs
+
+    sends, records = ctx.Queue(), ctx.Queue()
+    engine_port = free_port()
+    engine = ctx.Process(target=serve_paced, args=(engine_port, sends), daemon=True)
+    engine.start()
+    taps = {}
+    for name, kernel in (("", True), ("loop_", False)):
+        port = free_port()
+        taps[name] = (
+            port,
+            ctx.Process(
+                target=serve_tap,
+                args=(port, f"http://127.0.0.1:{engine_port}", records, kernel),
+                daemon=True,
+            ),
+        )
+        taps[name][1].start()
+    out: dict[str, Any] = {}
+    try:
+        wait_port(engine_port)
+        for name, (port, _) in taps.items():
+            wait_port(port)
+            jitter_error(ctx, f"http://127.0.0.1:{port}", sends, records, 2.0, f"warm{name}")
+        hogs = os.cpu_count() or 1
+        for prefix, count in (("", 0), ("hog_", hogs)):
+            with cpu_hogs(count, 2 * phase_s + 60):
+                for name, (port, _) in taps.items():
+                    url = f"http://127.0.0.1:{port}"
+                    tag = f"{prefix}{name}run"
+                    res = jitter_error(ctx, url, sends, records, phase_s, tag)
+                    print(f"jitter error, {name or 'kernel_'}stamps, {count} hogs: {res}")
+                    out |= {f"{prefix}{name}jitter_error_{k}": v for k, v in res.items()}
+        out["hogs"] = hogs
+    finally:
+        for _, child in taps.values():
+            child.terminate()
+            child.join(timeout=10)
+        engine.terminate()
+        engine.join(timeout=10)
+    return out
 
 
 if __name__ == "__main__":

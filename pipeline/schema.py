@@ -446,8 +446,9 @@ REQUEST_RECORDS = RecordSchema(
             _field(
                 "itl_error_s",
                 pa.float64(),
-                "bound on how late the tap read the token-bearing chunks its ITL statistics "
-                "hold (its own event-loop lag; every chunk's when itl_uncertain): each of "
+                "bound on how much earlier than timed the token-bearing chunks its ITL "
+                "statistics hold reached the tap (the kernel receive stamp's, or the tap's "
+                "event-loop lag without one; every chunk's when itl_uncertain): each of "
                 "those gaps and statistics is within ± it, the jitter within ± twice it; "
                 "null if unmeasured",
             ),

@@ -170,6 +170,12 @@ class TapConfig(BaseModel):
         description="the loop watch's tick: a healthy loop bounds a chunk's read delay by "
         "about this (collectors/tap/loopwatch.py)",
     )
+    kernel_timestamps: bool = Field(
+        True,
+        description="time each engine chunk by the kernel's receive stamp (SO_TIMESTAMPNS) "
+        "where the platform has it and the upstream is not TLS; else, or off, by when the "
+        "loop read it, bounded by the loop watch (collectors/tap/rxstamp.py)",
+    )
     gap_error_max_s: float = Field(
         0.005,
         gt=0,

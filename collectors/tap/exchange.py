@@ -228,7 +228,7 @@ class Exchange:
             chunk = await response.readany()
             if not chunk:
                 break
-            out = self._frame(chunk, self._clock())
+            out = self._frame(chunk, *self._arrival())
             self.held.append(out)
             self.held_bytes += len(out)
             if self.meter.first_token_seen:
@@ -256,13 +256,13 @@ class Exchange:
         is framed, measured and written from the upstream's data callback, so an event
         costs no task hand-off; the task only waits when the client falls behind."""
         assert self._resp is not None
-        clock = self._clock
+        arrival = self._arrival
         # Committed before the first token (over hold_max_bytes): its timeout still runs.
         waiting = None if self.meter.first_token_seen else self._first_token_scope
 
         def relay(chunk: bytes) -> bool:
             nonlocal waiting
-            down.write_nowait(self._frame(chunk, clock()))
+            down.write_nowait(self._frame(chunk, *arrival()))
             if not self.answered:
                 self._note_answered()
             if waiting is not None and self.meter.first_token_seen:
@@ -277,23 +277,35 @@ class Exchange:
         if self._first_token_scope is not None:
             self._first_token_scope.reschedule(None)
 
-    def _frame(self, chunk: bytes, now_s: float) -> bytes:
+    def _arrival(self) -> tuple[float, float | None]:
+        """When the bytes just read reached the tap and how much earlier they may have:
+        the kernel's receive stamp where the connection has one, else now and the loop's
+        read-delay bound (seconds)."""
+        response = self._resp
+        stamp = response.stamp if response is not None else None
+        if stamp is not None:
+            return stamp
+        now_s = self._clock()
+        return now_s, self._late(now_s)
+
+    def _frame(self, chunk: bytes, now_s: float, late_s: float | None) -> bytes:
         """Frame ``chunk`` into events, measure them, and return the bytes to forward."""
         self._bytes_in += len(chunk)
         if self._bytes_in >= _BYTES_REPORT_EVERY:
             self._report_bytes_in()
         before = self.framer.oversized_events
-        out = self._measure(self.framer.feed(chunk), now_s)
+        out = self._measure(self.framer.feed(chunk), now_s, late_s)
         if self.framer.oversized_events != before:
             self._hooks.dropped("oversized_event")
         return out
 
-    def _measure(self, events: list[SseEvent], now_s: float) -> bytes:
+    def _measure(self, events: list[SseEvent], now_s: float, late_s: float | None = None) -> bytes:
         """Measure ``events``; return their bytes minus the usage chunk the tap asked for."""
         parts = []
         strip = self.ctx.strip_usage
         meter = self.meter
-        late_s = self._late(now_s) if events else None
+        if events and late_s is None:
+            late_s = self._late(now_s)
         for event in events:
             if event.data is not None:
                 info = meter.on_data(event.data, now_s, late_s)

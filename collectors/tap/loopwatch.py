@@ -1,7 +1,9 @@
-"""How late the tap's own event loop is: the error bound of every timestamp the tap takes.
+"""How late the tap's own event loop is: the error bound of every timestamp the tap takes
+from its loop — chunks without a kernel receive stamp (:mod:`collectors.tap.rxstamp`), and
+the earliest arrival a stamped read can have had.
 
-The tap timestamps a chunk when its event loop reads it, not when the bytes reached the
-socket. On a busy node the loop is late: descheduled by other work, held by a GC pause, or
+Without a kernel stamp the tap times a chunk when its event loop reads it, not when the
+bytes reached the socket. On a busy node the loop is late: descheduled by other work, held by a GC pause, or
 busy with other streams' chunks. Bytes that arrived meanwhile wait in the kernel and are
 read together, so without a correction a 150 ms stall of the *tap* would be recorded as a
 150 ms gap of the *engine*.

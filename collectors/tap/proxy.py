@@ -155,6 +155,8 @@ class TapProxy:
             read_timeout_s=self.config.read_timeout_s,
             max_connections=self.config.max_connections,
             keepalive_s=self.config.upstream_keepalive_s,
+            clock=self.clock.monotonic_s if self.config.kernel_timestamps else None,
+            late_s=self.loop_watch.late_s,
         )
         self._server = TapServer(
             self._route,

@@ -13,6 +13,11 @@ Connections are kept alive and reused per origin (host, port, scheme) for
 5 s). A request on a reused connection that fails within ``_IDLE_RACE_S`` of being sent,
 before any answer byte, met the engine closing that idle connection: it is sent once more
 on a fresh connection. That is the only replay this client ever does.
+
+With ``clock`` given (and the platform able, and the upstream not TLS), connections are
+:class:`~collectors.tap.rxstamp.StampedTransport`: every body chunk handed out carries the
+kernel's receive time of its bytes (:attr:`UpstreamResponse.stamp`) instead of the time the
+event loop read them.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from collectors.tap.http1 import HeadLimit
+from collectors.tap.rxstamp import StampedTransport, kernel_stamps_available, open_stamped
 from pipeline.errors import LlmsloError
 
 __all__ = [
@@ -98,6 +104,13 @@ class UpstreamResponse:
 
     __slots__ = ("_conn", "headers", "status")
 
+    @property
+    def stamp(self) -> tuple[float, float] | None:
+        """When the bytes last handed out (by :meth:`readany` or to :meth:`pipe`'s
+        callback) reached the socket, on the client's ``clock``, and how much earlier they
+        may have (seconds); ``None`` without a kernel stamp."""
+        return self._conn.stamp
+
     def __init__(self, conn: _Connection, status: int, headers: list[tuple[str, str]]) -> None:
         self._conn = conn
         self.status = status
@@ -148,6 +161,11 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._head_limit = HeadLimit()
         self._paused = False  # reading paused: the consumer is behind
+        #: the kernel stamp of the bytes last handed out: (arrival_s, error_s) or None
+        self.stamp: tuple[float, float] | None = None
+        self._stamped: StampedTransport | None = None
+        self._rx: tuple[float, float] | None = None  # the current read's (arrival, earliest)
+        self._batch_earliest: float | None = None  # the earliest arrival of buffered bytes
         self._reset_exchange()
 
     def _reset_exchange(self) -> None:
@@ -225,6 +243,10 @@ class _Connection(asyncio.Protocol):
 
     def _take_buffered(self) -> bytes:
         chunks = self.chunks
+        rx, earliest = self._rx, self._batch_earliest
+        # buffered bytes span the reads since the first one buffered: the latest stamp,
+        # back to the earliest arrival of any of them
+        self.stamp = None if rx is None or earliest is None else (rx[0], rx[0] - earliest)
         data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
         self.buffered = 0
@@ -282,9 +304,22 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if isinstance(transport, StampedTransport):
+            self._stamped = transport
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
+        stamped = self._stamped
+        if stamped is not None:
+            arrival = stamped.arrival_s
+            if arrival is None:
+                self._rx = None
+                self._batch_earliest = None
+            else:
+                earliest = arrival - stamped.error_s
+                self._rx = (arrival, earliest)
+                if not self.chunks or self._batch_earliest is None:
+                    self._batch_earliest = earliest
         if self._head is None or self.body_complete:
             # Bytes after the answer ended (or on an idle connection): the connection is out
             # of step with the engine and must never carry another request.
@@ -356,6 +391,8 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         waiter = self._waiter
         if self._pipe is not None and waiter is not None and not waiter.done():
+            rx = self._rx
+            self.stamp = None if rx is None else (rx[0], rx[0] - rx[1])
             try:
                 behind = self._pipe(body)
             except Exception as exc:  # the consumer's error goes to its task, not the loop
@@ -409,7 +446,12 @@ class UpstreamClient:
         read_timeout_s: float,
         max_connections: int,
         keepalive_s: float = 4.0,
+        clock: Callable[[], float] | None = None,
+        late_s: Callable[[float], float | None] | None = None,
     ) -> None:
+        """``clock`` (monotonic seconds) turns on kernel receive stamps on that clock where
+        the platform has them; ``late_s(now)`` is the loop's read-delay bound that checks
+        and narrows them (``LoopWatch.late_s``)."""
         self.loop = asyncio.get_running_loop()
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
@@ -421,6 +463,8 @@ class UpstreamClient:
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._tls: ssl.SSLContext | None = None
         self._closing = False
+        self._clock = clock if kernel_stamps_available() else None
+        self._late_s = late_s or (lambda _now_s: None)
 
     async def request(
         self,
@@ -516,6 +560,11 @@ class UpstreamClient:
         self._open.add(conn)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
+                if self._clock is not None and not origin.tls:
+                    await open_stamped(
+                        self.loop, conn, origin.host, origin.port, self._clock, self._late_s
+                    )
+                    return conn
                 await self.loop.create_connection(
                     lambda: conn,
                     origin.host,
