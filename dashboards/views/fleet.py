@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.charts import alert_strip, frame, line_chart
-from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
+from dashboards.context import PageContext, fmt_count, fmt_pct, fmt_span, window_seconds
 from dashboards.timelines import alert_states, group_series, merge_runs, status_pairs
 from dashboards.views.common import (
     findings_table,
@@ -21,7 +21,8 @@ from dashboards.views.common import (
     no_data,
     page,
 )
-from pipeline.units import DAY_MS, HOUR_MS
+from pipeline.units import HOUR_MS
+from slo.queries import MAX_POINTS, MAX_RANGE_MS
 
 __all__ = ["PAGE", "slo_rows"]
 
@@ -151,7 +152,7 @@ def _draw_alert_strip(ctx: PageContext, df: pd.DataFrame) -> None:
     st.altair_chart(alert_strip(df), width="stretch")
     st.caption(
         "Each cell: the worst alert window pair over its burn-rate factor at the end of the "
-        f"bucket ({ctx.filters.bucket_ms // 60_000:,} min), recomputed from the SLO rollups "
+        f"bucket ({fmt_span(ctx.filters.rollup_bucket_ms)}), recomputed from the SLO rollups "
         "(windows counted in whole buckets; the low-traffic guard is not applied). "
         "The table below has the jobs' own last evaluation."
     )
@@ -159,30 +160,30 @@ def _draw_alert_strip(ctx: PageContext, df: pd.DataFrame) -> None:
 
 def _slo_series(ctx: PageContext, status: pd.DataFrame) -> pd.DataFrame | None:
     """Every group's events per bucket, reaching back the longest alert window before the
-    range (``slo.queries`` answers at most 90 days: the look-back shrinks to fit)."""
-    f = ctx.filters
+    range (``slo.queries`` answers at most 90 days and 5,000 buckets: the look-back shrinks
+    to fit, so the first buckets' longest windows may hold less than their length)."""
+    scope = ctx.filters.series_scope(rollup=True)  # the covered span, whole minutes
+    start_ms, end_ms, bucket_ms = scope["start_ms"], scope["end_ms"], scope["bucket_ms"]
     longest = max(
         (p.long_ms for text in status["status_json"] for p in status_pairs(text)), default=0
     )
+    # The earliest whole bucket within both limits (a bucket past the range's end counts).
+    earliest = end_ms - min(MAX_RANGE_MS, (MAX_POINTS - 1) * bucket_ms)
+    reach = max(start_ms - longest, -(-earliest // bucket_ms) * bucket_ms)
     series = ctx.table(
-        "slo_series",
-        start_ms=max(f.start_ms - longest, f.end_ms - 90 * DAY_MS) // f.bucket_ms * f.bucket_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
+        "slo_series", start_ms=reach // bucket_ms * bucket_ms, end_ms=end_ms, bucket_ms=bucket_ms
     )
     return None if series is None else series.to_pandas()
 
 
 def _alert_states(ctx: PageContext, row: Any, series: pd.DataFrame) -> pd.DataFrame:
-    """One SLO group's :func:`~dashboards.timelines.alert_states` over the view's range."""
-    f = ctx.filters
+    """One SLO group's :func:`~dashboards.timelines.alert_states` over the span the data
+    covers in the view's range, in whole minutes."""
     return alert_states(
         series,
         pairs=status_pairs(row.status_json),
         objective=float(row.objective),
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
+        **ctx.filters.series_scope(rollup=True),
     )
 
 

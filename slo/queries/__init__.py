@@ -20,6 +20,7 @@ return at most ``limit`` (≤ 10,000) rows. A bad parameter raises
 
 from __future__ import annotations
 
+from slo.queries._params import MAX_POINTS, MAX_RANGE_MS
 from slo.queries.reads import (
     ALERTS_SCHEMA,
     BUDGET_SCHEMA,
@@ -61,6 +62,8 @@ __all__ = [
     "GHOSTS_SCHEMA",
     "GPU_SERIES_SCHEMA",
     "LATENCY_SCHEMA",
+    "MAX_POINTS",
+    "MAX_RANGE_MS",
     "OUTCOMES_SCHEMA",
     "SLO_SERIES_SCHEMA",
     "STATUS_SCHEMA",
