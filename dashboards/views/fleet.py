@@ -125,6 +125,7 @@ def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
     series = _slo_series(ctx, status)
     if series is None:
         return
+    per_slo = dict(tuple(series.groupby("slo_id")))  # a group's rows are found in its SLO's
     frames, unlabelled = [], []
     for row in status.itertuples():
         group = json.loads(row.group_json or "{}")
@@ -133,7 +134,8 @@ def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
             # rollup keys do not say the same thing then, so such groups are listed only.
             unlabelled.append(f"{row.slo_id} · {_group_label(group)}")
             continue
-        states = _alert_states(ctx, row, group_series(series, row.slo_id, group))
+        mine = group_series(per_slo.get(row.slo_id, series.iloc[:0]), row.slo_id, group)
+        states = _alert_states(ctx, row, mine)
         states = merge_runs(states)
         states["slo"] = f"{row.slo_id} · {_group_label(group)}"
         frames.append(states)
