@@ -53,6 +53,9 @@ class ReadRoute:
 
 READ_ROUTES = (
     ReadRoute("/api/v1/slos", queries.slo_status, "Every SLO group's status, budget and burn."),
+    ReadRoute(
+        "/api/v1/slos/series", queries.slo_series, "Events and bad per bucket of every SLO group."
+    ),
     ReadRoute("/api/v1/findings", queries.findings, "Findings in a range, with evidence."),
     ReadRoute("/api/v1/findings/open", queries.open_findings, "Findings firing now (or at_ms)."),
     ReadRoute("/api/v1/flags/timeline", queries.flag_timeline, "Level transitions in a range."),

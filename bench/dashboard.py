@@ -1,7 +1,7 @@
-"""Benchmark: request → fully rendered Fleet and Latency pages in headless Chromium over
-30 days × 64 instances of history.
+"""Benchmark: request → fully rendered Fleet, SLO and Latency pages in headless Chromium over
+30 days × 256 instances of history.
 
-Builds a DuckDB file with the history generator (64 pods, 30 days, one incident a day), rolls
+Builds a DuckDB file with the history generator (256 pods, 30 days, one incident a day), rolls
 up its request records (``slo.rollups.requests``, as ``llmslo sim history`` does) and runs the
 SLO jobs once over it, then serves it with ``llmslo dashboard --db`` and loads each page over
 its whole 30 days (``range=30d``) in headless Debian Chromium, timing from ``Page.navigate``
@@ -15,9 +15,10 @@ and reused by later runs: building 30 days takes minutes. ``--rebuild`` builds i
 
 ``--quick`` (< 60 s on this host, without a cached file) is 1 day × 8 instances scraped
 every 10 minutes with 5 % of requests, one cold and one warm load (a smoke run of the path);
-the full run is 30 days × 64 instances scraped every minute with 5 % sampled (what ``llmslo
-sim history`` writes). The data volume is printed. The last line is one JSON object.
-Usage: ``python bench/dashboard.py [--quick] [--rebuild]``.
+the full run is 30 days × 256 instances scraped every minute (``--interval``) with 5 % of
+requests sampled (what ``llmslo sim history`` writes). The data volume is printed. The last
+line is one JSON object.
+Usage: ``python bench/dashboard.py [--quick] [--rebuild] [--days D] [--pods N] [--interval S]``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ SPEC = {
         },
     ],
 }
-PAGES = ("fleet", "latency")
+PAGES = ("fleet", "slo", "latency")
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,10 @@ def main() -> None:
         "--quick", action="store_true", help="1 day × 8 instances, 10-minute scrapes (< 60 s)"
     )
     parser.add_argument("--days", type=float, help="days of history (default 30; 1 with --quick)")
-    parser.add_argument("--pods", type=int, help="instances (default 64; 8 with --quick)")
+    parser.add_argument("--pods", type=int, help="instances (default 256; 8 with --quick)")
+    parser.add_argument(
+        "--interval", type=int, help="scrape interval, seconds (default 60; 600 with --quick)"
+    )
     parser.add_argument("--cold-loads", type=int, help="fresh servers (default 3; 1 with --quick)")
     parser.add_argument("--warm-loads", type=int, help="default 3; 1 with --quick")
     parser.add_argument(
@@ -209,8 +213,8 @@ def main() -> None:
     args = parser.parse_args()
     volume = Volume(
         days=args.days or (1 if args.quick else 30),
-        pods=args.pods or (8 if args.quick else 64),
-        interval_s=600 if args.quick else 60,
+        pods=args.pods or (8 if args.quick else 256),
+        interval_s=args.interval or (600 if args.quick else 60),
         request_sample=0.05,
     )
     cold_loads = args.cold_loads or (1 if args.quick else 3)

@@ -17,6 +17,7 @@ import pyarrow as pa
 __all__ = [
     "ALERT_COLOURS",
     "LEVEL_COLOURS",
+    "VERDICT_COLOURS",
     "alert_strip",
     "band_chart",
     "frame",
@@ -25,6 +26,7 @@ __all__ = [
     "line_chart",
     "step_chart",
     "utc_time",
+    "verdict_strip",
 ]
 
 _HEIGHT = 220
@@ -206,6 +208,8 @@ def step_chart(df: pd.DataFrame, *, y: str, y_title: str, color: str) -> alt.Cha
 ALERT_COLOURS = {"page": "#d62728", "ticket": "#ff9f1c", "ok": "#2ca02c", "no events": "#d9d9d9"}
 #: Degradation-level colours of the instance strip, L0 (normal) to L3 (economy mode).
 LEVEL_COLOURS = {"L0": "#2ca02c", "L1": "#f2cc0c", "L2": "#ff7f0e", "L3": "#d62728"}
+#: Canary verdict colours (fail red, inconclusive grey, pass green).
+VERDICT_COLOURS = {"fail": "#d62728", "inconclusive": "#9e9e9e", "pass": "#2ca02c"}
 #: A strip row's height (px): full for a few rows, thinner for many so that a fleet of 64
 #: still fits in about 640 px (labels shrink with the rows).
 _ROW_PX, _MIN_ROW_PX, _STRIP_PX = 22, 10, 400
@@ -295,4 +299,19 @@ def level_strip(df: pd.DataFrame) -> alt.Chart:
             alt.Tooltip("level:N"),
             alt.Tooltip("reason:N"),
         ],
+    )
+
+
+def verdict_strip(df: pd.DataFrame) -> alt.Chart:
+    """Canaries × time, each span the window a verdict judged (:data:`VERDICT_COLOURS`).
+
+    ``df``: ``canary`` (row label), ``start``/``end`` (UTC datetimes), ``verdict``,
+    ``reason``."""
+    return _strip(
+        df,
+        row="canary",
+        colour="verdict",
+        colours=VERDICT_COLOURS,
+        legend="verdict",
+        tooltip=[alt.Tooltip("canary:N"), alt.Tooltip("verdict:N"), alt.Tooltip("reason:N")],
     )

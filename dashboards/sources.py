@@ -53,6 +53,7 @@ GPU_PODS_ENV = "LLMSLO_DASHBOARD_GPU_PODS"
 ROUTES: Mapping[str, str] = {
     "slo_status": "/api/v1/slos",
     "budget_series": "/api/v1/slos/{slo_id}/budget",
+    "slo_series": "/api/v1/slos/series",
     "findings": "/api/v1/findings",
     "open_findings": "/api/v1/findings/open",
     "current_flags": "/api/v1/flags",

@@ -25,6 +25,7 @@ __all__ = [
     "LEVEL_NAMES",
     "Pair",
     "alert_states",
+    "group_series",
     "level_spans",
     "merge_runs",
     "status_pairs",
@@ -133,6 +134,17 @@ def alert_states(
         {"start_ms": grid, "end_ms": grid + bucket_ms, "state": states, "detail": details}
     )
     return rows[rows["end_ms"] > start_ms].reset_index(drop=True)
+
+
+def group_series(series: pd.DataFrame, slo_id: str, group: Mapping[str, str]) -> pd.DataFrame:
+    """One SLO group's ``bucket_ts_ms``, ``total``, ``bad`` out of every group's
+    (:func:`slo.queries.slo_series`): the keys whose columns equal the group's values,
+    summed per bucket, as :func:`slo.queries.budget_series` reads them."""
+    mask = series["slo_id"] == slo_id
+    for column, value in group.items():
+        mask &= series[column] == value if column in series else False
+    mine = series[mask]
+    return mine.groupby("bucket_ts_ms", as_index=False)[["total", "bad"]].sum()
 
 
 def merge_runs(cells: pd.DataFrame) -> pd.DataFrame:

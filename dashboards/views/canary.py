@@ -1,4 +1,5 @@
-"""Canary: verdict history with per-metric results."""
+"""Canary: which canary failed and when, in a picture first (each verdict as the window it
+judged, coloured by its verdict), then the verdict history and per-metric results."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from dashboards.charts import verdict_strip
 from dashboards.context import PageContext
 from dashboards.views.common import no_data, page
 
@@ -16,6 +18,21 @@ __all__ = ["PAGE"]
 def _metric_rows(document: dict[str, Any] | None) -> pd.DataFrame:
     metrics = document.get("metrics") if document else None
     return pd.DataFrame(metrics if isinstance(metrics, list) else [])
+
+
+def _verdict_strip(df: pd.DataFrame) -> None:
+    """Each verdict as the window it judged, a row per service · canary."""
+    st.subheader("Verdicts over time")
+    spans = pd.DataFrame(
+        {
+            "canary": df["service"].astype(str) + " · " + df["canary"].astype(str),
+            "start": pd.to_datetime(df["window_start_ts_ms"], unit="ms", utc=True),
+            "end": pd.to_datetime(df["window_end_ts_ms"], unit="ms", utc=True),
+            "verdict": df["verdict"],
+            "reason": df["reason"].fillna(""),
+        }
+    )
+    st.altair_chart(verdict_strip(spans), width="stretch")
 
 
 def _body(ctx: PageContext) -> None:
@@ -33,6 +50,7 @@ def _body(ctx: PageContext) -> None:
     cols = st.columns(3)
     for col, name in zip(cols, ("pass", "fail", "inconclusive"), strict=True):
         col.metric(name, f"{int(counts.get(name, 0)):,}")
+    _verdict_strip(df)
     st.dataframe(
         df[
             [

@@ -10,9 +10,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboards.charts import frame, incidents_frame, line_chart
+from dashboards.charts import frame, incidents_frame, level_strip, line_chart
 from dashboards.context import REFRESH_S, PageContext, fmt_span, page_context
 from dashboards.filters import RANGES
+from dashboards.timelines import level_spans
 from slo.queries import FINDINGS_SCHEMA
 from slo.signals.catalog import RUNBOOK_BASE_URL, runbook_url
 
@@ -20,6 +21,7 @@ __all__ = [
     "RUNBOOK_ENV",
     "findings_table",
     "instances_in_scope",
+    "level_strip_section",
     "no_data",
     "page",
     "page_incidents",
@@ -178,3 +180,37 @@ def titled_chart(title: str, df: pd.DataFrame, **chart: Any) -> None:
     (``chart`` are its keyword options: ``y_title``, ``color``, ``y_format``, …)."""
     st.subheader(title)
     st.altair_chart(line_chart(df, "value", **chart), width="stretch")
+
+
+def level_strip_section(ctx: PageContext) -> None:
+    """Every instance's degradation level over the range (L0 when its flag never moved)."""
+    st.subheader("Degradation level per instance")
+    f = ctx.filters
+    moves = ctx.table(
+        "flag_timeline", start_ms=f.start_ms, end_ms=f.end_ms, scope="instance", limit=10_000
+    )
+    before = ctx.table("current_flags", scope="instance", at_ms=f.start_ms - 1)
+    if moves is None or before is None:
+        return
+    names = [str(i["instance"]) for i in instances_in_scope(ctx)]
+    rows = [r for r in moves.to_pylist() if _in_scope(ctx, r)]
+    levels = {
+        str(r["scope_id"]): int(r["to_level"]) for r in before.to_pylist() if _in_scope(ctx, r)
+    }
+    if f.instance:
+        names = [n for n in names if n == f.instance]
+    df = level_spans(rows, before=levels, instances=names, start_ms=f.start_ms, end_ms=f.end_ms)
+    if df.empty:
+        no_data("no instance has been observed and no degradation flag has been set.")
+        return
+    df["instance"] = df["instance"].map(ctx.instance_label)
+    df["start"] = pd.to_datetime(df["start_ms"], unit="ms", utc=True)
+    df["end"] = pd.to_datetime(df["end_ms"], unit="ms", utc=True)
+    st.altair_chart(level_strip(df), width="stretch")
+
+
+def _in_scope(ctx: PageContext, row: dict[str, object]) -> bool:
+    f = ctx.filters
+    return (f.pool is None or row["pool"] == f.pool) and (
+        f.instance is None or row["scope_id"] == f.instance
+    )

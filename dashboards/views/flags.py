@@ -1,4 +1,5 @@
-"""Flags & findings: the L0–L3 timeline per instance with each transition's evidence, and
+"""Flags & findings: every instance's degradation level over the range in a picture first
+(the Fleet page's strip), then the L0–L3 transitions of every scope with their evidence, and
 the findings of the range."""
 
 from __future__ import annotations
@@ -8,14 +9,14 @@ import streamlit as st
 
 from dashboards.charts import frame, step_chart
 from dashboards.context import PageContext
-from dashboards.views.common import findings_table, no_data, page
+from dashboards.views.common import findings_table, level_strip_section, no_data, page
 
 __all__ = ["PAGE"]
 
 
 def _timeline(ctx: PageContext) -> None:
     f = ctx.filters
-    st.subheader("Degradation levels")
+    st.subheader("Level transitions")
     table = ctx.table(
         "flag_timeline", start_ms=f.start_ms, end_ms=f.end_ms, scope_id=f.instance, limit=10_000
     )
@@ -71,6 +72,7 @@ def _findings(ctx: PageContext) -> None:
 
 
 def _body(ctx: PageContext) -> None:
+    level_strip_section(ctx)
     _timeline(ctx)
     _findings(ctx)
 

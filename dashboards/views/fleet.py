@@ -11,11 +11,18 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboards.charts import alert_strip, frame, level_strip, line_chart
-from dashboards.context import PageContext, fmt_count, fmt_pct, window_seconds
-from dashboards.timelines import alert_states, level_spans, merge_runs, status_pairs
-from dashboards.views.common import findings_table, instances_in_scope, no_data, page
-from pipeline.units import DAY_MS, HOUR_MS
+from dashboards.charts import alert_strip, frame, line_chart
+from dashboards.context import PageContext, fmt_count, fmt_pct, fmt_span, window_seconds
+from dashboards.timelines import alert_states, group_series, merge_runs, status_pairs
+from dashboards.views.common import (
+    findings_table,
+    instances_in_scope,
+    level_strip_section,
+    no_data,
+    page,
+)
+from pipeline.units import HOUR_MS
+from slo.queries import MAX_POINTS, MAX_RANGE_MS
 
 __all__ = ["PAGE", "slo_rows"]
 
@@ -105,7 +112,8 @@ def _summary(ctx: PageContext, status: pd.DataFrame | None) -> None:
 
 
 def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
-    """Each SLO group's worst alert over the range, recomputed per bucket from the rollups."""
+    """Each SLO group's worst alert over the range, recomputed per bucket from the rollups
+    (one read of every group's events, :func:`slo.queries.slo_series`)."""
     st.subheader("SLO alerts over time")
     if status is None:
         return
@@ -114,19 +122,23 @@ def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
             "no SLO has been evaluated: the SLO jobs (`llmslo run` or `llmslo jobs`) write `slo_status_current`."
         )
         return
+    series = _slo_series(ctx, status)
+    if series is None:
+        return
+    per_slo = dict(tuple(series.groupby("slo_id")))  # a group's rows are found in its SLO's
     frames, unlabelled = [], []
     for row in status.itertuples():
         group = json.loads(row.group_json or "{}")
         if not all(group.values()):
-            # An empty label value (records without that label) cannot be selected by
-            # budget_series, which refuses empty names: such groups are listed, not drawn.
+            # An empty label value (records without that label): the jobs' status and the
+            # rollup keys do not say the same thing then, so such groups are listed only.
             unlabelled.append(f"{row.slo_id} · {_group_label(group)}")
             continue
-        states = _alert_states(ctx, row, group)
-        if states is not None:
-            states = merge_runs(states)
-            states["slo"] = f"{row.slo_id} · {_group_label(group)}"
-            frames.append(states)
+        mine = group_series(per_slo.get(row.slo_id, series.iloc[:0]), row.slo_id, group)
+        states = _alert_states(ctx, row, mine)
+        states = merge_runs(states)
+        states["slo"] = f"{row.slo_id} · {_group_label(group)}"
+        frames.append(states)
     if frames:
         _draw_alert_strip(ctx, pd.concat(frames, ignore_index=True))
     else:
@@ -142,36 +154,38 @@ def _draw_alert_strip(ctx: PageContext, df: pd.DataFrame) -> None:
     st.altair_chart(alert_strip(df), width="stretch")
     st.caption(
         "Each cell: the worst alert window pair over its burn-rate factor at the end of the "
-        f"bucket ({ctx.filters.bucket_ms // 60_000:,} min), recomputed from the SLO rollups "
+        f"bucket ({fmt_span(ctx.filters.rollup_bucket_ms)}), recomputed from the SLO rollups "
         "(windows counted in whole buckets; the low-traffic guard is not applied). "
         "The table below has the jobs' own last evaluation."
     )
 
 
-def _alert_states(ctx: PageContext, row: Any, group: dict[str, str]) -> pd.DataFrame | None:
-    """One SLO group's :func:`~dashboards.timelines.alert_states` over the view's range."""
-    f = ctx.filters
-    pairs = status_pairs(row.status_json)
-    longest = max((p.long_ms for p in pairs), default=0)
-    # slo.queries answers ranges of at most 90 days: the look-back shrinks to fit.
-    series = ctx.table(
-        "budget_series",
-        slo_id=row.slo_id,
-        objective=float(row.objective),
-        start_ms=max(f.start_ms - longest, f.end_ms - 90 * DAY_MS) // f.bucket_ms * f.bucket_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
-        group=group or None,
+def _slo_series(ctx: PageContext, status: pd.DataFrame) -> pd.DataFrame | None:
+    """Every group's events per bucket, reaching back the longest alert window before the
+    range (``slo.queries`` answers at most 90 days and 5,000 buckets: the look-back shrinks
+    to fit, so the first buckets' longest windows may hold less than their length)."""
+    scope = ctx.filters.series_scope(rollup=True)  # the covered span, whole minutes
+    start_ms, end_ms, bucket_ms = scope["start_ms"], scope["end_ms"], scope["bucket_ms"]
+    longest = max(
+        (p.long_ms for text in status["status_json"] for p in status_pairs(text)), default=0
     )
-    if series is None:
-        return None
+    # The earliest whole bucket within both limits (a bucket past the range's end counts).
+    earliest = end_ms - min(MAX_RANGE_MS, (MAX_POINTS - 1) * bucket_ms)
+    reach = max(start_ms - longest, -(-earliest // bucket_ms) * bucket_ms)
+    series = ctx.table(
+        "slo_series", start_ms=reach // bucket_ms * bucket_ms, end_ms=end_ms, bucket_ms=bucket_ms
+    )
+    return None if series is None else series.to_pandas()
+
+
+def _alert_states(ctx: PageContext, row: Any, series: pd.DataFrame) -> pd.DataFrame:
+    """One SLO group's :func:`~dashboards.timelines.alert_states` over the span the data
+    covers in the view's range, in whole minutes."""
     return alert_states(
-        series.to_pandas(),
-        pairs=pairs,
+        series,
+        pairs=status_pairs(row.status_json),
         objective=float(row.objective),
-        start_ms=f.start_ms,
-        end_ms=f.end_ms,
-        bucket_ms=f.bucket_ms,
+        **ctx.filters.series_scope(rollup=True),
     )
 
 
@@ -211,40 +225,6 @@ def _covered_s(ctx: PageContext, bucket_ts_ms: pd.Series) -> pd.Series:
     last_ms = min(f.end_ms, (ctx.meta.data_end_ms or f.end_ms) + 1)
     ends = (bucket_ts_ms + f.bucket_ms).clip(upper=last_ms)
     return ((ends - bucket_ts_ms).clip(lower=1_000)) / 1000
-
-
-def _level_strip(ctx: PageContext) -> None:
-    """Every instance's degradation level over the range (L0 when its flag never moved)."""
-    st.subheader("Degradation level per instance")
-    f = ctx.filters
-    moves = ctx.table(
-        "flag_timeline", start_ms=f.start_ms, end_ms=f.end_ms, scope="instance", limit=10_000
-    )
-    before = ctx.table("current_flags", scope="instance", at_ms=f.start_ms - 1)
-    if moves is None or before is None:
-        return
-    names = [str(i["instance"]) for i in instances_in_scope(ctx)]
-    rows = [r for r in moves.to_pylist() if _in_scope(ctx, r)]
-    levels = {
-        str(r["scope_id"]): int(r["to_level"]) for r in before.to_pylist() if _in_scope(ctx, r)
-    }
-    if f.instance:
-        names = [n for n in names if n == f.instance]
-    df = level_spans(rows, before=levels, instances=names, start_ms=f.start_ms, end_ms=f.end_ms)
-    if df.empty:
-        no_data("no instance has been observed and no degradation flag has been set.")
-        return
-    df["instance"] = df["instance"].map(ctx.instance_label)
-    df["start"] = pd.to_datetime(df["start_ms"], unit="ms", utc=True)
-    df["end"] = pd.to_datetime(df["end_ms"], unit="ms", utc=True)
-    st.altair_chart(level_strip(df), width="stretch")
-
-
-def _in_scope(ctx: PageContext, row: dict[str, object]) -> bool:
-    f = ctx.filters
-    return (f.pool is None or row["pool"] == f.pool) and (
-        f.instance is None or row["scope_id"] == f.instance
-    )
 
 
 def _slo_table(status: pd.DataFrame | None) -> None:
@@ -362,7 +342,7 @@ def _body(ctx: PageContext) -> None:
     _summary(ctx, status)
     _alert_strip(ctx, status)
     _pool_charts(ctx)
-    _level_strip(ctx)
+    level_strip_section(ctx)
     _slo_table(status)
     _levels(ctx)
     left, right = st.columns(2)

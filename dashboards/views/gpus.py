@@ -56,7 +56,6 @@ def _body(ctx: PageContext) -> None:
         )
         return
     df = _named(frame(table))
-    _inventory(df)
     incidents = page_incidents(ctx)
     left, right = st.columns(2)
     with left:
@@ -81,6 +80,7 @@ def _body(ctx: PageContext) -> None:
         fb["value"] = fb["value"] / 1024
         titled_chart("Frame buffer used", fb, y_title="GiB used", color="gpu", y_format=",.1f")
         titled_chart("Power", _series(df, "power_w"), y_title="W", color="gpu", y_format=",.0f")
+    _inventory(df)
     st.subheader("XID events")
     xid = df[(df["signal"] == "xid") & (df["value_max"] > 0)]
     if xid.empty:

@@ -12,7 +12,7 @@ re-exported here.
 
 Values are always bound parameters; column names come from fixed tables here. Ranges are
 ``[start_ms, end_ms)`` in Unix epoch ms, at most 90 days; buckets are whole seconds (whole
-minutes for ``budget_series``, read from per-minute rollups) starting at multiples of
+minutes for ``budget_series`` and ``slo_series``, read from per-minute rollups) starting at multiples of
 ``bucket_ms`` since the epoch, at most 5,000 per series; listings
 return at most ``limit`` (≤ 10,000) rows. A bad parameter raises
 :class:`pipeline.errors.QueryError` naming it (see :mod:`slo.queries._params`).
@@ -20,6 +20,7 @@ return at most ``limit`` (≤ 10,000) rows. A bad parameter raises
 
 from __future__ import annotations
 
+from slo.queries._params import MAX_POINTS, MAX_RANGE_MS
 from slo.queries.reads import (
     ALERTS_SCHEMA,
     BUDGET_SCHEMA,
@@ -31,6 +32,7 @@ from slo.queries.reads import (
     GPU_SERIES_SCHEMA,
     LATENCY_SCHEMA,
     OUTCOMES_SCHEMA,
+    SLO_SERIES_SCHEMA,
     STATUS_SCHEMA,
     alerts,
     budget_series,
@@ -47,6 +49,7 @@ from slo.queries.reads import (
     open_findings,
     outcome_counts,
     present_tables,
+    slo_series,
     slo_status,
 )
 
@@ -60,7 +63,10 @@ __all__ = [
     "GHOSTS_SCHEMA",
     "GPU_SERIES_SCHEMA",
     "LATENCY_SCHEMA",
+    "MAX_POINTS",
+    "MAX_RANGE_MS",
     "OUTCOMES_SCHEMA",
+    "SLO_SERIES_SCHEMA",
     "STATUS_SCHEMA",
     "alerts",
     "budget_series",
@@ -77,5 +83,6 @@ __all__ = [
     "open_findings",
     "outcome_counts",
     "present_tables",
+    "slo_series",
     "slo_status",
 ]

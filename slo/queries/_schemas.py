@@ -19,6 +19,7 @@ __all__ = [
     "GPU_SERIES_SCHEMA",
     "LATENCY_SCHEMA",
     "OUTCOMES_SCHEMA",
+    "SLO_SERIES_SCHEMA",
     "STATUS_SCHEMA",
 ]
 
@@ -34,6 +35,12 @@ BUDGET_SCHEMA = pa.schema(
     [
         ("bucket_ts_ms", _I64), ("total", _I64), ("bad", _I64), ("error_ratio", _F64),
         ("burn_rate", _F64), ("budget_remaining", _F64),
+    ]
+)  # fmt: skip
+SLO_SERIES_SCHEMA = pa.schema(
+    [
+        ("slo_id", _S), ("pool", _S), ("instance", _S), ("tenant", _S), ("route", _S),
+        ("bucket_ts_ms", _I64), ("total", _I64), ("bad", _I64),
     ]
 )  # fmt: skip
 FINDINGS_SCHEMA = pa.schema(

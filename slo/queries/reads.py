@@ -33,6 +33,7 @@ from slo.queries._schemas import (
     GPU_SERIES_SCHEMA,
     LATENCY_SCHEMA,
     OUTCOMES_SCHEMA,
+    SLO_SERIES_SCHEMA,
     STATUS_SCHEMA,
 )
 from slo.queries._sql import optional_equal as _optional
@@ -53,6 +54,7 @@ __all__ = [
     "GPU_SERIES_SCHEMA",
     "LATENCY_SCHEMA",
     "OUTCOMES_SCHEMA",
+    "SLO_SERIES_SCHEMA",
     "STATUS_SCHEMA",
     "alerts",
     "budget_series",
@@ -69,6 +71,7 @@ __all__ = [
     "open_findings",
     "outcome_counts",
     "present_tables",
+    "slo_series",
     "slo_status",
 ]
 
@@ -137,6 +140,38 @@ def budget_series(
         FROM buckets WINDOW w AS (ORDER BY bucket_ts_ms) ORDER BY bucket_ts_ms"""
     bound = [grid.bucket_ms, grid.bucket_ms, slo, grid.start_ms, grid.end_ms, slo, *params]
     return _run(con, BUDGET_SCHEMA, [source, "slo_keys"], sql, [*bound, allowed, allowed])
+
+
+def slo_series(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    start_ms: int,
+    end_ms: int,
+    bucket_ms: int,
+    slo_id: str | None = None,
+) -> pa.Table:
+    """Events and bad events per bucket of every SLO × group (of ``slo_id`` only if given),
+    in one read where :func:`budget_series` reads one group: what a picture of every
+    group's burn over time needs.
+
+    One row per SLO, group key (``pool``, ``instance``, ``tenant``, ``route``; ``''`` where
+    the SLO does not group by it) and bucket with events; ordered by SLO, key and bucket.
+    :func:`budget_series` of a group is the sum, per bucket, of the rows whose key columns
+    equal the group's values. Reads ``slo_hour`` when buckets are whole hours, else
+    ``slo_minute``, so buckets are whole minutes.
+    """
+    grid = check_grid(start_ms, end_ms, bucket_ms, unit_ms=MINUTE_MS)
+    where, params = _optional("s.slo_id", slo_id, "slo_id")
+    source = "slo_hour" if grid.bucket_ms % HOUR_MS == 0 else "slo_minute"
+    sql = f"""
+        SELECT s.slo_id, k.pool, k.instance, k.tenant, k.route, s.ts_ms // ? * ? AS bucket_ts_ms,
+               sum(s.total), sum(s.bad)
+        FROM {source} s JOIN slo_keys k ON k.key_id = s.key_id AND k.slo_id = s.slo_id
+        WHERE s.ts_ms >= ? AND s.ts_ms < ?{where}
+        GROUP BY ALL HAVING sum(s.total) > 0
+        ORDER BY s.slo_id, k.pool, k.instance, k.tenant, k.route, bucket_ts_ms"""
+    bound = [grid.bucket_ms, grid.bucket_ms, grid.start_ms, grid.end_ms, *params]
+    return _run(con, SLO_SERIES_SCHEMA, [source, "slo_keys"], sql, bound)
 
 
 def findings(

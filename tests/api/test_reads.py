@@ -35,6 +35,13 @@ ROUTES: list[tuple[str, str, list[tuple[str, Any]], Any, dict[str, Any]]] = [
     ),
     ("open findings", "/api/v1/findings/open", [], queries.open_findings, {}),
     (
+        "every SLO group's events",
+        "/api/v1/slos/series",
+        [*SERIES.items(), ("slo_id", "q-ttft")],
+        queries.slo_series,
+        {**SERIES, "slo_id": "q-ttft"},
+    ),
+    (
         "flag timeline",
         "/api/v1/flags/timeline",
         [("start_ms", START_MS), ("end_ms", END_MS), ("limit", 1)],
@@ -281,6 +288,7 @@ def test_openapi_lists_the_read_routes(client: TestClient) -> None:
 VALID: dict[str, dict[str, Any]] = {
     "/api/v1/slos": {},
     "/api/v1/slos/q-avail/budget": {**SERIES, "objective": "0.99", "group": "pool:x"},
+    "/api/v1/slos/series": {**SERIES, "slo_id": "q-avail"},
     "/api/v1/findings": {**RANGE, "signal": "stall", "scope_id": POD, "state": "firing", "limit": 5},
     "/api/v1/findings/open": {"at_ms": END_MS},
     "/api/v1/flags": {"scope": "instance"},

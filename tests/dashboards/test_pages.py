@@ -98,8 +98,8 @@ EXPECTED = {
     "engines": (5, ["KV cache usage", "stall", "signature"]),
     "gpus": (4, ["Utilisation", "No XID error reported"]),
     "requests": (3, ["client requests=", "disconnects="]),
-    "flags": (1, ["L1 → L2", "kv_usage", "resolved,stall"]),
-    "canary": (0, ["fail=1", "ttft_p99,High"]),
+    "flags": (2, ["L1 → L2", "kv_usage", "resolved,stall"]),
+    "canary": (1, ["fail=1", "ttft_p99,High", "Verdicts over time"]),
 }
 
 

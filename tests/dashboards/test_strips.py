@@ -6,7 +6,14 @@ from typing import Any
 
 import pandas as pd
 
-from dashboards.charts import ALERT_COLOURS, LEVEL_COLOURS, alert_strip, level_strip
+from dashboards.charts import (
+    ALERT_COLOURS,
+    LEVEL_COLOURS,
+    VERDICT_COLOURS,
+    alert_strip,
+    level_strip,
+    verdict_strip,
+)
 
 T0 = pd.Timestamp("2026-09-21 08:00", tz="UTC")
 
@@ -77,3 +84,17 @@ def test_a_strip_of_many_rows_stays_about_a_screen_tall() -> None:
 def test_strip_rows_sort_pod_2_before_pod_10() -> None:
     df = _spans("instance", "level", [("pod-10", "L0"), ("pod-2", "L1"), ("pod-1", "L0")])
     assert _spec(level_strip(df))["encoding"]["y"]["sort"] == ["pod-1", "pod-2", "pod-10"]
+
+
+def test_the_verdict_strip_draws_each_judged_window_coloured_by_its_verdict() -> None:
+    df = _spans("canary", "verdict", [("chat · instances=pod-1", "fail"), ("chat · v2", "pass")])
+    spec = _spec(verdict_strip(df))
+    enc = spec["encoding"]
+    assert spec["mark"]["type"] == "rect"
+    assert (enc["x"]["field"], enc["x2"]["field"], enc["y"]["field"]) == ("start", "end", "canary")
+    assert (
+        dict(zip(enc["color"]["scale"]["domain"], enc["color"]["scale"]["range"], strict=True))
+        == VERDICT_COLOURS
+    )
+    assert VERDICT_COLOURS["fail"] == ALERT_COLOURS["page"]  # a failed canary reads as a page
+    assert {t["field"] for t in enc["tooltip"]} >= {"canary", "verdict", "reason", "start_utc"}

@@ -5,11 +5,22 @@ from __future__ import annotations
 import json
 import random
 
+import duckdb
 import pandas as pd
+import pytest
 
-from dashboards.timelines import Pair, alert_states, level_spans, merge_runs, status_pairs
-from pipeline.units import HOUR_MS, MINUTE_MS
+from dashboards.timelines import (
+    Pair,
+    alert_states,
+    group_series,
+    level_spans,
+    merge_runs,
+    status_pairs,
+)
+from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
+from slo import queries
 from slo.budget import WindowCounts, pair_alerting
+from tests.dashboards.conftest import END_MS, History
 
 BUCKET = 5 * MINUTE_MS
 START, END = 100 * HOUR_MS, 106 * HOUR_MS
@@ -123,3 +134,31 @@ def test_runs_of_one_state_become_one_span_that_ends_with_the_last_bucket() -> N
     assert list(spans["state"]) == ["ok", "ticket", "page", "ticket", "ok"]
     assert list((spans["start_ms"] - START) // MINUTE_MS) == [0, 65, 75, 180, 205]
     assert spans["end_ms"].iloc[-1] == END and spans["detail"].iloc[-1] == cells["detail"].iloc[-1]
+
+
+@pytest.mark.parametrize(
+    "bucket_ms", [5 * MINUTE_MS, HOUR_MS], ids=["minute rollups", "hour rollups"]
+)
+def test_one_read_of_every_group_equals_each_groups_own_budget_series(
+    history_db: History, bucket_ms: int
+) -> None:
+    """The Fleet strip reads every group at once (``slo_series``); each group's share of it
+    must be what ``budget_series`` answers for that group alone, bucket by bucket."""
+    scope = {"start_ms": END_MS - 2 * DAY_MS, "end_ms": END_MS, "bucket_ms": bucket_ms}
+    with duckdb.connect(str(history_db.path), read_only=True) as con:
+        every = queries.slo_series(con, **scope).to_pandas()
+        status = queries.slo_status(con).to_pylist()
+        assert len(status) == 1 + len(history_db.instances)  # availability + ttft per pod
+        for row in status:
+            group = json.loads(row["group_json"])
+            alone = queries.budget_series(
+                con, slo_id=row["slo_id"], objective=row["objective"], group=group or None,
+                **scope,
+            ).to_pandas()[["bucket_ts_ms", "total", "bad"]]  # fmt: skip
+            shared = group_series(every, row["slo_id"], group)
+            assert len(alone) > 10, row["slo_id"]
+            pd.testing.assert_frame_equal(shared, alone, check_dtype=False)
+        one = queries.slo_series(con, **scope, slo_id="chat-ttft").to_pandas()
+    assert (
+        set(one["slo_id"]) == {"chat-ttft"} and len(one) == (every["slo_id"] == "chat-ttft").sum()
+    )
