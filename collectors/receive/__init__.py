@@ -22,7 +22,7 @@ from __future__ import annotations
 from collectors.receive.config import ReceiveConfig, ReceiveLimits
 from collectors.receive.otlp import decode_otlp
 from collectors.receive.receiver import IngestReport, Receiver
-from collectors.receive.remote_write import decode_remote_write
+from collectors.receive.remote_write import RemoteWriteDecoder
 from collectors.receive.series import PushedBatch, PushedSeries, RefusedWrite
 from collectors.receive.server import ReceiveMetrics, receive_app
 
@@ -35,7 +35,7 @@ __all__ = [
     "ReceiveMetrics",
     "Receiver",
     "RefusedWrite",
+    "RemoteWriteDecoder",
     "decode_otlp",
-    "decode_remote_write",
     "receive_app",
 ]

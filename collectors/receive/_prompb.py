@@ -6,6 +6,11 @@ No maintained PyPI package ships the ``prompb`` messages, so the subset of
 one ``opentelemetry-proto`` brings). Field numbers and types are those of prompb; fields a
 receiver ignores (exemplars, native histograms) are left out and skipped by the parser as
 unknown fields.
+
+``KeyedWriteRequest`` reads the same bytes with each ``TimeSeries.labels`` entry kept as the
+serialised ``Label`` it is on the wire (``bytes`` and an embedded message share the
+length-delimited wire type), so a series' label set can key a cache before any ``Label``
+is built; ``Label`` parses an entry on a miss.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-__all__ = ["WriteRequest"]
+__all__ = ["KeyedWriteRequest", "Label", "WriteRequest"]
 
 _F = descriptor_pb2.FieldDescriptorProto
 # message → [(field, number, type, label, message type or None)]
@@ -39,6 +44,15 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str | None]]] = {
     ],
     "WriteRequest": [
         ("timeseries", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".llmslo.prompb.TimeSeries"),
+        ("metadata", 3, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".llmslo.prompb.MetricMetadata"),
+    ],
+    # the same wire format, labels left serialised (see the module docstring)
+    "KeyedTimeSeries": [
+        ("labels", 1, _F.TYPE_BYTES, _F.LABEL_REPEATED, None),
+        ("samples", 2, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".llmslo.prompb.Sample"),
+    ],
+    "KeyedWriteRequest": [
+        ("timeseries", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".llmslo.prompb.KeyedTimeSeries"),
         ("metadata", 3, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".llmslo.prompb.MetricMetadata"),
     ],
 }
@@ -77,3 +91,7 @@ def _build() -> dict[str, Any]:
 _CLASSES = _build()
 #: The remote-write request message class (``prometheus.WriteRequest``).
 WriteRequest: Any = _CLASSES["WriteRequest"]
+#: ``WriteRequest`` with each series' labels as serialised ``Label`` messages.
+KeyedWriteRequest: Any = _CLASSES["KeyedWriteRequest"]
+#: One label (``name``, ``value``).
+Label: Any = _CLASSES["Label"]

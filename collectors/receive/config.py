@@ -37,6 +37,12 @@ class ReceiveLimits(BaseModel):
     max_label_value_bytes: int = Field(
         2048, gt=0, description="series with a longer label name or value are refused"
     )
+    max_cached_label_sets: int = Field(
+        100_000,
+        gt=0,
+        description="remote-write label sets kept parsed (least recently used evicted first); "
+        "each holds at most 1 KiB of labels",
+    )
     max_tracked_series: int = Field(
         2_000_000, gt=0, description="series whose last timestamp is kept for deduplication"
     )

@@ -320,6 +320,7 @@ def _decode_metric(
             PushedSeries(
                 series_name,
                 tuple(sorted((labels | extra | {"__name__": series_name}).items())),
+                (job, instance),
                 [(ts_ms, STALE if stale else value)],
                 family,
                 delta,

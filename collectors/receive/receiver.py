@@ -60,11 +60,6 @@ log = logging.getLogger(__name__)
 #: Labels naming the target rather than the series (stripped before canonicalising).
 TARGET_LABELS = frozenset(("job", "instance", "pool", "dialect"))
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^:\[\]]+):\d{1,5}$")
-_SCRAPE_BOOKKEEPING = (
-    "scrape_samples_scraped",
-    "scrape_samples_post_metric_relabeling",
-    "scrape_series_added",
-)
 _MAX_FAMILIES_PER_TARGET = 10_000
 
 
@@ -80,15 +75,24 @@ class IngestReport:
 
 
 class _Target:
-    """One sender's target: its naming, canonicalizer, families and series seen."""
+    """One sender's target: its naming, canonicalizer, families and series seen.
 
-    def __init__(self, job: str, address: str) -> None:
+    ``series`` (labels → the :class:`Series` its samples are canonicalised as) and
+    ``family_index`` (sample name → index in ``families``) are caches: ``series`` depends on
+    the target labels and starts afresh on :meth:`relabel`; ``family_index`` on the declared
+    types and the histograms seen, and starts afresh when either changes.
+    """
+
+    def __init__(self, job: str, address: str, max_series: int) -> None:
         self.job = job
+        self.max_series = max_series
         self.address = address
         self.labels: dict[str, str] = {}
         self.families: list[Family] = []
         self.family_of: dict[str, int] = {}
         self.histograms: set[str] = set()  # bases of the _bucket series (with le) seen
+        self.family_index: dict[str, int] = {}
+        self.types_version = 0  # the receiver's declared-types version family_index is valid for
         self.relabel({})
 
     def relabel(self, labels: dict[str, str]) -> None:
@@ -113,14 +117,23 @@ class _Target:
             if len(self.families) >= _MAX_FAMILIES_PER_TARGET:
                 self.families.clear()
                 self.family_of.clear()
+                self.family_index.clear()
             index = len(self.families)
             self.families.append(Family(name, type_, ""))
             self.family_of[name] = index
         return index
 
+    def saw_histogram(self, base: str) -> None:
+        """Note ``base`` as a histogram (a ``_bucket`` series with ``le`` was seen)."""
+        if base not in self.histograms and len(self.histograms) < _MAX_FAMILIES_PER_TARGET:
+            self.histograms.add(base)
+            self.family_index.clear()  # its _sum and _count are histogram samples from now on
+
     def series_for(self, labels: tuple[tuple[str, str], ...], name: str) -> Series:
         known = self.series.get(labels)
         if known is None:
+            if len(self.series) >= self.max_series:
+                self.series.clear()
             target_labels = self.labels
             kept = {
                 k: v
@@ -153,7 +166,9 @@ class Receiver:
     """Turns :class:`PushedBatch` writes into records handed to ``sink(schema, table)``.
 
     Single-threaded (one event loop calls :meth:`ingest`); see the module docstring.
-    ``max_tracked_series`` bounds the deduplication state (past it, it starts afresh).
+    ``max_tracked_series`` bounds the deduplication state (past it, it starts afresh);
+    ``max_series_per_target`` the series a target's cache of canonical series holds (past it,
+    the cache starts afresh, as the canonicalizer's own).
     """
 
     def __init__(
@@ -161,13 +176,20 @@ class Receiver:
         sink: Callable[[RecordSchema, pa.Table], object],
         *,
         max_tracked_series: int = 2_000_000,
+        max_series_per_target: int = 500_000,
     ) -> None:
         self.sink = sink
         self.max_tracked_series = max_tracked_series
+        self.max_series_per_target = max_series_per_target
         self._targets: dict[tuple[str, str], _Target] = {}
-        self._last_ts: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-        self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # delta series
+        self._last_ts: dict[tuple[tuple[str, str], ...], int] = {}  # by the series' labels
+        self._totals: dict[tuple[tuple[str, str], ...], float] = {}  # delta series
         self._family_types: dict[str, str] = {}
+        self._types_version = 0  # bumped when a declared type changes
+
+    def cached_series(self) -> int:
+        """Series held in the targets' caches of canonical series (bounded per target)."""
+        return sum(len(t.series) for t in self._targets.values())
 
     @property
     def targets(self) -> dict[tuple[str, str], str]:
@@ -177,9 +199,13 @@ class Receiver:
     def ingest(self, batch: PushedBatch) -> IngestReport:
         """Canonicalise and hand over one write; returns what became of its samples."""
         report = IngestReport()
-        self._family_types.update(batch.family_types)
+        declared = self._family_types
+        for name, type_ in batch.family_types.items():
+            if declared.get(name) != type_:
+                declared[name] = type_
+                self._types_version += 1
         for key, target_labels in batch.targets.items():
-            target = self._target({"job": key[0], "instance": key[1]})
+            target = self._target(key)
             if target_labels != target.labels:
                 target.relabel(target_labels)
         groups: dict[_Target, dict[int, list[tuple[PushedSeries, float]]]] = defaultdict(
@@ -195,11 +221,10 @@ class Receiver:
             report.rows[TARGET_HEALTH.name] = len(health)
         return report
 
-    def _target(self, labels: dict[str, str]) -> _Target:
-        key = (labels.get("job", ""), labels.get("instance", ""))
+    def _target(self, key: tuple[str, str]) -> _Target:
         target = self._targets.get(key)
         if target is None:
-            target = self._targets[key] = _Target(key[0], key[1])
+            target = self._targets[key] = _Target(key[0], key[1], self.max_series_per_target)
         return target
 
     def _sort(
@@ -209,14 +234,17 @@ class Receiver:
         health: list[HealthRow],
         report: IngestReport,
     ) -> None:
-        labels = dict(series.labels)
-        target = self._target(labels)
-        key = (target.job + "\0" + target.address, series.labels)
+        target = self._target(series.target)
+        # the deduplication key: the labels name the series, and their job and instance the target
+        key = series.labels
         last = self._last_ts.get(key)
         by_ts = groups[target]
-        total = self._totals.get(key, 0.0) if series.delta else 0.0
+        delta = series.delta
+        total = self._totals.get(key, 0.0) if delta else 0.0
+        up = series.name == "up"
+        accepted: list[tuple[int, float]] = []
         for ts_ms, value in series.samples:
-            if is_stale(value):
+            if value != value and is_stale(value):
                 self._last_ts.pop(key, None)
                 self._totals.pop(key, None)
                 last, total = None, 0.0
@@ -226,10 +254,13 @@ class Receiver:
                 report.drop("duplicate" if ts_ms == last else "out_of_order")
                 continue
             last = ts_ms
-            if series.delta:
+            if delta:
                 total += value
                 value = total
-            by_ts[ts_ms].append((series, value))
+            if up:
+                accepted.append((ts_ms, value))
+            else:
+                by_ts[ts_ms].append((series, value))
         if last is not None:
             if len(self._last_ts) >= self.max_tracked_series and key not in self._last_ts:
                 log.warning(
@@ -238,22 +269,23 @@ class Receiver:
                 self._last_ts.clear()
                 self._totals.clear()
             self._last_ts[key] = last
-            if series.delta:
+            if delta:
                 self._totals[key] = total
-        bucket = series.name.endswith("_bucket") and "le" in labels
-        if bucket and len(target.histograms) < _MAX_FAMILIES_PER_TARGET:
-            target.histograms.add(series.name[: -len("_bucket")])
-        if series.name == "up":
+        name = series.name
+        if (
+            name.endswith("_bucket")
+            and name[:-7] not in target.histograms
+            and any(label == "le" for label, _ in series.labels)
+        ):
+            target.saw_histogram(name[:-7])
+        if up:
             target_labels = {
                 k: v for k, v in series.labels if k not in ("__name__", "job", "instance")
             }
             if target_labels != target.labels:
                 target.relabel(target_labels)
-            for ts_ms, samples in list(by_ts.items()):
-                for s, value in samples:
-                    if s is series:
-                        health.append(self._health_row(target, ts_ms, value, by_ts[ts_ms]))
-                by_ts[ts_ms] = [(s, v) for s, v in samples if s is not series]
+            for ts_ms, value in accepted:
+                health.append(self._health_row(target, ts_ms, value, by_ts[ts_ms]))
 
     def _health_row(
         self, target: _Target, ts_ms: int, up: float, same_ts: list[tuple[PushedSeries, float]]
@@ -306,15 +338,25 @@ class Receiver:
         self, target: _Target, samples: list[tuple[PushedSeries, float]], report: IngestReport
     ) -> Exposition:
         out = Exposition(families=target.families)
-        declared = self._family_types
+        if target.types_version != self._types_version:
+            target.family_index.clear()
+            target.types_version = self._types_version
+        known_series, known_family = target.series, target.family_index
+        family_index, out_series, values = out.family_index, out.series, out.values
+        unmapped = 0
         for series, value in samples:
             name = series.name
-            if not name or name.startswith("scrape_") or name in _SCRAPE_BOOKKEEPING:
-                report.drop("unmapped")
+            if not name or name.startswith("scrape_"):  # the sender's bookkeeping
+                unmapped += 1
                 continue
-            s = target.series_for(series.labels, name)
-            family_name, type_ = _family_of(name, declared, target.histograms)
-            out.family_index.append(target.family(family_name, type_))
-            out.series.append(s)
-            out.values.append(value)
+            s = known_series.get(series.labels) or target.series_for(series.labels, name)
+            index = known_family.get(name)
+            if index is None:
+                family_name, type_ = _family_of(name, self._family_types, target.histograms)
+                index = known_family[name] = target.family(family_name, type_)
+            family_index.append(index)
+            out_series.append(s)
+            values.append(value)
+        if unmapped:
+            report.drop("unmapped", unmapped)
         return out

@@ -22,6 +22,7 @@ __all__ = [
     "PushedSeries",
     "RefusedWrite",
     "is_stale",
+    "target_of",
 ]
 
 #: Prometheus' staleness marker: a NaN with this exact bit pattern ends a series.
@@ -47,17 +48,23 @@ class RefusedWrite(DecodeError):
         self.status = status
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PushedSeries:
     """One series of a write: its name, labels (``__name__`` included, sorted) and samples.
 
-    ``samples`` are ``(timestamp_ms, value)``; ``family_type`` is the exposition type the
-    sender declared (``None``: not declared in this write); ``delta``: each value is an
-    increment (OTLP delta temporality) the receiver adds to the series' running total.
+    Read-only once decoded (not frozen: a frozen dataclass costs twice as much to build, and
+    one is built per series of every write).
+
+    ``target`` is the values of its ``job`` and ``instance`` labels (``""`` when absent), the
+    target it belongs to; ``samples`` are ``(timestamp_ms, value)``; ``family_type`` is the
+    exposition type the sender declared (``None``: not declared in this write); ``delta``:
+    each value is an increment (OTLP delta temporality) the receiver adds to the series'
+    running total.
     """
 
     name: str
     labels: tuple[tuple[str, str], ...]
+    target: tuple[str, str]
     samples: list[tuple[int, float]]
     family_type: str | None = None
     delta: bool = False
@@ -87,6 +94,12 @@ class PushedBatch:
     @property
     def samples(self) -> int:
         return sum(len(s.samples) for s in self.series)
+
+
+def target_of(labels: tuple[tuple[str, str], ...]) -> tuple[str, str]:
+    """The (``job``, ``instance``) label values of ``labels`` (``""`` when absent)."""
+    named = dict(labels)
+    return named.get("job", ""), named.get("instance", "")
 
 
 def labels_refusal(labels: tuple[tuple[str, str], ...], limits: ReceiveLimits) -> str | None:

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from collectors.receive import otlp
 from collectors.receive.config import ReceiveConfig
 from collectors.receive.receiver import Receiver
-from collectors.receive.remote_write import check_headers, decode_remote_write
+from collectors.receive.remote_write import RemoteWriteDecoder, check_headers
 from collectors.receive.series import PushedBatch, RefusedWrite
 from pipeline.publisher import PublishBuffer
 
@@ -78,6 +78,7 @@ def receive_app(
     metrics = metrics or ReceiveMetrics()
     token = config.token()
     limits = config.limits
+    remote_write = RemoteWriteDecoder(limits)
 
     def authorised(request: web.Request) -> bool:
         if token is None:
@@ -144,7 +145,7 @@ def receive_app(
                 request.headers.get("Content-Type", ""),
             )
             body = await read_body(request)
-            batch = decode_remote_write(body, limits)
+            batch = remote_write.decode(body)
         except RefusedWrite as exc:
             log.info("remote-write from %s refused: %s: %s", request.remote, exc.reason, exc)
             return answer("remote_write", exc.status, exc.reason, f"{exc.reason}: {exc}")

@@ -1,0 +1,94 @@
+"""The receiver's per-target caches: bounded, and never answering with a target's old labels."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from collectors.receive.receiver import Receiver
+from collectors.receive.series import PushedBatch, PushedSeries, target_of
+from pipeline.schema import RecordSchema
+
+T0 = 1_764_000_000_000
+TARGET = {"job": "vllm", "instance": "10.0.0.7:8000"}
+RUNNING = "vllm:num_requests_running"
+LATENCY = "vllm:e2e_request_latency_seconds"
+
+
+def pushed(*series: tuple[dict[str, str], int, float]) -> PushedBatch:
+    batch = PushedBatch()
+    for labels, ts_ms, value in series:
+        sorted_labels = tuple(sorted(labels.items()))
+        batch.series.append(
+            PushedSeries(
+                labels["__name__"], sorted_labels, target_of(sorted_labels), [(ts_ms, value)]
+            )
+        )
+    return batch
+
+
+def engine_rows(tables: list[tuple[RecordSchema, pa.Table]]) -> list[dict[str, object]]:
+    return [row for schema, t in tables if schema.name != "target_health" for row in t.to_pylist()]
+
+
+def test_a_series_after_its_target_is_relabelled_keeps_no_old_target_label() -> None:
+    tables: list[tuple[RecordSchema, pa.Table]] = []
+    receiver = Receiver(lambda schema, table: tables.append((schema, table)))
+    running = {"__name__": RUNNING, **TARGET, "pod": "vllm-0", "zone": "a", "model_name": "m"}
+    up = {"__name__": "up", **TARGET, "pod": "vllm-0", "zone": "a", "pool": "chat"}
+    receiver.ingest(pushed((up, T0, 1.0), (running, T0, 3.0)))
+    # the sender's relabelling changes: zone is no longer a target label, the pool is new
+    up = {"__name__": "up", **TARGET, "pod": "vllm-1", "pool": "batch"}
+    tables.clear()
+    receiver.ingest(pushed((up, T0 + 5000, 1.0), (running, T0 + 5000, 4.0)))
+    (row,) = engine_rows(tables)
+    assert (row["instance"], row["pool"], row["value"]) == ("vllm-1", "batch", 4.0)
+    assert json.loads(str(row["labels_json"])) == {"zone": "a"}
+
+
+def test_a_sum_seen_before_its_buckets_becomes_a_histogram_sum_once_they_arrive() -> None:
+    tables: list[tuple[RecordSchema, pa.Table]] = []
+    receiver = Receiver(lambda schema, table: tables.append((schema, table)))
+    base = {**TARGET, "model_name": "m"}
+    total = {"__name__": f"{LATENCY}_sum", **base}
+    receiver.ingest(pushed((total, T0, 1.5)))
+    assert [r["kind"] for r in engine_rows(tables)] in ([], ["gauge"])
+    tables.clear()
+    bucket = {"__name__": f"{LATENCY}_bucket", **base, "le": "+Inf"}
+    count = {"__name__": f"{LATENCY}_count", **base}
+    receiver.ingest(
+        pushed((total, T0 + 5000, 2.5), (bucket, T0 + 5000, 2.0), (count, T0 + 5000, 2.0))
+    )
+    kinds = {r["metric"]: r["kind"] for r in engine_rows(tables)}
+    assert kinds == {
+        f"{LATENCY}_sum": "sum",
+        f"{LATENCY}_bucket": "bucket",
+        f"{LATENCY}_count": "count",
+    }
+
+
+def test_a_targets_series_cache_is_bounded_and_its_rows_stay_right() -> None:
+    tables: list[tuple[RecordSchema, pa.Table]] = []
+    receiver = Receiver(
+        lambda schema, table: tables.append((schema, table)), max_series_per_target=4
+    )
+    for round_ in range(3):
+        receiver.ingest(
+            pushed(
+                *(
+                    (
+                        {"__name__": RUNNING, **TARGET, "model_name": "m", "engine": str(e)},
+                        T0 + round_ * 5000,
+                        float(e),
+                    )
+                    for e in range(10)
+                )
+            )
+        )
+        assert receiver.cached_series() <= 4
+    rows = engine_rows(tables)
+    assert len(rows) == 30
+    assert sorted((r["engine"], r["value"]) for r in rows[-10:]) == sorted(
+        (str(e), float(e)) for e in range(10)
+    )
