@@ -403,11 +403,12 @@ def hour_query_iceberg(lake: IcebergLake, now_ms: int) -> int:
         row_filter=f"received_ts_ms >= {now_ms - HOUR_MS}",
         selected_fields=("instance", "ttft_s", "received_ts_ms"),
     )
-    rows = scan.to_arrow()  # noqa: F841 (DuckDB reads the local by name)
-    got = duckdb.sql(
-        f"SELECT instance, count(*), quantile_disc(ttft_s, 0.99) FROM rows "
-        f"WHERE received_ts_ms >= {now_ms - HOUR_MS} GROUP BY instance"
-    ).fetchall()
+    with duckdb.connect() as con:
+        con.register("rows", scan.to_arrow())
+        got = con.execute(
+            "SELECT instance, count(*), quantile_disc(ttft_s, 0.99) FROM rows "
+            f"WHERE received_ts_ms >= {now_ms - HOUR_MS} GROUP BY instance"
+        ).fetchall()
     return len(got)
 
 

@@ -208,7 +208,7 @@ def serve_tap(port: int, upstream: str, records: Any = None, kernel: bool = True
             row["_gap_errors_s"] = ex.finish().itl_gap_errors_s.tolist()
             return row
 
-        proxy_module.record_row = record_row  # type: ignore[assignment]
+        proxy_module.record_row = record_row
 
     async def main() -> None:
         config = TapConfig(

@@ -146,7 +146,9 @@ def test_one_read_of_every_group_equals_each_groups_own_budget_series(
     must be what ``budget_series`` answers for that group alone, bucket by bucket."""
     scope = {"start_ms": END_MS - 2 * DAY_MS, "end_ms": END_MS, "bucket_ms": bucket_ms}
     with duckdb.connect(str(history_db.path), read_only=True) as con:
-        every = queries.slo_series(con, **scope).to_pandas()
+        every = queries.slo_series(
+            con, start_ms=scope["start_ms"], end_ms=scope["end_ms"], bucket_ms=bucket_ms
+        ).to_pandas()
         status = queries.slo_status(con).to_pylist()
         assert len(status) == 1 + len(history_db.instances)  # availability + ttft per pod
         for row in status:

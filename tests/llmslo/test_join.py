@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _llmslo(*argv: str, cwd: Path, **kwargs: object) -> subprocess.Popen[str]:
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+    return subprocess.Popen(  # type: ignore[call-overload]
         [sys.executable, "-m", "llmslo", *argv], cwd=cwd, env=env, text=True, **kwargs
     )
 

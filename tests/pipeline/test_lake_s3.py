@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -29,7 +30,7 @@ LAKE = f"s3://{BUCKET}/parquet"
 NOW_MS = T0 + 2 * HOUR_MS + HOUR_MS // 2
 
 
-def _objects(s3: S3Server, credentials: Path, **options: float) -> ObjectStore:
+def _objects(s3: S3Server, credentials: Path, **options: Any) -> ObjectStore:
     return ObjectStore(S3Config(endpoint=s3.endpoint, credentials_file=credentials, **options))
 
 
