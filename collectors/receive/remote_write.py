@@ -31,6 +31,7 @@ from collectors.receive.series import (
     labels_refusal,
     target_of,
 )
+from pipeline.errors import DecodeError
 
 __all__ = ["MAX_CACHED_LABEL_SET_BYTES", "RemoteWriteDecoder", "check_headers", "snappy_length"]
 
@@ -77,12 +78,11 @@ def check_headers(content_encoding: str, content_type: str) -> None:
 _LabelSet = tuple[str, tuple[tuple[str, str], ...], tuple[str, str]]
 
 
-class _LabelsRefused(Exception):
+class _LabelsRefused(DecodeError):
     """A label set past a bound (internal: raised so the LRU cache never keeps it)."""
 
     def __init__(self, reason: str, name: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+        super().__init__(reason, f"series {name!r}: labels refused ({reason})")
         self.name = name
 
 
