@@ -62,7 +62,7 @@ class DrillMode:
     front_end: str | None = (
         None  # llmslo.drill.fronts.FRONT_END_FLEETS: the fault is the front end's
     )
-    hold_s: float | None = None  # how long the fault is held; None: the profile's hold_s
+    hold_s: float | None = None  # the fault's hold when shorter than the profile's hold_s
 
     @property
     def own_fleet(self) -> bool:
@@ -74,8 +74,9 @@ class DrillMode:
         )
 
     def hold(self, profile: DrillProfile) -> float:
-        """Seconds the fault is held: the mode's own ``hold_s`` or the profile's."""
-        return self.hold_s if self.hold_s is not None else profile.hold_s
+        """Seconds the fault is held: the profile's ``hold_s``, or the mode's own when that
+        is shorter (a profile compressed below it wins)."""
+        return profile.hold_s if self.hold_s is None else min(self.hold_s, profile.hold_s)
 
     @property
     def on_gateway(self) -> bool:

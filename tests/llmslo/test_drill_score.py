@@ -184,6 +184,8 @@ def test_fast_modes_hold_their_fault_shorter_and_their_fleet_ends_sooner() -> No
     assert plan.end_s(profile) == 40.0 + profile.hold_s + profile.clear_s
     alone = FleetPlan("f", (MODES["router_down"],), config, (31.0,), 4.5, 1.5)
     assert alone.end_s(profile) == 31.0 + FAST_HOLD_S + profile.clear_s
+    short = DrillProfile(hold_s=20.0)  # a profile compressed below a mode's hold wins
+    assert MODES["router_down"].hold(short) == 20.0
 
 
 def test_an_unknown_mode_is_refused_by_name() -> None:
