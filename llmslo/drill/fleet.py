@@ -82,7 +82,7 @@ class FleetPlan:
         """Seconds from the fleet's start to the end of its run (before the final cycle)."""
         if not self.modes:
             return self.healthy_minutes * 60
-        holds = (m.hold(profile) for m in self.modes)
+        holds = (m.hold(profile.hold_s) for m in self.modes)
         return max(t + h for t, h in zip(self.inject_s, holds, strict=True)) + profile.clear_s
 
 
@@ -239,7 +239,7 @@ def _play(
     modes = plan.modes
     events = sorted(
         [(t, "set", i) for i, t in enumerate(plan.inject_s)]
-        + [(t + modes[i].hold(profile), "clear", i) for i, t in enumerate(plan.inject_s)]
+        + [(t + modes[i].hold(profile.hold_s), "clear", i) for i, t in enumerate(plan.inject_s)]
     )
     extra: dict[int, threading.Event] = {}
     results = [
@@ -251,7 +251,7 @@ def _play(
         now_ms = int(time.time() * 1000)
         if mode.extra_rate_per_s and action == "set":
             tap = 0 if plan.entry else i  # behind an entry front end there is one tap
-            hold_s = mode.hold(profile)
+            hold_s = mode.hold(profile.hold_s)
             extra[i] = edges.extra_load(tap, mode.extra_rate_per_s, hold_s, mode.extra_load)
         elif i in extra:
             extra.pop(i).set()

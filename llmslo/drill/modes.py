@@ -19,13 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from simulator.gateway import GATEWAY_FAULTS
 from slo.signals.catalog import FLAG, NOTICES, SIGNALS
-
-if TYPE_CHECKING:
-    from llmslo.drill.profile import DrillProfile
 
 __all__ = ["FAST_HOLD_S", "FLAG", "MODES", "DrillMode", "expected_signals", "matches"]
 
@@ -73,10 +70,10 @@ class DrillMode:
             self.load or self.tap or self.pool_scoped or self.needs_gateway or self.front_end
         )
 
-    def hold(self, profile: DrillProfile) -> float:
+    def hold(self, profile_hold_s: float) -> float:
         """Seconds the fault is held: the profile's ``hold_s``, or the mode's own when that
         is shorter (a profile compressed below it wins)."""
-        return profile.hold_s if self.hold_s is None else min(self.hold_s, profile.hold_s)
+        return profile_hold_s if self.hold_s is None else min(self.hold_s, profile_hold_s)
 
     @property
     def on_gateway(self) -> bool:

@@ -167,7 +167,7 @@ def test_no_shared_fleet_carries_a_fault_that_leaks_to_the_other_pods() -> None:
 
 def test_fast_modes_hold_their_fault_shorter_and_their_fleet_ends_sooner() -> None:
     profile = DrillProfile()
-    fast = {n for n, m in MODES.items() if m.hold(profile) != profile.hold_s}
+    fast = {n for n, m in MODES.items() if m.hold(profile.hold_s) != profile.hold_s}
     assert fast == {
         "retry_storm",
         "gateway_down",
@@ -178,14 +178,14 @@ def test_fast_modes_hold_their_fault_shorter_and_their_fleet_ends_sooner() -> No
         "kv_transfer_timeout",
         "stale_kv_index",
     }
-    assert all(MODES[n].hold(profile) == FAST_HOLD_S for n in fast)
+    assert all(MODES[n].hold(profile.hold_s) == FAST_HOLD_S for n in fast)
     config = drill_fleet_config("f", 3, 0, 256)
     plan = FleetPlan("f", (MODES["router_down"], MODES["stall"]), config, (31.0, 40.0), 4.5, 1.5)
     assert plan.end_s(profile) == 40.0 + profile.hold_s + profile.clear_s
     alone = FleetPlan("f", (MODES["router_down"],), config, (31.0,), 4.5, 1.5)
     assert alone.end_s(profile) == 31.0 + FAST_HOLD_S + profile.clear_s
     short = DrillProfile(hold_s=20.0)  # a profile compressed below a mode's hold wins
-    assert MODES["router_down"].hold(short) == 20.0
+    assert MODES["router_down"].hold(short.hold_s) == 20.0
 
 
 def test_an_unknown_mode_is_refused_by_name() -> None:
