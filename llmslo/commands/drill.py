@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from llmslo.drill.hogs import HOG_CLASSES
 from llmslo.drill.matrix import DrillProfile, run_drill, select_modes
 from llmslo.drill.report import render_markdown, write_drills
 from llmslo.options import add_subcommand
@@ -67,6 +68,13 @@ def register(subparsers: Any) -> None:
         help="run N busy processes beside the fleets for the whole drill (a node that is never "
         "idle; stopped with the drill; default 0)",
     )
+    parser.add_argument(
+        "--hog-class",
+        choices=HOG_CLASSES,
+        default="besteffort",
+        help="the hogs' CPU weight: besteffort (SCHED_IDLE, a BestEffort pod beside a "
+        "Guaranteed inference pod; default) or equal (the fleets' own)",
+    )
     parser.add_argument("-o", "--output", default="-", help="Markdown report file, - for stdout")
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
     parser.add_argument("--db", type=Path, help="append the results to this DuckDB's drills table")
@@ -86,6 +94,7 @@ def run_drill_cmd(args: argparse.Namespace) -> int:
         healthy_load=args.healthy_load,
         seed=args.seed,
         hogs=args.hog,
+        hog_class=args.hog_class,
     )
     healthy = args.healthy_minutes > 0
     with progress("drill", len(modes) + healthy, "modes", quiet=args.quiet) as advance:

@@ -82,7 +82,8 @@ class FleetPlan:
         """Seconds from the fleet's start to the end of its run (before the final cycle)."""
         if not self.modes:
             return self.healthy_minutes * 60
-        return max(t + profile.hold_s for t in self.inject_s) + profile.clear_s
+        holds = (m.hold(profile.hold_s) for m in self.modes)
+        return max(t + h for t, h in zip(self.inject_s, holds, strict=True)) + profile.clear_s
 
 
 def _address(url: str) -> str:
@@ -240,7 +241,7 @@ def _play(
     modes = plan.modes
     events = sorted(
         [(t, "set", i) for i, t in enumerate(plan.inject_s)]
-        + [(t + profile.hold_s, "clear", i) for i, t in enumerate(plan.inject_s)]
+        + [(t + modes[i].hold(profile.hold_s), "clear", i) for i, t in enumerate(plan.inject_s)]
     )
     extra: dict[int, threading.Event] = {}
     results = [
@@ -252,7 +253,8 @@ def _play(
         now_ms = int(time.time() * 1000)
         if mode.extra_rate_per_s and action == "set":
             tap = 0 if plan.entry else i  # behind an entry front end there is one tap
-            extra[i] = edges.extra_load(tap, mode.extra_rate_per_s, profile.hold_s, mode.extra_load)
+            hold_s = mode.hold(profile.hold_s)
+            extra[i] = edges.extra_load(tap, mode.extra_rate_per_s, hold_s, mode.extra_load)
         elif i in extra:
             extra.pop(i).set()
         _switch(fleet, plan, mode, i, on=action == "set")

@@ -96,6 +96,7 @@ class DrillReport:
             "sustainable_method": self.sustainable_method,
             "healthy_load": self.profile.healthy_load,
             "hogs": self.profile.hogs,
+            "hog_class": self.profile.hog_class,
             "jobs": self.jobs,
             "wall_s": self.wall_s,
             "failed": [asdict(f) for f in self.failed],
@@ -104,8 +105,10 @@ class DrillReport:
 
 
 def plan_fleets(modes: Sequence[DrillMode], per_fleet: int) -> list[list[DrillMode]]:
-    """Modes that change load or taps get a fleet each; the others share, ``per_fleet`` a fleet."""
-    shared = [m for m in modes if not m.own_fleet]
+    """Modes that change the fleet's load, taps or entry point get a fleet each; the others
+    share, ``per_fleet`` a fleet, those with extra load on their own pod (hot instance,
+    ghosts) last, so they fill the last shared fleet rather than a fleet of their own."""
+    shared = sorted((m for m in modes if not m.own_fleet), key=lambda m: bool(m.extra_rate_per_s))
     plan = [shared[i : i + per_fleet] for i in range(0, len(shared), per_fleet)]
     return plan + [[m] for m in modes if m.own_fleet]
 
@@ -162,10 +165,10 @@ def run_drill(
     if say:
         say(f"[drill] {len(plans)} fleets, {jobs} at a time, longest first")
     if say and profile.hogs:
-        say(f"[drill] {profile.hogs} CPU hog(s) beside the fleets")
+        say(f"[drill] {profile.hogs} CPU hog(s) ({profile.hog_class}) beside the fleets")
     started = time.monotonic()
     try:
-        with cpu_hogs(profile.hogs, max_s=HOGS_MAX_S):
+        with cpu_hogs(profile.hogs, max_s=HOGS_MAX_S, hog_class=profile.hog_class):
             outcomes = run_plans(
                 plans,
                 profile,

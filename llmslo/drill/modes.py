@@ -24,7 +24,7 @@ from typing import Any
 from simulator.gateway import GATEWAY_FAULTS
 from slo.signals.catalog import FLAG, NOTICES, SIGNALS
 
-__all__ = ["FLAG", "MODES", "DrillMode", "expected_signals", "matches"]
+__all__ = ["FAST_HOLD_S", "FLAG", "MODES", "DrillMode", "expected_signals", "matches"]
 
 
 @dataclass(frozen=True)
@@ -59,19 +59,21 @@ class DrillMode:
     front_end: str | None = (
         None  # llmslo.drill.fronts.FRONT_END_FLEETS: the fault is the front end's
     )
+    hold_s: float | None = None  # the fault's hold when shorter than the profile's hold_s
 
     @property
     def own_fleet(self) -> bool:
-        """Whether the mode changes the load, the taps or the entry point, so it cannot
-        share a fleet."""
+        """Whether the mode changes the fleet's load, its taps or its entry point, so it
+        cannot share a fleet. Extra load alone (``extra_rate_per_s`` without a front end)
+        shares: it enters through the target pod's own tap, so no other pod sees it."""
         return bool(
-            self.load
-            or self.tap
-            or self.pool_scoped
-            or self.extra_rate_per_s
-            or self.needs_gateway
-            or self.front_end
+            self.load or self.tap or self.pool_scoped or self.needs_gateway or self.front_end
         )
+
+    def hold(self, profile_hold_s: float) -> float:
+        """Seconds the fault is held: the profile's ``hold_s``, or the mode's own when that
+        is shorter (a profile compressed below it wins)."""
+        return profile_hold_s if self.hold_s is None else min(self.hold_s, profile_hold_s)
 
     @property
     def on_gateway(self) -> bool:
@@ -83,6 +85,12 @@ def expected_signals(mode: str) -> frozenset[str]:
     """The signals (and :data:`FLAG`) that detect ``mode``: the catalog rows that name it."""
     signals = {name for name, row in SIGNALS.items() if mode in row.drills}
     return frozenset(signals | ({FLAG} if mode in NOTICES[FLAG].drills else set()))
+
+
+#: The hold of modes detected within seconds in every full matrix so far (gateway and router
+#: down ≤ 12.6 s, retry storm 3.1 s, KV-transfer timeout 3.8 s, stale KV index 4.7 s): more
+#: than twice the slowest, and longer than the 20-s entry/gateway windows.
+FAST_HOLD_S = 30.0
 
 
 def _mode(name: str, fault: str | None, **kwargs: Any) -> DrillMode:
@@ -129,6 +137,7 @@ MODES: dict[str, DrillMode] = {
             params={"fraction": 0.6},
             tap={"max_attempts": 3},
             pool_scoped=True,
+            hold_s=FAST_HOLD_S,
         ),
         _mode("prefill_failure", "prefill_failure", params={"fraction": 0.5}),
         _mode(
@@ -141,7 +150,7 @@ MODES: dict[str, DrillMode] = {
             "model_load_failure",
         ),
         # In front of the taps: only the prober (and the gateway's own scrape) can see these.
-        _mode("gateway_down", "gateway_down", needs_gateway=True),
+        _mode("gateway_down", "gateway_down", needs_gateway=True, hold_s=FAST_HOLD_S),
         # fail_close: the router's outage is visible (503 router_unavailable) instead of
         # silently routing blind (fail_open) or shedding as if overloaded (reject, 429).
         _mode(
@@ -149,6 +158,7 @@ MODES: dict[str, DrillMode] = {
             "router_down",
             needs_gateway=True,
             gateway={"router_down_policy": "fail_close"},
+            hold_s=FAST_HOLD_S,
         ),
         # The same outage behind llm-d-router's EPP (both name generations at once) and
         # behind NVIDIA Dynamo's frontend: the router's names change, the finding does not.
@@ -157,18 +167,21 @@ MODES: dict[str, DrillMode] = {
             "router_down",
             needs_gateway=True,
             gateway={"router_down_policy": "fail_close", "router_names": "llm-d-router"},
+            hold_s=FAST_HOLD_S,
         ),
         _mode(
             "router_down_dynamo",
             "router_down",
             needs_gateway=True,
             gateway={"router_down_policy": "fail_close", "router_names": "dynamo"},
+            hold_s=FAST_HOLD_S,
         ),
         _mode(
             "gateway_down_dynamo",
             "gateway_down",
             needs_gateway=True,
             gateway={"router_names": "dynamo"},
+            hold_s=FAST_HOLD_S,
         ),
         # Front ends (llmslo/drill/fronts.py). Half the transfers hang 2 s and fail, a third of
         # those leak their blocks.
@@ -177,6 +190,7 @@ MODES: dict[str, DrillMode] = {
             "kv_transfer_timeout",
             params={"fraction": 0.5, "timeout_s": 2.0, "cleanup_fail_fraction": 0.3},
             front_end="pd",
+            hold_s=FAST_HOLD_S,
         ),
         # Conversations of four turns through a prefix-locality router.
         _mode(
@@ -184,6 +198,7 @@ MODES: dict[str, DrillMode] = {
             "stale_kv_index",
             load={"conversation_turns": 4},
             front_end="locality",
+            hold_s=FAST_HOLD_S,
         ),
         # A load ramp (+3 req/s) arrives with the fault: each scale-out takes 60 s longer.
         _mode(

@@ -26,8 +26,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DrillProfile:
-    """Timings (seconds) and sizes of a drill (the 22-mode matrix: 841 s on 2 cores with two
-    fleets at a time, ~29 minutes one at a time).
+    """Timings (seconds) and sizes of a drill (the 26-mode matrix planned as 12 fleets and
+    the control, two at a time on 2 cores; ``docs/drills.md`` has the measured wall time).
 
     Compressed against the production defaults, and stated in every report: scrape and
     jobs every 2 s (5 s and 15 s), ``stall_for_s`` 20 (60), flag dwell 20 s (120),
@@ -43,7 +43,7 @@ class DrillProfile:
 
     warmup_s: float = 30.0
     jitter_s: float = 15.0  # injection at warm-up + uniform(0, jitter)
-    hold_s: float = 50.0
+    hold_s: float = 50.0  # a mode's own DrillMode.hold_s (the fast ones: 30) wins
     clear_s: float = 40.0
     scrape_s: float = 2.0
     interval_s: float = 2.0
@@ -63,6 +63,7 @@ class DrillProfile:
     healthy_minutes: float = 2.0
     seed: int = 0
     hogs: int = 0  # busy processes beside the fleets for the whole drill (llmslo.drill.hogs)
+    hog_class: str = "besteffort"  # their CPU weight (llmslo.drill.hogs.HOG_CLASSES)
 
 
 @dataclass

@@ -10,6 +10,7 @@ import duckdb
 import pyarrow as pa
 
 from llmslo.drill.matrix import DrillReport
+from llmslo.drill.modes import FAST_HOLD_S, MODES
 from llmslo.drill.score import FalsePositive
 from pipeline.store import insert_arrow
 from slo.queries import DRILLS_SCHEMA
@@ -53,6 +54,18 @@ def _load_line(report: DrillReport) -> str:
     )
 
 
+def _hogs(report: DrillReport) -> str:
+    p = report.profile
+    if not p.hogs:
+        return "none"
+    weight = (
+        "SCHED_IDLE: a BestEffort neighbour"
+        if p.hog_class == "besteffort"
+        else "the fleets' own CPU weight"
+    )
+    return f"{p.hogs}, {p.hog_class} ({weight})"
+
+
 def _timing_line(report: DrillReport) -> str:
     """How the fleets were run: jobs at a time, the drill's wall time, and the sum of the
     fleets' (their estimate alone divided by jobs)."""
@@ -62,8 +75,8 @@ def _timing_line(report: DrillReport) -> str:
         f"(a worker process each, longest first); drill wall time {_s(report.wall_s)} s; "
         f"fleet wall times sum to {sum(walls):.0f} s "
         f"({', '.join(f'{f.name} {_s(f.wall_s)} (setup {_s(f.setup_s)})' for f in report.fleets) or 'none'}). "
-        f"CPU hogs beside the fleets: {report.profile.hogs or 'none'} (busy processes for the "
-        "whole drill, `llmslo/drill/hogs.py`)."
+        f"CPU hogs beside the fleets: {_hogs(report)} (busy processes for the whole drill, "
+        "`llmslo/drill/hogs.py`)."
     )
 
 
@@ -99,7 +112,9 @@ def render_markdown(report: DrillReport) -> str:
         f"{p.edge_window_s:g} s with a probe every {p.probe_interval_s:g} s, detector lookback "
         f"{p.lookback_s:g} s, crash reported for {p.restart_hold_s:g} s; warm-up "
         f"{p.warmup_s:g} s + random 0–{p.jitter_s:g} s (seed {p.seed}), fault held "
-        f"{p.hold_s:g} s, then {p.clear_s:g} s to clear; {p.healthy_pods} healthy pods per "
+        f"{p.hold_s:g} s ({FAST_HOLD_S:g} s for the modes detected within seconds: "
+        f"{', '.join(n for n, m in MODES.items() if m.hold_s is not None)}), then "
+        f"{p.clear_s:g} s to clear; {p.healthy_pods} healthy pods per "
         "shared fleet. Flag levels: seconds from injection to the flag / to the first "
         "scraped KV usage past that level's line.",
         "",

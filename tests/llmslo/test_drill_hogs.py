@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -60,6 +61,26 @@ def test_hogs_die_with_a_killed_parent() -> None:
     pids = [int(p) for p in parent.stdout.split()]
     assert parent.returncode == 9 and len(pids) == 2
     assert wait_gone(pids, 5.0) == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SCHED_IDLE is Linux's")
+@pytest.mark.parametrize(
+    ("hog_class", "policy"), [("besteffort", "SCHED_IDLE"), ("equal", "SCHED_OTHER")]
+)
+def test_a_hog_takes_its_class_cpu_weight(hog_class: str, policy: str) -> None:
+    """A BestEffort neighbour runs SCHED_IDLE (the lowest weight); an equal one at the
+    fleets' own."""
+    with cpu_hogs(1, max_s=60, hog_class=hog_class) as hogs:
+        pid = hogs[0].pid
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and cpu_s(pid) < 0.05:  # past its set-up
+            time.sleep(0.05)
+        assert os.sched_getscheduler(pid) == getattr(os, policy)
+
+
+def test_an_unknown_hog_class_is_refused() -> None:
+    with pytest.raises(ConfigError, match="class"), cpu_hogs(1, max_s=1, hog_class="gold"):
+        pass
 
 
 @pytest.mark.parametrize("count", [-1, MAX_HOGS + 1])

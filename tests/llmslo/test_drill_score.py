@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from collectors.tap.config import TapConfig
-from llmslo.drill.matrix import plan_fleets, select_modes
-from llmslo.drill.modes import FLAG, MODES, DrillMode, matches
+from llmslo.drill.fleet import FleetPlan
+from llmslo.drill.fronts import drill_fleet_config
+from llmslo.drill.matrix import DrillProfile, plan_fleets, select_modes
+from llmslo.drill.modes import FAST_HOLD_S, FLAG, MODES, DrillMode, matches
 from llmslo.drill.score import (
     SCRAPE_STAMP_GRACE_MS,
     AlertRow,
@@ -146,7 +148,44 @@ def test_modes_that_change_load_or_taps_get_their_own_fleet() -> None:
     assert all(len(fleet) <= 5 for fleet in plan)
     assert {m.name for fleet in plan for m in fleet} == set(MODES)
     assert all(not m.own_fleet for fleet in shared for m in fleet)
-    assert ["hot_instance"] in [[m.name for m in fleet] for fleet in plan]
+
+
+def test_no_shared_fleet_carries_a_fault_that_leaks_to_the_other_pods() -> None:
+    """What leaks is fleet-wide: the fleet's load shape, its taps' options, a fault on every
+    pod, a gateway or front end in the entry path. Extra load on one pod enters through that
+    pod's own tap only, so hot instance and ghosts share (last, in the last shared fleet)."""
+    plan = plan_fleets(list(MODES.values()), per_fleet=7)
+    names = [[m.name for m in fleet] for fleet in plan]
+    assert sorted(n for fleet in names for n in fleet) == sorted(MODES)
+    for fleet in plan:
+        if len(fleet) > 1:
+            for m in fleet:
+                assert not (m.load or m.tap or m.pool_scoped or m.needs_gateway or m.front_end)
+    assert names[2] == ["model_load_failure", "ghost", "hot_instance"]
+    assert len(plan) == 12  # 26 modes; 14 fleets before extra load could share
+
+
+def test_fast_modes_hold_their_fault_shorter_and_their_fleet_ends_sooner() -> None:
+    profile = DrillProfile()
+    fast = {n for n, m in MODES.items() if m.hold(profile.hold_s) != profile.hold_s}
+    assert fast == {
+        "retry_storm",
+        "gateway_down",
+        "router_down",
+        "router_down_llm_d",
+        "router_down_dynamo",
+        "gateway_down_dynamo",
+        "kv_transfer_timeout",
+        "stale_kv_index",
+    }
+    assert all(MODES[n].hold(profile.hold_s) == FAST_HOLD_S for n in fast)
+    config = drill_fleet_config("f", 3, 0, 256)
+    plan = FleetPlan("f", (MODES["router_down"], MODES["stall"]), config, (31.0, 40.0), 4.5, 1.5)
+    assert plan.end_s(profile) == 40.0 + profile.hold_s + profile.clear_s
+    alone = FleetPlan("f", (MODES["router_down"],), config, (31.0,), 4.5, 1.5)
+    assert alone.end_s(profile) == 31.0 + FAST_HOLD_S + profile.clear_s
+    short = DrillProfile(hold_s=20.0)  # a profile compressed below a mode's hold wins
+    assert MODES["router_down"].hold(short.hold_s) == 20.0
 
 
 def test_an_unknown_mode_is_refused_by_name() -> None:
