@@ -140,15 +140,17 @@ class IcebergLake:
         self.group_id = group_id
         self.topics = {t: table for t, table in topics.items() if table in ICEBERG_TABLES}
         self._offsets_key = OFFSETS_PREFIX + group_id
-        self._catalog = self._guard(
-            "open the catalog",
-            lambda: SqlCatalog("llmslo", **catalog_properties(config, create_local=True)),
-        )
+
+        def open_catalog() -> Any:
+            properties = catalog_properties(config, create_local=True)
+            try:
+                return SqlCatalog("llmslo", **properties)
+            except Exception:  # another process created the catalog's tables meanwhile
+                return SqlCatalog("llmslo", **properties)
+
+        self._catalog = self._guard("open the catalog", open_catalog)
         self._tables: dict[str, Any] = {}
-        self._guard(
-            f"create namespace {config.namespace}",
-            lambda: self._catalog.create_namespace_if_not_exists(config.namespace),
-        )
+        self._guard(f"create namespace {config.namespace}", self._create_namespace)
         for table in sorted(set(self.topics.values())):
             self._tables[table] = self._guard(
                 f"open table {table}", functools.partial(self._open, table)
@@ -176,6 +178,18 @@ class IcebergLake:
             raise
         except Exception as exc:  # pyiceberg, pyarrow, SQLAlchemy and botocore each have their own
             raise LakeError(f"Iceberg lake: cannot {what} ({self._where(table)}): {exc}") from exc
+
+    def _create_namespace(self) -> None:
+        """The namespace, created unless it exists. Two ingesters starting together can both
+        find it missing; the loser's insert is refused by the catalog (SQLite and PostgreSQL
+        raise an integrity error, not pyiceberg's ``NamespaceAlreadyExistsError``), which is
+        fine once the namespace is there."""
+        namespace = self.config.namespace
+        try:
+            self._catalog.create_namespace_if_not_exists(namespace)
+        except Exception:
+            if not self._catalog.namespace_exists(namespace):
+                raise
 
     def _open(self, table: str) -> Any:
         from pyiceberg.exceptions import (

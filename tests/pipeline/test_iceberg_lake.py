@@ -110,3 +110,35 @@ def test_a_wrong_secret_is_refused_naming_bucket_and_key_and_writes_nothing(
     assert set(s3_server.objects()) == before
     assert good.read_offsets() == {}
     assert _values(good) == []
+
+
+def _open_together(config: IcebergConfig, processes: int) -> list[BaseException]:
+    """What ``processes`` ingesters opening the lake at the same instant die of."""
+    start, failures = threading.Barrier(processes), list[BaseException]()
+
+    def open_lake() -> None:
+        start.wait()
+        try:
+            _lake(config)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_lake) for _ in range(processes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return failures
+
+
+def test_ingesters_starting_together_on_a_new_catalog_all_open_the_lake(tmp_path: Path) -> None:
+    """They all find the catalog's tables and the namespace missing and all create them: the
+    catalog refuses the later inserts (integrity errors, not pyiceberg's "already exists"),
+    which must not stop an ingester."""
+    for attempt in range(6):
+        root = tmp_path / str(attempt)
+        root.mkdir()
+        config = IcebergConfig(
+            catalog_uri=f"sqlite:///{root / 'catalog.db'}", warehouse=str(root / "warehouse")
+        )
+        assert _open_together(config, 4) == []
