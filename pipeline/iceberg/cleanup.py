@@ -25,7 +25,7 @@ snapshots younger than the pass's ``keep_ms`` keep theirs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,35 +80,51 @@ def stored_files(table: Any) -> list[StoredFile]:
     ]
 
 
-def _manifests(table: Any, snapshots: Iterable[Any]) -> dict[str, Any]:
+def _read(read: Callable[[], list[Any]], *, missing_ok: bool) -> list[Any]:
+    """``read()``; with ``missing_ok``, nothing when its file is gone (an expired snapshot's,
+    which another maintainer deleted first: what it listed is then left to the orphan rule)."""
+    try:
+        return read()
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        return []
+
+
+def _manifests(table: Any, snapshots: Iterable[Any], *, missing_ok: bool) -> dict[str, Any]:
     """The manifests of ``snapshots`` by path (each manifest list read once, in parallel)."""
     from pyiceberg.utils.concurrent import ExecutorFactory
 
-    executor = ExecutorFactory.get_or_create()
+    def read(snapshot: Any) -> list[Any]:
+        return _read(lambda: list(snapshot.manifests(table.io)), missing_ok=missing_ok)
+
     found: dict[str, Any] = {}
-    for manifests in executor.map(lambda s: s.manifests(table.io), list(snapshots)):
+    for manifests in ExecutorFactory.get_or_create().map(read, list(snapshots)):
         for manifest in manifests:
             found[manifest.manifest_path] = manifest
     return found
 
 
-def _live_files(table: Any, manifests: Iterable[Any]) -> set[str]:
+def _live_files(table: Any, manifests: Iterable[Any], *, missing_ok: bool) -> set[str]:
     """The live (added or existing) data and delete files the ``manifests`` list."""
     from pyiceberg.utils.concurrent import ExecutorFactory
 
-    executor = ExecutorFactory.get_or_create()
-    entries = executor.map(lambda m: m.fetch_manifest_entry(table.io), list(manifests))
+    def read(manifest: Any) -> list[Any]:
+        return _read(lambda: manifest.fetch_manifest_entry(table.io), missing_ok=missing_ok)
+
+    entries = ExecutorFactory.get_or_create().map(read, list(manifests))
     return {entry.data_file.file_path for batch in entries for entry in batch}
 
 
 def referenced_files(table: Any) -> set[str]:
-    """Every file the table's metadata (as last loaded) references, as the store lists it."""
+    """Every file the table's metadata (as last loaded) references, as the store lists it.
+    Raises when one of them cannot be read (then nothing may be deleted)."""
     metadata = table.metadata
-    manifests = _manifests(table, metadata.snapshots)
+    manifests = _manifests(table, metadata.snapshots, missing_ok=False)
     locations = {table.metadata_location, *(e.metadata_file for e in metadata.metadata_log)}
     locations |= {s.manifest_list for s in metadata.snapshots if s.manifest_list}
     locations |= manifests.keys()
-    locations |= _live_files(table, manifests.values())
+    locations |= _live_files(table, manifests.values(), missing_ok=False)
     locations |= {f.statistics_path for f in metadata.statistics}
     locations |= {f.statistics_path for f in metadata.partition_statistics}
     return {_key(table, location) for location in locations}
@@ -119,11 +135,11 @@ def _once_committed(table: Any, expired: list[Any], referenced: set[str]) -> set
     lists = {s.manifest_list for s in expired if s.manifest_list}
     manifests = {
         path: manifest
-        for path, manifest in _manifests(table, expired).items()
+        for path, manifest in _manifests(table, expired, missing_ok=True).items()
         if _key(table, path) not in referenced
     }
     found = {_key(table, loc) for loc in lists | manifests.keys()}
-    found |= {_key(table, loc) for loc in _live_files(table, manifests.values())}
+    found |= {_key(table, loc) for loc in _live_files(table, manifests.values(), missing_ok=True)}
     return found - referenced
 
 
