@@ -4,10 +4,10 @@ Appends ``--batches`` small batches (``--rows`` engine samples each, 8 instances
 ``--hours`` closed hours of ``engine_samples``, as ingesters do (one commit, one data file
 per batch), in a local warehouse with a SQLite catalog, then runs one maintenance pass
 (:class:`pipeline.iceberg.maintenance.LakeMaintainer`; retention keeps everything, every
-snapshot but the head expires). Printed: data files and bytes of the current snapshot
-before and after, the objects under the table's directory before and after (expiry and
-compaction delete none), snapshots, and the pass's wall time; the last line is one JSON
-object.
+snapshot but the head expires, and the files only expired snapshots referenced are
+deleted). Printed: data files and bytes of the current snapshot before and after, the
+objects under the table's directory before and after, the files and bytes the pass deleted
+(reclaimed), snapshots, and the pass's wall time; the last line is one JSON object.
 
 ``--quick`` (< 60 s) is 2 hours × 100 batches. Usage:
 ``python bench/lake_maintain.py [--quick] [--hours 3] [--batches 300] [--rows 200]``.
@@ -110,14 +110,17 @@ def main() -> int:
             "data_bytes": [report.bytes_before, report.bytes_after],
             "stored_objects": [stored_before[0], stored_after[0]],
             "stored_bytes": [stored_before[1], stored_after[1]],
+            "files_deleted": report.files_deleted,
+            "bytes_reclaimed": report.bytes_deleted,
             "snapshots": [snapshots_before, len(lake.table(TABLE).snapshots())],
             "hours_compacted": report.hours_compacted,
             "maintain_s": round(maintain_s, 2),
         }
     print(
         f"{TABLE}: data files {report.files_before} → {report.files_after}, "
-        f"bytes {report.bytes_before:,} → {report.bytes_after:,}; "
-        f"maintain {maintain_s:.2f} s"
+        f"bytes {report.bytes_before:,} → {report.bytes_after:,}; stored objects "
+        f"{stored_before[0]:,} → {stored_after[0]:,}, bytes {stored_before[1]:,} → "
+        f"{stored_after[1]:,} ({report.bytes_deleted:,} reclaimed); maintain {maintain_s:.2f} s"
     )
     print(json.dumps(result))
     return 0

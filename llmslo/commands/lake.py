@@ -48,7 +48,9 @@ def register(subparsers: Any) -> None:
         "maintain",
         help="one maintenance pass over the Iceberg lake (store.lake: iceberg): drop hours "
         "past store.raw_retention_days, compact closed hours into one file each, expire "
-        "snapshots older than store.iceberg.snapshot_keep_s; safe while ingesters commit",
+        "snapshots older than store.iceberg.snapshot_keep_s, delete the files only they "
+        "referenced, and orphan files older than store.iceberg.orphan_grace_s; safe while "
+        "ingesters commit",
     )
     add_common_options(maintain, bus=False)
     maintain.add_argument(

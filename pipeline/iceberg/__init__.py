@@ -7,6 +7,9 @@ local path, through a SQL catalog (SQLite for one host, PostgreSQL for a fleet).
   partitioned by hour;
 * :mod:`pipeline.iceberg.lake`: :class:`~pipeline.iceberg.lake.IcebergLake`, which appends
   each committed batch with the Kafka offsets it covers in the same Iceberg commit;
+* :mod:`pipeline.iceberg.maintenance`: :class:`~pipeline.iceberg.maintenance.LakeMaintainer`,
+  the housekeeping pass (retention, compaction, snapshot expiry), and
+  :mod:`pipeline.iceberg.cleanup`, which deletes the files no snapshot references any more;
 * :mod:`pipeline.iceberg.mirror`: :class:`~pipeline.iceberg.mirror.IcebergMirror`, the
   lake's recent rows in the SLO jobs' own DuckDB file, loaded data file by data file.
 

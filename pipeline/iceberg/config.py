@@ -68,12 +68,26 @@ class IcebergConfig(BaseModel):
         "ingester retrying a commit whose reply was lost looks for it among them)",
     )
 
+    orphan_grace_s: float = Field(
+        3 * 86_400.0,
+        gt=0,
+        description="lake maintenance deletes a file under a table that no snapshot ever "
+        "referenced (a lost commit race, a writer that died) once it is this old (at least "
+        "retry_for_s: a writer may be about to commit a younger one); files only expired "
+        "snapshots referenced go at once",
+    )
+
     @model_validator(mode="after")
-    def _keep_covers_retries(self) -> IcebergConfig:
+    def _windows_cover_retries(self) -> IcebergConfig:
         if self.snapshot_keep_s < self.retry_for_s:
             raise ValueError(
                 "snapshot_keep_s must be >= retry_for_s (a retried commit looks for itself "
                 "among the snapshots kept)"
+            )
+        if self.orphan_grace_s < self.retry_for_s:
+            raise ValueError(
+                "orphan_grace_s must be >= retry_for_s (a commit still retrying may yet "
+                "reference the files it wrote)"
             )
         return self
 

@@ -170,6 +170,14 @@ class IcebergLake:
                 place += f" (key prefix {loaded.location()})"
         return place
 
+    def _unreachable(self, exc: BaseException) -> str:
+        """Which part of the lake failed, named, and the error's first line: the SQL
+        catalog (SQLAlchemy's errors, often many lines with the statement) or the store."""
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if type(exc).__module__.split(".")[0] in ("sqlalchemy", "psycopg2", "sqlite3"):
+            return f"Iceberg catalog unreachable ({self.config.catalog_uri}): {text}"
+        return f"Iceberg object store unreachable ({self._where()}): {text}"
+
     def _guard(self, what: str, action: Callable[[], Any], table: str | None = None) -> Any:
         """``action()``, its failures as :class:`LakeError` naming bucket, key and table."""
         try:
@@ -362,7 +370,7 @@ class IcebergLake:
                 report.retries += 1
                 ambiguous = True
                 log.warning(
-                    "Iceberg commit to %s failed (%s); retrying in %.1f s", name, exc, delay
+                    "%s; commit to %s retrying in %.1f s", self._unreachable(exc), name, delay
                 )
                 time.sleep(delay)
                 delay = min(MAX_BACKOFF_S, delay * 2)

@@ -1,4 +1,5 @@
-"""Housekeeping of the Iceberg lake: retention, compaction of closed hours, snapshot expiry.
+"""Housekeeping of the Iceberg lake: retention, compaction of closed hours, snapshot expiry
+and deletion of the files no snapshot references.
 
 Why: each ingest batch is one Iceberg commit, so a table gains a data file (and a manifest,
 and a snapshot) per batch and hour touched: at a batch every 0.5 s, thousands an hour. A
@@ -9,6 +10,10 @@ pass of :class:`LakeMaintainer`, per table:
 2. **Compaction**: each closed hour (ended :data:`CLOSED_AFTER_MS` ago) with at least
    ``min_files`` files is read and written back as one file, sorted by event time.
 3. **Expiry**: snapshots older than ``keep_ms`` are removed from the table's metadata.
+4. **Deletion** (:mod:`pipeline.iceberg.cleanup`): the files only expired snapshots
+   referenced (the small files a compaction or retention replaced, old manifests and
+   manifest lists) are deleted from the store at once; other unreferenced files (orphans:
+   commits that lost a race, writers that died) once older than ``orphan_grace_ms``.
 
 **Safe while ingesters commit.**
 
@@ -29,9 +34,9 @@ pass of :class:`LakeMaintainer`, per table:
   which look for their own commit id among the snapshots after a lost reply.
 * pyiceberg's own commit retries stay off (the tables' ``commit.retry.num-retries: 0``):
   they would re-apply the summary carried from a stale head.
-
-Files that only expired snapshots referenced (the small files a compaction replaced, old
-manifests) stay in the bucket: pyiceberg 0.12 deletes none, and neither does this pass.
+* **Deletion** never touches a file a commit in flight may reference: an expired
+  snapshot's files cannot become a new commit's (its parent must be the head), and files
+  no snapshot ever held are left for the grace period (see :mod:`pipeline.iceberg.cleanup`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from typing import Any
 
 from pipeline.config import StoreConfig
 from pipeline.errors import ConfigError
+from pipeline.iceberg.cleanup import delete_unreferenced
 from pipeline.iceberg.lake import OFFSETS_PREFIX, IcebergLake, LakeError
 from pipeline.iceberg.tables import ICEBERG_TABLES, PARTITION_WIDTH_MS
 from pipeline.units import DAY_MS, HOUR_MS
@@ -72,11 +78,14 @@ MAX_ATTEMPTS = 30
 
 @dataclass(frozen=True)
 class MaintenancePolicy:
-    """What a pass keeps: rows of ``retention_ms``, snapshots of ``keep_ms``."""
+    """What a pass keeps: rows of ``retention_ms``, snapshots of ``keep_ms``, and
+    unreferenced files younger than ``orphan_grace_ms`` (a writer may be about to commit
+    them; Iceberg's own default is 3 days)."""
 
     retention_ms: int
     keep_ms: int
     min_files: int = 2  # an hour with fewer data files is left as it is
+    orphan_grace_ms: int = 3 * DAY_MS
 
 
 @dataclass
@@ -91,6 +100,9 @@ class TableMaintenance:
     hours_dropped: int = 0
     hours_compacted: int = 0
     snapshots_expired: int = 0
+    files_deleted: int = 0  # unreferenced files deleted from the store (any kind)
+    bytes_deleted: int = 0
+    orphans_deleted: int = 0  # of files_deleted, those no snapshot ever held
     conflicts: int = 0  # commits refused because an ingester committed first (retried)
     skipped: list[str] = field(default_factory=list)  # what was given up, and why
     seconds: float = 0.0
@@ -139,12 +151,14 @@ class LakeMaintainer:
         report.files_before, report.bytes_before = _count(files)
         self._drop_old_hours(table, name, files, now_ms, report)
         self._compact_closed_hours(table, name, now_ms, report)
-        self._expire(table, name, now_ms, report)
+        expired = self._expire(table, name, now_ms, report)
+        if not self._should_stop():
+            self._delete_unreferenced(table, name, expired, now_ms, report)
         report.files_after, report.bytes_after = _count(self._live_files(table, name))
         report.seconds = time.perf_counter() - started
         log.info(
             "maintained %s: %d → %d files, %d → %d bytes, %d hours compacted, %d dropped, "
-            "%d snapshots expired, %d conflicts in %.1f s",
+            "%d snapshots expired, %d files (%d bytes) deleted, %d conflicts in %.1f s",
             name,
             report.files_before,
             report.files_after,
@@ -153,6 +167,8 @@ class LakeMaintainer:
             report.hours_compacted,
             report.hours_dropped,
             report.snapshots_expired,
+            report.files_deleted,
+            report.bytes_deleted,
             report.conflicts,
             report.seconds,
         )
@@ -268,7 +284,9 @@ class LakeMaintainer:
         report.skipped.append(f"{what}: {attempts} attempts lost to ingesters' commits")
         return False
 
-    def _expire(self, table: Any, name: str, now_ms: int, report: TableMaintenance) -> None:
+    def _expire(self, table: Any, name: str, now_ms: int, report: TableMaintenance) -> list[Any]:
+        """Expire the snapshots older than ``keep_ms``; the snapshots that went (pyiceberg
+        ``Snapshot``, as loaded before)."""
         from pyiceberg.exceptions import CommitFailedException
 
         cutoff_ms = now_ms - self.policy.keep_ms
@@ -282,7 +300,8 @@ class LakeMaintainer:
                 and (head is None or s.snapshot_id != head.snapshot_id)
             }
             if not old:
-                return
+                return []
+            before = list(table.metadata.snapshots)
             try:
                 table.maintenance.expire_snapshots().older_than(older_than).commit()
             except CommitFailedException:
@@ -293,9 +312,26 @@ class LakeMaintainer:
             except Exception as exc:
                 raise LakeError(f"cannot expire snapshots of {name}: {exc}") from exc
             self.lake._guard("refresh the table", table.refresh, name)
-            report.snapshots_expired += len(old - {s.snapshot_id for s in table.metadata.snapshots})
-            return
+            remaining = {s.snapshot_id for s in table.metadata.snapshots}
+            report.snapshots_expired += len(old - remaining)
+            return [s for s in before if s.snapshot_id not in remaining]
         report.skipped.append(f"expire snapshots: {MAX_ATTEMPTS} attempts lost")
+        return []
+
+    def _delete_unreferenced(
+        self, table: Any, name: str, expired: list[Any], now_ms: int, report: TableMaintenance
+    ) -> None:
+        self.lake._guard("refresh the table", table.refresh, name)
+        swept = self.lake._guard(
+            "delete unreferenced files",
+            lambda: delete_unreferenced(
+                table, expired, now_ms=now_ms, orphan_grace_ms=self.policy.orphan_grace_ms
+            ),
+            name,
+        )
+        report.files_deleted += swept.files
+        report.bytes_deleted += swept.bytes
+        report.orphans_deleted += swept.orphans
 
 
 def _is_offsets(key: str) -> bool:
@@ -323,10 +359,11 @@ def _delete_quietly(table: Any, data_files: list[Any]) -> None:
 
 def maintenance_policy(store: StoreConfig) -> MaintenancePolicy:
     """The policy ``store`` configures: rows of ``raw_retention_days``, snapshots of
-    ``iceberg.snapshot_keep_s``."""
+    ``iceberg.snapshot_keep_s``, orphans younger than ``iceberg.orphan_grace_s``."""
     if store.iceberg is None:
         raise ConfigError("lake maintenance needs store.lake: iceberg and store.iceberg")
     return MaintenancePolicy(
         retention_ms=int(store.raw_retention_days * DAY_MS),
         keep_ms=int(store.iceberg.snapshot_keep_s * 1000),
+        orphan_grace_ms=int(store.iceberg.orphan_grace_s * 1000),
     )

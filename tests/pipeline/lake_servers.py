@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,9 +142,26 @@ def _as_postgres_user() -> list[str]:
     return [setpriv, f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
 
 
-@pytest.fixture
-def postgres() -> Iterator[str]:
-    """A real PostgreSQL server on a free loopback port; yields its catalog URI."""
+@dataclass
+class PostgresServer:
+    """A PostgreSQL server from Debian's binaries, which a test may stop and start again
+    (same data, same port): a catalog outage."""
+
+    uri: str
+    command: list[str]  # pg_ctl with its user prefix, data directory and options
+
+    def stop(self) -> None:
+        """Stop at once (``immediate``: as a crash does; clients' connections drop)."""
+        subprocess.run([*self.command, "-m", "immediate", "stop"], capture_output=True)
+
+    def start(self) -> None:
+        """Start again and wait until it accepts connections."""
+        subprocess.run([*self.command, "-w", "start"], check=True, capture_output=True)
+
+
+@contextmanager
+def running_postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server on a free loopback port, removed on exit."""
     initdb = require_tool("initdb", str(PG_BIN / "initdb"))
     pg_ctl = require_tool("pg_ctl", str(PG_BIN / "pg_ctl"))
     # Not under pytest's tmp_path: its parents are private to root, and the server runs as
@@ -163,26 +181,20 @@ def postgres() -> Iterator[str]:
     )
     port = free_port()
     options = f"-p {port} -c listen_addresses=127.0.0.1 -k {root} -c fsync=off"
-    subprocess.run(
-        [
-            *prefix,
-            pg_ctl,
-            "-D",
-            str(data),
-            "-o",
-            options,
-            "-l",
-            str(root / "pg.log"),
-            "-w",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
+    server = PostgresServer(
+        uri=f"postgresql://llmslo@127.0.0.1:{port}/postgres",
+        command=[*prefix, pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "pg.log")],
     )
+    server.start()
     try:
-        yield f"postgresql://llmslo@127.0.0.1:{port}/postgres"
+        yield server
     finally:
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True
-        )
+        server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres() -> Iterator[str]:
+    """A real PostgreSQL server on a free loopback port; yields its catalog URI."""
+    with running_postgres() as server:
+        yield server.uri

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +31,7 @@ from pipeline.config import StoreConfig
 from pipeline.iceberg.config import IcebergConfig
 from pipeline.iceberg.lake import IcebergLake
 from pipeline.iceberg.maintenance import LakeMaintainer, MaintenancePolicy
-from pipeline.iceberg.tables import lake_topics
+from pipeline.iceberg.tables import lake_topics, to_lake
 from pipeline.schema import ENGINE_SAMPLES
 from pipeline.units import DAY_MS, HOUR_MS
 from tests.pipeline.lake_servers import BUCKET, S3Server, postgres, s3_server
@@ -167,6 +169,121 @@ def test_a_pass_beside_a_committing_ingester_keeps_every_row_once_and_every_offs
     assert _data_files(seeded.lake) == 5 + open_files < files_before
 
 
+def _referenced(lake: IcebergLake) -> set[str]:
+    """``bucket/key`` of every file the table's metadata references, from pyiceberg's own
+    metadata tables: metadata files, manifest lists, manifests, live data files."""
+    table = lake.table(TABLE)
+    table.refresh()
+    metadata = table.metadata
+    locations = {table.metadata_location, *(e.metadata_file for e in metadata.metadata_log)}
+    locations |= {s.manifest_list for s in metadata.snapshots}
+    locations |= set(table.inspect.all_manifests()["path"].to_pylist())
+    locations |= set(table.inspect.all_files()["file_path"].to_pylist())
+    return {urlsplit(location).netloc + urlsplit(location).path for location in locations}
+
+
+def _stored(s3: S3Server, lake: IcebergLake) -> set[str]:
+    """``bucket/key`` of every file under the table's location (not the empty "directory"
+    objects pyarrow creates)."""
+    prefix = lake.table(TABLE).location().removeprefix("s3://") + "/"
+    keys = (f"{BUCKET}/{key}" for key in s3.objects() if not key.endswith("/"))
+    return {key for key in keys if key.startswith(prefix)}
+
+
+def _write_uncommitted(lake: IcebergLake, first: int, count: int, hour_ms: int) -> list[Any]:
+    """Data files of a batch written as an ingester writes them before its commit."""
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    table = lake.table(TABLE)
+    rows = to_lake(TABLE, _batch(first, count, hour_ms)[TABLE])
+    return list(
+        _dataframe_to_data_files(
+            table_metadata=table.metadata, df=rows, io=table.io, write_uuid=uuid.uuid4()
+        )
+    )
+
+
+def _commit_files(lake: IcebergLake, data_files: list[Any]) -> None:
+    """Commit files written earlier, carrying the head's offsets (as ingesters do)."""
+    table = lake.table(TABLE)
+    table.refresh()
+    summary = LakeMaintainer(lake, POLICY).carried_summary(table)
+    with (
+        table.transaction() as change,
+        change.update_snapshot(snapshot_properties=summary).fast_append() as append,
+    ):
+        for data_file in data_files:
+            append.append_data_file(data_file)
+
+
+def test_files_only_expired_snapshots_held_are_deleted_and_orphans_after_their_grace(
+    s3_server: S3Server, postgres: str, tmp_path: Path
+) -> None:
+    # Hours 0-3 closed (each gets 6 small files, then the other ingester's late ones), the
+    # open hour beside them; every snapshot but the head is old enough to expire.
+    now_ms = int(time.time() * 1000)
+    t0_ms = (now_ms - 6 * HOUR_MS) // HOUR_MS * HOUR_MS
+    policy = MaintenancePolicy(retention_ms=7 * DAY_MS, keep_ms=0)  # orphans: 3 days' grace
+    config = _config(s3_server, postgres, tmp_path)
+    seeded = _Ingester(_lake(config), partition=0)
+    for n in range(24):
+        seeded.append(n * 10, 10, t0_ms + (n // 6) * HOUR_MS)
+    other = _Ingester(_lake(config), partition=1)
+    done = threading.Event()
+
+    def ingest() -> None:
+        try:
+            for n in range(30):
+                other.append(10_000 + n * 10, 10, t0_ms + [0, 1, 2, 3, 6][n % 5] * HOUR_MS)
+        finally:
+            done.set()
+
+    # A writer between writing its files and committing them, all through the passes.
+    late = _Ingester(_lake(config), partition=2)
+    in_flight = _write_uncommitted(late.lake, 90_000, 10, t0_ms + 6 * HOUR_MS)
+    observer = _lake(config)
+    maintainer = LakeMaintainer(_lake(config), policy)
+    reports = []
+    once_referenced = _referenced(observer)
+    writer = threading.Thread(target=ingest)
+    writer.start()
+    while not done.is_set():
+        once_referenced |= _referenced(observer)
+        reports.append(maintainer.maintain(TABLE, int(time.time() * 1000)))
+    writer.join()
+    once_referenced |= _referenced(observer)
+    reports.append(maintainer.maintain(TABLE, int(time.time() * 1000)))
+    assert sum(r.conflicts for r in reports) + other.conflicts > 0, "no race: proves nothing"
+    assert sum(r.hours_compacted for r in reports) >= 4
+    # What expired snapshots held is gone (the replaced small files, their manifests and
+    # manifest lists); what remains unreferenced was never committed, and is within its
+    # grace: the writer's files among it, which it now commits.
+    referenced = _referenced(observer)
+    stored = _stored(s3_server, observer)
+    assert referenced <= stored
+    leftover = stored - referenced
+    assert not leftover & once_referenced
+    assert {f.file_path.removeprefix("s3://") for f in in_flight} <= leftover
+    assert sum(r.files_deleted for r in reports) > 0
+    assert sum(r.orphans_deleted for r in reports) == 0
+    _commit_files(late.lake, in_flight)
+    # Past the grace (the writers are done now), the orphans go too: the store holds
+    # exactly what the metadata references, and every row once.
+    orphans = _stored(s3_server, observer) - _referenced(observer)
+    sweep = LakeMaintainer(_lake(config), MaintenancePolicy(7 * DAY_MS, 0, orphan_grace_ms=0))
+    report = sweep.maintain(TABLE, int(time.time() * 1000))
+    assert report.orphans_deleted == len(orphans)
+    assert _stored(s3_server, observer) == _referenced(observer)
+    expected = sorted(seeded.values + other.values + [float(90_000 + v) for v in range(10)])
+    assert _values(_lake(config)) == expected
+    assert _lake(config).read_offsets() == {
+        (TOPIC, 0): StoredOffset(seeded.offset, LOG),
+        (TOPIC, 1): StoredOffset(other.offset, LOG),
+    }
+    seeded.append(50_000, 10, t0_ms + 6 * HOUR_MS)  # and the lake takes the next batch
+    assert _values(_lake(config)) == sorted(expected + seeded.values[-10:])
+
+
 def test_expiry_keeps_the_offsets_and_a_later_append_carries_them_on(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
@@ -238,7 +355,12 @@ def test_an_open_hour_and_a_lone_file_are_left_alone(s3_server: S3Server, tmp_pa
 def test_llmslo_lake_maintain_compacts_a_local_lake_and_prints_each_tables_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    iceberg = {"catalog_uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": str(tmp_path)}
+    iceberg = {
+        "catalog_uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+        "warehouse": str(tmp_path / "warehouse"),
+        "retry_for_s": 0.001,
+        "snapshot_keep_s": 0.001,  # every snapshot but the head expires
+    }
     path = tmp_path / "llmslo.yaml"
     path.write_text(yaml.safe_dump({"store": {"lake": "iceberg", "iceberg": iceberg}}))
     lake = IcebergLake(
@@ -255,6 +377,12 @@ def test_llmslo_lake_maintain_compacts_a_local_lake_and_prints_each_tables_figur
     assert report["table"] == TABLE
     assert (report["files_before"], report["files_after"], report["hours_compacted"]) == (4, 1, 1)
     assert report["bytes_after"] < report["bytes_before"]
+    assert report["snapshots_expired"] == 4
+    # The expired snapshots' files are gone from the warehouse: the four small data files,
+    # their manifests and manifest lists.
+    assert report["files_deleted"] == 12 and report["orphans_deleted"] == 0
+    location = Path(urlsplit(lake.table(TABLE).location()).path)
+    assert {str(p) for p in location.rglob("*") if p.is_file()} == _referenced(lake)
     assert _values(lake) == sorted(ingester.values)
 
 
