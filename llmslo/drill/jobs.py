@@ -102,10 +102,20 @@ def _say(name: str, text: str) -> None:
 _watchdog_fired: list[str] = []
 
 
+def _already_stopping(signum: int, frame: FrameType | None) -> None:
+    """A second SIGTERM/SIGINT while the fleet is being torn down: nothing more to do."""
+
+
 def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
-    # Once: a second signal must not interrupt the teardown the first one started.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Once: a second signal must not interrupt the teardown the first one started. Not
+    # SIG_IGN: a Ctrl-C brings SIGINT from the terminal and SIGTERM from the parent at once,
+    # and CPython reports a signal already pending when its handler became SIG_IGN
+    # ("Signal 15 ignored due to race condition", a traceback mid-teardown).
+    signal.signal(signal.SIGTERM, _already_stopping)
+    signal.signal(signal.SIGINT, _already_stopping)
+    # kafka-python logs its clients' sockets closed under a pending read as ERROR with a
+    # traceback: on the way down that is the teardown itself, not news for whoever stopped it.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
     raise FleetStopped(
         _watchdog_fired[0] if _watchdog_fired else f"stopped by {signal.Signals(signum).name}"
     )
@@ -335,9 +345,13 @@ def _outcome(
 
 
 def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor, say: Say) -> None:
-    """Cancel what has not started, SIGTERM the running workers (each tears its fleet down),
-    kill the ones still alive after ``STOP_GRACE_S``."""
-    pool.shutdown(wait=False, cancel_futures=True)
+    """SIGTERM the running workers (each tears its fleet down), kill the ones still alive
+    after ``STOP_GRACE_S``, then shut the pool down.
+
+    Not the other way round: on a pool already shut down (``wait=False``), CPython's manager
+    thread fails with a ``TypeError`` when it replaces a worker that ended after its one task.
+    No call is queued behind the workers (one fleet per free worker), so none is left to
+    cancel first."""
     if say and multiprocessing.active_children():
         say(f"[drill] stopping {len(multiprocessing.active_children())} worker(s)")
     deadline = time.monotonic() + STOP_GRACE_S
@@ -351,3 +365,4 @@ def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor, say: Say) -> Non
                 worker.kill()
         for worker in workers:
             worker.join(max(0.1, min(1.0, deadline + 5 - time.monotonic())))
+    pool.shutdown(wait=True, cancel_futures=True)  # joins a replacement spawned meanwhile

@@ -9,8 +9,6 @@ overshoot, ms) so the report can say how much ITL jitter the harness itself adds
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import time
 from collections import deque
 
@@ -21,35 +19,40 @@ __all__ = ["LoopLag"]
 
 class LoopLag:
     """Samples ``loop``'s wake-up lateness every ``period_s`` until :meth:`stop` (keeps the
-    last ``keep`` samples)."""
+    last ``keep`` samples).
+
+    The sampler is a chain of ``call_later`` timers, not a task: a Ctrl-C that lands at any
+    point, even before :meth:`stop` is registered, leaves at most a timer on the loop, which
+    closes quietly (a pending task would be reported destroyed)."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, period_s: float = 0.1, keep: int = 100_000
     ) -> None:
         self.period_s = period_s
+        self._loop = loop
         self._samples: deque[float] = deque(maxlen=keep)
         self._stopped = False
-        self._task: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(
-            self._sample(), loop
-        )
+        loop.call_soon_threadsafe(self._arm, time.monotonic())
 
-    async def _sample(self) -> None:
-        while not self._stopped:
-            before = time.monotonic()
-            await asyncio.sleep(self.period_s)
-            self._samples.append((time.monotonic() - before - self.period_s) * 1000)
+    def _arm(self, now: float) -> None:
+        if not self._stopped:
+            self._loop.call_later(self.period_s, self._tick, now)
+
+    def _tick(self, before: float) -> None:
+        now = time.monotonic()
+        self._samples.append((now - before - self.period_s) * 1000)
+        self._arm(now)
 
     def stop(self) -> dict[str, float]:
         """Stop sampling; returns lateness p50 / p99 / max in ms (empty without samples)."""
         self._stopped = True
-        with contextlib.suppress(Exception):
-            self._task.result(2 * self.period_s + 5)
         return self.summary()
 
     def summary(self) -> dict[str, float]:
-        if not self._samples:
+        samples = self._samples.copy()  # atomic: the loop's thread may still append one
+        if not samples:
             return {}
-        values = np.fromiter(self._samples, float)
+        values = np.fromiter(samples, float)
         return {
             "p50_ms": round(float(np.percentile(values, 50)), 1),
             "p99_ms": round(float(np.percentile(values, 99)), 1),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import time
 from multiprocessing.connection import Connection
 from types import TracebackType
@@ -44,7 +45,12 @@ class DrillPipelineError(LlmsloError):
 
 
 def _serve(config: LlmsloConfig, commands: Connection, log_level: int) -> None:
-    """The child: run the pipeline until told to finish (or the parent goes away)."""
+    """The child: run the pipeline until told to finish (or the parent goes away).
+
+    It ignores SIGINT: a Ctrl-C in the terminal reaches every process of the group, and the
+    worker that owns this child stops it (a ``KeyboardInterrupt`` here only printed a
+    traceback in the middle of the teardown)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         pipeline = Pipeline(config, load_model(None)).start()
@@ -55,7 +61,9 @@ def _serve(config: LlmsloConfig, commands: Connection, log_level: int) -> None:
         commands.send(("started", ""))
         try:
             command = commands.recv()
-        except EOFError:  # the parent is gone
+        except EOFError:  # the parent is gone (the drill was stopped): tear down quietly,
+            # kafka-python logs sockets it closes under a pending read as ERROR tracebacks
+            logging.getLogger("kafka").setLevel(logging.CRITICAL)
             return
         if command == "finish":
             pipeline.final_cycle()

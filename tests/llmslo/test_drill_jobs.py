@@ -285,6 +285,7 @@ def test_ctrl_c_in_a_terminal_stops_llmslo_drill_and_its_fleet(tmp_path: Path) -
         err = command.stderr.read()
         assert "interrupted" in err
         assert "Task was destroyed but it is pending" not in err
+        assert "Traceback" not in err  # e.g. the pool's manager thread failing on its way down
     finally:
         if command.poll() is None:
             os.killpg(command.pid, signal.SIGKILL)
