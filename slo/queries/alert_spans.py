@@ -133,9 +133,9 @@ _PAIR_TYPES = {
     "rank": "INTEGER", "factor": "DOUBLE", "long_ms": "BIGINT", "short_ms": "BIGINT",
 }  # fmt: skip
 
-# Window sums are differences of running sums (``cum``, over the buckets with events): the
-# events in (t − w, t] are cum(t) − cum(t − w), each the last running sum at or before the
-# time (ASOF), zero before a group's first bucket. Only the range's buckets are evaluated.
+# Window sums are differences of running sums over each group's buckets (from its longest
+# window before the range): the events in (t − w, t] are cum(t) − cum(t − w), zero before
+# the group's first bucket. Only the range's buckets are evaluated.
 _SQL = """
 WITH grp AS ({groups}),
 pairs AS ({pairs}),
@@ -152,33 +152,28 @@ events AS (
     WHERE s.ts_ms >= $read_from AND s.ts_ms < $end AND s.ts_ms >= m."from"
     GROUP BY ALL
 ),
-cum AS (
-    SELECT gid, ts, sum(total) OVER w AS c_total, sum(bad) OVER w AS c_bad
-    FROM events WINDOW w AS (PARTITION BY gid ORDER BY ts)
+grid AS (
+    SELECT gid, unnest(generate_series("from", $end - 1, $bucket)) AS ts FROM grp
 ),
-cells AS (
-    SELECT gid, unnest(generate_series($first, $end - 1, $bucket)) AS ts FROM grp
+cum AS MATERIALIZED (
+    SELECT c.gid, c.ts, sum(coalesce(e.total, 0)) OVER w AS c_total,
+           sum(coalesce(e.bad, 0)) OVER w AS c_bad
+    FROM grid c LEFT JOIN events e ON e.gid = c.gid AND e.ts = c.ts
+    WINDOW w AS (PARTITION BY c.gid ORDER BY c.ts)
 ),
-here AS (
-    SELECT c.gid, c.ts, coalesce(k.c_total, 0) AS c_total, coalesce(k.c_bad, 0) AS c_bad
-    FROM cells c ASOF LEFT JOIN cum k ON c.gid = k.gid AND c.ts >= k.ts
-),
-probes AS (
-    SELECT h.*, p.pos, p.pair, p.severity, p.rank, p.factor,
-           h.ts - p.long_ms AS long_from, h.ts - p.short_ms AS short_from
-    FROM here h JOIN pairs p ON p.gid = h.gid
-),
+cells AS (SELECT gid, ts FROM cum WHERE ts >= $first),
 windows AS (
-    SELECT q.gid, q.ts, q.pos, q.pair, q.severity, q.rank, q.factor,
+    SELECT q.gid, q.ts, p.pos, p.pair, p.severity, p.rank, p.factor,
            q.c_total - coalesce(l.c_total, 0) AS long_total,
            q.c_bad - coalesce(l.c_bad, 0) AS long_bad,
            q.c_total - coalesce(s.c_total, 0) AS short_total,
            q.c_bad - coalesce(s.c_bad, 0) AS short_bad
-    FROM probes q
-    ASOF LEFT JOIN cum l ON q.gid = l.gid AND q.long_from >= l.ts
-    ASOF LEFT JOIN cum s ON q.gid = s.gid AND q.short_from >= s.ts
+    FROM cum q JOIN pairs p ON p.gid = q.gid
+    LEFT JOIN cum l ON l.gid = q.gid AND l.ts = q.ts - p.long_ms
+    LEFT JOIN cum s ON s.gid = q.gid AND s.ts = q.ts - p.short_ms
+    WHERE q.ts >= $first
 ),
-rated AS (
+rated AS MATERIALIZED (
     SELECT w.*, w.long_total > 0 AS seen,
            (CASE WHEN w.long_total > 0 THEN w.long_bad::DOUBLE / w.long_total::DOUBLE
                  ELSE 0.0 END) / g.allowed AS long_burn,
