@@ -13,7 +13,7 @@ import streamlit as st
 
 from dashboards.charts import alert_strip, frame, line_chart
 from dashboards.context import PageContext, fmt_count, fmt_pct, fmt_span, window_seconds
-from dashboards.timelines import alert_detail
+from dashboards.timelines import STRIP_ROWS, alert_detail, fold_groups
 from dashboards.views.common import (
     findings_table,
     instances_in_scope,
@@ -158,25 +158,42 @@ def _strip_scope(ctx: PageContext) -> dict[str, Any]:
 
 
 def _draw_alert_strip(ctx: PageContext, spans: pd.DataFrame) -> None:
-    """The spans as a strip: tooltips written once per span, from its last bucket's burns."""
+    """The spans as a strip (:func:`~dashboards.timelines.fold_groups` past
+    :data:`~dashboards.timelines.STRIP_ROWS` groups): tooltips written once per span, from
+    its last bucket's burns."""
+    rows = fold_groups(spans)
+    own = rows["folded"] == 0
     df = pd.DataFrame(
         {
             "slo": [
-                f"{slo_id} · {_group_label(json.loads(group or '{}'))}"
-                for slo_id, group in zip(spans["slo_id"], spans["group_json"], strict=True)
+                f"{slo_id} · {_group_label(json.loads(group))}"
+                if not folded
+                else f"{slo_id} · {folded:,} other groups"
+                for slo_id, group, folded in zip(
+                    rows["slo_id"], rows["group_json"], rows["folded"], strict=True
+                )
             ],
-            "start": pd.to_datetime(spans["start_ms"], unit="ms", utc=True),
-            "end": pd.to_datetime(spans["end_ms"], unit="ms", utc=True),
-            "state": spans["state"],
-            "detail": [alert_detail(burns) for burns in spans["burns"]],
+            "start": pd.to_datetime(rows["start_ms"], unit="ms", utc=True),
+            "end": pd.to_datetime(rows["end_ms"], unit="ms", utc=True),
+            "state": rows["state"],
+            "detail": [
+                alert_detail(burns) if not folded else f"the worst of {folded:,} groups"
+                for burns, folded in zip(rows["burns"], rows["folded"], strict=True)
+            ],
         }
     )
     st.altair_chart(alert_strip(df), width="stretch")
+    folded_note = (
+        ""
+        if own.all()
+        else f" The {STRIP_ROWS} groups longest in page, then ticket, have a row each; the "
+        "other groups of an SLO share one row showing their worst state."
+    )
     st.caption(
         "Each cell: the worst alert window pair over its burn-rate factor at the end of the "
         f"bucket ({fmt_span(ctx.filters.rollup_bucket_ms)}), recomputed from the SLO rollups "
-        "(windows counted in whole buckets; the low-traffic guard is not applied). "
-        "The table below has the jobs' own last evaluation."
+        "(windows counted in whole buckets; the low-traffic guard is not applied)."
+        f"{folded_note} The table below has the jobs' own last evaluation."
     )
 
 

@@ -72,55 +72,39 @@ def _rank(severity: str) -> int:
     return -ALERT_STATES.index(severity) if severity in ALERT_STATES else -len(ALERT_STATES)
 
 
-def _widths_ms(pair: Pair, bucket_ms: int) -> tuple[int, int]:
-    """The pair's long and short windows as whole buckets (at least one), in ms."""
-    return tuple(max(1, round(ms / bucket_ms)) * bucket_ms for ms in (pair.long_ms, pair.short_ms))  # type: ignore[return-value]
-
-
-@dataclass
-class _Bound:
-    """The groups and their pairs as parallel lists, bound as SQL array parameters."""
-
-    groups: dict[str, list[object]]
-    pairs: dict[str, list[object]]
-
-
-def _bind(status: Sequence[dict[str, object]], start_ms: int, bucket_ms: int) -> _Bound:
-    """Each status row a group (``gid`` its index) with its constraints on the key columns
-    (null: any), the share of events its objective allows to fail, and the first bucket its
-    longest window reaches (rollups before it are not read); each pair with its rank."""
-    groups: dict[str, list[object]] = {
-        name: []
-        for name in ("gid", "slo_id", "group_json", "known", *_GROUP_COLUMNS, "allowed", "from")
-    }
-    pairs: dict[str, list[object]] = {
-        name: []
-        for name in ("gid", "pos", "pair", "severity", "rank", "factor", "long_ms", "short_ms")
-    }
+def _bind(
+    status: Sequence[dict[str, object]], start_ms: int, bucket_ms: int
+) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """Rows of :data:`_GROUP_TYPES` and :data:`_PAIR_TYPES`: each status row a group (``gid``
+    its index) with its constraints on the key columns (null: any; ``known`` false when it
+    has a label no key column holds), the share of events its objective allows to fail and
+    the first bucket its longest window reaches; each of its pairs with its rank and its
+    windows in whole buckets (at least one), in ms."""
+    groups, pairs = [], []
     for gid, row in enumerate(status):
         group = json.loads(str(row["group_json"] or "{}"))
         found = status_pairs(str(row["status_json"]))
         longest = max((p.long_ms for p in found), default=bucket_ms)
-        values = [gid, row["slo_id"], row["group_json"], set(group) <= set(_GROUP_COLUMNS)]
-        values += [group.get(column) for column in _GROUP_COLUMNS]
-        values += [1.0 - float(row["objective"]), (start_ms - longest) // bucket_ms * bucket_ms]  # type: ignore[arg-type]
-        for name, value in zip(groups, values, strict=True):
-            groups[name].append(value)
-        for pos, pair in enumerate(found):
-            long_ms, short_ms = _widths_ms(pair, bucket_ms)
-            row_values = [gid, pos, pair.id, pair.severity, _rank(pair.severity), pair.factor]
-            for name, value in zip(pairs, [*row_values, long_ms, short_ms], strict=True):
-                pairs[name].append(value)
-    return _Bound(groups, pairs)
+        labels = [group.get(column) for column in _GROUP_COLUMNS]
+        known = set(group) <= set(_GROUP_COLUMNS)
+        allowed = 1.0 - float(row["objective"])  # type: ignore[arg-type]
+        first_ms = (start_ms - longest) // bucket_ms * bucket_ms
+        groups.append((gid, row["slo_id"], row["group_json"], known, *labels, allowed, first_ms))
+        for pos, p in enumerate(found):
+            widths = [max(1, round(ms / bucket_ms)) * bucket_ms for ms in (p.long_ms, p.short_ms)]
+            pairs.append((gid, pos, p.id, p.severity, _rank(p.severity), p.factor, *widths))
+    return groups, pairs
 
 
 def _unnest(
-    prefix: str, columns: dict[str, list[object]], types: dict[str, str]
-) -> tuple[str, dict[str, object]]:
-    """``SELECT unnest($prefix_name::T[]) AS name, …`` over parallel lists, and the lists
-    to bind by those names."""
-    select = ", ".join(f'unnest(${prefix}_{name}::{types[name]}[]) AS "{name}"' for name in columns)
-    return f"SELECT {select}", {f"{prefix}_{name}": values for name, values in columns.items()}
+    prefix: str, rows: Sequence[tuple[object, ...]], types: dict[str, str]
+) -> tuple[str, dict[str, list[object]]]:
+    """``SELECT unnest($prefix_name::T[]) AS name, …`` over ``rows`` (columns in the order
+    of ``types``), and the columns to bind by those names."""
+    columns = [list(column) for column in zip(*rows, strict=True)] or [[] for _ in types]
+    select = ", ".join(f'unnest(${prefix}_{name}::{types[name]}[]) AS "{name}"' for name in types)
+    params = {f"{prefix}_{name}": column for name, column in zip(types, columns, strict=True)}
+    return f"SELECT {select}", params
 
 
 _GROUP_TYPES = {
@@ -264,15 +248,15 @@ def slo_alert_spans(
     ]
     if not status:
         return ALERT_SPANS_SCHEMA.empty_table()
-    bound = _bind(status, grid.start_ms, grid.bucket_ms)
-    groups_sql, group_params = _unnest("g", bound.groups, _GROUP_TYPES)
-    pairs_sql, pair_params = _unnest("p", bound.pairs, _PAIR_TYPES)
+    groups, pairs = _bind(status, grid.start_ms, grid.bucket_ms)
+    groups_sql, group_params = _unnest("g", groups, _GROUP_TYPES)
+    pairs_sql, pair_params = _unnest("p", pairs, _PAIR_TYPES)
     source = "slo_hour" if grid.bucket_ms % HOUR_MS == 0 else "slo_minute"
     params = {
         **group_params,
         **pair_params,
         "bucket": grid.bucket_ms,
-        "read_from": min(bound.groups["from"]),  # type: ignore[type-var]
+        "read_from": min(group_params["g_from"]),  # type: ignore[type-var]
         "end": grid.end_ms,
         "first": grid.start_ms // grid.bucket_ms * grid.bucket_ms,
     }

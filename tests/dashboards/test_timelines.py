@@ -8,7 +8,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from dashboards.timelines import level_spans
+from dashboards.timelines import fold_groups, level_spans
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
 from slo import queries
 from tests.dashboards.conftest import END_MS, History
@@ -62,3 +62,42 @@ def test_one_read_of_every_group_equals_each_groups_own_budget_series(
     assert (
         set(one["slo_id"]) == {"chat-ttft"} and len(one) == (every["slo_id"] == "chat-ttft").sum()
     )
+
+
+def _spans(group: str, *runs: tuple[str, int, int]) -> list[dict[str, object]]:
+    return [
+        {
+            "slo_id": "a", "group_json": group, "start_ms": START + h0 * HOUR_MS,
+            "end_ms": START + h1 * HOUR_MS, "state": state, "burns": [{"pair": "p"}],
+        }
+        for state, h0, h1 in runs
+    ]  # fmt: skip
+
+
+FOUR_GROUPS = pd.DataFrame(
+    _spans("a1", ("page", 0, 2), ("ok", 2, 6))
+    + _spans("a2", ("ticket", 0, 3), ("ok", 3, 6))
+    + _spans("a3", ("ok", 0, 1), ("page", 1, 2), ("ok", 2, 6))
+    + _spans("a4", ("no events", 0, 6))
+)
+
+
+def test_past_the_row_limit_the_groups_alerting_least_share_a_row_of_their_worst() -> None:
+    rows = fold_groups(FOUR_GROUPS, most=1)
+    own, folded = rows[rows["folded"] == 0], rows[rows["folded"] > 0]
+    assert set(own["group_json"]) == {"a1"}  # two hours of page beat one
+    mine = FOUR_GROUPS[FOUR_GROUPS["group_json"] == "a1"]
+    assert own.drop(columns="folded").to_dict("records") == mine.to_dict("records")
+    worst = [
+        (state, (start - START) // HOUR_MS, (end - START) // HOUR_MS)
+        for state, start, end in zip(
+            folded["state"], folded["start_ms"], folded["end_ms"], strict=True
+        )
+    ]
+    assert worst == [("ticket", 0, 1), ("page", 1, 2), ("ticket", 2, 3), ("ok", 3, 6)]
+    assert set(folded["folded"]) == {3} and folded["group_json"].isna().all()
+
+
+def test_within_the_row_limit_every_group_keeps_its_row() -> None:
+    rows = fold_groups(FOUR_GROUPS, most=4)
+    assert rows.drop(columns="folded").equals(FOUR_GROUPS) and set(rows["folded"]) == {0}
