@@ -9,6 +9,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -193,7 +194,7 @@ Rows = list[tuple[int, int, int]]  # (ts_ms, total, bad) per 5-minute bucket
 
 
 @pytest.fixture
-def one_group(tmp_path: Path) -> Iterator[Callable[[Rows], list[dict[str, object]]]]:
+def one_group(tmp_path: Path) -> Iterator[Callable[[Rows], list[dict[str, Any]]]]:
     """Store a group's events (one rollup row per bucket) and a status with PAGE and TICKET;
     answer its spans over [START, END) in 5-minute buckets."""
     con = duckdb.connect(str(tmp_path / "one.duckdb"))
@@ -206,24 +207,24 @@ def one_group(tmp_path: Path) -> Iterator[Callable[[Rows], list[dict[str, object
     con.execute("INSERT INTO slo_keys VALUES (1, 's', '', '', '', '')")
     con.execute("INSERT INTO slo_status_current VALUES ('s', '{}', 0, ?)", [json.dumps(status)])
 
-    def spans(rows: Rows) -> list[dict[str, object]]:
+    def spans(rows: Rows) -> list[dict[str, Any]]:
         con.execute("DELETE FROM slo_minute")
         if any(r[1] for r in rows):
             con.executemany(
                 "INSERT INTO slo_minute VALUES ('s', 1, ?, ?, ?)", [r for r in rows if r[1]]
             )
         answer = queries.slo_alert_spans(con, start_ms=START, end_ms=END, bucket_ms=BUCKET)
-        return answer.to_pylist()  # type: ignore[no-any-return]
+        return answer.to_pylist()
 
     yield spans
     con.close()
 
 
-def _cells(spans: list[dict[str, object]]) -> dict[int, str]:
+def _cells(spans: list[dict[str, Any]]) -> dict[int, str]:
     """Bucket start → state, from spans that tile the range."""
     cells = {}
     for span in spans:
-        for ts in range(int(span["start_ms"]), int(span["end_ms"]), BUCKET):  # type: ignore[call-overload]
+        for ts in range(int(span["start_ms"]), int(span["end_ms"]), BUCKET):
             cells[ts] = str(span["state"])
     assert list(cells) == list(range(START, END, BUCKET))  # no gap, no overlap
     return cells
@@ -238,25 +239,25 @@ def _outage(bad_from_ms: int, bad_to_ms: int, bad: int) -> Rows:
 
 
 def test_an_outage_tickets_then_pages_while_both_windows_burn_then_recovers(
-    one_group: Callable[[Rows], list[dict[str, object]]],
+    one_group: Callable[[Rows], list[dict[str, Any]]],
 ) -> None:
     # 50 % errors from +1 h to +3 h: burn 50 per bad bucket. The 6 h window passes 1 after
     # two bad buckets (2 × 0.69), the 1 h window 14.4 after four (4 × 4.17); when errors
     # stop the 5 m window clears at once, the 30 m window six buckets later.
     spans = one_group(_outage(START + HOUR_MS, START + 3 * HOUR_MS, 500))
     assert [s["state"] for s in spans] == ["ok", "ticket", "page", "ticket", "ok"]
-    assert [(int(s["start_ms"]) - START) // MINUTE_MS for s in spans] == [0, 65, 75, 180, 205]  # type: ignore[call-overload]
+    assert [(int(s["start_ms"]) - START) // MINUTE_MS for s in spans] == [0, 65, 75, 180, 205]
     assert spans[-1]["end_ms"] == END
     # The ok span ends with the first bad bucket: 1 of 12 bad in the hour, 1 of 72 in 6 h.
-    assert alert_detail(spans[0]["burns"]) == "page ×14.4: 4.2 / 50.0; ticket ×1: 0.7 / 8.3"  # type: ignore[arg-type]
+    assert alert_detail(spans[0]["burns"]) == "page ×14.4: 4.2 / 50.0; ticket ×1: 0.7 / 8.3"
     paging = [
         (b["pair"], round(b["long_burn"], 2), round(b["short_burn"], 2)) for b in spans[2]["burns"]
-    ]  # type: ignore[attr-defined]
+    ]
     # At the page's last bucket (+2 h 55 m): 12 of 12 buckets of the hour bad, 24 of 72 of 6 h.
     assert paging == [("page-1h-5m", 50.0, 50.0), ("ticket-6h-30m", 16.67, 50.0)]
 
 
-def test_no_events_is_its_own_state(one_group: Callable[[Rows], list[dict[str, object]]]) -> None:
+def test_no_events_is_its_own_state(one_group: Callable[[Rows], list[dict[str, Any]]]) -> None:
     assert [(s["state"], s["burns"]) for s in one_group([])] == [("no events", [])]
 
 
@@ -275,7 +276,7 @@ def test_the_pairs_are_read_from_the_stored_status() -> None:
 
 
 def test_every_cell_agrees_with_the_jobs_pair_rule(
-    one_group: Callable[[Rows], list[dict[str, object]]],
+    one_group: Callable[[Rows], list[dict[str, Any]]],
 ) -> None:
     """The spans bucket by bucket against :func:`slo.budget.pair_alerting`, over bursty
     random traffic with empty stretches."""
