@@ -56,6 +56,11 @@ READ_ROUTES = (
     ReadRoute(
         "/api/v1/slos/series", queries.slo_series, "Events and bad per bucket of every SLO group."
     ),
+    ReadRoute(
+        "/api/v1/slos/alert-spans",
+        queries.slo_alert_spans,
+        "Every SLO group's alert state over time, as spans with the burn rates at their ends.",
+    ),
     ReadRoute("/api/v1/findings", queries.findings, "Findings in a range, with evidence."),
     ReadRoute("/api/v1/findings/open", queries.open_findings, "Findings firing now (or at_ms)."),
     ReadRoute("/api/v1/flags/timeline", queries.flag_timeline, "Level transitions in a range."),

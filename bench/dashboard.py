@@ -16,9 +16,14 @@ and reused by later runs: building 30 days takes minutes. ``--rebuild`` builds i
 ``--quick`` (< 60 s on this host, without a cached file) is 1 day × 8 instances scraped
 every 10 minutes with 5 % of requests, one cold and one warm load (a smoke run of the path);
 the full run is 30 days × 256 instances scraped every minute (``--interval``) with 5 % of
-requests sampled (what ``llmslo sim history`` writes). The data volume is printed. The last
+requests sampled (what ``llmslo sim history`` writes). The data volume is printed, and per
+page the bytes its websocket received on a cold load (charts' data and tables). The last
 line is one JSON object.
-Usage: ``python bench/dashboard.py [--quick] [--rebuild] [--days D] [--pods N] [--interval S]``.
+
+``--baseline DIR`` measures another checkout's code (``git worktree add DIR main``) on the
+same file in turns with this one, so a before/after pair shares the machine's load.
+Usage: ``python bench/dashboard.py [--quick] [--rebuild] [--days D] [--pods N] [--interval S]
+[--baseline DIR]``.
 """
 
 from __future__ import annotations
@@ -134,17 +139,18 @@ def prepared(
     return path, facts
 
 
-def serve(path: Path) -> tuple[subprocess.Popen[str], str]:
+def serve(path: Path, root: Path = ROOT) -> tuple[subprocess.Popen[str], str]:
+    """``llmslo dashboard --db path`` with the code of the checkout ``root``."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "llmslo", "dashboard", "--db", str(path), "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=root,
     )
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -154,41 +160,58 @@ def serve(path: Path) -> tuple[subprocess.Popen[str], str]:
     return process, line.split()[1].rstrip("/")
 
 
-def _load(browser: HeadlessChromium, url: str, timeout_s: float) -> float:
+def _load(browser: HeadlessChromium, url: str, timeout_s: float) -> tuple[float, int]:
+    """Seconds to the rendered page, and the bytes its websocket received by then."""
+    browser.received_bytes = 0
     seconds = browser.open(url, timeout_s)
     state = browser.state()
     if state["exceptions"] or state["errors"]:
         raise SystemExit(f"{url}: {state['exceptions'] or state['errors']}")
-    return seconds
+    return seconds, browser.received_bytes
 
 
-def measure(path: Path, cold_loads: int, warm_loads: int) -> dict[str, float]:
-    """Per page, the median cold load (a fresh server each) and the median warm load."""
+def measure(
+    path: Path, cold_loads: int, warm_loads: int, roots: dict[str, Path]
+) -> dict[str, float]:
+    """Per checkout in ``roots`` (label → code) and page: the median cold load (a fresh
+    server each), the median warm load and the bytes a cold load received. The checkouts
+    take turns, so a comparison shares the machine's load."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise SystemExit("chromium is not installed (apt-get install chromium)")
-    cold: dict[str, list[float]] = {page: [] for page in PAGES}
-    warm: dict[str, list[float]] = {page: [] for page in PAGES}
+    cold = {(label, page): list[float]() for label in roots for page in PAGES}
+    warm = {(label, page): list[float]() for label in roots for page in PAGES}
+    received = {(label, page): list[int]() for label in roots for page in PAGES}
     with HeadlessChromium(chromium) as browser:
+        browser.call("Network.enable")
         for run in range(cold_loads):
-            process, url = serve(path)
-            try:
-                _load(browser, f"{url}/canary", 120)  # the app's first script run and imports
-                for page in PAGES:
-                    cold[page].append(_load(browser, f"{url}/{page}?range=30d", 120))
-                    if run == 0:
-                        warm[page] += [
-                            _load(browser, f"{url}/{page}?range=30d", 60) for _ in range(warm_loads)
-                        ]
-            finally:
-                process.terminate()
-                process.wait(timeout=20)
+            # Turns alternate who goes first, so neither always meets a warmer machine.
+            for label, root in list(roots.items())[:: 1 if run % 2 == 0 else -1]:
+                process, url = serve(path, root)
+                try:
+                    _load(browser, f"{url}/canary", 120)  # the app's first script run and imports
+                    for page in PAGES:
+                        seconds, size = _load(browser, f"{url}/{page}?range=30d", 120)
+                        cold[label, page].append(seconds)
+                        received[label, page].append(size)
+                        if run == 0:
+                            warm[label, page] += [
+                                _load(browser, f"{url}/{page}?range=30d", 60)[0]
+                                for _ in range(warm_loads)
+                            ]
+                finally:
+                    process.terminate()
+                    process.wait(timeout=20)
     figures: dict[str, float] = {}
-    for page in PAGES:
-        figures[f"{page}_cold_s"] = round(statistics.median(cold[page]), 3)
-        figures[f"{page}_warm_s"] = round(statistics.median(warm[page]), 3)
+    for (label, page), loads in cold.items():
+        prefix = "" if label == "this" else f"{label}_"
+        figures[f"{prefix}{page}_cold_s"] = round(statistics.median(loads), 3)
+        figures[f"{prefix}{page}_warm_s"] = round(statistics.median(warm[label, page]), 3)
+        figures[f"{prefix}{page}_received_kb"] = round(max(received[label, page]) / 1000, 1)
         print(
-            f"{page}: cold loads {[round(v, 2) for v in cold[page]]}, warm {[round(v, 2) for v in warm[page]]}"
+            f"{label} {page}: cold loads {[round(v, 2) for v in loads]}, "
+            f"warm {[round(v, 2) for v in warm[label, page]]}, "
+            f"received {figures[f'{prefix}{page}_received_kb']:,} kB"
         )
     return figures
 
@@ -210,6 +233,12 @@ def main() -> None:
     )
     parser.add_argument("--no-cache", action="store_true", help="build into a temporary dir")
     parser.add_argument("--rebuild", action="store_true", help="build even if cached")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. `git worktree add /tmp/main main`) measured in turns "
+        "with this one on the same file; its figures are prefixed baseline_",
+    )
     args = parser.parse_args()
     volume = Volume(
         days=args.days or (1 if args.quick else 30),
@@ -228,12 +257,17 @@ def main() -> None:
             f"{volume.interval_s} s, {volume.request_sample:.0%} of requests: {facts}",
             flush=True,
         )
-        figures = measure(path, cold_loads, warm_loads)
-    for page in PAGES:
-        print(
-            f"{page:8} cold {figures[f'{page}_cold_s']:.2f} s, warm {figures[f'{page}_warm_s']:.2f} s "
-            f"(medians of {cold_loads} and {warm_loads} loads; target ≤ 2 s)"
-        )
+        roots = {"this": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+        figures = measure(path, cold_loads, warm_loads, roots)
+    for label in roots:
+        prefix = "" if label == "this" else f"{label}_"
+        for page in PAGES:
+            print(
+                f"{label:8} {page:8} cold {figures[f'{prefix}{page}_cold_s']:.2f} s, "
+                f"warm {figures[f'{prefix}{page}_warm_s']:.2f} s "
+                f"(medians of {cold_loads} and {warm_loads} loads; target ≤ 2 s), "
+                f"{figures[f'{prefix}{page}_received_kb']:,} kB received cold"
+            )
     result = {
         "bench": "dashboard",
         "quick": args.quick,
@@ -244,7 +278,9 @@ def main() -> None:
         **figures,
         "total_s": round(time.perf_counter() - started, 1),
         "target_s": 2.0,
-        "within_target": all(v <= 2.0 for v in figures.values()),
+        "within_target": all(
+            figures[f"{page}_{load}_s"] <= 2.0 for page in PAGES for load in ("cold", "warm")
+        ),
     }
     print(json.dumps(result))
 

@@ -54,6 +54,7 @@ ROUTES: Mapping[str, str] = {
     "slo_status": "/api/v1/slos",
     "budget_series": "/api/v1/slos/{slo_id}/budget",
     "slo_series": "/api/v1/slos/series",
+    "slo_alert_spans": "/api/v1/slos/alert-spans",
     "findings": "/api/v1/findings",
     "open_findings": "/api/v1/findings/open",
     "current_flags": "/api/v1/flags",

@@ -13,7 +13,7 @@ import streamlit as st
 
 from dashboards.charts import alert_strip, frame, line_chart
 from dashboards.context import PageContext, fmt_count, fmt_pct, fmt_span, window_seconds
-from dashboards.timelines import alert_states, group_series, merge_runs, status_pairs
+from dashboards.timelines import STRIP_ROWS, alert_detail, fold_groups
 from dashboards.views.common import (
     findings_table,
     instances_in_scope,
@@ -22,7 +22,7 @@ from dashboards.views.common import (
     page,
 )
 from pipeline.units import HOUR_MS
-from slo.queries import MAX_POINTS, MAX_RANGE_MS
+from slo.queries import MAX_RANGE_MS
 
 __all__ = ["PAGE", "slo_rows"]
 
@@ -113,7 +113,7 @@ def _summary(ctx: PageContext, status: pd.DataFrame | None) -> None:
 
 def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
     """Each SLO group's worst alert over the range, recomputed per bucket from the rollups
-    (one read of every group's events, :func:`slo.queries.slo_series`)."""
+    for every group in one read (:func:`slo.queries.slo_alert_spans`)."""
     st.subheader("SLO alerts over time")
     if status is None:
         return
@@ -122,70 +122,78 @@ def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
             "no SLO has been evaluated: the SLO jobs (`llmslo run` or `llmslo jobs`) write `slo_status_current`."
         )
         return
-    series = _slo_series(ctx, status)
-    if series is None:
+    spans = ctx.table("slo_alert_spans", **_strip_scope(ctx))
+    if spans is None:
         return
-    per_slo = dict(tuple(series.groupby("slo_id")))  # a group's rows are found in its SLO's
-    frames, unlabelled = [], []
-    for row in status.itertuples():
-        group = json.loads(row.group_json or "{}")
-        if not all(group.values()):
-            # An empty label value (records without that label): the jobs' status and the
-            # rollup keys do not say the same thing then, so such groups are listed only.
-            unlabelled.append(f"{row.slo_id} · {_group_label(group)}")
-            continue
-        mine = group_series(per_slo.get(row.slo_id, series.iloc[:0]), row.slo_id, group)
-        states = _alert_states(ctx, row, mine)
-        states = merge_runs(states)
-        states["slo"] = f"{row.slo_id} · {_group_label(group)}"
-        frames.append(states)
-    if frames:
-        _draw_alert_strip(ctx, pd.concat(frames, ignore_index=True))
+    if spans.num_rows:
+        _draw_alert_strip(ctx, spans.to_pandas())
     else:
         no_data("no SLO group with events in its rollups (`slo_minute`, `slo_hour`).")
+    # An empty label value (records without that label): the jobs' status and the rollup
+    # keys do not say the same thing then, so such groups are listed only.
+    unlabelled = [
+        f"{row.slo_id} · {_group_label(group)}"
+        for row in status.itertuples()
+        if not all((group := json.loads(row.group_json or "{}")).values())
+    ]
     if unlabelled:
         st.caption("Not drawn (a group label without a value):")
         st.text("\n".join(unlabelled))
 
 
-def _draw_alert_strip(ctx: PageContext, df: pd.DataFrame) -> None:
-    df["start"] = pd.to_datetime(df["start_ms"], unit="ms", utc=True)
-    df["end"] = pd.to_datetime(df["end_ms"], unit="ms", utc=True)
+def _strip_scope(ctx: PageContext) -> dict[str, Any]:
+    """The span the data covers in the view's range, in whole minutes (its last
+    ``MAX_RANGE_MS`` at most), with the SLO, pool and instance filters."""
+    scope = ctx.filters.series_scope(rollup=True)
+    bucket_ms = scope["bucket_ms"]
+    earliest = -(-(scope["end_ms"] - MAX_RANGE_MS) // bucket_ms) * bucket_ms
+    f = ctx.filters
+    return {
+        **scope,
+        "start_ms": max(scope["start_ms"], earliest),
+        "slo_id": f.slo,
+        "pool": f.pool,
+        "instance": f.instance,
+    }
+
+
+def _draw_alert_strip(ctx: PageContext, spans: pd.DataFrame) -> None:
+    """The spans as a strip (:func:`~dashboards.timelines.fold_groups` past
+    :data:`~dashboards.timelines.STRIP_ROWS` groups): tooltips written once per span, from
+    its last bucket's burns."""
+    rows = fold_groups(spans)
+    own = rows["folded"] == 0
+    df = pd.DataFrame(
+        {
+            "slo": [
+                f"{slo_id} · {_group_label(json.loads(group))}"
+                if not folded
+                else f"{slo_id} · {folded:,} other groups"
+                for slo_id, group, folded in zip(
+                    rows["slo_id"], rows["group_json"], rows["folded"], strict=True
+                )
+            ],
+            "start": pd.to_datetime(rows["start_ms"], unit="ms", utc=True),
+            "end": pd.to_datetime(rows["end_ms"], unit="ms", utc=True),
+            "state": rows["state"],
+            "detail": [
+                alert_detail(burns) if not folded else f"the worst of {folded:,} groups"
+                for burns, folded in zip(rows["burns"], rows["folded"], strict=True)
+            ],
+        }
+    )
     st.altair_chart(alert_strip(df), width="stretch")
+    folded_note = (
+        ""
+        if own.all()
+        else f" The {STRIP_ROWS} groups longest in page, then ticket, have a row each; the "
+        "other groups of an SLO share one row showing their worst state."
+    )
     st.caption(
         "Each cell: the worst alert window pair over its burn-rate factor at the end of the "
         f"bucket ({fmt_span(ctx.filters.rollup_bucket_ms)}), recomputed from the SLO rollups "
-        "(windows counted in whole buckets; the low-traffic guard is not applied). "
-        "The table below has the jobs' own last evaluation."
-    )
-
-
-def _slo_series(ctx: PageContext, status: pd.DataFrame) -> pd.DataFrame | None:
-    """Every group's events per bucket, reaching back the longest alert window before the
-    range (``slo.queries`` answers at most 90 days and 5,000 buckets: the look-back shrinks
-    to fit, so the first buckets' longest windows may hold less than their length)."""
-    scope = ctx.filters.series_scope(rollup=True)  # the covered span, whole minutes
-    start_ms, end_ms, bucket_ms = scope["start_ms"], scope["end_ms"], scope["bucket_ms"]
-    longest = max(
-        (p.long_ms for text in status["status_json"] for p in status_pairs(text)), default=0
-    )
-    # The earliest whole bucket within both limits (a bucket past the range's end counts).
-    earliest = end_ms - min(MAX_RANGE_MS, (MAX_POINTS - 1) * bucket_ms)
-    reach = max(start_ms - longest, -(-earliest // bucket_ms) * bucket_ms)
-    series = ctx.table(
-        "slo_series", start_ms=reach // bucket_ms * bucket_ms, end_ms=end_ms, bucket_ms=bucket_ms
-    )
-    return None if series is None else series.to_pandas()
-
-
-def _alert_states(ctx: PageContext, row: Any, series: pd.DataFrame) -> pd.DataFrame:
-    """One SLO group's :func:`~dashboards.timelines.alert_states` over the span the data
-    covers in the view's range, in whole minutes."""
-    return alert_states(
-        series,
-        pairs=status_pairs(row.status_json),
-        objective=float(row.objective),
-        **ctx.filters.series_scope(rollup=True),
+        "(windows counted in whole buckets; the low-traffic guard is not applied)."
+        f"{folded_note} The table below has the jobs' own last evaluation."
     )
 
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 __all__ = [
     "ALERTS_SCHEMA",
+    "ALERT_SPANS_SCHEMA",
     "BUDGET_SCHEMA",
     "DRILLS_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
@@ -41,6 +42,19 @@ SLO_SERIES_SCHEMA = pa.schema(
     [
         ("slo_id", _S), ("pool", _S), ("instance", _S), ("tenant", _S), ("route", _S),
         ("bucket_ts_ms", _I64), ("total", _I64), ("bad", _I64),
+    ]
+)  # fmt: skip
+#: Each alert pair's burns at a span's last bucket (``slo_alert_spans``).
+_BURN = pa.struct(
+    [
+        ("pair", _S), ("severity", _S), ("factor", _F64), ("long_burn", _F64),
+        ("short_burn", _F64),
+    ]
+)  # fmt: skip
+ALERT_SPANS_SCHEMA = pa.schema(
+    [
+        ("slo_id", _S), ("group_json", _S), ("start_ms", _I64), ("end_ms", _I64),
+        ("state", _S), ("burns", pa.list_(_BURN)),
     ]
 )  # fmt: skip
 FINDINGS_SCHEMA = pa.schema(

@@ -8,7 +8,7 @@ from a value (values are always bound parameters).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -36,12 +36,14 @@ def run_query(
     schema: pa.Schema,
     tables: Sequence[str],
     sql: str,
-    params: Sequence[object],
+    params: Sequence[object] | Mapping[str, object],
 ) -> pa.Table:
-    """Run ``sql`` and cast its answer to ``schema``; empty when a table in ``tables`` is missing."""
+    """Run ``sql`` and cast its answer to ``schema``; empty when a table in ``tables`` is
+    missing. ``params`` bind ``?`` in order, or ``$name`` by name (a mapping)."""
     if not set(tables) <= present_tables(con):
         return schema.empty_table()
-    table: pa.Table = con.sql(sql, params=list(params)).to_arrow_table()
+    bound = dict(params) if isinstance(params, Mapping) else list(params)
+    table: pa.Table = con.sql(sql, params=bound).to_arrow_table()
     return table.rename_columns(schema.names).cast(schema)
 
 

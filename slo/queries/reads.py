@@ -23,6 +23,7 @@ from slo.queries._params import (
 )
 from slo.queries._request_reads import RequestScope, latency_sql, outcome_sql, request_names_sql
 from slo.queries._schemas import (
+    ALERT_SPANS_SCHEMA,
     ALERTS_SCHEMA,
     BUDGET_SCHEMA,
     DRILLS_SCHEMA,
@@ -39,12 +40,14 @@ from slo.queries._schemas import (
 from slo.queries._sql import optional_equal as _optional
 from slo.queries._sql import present_tables
 from slo.queries._sql import run_query as _run
+from slo.queries.alert_spans import slo_alert_spans
 from slo.queries.alerts import alerts, drills, last_heartbeat
 from slo.queries.series import engine_series, gpu_series
 from slo.request_sources import REQUEST_SOURCES, RequestSource, source_filter
 
 __all__ = [
     "ALERTS_SCHEMA",
+    "ALERT_SPANS_SCHEMA",
     "BUDGET_SCHEMA",
     "DRILLS_SCHEMA",
     "ENGINE_SERIES_SCHEMA",
@@ -71,6 +74,7 @@ __all__ = [
     "open_findings",
     "outcome_counts",
     "present_tables",
+    "slo_alert_spans",
     "slo_series",
     "slo_status",
 ]

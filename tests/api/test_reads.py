@@ -42,6 +42,13 @@ ROUTES: list[tuple[str, str, list[tuple[str, Any]], Any, dict[str, Any]]] = [
         {**SERIES, "slo_id": "q-ttft"},
     ),
     (
+        "every SLO group's alert spans",
+        "/api/v1/slos/alert-spans",
+        [*SERIES.items(), ("instance", POD)],
+        queries.slo_alert_spans,
+        {**SERIES, "instance": POD},
+    ),
+    (
         "flag timeline",
         "/api/v1/flags/timeline",
         [("start_ms", START_MS), ("end_ms", END_MS), ("limit", 1)],
@@ -137,6 +144,7 @@ def test_the_routes_return_real_rows_not_just_empty_tables(client: TestClient) -
         ("/api/v1/findings", RANGE),
         ("/api/v1/latency", {"metric": "ttft", **SERIES}),
         ("/api/v1/outcomes", SERIES),
+        ("/api/v1/slos/alert-spans", SERIES),
     ]:
         assert client.get(path, params=params).json()["count"] > 0, path
 
@@ -239,6 +247,11 @@ HOSTILE = [
     ("an objective of 1", "/api/v1/slos/q-avail/budget", {**SERIES, "objective": "1"}, "objective"),
     ("an unknown SLO without objective", "/api/v1/slos/nope/budget", SERIES, "slo_id"),
     ("meta with parameters", "/api/v1/meta", {"x": "1"}, "x"),
+    ("alert spans in second buckets", "/api/v1/slos/alert-spans", {**RANGE, "bucket_ms": 30_000}, "bucket_ms"),
+    ("alert spans without a bucket", "/api/v1/slos/alert-spans", RANGE, "bucket_ms"),
+    ("alert spans ending before they start", "/api/v1/slos/alert-spans", {**SERIES, "end_ms": START_MS - 1}, "end_ms"),
+    ("alert spans of an unknown parameter", "/api/v1/slos/alert-spans", {**SERIES, "objective": "0.9"}, "objective"),
+    ("alert spans of a 300-character pool", "/api/v1/slos/alert-spans", {**SERIES, "pool": "p" * 300}, "pool"),
 ]  # fmt: skip
 
 
@@ -289,6 +302,7 @@ VALID: dict[str, dict[str, Any]] = {
     "/api/v1/slos": {},
     "/api/v1/slos/q-avail/budget": {**SERIES, "objective": "0.99", "group": "pool:x"},
     "/api/v1/slos/series": {**SERIES, "slo_id": "q-avail"},
+    "/api/v1/slos/alert-spans": {**SERIES, "slo_id": "q-avail", "pool": "p", "instance": POD},
     "/api/v1/findings": {**RANGE, "signal": "stall", "scope_id": POD, "state": "firing", "limit": 5},
     "/api/v1/findings/open": {"at_ms": END_MS},
     "/api/v1/flags": {"scope": "instance"},

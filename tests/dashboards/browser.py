@@ -92,6 +92,8 @@ class HeadlessChromium:
             stderr=subprocess.DEVNULL,
         )
         self._ids = itertools.count(1)
+        #: Bytes of the websocket frames the page received (see :meth:`call`).
+        self.received_bytes = 0
         self._stack = contextlib.ExitStack()
         self._ws = self._stack.enter_context(self._attach())
 
@@ -109,11 +111,18 @@ class HeadlessChromium:
         return connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
-        """One DevTools command; its ``result`` (events in between are skipped)."""
+        """One DevTools command; its ``result`` (events in between are skipped, but the
+        websocket frames the page received are counted in :attr:`received_bytes` once
+        ``Network.enable`` was called)."""
         ident = next(self._ids)
         self._ws.send(json.dumps({"id": ident, "method": method, "params": params}))
         while True:
             message = json.loads(self._ws.recv(timeout=60))
+            if message.get("method") == "Network.webSocketFrameReceived":
+                frame = message["params"]["response"]
+                # Binary frames (Streamlit's protobuf) arrive base64-encoded.
+                size = len(frame["payloadData"])
+                self.received_bytes += size * 3 // 4 if frame.get("opcode") == 2 else size
             if message.get("id") == ident:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")
