@@ -121,6 +121,7 @@ class Rollup:
         #: Per SLO, the earliest event time written since its last recompute by this object
         #: (``None``: unknown, so the settle window); an SLO absent is unknown too.
         self._changed_from: dict[str, int | None] = {}
+        self._told = False  # whether a writer tells its writes (note_written) at all
         self._first_attempts: dict[int, int] = {}  # an update's, per change time
         create_rollup_tables(con)
 
@@ -130,6 +131,7 @@ class Rollup:
         may have changed). A writer that tells every write (the Iceberg mirror's
         :attr:`~pipeline.iceberg.mirror.MirrorReport.changed_from_ms`) makes each update
         recompute only the minutes the new rows fell in, late ones included."""
+        self._told = True
         for slo in self.model.slos:
             known = self._changed_from.get(slo.id)
             new = changed_from_ms.get(source_table(slo), _NO_CHANGE)
@@ -157,7 +159,7 @@ class Rollup:
             else:
                 start = self._start(slo, int(known[1]))
             stats.minutes_rows += self.recompute(slo, start, end, fp)
-            self._changed_from[slo.id] = _NO_CHANGE
+            self._changed_from[slo.id] = _NO_CHANGE if self._told else None
         return stats
 
     def _start(self, slo: Slo, watermark_ms: int) -> int:

@@ -562,8 +562,10 @@ def test_an_update_told_what_was_written_equals_a_rebuild_from_raw_rows(
     missed = [r for r in engine if r["ts_ms"] // MINUTE_MS % 60 == 30]  # one scrape, late
     insert(store, requests=before, engine=[r for r in engine if r not in missed])
     rollup = Rollup(store.con, m, horizon_ms=DAY_MS)
+    rollup.note_written({"requests": T0_MS, "engine_samples": T0_MS})  # as the mirror's first
     rollup.update(T0_MS + 59 * MINUTE_MS)
-    rollup.update(T0_MS + 60 * MINUTE_MS)  # the settle window's first update done
+    rollup.note_written({})  # nothing new
+    rollup.update(T0_MS + 60 * MINUTE_MS)
     # Then, all written between two updates: a burst of failures at minute 25, the retry
     # (minute 22) that served the request failed at minute 20, the late scrape.
     late = [request(T0_MS + 25 * MINUTE_MS + i * 1000, outcome="rejected", http_status=503,
@@ -583,3 +585,16 @@ def test_an_update_told_what_was_written_equals_a_rebuild_from_raw_rows(
         insert(rebuilt, requests=[*before, *late, retry, *fresh], engine=engine)
         Rollup(rebuilt.con, m, horizon_ms=DAY_MS).update(T0_MS + 61 * MINUTE_MS)
         assert incremental == _rollup_rows(rebuilt)
+
+
+def test_an_update_never_told_what_was_written_keeps_the_settle_window(store: Store) -> None:
+    """A rollup told nothing (jobs over an ingester's file) recomputes watermark − settle
+    each update, however many updates it made (the told rollup's shortcut is not taken)."""
+    m = model(AVAIL)
+    rollup = Rollup(store.con, m)
+    insert(store, requests=[request(T0_MS + 30 * MINUTE_MS)])
+    for minute in (31, 32, 33):
+        rollup.update(T0_MS + minute * MINUTE_MS)
+    insert(store, requests=[request(T0_MS + 29 * MINUTE_MS, outcome="deadline_exceeded")])
+    rollup.update(T0_MS + 34 * MINUTE_MS)
+    assert evaluate(store.con, m, T0_MS + 34 * MINUTE_MS)[0].period == WindowCounts(2, 1)
