@@ -85,6 +85,16 @@ def _hour_of(data_file: Any) -> int:
     return int(value) if value is not None else 2**62
 
 
+@dataclass(frozen=True)
+class _Load:
+    """One table's rows read from the lake by a refresh, and what to record with them."""
+
+    table: str
+    rows: pa.Table | None
+    paths: list[str]  # the data files read
+    snapshot_id: int  # the snapshot they bring the mirror to
+
+
 class IcebergMirror:
     """The lake tables' rows newer than ``window_ms`` in ``store`` (the jobs' own file)."""
 
@@ -115,8 +125,12 @@ class IcebergMirror:
         report = MirrorReport(changed_from_ms=self._unreported)
         self._unreported = report.changed_from_ms
         since_ms = now_ms - self.window_ms
-        for name in sorted(ICEBERG_TABLES):
-            self._refresh_table(name, since_ms, report)
+        loads = [self._load_table(name, since_ms, report) for name in sorted(ICEBERG_TABLES)]
+        new = [load for load in loads if load is not None]
+        if new:
+            self._store(new)  # one DuckDB transaction for every table's rows
+        for load in new:
+            self._report(load, report)
         self._unreported = {}
         if time.monotonic() - self._last_prune_s >= PRUNE_EVERY_S:
             self.store.prune(since_ms)
@@ -138,17 +152,19 @@ class IcebergMirror:
             ).fetchone()
         return int(row[0]) if row else None
 
-    def _refresh_table(self, name: str, since_ms: int, report: MirrorReport) -> None:
+    def _load_table(self, name: str, since_ms: int, report: MirrorReport) -> _Load | None:
+        """The table's rows committed since its recorded snapshot (within the window),
+        read from the lake, not stored yet; ``None`` when nothing was committed."""
         from pyiceberg.table import FileScanTask
 
         table = self.lake.table(name)
         self.lake._guard("refresh the table", table.refresh, name)
         current = table.current_snapshot()
         if current is None:
-            return
+            return None
         recorded = self._recorded_snapshot(name)
         if recorded == current.snapshot_id:
-            return  # nothing committed since: no manifest read
+            return None  # nothing committed since: no manifest read
         appended = self._appended_since(table, recorded, current)
         first_hour_ms = floor_to(since_ms, PARTITION_WIDTH_MS)
         if appended is not None:
@@ -167,16 +183,21 @@ class IcebergMirror:
             if tasks
             else None
         )
-        self._store(name, rows, [task.file.file_path for task in tasks], current.snapshot_id)
-        if rows is not None and rows.num_rows:
-            report.files += len(tasks)
-            report.rows += rows.num_rows
-            earliest = int(pc.min(rows.column(ICEBERG_TABLES[name])).as_py())
-            changed = report.changed_from_ms
-            if name not in changed:
-                changed[name] = earliest
-            elif (known := changed[name]) is not None:  # None (reloaded) stays
-                changed[name] = min(known, earliest)
+        return _Load(name, rows, [task.file.file_path for task in tasks], current.snapshot_id)
+
+    @staticmethod
+    def _report(load: _Load, report: MirrorReport) -> None:
+        rows = load.rows
+        if rows is None or not rows.num_rows:
+            return
+        report.files += len(load.paths)
+        report.rows += rows.num_rows
+        earliest = int(pc.min(rows.column(ICEBERG_TABLES[load.table])).as_py())
+        changed = report.changed_from_ms
+        if load.table not in changed:
+            changed[load.table] = earliest
+        elif (known := changed[load.table]) is not None:  # None (reloaded) stays
+            changed[load.table] = min(known, earliest)
 
     @staticmethod
     def _appended_since(table: Any, recorded: int | None, current: Any) -> set[int] | None:
@@ -186,7 +207,7 @@ class IcebergMirror:
 
         if recorded is None:
             return None
-        ids = set()
+        ids: set[int] = set()
         for snapshot in ancestors_of(current, table.metadata):
             if snapshot.snapshot_id == recorded:
                 return ids
@@ -201,18 +222,25 @@ class IcebergMirror:
         """The data files that the appends ``snapshot_ids`` added: only their own manifests
         are read (the current manifest list names who added each)."""
         from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+        from pyiceberg.utils.concurrent import ExecutorFactory
 
-        files = []
-        for manifest in current.manifests(table.io):
-            if (
-                manifest.added_snapshot_id not in snapshot_ids
-                or manifest.content != ManifestContent.DATA
-            ):
-                continue
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                if entry.status == ManifestEntryStatus.ADDED:
-                    files.append(entry.data_file)
-        return files
+        manifests = [
+            manifest
+            for manifest in current.manifests(table.io)
+            if manifest.added_snapshot_id in snapshot_ids
+            and manifest.content == ManifestContent.DATA
+        ]
+        # A manifest per commit: fetched at once, as pyiceberg's scans fetch data files.
+        entries = ExecutorFactory.get_or_create().map(
+            lambda manifest: manifest.fetch_manifest_entry(table.io, discard_deleted=True),
+            manifests,
+        )
+        return [
+            entry.data_file
+            for manifest_entries in entries
+            for entry in manifest_entries
+            if entry.status == ManifestEntryStatus.ADDED
+        ]
 
     def _plan_unloaded(
         self, table: Any, name: str, snapshot_id: int, report: MirrorReport
@@ -241,20 +269,24 @@ class IcebergMirror:
         scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
         return scan.to_table(tasks)
 
-    def _store(self, name: str, rows: pa.Table | None, paths: list[str], snapshot_id: int) -> None:
-        data = conform(self._schemas[name], rows) if rows is not None and rows.num_rows else None
+    def _store(self, loads: list[_Load]) -> None:
+        rows = {
+            load.table: [conform(self._schemas[load.table], load.rows)]
+            for load in loads
+            if load.rows is not None and load.rows.num_rows
+        }
 
         def record(con: duckdb.DuckDBPyConnection) -> None:
+            paths = [(load.table, path) for load in loads for path in load.paths]
             if paths:
-                con.executemany(
-                    f"INSERT INTO {LOADED_FILES} VALUES (?, ?)", [(name, path) for path in paths]
-                )
-            con.execute(
-                f"INSERT OR REPLACE INTO {MIRROR_SNAPSHOTS} VALUES (?, ?)", [name, snapshot_id]
+                con.executemany(f"INSERT INTO {LOADED_FILES} VALUES (?, ?)", paths)
+            con.executemany(
+                f"INSERT OR REPLACE INTO {MIRROR_SNAPSHOTS} VALUES (?, ?)",
+                [(load.table, load.snapshot_id) for load in loads],
             )
 
         self.store.commit_batch(
-            {name: [data]} if data is not None else {},
+            rows,
             group_id=MIRROR_GROUP,
             offsets={},
             now_ts_ms=int(time.time() * 1000),
