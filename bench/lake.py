@@ -481,6 +481,7 @@ def measure_cycle(
     # The jobs' rollups are told what each refresh loaded (llmslo.roles does the same); the
     # local lake's are not (its views have no such report): they recompute the settle window.
     rollup, local_rollup = Rollup(jobs.con, model), Rollup(local_con, model)
+    rollup.note_written({})  # from here on told every refresh's rows
     rollup.update(NOW_MS - INTERVAL_MS)  # a process's first update: its settle window
     iceberg_times, local_times, hour_ice, hour_local = [], [], [], []
     steps: list[dict[str, float]] = []
