@@ -121,7 +121,7 @@ class IcebergMirror:
         ``now_ms - window_ms``). Raises :class:`~pipeline.iceberg.lake.LakeError`
         (lake unreachable) or :class:`~pipeline.errors.StoreError` (local file)."""
         started = time.perf_counter()
-        # What a failed refresh loaded is reported by the next (its rows are in the store).
+        # A table a failed refresh forgot (a reload) is reported by the next as changed.
         report = MirrorReport(changed_from_ms=self._unreported)
         self._unreported = report.changed_from_ms
         since_ms = now_ms - self.window_ms
