@@ -29,7 +29,8 @@ catalog, and on a local warehouse directory as a second row:
 
 Medians of ``--repeat`` runs. ``--quick`` (< 60 s; 37 s of CPU): 256 instances, 4 batches, 3 cycles.
 The last line is one JSON object. Usage:
-``python bench/lake.py [--quick] [--instances 4096] [--rps 0.5] [--tail-min 25]``.
+``python bench/lake.py [--quick] [--cycle-only] [--instances 4096] [--rps 0.5] [--tail-min 25]``
+(``--cycle-only``: the SLO cycle and the 1-hour query, no append figures).
 """
 
 from __future__ import annotations
