@@ -29,7 +29,8 @@ catalog, and on a local warehouse directory as a second row:
 
 Medians of ``--repeat`` runs. ``--quick`` (< 60 s; 37 s of CPU): 256 instances, 4 batches, 3 cycles.
 The last line is one JSON object. Usage:
-``python bench/lake.py [--quick] [--instances 4096] [--rps 0.5] [--tail-min 25]``.
+``python bench/lake.py [--quick] [--cycle-only] [--instances 4096] [--rps 0.5] [--tail-min 25]``
+(``--cycle-only``: the SLO cycle and the 1-hour query, no append figures).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 import duckdb  # noqa: E402
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
@@ -90,8 +92,9 @@ SCRAPES_PER_BATCH = 120
 
 
 @contextmanager
-def moto_s3() -> Iterator[str]:
-    """moto's S3 server on a free loopback port with bucket ``lake``; yields its endpoint."""
+def moto_s3() -> Iterator[tuple[str, int]]:
+    """moto's S3 server on a free loopback port with bucket ``lake``; yields its endpoint
+    and process id."""
     import boto3
 
     binary = shutil.which("moto_server", path=str(Path(sys.executable).parent))
@@ -116,7 +119,7 @@ def moto_s3() -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        yield endpoint
+        yield endpoint, process.pid
     finally:
         process.kill()
         process.wait()
@@ -367,23 +370,39 @@ def synthesize_history(con: duckdb.DuckDBPyConnection, tail_start_ms: int, days:
     con.execute("CHECKPOINT")
 
 
-def slo_cycle(con: duckdb.DuckDBPyConnection, model: SloModel, now_ms: int) -> dict[str, float]:
-    """The SLO part of a jobs cycle: rollups' settle window, every window, the statuses."""
-    times = {}
-    started = time.perf_counter()
-    Rollup(con, model).update(now_ms)
-    times["rollup_s"] = time.perf_counter() - started
-    mark = time.perf_counter()
-    RequestRollup(con).update(now_ms)  # the dashboards' latency digests, not the SLOs'
-    times["request_rollup_s"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    statuses = evaluate(con, model, now_ms)
-    times["evaluate_s"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    write_status(con, statuses)
-    times["write_s"] = time.perf_counter() - mark
+def slo_cycle(
+    con: duckdb.DuckDBPyConnection, model: SloModel, rollup: Rollup, now_ms: int
+) -> dict[str, float]:
+    """The SLO part of a jobs cycle: the rollups' new minutes, every window, the statuses."""
+    times: dict[str, float] = {}
+    with timed(times, "rollup"):
+        rollup.update(now_ms)
+    with timed(times, "request_rollup"):
+        RequestRollup(con).update(now_ms)  # the dashboards' latency digests, not the SLOs'
+    with timed(times, "evaluate"):
+        statuses = evaluate(con, model, now_ms)
+    with timed(times, "write"):
+        write_status(con, statuses)
     times["statuses"] = len(statuses)
     return times
+
+
+@contextmanager
+def timed(times: dict[str, float], step: str, *pids: int) -> Iterator[None]:
+    """Wall seconds of the block as ``times[step + "_s"]``, CPU seconds of this process's
+    threads as ``times[step + "_cpu_s"]`` and of the processes ``pids`` (the S3 server) as
+    ``times[step + "_s3_cpu_s"]``: on a host shared with other work the CPU time is what
+    the step would take alone (up to its parallelism)."""
+    procs = [psutil.Process(pid) for pid in pids]
+
+    def s3_cpu() -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+    wall, used, s3_used = time.perf_counter(), time.process_time(), s3_cpu()
+    yield
+    times[f"{step}_s"] = time.perf_counter() - wall
+    times[f"{step}_cpu_s"] = time.process_time() - used
+    times[f"{step}_s3_cpu_s"] = s3_cpu() - s3_used
 
 
 def copy_rollups(source: Path, con: duckdb.DuckDBPyConnection) -> None:
@@ -423,7 +442,14 @@ def hour_query_local(con: duckdb.DuckDBPyConnection, now_ms: int) -> int:
 
 
 def measure_cycle(
-    where: str, tmp: Path, instances: int, rps: float, tail_min: int, cycles: int, commits: int
+    where: str,
+    tmp: Path,
+    instances: int,
+    rps: float,
+    tail_min: int,
+    cycles: int,
+    commits: int,
+    s3_pid: int,
 ) -> dict[str, Any]:
     model = build_model(load_spec(ROOT / "config" / "slo.example.yaml"))
     config = lake_config(where, tmp, "fleet")
@@ -443,7 +469,7 @@ def measure_cycle(
     create_output_tables(jobs.con)
     mirror = IcebergMirror(lake, jobs, window_ms=2 * DAY_MS)
     mirror.refresh(NOW_MS)
-    slo_cycle(jobs.con, model, NOW_MS - INTERVAL_MS)  # the first build of the rollups
+    slo_cycle(jobs.con, model, Rollup(jobs.con, model), NOW_MS - INTERVAL_MS)  # the first build
     synthesize_history(jobs.con, tail_start, 31)
     keys = jobs.con.execute("SELECT count(*) FROM slo_keys").fetchone()
     hours = jobs.con.execute("SELECT count(*) FROM slo_hour").fetchone()
@@ -453,32 +479,47 @@ def measure_cycle(
     copy_rollups(jobs_path, local_con)
     jobs = Store(jobs_path)
     mirror = IcebergMirror(lake, jobs, window_ms=2 * DAY_MS)
-    iceberg_times, local_times, refresh_s, hour_ice, hour_local = [], [], [], [], []
-    request_rollup_s, steps = [], []
+    # The jobs' rollups are told what each refresh loaded (llmslo.roles does the same); the
+    # local lake's are not (its views have no such report): they recompute the settle window.
+    rollup, local_rollup = Rollup(jobs.con, model), Rollup(local_con, model)
+    rollup.note_written({})  # from here on told every refresh's rows
+    rollup.update(NOW_MS - INTERVAL_MS)  # a process's first update: its settle window
+    iceberg_times, local_times, hour_ice, hour_local = [], [], [], []
+    steps: list[dict[str, float]] = []
+    local_steps: list[dict[str, float]] = []
     for k in range(cycles):
         now = NOW_MS + k * INTERVAL_MS
         rows = fleet.append(lake, now - INTERVAL_MS, now, commits)  # the last 15 s
         ingester.commit_batch({n: [t] for n, t in rows.items()}, group_id="b", offsets={},
                               now_ts_ms=0)  # fmt: skip
         export_hours(ingester, local_dir, "ingester-a", now_ts_ms=now, include_open=True)
-        mark = time.perf_counter()
-        report = mirror.refresh(now)
-        refresh = time.perf_counter() - mark
-        times = slo_cycle(jobs.con, model, now)
-        iceberg_times.append(refresh + times["rollup_s"] + times["evaluate_s"] + times["write_s"])
-        refresh_s.append(refresh)
-        request_rollup_s.append(times["request_rollup_s"])
+        times: dict[str, float] = {}
+        with timed(times, "refresh", s3_pid):
+            report = mirror.refresh(now)
+            rollup.note_written(report.changed_from_ms)
+        times.update(slo_cycle(jobs.con, model, rollup, now))
+        parts = ("refresh", "rollup", "evaluate", "write")
+        times["cycle_cpu_s"] = sum(times[f"{p}_cpu_s"] for p in parts)
+        times["cycle_s3_cpu_s"] = times["refresh_s3_cpu_s"]
+        iceberg_times.append(sum(times[f"{p}_s"] for p in parts))
+        refresh = times["refresh_s"]
         steps.append(times)
         create_lake_views(local_con, local_dir)
-        local = slo_cycle(local_con, model, now)
+        local = slo_cycle(local_con, model, local_rollup, now)
+        local["cycle_cpu_s"] = sum(local[f"{p}_cpu_s"] for p in ("rollup", "evaluate", "write"))
         local_times.append(local["rollup_s"] + local["evaluate_s"] + local["write_s"])
+        local_steps.append(local)
         print(
             f"cycle {k}: iceberg {iceberg_times[-1]:.3f} s (refresh {refresh:.3f} s of "
-            f"{report.files} files, rollup {times['rollup_s']:.3f}, evaluate "
+            f"{report.files} files, {len(report.planned)} tables planned whole, rollup {times['rollup_s']:.3f}, evaluate "
             f"{times['evaluate_s']:.3f}, write {times['write_s']:.3f}; {times['statuses']:.0f} "
-            f"statuses; request rollup {times['request_rollup_s']:.3f} s beside it"
-            f"); local lake {local_times[-1]:.3f} s (rollup {local['rollup_s']:.3f}, "
-            f"evaluate {local['evaluate_s']:.3f})",
+            f"statuses; request rollup {times['request_rollup_s']:.3f} s beside it; CPU "
+            f"{times['cycle_cpu_s']:.3f} s: refresh {times['refresh_cpu_s']:.3f} (and the S3 "
+            f"server's {times['refresh_s3_cpu_s']:.3f}), "
+            f"rollup {times['rollup_cpu_s']:.3f}, evaluate {times['evaluate_cpu_s']:.3f}, "
+            f"write {times['write_cpu_s']:.3f}); local lake {local_times[-1]:.3f} s (rollup "
+            f"{local['rollup_s']:.3f}, evaluate {local['evaluate_s']:.3f}; CPU "
+            f"{local['cycle_cpu_s']:.3f} s)",
             file=sys.stderr,
         )
         mark = time.perf_counter()
@@ -492,12 +533,18 @@ def measure_cycle(
     local_con.close()
     return {
         "cycle_s": statistics.median(iceberg_times),
-        "cycle_refresh_s": statistics.median(refresh_s),
-        "cycle_rollup_s": statistics.median(t["rollup_s"] for t in steps),
-        "cycle_evaluate_s": statistics.median(t["evaluate_s"] for t in steps),
-        "cycle_write_s": statistics.median(t["write_s"] for t in steps),
-        "request_rollup_s": statistics.median(request_rollup_s),
+        **{
+            f"cycle_{key}": statistics.median(t[key] for t in steps)
+            for key in (
+                *(f"{p}_s" for p in ("refresh", "rollup", "evaluate", "write")),
+                *(f"{p}_cpu_s" for p in ("refresh", "rollup", "evaluate", "write")),
+            )
+        },
+        "cycle_cpu_s": statistics.median(t["cycle_cpu_s"] for t in steps),
+        "cycle_s3_server_cpu_s": statistics.median(t["cycle_s3_cpu_s"] for t in steps),
+        "request_rollup_s": statistics.median(t["request_rollup_s"] for t in steps),
         "cycle_local_lake_s": statistics.median(local_times),
+        "cycle_local_lake_cpu_s": statistics.median(t["cycle_cpu_s"] for t in local_steps),
         "hour_query_s": statistics.median(hour_ice),
         "hour_query_local_lake_s": statistics.median(hour_local),
         "rollup_keys": int(keys[0]) if keys else 0,
@@ -523,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="Iceberg commits per 15 s (default 30: 0.5 s batches)",
     )
+    parser.add_argument("--cycle-only", action="store_true",
+                        help="only the SLO cycle and the 1-hour query (no append figures)")  # fmt: skip
     parser.add_argument("--local-warehouse", action="store_true",
                         help="also the append figures over a local warehouse directory")  # fmt: skip
     args = parser.parse_args(argv)
@@ -534,37 +583,47 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
     result: dict[str, Any] = {"bench": "lake", "cores": os.cpu_count(), "instances": instances}
-    with moto_s3() as endpoint, tempfile.TemporaryDirectory() as tmp_name:
+    with moto_s3() as (endpoint, s3_pid), tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        (tmp / "s3").mkdir()
-        s3 = measure_append(endpoint, tmp / "s3", batches)
-        print(
-            f"append, S3 (moto) + SQLite: one ingester {s3['samples_per_s']:,.0f} samples/s, "
-            f"two together {s3['two_samples_per_s']:,.0f} ({s3['two_conflicts']} conflicts); "
-            f"commit p50 {s3['commit_p50_s']:.3f} s p99 {s3['commit_p99_s']:.3f} s; "
-            f"{s3['bytes_per_sample']:.2f} B/sample; {s3['batch_rows']:,} rows a batch",
-            file=sys.stderr,
-        )
-        result["append_s3"] = {k: round(v, 4) for k, v in s3.items()}
-        if args.local_warehouse:
-            (tmp / "local").mkdir()
-            local = measure_append("local", tmp / "local", batches)
-            result["append_local_warehouse"] = {k: round(v, 4) for k, v in local.items()}
-            print(f"append, local warehouse: {local}", file=sys.stderr)
+        if not args.cycle_only:
+            measure_appends(endpoint, tmp, batches, args.local_warehouse, result)
         (tmp / "cycle").mkdir()
         cycle = measure_cycle(
-            endpoint, tmp / "cycle", instances, args.rps, tail_min, cycles, commits
+            endpoint, tmp / "cycle", instances, args.rps, tail_min, cycles, commits, s3_pid
         )
         result.update({k: round(v, 4) for k, v in cycle.items()})
     print(
         f"SLO cycle, 30 d x {instances} instances x example spec: {cycle['cycle_s']:.3f} s "
-        f"over Iceberg (mirror refresh {cycle['cycle_refresh_s']:.3f} s), "
-        f"{cycle['cycle_local_lake_s']:.3f} s over the local lake; 1-hour raw query "
+        f"over Iceberg (mirror refresh {cycle['cycle_refresh_s']:.3f} s; CPU "
+        f"{cycle['cycle_cpu_s']:.3f} s and the S3 server's {cycle['cycle_s3_server_cpu_s']:.3f}"
+        f" s), {cycle['cycle_local_lake_s']:.3f} s over the local "
+        f"lake (CPU {cycle['cycle_local_lake_cpu_s']:.3f} s); 1-hour raw query "
         f"{cycle['hour_query_s']:.3f} s vs {cycle['hour_query_local_lake_s']:.3f} s",
         file=sys.stderr,
     )
     print(json.dumps(result))
     return 0
+
+
+def measure_appends(
+    endpoint: str, tmp: Path, batches: int, local_warehouse: bool, result: dict[str, Any]
+) -> None:
+    """The append figures on moto's S3 (and on a local warehouse with ``local_warehouse``)."""
+    (tmp / "s3").mkdir()
+    s3 = measure_append(endpoint, tmp / "s3", batches)
+    print(
+        f"append, S3 (moto) + SQLite: one ingester {s3['samples_per_s']:,.0f} samples/s, "
+        f"two together {s3['two_samples_per_s']:,.0f} ({s3['two_conflicts']} conflicts); "
+        f"commit p50 {s3['commit_p50_s']:.3f} s p99 {s3['commit_p99_s']:.3f} s; "
+        f"{s3['bytes_per_sample']:.2f} B/sample; {s3['batch_rows']:,} rows a batch",
+        file=sys.stderr,
+    )
+    result["append_s3"] = {k: round(v, 4) for k, v in s3.items()}
+    if local_warehouse:
+        (tmp / "local").mkdir()
+        local = measure_append("local", tmp / "local", batches)
+        result["append_local_warehouse"] = {k: round(v, 4) for k, v in local.items()}
+        print(f"append, local warehouse: {local}", file=sys.stderr)
 
 
 if __name__ == "__main__":

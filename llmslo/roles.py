@@ -246,6 +246,7 @@ def _run_jobs_over_iceberg(
                         report.files,
                         report.seconds,
                     )
+                    jobs.rollup.note_written(report.changed_from_ms)
                     jobs.run_once()
                     cycles += 1
                     if cycles == 1:

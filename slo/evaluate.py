@@ -232,24 +232,22 @@ def evaluate(con: duckdb.DuckDBPyConnection, model: SloModel, now_ms: int) -> li
         if _has_rollups(con)
         else ([], np.zeros((0, len(windows), 2), dtype=np.int64))
     )
-    grouped: dict[str, dict[tuple[str, ...], np.ndarray]] = defaultdict(dict)
-    by_id = {slo.id: slo for slo in model.slos}
+    # Each SLO's keys by group (the positions of its group_by dimensions in a key), then
+    # one sum per group: a Python step per key, none per key and window.
+    positions = {slo.id: [1 + _KEY_COLUMNS.index(d) for d in slo.group_by] for slo in model.slos}
+    members: dict[str, dict[tuple[str, ...], list[int]]] = defaultdict(dict)
     for k, key in enumerate(keys):
-        slo = by_id[key[0]]
-        dims = dict(zip(_KEY_COLUMNS, key[1:], strict=True))
-        group = tuple(dims[d] for d in slo.group_by)
-        acc = grouped[slo.id]
-        acc[group] = acc[group] + matrix[k] if group in acc else matrix[k].copy()
+        group = tuple(key[i] for i in positions[key[0]])
+        members[key[0]].setdefault(group, []).append(k)
     index = {w: i for i, w in enumerate(windows)}
     statuses = []
     for slo in model.slos:
-        empty = np.zeros((len(windows), 2), dtype=np.int64)
-        groups = grouped.get(slo.id) or {tuple("" for _ in slo.group_by): empty}
-        for group, counts in sorted(groups.items()):
-            full = {
-                w: WindowCounts(int(counts[index[w], 0]), int(counts[index[w], 1]))
-                for w in slo.catalog.windows_ms
-            }
+        columns = [(w, index[w]) for w in slo.catalog.windows_ms]
+        groups = members.get(slo.id) or {tuple("" for _ in slo.group_by): []}
+        for group in sorted(groups):
+            ks = groups[group]
+            counts = matrix[ks].sum(axis=0).tolist() if ks else [[0, 0]] * len(windows)
+            full = {w: WindowCounts(*counts[i]) for w, i in columns}
             statuses.append(
                 SloStatus(slo, dict(zip(slo.group_by, group, strict=True)), now_ms, full)
             )

@@ -135,16 +135,22 @@ def tap_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[obj
     client = "coalesce(original_request_id, request_id)"
     # Only retried requests need grouping (a small set): the rest are their own event, so
     # the join's build side stays small and a first build costs about what it did per attempt.
+    # An event's minute is its first attempt's, so only attempts in [start, end) can be
+    # events of the range; the lookback is read for the retried requests' ids, attempts and
+    # times only (the columns an event's value needs are read for the range alone).
     sql = f"""
-        WITH scoped AS (
-            SELECT * FROM requests
+        WITH lookback AS (
+            SELECT {client} AS client, attempt, received_ts_ms, original_request_id
+            FROM requests
             WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {_records_of(slo)}),
         retried AS (
-            SELECT {client} AS client, max(attempt) AS last_attempt,
-                   min(received_ts_ms) AS first_ts_ms
-            FROM scoped
-            WHERE {client} IN (SELECT original_request_id FROM scoped WHERE attempt > 1)
+            SELECT client, max(attempt) AS last_attempt, min(received_ts_ms) AS first_ts_ms
+            FROM lookback
+            WHERE client IN (SELECT original_request_id FROM lookback WHERE attempt > 1)
             GROUP BY ALL),
+        scoped AS (
+            SELECT * FROM requests
+            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {_records_of(slo)}),
         events AS (
             SELECT scoped.*, coalesce(first_ts_ms, received_ts_ms) AS client_ts_ms
             FROM scoped LEFT JOIN retried ON retried.client = {client}
@@ -155,7 +161,16 @@ def tap_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[obj
         FROM events
         WHERE client_ts_ms >= ? AND client_ts_ms < ?{where}
         GROUP BY ALL HAVING count(*) FILTER (WHERE {eligible}) > 0"""
-    return sql, [start_ms - RETRY_LOOKBACK_MS, end_ms, slo.id, start_ms, end_ms, *params]
+    return sql, [
+        start_ms - RETRY_LOOKBACK_MS,
+        end_ms,
+        start_ms,
+        end_ms,
+        slo.id,
+        start_ms,
+        end_ms,
+        *params,
+    ]
 
 
 def engine_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[object]]:

@@ -11,20 +11,25 @@ Tables (declared in :mod:`slo.tables`, created here):
 
 A minute is always *recomputed* from raw rows (delete, then insert, in one transaction),
 never incremented, so re-running any range gives the same rows (idempotent). Each update
-recomputes from ``watermark − settle`` to cover late records. When an SLO's definition
-changes its rows are rebuilt from whatever raw data is still retained.
+recomputes from the watermark (the last minute it computed, open then) to the minute of
+``now``, and before it the minutes that rows written since may have changed: given what was
+written (``changed_from_ms``, the Iceberg mirror's report), from the earliest new event
+time (for request SLOs, from the first attempt of any client retried since); not given,
+from ``watermark − settle`` (late records). When an SLO's definition changes its rows are
+rebuilt from whatever raw data is still retained.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import duckdb
 
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, ceil_to, floor_to
-from slo.rollups._sli_sql import engine_minutes_sql, tap_minutes_sql
+from slo.rollups._sli_sql import RETRY_LOOKBACK_MS, engine_minutes_sql, tap_minutes_sql
 from slo.spec.model import Slo, SloModel
 from slo.tables import ROLLUP_TABLES
 
@@ -84,11 +89,21 @@ class RollupStats:
     rebuilt: int = 0
 
 
+#: Nothing written since: a change time later than any event.
+_NO_CHANGE = 2**62
+
+
+def source_table(slo: Slo) -> str:
+    """The raw table an SLO's minutes are computed from."""
+    return "engine_samples" if slo.sli.source == "engine" else "requests"
+
+
 class Rollup:
     """Keeps ``slo_minute`` / ``slo_hour`` / ``slo_day`` current for every SLO of a model.
 
-    ``settle_ms``: how far behind the watermark each update recomputes (late records).
-    ``horizon_ms``: the raw-data horizon; a first build or a rebuild starts there.
+    ``settle_ms``: how far behind the watermark an update recomputes when it is not told
+    what was written (late records). ``horizon_ms``: the raw-data horizon; a first build or
+    a rebuild starts there.
     """
 
     def __init__(
@@ -103,10 +118,31 @@ class Rollup:
         self.model = model
         self.settle_ms = settle_ms
         self.horizon_ms = horizon_ms
+        #: Per SLO, the earliest event time written since its last recompute by this object
+        #: (``None``: unknown, so the settle window); an SLO absent is unknown too.
+        self._changed_from: dict[str, int | None] = {}
+        self._told = False  # whether a writer tells its writes (note_written) at all
+        self._first_attempts: dict[int, int] = {}  # an update's, per change time
         create_rollup_tables(con)
 
+    def note_written(self, changed_from_ms: Mapping[str, int | None]) -> None:
+        """Tell the rollup what was written to the raw tables since the last call: table →
+        earliest event time (ms) of its new rows (a table absent: nothing; ``None``: anything
+        may have changed). A writer that tells every write (the Iceberg mirror's
+        :attr:`~pipeline.iceberg.mirror.MirrorReport.changed_from_ms`) makes each update
+        recompute only the minutes the new rows fell in, late ones included."""
+        self._told = True
+        for slo in self.model.slos:
+            known = self._changed_from.get(slo.id)
+            new = changed_from_ms.get(source_table(slo), _NO_CHANGE)
+            self._changed_from[slo.id] = None if known is None or new is None else min(known, new)
+
     def update(self, now_ms: int) -> RollupStats:
-        """Recompute each SLO's minutes from watermark − settle to the minute of ``now_ms``."""
+        """Recompute each SLO's minutes up to the minute of ``now_ms``: from its watermark
+        or the earliest minute written since (:meth:`note_written`), whichever is first; from
+        watermark − settle when the writes since its last update are unknown (none told, or
+        its first update by this object)."""
+        self._first_attempts = {}
         stats = RollupStats()
         end = floor_to(now_ms, MINUTE_MS) + MINUTE_MS
         rows = self.con.execute(
@@ -121,9 +157,36 @@ class Rollup:
                 stats.rebuilt += known is not None
                 self._delete(slo.id, 0, end)
             else:
-                start = floor_to(int(known[1]) - self.settle_ms, MINUTE_MS)
+                start = self._start(slo, int(known[1]))
             stats.minutes_rows += self.recompute(slo, start, end, fp)
+            self._changed_from[slo.id] = _NO_CHANGE if self._told else None
         return stats
+
+    def _start(self, slo: Slo, watermark_ms: int) -> int:
+        """Where an update of ``slo`` starts: see :meth:`update`."""
+        changed = self._changed_from.get(slo.id)
+        if changed is None:
+            return floor_to(watermark_ms - self.settle_ms, MINUTE_MS)
+        start = min(watermark_ms, changed)
+        if source_table(slo) == "requests" and changed < _NO_CHANGE:
+            start = min(start, self._first_attempt_from(changed))
+        return floor_to(start, MINUTE_MS)
+
+    def _first_attempt_from(self, changed_ms: int) -> int:
+        """The first attempt's time of any client request retried at or after
+        ``changed_ms``: a new attempt moves its request's event to that attempt's minute
+        (:func:`~slo.rollups._sli_sql.tap_minutes_sql`), up to RETRY_LOOKBACK_MS before."""
+        if changed_ms not in self._first_attempts:
+            row = self.con.execute(
+                """SELECT min(received_ts_ms) FROM requests
+                   WHERE received_ts_ms >= ? AND coalesce(original_request_id, request_id) IN
+                       (SELECT original_request_id FROM requests
+                        WHERE received_ts_ms >= ? AND attempt > 1)""",
+                [changed_ms - RETRY_LOOKBACK_MS, changed_ms],
+            ).fetchone()
+            found = row[0] if row else None
+            self._first_attempts[changed_ms] = _NO_CHANGE if found is None else int(found)
+        return self._first_attempts[changed_ms]
 
     def recompute(self, slo: Slo, start_ms: int, end_ms: int, fp: str | None = None) -> int:
         """Replace the SLO's minutes in [start, end) from raw rows, then its hours; returns rows."""

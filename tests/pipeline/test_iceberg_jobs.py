@@ -124,6 +124,46 @@ def test_a_refresh_reads_only_new_files_and_a_restart_reads_none_twice(
         assert _count(store, "engine_samples") == len(engine)
 
 
+def _rows(store: Store, table: str) -> list[tuple[Any, ...]]:
+    return store.con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+
+
+def test_an_incremental_refresh_loads_what_a_full_load_does(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """Refreshes between commits read only the snapshots added since (no plan of the whole
+    table), late rows of an older hour included, and end with the rows a mirror that
+    planned the table whole loads; each reports the earliest event time it loaded."""
+    requests, engine, _ = FLEET.rows()
+    writer = _lake(s3_server, tmp_path)
+    third = len(engine) // 3
+    _append(writer, "engine_samples", engine[:third], 0, batches=2)
+    _append(writer, "requests", requests[: len(requests) // 2], 1, batches=1)
+    with Store(tmp_path / "incremental.duckdb") as store:
+        mirror = IcebergMirror(_lake(s3_server, tmp_path), store, window_ms=30 * DAY_MS)
+        assert sorted(mirror.refresh(FLEET.end_ms).planned) == ["engine_samples", "requests"]
+        # Three commits of engine samples, the last of rows an hour late, and one of requests.
+        late = [{**row, "ts_ms": row["ts_ms"] - HOUR_MS} for row in engine[third : 2 * third]]
+        _append(writer, "engine_samples", engine[2 * third :], 0, batches=2)
+        _append(writer, "engine_samples", late, 0, batches=1)
+        _append(writer, "requests", requests[len(requests) // 2 :], 1, batches=1)
+        report = mirror.refresh(FLEET.end_ms)
+        assert report.planned == []
+        assert report.changed_from_ms == {
+            "engine_samples": min(row["ts_ms"] for row in late),
+            "requests": min(row["received_ts_ms"] for row in requests[len(requests) // 2 :]),
+        }
+        assert report.rows == len(engine) - third + len(requests) - len(requests) // 2
+        nothing = mirror.refresh(FLEET.end_ms)  # no commit since: no manifest read
+        assert (nothing.files, nothing.planned, nothing.changed_from_ms) == (0, [], {})
+        with Store(tmp_path / "full.duckdb") as full:
+            whole = IcebergMirror(_lake(s3_server, tmp_path), full, window_ms=30 * DAY_MS)
+            assert len(whole.refresh(FLEET.end_ms).planned) == 2
+            for table in ("engine_samples", "requests"):
+                assert _rows(store, table) == _rows(full, table)
+            assert store.count("engine_samples") == len(engine)
+
+
 def test_a_rewritten_table_is_reloaded_whole(s3_server: S3Server, tmp_path: Path) -> None:
     _, engine, _ = FLEET.rows()
     writer = _lake(s3_server, tmp_path)

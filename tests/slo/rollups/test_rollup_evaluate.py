@@ -514,3 +514,87 @@ def test_a_probe_slo_counts_only_probe_records(store: Store) -> None:
     m = model(PROBE_AVAIL, PROBE_TTFT)
     assert status(store, m, T0_MS + 20_000, "probe-avail").period == WindowCounts(5, 1)
     assert status(store, m, T0_MS + 20_000, "probe-ttft").period == WindowCounts(5, 2)
+
+
+ENGINE_TTFT = {
+    "name": "ttft-engine",
+    "objective": 0.99,
+    "sli": {"kind": "latency", "metric": "ttft", "threshold_s": 2, "source": "engine"},
+}
+
+
+def _rollup_rows(store: Store) -> list[list[tuple[Any, ...]]]:
+    return [
+        store.con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+        for table in ("slo_minute", "slo_hour", "slo_day")
+    ]
+
+
+def _scrapes(minutes: range, le2: int = 0) -> list[dict[str, Any]]:
+    """One TTFT histogram scrape per minute; each minute 10 more requests, ``le2`` per minute
+    of them within 2 s."""
+    rows: list[dict[str, Any]] = []
+    for m in minutes:
+        good = (m + 1) * le2
+        rows += histogram(
+            T0_MS + m * MINUTE_MS + 5_000,
+            "ttft",
+            [2.0],
+            {2.0: good},
+            (m + 1) * 10,
+            dialect="sglang",
+        )
+    return rows
+
+
+def test_an_update_told_what_was_written_equals_a_rebuild_from_raw_rows(
+    store: Store, tmp_path: Path
+) -> None:
+    """Late rows far past the settle window (failures 35 minutes late, an engine scrape 30
+    minutes late) and a retry whose failed first attempt was rolled up 2 minutes before
+    it, earlier than any other new row: an update told the earliest new event time of each
+    table recomputes exactly the minutes they change."""
+    m = model(AVAIL, TTFT, ENGINE_TTFT)
+    first = T0_MS + 20 * MINUTE_MS + 30_000
+    before = [request(T0_MS + i * 45_000) for i in range(80)]
+    before.append(attempt(first, "late-retry", 1, **FAILED_BEFORE_FIRST_TOKEN))
+    engine = _scrapes(range(0, 60))
+    missed = [r for r in engine if r["ts_ms"] // MINUTE_MS % 60 == 30]  # one scrape, late
+    insert(store, requests=before, engine=[r for r in engine if r not in missed])
+    rollup = Rollup(store.con, m, horizon_ms=DAY_MS)
+    rollup.note_written({"requests": T0_MS, "engine_samples": T0_MS})  # as the mirror's first
+    rollup.update(T0_MS + 59 * MINUTE_MS)
+    rollup.note_written({})  # nothing new
+    rollup.update(T0_MS + 60 * MINUTE_MS)
+    # Then, all written between two updates: a burst of failures at minute 25, the retry
+    # (minute 22) that served the request failed at minute 20, the late scrape.
+    late = [request(T0_MS + 25 * MINUTE_MS + i * 1000, outcome="rejected", http_status=503,
+                    ttft_s=None, tpot_s=None) for i in range(5)]  # fmt: skip
+    retry = attempt(first + 2 * MINUTE_MS, "late-retry", 2)
+    fresh = [request(T0_MS + 60 * MINUTE_MS + 10_000)]
+    insert(store, requests=[*late, retry, *fresh], engine=missed)
+    rollup.note_written(
+        {
+            "requests": min(r["received_ts_ms"] for r in [*late, retry, *fresh]),
+            "engine_samples": min(r["ts_ms"] for r in missed),
+        }
+    )
+    rollup.update(T0_MS + 61 * MINUTE_MS)
+    incremental = _rollup_rows(store)
+    with Store(tmp_path / "rebuilt.duckdb") as rebuilt:
+        insert(rebuilt, requests=[*before, *late, retry, *fresh], engine=engine)
+        Rollup(rebuilt.con, m, horizon_ms=DAY_MS).update(T0_MS + 61 * MINUTE_MS)
+        assert incremental == _rollup_rows(rebuilt)
+
+
+def test_an_update_never_told_what_was_written_keeps_the_settle_window(store: Store) -> None:
+    """A rollup told nothing (jobs over an ingester's file) recomputes watermark − settle
+    each update, however many updates it made (the told rollup's shortcut is not taken)."""
+    m = model(AVAIL)
+    rollup = Rollup(store.con, m)
+    insert(store, requests=[request(T0_MS + 30 * MINUTE_MS)])
+    for minute in (31, 32, 33):
+        rollup.update(T0_MS + minute * MINUTE_MS)
+    insert(store, requests=[request(T0_MS + 29 * MINUTE_MS, outcome="deadline_exceeded")])
+    rollup.update(T0_MS + 34 * MINUTE_MS)
+    assert evaluate(store.con, m, T0_MS + 34 * MINUTE_MS)[0].period == WindowCounts(2, 1)
