@@ -523,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="Iceberg commits per 15 s (default 30: 0.5 s batches)",
     )
+    parser.add_argument("--append-only", action="store_true",
+                        help="only the append figures (no SLO cycle, no hour query)")  # fmt: skip
     parser.add_argument("--local-warehouse", action="store_true",
                         help="also the append figures over a local warehouse directory")  # fmt: skip
     args = parser.parse_args(argv)
@@ -551,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
             local = measure_append("local", tmp / "local", batches)
             result["append_local_warehouse"] = {k: round(v, 4) for k, v in local.items()}
             print(f"append, local warehouse: {local}", file=sys.stderr)
+        if args.append_only:
+            print(json.dumps(result))
+            return 0
         (tmp / "cycle").mkdir()
         cycle = measure_cycle(
             endpoint, tmp / "cycle", instances, args.rps, tail_min, cycles, commits
