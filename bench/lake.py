@@ -7,7 +7,8 @@ catalog, and on a local warehouse directory as a second row:
   64-core vLLM pod, ~250k engine samples, the ingester's default batch) one Iceberg commit
   (:meth:`~pipeline.iceberg.lake.IcebergLake.append_batch`, Kafka offsets in the snapshot)
   then the DuckDB commit (:meth:`~pipeline.store.Store.commit_batch`), as
-  :class:`~pipeline.ingest.Ingester` does. Samples/s of one ingester, and of 2 ingester
+  :class:`~pipeline.ingest.Ingester` does: the next batch's append overlaps this one's DuckDB
+  commit (and, for comparison, one after the other). Samples/s of one ingester, and of 2 ingester
   processes appending to the same table at once (their commits conflict and retry);
   Iceberg commit latency p50/p99; bytes per sample in the lake's Parquet files. Kafka is
   left out: ``bench/ingest.py`` measures the path from the broker (with the same commit).
