@@ -7,7 +7,8 @@ catalog, and on a local warehouse directory as a second row:
   64-core vLLM pod, ~250k engine samples, the ingester's default batch) one Iceberg commit
   (:meth:`~pipeline.iceberg.lake.IcebergLake.append_batch`, Kafka offsets in the snapshot)
   then the DuckDB commit (:meth:`~pipeline.store.Store.commit_batch`), as
-  :class:`~pipeline.ingest.Ingester` does. Samples/s of one ingester, and of 2 ingester
+  :class:`~pipeline.ingest.Ingester` does: the next batch's append overlaps this one's DuckDB
+  commit (and, for comparison, one after the other). Samples/s of one ingester, and of 2 ingester
   processes appending to the same table at once (their commits conflict and retry);
   Iceberg commit latency p50/p99; bytes per sample in the lake's Parquet files. Kafka is
   left out: ``bench/ingest.py`` measures the path from the broker (with the same commit).
@@ -29,8 +30,9 @@ catalog, and on a local warehouse directory as a second row:
 
 Medians of ``--repeat`` runs. ``--quick`` (< 60 s; 37 s of CPU): 256 instances, 4 batches, 3 cycles.
 The last line is one JSON object. Usage:
-``python bench/lake.py [--quick] [--cycle-only] [--instances 4096] [--rps 0.5] [--tail-min 25]``
-(``--cycle-only``: the SLO cycle and the 1-hour query, no append figures).
+``python bench/lake.py [--quick] [--cycle-only | --append-only] [--instances 4096] [--rps 0.5]
+[--tail-min 25]`` (``--cycle-only``: the SLO cycle and the 1-hour query, no append figures;
+``--append-only``: the append figures alone).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -147,8 +150,13 @@ def scrape_batch(first: int) -> pa.Table:
     )
 
 
-def append_run(config: IcebergConfig, db: Path, batches: int, partition: int) -> dict[str, Any]:
-    """One ingester's commit path over ``batches`` batches: lake, then DuckDB."""
+def append_run(
+    config: IcebergConfig, db: Path, batches: int, partition: int, *, overlap: bool = True
+) -> dict[str, Any]:
+    """One ingester's commit path over ``batches`` batches: lake, then DuckDB. With
+    ``overlap`` as :class:`~pipeline.ingest.Ingester` commits: batch N+1's lake append (on
+    a thread of its own) overlaps batch N's DuckDB commit; without it one after the other
+    (the ingester before the overlap)."""
     lake = IcebergLake(config, group_id="bench", topics=lake_topics(PREFIX))
     topic = PREFIX + ENGINE_SAMPLES.topic
     data = [scrape_batch(i * SCRAPES_PER_BATCH) for i in range(batches + 1)]
@@ -158,15 +166,25 @@ def append_run(config: IcebergConfig, db: Path, batches: int, partition: int) ->
             {"engine_samples": [data[0]]}, group_id="bench", offsets={}, now_ts_ms=0
         )
         started = time.perf_counter()
-        for n, batch in enumerate(data[1:]):
-            offsets = {(topic, partition): StoredOffset(n + 1, LOG)}
-            report = lake.append_batch({"engine_samples": [batch]}, offsets)
-            store.commit_batch(
-                {"engine_samples": [batch]}, group_id="bench", offsets=offsets, now_ts_ms=0
-            )
-            latencies.append(report.seconds)
-            conflicts += report.conflicts
-            rows += batch.num_rows
+        with ThreadPoolExecutor(max_workers=1) as lake_thread:
+            pending: dict[str, Any] | None = None  # the DuckDB commit of the batch before
+            for n, batch in enumerate(data[1:]):
+                offsets = {(topic, partition): StoredOffset(n + 1, LOG)}
+                appending = lake_thread.submit(
+                    lake.append_batch, {"engine_samples": [batch]}, offsets
+                )
+                if not overlap:
+                    appending.result()
+                if pending is not None:
+                    store.commit_batch(**pending)
+                report = appending.result()
+                pending = {"rows": {"engine_samples": [batch]}, "offsets": offsets}
+                pending |= {"group_id": "bench", "now_ts_ms": 0}
+                latencies.append(report.seconds)
+                conflicts += report.conflicts
+                rows += batch.num_rows
+            if pending is not None:
+                store.commit_batch(**pending)
         elapsed = time.perf_counter() - started
     return {"rows": rows, "seconds": elapsed, "latencies": latencies, "conflicts": conflicts}
 
@@ -183,8 +201,12 @@ def bytes_per_sample(config: IcebergConfig) -> float:
 
 
 def measure_append(where: str, tmp: Path, batches: int) -> dict[str, Any]:
-    """One ingester, then two processes at once, on a fresh table each."""
+    """One ingester (its lake appends overlapping its DuckDB commits, then one after the
+    other for comparison), then two processes at once, on a fresh table each."""
     one = append_run(lake_config(where, tmp, "one"), tmp / "one.duckdb", batches, 0)
+    serial = append_run(
+        lake_config(where, tmp, "serial"), tmp / "serial.duckdb", batches, 0, overlap=False
+    )
     two_config = lake_config(where, tmp, "two")
     IcebergLake(two_config, group_id="bench", topics=lake_topics(PREFIX))  # table created once
     queue: Any = multiprocessing.get_context("fork").Queue()
@@ -202,6 +224,7 @@ def measure_append(where: str, tmp: Path, batches: int) -> dict[str, Any]:
     lat = sorted(one["latencies"])
     return {
         "samples_per_s": one["rows"] / one["seconds"],
+        "serial_samples_per_s": serial["rows"] / serial["seconds"],
         "two_samples_per_s": sum(r["rows"] for r in results) / max(r["seconds"] for r in results),
         "two_conflicts": sum(r["conflicts"] for r in results),
         "commit_p50_s": float(np.percentile(lat, 50)),
@@ -572,9 +595,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cycle-only", action="store_true",
                         help="only the SLO cycle and the 1-hour query (no append figures)")  # fmt: skip
+    parser.add_argument("--append-only", action="store_true",
+                        help="only the append figures (no SLO cycle, no hour query)")  # fmt: skip
     parser.add_argument("--local-warehouse", action="store_true",
                         help="also the append figures over a local warehouse directory")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.cycle_only and args.append_only:
+        parser.error("--cycle-only and --append-only exclude each other")
     instances = args.instances or (256 if args.quick else 4096)
     batches = args.batches or (4 if args.quick else 20)
     cycles = args.cycles or (3 if args.quick else 5)
@@ -587,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         if not args.cycle_only:
             measure_appends(endpoint, tmp, batches, args.local_warehouse, result)
+        if args.append_only:
+            print(json.dumps(result))
+            return 0
         (tmp / "cycle").mkdir()
         cycle = measure_cycle(
             endpoint, tmp / "cycle", instances, args.rps, tail_min, cycles, commits, s3_pid
@@ -612,7 +642,8 @@ def measure_appends(
     (tmp / "s3").mkdir()
     s3 = measure_append(endpoint, tmp / "s3", batches)
     print(
-        f"append, S3 (moto) + SQLite: one ingester {s3['samples_per_s']:,.0f} samples/s, "
+        f"append, S3 (moto) + SQLite: one ingester {s3['samples_per_s']:,.0f} samples/s "
+        f"({s3['serial_samples_per_s']:,.0f} with lake and DuckDB one after the other), "
         f"two together {s3['two_samples_per_s']:,.0f} ({s3['two_conflicts']} conflicts); "
         f"commit p50 {s3['commit_p50_s']:.3f} s p99 {s3['commit_p99_s']:.3f} s; "
         f"{s3['bytes_per_sample']:.2f} B/sample; {s3['batch_rows']:,} rows a batch",

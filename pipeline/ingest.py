@@ -55,11 +55,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 from kafka import KafkaConsumer, TopicPartition
@@ -183,6 +183,14 @@ class _Batch:
         return bool(self.offsets)
 
 
+class _InFlight(NamedTuple):
+    """A batch whose commit runs: its lake append (with the lake) and its whole commit."""
+
+    batch: _Batch
+    in_lake: Future[float] | None
+    done: Future[float]
+
+
 class _HandOverAtRebalance(AsyncConsumerRebalanceListener):
     """Commits before giving partitions away and seeks to stored offsets on receiving them.
 
@@ -290,9 +298,21 @@ class Ingester:
         self._stop = threading.Event()
         self._batch = _Batch()
         # DuckDB commits run on their own thread (DuckDB releases the GIL), so fetching and
-        # decoding the next batch overlaps the commit of this one. At most one is in flight.
+        # decoding the next batch overlaps the commit of this one. With the Iceberg lake, its
+        # appends run on a second thread, in batch order, each before its batch's DuckDB
+        # commit: batch N+1's append overlaps batch N's DuckDB commit (the lake may be one
+        # batch ahead of DuckDB, as after a SIGKILL between the two; the next owner resumes
+        # from the lake). At most two batches are in flight, the newer one only once the
+        # older one is in the lake.
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="duckdb-commit")
-        self._in_flight: tuple[_Batch, Future[float]] | None = None
+        self._lake_committer = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-commit")
+            if lake is not None
+            else None
+        )
+        self._in_flight: deque[_InFlight] = deque()
+        # Set by the first commit stage that fails: no later batch reaches DuckDB after it.
+        self._stage_failed = threading.Event()
         self._consumer: KafkaConsumer | None = None
         self._deadletter_producer: BusProducer | None = None
         self._failure: StoreError | None = None
@@ -361,6 +381,8 @@ class Ingester:
             finally:
                 self._consumer = None
                 self._committer.shutdown(wait=True)
+                if self._lake_committer is not None:
+                    self._lake_committer.shutdown(wait=True)
                 if self._deadletter_producer is not None:
                     self._deadletter_producer.close()
         if self._failure is not None:
@@ -439,7 +461,7 @@ class Ingester:
 
     def _advance_commits(self) -> None:
         """Collect a finished commit; start the next one when the batch in hand is due."""
-        if self._in_flight is not None and self._in_flight[1].done():
+        while self._in_flight and self._in_flight[0].done.done():
             self._collect()
         if not self._batch_due():
             return
@@ -452,10 +474,28 @@ class Ingester:
             self._await_metadata()
             if not self._logs_confirmed():
                 return
-        if self._in_flight is not None and self._over_bound():
-            self._collect()  # backpressure: DuckDB is behind, so stop reading ahead
-        if self._in_flight is None:
+        if not self._can_submit() and self._over_bound():
+            # Backpressure: the commits are behind, so stop reading ahead.
+            newest = self._in_flight[-1].in_lake
+            if len(self._in_flight) == 1 and newest is not None:
+                wait([newest])
+            else:
+                self._collect()
+        if self._can_submit():
             self._submit()
+
+    def _can_submit(self) -> bool:
+        """Whether the batch in hand may start committing: nothing in flight, or one batch
+        whose lake append succeeded (its DuckDB commit may still run)."""
+        if not self._in_flight:
+            return True
+        newest = self._in_flight[-1].in_lake
+        return (
+            len(self._in_flight) == 1
+            and newest is not None
+            and newest.done()
+            and newest.exception() is None
+        )
 
     def _over_bound(self) -> bool:
         """The batch in hand holds twice what makes it due: read no further until it goes."""
@@ -476,19 +516,42 @@ class Ingester:
         if self._failure is not None:
             return  # never commit past a batch that failed: its rows would be lost
         batch, self._batch = self._batch, _Batch()
-        if batch:
-            future = self._committer.submit(self._commit, batch)
-            self._in_flight = (batch, future)
+        if not batch:
+            return
+        in_lake = (
+            self._lake_committer.submit(self._stage, self._append_to_lake, batch)
+            if self._lake_committer is not None
+            else None
+        )
+        done = self._committer.submit(self._stage, self._commit, batch, in_lake)
+        self._in_flight.append(_InFlight(batch, in_lake, done))
 
-    def _commit(self, batch: _Batch) -> float:
+    def _stage(self, stage: Callable[..., float], batch: _Batch, *args: Any) -> float:
+        """Run one commit stage of ``batch``; a failure stops every later batch's stages."""
+        try:
+            return stage(batch, *args)
+        except BaseException:
+            self._stage_failed.set()
+            raise
+
+    def _refuse_after_a_failure(self) -> None:
+        if self._stage_failed.is_set():
+            raise StoreError("not committed: the commit of an earlier batch failed")
+
+    def _append_to_lake(self, batch: _Batch) -> float:
+        assert self.lake is not None
+        self._refuse_after_a_failure()
+        report = self.lake.append_batch(batch.tables, batch.offsets, should_stop=self._stop.is_set)
+        self.metrics.lake_commit_seconds.observe(report.seconds)
+        self.metrics.lake_conflicts.inc(report.conflicts)
+        self.metrics.lake_retries.inc(report.retries)
+        return report.seconds
+
+    def _commit(self, batch: _Batch, in_lake: Future[float] | None) -> float:
         started = time.perf_counter()
-        if self.lake is not None:
-            report = self.lake.append_batch(
-                batch.tables, batch.offsets, should_stop=self._stop.is_set
-            )
-            self.metrics.lake_commit_seconds.observe(report.seconds)
-            self.metrics.lake_conflicts.inc(report.conflicts)
-            self.metrics.lake_retries.inc(report.retries)
+        if in_lake is not None:
+            in_lake.result()  # the lake first: a failed append raises here
+        self._refuse_after_a_failure()
         self.store.commit_batch(
             batch.tables,
             group_id=self.config.group_id,
@@ -502,18 +565,18 @@ class Ingester:
         return time.perf_counter() - started
 
     def _collect(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], StoredOffset]:
-        """Wait for the commit in flight; then count it, dead-letter and tell Kafka."""
-        if self._in_flight is None:
+        """Wait for the oldest commit in flight; then count it, dead-letter and tell Kafka."""
+        if not self._in_flight:
             return {}
-        batch, future = self._in_flight
-        self._in_flight = None
+        batch, _, future = self._in_flight.popleft()
         try:
             seconds = future.result()
         except StoreError as exc:
             # Stop without committing anything after this batch (offsets would skip its
             # rows); run() re-raises once the consumer is closed. A restart re-reads it.
-            log.error("stopping: %s", exc)
-            self._failure = exc
+            if self._failure is None:  # a later batch's error only repeats it
+                log.error("stopping: %s", exc)
+                self._failure = exc
             self._stop.set()
             return {}
         self.metrics.commit_seconds.observe(seconds)
@@ -537,8 +600,8 @@ class Ingester:
         return batch.offsets
 
     def discard_uncommitted(self) -> None:
-        """Drop the batch in hand (after the commit in flight ends): its partitions are lost."""
-        self._collect(commit_to_kafka=False)
+        """Drop the batch in hand (after the commits in flight end): its partitions are lost."""
+        self._collect_all(commit_to_kafka=False)
         self._batch = _Batch()
 
     def flush(self, *, commit_to_kafka: bool = True) -> dict[tuple[str, int], StoredOffset]:
@@ -547,9 +610,16 @@ class Ingester:
         Returns the offsets committed. Kafka's copy of them is committed afterwards, without
         waiting, unless ``commit_to_kafka`` is false (the rebalance hook commits it itself).
         """
-        offsets = self._collect(commit_to_kafka=commit_to_kafka)
+        offsets = self._collect_all(commit_to_kafka=commit_to_kafka)
         self._submit()
-        return offsets | self._collect(commit_to_kafka=commit_to_kafka)
+        return offsets | self._collect_all(commit_to_kafka=commit_to_kafka)
+
+    def _collect_all(self, *, commit_to_kafka: bool) -> dict[tuple[str, int], StoredOffset]:
+        """Collect every commit in flight, oldest first; their offsets, newest winning."""
+        offsets: dict[tuple[str, int], StoredOffset] = {}
+        while self._in_flight:
+            offsets |= self._collect(commit_to_kafka=commit_to_kafka)
+        return offsets
 
     def _publish_deadletters(self, letters: list[DeadLetter]) -> None:
         """Re-publish dead letters to their topic for inspection and replay (best effort)."""

@@ -15,10 +15,12 @@ moved fails (``CommitFailedException``); it is retried on the refreshed table, m
 offsets again. Each commit carries a unique ``llmslo.commit-id``: after an error that may
 hide a success (a lost reply), the retry first looks for its own id, so nothing doubles.
 
-Order and crashes. Iceberg, then DuckDB, then Kafka. A SIGKILL after the Iceberg commit
+Order and crashes. Iceberg, then DuckDB, then Kafka, for each batch; the ingester appends
+batch N+1 to the lake while batch N goes into DuckDB (never N+1 before N is in the lake),
+so the table may be one batch ahead of the file. A SIGKILL after the Iceberg commit
 leaves the table ahead of the ingester's file and Kafka; whoever owns the partition next
 (the same ingester after a restart, or another) starts at the table's offset, so the
-lake holds each record once. That batch is then missing from the dead ingester's own
+lake holds each record once. Those batches (one or two) are then missing from the dead ingester's own
 DuckDB file: the lake is complete, a file is the process's working copy.
 """
 
