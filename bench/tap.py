@@ -40,7 +40,11 @@ generator. Phases, each with 256 concurrent streams in a closed loop:
 per write, request overheads included (20 token chunks per request) — the case that sets
 the tap's added latency on a shared core.
 
-Every path is first warmed at full concurrency (steady state, not cold start). Quick: 2
+Every path is first warmed at full concurrency (steady state, not cold start), and both
+proxies keep idle upstream connections for ``NGINX_KEEPALIVE_S`` (the tap's default, 4 s,
+would let its pool expire during the other modes' phases: every tap phase then began with
+a connect per stream, in the measured TTFTs; a ``--baseline`` tree from before 2026-12-05
+still does). Quick: 2
 rounds of 3 s phases (< 60 s in all); full: 5 rounds of 12 s. The tap runs as ``llmslo tap``
 does (uvloop when installed); ``LLMSLO_BENCH_PROFILE=FILE`` writes its CPU profile.
 
@@ -84,6 +88,8 @@ TTFT_TOKENS, TTFT_GAP_MS = 20, 100
 JITTER_STREAMS, JITTER_TOKENS, JITTER_GAP_MS = 64, 40, 20
 #: the tap's default ``gap_error_max_s``: the gaps its ITL statistics hold
 GAP_ERROR_MAX_S = 0.005
+#: how long both proxies keep idle upstream connections (nginx's ``keepalive_timeout`` default)
+NGINX_KEEPALIVE_S = 60.0
 sys.path.insert(0, str(ROOT))
 
 
@@ -218,6 +224,10 @@ def serve_tap(port: int, upstream: str, records: Any = None, kernel: bool = True
             max_connections=4096,
             gauge_interval_s=60,
             kernel_timestamps=kernel,
+            # nginx's upstream keep-alive (its keepalive_timeout default), under this
+            # upstream's 75 s: the default 4 s (under uvicorn's 5 s) would let the pool
+            # expire between the tap's phases, and each phase would start with a connect
+            upstream_keepalive_s=NGINX_KEEPALIVE_S,
         )
         proxy = TapProxy(config, RecordsSink(records) if records is not None else CountingSink())
         await proxy.start()
@@ -273,7 +283,11 @@ http {{
   fastcgi_temp_path {workdir}/fastcgi;
   uwsgi_temp_path {workdir}/uwsgi;
   scgi_temp_path {workdir}/scgi;
-  upstream engine {{ server 127.0.0.1:{upstream_port}; keepalive 1024; }}
+  upstream engine {{
+    server 127.0.0.1:{upstream_port};
+    keepalive 1024;
+    keepalive_timeout {NGINX_KEEPALIVE_S:g}s;
+  }}
   server {{
     listen 127.0.0.1:{port} backlog=2048;
     location / {{
