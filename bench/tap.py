@@ -38,7 +38,10 @@ generator. Phases, each with 256 concurrent streams in a closed loop:
 
 ``tap_cpu_us_per_chunk_ttft`` is the same for the tap's TTFT phases: one event per read and
 per write, request overheads included (20 token chunks per request) — the case that sets
-the tap's added latency on a shared core.
+the tap's added latency on a shared core; ``nginx_cpu_us_per_chunk_ttft`` is nginx's (master
+and worker) in its TTFT phases. On a host whose cores are all busy, a process gets about its
+fair share of a core whatever it needs, so the CPU a proxy spends per chunk, not its code
+path, sets how far behind it falls (and its added TTFT).
 
 Every path is first warmed at full concurrency (steady state, not cold start), and both
 proxies keep idle upstream connections for ``NGINX_KEEPALIVE_S`` (the tap's default, 4 s,
@@ -347,6 +350,12 @@ def rss_bytes(pid: int) -> int:
 
     proc = psutil.Process(pid)
     return sum(int(p.memory_info().rss) for p in (proc, *proc.children(recursive=True)))
+
+
+def cpu_s_of(proc: Any) -> float:
+    """User + system CPU seconds of a ``psutil.Process`` and its children (nginx: master and
+    worker)."""
+    return sum(sum(p.cpu_times()[:2]) for p in (proc, *proc.children(recursive=True)))
 
 
 def peak_rss(pids: list[int], duration_s: float) -> Any:
@@ -709,8 +718,10 @@ def main() -> None:
         if baseline is not None:
             modes["baseline"] = f"http://127.0.0.1:{base_port}"
             load(ctx, modes["baseline"], args.streams, 1.0 if args.quick else 2.0, 8, 20)
-        tap_procs = {"tap": tap_proc} | (
-            {"baseline": psutil.Process(baseline.pid)} if baseline is not None else {}
+        tap_procs = (
+            {"tap": tap_proc}
+            | ({"baseline": psutil.Process(baseline.pid)} if baseline is not None else {})
+            | ({"nginx": psutil.Process(nginx.pid)} if nginx is not None else {})
         )
         nginx_peak = peak_rss([nginx.pid], phase_s) if nginx else None  # for the footprint
         rounds: list[dict[str, dict[str, Any]]] = []
@@ -725,14 +736,14 @@ def main() -> None:
                 url = modes[name]
                 during = {"tap": rss_mid_phase, "nginx": nginx_peak}.get(name)
                 proc = tap_procs.get(name)
-                cpu_before = sum(proc.cpu_times()[:2]) if proc else 0.0
+                cpu_before = cpu_s_of(proc) if proc else 0.0
                 this[name] = load(
                     ctx, url, args.streams, phase_s, TTFT_TOKENS, TTFT_GAP_MS, during=during
                 )
                 if name == "tap":
                     open_rss = max(open_rss, this[name]["sampled"])
                 if proc:
-                    ttft_cpu_s[name] += sum(proc.cpu_times()[:2]) - cpu_before
+                    ttft_cpu_s[name] += cpu_s_of(proc) - cpu_before
                     ttft_chunks[name] += this[name]["chunks_total"]
                 report(name, this[name])
             rounds.append(this)
@@ -767,6 +778,7 @@ def main() -> None:
             "tap_rss_mib": round(open_rss / 2**20, 1),
             "tap_cpu_us_per_chunk": round(cpu_s / max(throughput["chunks_total"], 1) * 1e6, 1),
             "tap_cpu_us_per_chunk_ttft": cpu_per_chunk("tap"),
+            "nginx_cpu_us_per_chunk_ttft": cpu_per_chunk("nginx"),
             "load_average_1m": round(os.getloadavg()[0], 2),
             "added_ttft_p50_ms": added("tap", 0.5),
             "added_ttft_p99_ms": added("tap", 0.99),
