@@ -38,9 +38,16 @@ generator. Phases, each with 256 concurrent streams in a closed loop:
 
 ``tap_cpu_us_per_chunk_ttft`` is the same for the tap's TTFT phases: one event per read and
 per write, request overheads included (20 token chunks per request) — the case that sets
-the tap's added latency on a shared core.
+the tap's added latency on a shared core; ``nginx_cpu_us_per_chunk_ttft`` is nginx's (master
+and worker) in its TTFT phases. On a host whose cores are all busy, a process gets about its
+fair share of a core whatever it needs, so the CPU a proxy spends per chunk, not its code
+path, sets how far behind it falls (and its added TTFT).
 
-Every path is first warmed at full concurrency (steady state, not cold start). Quick: 2
+Every path is first warmed at full concurrency (steady state, not cold start), and both
+proxies keep idle upstream connections for ``NGINX_KEEPALIVE_S`` (the tap's default, 4 s,
+would let its pool expire during the other modes' phases: every tap phase then began with
+a connect per stream, in the measured TTFTs; a ``--baseline`` tree from before 2026-12-05
+still does). Quick: 2
 rounds of 3 s phases (< 60 s in all); full: 5 rounds of 12 s. The tap runs as ``llmslo tap``
 does (uvloop when installed); ``LLMSLO_BENCH_PROFILE=FILE`` writes its CPU profile.
 
@@ -84,6 +91,8 @@ TTFT_TOKENS, TTFT_GAP_MS = 20, 100
 JITTER_STREAMS, JITTER_TOKENS, JITTER_GAP_MS = 64, 40, 20
 #: the tap's default ``gap_error_max_s``: the gaps its ITL statistics hold
 GAP_ERROR_MAX_S = 0.005
+#: how long both proxies keep idle upstream connections (nginx's ``keepalive_timeout`` default)
+NGINX_KEEPALIVE_S = 60.0
 sys.path.insert(0, str(ROOT))
 
 
@@ -218,6 +227,10 @@ def serve_tap(port: int, upstream: str, records: Any = None, kernel: bool = True
             max_connections=4096,
             gauge_interval_s=60,
             kernel_timestamps=kernel,
+            # nginx's upstream keep-alive (its keepalive_timeout default), under this
+            # upstream's 75 s: the default 4 s (under uvicorn's 5 s) would let the pool
+            # expire between the tap's phases, and each phase would start with a connect
+            upstream_keepalive_s=NGINX_KEEPALIVE_S,
         )
         proxy = TapProxy(config, RecordsSink(records) if records is not None else CountingSink())
         await proxy.start()
@@ -273,7 +286,11 @@ http {{
   fastcgi_temp_path {workdir}/fastcgi;
   uwsgi_temp_path {workdir}/uwsgi;
   scgi_temp_path {workdir}/scgi;
-  upstream engine {{ server 127.0.0.1:{upstream_port}; keepalive 1024; }}
+  upstream engine {{
+    server 127.0.0.1:{upstream_port};
+    keepalive 1024;
+    keepalive_timeout {NGINX_KEEPALIVE_S:g}s;
+  }}
   server {{
     listen 127.0.0.1:{port} backlog=2048;
     location / {{
@@ -333,6 +350,12 @@ def rss_bytes(pid: int) -> int:
 
     proc = psutil.Process(pid)
     return sum(int(p.memory_info().rss) for p in (proc, *proc.children(recursive=True)))
+
+
+def cpu_s_of(proc: Any) -> float:
+    """User + system CPU seconds of a ``psutil.Process`` and its children (nginx: master and
+    worker)."""
+    return sum(sum(p.cpu_times()[:2]) for p in (proc, *proc.children(recursive=True)))
 
 
 def peak_rss(pids: list[int], duration_s: float) -> Any:
@@ -695,8 +718,10 @@ def main() -> None:
         if baseline is not None:
             modes["baseline"] = f"http://127.0.0.1:{base_port}"
             load(ctx, modes["baseline"], args.streams, 1.0 if args.quick else 2.0, 8, 20)
-        tap_procs = {"tap": tap_proc} | (
-            {"baseline": psutil.Process(baseline.pid)} if baseline is not None else {}
+        tap_procs = (
+            {"tap": tap_proc}
+            | ({"baseline": psutil.Process(baseline.pid)} if baseline is not None else {})
+            | ({"nginx": psutil.Process(nginx.pid)} if nginx is not None else {})
         )
         nginx_peak = peak_rss([nginx.pid], phase_s) if nginx else None  # for the footprint
         rounds: list[dict[str, dict[str, Any]]] = []
@@ -711,14 +736,14 @@ def main() -> None:
                 url = modes[name]
                 during = {"tap": rss_mid_phase, "nginx": nginx_peak}.get(name)
                 proc = tap_procs.get(name)
-                cpu_before = sum(proc.cpu_times()[:2]) if proc else 0.0
+                cpu_before = cpu_s_of(proc) if proc else 0.0
                 this[name] = load(
                     ctx, url, args.streams, phase_s, TTFT_TOKENS, TTFT_GAP_MS, during=during
                 )
                 if name == "tap":
                     open_rss = max(open_rss, this[name]["sampled"])
                 if proc:
-                    ttft_cpu_s[name] += sum(proc.cpu_times()[:2]) - cpu_before
+                    ttft_cpu_s[name] += cpu_s_of(proc) - cpu_before
                     ttft_chunks[name] += this[name]["chunks_total"]
                 report(name, this[name])
             rounds.append(this)
@@ -753,6 +778,7 @@ def main() -> None:
             "tap_rss_mib": round(open_rss / 2**20, 1),
             "tap_cpu_us_per_chunk": round(cpu_s / max(throughput["chunks_total"], 1) * 1e6, 1),
             "tap_cpu_us_per_chunk_ttft": cpu_per_chunk("tap"),
+            "nginx_cpu_us_per_chunk_ttft": cpu_per_chunk("nginx"),
             "load_average_1m": round(os.getloadavg()[0], 2),
             "added_ttft_p50_ms": added("tap", 0.5),
             "added_ttft_p99_ms": added("tap", 0.99),

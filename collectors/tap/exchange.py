@@ -222,22 +222,9 @@ class Exchange:
 
     async def _stream(self, down: Downstream) -> None:
         assert self._resp is not None
-        response = self._resp
-        hold_max = self._config.hold_max_bytes
-        while not down.committed:  # until the first token (or too much held): hold it back
-            chunk = await response.readany()
-            if not chunk:
-                break
-            out = self._frame(chunk, *self._arrival())
-            self.held.append(out)
-            self.held_bytes += len(out)
-            if self.meter.first_token_seen:
-                self._first_token_arrived()
-                await self._commit(down)
-            elif self.held_bytes > hold_max:
-                await self._commit(down)
-        if down.committed:
-            await self._relay(down)
+        forward = self._forwarder(down)
+        while await self._resp.pipe(forward):
+            await down.wait_writable()
         events = self.framer.close()
         if (
             events
@@ -251,27 +238,36 @@ class Exchange:
         if self.outcome == "ok" or not self.retryable:
             await self._commit(down)
 
-    async def _relay(self, down: Downstream) -> None:
-        """The rest of the stream, once the client has its first bytes: each upstream chunk
-        is framed, measured and written from the upstream's data callback, so an event
-        costs no task hand-off; the task only waits when the client falls behind."""
-        assert self._resp is not None
+    def _forwarder(self, down: Downstream) -> Callable[[bytes], bool]:
+        """The callback :meth:`UpstreamResponse.pipe` hands each engine chunk to, from the
+        connection's data callback: it frames and measures the chunk, holds it back until
+        the first token (or ``hold_max_bytes``), then writes it to the client at once. The
+        first token thus leaves in the same callback that read it, like every later chunk:
+        no task hand-off, which would wait behind every other stream's chunks read in the
+        same loop iteration. Returns whether the client is behind (reading then pauses)."""
         arrival = self._arrival
-        # Committed before the first token (over hold_max_bytes): its timeout still runs.
-        waiting = None if self.meter.first_token_seen else self._first_token_scope
+        hold_max = self._config.hold_max_bytes
+        meter = self.meter
+        waiting = self._first_token_scope  # the first-token timeout, until the first token
 
-        def relay(chunk: bytes) -> bool:
+        def forward(chunk: bytes) -> bool:
             nonlocal waiting
-            down.write_nowait(self._frame(chunk, *arrival()))
-            if not self.answered:
-                self._note_answered()
-            if waiting is not None and self.meter.first_token_seen:
+            out = self._frame(chunk, *arrival())
+            if waiting is not None and meter.first_token_seen:
                 waiting.reschedule(None)
                 waiting = None
+            if not down.committed:
+                self.held.append(out)
+                self.held_bytes += len(out)
+                if meter.first_token_seen or self.held_bytes > hold_max:
+                    self._commit_nowait(down)
+                return down.behind
+            down.write_nowait(out)
+            if not self.answered:
+                self._note_answered()
             return down.behind
 
-        while await self._resp.pipe(relay):
-            await down.wait_writable()
+        return forward
 
     def _first_token_arrived(self) -> None:
         if self._first_token_scope is not None:
@@ -328,11 +324,16 @@ class Exchange:
             self.held_bytes += len(data)
 
     async def _commit(self, down: Downstream) -> None:
+        self._commit_nowait(down)
+        await down.wait_writable()
+
+    def _commit_nowait(self, down: Downstream) -> None:
+        """Send the status, the headers and what was held back (once); check ``down.behind``."""
         if down.committed:
             return
         down.commit(self.upstream_status or 200, self.upstream_headers)
         held, self.held, self.held_bytes = self.held, [], 0
-        await down.write(b"".join(held))
+        down.write_nowait(b"".join(held))
         self._note_answered()
 
     def _classify_end(self) -> None:

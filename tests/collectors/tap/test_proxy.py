@@ -199,3 +199,42 @@ def test_freeze_startup_heap_takes_live_objects_out_of_the_collectors_scans() ->
         assert any(o is created_later for o in gc.get_objects())  # later objects still are
     finally:
         gc.unfreeze()
+
+
+def test_the_first_token_leaves_in_the_callback_that_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No task hand-off before the first token's write: a handler task would only run after
+    every other stream's chunks read in the same loop iteration (added TTFT under load)."""
+    from collectors.tap.downstream import Downstream
+    from collectors.tap.upstream import _Connection
+
+    log: list[tuple[str, bytes]] = []
+    read, send = _Connection.data_received, Downstream._send
+
+    def logged_read(conn: _Connection, data: bytes) -> None:
+        log.append(("read", data))
+        read(conn, data)
+        log.append(("read done", b""))
+
+    def logged_send(down: Downstream, *parts: bytes) -> None:
+        log.append(("write", b"".join(parts)))
+        send(down, *parts)
+
+    monkeypatch.setattr(_Connection, "data_received", logged_read)
+    monkeypatch.setattr(Downstream, "_send", logged_send)
+
+    async def scenario() -> None:
+        # the head and the role chunk first, the first token 50 ms later (its own read)
+        up = ScriptedUpstream(lambda req: stream_script(3, gap_s=0.05))
+        async with tap_over([up]) as (url, sink, _):
+            status, body, error = await post(url, CHAT)
+        assert (status, error) == (200, None) and b'"content":"t0 "' in body
+        assert sink.requests[0]["outcome"] == "ok"
+
+    run(scenario())
+    first_write = next(
+        i for i, (kind, data) in enumerate(log) if kind == "write" and b'"t0 "' in data
+    )
+    kind, data = log[first_write - 1]
+    assert kind == "read" and b'"t0 "' in data  # written before that read's callback returned
