@@ -46,7 +46,7 @@ from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from collectors.receive._prompb import WriteRequest
 from collectors.receive.config import ReceiveConfig
-from collectors.receive.service import ReceiveService
+from collectors.receive.service import ReceiveService, raise_young_gc_threshold
 from pipeline.broker import EmbeddedBroker, free_port
 from pipeline.bus import Bus
 from pipeline.config import BusConfig
@@ -193,6 +193,7 @@ def bench_receive(bootstrap: str, door: str, per_request: int, samples: int, out
     bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=f"b{door}{per_request}."))
     bus.ensure_topics()
     service = ReceiveService(ReceiveConfig(port=0, buffer_max_rows=2_000_000), bus.producer)
+    raise_young_gc_threshold()  # as `llmslo receive` does
     stop = threading.Event()
     worker = threading.Thread(target=service.run, args=(stop,))
     worker.start()
