@@ -102,7 +102,7 @@ _SERIES_END = (
 )
 _VALUE_TAG, _TIMESTAMP_TAG = 0x09, 0x10  # field 1 fixed64, field 2 varint
 #: A varint is one byte longer from each of these values on (a negative int64 takes 10).
-_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 9)] + [1 << 62 << 1], dtype=np.uint64)
+_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
 
 
 def _varint_lengths(values: np.ndarray) -> np.ndarray:
