@@ -12,8 +12,9 @@ acknowledged by Kafka. In the same run the real :class:`collectors.collector.Col
 scrapes the same volume, as exposition text from a child aiohttp server, into the same
 broker. Peak RSS is this process's (receiver or collector, each measured in a fresh child).
 
-    python bench/receive.py            # full (1 M samples per door and batch size)
-    python bench/receive.py --quick    # < 60 s (20 k samples)
+    python bench/receive.py                   # full (1 M samples per door and batch size)
+    python bench/receive.py --quick           # < 60 s (20 k samples: one scrape, all cold)
+    python bench/receive.py --samples 200000  # 7 scrapes of 50 targets: mostly steady state
 
 The last line is JSON: {"bench": "receive", "receive_2000_samples_per_s": …,
 "receive_10000_samples_per_s": …, "otlp_2000_samples_per_s": …, "otlp_10000_samples_per_s": …,
@@ -46,7 +47,7 @@ from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from collectors.receive._prompb import WriteRequest
 from collectors.receive.config import ReceiveConfig
-from collectors.receive.service import ReceiveService
+from collectors.receive.service import ReceiveService, raise_young_gc_threshold
 from pipeline.broker import EmbeddedBroker, free_port
 from pipeline.bus import Bus
 from pipeline.config import BusConfig
@@ -193,6 +194,7 @@ def bench_receive(bootstrap: str, door: str, per_request: int, samples: int, out
     bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=f"b{door}{per_request}."))
     bus.ensure_topics()
     service = ReceiveService(ReceiveConfig(port=0, buffer_max_rows=2_000_000), bus.producer)
+    raise_young_gc_threshold()  # as `llmslo receive` does
     stop = threading.Event()
     worker = threading.Thread(target=service.run, args=(stop,))
     worker.start()
@@ -295,10 +297,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="short run (< 60 s)")
+    parser.add_argument(
+        "--samples", type=int, default=1_000_000, help="per door and batch size (default 1 M)"
+    )
     args = parser.parse_args()
     # --quick: the receiver runs at ~10 k samples/s on a loaded 2-core machine; 20 k samples
     # per door and batch size keep the whole run (5 children, one broker) under a minute
-    samples = 20_000 if args.quick else 1_000_000
+    samples = 20_000 if args.quick else args.samples
     result: dict[str, Any] = {"bench": "receive", "samples": samples}
     with EmbeddedBroker() as broker:
         for door in DOORS:

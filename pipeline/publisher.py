@@ -2,10 +2,13 @@
 
 Producers of rows (the collector's scrape loop, the tap's sink thread, the SLO jobs' flag
 transitions, the history generator) :meth:`Publisher.put` one Arrow table and go on: ``put``
-never waits for Kafka and never raises. A background thread takes the oldest batch, sends
-it one message per instance key and waits for every acknowledgement; parts that fail are
-re-sent with a fresh producer after an exponential back-off (``backoff_s`` doubling up to
-``backoff_max_s``) until they are acknowledged, so a broker outage only delays data.
+never waits for Kafka and never raises. A background thread takes the oldest batch — with
+the Arrow batches of the same schema queued right behind it, up to
+:data:`MAX_DELIVERY_ROWS` rows, as one table — sends it one message per instance key and
+waits for every acknowledgement; parts that fail are re-sent with a fresh producer after an
+exponential back-off (``backoff_s`` doubling up to ``backoff_max_s``) until they are
+acknowledged, so a broker outage only delays data. A key's rows keep their order: they
+travel in one message per delivery, and deliveries follow one another.
 
 When the buffer would exceed ``max_rows``, the *oldest* batches are dropped (the newest
 state of the fleet is worth more than the oldest); rows still unpublished when the
@@ -47,6 +50,7 @@ else:
     pa = on_first_use("pyarrow")
 
 __all__ = [
+    "MAX_DELIVERY_ROWS",
     "JsonRows",
     "KafkaPublisher",
     "PendingBatch",
@@ -59,6 +63,10 @@ log = logging.getLogger(__name__)
 
 #: Called with (reason, rows) on every drop, besides the counter (a component's own metric).
 DropHook = Callable[[str, int], None]
+#: Rows sent in one delivery at most (batches queued behind one another, merged): one
+#: round trip to the brokers for many batches, and a key's message stays far below the
+#: largest message (``pipeline.bus.MAX_MESSAGE_BYTES``).
+MAX_DELIVERY_ROWS = 20_000
 
 
 @dataclass(frozen=True)
@@ -262,6 +270,30 @@ class PublishBuffer:
         self.metrics.buffered(self._rows)
         return batch
 
+    def take_following(self, first: PendingBatch, max_rows: int) -> list[PendingBatch]:
+        """The Arrow batches queued first that ``first`` (just taken) can travel with: of its
+        schema and Arrow schema, ``max_rows`` rows in all at most; removed from the buffer."""
+        if isinstance(first.table, JsonRows):
+            return []
+        taken: list[PendingBatch] = []
+        with self._cond:
+            rows = 0
+            while self._queue:
+                head = self._queue[0]
+                if (
+                    head.schema is not first.schema
+                    or isinstance(head.table, JsonRows)
+                    or rows + head.table.num_rows > max_rows
+                    or not head.table.schema.equals(first.table.schema)
+                ):
+                    break
+                taken.append(self._queue.popleft())
+                rows += head.table.num_rows
+            self._rows -= rows
+        if taken:
+            self.metrics.buffered(self._rows)
+        return taken
+
     def drain(self) -> int:
         """Remove every batch; returns their rows (not counted: the caller says why)."""
         with self._cond:
@@ -337,9 +369,21 @@ class KafkaPublisher:
                     return
                 continue
             self.in_flight_rows = batch.table.num_rows
+            batch = self._with_following(batch)
+            self.in_flight_rows = batch.table.num_rows
             self._deliver(batch)
             if not self._abandon.is_set():
                 self.in_flight_rows = 0
+
+    def _with_following(self, batch: PendingBatch) -> PendingBatch:
+        """``batch`` merged with those queued behind it that can travel with it."""
+        room = MAX_DELIVERY_ROWS - batch.table.num_rows
+        following = self.buffer.take_following(batch, room) if room > 0 else []
+        if not following:
+            return batch
+        tables = [batch.table, *(b.table for b in following)]
+        merged = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+        return PendingBatch(batch.schema, merged, batch.enqueued_s)
 
     def _deliver(self, batch: PendingBatch) -> None:
         pieces = _split(batch.schema, batch.table)

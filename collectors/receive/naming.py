@@ -21,7 +21,7 @@ counted as ``unmapped`` downstream, never stored).
 from __future__ import annotations
 
 import re
-from functools import cache
+from functools import cache, lru_cache
 
 from collectors.dialects import load_dialects
 
@@ -86,8 +86,14 @@ def _sanitise(name: str, pattern: re.Pattern[str]) -> str:
     return f"_{out}" if out[:1].isdigit() else out
 
 
+#: Names translated, kept (least recently used evicted first): a sender repeats its metrics.
+MAX_CACHED_NAMES = 4096
+
+
+@lru_cache(maxsize=MAX_CACHED_NAMES)
 def prometheus_name(name: str, unit: str, kind: str) -> str:
-    """The Prometheus name of an OTLP metric (see the module docstring)."""
+    """The Prometheus name of an OTLP metric (see the module docstring); a pure function of
+    its arguments, cached."""
     known = _known()
     suffix = unit_suffix(unit, kind)
     bases = dict.fromkeys(

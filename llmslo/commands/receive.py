@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 from collectors.receive.config import ReceiveConfig
-from collectors.receive.service import ReceiveService
+from collectors.receive.service import ReceiveService, raise_young_gc_threshold
 from llmslo.commands.collect import outage_producer
 from llmslo.options import (
     add_common_options,
@@ -71,6 +71,7 @@ def run_receive(args: argparse.Namespace) -> int:
             return outage_producer(bus, timeout_ms)
 
         service = ReceiveService(receive, make_producer)
+        raise_young_gc_threshold()
         service.run(stop)
     print_json(
         {

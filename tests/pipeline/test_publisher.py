@@ -110,3 +110,32 @@ def test_components_share_one_registry_and_one_metric(bus: Bus) -> None:
                 rows += decode_message(record.value, record.headers).table.to_pylist()
     consumer.close()
     assert sorted(r["ts_ms"] for r in rows) == list(range(1_000, 1_006))
+
+
+def test_batches_queued_together_travel_in_one_message_per_key_in_order(bus: Bus) -> None:
+    buffer = PublishBuffer(1_000, PublishMetrics("unit"))
+    for ts in (1_000, 2_000, 3_000):  # three batches, each of pod-0, pod-1 and pod-2
+        buffer.put(FLAG_TRANSITIONS, _flags(6, ts))
+    publisher = KafkaPublisher(bus.producer, buffer).start()  # all three already queued
+    try:
+        assert publisher.flush(60)
+    finally:
+        publisher.stop()
+        publisher.close()
+    assert publisher.published_rows == 18
+    consumer = bus.consumer(None)
+    consumer.subscribe([bus.prefix + FLAG_TRANSITIONS.topic])
+    messages: dict[bytes, list[list[int]]] = {}
+    deadline = time.monotonic() + 60
+    while sum(map(len, messages.values())) < 3 and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            for record in records:
+                rows = decode_message(record.value, record.headers).table.to_pylist()
+                assert {r["scope_id"] for r in rows} == {record.key.decode()}
+                messages.setdefault(record.key, []).append([int(r["ts_ms"]) for r in rows])
+    consumer.close()
+    # one message per key, the batches' rows in the order they were put
+    assert messages == {
+        f"pod-{pod}".encode(): [[ts + i for ts in (1_000, 2_000, 3_000) for i in (pod, pod + 3)]]
+        for pod in range(3)
+    }

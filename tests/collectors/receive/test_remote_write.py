@@ -1,13 +1,22 @@
-"""The remote-write decoder: label sets parsed once, in a bounded LRU cache that cannot lie."""
+"""The remote-write decoder: label sets parsed once, in a bounded LRU cache that cannot lie;
+a write read in bulk puts every sample in its own series, whatever the encoding."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 import snappy
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from collectors.receive._prompb import KeyedWriteRequest, Label
+from collectors.receive._prompb import KeyedWriteRequest, Label, SeriesWriteRequest
 from collectors.receive.config import ReceiveLimits
-from collectors.receive.remote_write import MAX_CACHED_LABEL_SET_BYTES, RemoteWriteDecoder
+from collectors.receive.remote_write import (
+    MAX_CACHED_LABEL_SET_BYTES,
+    RemoteWriteDecoder,
+    _bulk_series,
+)
 from collectors.receive.series import RefusedWrite
 from tests.collectors.receive.running import write_request
 
@@ -76,3 +85,102 @@ def test_an_unreadable_label_refuses_the_write_though_the_request_parses(label: 
     with pytest.raises(RefusedWrite) as refused:
         RemoteWriteDecoder(ReceiveLimits()).decode(snappy.compress(request.SerializeToString()))
     assert (refused.value.status, refused.value.reason) == (400, "protobuf")
+
+
+# -- the bulk read: every sample to its own series, whatever the encoding --------------------
+
+STALE_BITS = 0x7FF0000000000002
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # a negative int64 is its two's complement
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        if not value:
+            return bytes(out + bytes((byte,)))
+        out.append(byte | 0x80)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _sample(ts_ms: int, value_bits: int, layout: str) -> bytes:
+    value = b"\x09" + value_bits.to_bytes(8, "little")
+    ts = b"\x10" + _varint(ts_ms)
+    return {
+        # what a proto3 encoder writes: a field at its default value is left out
+        "canonical": (value if value_bits else b"") + (ts if ts_ms else b""),
+        "timestamp first": ts + value,
+        "value twice": b"\x09" + (1).to_bytes(8, "little") + value + ts,
+        "unknown field": value + ts + b"\x18\x01",
+        # one byte more than needed (a varint has at most 10)
+        "padded varint": value
+        + b"\x10"
+        + _varint(ts_ms)[:-1]
+        + bytes((_varint(ts_ms)[-1] | 0x80, 0))
+        if len(_varint(ts_ms)) < 10
+        else value + ts,
+    }[layout]
+
+
+_LAYOUTS = st.sampled_from(
+    ["canonical"] * 6 + ["timestamp first", "value twice", "unknown field", "padded varint"]
+)
+_VALUE_BITS = st.one_of(
+    st.sampled_from([0, 1 << 63, STALE_BITS, 0x7FF8000000000000, 0x3FF0000000000000]),
+    st.integers(0, (1 << 64) - 1),
+)
+_TIMESTAMPS = st.one_of(st.sampled_from([0, T0, -1, 1]), st.integers(-(1 << 63), (1 << 63) - 1))
+_SAMPLES = st.lists(st.tuples(_TIMESTAMPS, _VALUE_BITS, _LAYOUTS), max_size=3)
+_SERIES = st.tuples(
+    st.integers(0, 30),  # the pod: several series of one request may share a label set
+    st.booleans(),  # an empty label (name and value ""), as the bulk read's end marker is
+    st.booleans(),  # an exemplar (field 3), which the receiver skips
+    _SAMPLES,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_SERIES, min_size=1, max_size=12))
+@example(
+    [(0, False, False, [(T0, 1, "canonical"), (T0 + 1, 2, "canonical")]), (1, False, False, [])]
+)
+def test_every_sample_is_read_into_its_own_series_whatever_the_encoding(
+    written: list[tuple[int, bool, bool, list[tuple[int, int, str]]]],
+) -> None:
+    request = b""
+    expected = []
+    for pod, empty_label, exemplar, samples in written:
+        labels = series(pod) | ({"": ""} if empty_label else {})
+        encoded = b"".join(
+            _field(1, Label(name=k, value=v).SerializeToString()) for k, v in sorted(labels.items())
+        )
+        encoded += b"".join(_field(2, _sample(*sample)) for sample in samples)
+        encoded += _field(3, b"\x0a\x00\x11" + bytes(8)) if exemplar else b""
+        request += _field(1, encoded)
+        expected.append((tuple(sorted(labels.items())), [(ts, bits) for ts, bits, _ in samples]))
+    batch = RemoteWriteDecoder(ReceiveLimits()).decode(snappy.compress(request))
+    got = [
+        (s.labels, [(ts, struct.unpack("<Q", struct.pack("<d", v))[0]) for ts, v in s.samples])
+        for s in batch.series
+    ]
+    assert got == expected
+
+
+def test_a_prometheus_write_is_read_in_bulk_sample_by_sample_as_sent() -> None:
+    pods = list(range(40))
+    raw = write_request(
+        [(series(p), [(T0 + p, float(p))]) for p in pods]
+        + [(series(p, name="up"), [(T0, 0.0), (T0 + 1, float(p)), (0, 1.0)]) for p in pods]
+    )
+    bulk = _bulk_series(SeriesWriteRequest.FromString(raw))
+    assert bulk is not None, "a request as Prometheus sends it was not read in bulk"
+    keys, _, samples = bulk
+    pods_read = [dict((lb.name, lb.value) for lb in map(Label.FromString, key)) for key in keys]
+    assert [labels["pod"] for labels in pods_read] == [f"vllm-{p}" for p in pods * 2]
+    assert samples == [[(T0 + p, float(p))] for p in pods] + [
+        [(T0, 0.0), (T0 + 1, float(p)), (0, 1.0)] for p in pods
+    ]
