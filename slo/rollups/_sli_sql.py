@@ -17,7 +17,7 @@ from slo.spec import AvailabilitySpec, GoodputSpec, LatencySpec
 from slo.spec.model import Slo
 from slo.spec.outcomes import OUTCOME_CLASSES, OutcomeClasses
 
-__all__ = ["engine_minutes_sql", "outcome_class_sql", "tap_minutes_sql"]
+__all__ = ["engine_minutes_sql", "outcome_class_sql", "records_of", "tap_minutes_sql"]
 
 #: Counter samples read before the range so the first minute's increase is known.
 ENGINE_LOOKBACK_MS = 10 * MINUTE_MS
@@ -107,7 +107,7 @@ def _tap_good_eligible(slo: Slo) -> tuple[str, str]:
     return f"{good} AND {met}", counted
 
 
-def _records_of(slo: Slo) -> str:
+def records_of(slo: Slo) -> str:
     """The request records an SLO counts: the prober's for ``source: probe``, else the taps'."""
     return source_filter("probe" if slo.sli.source == "probe" else "tap")
 
@@ -142,7 +142,7 @@ def tap_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[obj
         WITH lookback AS (
             SELECT {client} AS client, attempt, received_ts_ms, original_request_id
             FROM requests
-            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {_records_of(slo)}),
+            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {records_of(slo)}),
         retried AS (
             SELECT client, max(attempt) AS last_attempt, min(received_ts_ms) AS first_ts_ms
             FROM lookback
@@ -150,7 +150,7 @@ def tap_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[obj
             GROUP BY ALL),
         scoped AS (
             SELECT * FROM requests
-            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {_records_of(slo)}),
+            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {records_of(slo)}),
         events AS (
             SELECT scoped.*, coalesce(first_ts_ms, received_ts_ms) AS client_ts_ms
             FROM scoped LEFT JOIN retried ON retried.client = {client}

@@ -29,7 +29,12 @@ from dataclasses import dataclass
 import duckdb
 
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, ceil_to, floor_to
-from slo.rollups._sli_sql import RETRY_LOOKBACK_MS, engine_minutes_sql, tap_minutes_sql
+from slo.rollups._sli_sql import (
+    RETRY_LOOKBACK_MS,
+    engine_minutes_sql,
+    records_of,
+    tap_minutes_sql,
+)
 from slo.spec.model import Slo, SloModel
 from slo.tables import ROLLUP_TABLES
 
@@ -122,7 +127,7 @@ class Rollup:
         #: (``None``: unknown, so the settle window); an SLO absent is unknown too.
         self._changed_from: dict[str, int | None] = {}
         self._told = False  # whether a writer tells its writes (note_written) at all
-        self._first_attempts: dict[int, int] = {}  # an update's, per change time
+        self._first_attempts: dict[tuple[int, str], int] = {}  # per change time, kind
         create_rollup_tables(con)
 
     def note_written(self, changed_from_ms: Mapping[str, int | None]) -> None:
@@ -169,24 +174,27 @@ class Rollup:
             return floor_to(watermark_ms - self.settle_ms, MINUTE_MS)
         start = min(watermark_ms, changed)
         if source_table(slo) == "requests" and changed < _NO_CHANGE:
-            start = min(start, self._first_attempt_from(changed))
+            start = min(start, self._first_attempt_from(changed, records_of(slo)))
         return floor_to(start, MINUTE_MS)
 
-    def _first_attempt_from(self, changed_ms: int) -> int:
-        """The first attempt's time of any client request retried at or after
+    def _first_attempt_from(self, changed_ms: int, records: str) -> int:
+        """The first attempt's time of any request of ``records`` (the SLO's kind, a
+        :func:`~slo.request_sources.source_filter` condition) retried at or after
         ``changed_ms``: a new attempt moves its request's event to that attempt's minute
         (:func:`~slo.rollups._sli_sql.tap_minutes_sql`), up to RETRY_LOOKBACK_MS before."""
-        if changed_ms not in self._first_attempts:
+        key = (changed_ms, records)
+        if key not in self._first_attempts:
             row = self.con.execute(
-                """SELECT min(received_ts_ms) FROM requests
-                   WHERE received_ts_ms >= ? AND coalesce(original_request_id, request_id) IN
+                f"""SELECT min(received_ts_ms) FROM requests
+                   WHERE received_ts_ms >= ? AND {records}
+                     AND coalesce(original_request_id, request_id) IN
                        (SELECT original_request_id FROM requests
-                        WHERE received_ts_ms >= ? AND attempt > 1)""",
+                        WHERE received_ts_ms >= ? AND attempt > 1 AND {records})""",
                 [changed_ms - RETRY_LOOKBACK_MS, changed_ms],
             ).fetchone()
             found = row[0] if row else None
-            self._first_attempts[changed_ms] = _NO_CHANGE if found is None else int(found)
-        return self._first_attempts[changed_ms]
+            self._first_attempts[key] = _NO_CHANGE if found is None else int(found)
+        return self._first_attempts[key]
 
     def recompute(self, slo: Slo, start_ms: int, end_ms: int, fp: str | None = None) -> int:
         """Replace the SLO's minutes in [start, end) from raw rows, then its hours; returns rows."""
