@@ -54,6 +54,11 @@ __all__ = ["CommitReport", "IcebergLake", "LakeError", "open_iceberg_lake"]
 
 log = logging.getLogger(__name__)
 
+#: The modules whose errors are the catalog's: the SQL catalog's drivers, and the HTTP client
+#: of the REST catalog (its refusals are pyiceberg's ``RESTError``s); the object store's are
+#: pyarrow's ``OSError``s and botocore's.
+_CATALOG_ERRORS = frozenset({"sqlalchemy", "psycopg2", "sqlite3", "requests", "urllib3"})
+
 OFFSETS_PREFIX = "llmslo.offsets."
 COMMIT_ID = "llmslo.commit-id"
 MAX_BACKOFF_S = 5.0
@@ -173,10 +178,12 @@ class IcebergLake:
         return place
 
     def _unreachable(self, exc: BaseException) -> str:
-        """Which part of the lake failed, named, and the error's first line: the SQL
-        catalog (SQLAlchemy's errors, often many lines with the statement) or the store."""
+        """Which part of the lake failed, named, and the error's first line: the catalog
+        (SQLAlchemy's errors are often many lines with the statement) or the store."""
+        from pyiceberg.exceptions import RESTError
+
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if type(exc).__module__.split(".")[0] in ("sqlalchemy", "psycopg2", "sqlite3"):
+        if isinstance(exc, RESTError) or type(exc).__module__.split(".")[0] in _CATALOG_ERRORS:
             return f"Iceberg catalog unreachable ({self.config.catalog_uri}): {text}"
         return f"Iceberg object store unreachable ({self._where()}): {text}"
 

@@ -311,7 +311,8 @@ class LakeMaintainer:
                 continue
             except Exception as exc:
                 raise LakeError(f"cannot expire snapshots of {name}: {exc}") from exc
-            self.lake._guard("refresh the table", table.refresh, name)
+            # The commit left the table at the metadata it committed (pyiceberg's _do_commit):
+            # no reload here; the deletion step reloads right before it lists the files.
             remaining = {s.snapshot_id for s in table.metadata.snapshots}
             report.snapshots_expired += len(old - remaining)
             return [s for s in before if s.snapshot_id not in remaining]
@@ -321,6 +322,7 @@ class LakeMaintainer:
     def _delete_unreferenced(
         self, table: Any, name: str, expired: list[Any], now_ms: int, report: TableMaintenance
     ) -> None:
+        # Reloaded: the files the ingesters committed since the expiry count as referenced.
         self.lake._guard("refresh the table", table.refresh, name)
         swept = self.lake._guard(
             "delete unreferenced files",

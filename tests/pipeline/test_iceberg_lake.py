@@ -142,3 +142,27 @@ def test_ingesters_starting_together_on_a_new_catalog_all_open_the_lake(tmp_path
             catalog_uri=f"sqlite:///{root / 'catalog.db'}", warehouse=str(root / "warehouse")
         )
         assert _open_together(config, 4) == []
+
+
+def test_a_retry_line_names_the_failed_part_for_the_sql_and_rest_catalogs(tmp_path: Path) -> None:
+    """The one-line retry log says which part is down: the catalog (an SQL driver's error, a
+    REST catalog's refusal or its HTTP client's) or the object store (pyarrow's OSError)."""
+    import requests
+    import sqlalchemy.exc
+    from pyiceberg.exceptions import ServiceUnavailableError
+
+    config = IcebergConfig(
+        catalog_uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=str(tmp_path / "warehouse")
+    )
+    lake = _lake(config)
+    catalog = [
+        sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("connection refused")),
+        ServiceUnavailableError("503: the REST catalog is restarting"),
+        requests.ConnectionError("Max retries exceeded with url: /v1/config"),
+    ]
+    for exc in catalog:
+        said = lake._unreachable(exc)
+        assert said.startswith("Iceberg catalog unreachable (sqlite:///"), said
+        assert "\n" not in said
+    said = lake._unreachable(OSError("When reading information for key 'x': timed out"))
+    assert said.startswith("Iceberg object store unreachable"), said
