@@ -69,6 +69,9 @@ def stream_record(tokens: int, **overrides: object) -> dict:
         # the whole stream is one burst: kernel receive stamps would (rightly) vouch for
         # no gap between events of one read; this is about the record's size
         overrides.setdefault("kernel_timestamps", False)
+        # ... and every gap vouched for: on a loaded host the loop-watch bound leaves out
+        # gaps read late (by design, collectors/tap/README.md), which is not this test's
+        overrides.setdefault("gap_error_max_s", 3600.0)
         async with tap_over([up], **overrides) as (url, sink, _):
             status, _, problem = await post(url, CHAT, timeout_s=60)
         assert (status, problem) == (200, None)
