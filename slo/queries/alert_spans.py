@@ -22,6 +22,7 @@ from pipeline.units import HOUR_MS, MINUTE_MS
 from slo.queries._params import check_grid, check_text
 from slo.queries._schemas import ALERT_SPANS_SCHEMA
 from slo.queries._sql import present_tables, run_query
+from slo.spec.document import GROUP_DIMENSIONS
 from slo.windows import parse_duration_ms
 
 __all__ = ["ALERT_STATES", "Pair", "slo_alert_spans", "status_pairs"]
@@ -29,8 +30,6 @@ __all__ = ["ALERT_STATES", "Pair", "slo_alert_spans", "status_pairs"]
 #: The states of a span, worst first: the worst pair firing at that time, ``ok`` when no
 #: pair fires but some pair's long window holds events, else ``no events``.
 ALERT_STATES = ("page", "ticket", "ok", "no events")
-#: The group columns of ``slo_keys`` a stored group may constrain.
-_GROUP_COLUMNS = ("pool", "instance", "tenant", "route")
 
 
 @dataclass(frozen=True)
@@ -85,8 +84,8 @@ def _bind(
         group = json.loads(str(row["group_json"] or "{}"))
         found = status_pairs(str(row["status_json"]))
         longest = max((p.long_ms for p in found), default=bucket_ms)
-        labels = [group.get(column) for column in _GROUP_COLUMNS]
-        known = set(group) <= set(_GROUP_COLUMNS)
+        labels = [group.get(column) for column in GROUP_DIMENSIONS]
+        known = set(group) <= set(GROUP_DIMENSIONS)
         allowed = 1.0 - float(row["objective"])  # type: ignore[arg-type]
         first_ms = (start_ms - longest) // bucket_ms * bucket_ms
         groups.append((gid, row["slo_id"], row["group_json"], known, *labels, allowed, first_ms))
@@ -109,7 +108,7 @@ def _unnest(
 
 _GROUP_TYPES = {
     "gid": "INTEGER", "slo_id": "VARCHAR", "group_json": "VARCHAR", "known": "BOOLEAN",
-    "pool": "VARCHAR", "instance": "VARCHAR", "tenant": "VARCHAR", "route": "VARCHAR",
+    **dict.fromkeys(GROUP_DIMENSIONS, "VARCHAR"),  # in _bind's order
     "allowed": "DOUBLE", "from": "BIGINT",
 }  # fmt: skip
 _PAIR_TYPES = {
