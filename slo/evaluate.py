@@ -17,13 +17,13 @@ import numpy as np
 
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, ceil_to, floor_to
 from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, pair_alerting
+from slo.spec.document import GROUP_DIMENSIONS
 from slo.spec.model import Slo, SloModel
 from slo.windows import AlertPair, format_duration
 
 __all__ = ["PairState", "SloStatus", "count_matrix", "evaluate", "window_counts"]
 
-_KEY_COLUMNS = ("pool", "instance", "tenant", "route")
-RollupKey = tuple[str, str, str, str, str]  # slo_id, pool, instance, tenant, route
+RollupKey = tuple[str, ...]  # slo_id, then the GROUP_DIMENSIONS in their order
 
 
 @dataclass(frozen=True)
@@ -169,12 +169,12 @@ def count_matrix(
     """Rollup keys of ``slo_ids`` and their counts: array[key, window, (total, bad)]."""
     marks = ", ".join("?" * len(slo_ids))
     rows = con.execute(
-        f"SELECT key_id, slo_id, pool, instance, tenant, route FROM slo_keys "
+        f"SELECT key_id, slo_id, {', '.join(GROUP_DIMENSIONS)} FROM slo_keys "
         f"WHERE slo_id IN ({marks}) ORDER BY key_id",
         slo_ids,
     ).fetchall()
     key_ids = np.array([r[0] for r in rows], dtype=np.int64)
-    keys: list[RollupKey] = [(r[1], r[2], r[3], r[4], r[5]) for r in rows]
+    keys: list[RollupKey] = [tuple(r[1:]) for r in rows]
     matrix = np.zeros((len(keys), len(windows), 2), dtype=np.int64)
     if not keys:
         return keys, matrix
@@ -234,7 +234,9 @@ def evaluate(con: duckdb.DuckDBPyConnection, model: SloModel, now_ms: int) -> li
     )
     # Each SLO's keys by group (the positions of its group_by dimensions in a key), then
     # one sum per group: a Python step per key, none per key and window.
-    positions = {slo.id: [1 + _KEY_COLUMNS.index(d) for d in slo.group_by] for slo in model.slos}
+    positions = {
+        slo.id: [1 + GROUP_DIMENSIONS.index(d) for d in slo.group_by] for slo in model.slos
+    }
     members: dict[str, dict[tuple[str, ...], list[int]]] = defaultdict(dict)
     for k, key in enumerate(keys):
         group = tuple(key[i] for i in positions[key[0]])

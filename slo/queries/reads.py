@@ -44,6 +44,7 @@ from slo.queries.alert_spans import slo_alert_spans
 from slo.queries.alerts import alerts, drills, last_heartbeat
 from slo.queries.series import engine_series, gpu_series
 from slo.request_sources import REQUEST_SOURCES, RequestSource, source_filter
+from slo.spec.document import GROUP_DIMENSIONS
 
 __all__ = [
     "ALERTS_SCHEMA",
@@ -81,8 +82,6 @@ __all__ = [
 
 LatencyMetric = Literal["ttft", "tpot", "itl", "e2e"]
 Breakdown = Literal["pool", "instance"]
-
-_GROUP_COLUMNS = ("pool", "instance", "tenant", "route")
 
 
 def slo_status(con: duckdb.DuckDBPyConnection, *, slo_id: str | None = None) -> pa.Table:
@@ -127,7 +126,7 @@ def budget_series(
     grid = check_grid(start_ms, end_ms, bucket_ms, unit_ms=MINUTE_MS)
     where, params = "", list[object]()
     for column, value in sorted((group or {}).items()):
-        check_choice("group", column, _GROUP_COLUMNS)
+        check_choice("group", column, GROUP_DIMENSIONS)
         where += f" AND {column} = ?"
         params.append(check_text(f"group.{column}", value))
     source = "slo_hour" if grid.bucket_ms % HOUR_MS == 0 else "slo_minute"
