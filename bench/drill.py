@@ -24,13 +24,15 @@ Last line is JSON::
     {"bench": "drill", "modes": …, "detected": …, "median_detect_s": …, "stall_detect_s": …,
      "false_positives": …, "healthy_minutes": …, "healthy_load": …,
      "healthy_load_basis": "sustainable", "capacity_rps": …, "sustainable_rps": …, "median_alert_s": …, "alertmanager": true|false, "wall_s": …,
-     "jobs": …, "hogs": …, "hog_class": …, "failed_fleets": …}
+     "modes_wall_s": …, "jobs": …, "max_pods": …, "hogs": …, "hog_class": …, "failed_fleets": …}
 
 ``healthy_load`` is the control run's share of the rate one pod serves without degrading
 (``sustainable_rps``: no preemption, KV free never below 10 %; ``--healthy-load``; null: the
 mode fleets' rate), ``capacity_rps`` the pod's saturated throughput, ``median_alert_s`` the median time from injection to Alertmanager's
 receipt of the first alert (null when no Alertmanager ran), ``wall_s`` the whole run's wall
-seconds with ``jobs`` fleets at a time (``--jobs``, default 2), ``failed_fleets`` the
+seconds with ``jobs`` fleets at a time (``--jobs``) holding at most ``max_pods`` pods together
+(``--max-pods``), ``modes_wall_s`` when the last mode fleet ended (the 30-minute control
+outlasts the matrix), ``failed_fleets`` the
 fleets that did not finish (their modes are missing from ``modes``).
 
 Targets (DESIGN §8): every mode detected; stall within ``stall_for_s`` + one scrape
@@ -48,7 +50,7 @@ import time
 from pathlib import Path
 
 from llmslo.drill.hogs import HOG_CLASSES
-from llmslo.drill.matrix import DrillProfile, run_drill, select_modes
+from llmslo.drill.matrix import JOBS, MAX_PODS, DrillProfile, run_drill, select_modes
 from llmslo.drill.report import render_markdown
 
 
@@ -65,7 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         "--healthy-load", type=float, default=None, help="share of sustainable, default 0.7"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, default=2, help="fleets at a time (default 2)")
+    parser.add_argument("--jobs", type=int, default=JOBS, help=f"fleets at a time (default {JOBS})")
+    parser.add_argument(
+        "--max-pods",
+        type=int,
+        default=MAX_PODS,
+        help=f"pods at a time across the running fleets, 0 for no bound (default {MAX_PODS})",
+    )
     parser.add_argument(
         "--hog", type=int, default=0, metavar="N", help="N busy processes beside the fleets"
     )
@@ -99,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             profile,
             healthy_control=minutes > 0,
             jobs=args.jobs,
+            max_pods=args.max_pods or None,
             say=lambda text: print(text, file=sys.stderr, flush=True),
         )
     print(render_markdown(report))
@@ -124,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                 "median_alert_s": round(statistics.median(alerts), 1) if alerts else None,
                 "alertmanager": report.alertmanager is not None,
                 "wall_s": wall_s,
+                "modes_wall_s": report.modes_wall_s,
                 "jobs": args.jobs,
+                "max_pods": report.max_pods,
                 "hogs": args.hog,
                 "hog_class": args.hog_class,
                 "failed_fleets": len(report.failed),

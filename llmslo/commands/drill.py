@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llmslo.drill.hogs import HOG_CLASSES
-from llmslo.drill.matrix import DrillProfile, run_drill, select_modes
+from llmslo.drill.matrix import JOBS, MAX_PODS, DrillProfile, run_drill, select_modes
 from llmslo.drill.report import render_markdown, write_drills
 from llmslo.options import add_subcommand
 from llmslo.progress import add_quiet_option, progress
@@ -57,8 +57,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--jobs",
         type=int,
-        default=2,
-        help="fleets run at a time, each in a worker process of its own (default 2)",
+        default=JOBS,
+        help=f"fleets run at a time, each in a worker process of its own (default {JOBS})",
+    )
+    parser.add_argument(
+        "--max-pods",
+        type=int,
+        default=MAX_PODS,
+        help="pods at a time across the running fleets: the longest fleet that fits starts "
+        f"next, 0 for no bound (default {MAX_PODS})",
     )
     parser.add_argument(
         "--hog",
@@ -104,6 +111,7 @@ def run_drill_cmd(args: argparse.Namespace) -> int:
             profile,
             healthy_control=healthy,
             jobs=args.jobs,
+            max_pods=args.max_pods or None,
             say=lambda text: print(text, file=sys.stderr, flush=True),
             advance=advance,
         )

@@ -6,7 +6,9 @@ fleet (broker, threads, DuckDB, event loops) can leak into the next. Every port 
 opens is its own (pods, taps, prober and Alertmanager bind port 0; the embedded broker takes
 a free port) and every fleet has its own working directory, so two fleets run side by side.
 
-The longest fleets start first, one per free worker, so the workers finish together; the
+The longest fleets start first, one per free worker, so the workers finish together; with
+a pod budget (``max_pods``) the next fleet to start is the longest that fits beside the
+running ones, so the small fleets (a gateway and two pods) run beside a big one; the
 outcomes come back in the plans' order whatever the completion order. Two fleets never
 start within ``start_gap_s`` of each other, counted from the moment each worker reports its
 fleet started (a spawned interpreter takes one to several seconds to get there, more on a
@@ -214,11 +216,15 @@ def run_plans(
     runner: Runner = run_fleet,
     watchdog_s: float = 600.0,
     start_gap_s: float = 0.0,
+    max_pods: int | None = None,
     on_outcome: Callable[[FleetPlan, FleetOutcome], None] | None = None,
 ) -> list[FleetOutcome]:
     """Run every plan in its own worker process, ``jobs`` at a time, longest first; returns
-    the outcomes in the plans' order. ``runner`` (a module-level function: it is pickled by
-    name) runs one fleet; ``progress``: the workers print their progress lines to stderr;
+    the outcomes in the plans' order. ``max_pods``: the running fleets' pods together stay
+    within it (the next fleet that fits starts: small fleets fill in beside a big one; a
+    fleet larger than it runs alone); ``None``: ``jobs`` alone bounds them. ``runner`` (a
+    module-level function: it is pickled by name) runs one fleet; ``progress``: the workers
+    print their progress lines to stderr;
     ``say`` gets the parent's lines (a fleet done, a fleet failed); ``start_gap_s``: the
     least time between two fleets' starts; ``on_outcome(plan, outcome)`` is called as each
     fleet ends (a progress bar).
@@ -259,13 +265,22 @@ def run_plans(
                 reported.update([starts.get(timeout=0.1)])
         return reported.get(name)
 
-    def start_next() -> None:
+    def next_fitting() -> int | None:
+        """The longest waiting fleet that a free worker and the pod budget can take."""
+        if len(running) >= jobs:
+            return None
+        if max_pods is None or not running:
+            return waiting[0] if waiting else None
+        busy = sum(len(plans[i].config.pods) for i in running.values())
+        return next((i for i in waiting if busy + len(plans[i].config.pods) <= max_pods), None)
+
+    def start_next(i: int) -> None:
         # One fleet per free worker, no more: a queued call could not be cancelled on Ctrl-C.
         # Never two starts within start_gap_s: fleets of equal length would otherwise start
         # in lockstep, each start's burst of CPU on the other's warm-up.
         if start_gap_s > 0 and (previous := last_start()) is not None:
             time.sleep(max(0.0, previous + start_gap_s - time.monotonic()))
-        i = waiting.popleft()
+        waiting.remove(i)
         args = (runner, plans[i], profile, workdir, alertmanager, progress, watchdog_s, log_level)
         try:
             future = pool.submit(_work, *args)
@@ -277,8 +292,8 @@ def run_plans(
         last[:] = [(future, plans[i].name)]
 
     try:
-        while waiting and len(running) < jobs:
-            start_next()
+        while (i := next_fitting()) is not None:
+            start_next(i)
         while running:
             done, _ = concurrent.futures.wait(running, return_when=FIRST_COMPLETED)
             for future in done:
@@ -289,8 +304,8 @@ def run_plans(
                 if say:
                     worker_s = time.monotonic() - submitted[i]
                     say(_done_line(plans[i].name, outcome, outcomes, started, worker_s))
-            while waiting and len(running) < jobs:  # a broken pool fails every waiting fleet
-                start_next()
+            while (i := next_fitting()) is not None:  # a broken pool fails every waiting fleet
+                start_next(i)
     except KeyboardInterrupt:
         _stop_workers(pool, say)
         raise DrillInterrupted(

@@ -48,11 +48,26 @@ from simulator import GatewayConfig
 from simulator.capacity import Capacity, Sustainable, measure_capacity, sustainable_capacity
 from simulator.config import EngineConfig
 
-__all__ = ["DrillProfile", "DrillReport", "FleetFailure", "FleetRun", "plan_fleets", "run_drill"]
+__all__ = [
+    "JOBS",
+    "MAX_PODS",
+    "DrillProfile",
+    "DrillReport",
+    "FleetFailure",
+    "FleetRun",
+    "plan_fleets",
+    "run_drill",
+]
 
 #: The drill's token mix (``simulator.traces.poisson_arrivals`` defaults, exponential).
 MEAN_PROMPT_TOKENS = 512.0
 MEAN_OUTPUT_TOKENS = 128.0
+
+#: Fleets at a time, and their pods together: the two 9-pod fleets run one after the other,
+#: each beside the control (3 pods) and a small fleet (a gateway's or a front end's, 1–4 pods).
+#: Measured on 2 cores: two fleets at a time (no pod bound) took the matrix 19 minutes.
+JOBS = 4
+MAX_PODS = 15
 
 #: The CPU hogs' own bound: a whole matrix one fleet at a time takes ~30 minutes.
 HOGS_MAX_S = 3 * 3600.0
@@ -74,7 +89,9 @@ class DrillReport:
     sustainable_rps: float | None = None  # what it serves without degrading (healthy_load's base)
     sustainable_method: str = ""
     jobs: int = 1  # fleets run at a time (worker processes)
+    max_pods: int | None = None  # the running fleets' pods together (None: jobs alone bound)
     wall_s: float | None = None  # the whole drill's wall seconds, first start to last teardown
+    modes_wall_s: float | None = None  # from the first start until the last mode fleet ended
     failed: list[FleetFailure] = field(default_factory=list)  # fleets that did not finish
     interrupted: bool = False  # stopped by Ctrl-C: the fleets that finished are reported
 
@@ -98,7 +115,9 @@ class DrillReport:
             "hogs": self.profile.hogs,
             "hog_class": self.profile.hog_class,
             "jobs": self.jobs,
+            "max_pods": self.max_pods,
             "wall_s": self.wall_s,
+            "modes_wall_s": self.modes_wall_s,
             "failed": [asdict(f) for f in self.failed],
             "interrupted": self.interrupted,
         }
@@ -119,13 +138,15 @@ def run_drill(
     profile: DrillProfile = DrillProfile(),
     *,
     healthy_control: bool = True,
-    jobs: int = 2,
+    jobs: int = JOBS,
+    max_pods: int | None = MAX_PODS,
     say: Any = None,
     advance: Callable[[float], None] | None = None,
 ) -> DrillReport:
     """Drill every mode, then (``healthy_control``) a fleet with no faults; returns the report.
 
-    Each fleet runs in a worker process of its own, ``jobs`` at a time (:mod:`llmslo.drill.jobs`);
+    Each fleet runs in a worker process of its own, ``jobs`` at a time and their pods
+    together within ``max_pods`` (:mod:`llmslo.drill.jobs`);
     a fleet that fails is listed in ``DrillReport.failed`` with its error, the others are
     reported. ``say(text)`` gets the drill's own progress lines, and with ``say`` the
     workers print theirs to stderr; ``advance(n)`` is called with a fleet's mode count (1
@@ -140,6 +161,8 @@ def run_drill(
         raise ConfigError("drill: healthy_load must be a share of capacity in (0, 2]")
     if jobs < 1:
         raise ConfigError(f"drill: jobs must be ≥ 1, not {jobs}")
+    if max_pods is not None and max_pods < 1:
+        raise ConfigError(f"drill: max_pods must be ≥ 1, not {max_pods}")
     groups = plan_fleets(modes, profile.modes_per_fleet) + ([[]] if healthy_control else [])
     for group in groups:
         if group and group[0].front_end:
@@ -148,7 +171,12 @@ def run_drill(
     workdir.mkdir(parents=True, exist_ok=True)
     capacity = _pod_capacity(profile.prefill_chunk_tokens)
     report = DrillReport(
-        int(time.time() * 1000), profile, alertmanager=binary, capacity_rps=capacity.rps, jobs=jobs
+        int(time.time() * 1000),
+        profile,
+        alertmanager=binary,
+        capacity_rps=capacity.rps,
+        jobs=jobs,
+        max_pods=max_pods,
     )
     report.capacity_method = capacity.describe()
     healthy_rps = profile.rate_per_pod
@@ -163,10 +191,19 @@ def run_drill(
         for index, group in enumerate(groups)
     ]
     if say:
-        say(f"[drill] {len(plans)} fleets, {jobs} at a time, longest first")
+        within = "" if max_pods is None else f" within {max_pods} pods"
+        say(f"[drill] {len(plans)} fleets, {jobs} at a time{within}, longest first")
     if say and profile.hogs:
         say(f"[drill] {profile.hogs} CPU hog(s) ({profile.hog_class}) beside the fleets")
     started = time.monotonic()
+    modes_ended: list[float] = []
+
+    def ended(plan: FleetPlan, outcome: object) -> None:
+        if plan.modes:
+            modes_ended.append(time.monotonic())
+        if advance is not None:
+            advance(len(plan.modes) or 1)
+
     try:
         with cpu_hogs(profile.hogs, max_s=HOGS_MAX_S, hog_class=profile.hog_class):
             outcomes = run_plans(
@@ -178,12 +215,15 @@ def run_drill(
                 progress=say is not None,
                 say=say,
                 start_gap_s=profile.start_gap_s if jobs > 1 else 0.0,
-                on_outcome=None if advance is None else lambda p, _: advance(len(p.modes) or 1),
+                max_pods=max_pods,
+                on_outcome=ended,
             )
     except DrillInterrupted as stopped:
         outcomes = stopped.outcomes
         report.interrupted = True
     report.wall_s = round(time.monotonic() - started, 1)
+    if modes_ended:
+        report.modes_wall_s = round(max(modes_ended) - started, 1)
     for outcome in outcomes:
         if isinstance(outcome, FleetFailure):
             report.failed.append(outcome)

@@ -67,12 +67,14 @@ def _hogs(report: DrillReport) -> str:
 
 
 def _timing_line(report: DrillReport) -> str:
-    """How the fleets were run: jobs at a time, the drill's wall time, and the sum of the
-    fleets' (their estimate alone divided by jobs)."""
+    """How the fleets were run: jobs (and pods) at a time, the drill's and the mode fleets'
+    wall time, and the sum of the fleets' (their estimate alone divided by jobs)."""
     walls = [f.wall_s for f in report.fleets if f.wall_s is not None]
+    pods = "" if report.max_pods is None else f" within {report.max_pods} pods"
     return (
-        f"Run: {len(report.fleets) + len(report.failed)} fleets, {report.jobs} at a time "
-        f"(a worker process each, longest first); drill wall time {_s(report.wall_s)} s; "
+        f"Run: {len(report.fleets) + len(report.failed)} fleets, {report.jobs} at a time{pods} "
+        f"(a worker process each, longest first that fits); drill wall time "
+        f"{_s(report.wall_s)} s, the mode fleets done at {_s(report.modes_wall_s)} s; "
         f"fleet wall times sum to {sum(walls):.0f} s "
         f"({', '.join(f'{f.name} {_s(f.wall_s)} (setup {_s(f.setup_s)})' for f in report.fleets) or 'none'}). "
         f"CPU hogs beside the fleets: {_hogs(report)} (busy processes for the whole drill, "

@@ -21,7 +21,7 @@ import pytest
 
 from llmslo.drill.fleet import FleetPlan, Say
 from llmslo.drill.jobs import DrillInterrupted, FleetFailure, run_plans
-from llmslo.drill.matrix import DrillProfile, run_drill
+from llmslo.drill.matrix import MAX_PODS, DrillProfile, run_drill
 from llmslo.drill.modes import MODES, DrillMode
 from llmslo.drill.profile import FleetRun, fleet_rng, injection_times
 from llmslo.drill.report import render_markdown
@@ -35,9 +35,17 @@ CONFIG = FleetConfig(
 )
 
 
-def _plan(name: str, seconds: float) -> FleetPlan:
-    """A fault-free plan that runs ``seconds`` (the runners below sleep that long)."""
-    return FleetPlan(name, (), CONFIG, (), 1.0, 1.0, healthy_minutes=seconds / 60)
+def _plan(name: str, seconds: float, pods: int = 1) -> FleetPlan:
+    """A fault-free plan of ``pods`` pods that runs ``seconds`` (the runners below sleep
+    that long)."""
+    config = CONFIG.model_copy(
+        update={
+            "pods": [
+                PodConfig(name=f"p{i}", dialect="vllm", node="n", gpus=[0]) for i in range(pods)
+            ]
+        }
+    )
+    return FleetPlan(name, (), config, (), 1.0, 1.0, healthy_minutes=seconds / 60)
 
 
 def _sleeping_runner(
@@ -93,6 +101,22 @@ def test_two_fleets_never_start_within_the_start_gap(tmp_path: Path) -> None:
     # interpreter that is slow to come up (a busy machine) does not eat into it; the margin
     # is the time between a worker's report and its runner's first line.
     assert all(later - earlier >= 1.9 for earlier, later in itertools.pairwise(starts))
+
+
+def test_the_pod_budget_runs_small_fleets_beside_a_big_one_never_two_big_ones(
+    tmp_path: Path,
+) -> None:
+    plans = [_plan("big-a", 4.0, pods=3), _plan("big-b", 3.5, pods=3), _plan("small", 0.5)]
+    run_plans(plans, PROFILE, tmp_path, None, jobs=3, max_pods=4, runner=_sleeping_runner)
+    start = {p.name: _ran(tmp_path, p.name)[1] for p in plans}
+    # big-b (3 pods) does not fit beside big-a (3 of 4): the 1-pod fleet starts instead,
+    # before big-a ends, and big-b only once big-a has run its length.
+    assert start["small"] < start["big-a"] + 4.0
+    assert start["big-b"] >= start["big-a"] + 4.0
+    # Without the budget the three free workers take all three at once.
+    run_plans(plans, PROFILE, tmp_path / "free", None, jobs=3, runner=_sleeping_runner)
+    free = {p.name: _ran(tmp_path / "free", p.name)[1] for p in plans}
+    assert free["big-b"] < free["big-a"] + 4.0
 
 
 def test_a_fleet_that_raises_is_reported_by_name_and_the_others_still_finish(
@@ -224,8 +248,9 @@ def test_two_fleets_at_once_inject_at_their_planned_offsets_and_keep_their_store
         assert abs(offset_s - fleet.inject_s[0]) < 2.0
     text = render_markdown(two)
     assert (
-        f"2 fleets, 2 at a time (a worker process each, longest first); drill wall time {two.wall_s:.1f} s"
-        in text
+        f"2 fleets, 2 at a time within {MAX_PODS} pods (a worker process each, longest first "
+        f"that fits); drill wall time {two.wall_s:.1f} s, the mode fleets done at "
+        f"{two.modes_wall_s:.1f} s" in text
     )
     # Side by side, nothing crossed: each fleet's store holds its own pods' samples only.
     for fleet in two.fleets:
