@@ -205,7 +205,8 @@ class RecordsSink(CountingSink):
 
 def serve_tap(port: int, upstream: str, records: Any = None, kernel: bool = True) -> None:
     from collectors.tap import TapConfig, TapProxy
-    from collectors.tap.proxy import freeze_startup_heap, run_event_loop
+    from collectors.tap.proxy import run_event_loop
+    from pipeline.processes import freeze_startup_heap
 
     if records is not None:  # each gap's own bound beside the record, for the jitter phase
         import collectors.tap.proxy as proxy_module

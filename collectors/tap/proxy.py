@@ -11,7 +11,6 @@ bounded, in drain mode).
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import socket
@@ -45,7 +44,7 @@ from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
 from collectors.tap.upstream import UpstreamClient, UpstreamError
 from pipeline.errors import ConfigError
 
-__all__ = ["Clock", "SystemClock", "TapProxy", "freeze_startup_heap", "run_event_loop"]
+__all__ = ["Clock", "SystemClock", "TapProxy", "run_event_loop"]
 
 log = logging.getLogger(__name__)
 
@@ -59,20 +58,6 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
         return
     uvloop.run(main)
-
-
-def freeze_startup_heap() -> None:
-    """Exempt everything alive now (imports, config, registries) from the cyclic GC.
-
-    Call once the tap is serving. Without it every full collection rescans ~90k startup
-    objects: a 20–50 ms stop-the-world pause under load, which lands straight in the TTFT
-    tail of every stream whose first token arrives meanwhile. Process-wide, so the CLI and
-    the benchmark call it, the library never does. (A larger young generation, 10,000
-    instead of 700, was tried: fewer collections, but the added-TTFT p99 got worse in a
-    same-run comparison, 8.6 vs 1.7 ms; the thresholds stay CPython's.)
-    """
-    gc.collect()
-    gc.freeze()
 
 
 class Clock(Protocol):

@@ -24,6 +24,7 @@ from llmslo.progress import add_quiet_option, progress
 from llmslo.run import load_model
 from pipeline.bus import Bus
 from pipeline.errors import ConfigError
+from pipeline.processes import freeze_startup_heap
 from pipeline.publisher import Publisher
 from pipeline.schema import ENGINE_SAMPLES
 from pipeline.store import Store
@@ -311,6 +312,7 @@ def run_sim(args: argparse.Namespace) -> int:
     stopped = threading.Event()
     install_stop_handlers(stopped.set)
     with Fleet(config) as fleet:
+        freeze_startup_heap()  # the pods' token timing must not carry full-collection pauses
         print_json(fleet.describe())
         runner = ScenarioRunner(fleet, scenario).start() if scenario else None
         loaders = _start_background_load(fleet, args, stopped) if args.load_rate > 0 else []

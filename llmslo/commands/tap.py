@@ -15,7 +15,7 @@ from typing import Any
 from collectors.tap.config import TapConfig
 from collectors.tap.degradation import FlagFollower
 from collectors.tap.flagsource import KafkaFlagSource
-from collectors.tap.proxy import TapProxy, freeze_startup_heap, run_event_loop
+from collectors.tap.proxy import TapProxy, run_event_loop
 from collectors.tap.sinks import JsonLinesSink, KafkaSink, MultiSink, RecordSink
 from collectors.tap.telemetry import GenAiTelemetry, TapMetrics
 from llmslo.options import (
@@ -26,6 +26,7 @@ from llmslo.options import (
 )
 from pipeline.config import LlmsloConfig
 from pipeline.errors import ConfigError
+from pipeline.processes import freeze_startup_heap
 
 __all__ = ["build_genai_otlp", "register"]
 
