@@ -28,6 +28,20 @@ PHASE = 10_000  # samples produced before, during and after the outage
 OUTAGE_S = 20.0
 
 
+def _tracebacks_not_kafkas_reconnects(log: str) -> list[str]:
+    """The log lines announcing a traceback that is not kafka-python's own note of a broker
+    connection it closes and reopens (``Error receiving network data closing socket``, logged
+    with its exception; seen once in a full suite on a loaded host): llmslo's code must not
+    leave one."""
+    lines = log.splitlines()
+    return [
+        lines[i - 1] if i else line
+        for i, line in enumerate(lines)
+        if line.startswith("Traceback")
+        and not (i and "Error receiving network data" in lines[i - 1])
+    ]
+
+
 def _rows_in_lake(iceberg: IcebergConfig, group_id: str, bus: Bus) -> list[float]:
     """The lake's ``value`` column, through a catalog connection of its own."""
     lake = IcebergLake(iceberg, group_id=group_id, topics=lake_topics(bus.prefix))
@@ -65,7 +79,7 @@ def test_an_ingester_waits_out_a_catalog_outage_and_stores_every_sample_once(
         assert json.loads(out.decode().strip().splitlines()[-1])["ingest"] == "stopped"
         text = log.read_text()
         assert "retrying in" in text and catalog.uri in text
-        assert "Traceback" not in text
+        assert _tracebacks_not_kafkas_reconnects(text) == []
         values = _rows_in_lake(iceberg, group_id, bus)
     assert len(values) == 3 * PHASE  # nothing doubled…
     assert values == [float(v) for v in range(3 * PHASE)]  # …nothing lost
