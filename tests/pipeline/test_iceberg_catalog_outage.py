@@ -35,10 +35,9 @@ def _tracebacks_not_kafkas_reconnects(log: str) -> list[str]:
     leave one."""
     lines = log.splitlines()
     return [
-        lines[i - 1] if i else line
-        for i, line in enumerate(lines)
-        if line.startswith("Traceback")
-        and not (i and "Error receiving network data" in lines[i - 1])
+        before
+        for before, line in zip(["(first line)", *lines], lines, strict=False)
+        if line.startswith("Traceback") and "Error receiving network data" not in before
     ]
 
 
