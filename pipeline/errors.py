@@ -29,7 +29,7 @@ defined there, beside the code that raises it (module in parentheses)::
     │   └── UpstreamReset           closed or reset mid-exchange, or not valid HTTP
     ├── RequestError                (simulator.openai) the body is not a valid OpenAI request (HTTP 400)
     ├── SourceError                 (dashboards.sources) a dashboard's source cannot be read
-    └── DrillPipelineError          (llmslo.drill.pipeline) the drill's pipeline process failed or did not answer
+    └── DrillChildError             (llmslo.drill.child) a drill child (its pipeline, its pods) failed or did not answer
 
 Private exceptions that never leave their module (a parser's bad line) derive from
 ``LlmsloError`` too and are not drawn.

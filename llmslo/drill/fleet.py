@@ -6,8 +6,9 @@ load, and, for a fleet whose load enters through a front end (a P/D pair, a loca
 router, an autoscaler's gateway: :mod:`llmslo.drill.fronts`), that entry front end and the
 front end that takes the fault. :func:`run_fleet` then runs the same skeleton for all:
 a real Alertmanager (when installed), the embedded broker, the pipeline of ``llmslo run``
-on a fresh DuckDB file in a process of its own (:mod:`llmslo.drill.pipeline`), the fleet, the edges (:mod:`llmslo.drill.edges`), the harness's
-loop-lateness sampling, the faults set and cleared on schedule, a final cycle, and the
+on a fresh DuckDB file in a process of its own (:mod:`llmslo.drill.pipeline`), the simulated
+fleet in another (:mod:`llmslo.drill.pods`), the edges (:mod:`llmslo.drill.edges`), the
+harness's loop-lateness sampling, the faults set and cleared on schedule, a final cycle, and the
 scoring (:mod:`llmslo.drill.score`).
 
 The plan and everything :func:`run_fleet` returns pickle: a fleet runs in a worker process
@@ -28,6 +29,7 @@ from llmslo.drill.edges import DrillEdges
 from llmslo.drill.lag import LoopLag
 from llmslo.drill.modes import FLAG, DrillMode
 from llmslo.drill.pipeline import PipelineProcess
+from llmslo.drill.pods import PodsProcess
 from llmslo.drill.profile import DrillProfile, FleetRun, drill_config, sleep_until
 from llmslo.drill.rows import alert_rows, kv_crossings, read_rows
 from llmslo.drill.score import (
@@ -43,8 +45,9 @@ from llmslo.drill.score import (
 )
 from llmslo.sections import load_config
 from pipeline.bus import Bus
+from pipeline.errors import ConfigError
 from pipeline.processes import freeze_startup_heap
-from simulator import Fleet, FleetConfig
+from simulator import FleetConfig
 
 __all__ = ["FleetPlan", "Say", "run_fleet"]
 
@@ -102,7 +105,7 @@ def run_fleet(
     run record (false positives, alerts received, harness lateness, wall seconds).
 
     ``alertmanager``: the binary to run one with (``None``: alerts not run). Raises what
-    starting a part raises (``ConfigError``, ``BusError``, ``OSError``); everything started
+    starting a part raises (``ConfigError``, ``BusError``, ``DrillChildError``, ``OSError``); everything started
     is stopped first.
     """
     started = time.monotonic()
@@ -117,8 +120,8 @@ def run_fleet(
             manager = stack.enter_context(Alertmanager(alertmanager, workdir / "alertmanager"))
             watch, alertmanager_url = stack.enter_context(AlertWatch(manager.url)), manager.url
         bus = stack.enter_context(Bus(load_config(None).bus))
-        fleet = stack.enter_context(Fleet(plan.config))
-        front_ends = {name: url for name, url, _ in fleet.front_ends.targets()}
+        fleet = stack.enter_context(PodsProcess(plan.config))
+        front_ends = fleet.front_ends
         gpu_pods = {p.name: p.instance for p in fleet.pods}
         config = drill_config(bus.bootstrap_servers, db, profile, gpu_pods, alertmanager_url)
         pipeline = stack.enter_context(PipelineProcess(config))
@@ -150,14 +153,14 @@ def run_fleet(
                 f"{len(fleet.pods)} pods, {plan.rate_per_s:.2f} req/s in all, modes "
                 f"{[m.name for m in modes] or 'none'} on {targets or 'nothing'}, {end_s:.0f} s"
             )
-        lags = {"pods": LoopLag(fleet.loop), "taps": LoopLag(edges.loop)}
-        for lag in lags.values():  # stopped before their loops close, also on Ctrl-C
-            stack.callback(lag.stop)
+        taps_lag = LoopLag(edges.loop)
+        stack.callback(taps_lag.stop)  # stopped before its loop closes, also on Ctrl-C
+        fleet.start_lag()
         t0, started_ts_ms = time.monotonic(), int(time.time() * 1000)
         results = _play(fleet, edges, plan, targets, profile, t0, say)
         _wait_out(t0, end_s, say)
         end_ms = int(time.time() * 1000)
-        harness_lag = {name: lag.stop() for name, lag in lags.items()}
+        harness_lag = {"pods": fleet.stop_lag(), "taps": taps_lag.stop()}
         time.sleep(2 * profile.scrape_s)
         pipeline.finish()
         stored = stack.enter_context(pipeline.stored())
@@ -189,12 +192,16 @@ def run_fleet(
     return results, run
 
 
-def _target(plan: FleetPlan, fleet: Fleet, front_ends: dict[str, str], i: int) -> str:
+def _target(plan: FleetPlan, fleet: PodsProcess, front_ends: dict[str, str], i: int) -> str:
     """The instance mode ``i`` is scored on: its front end's, the gateway's, or pod ``i``'s."""
     mode = plan.modes[i]
     if plan.faulted is not None:
         return _address(front_ends[plan.faulted])
-    return fleet.gateway_instance if mode.on_gateway else fleet.pods[i].instance
+    if mode.on_gateway:
+        if fleet.gateway is None:
+            raise ConfigError(f"mode {mode.name}: the fleet has no gateway")
+        return fleet.gateway.instance
+    return fleet.pods[i].instance
 
 
 def _false_positives(
@@ -231,7 +238,7 @@ def _wait_out(t0: float, end_s: float, say: Say, every_s: float = 300.0) -> None
 
 
 def _play(
-    fleet: Fleet,
+    fleet: PodsProcess,
     edges: DrillEdges,
     plan: FleetPlan,
     targets: list[str],
@@ -271,7 +278,7 @@ def _play(
     return results
 
 
-def _switch(fleet: Fleet, plan: FleetPlan, mode: DrillMode, i: int, *, on: bool) -> None:
+def _switch(fleet: PodsProcess, plan: FleetPlan, mode: DrillMode, i: int, *, on: bool) -> None:
     """Set (``on``) or clear mode ``i``'s fault where it belongs."""
     if mode.fault is None:
         return

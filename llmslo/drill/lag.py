@@ -1,8 +1,8 @@
 """How late the drill's own event loops run: the harness's share of what the taps measure.
 
-The simulated pods, the taps and the load generator are Python event loops in the drill's
-process; on a loaded machine they run late, and every late wake-up is a gap between tokens
-that no engine made. :class:`LoopLag` samples a loop's lateness (``asyncio.sleep(period)``
+The simulated pods (in a process of their own, :mod:`llmslo.drill.pods`), the taps and the
+load generator are Python event loops; on a loaded machine they run late, and a pod's late
+wake-up is a gap between tokens that no real engine made. :class:`LoopLag` samples a loop's lateness (``asyncio.sleep(period)``
 overshoot, ms) so the report can say how much ITL jitter the harness itself adds.
 """
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from llmslo.drill.pipeline import DrillPipelineError, PipelineProcess
+from llmslo.drill.child import DrillChildError
+from llmslo.drill.pipeline import PipelineProcess
 from llmslo.sections import parse_config
 from pipeline.broker import EmbeddedBroker
 from pipeline.config import LlmsloConfig
@@ -49,7 +50,7 @@ def test_a_child_that_cannot_start_is_a_clear_error(broker: EmbeddedBroker, tmp_
     blocker.write_text("a file where the store's directory should be")
     started = time.monotonic()
     with (
-        pytest.raises(DrillPipelineError, match="drill pipeline failed: FileExistsError"),
+        pytest.raises(DrillChildError, match="drill pipeline failed: FileExistsError"),
         PipelineProcess(_config(broker, blocker / "drill.duckdb")),
     ):
         pass
@@ -60,7 +61,7 @@ def test_a_child_that_dies_is_reported_by_finish(broker: EmbeddedBroker, tmp_pat
     with PipelineProcess(_config(broker, tmp_path / "drill.duckdb")) as pipeline:
         assert pipeline.pid is not None
         os.kill(pipeline.pid, signal.SIGKILL)
-        with pytest.raises(DrillPipelineError, match="exited with code -9"):
+        with pytest.raises(DrillChildError, match="exited with code -9"):
             pipeline.finish(timeout_s=20)
 
 
