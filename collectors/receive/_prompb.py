@@ -9,12 +9,12 @@ unknown fields.
 
 ``KeyedWriteRequest`` reads the same bytes with each ``TimeSeries.labels`` entry kept as the
 serialised ``Label`` it is on the wire (``bytes`` and an embedded message share the
-length-delimited wire type), so a series' label set can key a cache before any ``Label``
-is built; ``Label`` parses an entry on a miss.
+length-delimited wire type): the series-by-series read of a request the columnar read
+declines, whose label entries, re-encoded as fields, key the label-set cache.
 
 ``SeriesWriteRequest`` gives each series still serialised (and the metadata), for
-:mod:`collectors.receive._columns` to read as columns; ``LabelFields`` reads the serialised
-label fields that key the label-set cache back into their ``Label`` s.
+:mod:`collectors.receive._columns` to read as columns; ``LabelSet`` reads the serialised
+label fields that key the label-set cache into their ``Label`` s in one call.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 __all__ = [
     "KeyedWriteRequest",
     "Label",
-    "LabelFields",
+    "LabelSet",
     "SeriesWriteRequest",
     "WriteRequest",
 ]
@@ -70,9 +70,9 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str | None]]] = {
         ("timeseries", 1, _F.TYPE_BYTES, _F.LABEL_REPEATED, None),
         ("metadata", 3, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".llmslo.prompb.MetricMetadata"),
     ],
-    # a series' label fields, each left serialised
-    "LabelFields": [
-        ("labels", 1, _F.TYPE_BYTES, _F.LABEL_REPEATED, None),
+    # a series' label fields alone (its samples and the rest left out)
+    "LabelSet": [
+        ("labels", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".llmslo.prompb.Label"),
     ],
 }
 #: prompb ``MetricMetadata.MetricType`` → the exposition ``# TYPE`` it stands for.
@@ -116,5 +116,5 @@ KeyedWriteRequest: Any = _CLASSES["KeyedWriteRequest"]
 Label: Any = _CLASSES["Label"]
 #: ``WriteRequest`` with each series serialised (``timeseries``: ``bytes`` each) and its metadata.
 SeriesWriteRequest: Any = _CLASSES["SeriesWriteRequest"]
-#: A series' label fields (``labels``: each a serialised ``Label``).
-LabelFields: Any = _CLASSES["LabelFields"]
+#: A series' label fields alone, parsed (``labels``: its ``Label`` s).
+LabelSet: Any = _CLASSES["LabelSet"]

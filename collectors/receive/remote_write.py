@@ -32,8 +32,7 @@ from collectors.receive._columns import read_columns
 from collectors.receive._prompb import (
     METADATA_TYPES,
     KeyedWriteRequest,
-    Label,
-    LabelFields,
+    LabelSet,
     SeriesWriteRequest,
 )
 from collectors.receive.config import ReceiveLimits
@@ -158,7 +157,7 @@ class RemoteWriteDecoder:
         raises :class:`_LabelsRefused` past a label bound, :class:`RefusedWrite` when
         unreadable."""
         try:
-            parsed = [Label.FromString(label) for label in LabelFields.FromString(raw).labels]
+            parsed = LabelSet.FromString(raw).labels
         except ProtobufDecodeError as exc:
             raise RefusedWrite(400, "protobuf", f"not a WriteRequest: {exc}"[:200]) from exc
         intern = sys.intern  # the same names and values recur across series: store them once

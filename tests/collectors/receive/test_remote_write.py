@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from collectors.receive._columns import read_columns
-from collectors.receive._prompb import KeyedWriteRequest, Label, LabelFields, SeriesWriteRequest
+from collectors.receive._prompb import KeyedWriteRequest, Label, LabelSet, SeriesWriteRequest
 from collectors.receive.config import ReceiveLimits
 from collectors.receive.remote_write import (
     MAX_CACHED_LABEL_SET_BYTES,
@@ -192,7 +192,7 @@ def test_a_prometheus_write_is_read_as_columns_sample_by_sample_as_sent() -> Non
     columns = read_columns(list(SeriesWriteRequest.FromString(raw).timeseries))
     assert columns is not None, "a request as Prometheus sends it was not read as columns"
     read = [
-        dict((lb.name, lb.value) for lb in map(Label.FromString, LabelFields.FromString(k).labels))
+        dict((lb.name, lb.value) for lb in LabelSet.FromString(k).labels)
         for k in columns.label_keys()
     ]
     assert [labels["pod"] for labels in read] == [f"vllm-{p}" for p in range(len(samples))]
