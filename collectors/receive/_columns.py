@@ -70,9 +70,11 @@ def _varints(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return value.view(np.int64), length
 
 
-def read_columns(series: list[bytes]) -> SeriesColumns | None:
+def read_columns(series: list[bytes], max_labels: int) -> SeriesColumns | None:
     """The series of a request (each a serialised ``TimeSeries``) as columns, or ``None``
-    unless every one is labels then one sample (see the module docstring)."""
+    unless every one is labels then one sample (see the module docstring) and has at most
+    ``max_labels`` labels: each step reads one label of every series, so the steps are
+    bounded (a series with more is refused by the per-series read)."""
     count = len(series)
     lengths = np.fromiter(map(len, series), np.int64, count)
     blob = b"".join(series)
@@ -83,6 +85,8 @@ def read_columns(series: list[bytes]) -> SeriesColumns | None:
     at, labels = start.copy(), np.zeros(count, np.int64)
     reading = at < stop
     while reading.any():
+        if labels.max() > max_labels:
+            return None
         reading &= buf[at] == _LABEL_TAG
         first, second = buf[at + 1].astype(np.int64), buf[at + 2].astype(np.int64)
         short = first < 0x80

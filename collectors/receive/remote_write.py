@@ -100,9 +100,9 @@ def _label_field(label: bytes) -> bytes:
 _RawSeries = tuple[list[bytes], list[int], list[list[tuple[int, float]]]]
 
 
-def _columns_read(series: list[bytes]) -> _RawSeries | None:
+def _columns_read(series: list[bytes], max_labels: int) -> _RawSeries | None:
     """Every series of a request read as columns (:func:`read_columns`), or ``None``."""
-    columns = read_columns(series)
+    columns = read_columns(series, max_labels)
     if columns is None:
         return None
     samples = zip(columns.timestamp_ms.tolist(), columns.value.tolist(), strict=True)
@@ -199,7 +199,8 @@ class RemoteWriteDecoder:
             batch.family_types[metadata.metric_family_name] = METADATA_TYPES.get(
                 metadata.type, "untyped"
             )
-        read = _columns_read(list(request.timeseries)) or _series_read(raw)
+        read = _columns_read(list(request.timeseries), limits.max_labels_per_series)
+        read = read or _series_read(raw)
         cached, parse, out = self._label_set, self._parse_label_set, batch.series
         max_labels = limits.max_labels_per_series
         for raw_labels, count, samples in zip(*read, strict=True):

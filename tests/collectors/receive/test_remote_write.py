@@ -189,7 +189,7 @@ def test_a_prometheus_write_is_read_as_columns_sample_by_sample_as_sent() -> Non
         [(series(p), [sample]) for p, sample in enumerate(samples[:-1])]
         + [(series(len(samples) - 1) | long, [samples[-1]])]
     )
-    columns = read_columns(list(SeriesWriteRequest.FromString(raw).timeseries))
+    columns = read_columns(list(SeriesWriteRequest.FromString(raw).timeseries), 64)
     assert columns is not None, "a request as Prometheus sends it was not read as columns"
     read = [
         dict((lb.name, lb.value) for lb in LabelSet.FromString(k).labels)
@@ -240,7 +240,7 @@ def test_the_columnar_read_reads_what_the_series_by_series_parse_reads(
         encoded += b"".join(_field(2, _sample(*sample)) for sample in samples)
         encoded += _field(3, b"\x0a\x00\x11" + bytes(8)) if exemplar else b""
         request += _field(1, encoded)
-    as_columns = _columns_read(list(SeriesWriteRequest.FromString(request).timeseries))
+    as_columns = _columns_read(list(SeriesWriteRequest.FromString(request).timeseries), 64)
     prometheus_like = all(
         len(samples) == 1 and samples[0][2] == "canonical" and samples[0][0] >= 0 and not exemplar
         for _, _, exemplar, samples in written
@@ -253,3 +253,15 @@ def test_the_columnar_read_reads_what_the_series_by_series_parse_reads(
         assert [[(ts, _bits(v)) for ts, v in s] for s in read] == [
             [(ts, _bits(v)) for ts, v in s] for s in expected
         ]
+
+
+def test_a_series_of_more_labels_than_the_bound_is_left_to_the_per_series_read_and_refused() -> (
+    None
+):
+    many = series(0) | {f"l{i}": "v" for i in range(100_000)}
+    raw = write_request([(many, [(T0, 1.0)]), (series(1), [(T0, 2.0)])])
+    # the columnar read stops after max_labels steps instead of one per label of the series
+    assert read_columns(list(SeriesWriteRequest.FromString(raw).timeseries), 64) is None
+    batch = RemoteWriteDecoder(ReceiveLimits()).decode(snappy.compress(raw))
+    assert batch.refused == {"labels_per_series": 1}
+    assert [dict(s.labels)["pod"] for s in batch.series] == ["vllm-1"]
