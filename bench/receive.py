@@ -11,6 +11,8 @@ series, as in remote-write). The clock runs from the first post to the last samp
 acknowledged by Kafka. In the same run the real :class:`collectors.collector.Collector`
 scrapes the same volume, as exposition text from a child aiohttp server, into the same
 broker. Peak RSS is this process's (receiver or collector, each measured in a fresh child).
+Beside each, the same bodies are decoded and canonicalised in process (no HTTP, no Kafka:
+records handed to a list), the receiver's own share of the end-to-end time.
 
     python bench/receive.py                   # full (1 M samples per door and batch size)
     python bench/receive.py --quick           # < 60 s (20 k samples: one scrape, all cold)
@@ -18,7 +20,7 @@ broker. Peak RSS is this process's (receiver or collector, each measured in a fr
 
 The last line is JSON: {"bench": "receive", "receive_2000_samples_per_s": …,
 "receive_10000_samples_per_s": …, "otlp_2000_samples_per_s": …, "otlp_10000_samples_per_s": …,
-"collect_samples_per_s": …, "…_peak_rss_mib": …}
+"…_in_process_samples_per_s": …, "collect_samples_per_s": …, "…_peak_rss_mib": …}
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from collectors.collector import Collector
 from collectors.config import CollectConfig, TargetConfig
 from collectors.receive._prompb import WriteRequest
-from collectors.receive.config import ReceiveConfig
+from collectors.receive.config import ReceiveConfig, ReceiveLimits
+from collectors.receive.otlp import PROTOBUF, decode_otlp
+from collectors.receive.receiver import Receiver
+from collectors.receive.remote_write import RemoteWriteDecoder
 from collectors.receive.service import ReceiveService, raise_young_gc_threshold
 from pipeline.broker import EmbeddedBroker, free_port
 from pipeline.bus import Bus
@@ -226,6 +231,28 @@ def bench_receive(bootstrap: str, door: str, per_request: int, samples: int, out
     )
 
 
+def bench_in_process(door: str, per_request: int, samples: int, out: Any) -> None:
+    """The same bodies decoded and canonicalised in this process, records kept in a list."""
+    targets = max(1, min(50, samples // len(target_series())))
+    rounds = max(1, samples // (targets * len(target_series())))
+    build = write_bodies if door == "receive" else otlp_bodies
+    bodies = build(targets, rounds, per_request)
+    raise_young_gc_threshold()
+    limits = ReceiveLimits()
+    remote_write = RemoteWriteDecoder(limits)
+    tables: list[Any] = []
+    receiver = Receiver(lambda schema, table: tables.append(table))
+    t0 = time.perf_counter()
+    for body in bodies:
+        if door == "receive":
+            receiver.ingest(remote_write.decode(body))
+        else:
+            receiver.ingest(decode_otlp(body, PROTOBUF, False, limits))
+    elapsed = time.perf_counter() - t0
+    total = targets * rounds * len(target_series())
+    out.put({"samples_per_s": total / elapsed, "rows": sum(t.num_rows for t in tables)})
+
+
 def _serve(port: int, targets: int, ready: Any) -> None:
     from aiohttp import web
 
@@ -313,6 +340,11 @@ def main() -> None:
                 result[f"{door}_{per_request}_samples_per_s"] = round(got["samples_per_s"])
                 result[f"{door}_{per_request}_peak_rss_mib"] = round(got["peak_rss_mib"], 1)
                 result[f"{door}_{per_request}_rows_published"] = got["rows_published"]
+                got = _in_child(bench_in_process, door, per_request, samples)
+                print(f"{door}, {per_request} samples/request, in process: {got}")
+                result[f"{door}_{per_request}_in_process_samples_per_s"] = round(
+                    got["samples_per_s"]
+                )
         got = _in_child(bench_collect, broker.bootstrap_servers, samples)
         print(f"collect, same volume: {got}")
         result["collect_samples_per_s"] = round(got["samples_per_s"])

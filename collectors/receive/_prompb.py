@@ -9,16 +9,12 @@ unknown fields.
 
 ``KeyedWriteRequest`` reads the same bytes with each ``TimeSeries.labels`` entry kept as the
 serialised ``Label`` it is on the wire (``bytes`` and an embedded message share the
-length-delimited wire type), so a series' label set can key a cache before any ``Label``
-is built; ``Label`` parses an entry on a miss.
+length-delimited wire type): the series-by-series read of a request the columnar read
+declines, whose label entries, re-encoded as fields, key the label-set cache.
 
-The last three read a write in bulk, with no Python object per field
-(:meth:`collectors.receive.remote_write.RemoteWriteDecoder.decode`): ``SeriesWriteRequest``
-gives each series still serialised; ``MergedTimeSeries`` reads many of them concatenated —
-protobuf merges concatenated messages, appending repeated fields — as two flat lists of
-serialised labels and samples; ``SampleColumns`` reads concatenated ``Sample`` messages as
-two columns, ``value`` (field 1) and ``timestamp`` (field 2), since a ``Sample`` on the wire
-is a valid unpacked encoding of both repeated fields.
+``SeriesWriteRequest`` gives each series still serialised (and the metadata), for
+:mod:`collectors.receive._columns` to read as columns; ``LabelSet`` reads the serialised
+label fields that key the label-set cache into their ``Label`` s in one call.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 __all__ = [
     "KeyedWriteRequest",
     "Label",
-    "MergedTimeSeries",
-    "SampleColumns",
+    "LabelSet",
     "SeriesWriteRequest",
     "WriteRequest",
 ]
@@ -73,17 +68,11 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str | None]]] = {
     # the same wire format, each series left serialised
     "SeriesWriteRequest": [
         ("timeseries", 1, _F.TYPE_BYTES, _F.LABEL_REPEATED, None),
+        ("metadata", 3, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".llmslo.prompb.MetricMetadata"),
     ],
-    # many serialised series concatenated (protobuf merges them: repeated fields append),
-    # labels and samples left serialised
-    "MergedTimeSeries": [
-        ("labels", 1, _F.TYPE_BYTES, _F.LABEL_REPEATED, None),
-        ("samples", 2, _F.TYPE_BYTES, _F.LABEL_REPEATED, None),
-    ],
-    # many serialised samples concatenated: a Sample's fields read as unpacked repeated ones
-    "SampleColumns": [
-        ("value", 1, _F.TYPE_DOUBLE, _F.LABEL_REPEATED, None),
-        ("timestamp", 2, _F.TYPE_INT64, _F.LABEL_REPEATED, None),
+    # a series' label fields alone (its samples and the rest left out)
+    "LabelSet": [
+        ("labels", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, ".llmslo.prompb.Label"),
     ],
 }
 #: prompb ``MetricMetadata.MetricType`` → the exposition ``# TYPE`` it stands for.
@@ -125,9 +114,7 @@ WriteRequest: Any = _CLASSES["WriteRequest"]
 KeyedWriteRequest: Any = _CLASSES["KeyedWriteRequest"]
 #: One label (``name``, ``value``).
 Label: Any = _CLASSES["Label"]
-#: ``WriteRequest`` with each series serialised (``timeseries``: ``bytes`` each).
+#: ``WriteRequest`` with each series serialised (``timeseries``: ``bytes`` each) and its metadata.
 SeriesWriteRequest: Any = _CLASSES["SeriesWriteRequest"]
-#: Concatenated serialised ``TimeSeries``: ``labels`` and ``samples`` serialised, in order.
-MergedTimeSeries: Any = _CLASSES["MergedTimeSeries"]
-#: Concatenated serialised ``Sample`` s: the ``value`` and ``timestamp`` fields present, in order.
-SampleColumns: Any = _CLASSES["SampleColumns"]
+#: A series' label fields alone, parsed (``labels``: its ``Label`` s).
+LabelSet: Any = _CLASSES["LabelSet"]

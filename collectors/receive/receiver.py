@@ -212,8 +212,10 @@ class Receiver:
             lambda: defaultdict(list)
         )
         health: list[HealthRow] = []
+        sort_one, sort = self._sort_one, self._sort
         for series in batch.series:
-            self._sort(series, groups, health, report)
+            if not sort_one(series, groups, report):
+                sort(series, groups, health, report)
         for target, by_ts in groups.items():
             self._publish(target, by_ts, report)
         if health:
@@ -226,6 +228,39 @@ class Receiver:
         if target is None:
             target = self._targets[key] = _Target(key[0], key[1], self.max_series_per_target)
         return target
+
+    def _sort_one(
+        self,
+        series: PushedSeries,
+        groups: dict[_Target, dict[int, list[tuple[PushedSeries, float]]]],
+        report: IngestReport,
+    ) -> bool:
+        """:meth:`_sort` of the series remote-write sends: one sample, a number, neither
+        ``up`` nor delta, its series tracked or room to track it. Returns ``False``, having
+        done nothing, for any other series (for :meth:`_sort`)."""
+        samples = series.samples
+        if len(samples) != 1 or series.delta or series.name == "up":
+            return False
+        ts_ms, value = samples[0]
+        key = series.labels
+        last = self._last_ts.get(key)
+        if value != value or (last is None and len(self._last_ts) >= self.max_tracked_series):
+            return False
+        target = self._targets.get(series.target) or self._target(series.target)
+        by_ts = groups[target]
+        if last is not None and ts_ms <= last:
+            report.drop("duplicate" if ts_ms == last else "out_of_order")
+        else:
+            self._last_ts[key] = ts_ms
+            by_ts[ts_ms].append((series, value))
+        name = series.name
+        if (
+            name.endswith("_bucket")
+            and name[:-7] not in target.histograms
+            and any(label == "le" for label, _ in key)
+        ):
+            target.saw_histogram(name[:-7])
+        return True
 
     def _sort(
         self,

@@ -6,39 +6,33 @@ refuses a body that would decompress past ``max_decompressed_bytes`` *before*
 decompressing it (a snappy bomb costs nothing), then parses the protobuf. Every refusal is a
 :class:`RefusedWrite` with a 4xx status (the sender must not retry it) and a reason.
 
-Prometheus sends the same series on every scrape, so :class:`RemoteWriteDecoder` reads a
-request with each series' labels left serialised (:data:`KeyedWriteRequest`) and parses a
-label set once: the tuple of its serialised labels keys a bounded LRU cache of the parsed
-and checked label set. The cache holds what those bytes mean and nothing else (no target,
-no receiver state), so a hit is exactly what a fresh parse would give; a refused label set
-is not cached, nor one over :data:`MAX_CACHED_LABEL_SET_BYTES`.
+Prometheus sends the same series on every scrape, so :class:`RemoteWriteDecoder` parses a
+label set once: a series' label fields, as serialised on the wire (one ``bytes``), key a
+bounded LRU cache of the parsed and checked label set. The cache holds what those bytes
+mean and nothing else (no target, no receiver state), so a hit is exactly what a fresh
+parse would give; a refused label set is not cached, nor one over
+:data:`MAX_CACHED_LABEL_SET_BYTES`.
 
-A request is read in bulk (:func:`_bulk_series`): the series are concatenated, each closed
-by an end marker, and parsed as one merged message giving flat lists of serialised labels
-and samples; the samples, concatenated, parse as two columns (values, timestamps). No
-Python object is made per field, and the end markers say which labels and samples belong
-to which series. The bulk read is taken only when it provably reads what a per-series parse
-reads (every series parses, every sample is in the canonical layout ``value`` then
-``timestamp``, no label or sample equals an end marker); any other request is read series
-by series, as before, with the same refusals.
+The request is parsed once with its series left serialised, and the series are read as
+columns (:func:`collectors.receive._columns.read_columns`: numpy over the bytes, no Python
+object per label or sample) when every one is laid out as Prometheus writes it — labels,
+then one sample. Any other request is parsed series by series (:data:`KeyedWriteRequest`),
+with the same refusals; both reads give the same series.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-from typing import Any
 
-import numpy as np
 import snappy
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 
+from collectors.receive._columns import read_columns
 from collectors.receive._prompb import (
     METADATA_TYPES,
     KeyedWriteRequest,
-    Label,
-    MergedTimeSeries,
-    SampleColumns,
+    LabelSet,
     SeriesWriteRequest,
 )
 from collectors.receive.config import ReceiveLimits
@@ -92,96 +86,41 @@ def check_headers(content_encoding: str, content_type: str) -> None:
         )
 
 
-#: What closes each series in the merged read, each checked to occur once per series: an
-#: empty label (a label with neither name nor value, which no sender means) and a sample
-#: whose only field is number 3 (not in the canonical layout).
-_LABELS_END = b""
-_SAMPLES_END = b"\x18\x01"
-_SERIES_END = (
-    bytes((0x0A, len(_LABELS_END))) + _LABELS_END + bytes((0x12, len(_SAMPLES_END))) + _SAMPLES_END
-)
-_VALUE_TAG, _TIMESTAMP_TAG = 0x09, 0x10  # field 1 fixed64, field 2 varint
-#: A varint is one byte longer from each of these values on (a negative int64 takes 10).
-_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+def _label_field(label: bytes) -> bytes:
+    """``label`` (a serialised ``Label``) as the ``TimeSeries.labels`` field it was sent as."""
+    size, prefix = len(label), bytearray((0x0A,))
+    while size >= 0x80:
+        prefix.append(size & 0x7F | 0x80)
+        size >>= 7
+    prefix.append(size)
+    return bytes(prefix) + label
 
 
-def _varint_lengths(values: np.ndarray) -> np.ndarray:
-    """Bytes each int64 of ``values`` takes as a canonical protobuf varint."""
-    unsigned = values.astype(np.uint64)  # two's complement: a negative is 10 bytes
-    return 1 + np.searchsorted(_VARINT_STEPS, unsigned, side="right")
+#: Per series: its serialised label fields, how many, and its (timestamp_ms, value) samples.
+_RawSeries = tuple[list[bytes], list[int], list[list[tuple[int, float]]]]
 
 
-def _sample_columns(samples: list[bytes], ends: np.ndarray) -> tuple[list[int], list[float]] | None:
-    """(timestamps, values) of the serialised ``samples`` (``ends``: where the end markers
-    are, skipped), or ``None`` unless every sample is ``[value][timestamp]`` in canonical
-    form, so that the columns read from their concatenation are those of each sample."""
-    blob = b"".join(samples)
-    try:
-        columns = SampleColumns.FromString(blob)
-    except ProtobufDecodeError:
-        return None
-    lengths = np.fromiter(map(len, samples), np.int64, len(samples))
-    starts = (np.cumsum(lengths) - lengths)[~ends]
-    lengths = lengths[~ends]
-    first = np.zeros(len(lengths), np.uint8)
-    present = lengths > 0
-    first[present] = np.frombuffer(blob, np.uint8)[starts[present]]
-    has_value = first == _VALUE_TAG
-    has_ts = (first == _TIMESTAMP_TAG) | (has_value & (lengths > 9))
-    read_values, read_ts = np.array(columns.value), np.array(columns.timestamp, np.int64)
-    if len(read_values) != has_value.sum() or len(read_ts) != has_ts.sum():
-        return None
-    values = np.zeros(len(lengths))
-    values[has_value] = read_values
-    timestamps = np.zeros(len(lengths), np.int64)
-    timestamps[has_ts] = read_ts
-    expected = 9 * has_value + has_ts * (1 + _varint_lengths(timestamps))
-    if not np.array_equal(expected, lengths):
-        return None
-    both = has_value & has_ts
-    if not (np.frombuffer(blob, np.uint8)[starts[both] + 9] == _TIMESTAMP_TAG).all():
-        return None
-    return timestamps.tolist(), values.tolist()
-
-
-#: Per series: its serialised labels, their total length and its (timestamp_ms, value) samples.
-_RawSeries = tuple[list[tuple[bytes, ...]], list[int], list[list[tuple[int, float]]]]
-
-
-def _bulk_series(request: Any) -> _RawSeries | None:
-    """The serialised labels and the samples of every series of ``request`` (a parsed
-    :data:`SeriesWriteRequest`) read in bulk (see the module docstring), or ``None`` when
-    the bulk read cannot be trusted to be exact."""
-    count = len(request.timeseries)
-    try:
-        merged = MergedTimeSeries.FromString(_SERIES_END.join(request.timeseries) + _SERIES_END)
-    except ProtobufDecodeError:
-        return None
-    labels, samples = list(merged.labels), list(merged.samples)
-    label_lengths = np.fromiter(map(len, labels), np.int64, len(labels))
-    label_ends = np.flatnonzero(label_lengths == 0)  # empty: _LABELS_END
-    sample_ends = np.fromiter(map(_SAMPLES_END.__eq__, samples), bool, len(samples))
-    if len(label_ends) != count or sample_ends.sum() != count:
-        return None
-    columns = _sample_columns(samples, sample_ends)
+def _columns_read(series: list[bytes], max_labels: int) -> _RawSeries | None:
+    """Every series of a request read as columns (:func:`read_columns`), or ``None``."""
+    columns = read_columns(series, max_labels)
     if columns is None:
         return None
-    before = np.cumsum(label_lengths)[label_ends]
-    label_bytes = np.diff(before, prepend=0).tolist()
-    keys, start = [], 0
-    for stop in label_ends.tolist():
-        keys.append(tuple(labels[start:stop]))
-        start = stop + 1
-    timestamps, values = columns
-    # each series' samples end where its end marker is, less the markers before it
-    sample_stops = np.flatnonzero(sample_ends) - np.arange(count)
-    if np.array_equal(sample_stops, np.arange(1, count + 1)):  # one each, as Prometheus sends
-        return keys, label_bytes, [[sample] for sample in zip(timestamps, values, strict=True)]
-    series_samples, start = [], 0
-    for stop in sample_stops.tolist():
-        series_samples.append(list(zip(timestamps[start:stop], values[start:stop], strict=True)))
-        start = stop
-    return keys, label_bytes, series_samples
+    samples = zip(columns.timestamp_ms.tolist(), columns.value.tolist(), strict=True)
+    return columns.label_keys(), columns.labels.tolist(), [[sample] for sample in samples]
+
+
+def _series_read(raw: bytes) -> _RawSeries:
+    """Every series of a request parsed one by one (any layout protobuf reads)."""
+    try:
+        request = KeyedWriteRequest.FromString(raw)
+    except ProtobufDecodeError as exc:
+        raise RefusedWrite(400, "protobuf", f"not a WriteRequest: {exc}"[:200]) from exc
+    timeseries = request.timeseries
+    return (
+        [b"".join(map(_label_field, s.labels)) for s in timeseries],
+        [len(s.labels) for s in timeseries],
+        [[(p.timestamp, p.value) for p in s.samples] for s in timeseries],
+    )
 
 
 #: A parsed label set: its ``__name__``, its sorted labels and its (job, instance).
@@ -213,11 +152,12 @@ class RemoteWriteDecoder:
         """The label-set cache's hits, misses, bound and size (``functools`` statistics)."""
         return self._label_set.cache_info()
 
-    def _parse_label_set(self, raw: tuple[bytes, ...]) -> _LabelSet:
-        """(``__name__``, sorted labels, target) of a series' serialised labels; raises
-        :class:`_LabelsRefused` past a label bound, :class:`RefusedWrite` when unreadable."""
+    def _parse_label_set(self, raw: bytes) -> _LabelSet:
+        """(``__name__``, sorted labels, target) of a series' serialised label fields;
+        raises :class:`_LabelsRefused` past a label bound, :class:`RefusedWrite` when
+        unreadable."""
         try:
-            parsed = [Label.FromString(label) for label in raw]
+            parsed = LabelSet.FromString(raw).labels
         except ProtobufDecodeError as exc:
             raise RefusedWrite(400, "protobuf", f"not a WriteRequest: {exc}"[:200]) from exc
         intern = sys.intern  # the same names and values recur across series: store them once
@@ -244,8 +184,8 @@ class RemoteWriteDecoder:
             raw = snappy.uncompress(body)
         except Exception as exc:  # cramjam raises its own types: every one means a corrupt body
             raise RefusedWrite(400, "snappy", f"corrupt snappy body: {exc}"[:200]) from exc
-        try:
-            request = KeyedWriteRequest.FromString(raw)
+        try:  # the series left serialised: read as columns, or one by one
+            request = SeriesWriteRequest.FromString(raw)
         except ProtobufDecodeError as exc:
             raise RefusedWrite(400, "protobuf", f"not a WriteRequest: {exc}"[:200]) from exc
         if len(request.timeseries) > limits.max_series_per_request:
@@ -259,20 +199,13 @@ class RemoteWriteDecoder:
             batch.family_types[metadata.metric_family_name] = METADATA_TYPES.get(
                 metadata.type, "untyped"
             )
-        # the request parsed whole: every series is well formed, so the bulk read is in step
-        bulk = _bulk_series(SeriesWriteRequest.FromString(raw))
-        if bulk is None:
-            keys = [tuple(s.labels) for s in request.timeseries]
-            bulk = (
-                keys,
-                [sum(map(len, key)) for key in keys],
-                [[(p.timestamp, p.value) for p in s.samples] for s in request.timeseries],
-            )
+        read = _columns_read(list(request.timeseries), limits.max_labels_per_series)
+        read = read or _series_read(raw)
         cached, parse, out = self._label_set, self._parse_label_set, batch.series
         max_labels = limits.max_labels_per_series
-        for raw_labels, label_bytes, samples in zip(*bulk, strict=True):
+        for raw_labels, count, samples in zip(*read, strict=True):
             # a label set is cached only when small enough to keep (see the module docstring)
-            small = len(raw_labels) <= max_labels and label_bytes <= MAX_CACHED_LABEL_SET_BYTES
+            small = count <= max_labels and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
             try:
                 name, labels, target = (cached if small else parse)(raw_labels)
             except _LabelsRefused as refused:

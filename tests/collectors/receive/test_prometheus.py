@@ -114,6 +114,21 @@ class Prometheus:
         self.process.terminate()  # graceful: flushes the remote-write queue
         self.process.wait(60)
 
+    def query_stopped(self, expr: str) -> list[dict[str, Any]]:
+        """``expr`` over the TSDB of this (stopped) Prometheus, restarted with nothing to
+        scrape and nowhere to write: what it held when it stopped, the scrapes it flushed to
+        the receiver on stopping included (a query before stopping misses a scrape taken
+        between the query and the stop)."""
+        config = self.workdir / "prometheus.yml"
+        running = config.read_text()
+        config.write_text(json.dumps({"global": {"scrape_interval": "1s"}}))
+        self.start()
+        try:
+            return self.query(expr)
+        finally:
+            self.stop()
+            config.write_text(running)
+
     def query(self, expr: str) -> list[dict[str, Any]]:
         url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
             {"query": expr}
@@ -176,12 +191,12 @@ def test_prometheus_remote_write_matches_the_collector_and_survives_a_restart(
             time.sleep(1.0)
         scraping.join(60)  # then idle: the last scrapes of both paths see the same values
         time.sleep(3.0)
-        scrapes = {
-            r["metric"]["instance"]: int(float(r["value"][1]))
-            for r in prometheus.query("count_over_time(up[10m])")
-        }
         prometheus.stop()
         time.sleep(1.0)
+        scrapes = {
+            r["metric"]["instance"]: int(float(r["value"][1]))
+            for r in prometheus.query_stopped("count_over_time(up[10m])")
+        }
     # nothing lost, nothing doubled: one target_health row per scrape in Prometheus' own TSDB
     # (across the restart), and every row the receiver published reaches DuckDB
     ingest_until(bus, store, {"target_health": sum(scrapes.values())})
@@ -289,11 +304,12 @@ def test_a_full_bus_answers_503_and_prometheus_retries_until_everything_is_store
             ) and time.monotonic() < deadline:
                 time.sleep(1.0)
             assert service.buffer.rows < config.buffer_max_rows
-            scrapes = sum(
-                int(float(r["value"][1])) for r in prometheus.query("count_over_time(up[10m])")
-            )
             prometheus.stop()
             time.sleep(1.0)
+            scrapes = sum(
+                int(float(r["value"][1]))
+                for r in prometheus.query_stopped("count_over_time(up[10m])")
+            )
         with Bus(bus_config) as bus, Store(tmp_path / "llmslo.duckdb") as store:
             ingest_until(bus, store, {"target_health": scrapes})
             dup = store.con.execute(

@@ -1,13 +1,17 @@
-"""The receiver's per-target caches: bounded, and never answering with a target's old labels."""
+"""The receiver's per-target caches: bounded, and never answering with a target's old labels;
+the one-sample path sorting a series exactly as the general path."""
 
 from __future__ import annotations
 
 import json
+import struct
 
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collectors.receive.receiver import Receiver
-from collectors.receive.series import PushedBatch, PushedSeries, target_of
+from collectors.receive.series import STALE_NAN_BITS, PushedBatch, PushedSeries, target_of
 from pipeline.schema import RecordSchema
 
 T0 = 1_764_000_000_000
@@ -92,3 +96,71 @@ def test_a_targets_series_cache_is_bounded_and_its_rows_stay_right() -> None:
     assert sorted((r["engine"], r["value"]) for r in rows[-10:]) == sorted(
         (str(e), float(e)) for e in range(10)
     )
+
+
+# -- the one-sample path sorts a series exactly as the general path does ------------------
+
+STALE = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
+_LABEL_SETS = [
+    {"__name__": "up", "pool": "chat"},
+    {"__name__": "scrape_duration_seconds"},
+    {"__name__": RUNNING, "model_name": "m", "engine": "0"},
+    {"__name__": RUNNING, "model_name": "m", "engine": "1"},
+    {"__name__": "vllm:prompt_tokens_total", "model_name": "m"},
+    {"__name__": f"{LATENCY}_bucket", "model_name": "m", "le": "0.5"},
+    {"__name__": f"{LATENCY}_bucket", "model_name": "m", "le": "+Inf"},
+    {"__name__": f"{LATENCY}_sum", "model_name": "m"},
+    {"__name__": f"{LATENCY}_count", "model_name": "m"},
+]
+_INSTANCES = ["10.0.0.7:8000", "10.0.0.8:8000"]
+_SAMPLE = st.tuples(
+    st.integers(0, 4).map(lambda step: T0 + 5000 * step),
+    st.sampled_from([0.0, 1.0, 2.5, 7.0, float("nan"), STALE]),
+)
+_WRITE = st.lists(
+    st.tuples(
+        st.integers(0, len(_LABEL_SETS) - 1),
+        st.sampled_from(_INSTANCES),
+        st.lists(_SAMPLE, min_size=0, max_size=3),
+        st.booleans(),  # delta
+    ),
+    max_size=25,
+)
+
+
+class _SeriesBySeries(Receiver):
+    """The receiver with every series sorted by the general path (no one-sample path)."""
+
+    def _sort_one(self, *args: object) -> bool:
+        return False
+
+
+def _write(written: list[tuple[int, str, list[tuple[int, float]], bool]]) -> PushedBatch:
+    batch = PushedBatch()
+    for label_set, instance, samples, delta in written:
+        labels = tuple(sorted((_LABEL_SETS[label_set] | TARGET | {"instance": instance}).items()))
+        name = dict(labels)["__name__"]
+        batch.series.append(PushedSeries(name, labels, target_of(labels), samples, delta=delta))
+    return batch
+
+
+def _published(tables: list[tuple[RecordSchema, pa.Table]]) -> list[tuple[str, str]]:
+    out = [(schema.name, json.dumps(t.to_pylist(), sort_keys=True)) for schema, t in tables]
+    tables.clear()
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_WRITE, min_size=1, max_size=5), st.sampled_from([3, 2_000_000]))
+def test_the_one_sample_path_stores_and_drops_what_the_general_path_does(
+    writes: list[list[tuple[int, str, list[tuple[int, float]], bool]]], max_tracked: int
+) -> None:
+    fast: list[tuple[RecordSchema, pa.Table]] = []
+    general: list[tuple[RecordSchema, pa.Table]] = []
+    receiver = Receiver(lambda s, t: fast.append((s, t)), max_tracked_series=max_tracked)
+    reference = _SeriesBySeries(lambda s, t: general.append((s, t)), max_tracked_series=max_tracked)
+    for written in writes:
+        report, expected = receiver.ingest(_write(written)), reference.ingest(_write(written))
+        assert (report.rows, report.dropped) == (expected.rows, expected.dropped)
+        assert _published(fast) == _published(general)
+    assert receiver.targets == reference.targets

@@ -1,5 +1,5 @@
 """The remote-write decoder: label sets parsed once, in a bounded LRU cache that cannot lie;
-a write read in bulk puts every sample in its own series, whatever the encoding."""
+a write read as columns reads what a series-by-series parse reads, whatever the encoding."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ import snappy
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from collectors.receive._prompb import KeyedWriteRequest, Label, SeriesWriteRequest
+from collectors.receive._columns import read_columns
+from collectors.receive._prompb import KeyedWriteRequest, Label, LabelSet, SeriesWriteRequest
 from collectors.receive.config import ReceiveLimits
 from collectors.receive.remote_write import (
     MAX_CACHED_LABEL_SET_BYTES,
     RemoteWriteDecoder,
-    _bulk_series,
+    _columns_read,
+    _series_read,
 )
 from collectors.receive.series import RefusedWrite
 from tests.collectors.receive.running import write_request
@@ -87,7 +89,7 @@ def test_an_unreadable_label_refuses_the_write_though_the_request_parses(label: 
     assert (refused.value.status, refused.value.reason) == (400, "protobuf")
 
 
-# -- the bulk read: every sample to its own series, whatever the encoding --------------------
+# -- the columnar read: every sample to its own series, whatever the encoding ------------------
 
 STALE_BITS = 0x7FF0000000000002
 
@@ -148,6 +150,14 @@ _SERIES = st.tuples(
 @example(
     [(0, False, False, [(T0, 1, "canonical"), (T0 + 1, 2, "canonical")]), (1, False, False, [])]
 )
+@example(  # as Prometheus writes: one sample per series, zero values and timestamps left out
+    [
+        (0, False, False, [(T0, 0, "canonical")]),
+        (1, True, False, [(0, STALE_BITS, "canonical")]),
+        (2, False, False, [(0, 0, "canonical")]),
+        (0, False, False, [(T0 + 1, 0x3FF0000000000000, "canonical")]),
+    ]
+)
 def test_every_sample_is_read_into_its_own_series_whatever_the_encoding(
     written: list[tuple[int, bool, bool, list[tuple[int, int, str]]]],
 ) -> None:
@@ -170,17 +180,88 @@ def test_every_sample_is_read_into_its_own_series_whatever_the_encoding(
     assert got == expected
 
 
-def test_a_prometheus_write_is_read_in_bulk_sample_by_sample_as_sent() -> None:
+def test_a_prometheus_write_is_read_as_columns_sample_by_sample_as_sent() -> None:
     pods = list(range(40))
+    # proto3 leaves a zero value or a zero timestamp out: four layouts of one sample
+    samples = [(T0 + p, float(p)) for p in pods] + [(0, 1.0), (0, 0.0), (T0, 0.0), (T0, STALE)]
+    long = {"note": "x" * 300}  # a label longer than 127 bytes: a two-byte length
     raw = write_request(
-        [(series(p), [(T0 + p, float(p))]) for p in pods]
-        + [(series(p, name="up"), [(T0, 0.0), (T0 + 1, float(p)), (0, 1.0)]) for p in pods]
+        [(series(p), [sample]) for p, sample in enumerate(samples[:-1])]
+        + [(series(len(samples) - 1) | long, [samples[-1]])]
     )
-    bulk = _bulk_series(SeriesWriteRequest.FromString(raw))
-    assert bulk is not None, "a request as Prometheus sends it was not read in bulk"
-    keys, _, samples = bulk
-    pods_read = [dict((lb.name, lb.value) for lb in map(Label.FromString, key)) for key in keys]
-    assert [labels["pod"] for labels in pods_read] == [f"vllm-{p}" for p in pods * 2]
-    assert samples == [[(T0 + p, float(p))] for p in pods] + [
-        [(T0, 0.0), (T0 + 1, float(p)), (0, 1.0)] for p in pods
+    columns = read_columns(list(SeriesWriteRequest.FromString(raw).timeseries), 64)
+    assert columns is not None, "a request as Prometheus sends it was not read as columns"
+    read = [
+        dict((lb.name, lb.value) for lb in LabelSet.FromString(k).labels)
+        for k in columns.label_keys()
     ]
+    assert [labels["pod"] for labels in read] == [f"vllm-{p}" for p in range(len(samples))]
+    assert read[-1]["note"] == long["note"]
+    assert columns.labels.tolist() == [4] * (len(samples) - 1) + [5]
+    got = list(zip(columns.timestamp_ms.tolist(), columns.value.view("<u8").tolist(), strict=True))
+    assert got == [(ts, _bits(value)) for ts, value in samples]
+
+
+STALE = struct.unpack("<d", STALE_BITS.to_bytes(8, "little"))[0]
+
+
+def _bits(value: float) -> int:
+    return int.from_bytes(struct.pack("<d", value), "little")
+
+
+# one sample per series as Prometheus sends, in every layout an encoder may write, beside
+# what the columnar read must leave to the per-series parse
+_ONE_SAMPLE = st.tuples(
+    _TIMESTAMPS,
+    _VALUE_BITS,
+    st.sampled_from(["canonical"] * 8 + ["timestamp first", "value twice", "unknown field"]),
+)
+_WRITTEN = st.tuples(
+    st.integers(0, 30),
+    st.sampled_from(["", "x", "y" * 127, "z" * 128, "w" * 2000]),  # 1- and 2-byte lengths
+    st.booleans(),  # an exemplar
+    st.one_of(_ONE_SAMPLE.map(lambda sample: [sample]), st.lists(_ONE_SAMPLE, max_size=2)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_WRITTEN, max_size=10))
+@example([(0, "", False, [(T0, 0x3FF0000000000000, "canonical")])])
+@example([(0, "w" * 2000, False, [(0, 0, "canonical")]), (1, "", False, [(-1, 1, "canonical")])])
+def test_the_columnar_read_reads_what_the_series_by_series_parse_reads(
+    written: list[tuple[int, str, bool, list[tuple[int, int, str]]]],
+) -> None:
+    request = b""
+    for pod, note, exemplar, samples in written:
+        labels = series(pod) | ({"note": note} if note else {})
+        encoded = b"".join(
+            _field(1, Label(name=k, value=v).SerializeToString()) for k, v in sorted(labels.items())
+        )
+        encoded += b"".join(_field(2, _sample(*sample)) for sample in samples)
+        encoded += _field(3, b"\x0a\x00\x11" + bytes(8)) if exemplar else b""
+        request += _field(1, encoded)
+    as_columns = _columns_read(list(SeriesWriteRequest.FromString(request).timeseries), 64)
+    prometheus_like = all(
+        len(samples) == 1 and samples[0][2] == "canonical" and samples[0][0] >= 0 and not exemplar
+        for _, _, exemplar, samples in written
+    )
+    assert (as_columns is not None) == prometheus_like
+    if as_columns is not None:
+        keys, counts, read = as_columns
+        expected_keys, expected_counts, expected = _series_read(request)
+        assert (keys, counts) == (expected_keys, expected_counts)
+        assert [[(ts, _bits(v)) for ts, v in s] for s in read] == [
+            [(ts, _bits(v)) for ts, v in s] for s in expected
+        ]
+
+
+def test_a_series_of_more_labels_than_the_bound_is_left_to_the_per_series_read_and_refused() -> (
+    None
+):
+    many = series(0) | {f"l{i}": "v" for i in range(100_000)}
+    raw = write_request([(many, [(T0, 1.0)]), (series(1), [(T0, 2.0)])])
+    # the columnar read stops after max_labels steps instead of one per label of the series
+    assert read_columns(list(SeriesWriteRequest.FromString(raw).timeseries), 64) is None
+    batch = RemoteWriteDecoder(ReceiveLimits()).decode(snappy.compress(raw))
+    assert batch.refused == {"labels_per_series": 1}
+    assert [dict(s.labels)["pod"] for s in batch.series] == ["vllm-1"]
