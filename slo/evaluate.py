@@ -259,9 +259,17 @@ def evaluate(
     for slo in model.slos:
         columns = [(w, index[w]) for w in slo.catalog.windows_ms]
         groups = members.get(slo.id) or {tuple("" for _ in slo.group_by): []}
-        for group in sorted(groups):
-            ks = groups[group]
-            counts = matrix[ks].sum(axis=0).tolist() if ks else [[0, 0]] * len(windows)
+        ordered = sorted(groups)
+        # One vectorised sum per SLO over its keys in group order (a group has ≥ 1 key, but
+        # for the one empty group of an SLO without keys).
+        rows = [k for g in ordered for k in groups[g]]
+        starts = np.cumsum([0] + [len(groups[g]) for g in ordered[:-1]])
+        per_group = (
+            np.add.reduceat(matrix[rows], starts, axis=0)
+            if rows
+            else np.zeros((len(ordered), len(windows), 2), dtype=np.int64)
+        )
+        for group, counts in zip(ordered, per_group.tolist(), strict=True):
             full = {w: WindowCounts(*counts[i]) for w, i in columns}
             statuses.append(
                 SloStatus(slo, dict(zip(slo.group_by, group, strict=True)), now_ms, full)

@@ -236,15 +236,12 @@ class Rollup:
                 "SELECT DISTINCT key_id, slo_id, pool, instance, tenant, route "
                 "FROM _slo_new ANTI JOIN slo_keys USING (key_id)"
             )
-            con.execute(
+            # The range was emptied above: the rows inserted are the range's rows.
+            inserted = con.execute(
                 "INSERT INTO slo_minute "
                 "SELECT slo_id, key_id, ts_ms, total, bad FROM _slo_new ORDER BY ts_ms"
-            )
-            con.execute("DROP TABLE _slo_new")
-            inserted = con.execute(
-                "SELECT count(*) FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
-                [slo.id, start_ms, end_ms],
             ).fetchone()
+            con.execute("DROP TABLE _slo_new")
             self._rebuild_hours(
                 slo.id, floor_to(start_ms, HOUR_MS), floor_to(end_ms - 1, HOUR_MS) + HOUR_MS
             )
