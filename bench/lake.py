@@ -580,9 +580,15 @@ def measure_cycle(
         times["cycle_cpu_s"] = sum(times[f"{p}_cpu_s"] for p in parts)
         times["cycle_s3_cpu_s"] = times["refresh_s3_cpu_s"]
         iceberg_times.append(sum(times[f"{p}_s"] for p in parts))
-        if baseline:
+        if base_mirror is not None:
+            with timed(times, "refresh_full", s3_pid):
+                base_mirror.refresh(now)
             baseline_times.append(
-                iceberg_times[-1] - times["evaluate_s"] + times["evaluate_full_s"]
+                iceberg_times[-1]
+                - times["refresh_s"]
+                + times["refresh_full_s"]
+                - times["evaluate_s"]
+                + times["evaluate_full_s"]
             )
         refresh = times["refresh_s"]
         steps.append(times)
@@ -595,7 +601,12 @@ def measure_cycle(
             f"cycle {k}: iceberg {iceberg_times[-1]:.3f} s (refresh {refresh:.3f} s of "
             f"{report.files} files, {len(report.planned)} tables planned whole, rollup {times['rollup_s']:.3f}, evaluate "
             f"{times['evaluate_s']:.3f}"
-            + (f" (full {times['evaluate_full_s']:.3f})" if baseline else "")
+            + (
+                f" (full {times['evaluate_full_s']:.3f}; baseline refresh "
+                f"{times['refresh_full_s']:.3f}, CPU {times['refresh_full_cpu_s']:.3f})"
+                if baseline
+                else ""
+            )
             + f", write {times['write_s']:.3f}; {times['statuses']:.0f} "
             f"statuses; request rollup {times['request_rollup_s']:.3f} s beside it; CPU "
             f"{times['cycle_cpu_s']:.3f} s: refresh {times['refresh_cpu_s']:.3f} (and the S3 "
@@ -636,6 +647,17 @@ def measure_cycle(
                 "cycle_baseline_s": statistics.median(baseline_times),
                 "cycle_evaluate_full_s": statistics.median(t["evaluate_full_s"] for t in steps),
                 "cycle_refresh_full_s": statistics.median(t["refresh_full_s"] for t in steps),
+                "cycle_refresh_full_cpu_s": statistics.median(
+                    t["refresh_full_cpu_s"] for t in steps
+                ),
+                "cycle_baseline_cpu_s": statistics.median(
+                    t["cycle_cpu_s"]
+                    - t["refresh_cpu_s"]
+                    + t["refresh_full_cpu_s"]
+                    - t["evaluate_cpu_s"]
+                    + t["evaluate_full_cpu_s"]
+                    for t in steps
+                ),
                 "cycle_evaluate_full_cpu_s": statistics.median(
                     t["evaluate_full_cpu_s"] for t in steps
                 ),
