@@ -21,8 +21,12 @@ catalog, and on a local warehouse directory as a second row:
   ``slo_minute`` where the windows' edges read it): 30 days of raw minutes at 4,096
   instances would take hours to generate. A cycle (timed) is what the jobs do every
   ``slo.interval_s`` (15 s) for the SLOs: load the commits of the last 15 s from the lake
-  (mirror refresh), recompute the rollups' settle window, evaluate every SLO and window,
-  write the statuses. The same cycle runs over the local lake (hourly Parquet,
+  (mirror refresh: between cycles the jobs fetch the new commits every second, as
+  ``llmslo.roles`` does, so the refresh reads the last second's from the object store and
+  stores all of them), recompute the rollups' new minutes, evaluate every SLO and window
+  from the kept window sums (:class:`~slo.window_sums.WindowSums`), write the statuses.
+  ``--baseline`` also times, in the same cycles, a second mirror that fetches nothing ahead
+  and the full evaluation (the path before both), and checks both evaluations agree. The same cycle runs over the local lake (hourly Parquet,
   :func:`pipeline.lake.create_lake_views`) with the same rollups. The signal detectors
   and flags (the rest of ``SloJobs.run_once``) are not in it.
 * **1-hour raw query**: per-instance requests and p99 TTFT over the last hour, from the
@@ -30,8 +34,8 @@ catalog, and on a local warehouse directory as a second row:
 
 Medians of ``--repeat`` runs. ``--quick`` (< 60 s; 37 s of CPU): 256 instances, 4 batches, 3 cycles.
 The last line is one JSON object. Usage:
-``python bench/lake.py [--quick] [--cycle-only | --append-only] [--instances 4096] [--rps 0.5]
-[--tail-min 25]`` (``--cycle-only``: the SLO cycle and the 1-hour query, no append figures;
+``python bench/lake.py [--quick] [--cycle-only | --append-only] [--baseline]
+[--instances 4096] [--rps 0.5] [--tail-min 25]`` (``--cycle-only``: the SLO cycle and the 1-hour query, no append figures;
 ``--append-only``: the append figures alone).
 """
 
@@ -47,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,6 +66,7 @@ import psutil  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
+from llmslo.roles import FOLLOW_EVERY_S  # noqa: E402
 from pipeline._offsets import LogIdentity, StoredOffset  # noqa: E402
 from pipeline.broker import free_port  # noqa: E402
 from pipeline.codec import conform  # noqa: E402
@@ -80,6 +85,7 @@ from slo.sinks import create_output_tables, write_status  # noqa: E402
 from slo.spec import load_spec  # noqa: E402
 from slo.spec.model import SloModel, build_model  # noqa: E402
 from slo.tables import REQUEST_ROLLUP_TABLES, ROLLUP_TABLES  # noqa: E402
+from slo.window_sums import WindowSums  # noqa: E402
 
 PREFIX = "bench."
 LOG = LogIdentity("bench-cluster", "bench-topic")
@@ -342,7 +348,15 @@ class Fleet:
             "engine_samples": fleet_engine(t0, t1, self.instances),
         }
 
-    def append(self, lake: IcebergLake, t0: int, t1: int, commits: int) -> dict[str, pa.Table]:
+    def append(
+        self,
+        lake: IcebergLake,
+        t0: int,
+        t1: int,
+        commits: int,
+        after_commit: Callable[[int], object] | None = None,
+    ) -> dict[str, pa.Table]:
+        """``after_commit(k)`` after the k-th commit (from 1)."""
         rows = self.rows(t0, t1)
         step = -(-(t1 - t0) // commits)
         for a in range(t0, t1, step):
@@ -358,6 +372,8 @@ class Fleet:
                 for schema in (REQUEST_RECORDS, ENGINE_SAMPLES)
             }
             lake.append_batch(part, offsets)
+            if after_commit is not None:
+                after_commit((a - t0) // step + 1)
         return rows
 
 
@@ -394,16 +410,32 @@ def synthesize_history(con: duckdb.DuckDBPyConnection, tail_start_ms: int, days:
 
 
 def slo_cycle(
-    con: duckdb.DuckDBPyConnection, model: SloModel, rollup: Rollup, now_ms: int
+    con: duckdb.DuckDBPyConnection,
+    model: SloModel,
+    rollup: Rollup,
+    now_ms: int,
+    sums: WindowSums | None = None,
+    baseline: bool = False,
 ) -> dict[str, float]:
-    """The SLO part of a jobs cycle: the rollups' new minutes, every window, the statuses."""
+    """The SLO part of a jobs cycle: the rollups' new minutes, every window, the statuses.
+    With ``sums`` the evaluation reads the kept window sums (as the jobs do); ``baseline``
+    also times the full evaluation (the jobs' before them) and checks both agree."""
     times: dict[str, float] = {}
     with timed(times, "rollup"):
         rollup.update(now_ms)
     with timed(times, "request_rollup"):
         RequestRollup(con).update(now_ms)  # the dashboards' latency digests, not the SLOs'
+    if sums is not None:
+        sums.note_changes(rollup.take_changes())
     with timed(times, "evaluate"):
-        statuses = evaluate(con, model, now_ms)
+        statuses = evaluate(con, model, now_ms, sums)
+    if baseline:
+        with timed(times, "evaluate_full"):
+            full = evaluate(con, model, now_ms)
+        if [(s.slo.id, s.group, s.windows) for s in full] != [
+            (s.slo.id, s.group, s.windows) for s in statuses
+        ]:
+            raise SystemExit(f"bench: kept window sums differ from the full evaluation at {now_ms}")
     with timed(times, "write"):
         write_status(con, statuses)
     times["statuses"] = len(statuses)
@@ -473,6 +505,7 @@ def measure_cycle(
     cycles: int,
     commits: int,
     s3_pid: int,
+    baseline: bool = False,
 ) -> dict[str, Any]:
     model = build_model(load_spec(ROOT / "config" / "slo.example.yaml"))
     config = lake_config(where, tmp, "fleet")
@@ -507,12 +540,34 @@ def measure_cycle(
     rollup, local_rollup = Rollup(jobs.con, model), Rollup(local_con, model)
     rollup.note_written({})  # from here on told every refresh's rows
     rollup.update(NOW_MS - INTERVAL_MS)  # a process's first update: its settle window
+    # The jobs' kept window sums, filled by a first evaluation (a process's first cycle).
+    sums, local_sums = WindowSums(jobs.con, model), WindowSums(local_con, model)
+    rollup.take_changes()
+    evaluate(jobs.con, model, NOW_MS - INTERVAL_MS, sums)
+    evaluate(local_con, model, NOW_MS - INTERVAL_MS, local_sums)
+    # The baseline's mirror fetches nothing ahead: its refresh reads the 15 s of commits.
+    base_store = Store(tmp / "jobs-baseline.duckdb") if baseline else None
+    base_mirror = IcebergMirror(lake, base_store, window_ms=2 * DAY_MS) if base_store else None
+    if base_mirror is not None:
+        base_mirror.refresh(NOW_MS)
+    # Between cycles the jobs follow the lake (llmslo.roles: a fetch every FOLLOW_EVERY_S):
+    # one fetch a second of commits, the last second's left to the cycle's refresh.
+    per_fetch = max(1, round(FOLLOW_EVERY_S * 1000 * commits / INTERVAL_MS))
+    fetches: list[float] = []
+
+    def follow(k: int) -> None:
+        if k % per_fetch == 0 and k + per_fetch <= commits:
+            mark = time.perf_counter()
+            mirror.fetch(now - INTERVAL_MS + k * INTERVAL_MS // commits)
+            fetches.append(time.perf_counter() - mark)
+
     iceberg_times, local_times, hour_ice, hour_local = [], [], [], []
+    baseline_times: list[float] = []
     steps: list[dict[str, float]] = []
     local_steps: list[dict[str, float]] = []
     for k in range(cycles):
         now = NOW_MS + k * INTERVAL_MS
-        rows = fleet.append(lake, now - INTERVAL_MS, now, commits)  # the last 15 s
+        rows = fleet.append(lake, now - INTERVAL_MS, now, commits, follow)  # the last 15 s
         ingester.commit_batch({n: [t] for n, t in rows.items()}, group_id="b", offsets={},
                               now_ts_ms=0)  # fmt: skip
         export_hours(ingester, local_dir, "ingester-a", now_ts_ms=now, include_open=True)
@@ -520,22 +575,39 @@ def measure_cycle(
         with timed(times, "refresh", s3_pid):
             report = mirror.refresh(now)
             rollup.note_written(report.changed_from_ms)
-        times.update(slo_cycle(jobs.con, model, rollup, now))
+        times.update(slo_cycle(jobs.con, model, rollup, now, sums, baseline))
         parts = ("refresh", "rollup", "evaluate", "write")
         times["cycle_cpu_s"] = sum(times[f"{p}_cpu_s"] for p in parts)
         times["cycle_s3_cpu_s"] = times["refresh_s3_cpu_s"]
         iceberg_times.append(sum(times[f"{p}_s"] for p in parts))
+        if base_mirror is not None:
+            with timed(times, "refresh_full", s3_pid):
+                base_mirror.refresh(now)
+            baseline_times.append(
+                iceberg_times[-1]
+                - times["refresh_s"]
+                + times["refresh_full_s"]
+                - times["evaluate_s"]
+                + times["evaluate_full_s"]
+            )
         refresh = times["refresh_s"]
         steps.append(times)
         create_lake_views(local_con, local_dir)
-        local = slo_cycle(local_con, model, local_rollup, now)
+        local = slo_cycle(local_con, model, local_rollup, now, local_sums)
         local["cycle_cpu_s"] = sum(local[f"{p}_cpu_s"] for p in ("rollup", "evaluate", "write"))
         local_times.append(local["rollup_s"] + local["evaluate_s"] + local["write_s"])
         local_steps.append(local)
         print(
             f"cycle {k}: iceberg {iceberg_times[-1]:.3f} s (refresh {refresh:.3f} s of "
             f"{report.files} files, {len(report.planned)} tables planned whole, rollup {times['rollup_s']:.3f}, evaluate "
-            f"{times['evaluate_s']:.3f}, write {times['write_s']:.3f}; {times['statuses']:.0f} "
+            f"{times['evaluate_s']:.3f}"
+            + (
+                f" (full {times['evaluate_full_s']:.3f}; baseline refresh "
+                f"{times['refresh_full_s']:.3f}, CPU {times['refresh_full_cpu_s']:.3f})"
+                if baseline
+                else ""
+            )
+            + f", write {times['write_s']:.3f}; {times['statuses']:.0f} "
             f"statuses; request rollup {times['request_rollup_s']:.3f} s beside it; CPU "
             f"{times['cycle_cpu_s']:.3f} s: refresh {times['refresh_cpu_s']:.3f} (and the S3 "
             f"server's {times['refresh_s3_cpu_s']:.3f}), "
@@ -554,6 +626,8 @@ def measure_cycle(
     jobs.close()
     ingester.close()
     local_con.close()
+    if base_store is not None:
+        base_store.close()
     return {
         "cycle_s": statistics.median(iceberg_times),
         **{
@@ -566,6 +640,31 @@ def measure_cycle(
         "cycle_cpu_s": statistics.median(t["cycle_cpu_s"] for t in steps),
         "cycle_s3_server_cpu_s": statistics.median(t["cycle_s3_cpu_s"] for t in steps),
         "request_rollup_s": statistics.median(t["request_rollup_s"] for t in steps),
+        "fetch_ahead_s": statistics.median(fetches) if fetches else 0.0,
+        "fetches_per_cycle": len(fetches) / cycles,
+        **(
+            {
+                "cycle_baseline_s": statistics.median(baseline_times),
+                "cycle_evaluate_full_s": statistics.median(t["evaluate_full_s"] for t in steps),
+                "cycle_refresh_full_s": statistics.median(t["refresh_full_s"] for t in steps),
+                "cycle_refresh_full_cpu_s": statistics.median(
+                    t["refresh_full_cpu_s"] for t in steps
+                ),
+                "cycle_baseline_cpu_s": statistics.median(
+                    t["cycle_cpu_s"]
+                    - t["refresh_cpu_s"]
+                    + t["refresh_full_cpu_s"]
+                    - t["evaluate_cpu_s"]
+                    + t["evaluate_full_cpu_s"]
+                    for t in steps
+                ),
+                "cycle_evaluate_full_cpu_s": statistics.median(
+                    t["evaluate_full_cpu_s"] for t in steps
+                ),
+            }
+            if baseline
+            else {}
+        ),
         "cycle_local_lake_s": statistics.median(local_times),
         "cycle_local_lake_cpu_s": statistics.median(t["cycle_cpu_s"] for t in local_steps),
         "hour_query_s": statistics.median(hour_ice),
@@ -597,6 +696,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the SLO cycle and the 1-hour query (no append figures)")  # fmt: skip
     parser.add_argument("--append-only", action="store_true",
                         help="only the append figures (no SLO cycle, no hour query)")  # fmt: skip
+    parser.add_argument("--baseline", action="store_true",
+                        help="also time each cycle's full evaluation (the path before the kept "
+                        "window sums) and check both agree")  # fmt: skip
     parser.add_argument("--local-warehouse", action="store_true",
                         help="also the append figures over a local warehouse directory")  # fmt: skip
     args = parser.parse_args(argv)
@@ -619,7 +721,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         (tmp / "cycle").mkdir()
         cycle = measure_cycle(
-            endpoint, tmp / "cycle", instances, args.rps, tail_min, cycles, commits, s3_pid
+            endpoint,
+            tmp / "cycle",
+            instances,
+            args.rps,
+            tail_min,
+            cycles,
+            commits,
+            s3_pid,
+            args.baseline,
         )
         result.update({k: round(v, 4) for k, v in cycle.items()})
     print(
@@ -631,6 +741,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{cycle['hour_query_s']:.3f} s vs {cycle['hour_query_local_lake_s']:.3f} s",
         file=sys.stderr,
     )
+    if args.baseline:
+        print(
+            f"baseline (full evaluation, same cycles): {cycle['cycle_baseline_s']:.3f} s, "
+            f"evaluation {cycle['cycle_evaluate_full_s']:.3f} s vs "
+            f"{cycle['cycle_evaluate_s']:.3f} s from the kept sums, refresh "
+            f"{cycle['cycle_refresh_full_s']:.3f} s vs {cycle['cycle_refresh_s']:.3f} s after "
+            f"fetching ahead ({cycle['fetches_per_cycle']:.0f} fetches a cycle, median "
+            f"{cycle['fetch_ahead_s']:.3f} s each)",
+            file=sys.stderr,
+        )
     print(json.dumps(result))
     return 0
 

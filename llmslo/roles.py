@@ -23,6 +23,7 @@ import threading
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -42,6 +43,9 @@ from pipeline.units import DAY_MS
 from slo.jobs import JobsConfig, SloJobs
 from slo.sinks import BusTransitionSink, StoreTransitionSink, TeeTransitionSink
 from slo.spec.model import SloModel
+
+if TYPE_CHECKING:
+    from pipeline.iceberg.mirror import IcebergMirror
 
 __all__ = ["ROLES", "maintain_lake_until", "run_ingest_role", "run_jobs_role"]
 
@@ -200,6 +204,24 @@ def run_jobs_role(config: LlmsloConfig, bus: Bus, model: SloModel, *, quiet: boo
     return 0
 
 
+#: How often the jobs over the Iceberg lake fetch new commits between two cycles.
+FOLLOW_EVERY_S = 1.0
+
+
+def _follow_lake(mirror: IcebergMirror, stop: threading.Event, interval_s: float) -> None:
+    """Wait ``interval_s`` (or until ``stop``), fetching the lake's new commits every
+    FOLLOW_EVERY_S meanwhile, so the next cycle's refresh reads only the last second's
+    commits from the object store. A fetch that fails is left to that refresh."""
+    deadline = time.monotonic() + interval_s
+    while not stop.wait(min(FOLLOW_EVERY_S, max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            return
+        try:
+            mirror.fetch(int(time.time() * 1000))
+        except LlmsloError as exc:
+            log.debug("fetching the lake's new commits between cycles: %s", exc)
+
+
 def _run_jobs_over_iceberg(
     config: LlmsloConfig, bus: Bus, model: SloModel, *, quiet: bool = False
 ) -> int:
@@ -254,7 +276,7 @@ def _run_jobs_over_iceberg(
                             "first SLO cycle over the Iceberg lake done %.1f s after start",
                             time.monotonic() - started,
                         )
-                stop.wait(jobs_config.interval_s)
+                _follow_lake(mirror, stop, jobs_config.interval_s)
         finally:  # a pass in progress stops after its current commit
             stop.set()
             if maintenance.is_alive():

@@ -2,7 +2,8 @@
 
 Owns the SLO spec format (:mod:`slo.spec`, read by :mod:`slo.spec.loader`) and its validated model (:mod:`slo.spec.model`), the
 alert-window catalogs (:mod:`slo.windows`, data in ``slo/windows/*.yaml``), the per-minute
-rollup tables in DuckDB (:mod:`slo.rollups.counts`), the evaluator (:mod:`slo.evaluate`), the
+rollup tables in DuckDB (:mod:`slo.rollups.counts`), the evaluator (:mod:`slo.evaluate`; its sums
+kept across cycles in :mod:`slo.window_sums`), the
 failure-signature detectors (:mod:`slo.signals.detectors`, findings in :mod:`slo.signals.findings`), the degradation-flag state machine
 (:mod:`slo.flags`), the ``llmslo jobs`` runner (:mod:`slo.jobs`) and the read API of all
 these tables for dashboards, the HTTP API and the alert pusher (:mod:`slo.queries`). Data flows one way:

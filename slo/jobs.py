@@ -47,6 +47,7 @@ from slo.sinks import (
     write_status,
 )
 from slo.spec.model import SloModel
+from slo.window_sums import WindowSums
 
 __all__ = ["CycleResult", "JobsConfig", "SloJobs", "data_clock"]
 
@@ -187,6 +188,7 @@ class SloJobs:
             settle_ms=int(self.config.settle_s * 1000),
             horizon_ms=int(self.config.rollup_horizon_days * DAY_MS),
         )
+        self.window_sums = WindowSums(con, model)  # told the rollup's rewrites each cycle
         self.request_rollup = RequestRollup(
             con,
             settle_ms=int(self.config.settle_s * 1000),
@@ -242,9 +244,7 @@ class SloJobs:
         last step only: each write replaces the last). Returns whether a snapshot was read
         (the flags were stepped)."""
         now = result.now_ms
-        result.statuses = (
-            self._timed("evaluate", result, lambda: evaluate(self.con, self.model, now)) or []
-        )
+        result.statuses = self._timed("evaluate", result, lambda: self._evaluate(now)) or []
         snap = self._timed("snapshot", result, lambda: self._snapshot(now))
         if snap is not None:
             self.metrics.record_autoscalers(snap.autoscalers)
@@ -262,6 +262,16 @@ class SloJobs:
         self._timed("write", result, lambda: self._write(result, status))
         result.flags = dict(self.board.states)
         return snap is not None
+
+    def _evaluate(self, now: int) -> list[SloStatus]:
+        """Every SLO at ``now`` from the kept window sums, told what the rollup rewrote since;
+        a failure forgets them (what the last read saw is unknown)."""
+        self.window_sums.note_changes(self.rollup.take_changes())
+        try:
+            return evaluate(self.con, self.model, now, self.window_sums)
+        except Exception:
+            self.window_sums.reset()
+            raise
 
     def _beat(self, result: CycleResult) -> None:
         self.sink.beat(

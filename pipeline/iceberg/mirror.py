@@ -25,6 +25,12 @@ anything, and a restart reads nothing twice.
   event time among the rows a refresh loaded (``None``: reloaded whole, anything may have
   changed), so the rollups recompute only the minutes new rows fell in
   (:meth:`slo.rollups.counts.Rollup.update`).
+* **Fetching ahead.** :meth:`IcebergMirror.fetch` reads the files committed since (the
+  object store's part of a refresh) and keeps their rows in memory without storing them, so
+  a process can follow the lake between cycles; the next :meth:`IcebergMirror.refresh`
+  fetches only what came after and stores everything fetched in its one transaction.
+  Nothing fetched is recorded before it is stored: a process that dies holding fetched rows
+  reads them again.
 * **Freshness.** The mirror is as fresh as its last :meth:`IcebergMirror.refresh`: the jobs'
   cycle interval plus an ingester's batch time (``ingest.batch_max_ms``), since each batch is
   its own Iceberg commit.
@@ -105,6 +111,9 @@ class IcebergMirror:
         self._schemas = {s.table: s for s in iter_schemas() if s.table in ICEBERG_TABLES}
         self._last_prune_s = float("-inf")
         self._unreported: dict[str, int | None] = {}
+        #: Per table, the loads fetched and not stored yet, oldest first (:meth:`fetch`).
+        self._fetched: dict[str, list[_Load]] = {}
+        self._fetch_report = MirrorReport()
         with store.transaction("create the mirror's file list") as con:
             con.execute(
                 f"CREATE TABLE IF NOT EXISTS {LOADED_FILES} "
@@ -116,19 +125,49 @@ class IcebergMirror:
                 "(table_name VARCHAR PRIMARY KEY, snapshot_id BIGINT NOT NULL)"
             )
 
+    def fetch(self, now_ms: int) -> MirrorReport:
+        """Read the data files committed since the last fetch or refresh (rows since
+        ``now_ms - window_ms``) and keep their rows for the next :meth:`refresh`, which
+        stores them; nothing is written to the store. Returns what was read (``rows``,
+        ``files``, ``planned``). Raises :class:`~pipeline.iceberg.lake.LakeError`."""
+        started = time.perf_counter()
+        report = MirrorReport()
+        since_ms = now_ms - self.window_ms
+        for name in sorted(ICEBERG_TABLES):
+            load = self._fetch_table(name, since_ms, report)
+            if load is not None and load.rows is not None:
+                report.files += len(load.paths)
+                report.rows += load.rows.num_rows
+        self._fetch_report.files += report.files
+        self._fetch_report.rows += report.rows
+        self._fetch_report.planned += report.planned
+        self._fetch_report.reloaded += report.reloaded
+        report.seconds = time.perf_counter() - started
+        return report
+
     def refresh(self, now_ms: int) -> MirrorReport:
         """Load every data file committed since the last refresh (rows since
-        ``now_ms - window_ms``). Raises :class:`~pipeline.iceberg.lake.LakeError`
-        (lake unreachable) or :class:`~pipeline.errors.StoreError` (local file)."""
+        ``now_ms - window_ms``): the files fetched ahead (:meth:`fetch`) and those committed
+        after them, stored in one transaction. Raises
+        :class:`~pipeline.iceberg.lake.LakeError` (lake unreachable) or
+        :class:`~pipeline.errors.StoreError` (local file); a failed refresh keeps what it
+        fetched for the next."""
         started = time.perf_counter()
         # A table a failed refresh forgot (a reload) is reported by the next as changed.
         report = MirrorReport(changed_from_ms=self._unreported)
         self._unreported = report.changed_from_ms
         since_ms = now_ms - self.window_ms
-        loads = [self._load_table(name, since_ms, report) for name in sorted(ICEBERG_TABLES)]
-        new = [load for load in loads if load is not None]
+        ahead, self._fetch_report = self._fetch_report, MirrorReport()
+        report.planned += ahead.planned
+        report.reloaded += ahead.reloaded
+        for name in ahead.reloaded:
+            report.changed_from_ms[name] = None
+        for name in sorted(ICEBERG_TABLES):
+            self._fetch_table(name, since_ms, report)
+        new = [load for loads in self._fetched.values() for load in loads]
         if new:
             self._store(new)  # one DuckDB transaction for every table's rows
+        self._fetched = {}
         for load in new:
             self._report(load, report)
         self._unreported = {}
@@ -137,6 +176,17 @@ class IcebergMirror:
             self._last_prune_s = time.monotonic()
         report.seconds = time.perf_counter() - started
         return report
+
+    def _fetch_table(self, name: str, since_ms: int, report: MirrorReport) -> _Load | None:
+        """:meth:`_load_table`, kept with what was fetched before (dropped when the table
+        was planned whole: its plan holds every file not stored)."""
+        planned = len(report.planned)
+        load = self._load_table(name, since_ms, report)
+        if load is not None:
+            if len(report.planned) > planned:
+                self._fetched[name] = []
+            self._fetched.setdefault(name, []).append(load)
+        return load
 
     def _loaded(self, name: str) -> set[str]:
         with self.store.lock:
@@ -162,7 +212,8 @@ class IcebergMirror:
         current = table.current_snapshot()
         if current is None:
             return None
-        recorded = self._recorded_snapshot(name)
+        fetched = self._fetched.get(name)
+        recorded = fetched[-1].snapshot_id if fetched else self._recorded_snapshot(name)
         if recorded == current.snapshot_id:
             return None  # nothing committed since: no manifest read
         appended = self._appended_since(table, recorded, current)
@@ -270,19 +321,22 @@ class IcebergMirror:
         return scan.to_table(tasks)
 
     def _store(self, loads: list[_Load]) -> None:
-        rows = {
-            load.table: [conform(self._schemas[load.table], load.rows)]
-            for load in loads
-            if load.rows is not None and load.rows.num_rows
-        }
+        """Store ``loads`` (oldest first per table) in one transaction, each table at the
+        snapshot of its last load."""
+        rows: dict[str, list[pa.Table]] = {}
+        for load in loads:
+            if load.rows is not None and load.rows.num_rows:
+                rows.setdefault(load.table, []).append(
+                    conform(self._schemas[load.table], load.rows)
+                )
+        snapshots = {load.table: load.snapshot_id for load in loads}
 
         def record(con: duckdb.DuckDBPyConnection) -> None:
             paths = [(load.table, path) for load in loads for path in load.paths]
             if paths:
                 con.executemany(f"INSERT INTO {LOADED_FILES} VALUES (?, ?)", paths)
             con.executemany(
-                f"INSERT OR REPLACE INTO {MIRROR_SNAPSHOTS} VALUES (?, ?)",
-                [(load.table, load.snapshot_id) for load in loads],
+                f"INSERT OR REPLACE INTO {MIRROR_SNAPSHOTS} VALUES (?, ?)", list(snapshots.items())
             )
 
         self.store.commit_batch(

@@ -38,7 +38,7 @@ from slo.rollups._sli_sql import (
 from slo.spec.model import Slo, SloModel
 from slo.tables import ROLLUP_TABLES
 
-__all__ = ["ROLLUP_TABLES", "Rollup", "RollupStats", "create_rollup_tables"]
+__all__ = ["ROLLUP_TABLES", "Rollup", "RollupChange", "RollupStats", "create_rollup_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,16 @@ class RollupStats:
     rebuilt: int = 0
 
 
+@dataclass(frozen=True)
+class RollupChange:
+    """Rows of ``table`` (``slo_minute``, ``slo_hour`` or ``slo_day``) in [start, end)
+    (ms) that one write replaced or deleted, whatever their SLO."""
+
+    table: str
+    start_ms: int
+    end_ms: int
+
+
 #: Nothing written since: a change time later than any event.
 _NO_CHANGE = 2**62
 
@@ -128,7 +138,15 @@ class Rollup:
         self._changed_from: dict[str, int | None] = {}
         self._told = False  # whether a writer tells its writes (note_written) at all
         self._first_attempts: dict[tuple[int, str], int] = {}  # per change time, kind
+        self._changes: list[RollupChange] = []
         create_rollup_tables(con)
+
+    def take_changes(self) -> list[RollupChange]:
+        """The rollup rows this object replaced or deleted since the last call (in the
+        order written), for a reader that keeps sums of them
+        (:class:`slo.window_sums.WindowSums`); the list is emptied."""
+        changes, self._changes = self._changes, []
+        return changes
 
     def note_written(self, changed_from_ms: Mapping[str, int | None]) -> None:
         """Tell the rollup what was written to the raw tables since the last call: table →
@@ -201,6 +219,7 @@ class Rollup:
         build = engine_minutes_sql if slo.sli.source == "engine" else tap_minutes_sql
         sql, params = build(slo, start_ms, end_ms)
         con = self.con
+        self._changes.append(RollupChange("slo_minute", start_ms, end_ms))  # even if rolled back
         con.execute("BEGIN")
         try:
             con.execute(
@@ -217,15 +236,12 @@ class Rollup:
                 "SELECT DISTINCT key_id, slo_id, pool, instance, tenant, route "
                 "FROM _slo_new ANTI JOIN slo_keys USING (key_id)"
             )
-            con.execute(
+            # The range was emptied above: the rows inserted are the range's rows.
+            inserted = con.execute(
                 "INSERT INTO slo_minute "
                 "SELECT slo_id, key_id, ts_ms, total, bad FROM _slo_new ORDER BY ts_ms"
-            )
-            con.execute("DROP TABLE _slo_new")
-            inserted = con.execute(
-                "SELECT count(*) FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
-                [slo.id, start_ms, end_ms],
             ).fetchone()
+            con.execute("DROP TABLE _slo_new")
             self._rebuild_hours(
                 slo.id, floor_to(start_ms, HOUR_MS), floor_to(end_ms - 1, HOUR_MS) + HOUR_MS
             )
@@ -245,6 +261,9 @@ class Rollup:
         self._rebuild_hours(slo_id, start_ms, end_ms)
 
     def _rebuild_hours(self, slo_id: str, start_ms: int, end_ms: int) -> None:
+        days = floor_to(start_ms, DAY_MS), ceil_to(end_ms, DAY_MS)
+        self._changes.append(RollupChange("slo_hour", start_ms, end_ms))
+        self._changes.append(RollupChange("slo_day", *days))
         self.con.execute(
             "DELETE FROM slo_hour WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
             [slo_id, start_ms, end_ms],
@@ -257,7 +276,6 @@ class Rollup:
                 GROUP BY ALL ORDER BY hour""",
             [slo_id, start_ms, end_ms],
         )
-        days = floor_to(start_ms, DAY_MS), ceil_to(end_ms, DAY_MS)
         self.con.execute(
             "DELETE FROM slo_day WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?", [slo_id, *days]
         )
@@ -268,6 +286,7 @@ class Rollup:
 
     def _delete(self, slo_id: str, start_ms: int, end_ms: int) -> None:
         for table in ("slo_minute", "slo_hour", "slo_day"):
+            self._changes.append(RollupChange(table, start_ms, end_ms))
             self.con.execute(
                 f"DELETE FROM {table} WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
                 [slo_id, start_ms, end_ms],

@@ -224,3 +224,56 @@ def test_a_table_of_an_older_release_gains_the_columns_appended_since(
             "SELECT dialect IS NULL, count(*) FROM engine_samples GROUP BY ALL ORDER BY ALL"
         ).fetchall()
     assert dialects == [(False, 10), (True, 10)]
+
+
+def test_rows_fetched_ahead_are_stored_by_the_next_refresh_as_one_refresh_would(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """Fetches between commits (the jobs following the lake between cycles) read each new
+    commit once and store nothing; the refresh after them reads only the last commit and
+    stores what a mirror that fetched nothing ahead stores, reporting the earliest event
+    time of everything fetched; a rewrite seen by a fetch still reloads the table whole."""
+    requests, engine, _ = FLEET.rows()
+    writer = _lake(s3_server, tmp_path)
+    third = len(engine) // 3
+    _append(writer, "engine_samples", engine[:third], 0, batches=1)
+    with (
+        Store(tmp_path / "ahead.duckdb") as store,
+        Store(tmp_path / "plain.duckdb") as plain_store,
+    ):
+        mirror = IcebergMirror(_lake(s3_server, tmp_path), store, window_ms=30 * DAY_MS)
+        plain = IcebergMirror(_lake(s3_server, tmp_path), plain_store, window_ms=30 * DAY_MS)
+        mirror.refresh(FLEET.end_ms), plain.refresh(FLEET.end_ms)
+        late = [{**row, "ts_ms": row["ts_ms"] - HOUR_MS} for row in engine[third : 2 * third]]
+        _append(writer, "engine_samples", late, 0, batches=1)
+        fetched = mirror.fetch(FLEET.end_ms)
+        assert (fetched.files, fetched.rows) == (1, len(late))
+        assert mirror.fetch(FLEET.end_ms).files == 0  # fetched once
+        assert store.count("engine_samples") == third  # nothing stored yet
+        _append(writer, "requests", requests, 1, batches=1)
+        assert mirror.fetch(FLEET.end_ms).rows == len(requests)
+        _append(writer, "engine_samples", engine[2 * third :], 0, batches=1)
+        report, whole = mirror.refresh(FLEET.end_ms), plain.refresh(FLEET.end_ms)
+        assert report.rows == whole.rows == len(late) + len(requests) + len(engine) - 2 * third
+        assert (report.files, report.planned) == (whole.files, whole.planned)
+        assert (
+            report.changed_from_ms
+            == whole.changed_from_ms
+            == {
+                "engine_samples": min(row["ts_ms"] for row in late),
+                "requests": min(row["received_ts_ms"] for row in requests),
+            }
+        )
+        for table in ("engine_samples", "requests"):
+            assert _rows(store, table) == _rows(plain_store, table)
+        # A compaction fetched ahead: the refresh reloads the table whole.
+        table = writer.table("engine_samples")
+        table.refresh()
+        table.overwrite(to_lake("engine_samples", [to_table(ENGINE_SAMPLES, engine)]))
+        mirror.fetch(FLEET.end_ms)
+        reload = mirror.refresh(FLEET.end_ms)
+        assert (reload.reloaded, reload.changed_from_ms) == (
+            ["engine_samples"],
+            {"engine_samples": None},
+        )
+        assert store.count("engine_samples") == len(engine)
