@@ -315,10 +315,13 @@ def test_the_read_folds_the_groups_past_the_row_limit_as_the_strip_did(
 ) -> None:
     """The fold moved from pandas on the page into the read: same rows, same order, same
     tooltips, whether 1, several or all of the 8 groups keep a row."""
-    scope = {"start_ms": start_ms, "end_ms": end_ms, "bucket_ms": bucket_ms}
     with duckdb.connect(str(db), read_only=True) as con:
-        every = queries.slo_alert_spans(con, **scope).to_pandas()
-        folded = queries.slo_alert_spans(con, **scope, most_rows=most_rows).to_pandas()
+        every, folded = (
+            queries.slo_alert_spans(
+                con, start_ms=start_ms, end_ms=end_ms, bucket_ms=bucket_ms, most_rows=most
+            ).to_pandas()
+            for most in (None, most_rows)
+        )
     assert set(every["folded"]) == {0}
     expected = fold_groups(every.drop(columns="folded"), most=most_rows)
     columns = ["slo_id", "group_json", "start_ms", "end_ms", "state", "folded"]
