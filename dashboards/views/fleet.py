@@ -13,7 +13,7 @@ import streamlit as st
 
 from dashboards.charts import alert_strip, frame, line_chart
 from dashboards.context import PageContext, fmt_count, fmt_pct, fmt_span, window_seconds
-from dashboards.timelines import STRIP_ROWS, alert_detail, fold_groups
+from dashboards.timelines import STRIP_ROWS, alert_detail
 from dashboards.views.common import (
     findings_table,
     instances_in_scope,
@@ -113,7 +113,8 @@ def _summary(ctx: PageContext, status: pd.DataFrame | None) -> None:
 
 def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
     """Each SLO group's worst alert over the range, recomputed per bucket from the rollups
-    for every group in one read (:func:`slo.queries.slo_alert_spans`)."""
+    for every group in one read (:func:`slo.queries.slo_alert_spans`), which folds the
+    groups past :data:`~dashboards.timelines.STRIP_ROWS` into a row per SLO."""
     st.subheader("SLO alerts over time")
     if status is None:
         return
@@ -143,7 +144,7 @@ def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
 
 def _strip_scope(ctx: PageContext) -> dict[str, Any]:
     """The span the data covers in the view's range, in whole minutes (its last
-    ``MAX_RANGE_MS`` at most), with the SLO, pool and instance filters."""
+    ``MAX_RANGE_MS`` at most), with the SLO, pool and instance filters and the strip's row limit."""
     scope = ctx.filters.series_scope(rollup=True)
     bucket_ms = scope["bucket_ms"]
     earliest = -(-(scope["end_ms"] - MAX_RANGE_MS) // bucket_ms) * bucket_ms
@@ -154,14 +155,13 @@ def _strip_scope(ctx: PageContext) -> dict[str, Any]:
         "slo_id": f.slo,
         "pool": f.pool,
         "instance": f.instance,
+        "most_rows": STRIP_ROWS,
     }
 
 
-def _draw_alert_strip(ctx: PageContext, spans: pd.DataFrame) -> None:
-    """The spans as a strip (:func:`~dashboards.timelines.fold_groups` past
-    :data:`~dashboards.timelines.STRIP_ROWS` groups): tooltips written once per span, from
-    its last bucket's burns."""
-    rows = fold_groups(spans)
+def _draw_alert_strip(ctx: PageContext, rows: pd.DataFrame) -> None:
+    """The spans (folded past :data:`~dashboards.timelines.STRIP_ROWS` groups) as a strip:
+    tooltips written once per span, from its last bucket's burns."""
     own = rows["folded"] == 0
     df = pd.DataFrame(
         {

@@ -54,7 +54,7 @@ _BURN = pa.struct(
 ALERT_SPANS_SCHEMA = pa.schema(
     [
         ("slo_id", _S), ("group_json", _S), ("start_ms", _I64), ("end_ms", _I64),
-        ("state", _S), ("burns", pa.list_(_BURN)),
+        ("state", _S), ("burns", pa.list_(_BURN)), ("folded", _I64),
     ]
 )  # fmt: skip
 FINDINGS_SCHEMA = pa.schema(

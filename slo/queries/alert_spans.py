@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
+from pipeline.errors import QueryError
 from pipeline.units import HOUR_MS, MINUTE_MS
 from slo.queries._params import check_grid, check_text
 from slo.queries._schemas import ALERT_SPANS_SCHEMA
@@ -164,7 +165,7 @@ rated AS MATERIALIZED (
                  ELSE 0.0 END) / g.allowed AS short_burn
     FROM windows w JOIN grp g ON g.gid = w.gid
 ),
-states AS (
+states AS MATERIALIZED (
     SELECT c.gid, c.ts,
            coalesce(
                arg_max(r.severity, r.rank * 1000000 + r.pos)
@@ -174,27 +175,56 @@ states AS (
     FROM cells c LEFT JOIN rated r ON r.gid = c.gid AND r.ts = c.ts
     GROUP BY c.gid, c.ts
 ),
+placed AS (
+    SELECT s.gid, row_number() OVER (
+               ORDER BY count(*) FILTER (WHERE s.state = 'page') DESC,
+                        count(*) FILTER (WHERE s.state = 'ticket') DESC, g.slo_id, g.group_json
+           ) AS place
+    FROM states s JOIN grp g ON g.gid = s.gid GROUP BY s.gid, g.slo_id, g.group_json
+),
+own AS (
+    SELECT gid FROM placed
+    WHERE place <= $rows OR (SELECT count(*) FROM placed) <= $rows
+),
+folded_cells AS (
+    SELECT g.slo_id, s.ts, count(*) AS groups,
+           max(CASE s.state WHEN 'page' THEN 4 WHEN 'ticket' THEN 3 WHEN 'ok' THEN 2
+                            WHEN 'no events' THEN 1 ELSE 0 END) AS worst
+    FROM states s JOIN grp g ON g.gid = s.gid
+    WHERE s.gid NOT IN (SELECT gid FROM own)
+    GROUP BY g.slo_id, s.ts
+),
+rows_cells AS (
+    SELECT gid AS row_id, NULL::VARCHAR AS slo_id, 0 AS folded, ts, state
+    FROM states WHERE gid IN (SELECT gid FROM own)
+    UNION ALL
+    SELECT NULL, slo_id, groups, ts,
+           ['', 'no events', 'ok', 'ticket', 'page'][worst + 1]
+    FROM folded_cells
+),
 runs AS (
-    SELECT gid, ts, state,
-           sum(CASE WHEN state = prev THEN 0 ELSE 1 END) OVER (PARTITION BY gid ORDER BY ts) AS run
-    FROM (SELECT *, lag(state) OVER (PARTITION BY gid ORDER BY ts) AS prev FROM states)
+    SELECT *, sum(CASE WHEN state = prev THEN 0 ELSE 1 END)
+                  OVER (PARTITION BY row_id, slo_id ORDER BY ts) AS run
+    FROM (SELECT *, lag(state) OVER (PARTITION BY row_id, slo_id ORDER BY ts) AS prev
+          FROM rows_cells)
 ),
 spans AS (
-    SELECT gid, min(ts) AS start_ms, max(ts) + $bucket AS end_ms, any_value(state) AS state,
-           max(ts) AS last_ts
-    FROM runs GROUP BY gid, run
+    SELECT row_id AS gid, slo_id, any_value(folded) AS folded, min(ts) AS start_ms,
+           max(ts) + $bucket AS end_ms, any_value(state) AS state, max(ts) AS last_ts
+    FROM runs GROUP BY row_id, slo_id, run
 )
-SELECT g.slo_id, g.group_json, s.start_ms, s.end_ms, s.state,
+SELECT coalesce(g.slo_id, s.slo_id) AS slo_id, g.group_json, s.start_ms, s.end_ms, s.state,
        coalesce(
            list({{'pair': r.pair, 'severity': r.severity, 'factor': r.factor,
                   'long_burn': r.long_burn, 'short_burn': r.short_burn}}
                 ORDER BY r.rank DESC, r.pos DESC) FILTER (WHERE r.seen),
            []
-       ) AS burns
-FROM spans s JOIN grp g ON g.gid = s.gid
+       ) AS burns,
+       s.folded
+FROM spans s LEFT JOIN grp g ON g.gid = s.gid
 LEFT JOIN rated r ON r.gid = s.gid AND r.ts = s.last_ts
-GROUP BY g.slo_id, g.group_json, s.start_ms, s.end_ms, s.state
-ORDER BY g.slo_id, g.group_json, s.start_ms"""
+GROUP BY 1, g.group_json, s.start_ms, s.end_ms, s.state, s.folded
+ORDER BY s.folded > 0, 1, g.group_json, s.start_ms"""
 
 
 def slo_alert_spans(
@@ -206,6 +236,7 @@ def slo_alert_spans(
     slo_id: str | None = None,
     pool: str | None = None,
     instance: str | None = None,
+    most_rows: int | None = None,
 ) -> pa.Table:
     """Every SLO group's alert state per bucket of ``[start_ms, end_ms)``, as spans.
 
@@ -224,11 +255,20 @@ def slo_alert_spans(
     its first bucket (the first may start before ``start_ms``), ``end_ms`` of its last,
     ``state``, and ``burns``: at the last bucket, each pair whose long window holds events
     (``pair`` id, ``severity``, ``factor``, ``long_burn``, ``short_burn``), worst first.
-    Ordered by SLO, group and time. Reads ``slo_hour`` when buckets are whole hours, else
+    Ordered by SLO, group and time; ``folded`` is 0.
+
+    With ``most_rows`` and more groups than that, the ``most_rows`` groups longest in
+    ``page``, then in ``ticket`` (ties by SLO and group), keep their spans, and the other
+    groups of each SLO come back folded into one row: at each bucket their worst state
+    (:data:`ALERT_STATES` order), merged into runs, ``group_json`` null, ``burns`` empty and
+    ``folded`` the number of groups folded; these rows follow the groups' own, by SLO and
+    time. (A strip of a fleet's 256 groups × a month drew thousands of rectangles; folding
+    here leaves the burns of the folded groups uncomputed.) Reads ``slo_hour`` when buckets are whole hours, else
     ``slo_minute`` (buckets are whole minutes). Raises :class:`pipeline.errors.QueryError`
     naming a bad parameter.
     """
     grid = check_grid(start_ms, end_ms, bucket_ms, unit_ms=MINUTE_MS)
+    rows = _check_most_rows(most_rows)
     wanted = {
         name: check_text(name, value)
         for name, value in (("slo_id", slo_id), ("pool", pool), ("instance", instance))
@@ -258,9 +298,19 @@ def slo_alert_spans(
         "read_from": min(group_params["g_from"]),  # type: ignore[type-var]
         "end": grid.end_ms,
         "first": grid.start_ms // grid.bucket_ms * grid.bucket_ms,
+        "rows": rows,
     }
     sql = _SQL.format(groups=groups_sql, pairs=pairs_sql, source=source)
     return run_query(con, ALERT_SPANS_SCHEMA, [source], sql, params)
+
+
+def _check_most_rows(most_rows: object) -> int:
+    """``most_rows`` (None: every group a row, bound as the largest 32-bit count)."""
+    if most_rows is None:
+        return 2**31 - 1
+    if isinstance(most_rows, bool) or not isinstance(most_rows, int) or most_rows < 1:
+        raise QueryError("most_rows", f"must be a positive integer, got {most_rows!r}")
+    return most_rows
 
 
 def _drawn(group: dict[str, str], wanted: dict[str, str]) -> bool:

@@ -108,7 +108,11 @@ class HeadlessChromium:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as answer:
             targets = json.load(answer)
         page = next(t for t in targets if t["type"] == "page")
-        return connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
+        # No keepalive pings: on a loaded host Chromium answered one late and the ping timeout
+        # closed a healthy loopback connection mid-benchmark.
+        return connect(
+            page["webSocketDebuggerUrl"], max_size=None, open_timeout=10, ping_interval=None
+        )
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         """One DevTools command; its ``result`` (events in between are skipped, but the

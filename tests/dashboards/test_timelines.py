@@ -1,4 +1,5 @@
-"""The Fleet strips' frames: level spans, and every group's events in one read."""
+"""The Fleet strips' frames: level spans, every group's events in one read, and the
+reference fold of the alert strip's groups past its row limit."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import duckdb
 import pandas as pd
 import pytest
 
-from dashboards.timelines import fold_groups, level_spans
+from dashboards.timelines import level_spans
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS
 from slo import queries
 from tests.dashboards.conftest import END_MS, History
-from tests.slo.queries.alert_reference import group_series
+from tests.slo.queries.alert_reference import fold_groups, group_series
 
 START, END = 100 * HOUR_MS, 106 * HOUR_MS
 

@@ -1,7 +1,8 @@
 """The Fleet strip's former per-group path, kept verbatim as the reference that
 :func:`slo.queries.slo_alert_spans` is checked against: one SLO group's events out of every
 group's (``slo_series``), its alert state per bucket in numpy with the tooltip text, and
-consecutive buckets of one state merged into spans."""
+consecutive buckets of one state merged into spans; and the strip's former pandas fold of the
+groups past its row limit (:func:`fold_groups`), which the read's ``most_rows`` replaced."""
 
 from __future__ import annotations
 
@@ -107,3 +108,52 @@ def merge_runs(cells: pd.DataFrame) -> pd.DataFrame:
         detail=("detail", "last"),
     )
     return spans.reset_index(drop=True)
+
+
+def fold_groups(spans: pd.DataFrame, *, most: int) -> pd.DataFrame:
+    """The rows an alert strip draws from ``spans`` (:func:`slo.queries.slo_alert_spans`
+    columns without ``folded``): every group its own row when there are at most ``most``; else the ``most``
+    groups longest in ``page``, then in ``ticket`` (ties by SLO and group), and the other
+    groups of each SLO folded into one row whose spans are their worst state at each time
+    (:data:`~slo.queries.alert_spans.ALERT_STATES` order; other states rank below).
+
+    Adds ``folded``: 0 on a group's own row, the number of groups on a folded one (whose
+    ``group_json`` is null and ``burns`` empty)."""
+    keys = ["slo_id", "group_json"]
+    if spans.empty or spans[keys].drop_duplicates().shape[0] <= most:
+        return spans.assign(folded=0)
+    length = spans["end_ms"] - spans["start_ms"]
+    time_in = spans.assign(
+        page_ms=length.where(spans["state"] == "page", 0),
+        ticket_ms=length.where(spans["state"] == "ticket", 0),
+    )
+    ranked = time_in.groupby(keys, as_index=False)[["page_ms", "ticket_ms"]].sum()
+    ranked = ranked.sort_values(
+        ["page_ms", "ticket_ms", *keys], ascending=[False, False, True, True]
+    )
+    own = ranked.head(most)[keys]
+    mine = spans.merge(own, on=keys, how="left", indicator=True)["_merge"].eq("both").to_numpy()
+    rest = spans[~mine]
+    folded = [_worst_of(slo_id, group) for slo_id, group in rest.groupby("slo_id", sort=True)]
+    return pd.concat([spans[mine].assign(folded=0), *folded], ignore_index=True)
+
+
+def _worst_of(slo_id: str, spans: pd.DataFrame) -> pd.DataFrame:
+    """One row of the worst state among ``spans`` (several groups of one SLO) at each time."""
+    worst_first = {state: len(ALERT_STATES) - i for i, state in enumerate(ALERT_STATES)}
+    bounds = np.unique(np.concatenate([spans["start_ms"], spans["end_ms"]]))
+    rank = np.zeros(len(bounds) - 1, dtype=int)
+    first = np.searchsorted(bounds, spans["start_ms"].to_numpy())
+    last = np.searchsorted(bounds, spans["end_ms"].to_numpy())
+    for i, j, state in zip(first, last, spans["state"], strict=True):
+        rank[i:j] = np.maximum(rank[i:j], worst_first.get(state, 0))
+    names = np.array(["", *reversed(ALERT_STATES)], dtype=object)
+    cells = pd.DataFrame({"start_ms": bounds[:-1], "end_ms": bounds[1:], "state": names[rank]})
+    run = (cells["state"] != cells["state"].shift()).cumsum()
+    rows = cells.groupby(run, sort=False).agg(
+        start_ms=("start_ms", "first"), end_ms=("end_ms", "last"), state=("state", "first")
+    )
+    groups = spans["group_json"].nunique()
+    return rows.reset_index(drop=True).assign(
+        slo_id=slo_id, group_json=None, burns=[[] for _ in range(len(rows))], folded=groups
+    )

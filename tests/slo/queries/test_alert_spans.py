@@ -27,7 +27,7 @@ from slo.rollups.counts import create_rollup_tables
 from slo.sinks import create_output_tables
 from slo.spec import parse_spec
 from slo.spec.model import build_model
-from tests.slo.queries.alert_reference import alert_states, group_series, merge_runs
+from tests.slo.queries.alert_reference import alert_states, fold_groups, group_series, merge_runs
 
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
 SPEC = {
@@ -306,3 +306,39 @@ def test_every_cell_agrees_with_the_jobs_pair_rule(
             else ("ok" if seen else "no events")
         )
         assert state == expected, start_ms
+
+
+@pytest.mark.parametrize("most_rows", [1, 3, 7, 8], ids=lambda n: f"at most {n} rows")
+@pytest.mark.parametrize(("start_ms", "end_ms", "bucket_ms"), SCOPES.values(), ids=list(SCOPES))
+def test_the_read_folds_the_groups_past_the_row_limit_as_the_strip_did(
+    db: Path, start_ms: int, end_ms: int, bucket_ms: int, most_rows: int
+) -> None:
+    """The fold moved from pandas on the page into the read: same rows, same order, same
+    tooltips, whether 1, several or all of the 8 groups keep a row."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        every, folded = (
+            queries.slo_alert_spans(
+                con, start_ms=start_ms, end_ms=end_ms, bucket_ms=bucket_ms, most_rows=most
+            ).to_pandas()
+            for most in (None, most_rows)
+        )
+    assert set(every["folded"]) == {0}
+    expected = fold_groups(every.drop(columns="folded"), most=most_rows)
+    columns = ["slo_id", "group_json", "start_ms", "end_ms", "state", "folded"]
+    assert folded[columns].astype(object).where(folded[columns].notna(), None).to_dict(
+        "records"
+    ) == expected[columns].astype(object).where(expected[columns].notna(), None).to_dict("records")
+    assert [alert_detail(b) for b in folded["burns"]] == [
+        alert_detail(b) for b in expected["burns"]
+    ]
+    assert (folded["folded"] > 0).any() == (most_rows < 8)
+
+
+def test_a_row_limit_below_one_is_refused(db: Path) -> None:
+    with (
+        duckdb.connect(str(db), read_only=True) as con,
+        pytest.raises(QueryError, match="most_rows"),
+    ):
+        queries.slo_alert_spans(
+            con, start_ms=END_MS - DAY_MS, end_ms=END_MS, bucket_ms=HOUR_MS, most_rows=0
+        )
