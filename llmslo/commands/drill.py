@@ -19,7 +19,7 @@ from pipeline.store import Store
 __all__ = ["register"]
 
 EXAMPLES = """\
-llmslo drill                                   # every mode + 2 healthy minutes (26 modes, 12 fleets, ~12 min)
+llmslo drill                                   # every mode + 2 healthy minutes (26 modes, 12 fleets, ~11 min)
 llmslo drill --jobs 1                          # one fleet at a time (~29 min on 2 cores)
 llmslo drill --modes stall,kv_leak --healthy-minutes 1 -o var/drill.md --json var/drill.json
 llmslo drill --modes none --healthy-minutes 30 --healthy-load 0.7  # DESIGN §8's healthy run
