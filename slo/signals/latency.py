@@ -36,6 +36,15 @@ class LatencyThresholds(PoolThresholds):
     slow_median_ratio: float = Field(
         default=1.5, gt=1, description="instance median / pool median that counts as slow"
     )
+    jitter_min_shift_s: float = Field(
+        default=0.01,
+        ge=0,
+        description=(
+            "ITL jitter: the instance's median must also exceed the pool's by this much (s). "
+            "A third of the example spec's 30-ms target: a pod at 6.7 ms beside a pool at "
+            "4 ms is 1.7x and significant, and no user sees it"
+        ),
+    )
 
 
 #: Prompt-length bins of the pool's TTFT curve: its prompt-length deciles.
@@ -100,12 +109,14 @@ def _shifted(
     signal: str,
     *,
     prompts: str | None = None,
+    min_shift_s: float = 0.0,
 ) -> list[Finding]:
     """Serving instances (:func:`slo.signals._serving.pool_baselines`) whose ``metric`` sits above
     the rest of their pool's serving instances; none in a pool with fewer than
     ``pool_min_serving`` serving instances holding samples. With ``prompts`` (the latency
     key of each sample's prompt length) the values are compared at equal prompt length
-    (:func:`_by_prompt_length`) where every instance's lengths are known."""
+    (:func:`_by_prompt_length`) where every instance's lengths are known. ``min_shift_s``:
+    the instance's raw median must also exceed the rest's by that much."""
     findings = []
     for baseline in pool_baselines(snap, cfg).values():
         serving = [i for i in baseline.serving if i in snap.latency]
@@ -121,6 +132,8 @@ def _shifted(
             if len(pool) < cfg.slow_min_samples:
                 continue
             raw_medians = float(np.median(mine)), float(np.median(pool))
+            if raw_medians[0] - raw_medians[1] < min_shift_s:
+                continue
             scaled = _scaled(instance, samples, lengths)
             basis = "mann_whitney" if scaled is None else "mann_whitney_by_prompt_length"
             if scaled is not None:
@@ -162,4 +175,4 @@ def detect_itl_jitter(snap: Snapshot, cfg: LatencyThresholds) -> list[Finding]:
     """An instance's per-request ITL jitter (p99 gap − median gap, requests with ≥ 10 token
     chunks) shifted above the rest of its pool: a stuttering stream, even when the mean
     TPOT barely moves (ok tap records)."""
-    return _shifted(snap, cfg, "itl_jitter_s", "itl_jitter")
+    return _shifted(snap, cfg, "itl_jitter_s", "itl_jitter", min_shift_s=cfg.jitter_min_shift_s)

@@ -136,6 +136,28 @@ def test_a_jittery_pod_among_serving_peers_is_found_while_others_fail() -> None:
     assert evidence["median_ratio"] > 3
 
 
+@pytest.mark.parametrize(("jitter_ms", "found"), [(6.7, False), (20.0, True)])
+def test_a_jitter_shift_counts_only_when_it_is_milliseconds_a_user_could_notice(
+    jitter_ms: float, found: bool
+) -> None:
+    """The drill's healthy pod at 6.7 ms beside a pool at 4 ms: 1.7 times and significant,
+    but 2.7 ms is not a stutter (``jitter_min_shift_s``, 10 ms); 16 ms more is."""
+    snap = Snapshot(NOW_MS)
+    rng = np.random.default_rng(3)
+    for i in range(4):
+        _pod_rows(
+            snap,
+            pod(i),
+            records=80,
+            tokens=10_000,
+            served=40,
+            jitter_ms=jitter_ms if i == 3 else 4.0,
+            ok_records=60,
+            rng=rng,
+        )
+    assert on(detect_all(snap, CFG), "itl_jitter") == ([pod(3)] if found else [])
+
+
 def test_a_pod_with_no_serving_peer_gets_no_pool_verdict() -> None:
     snap = pool(healthy=1, failing=8, hot=0, jittery=0)
     assert [f for f in detect_all(snap, CFG) if f.signal in POOL_SIGNALS] == []
