@@ -8,8 +8,8 @@ front end that takes the fault. :func:`run_fleet` then runs the same skeleton fo
 a real Alertmanager (when installed), the embedded broker, the pipeline of ``llmslo run``
 on a fresh DuckDB file in a process of its own (:mod:`llmslo.drill.pipeline`), the simulated
 fleet in another (:mod:`llmslo.drill.pods`), the edges (:mod:`llmslo.drill.edges`), the
-harness's loop-lateness sampling, the faults set and cleared on schedule, a final cycle, and the
-scoring (:mod:`llmslo.drill.score`).
+harness's loop-lateness sampling, the faults set and cleared on schedule, a final cycle,
+and the scoring (:mod:`llmslo.drill.score`).
 
 The plan and everything :func:`run_fleet` returns pickle: a fleet runs in a worker process
 of its own (:mod:`llmslo.drill.jobs`).
@@ -105,8 +105,8 @@ def run_fleet(
     run record (false positives, alerts received, harness lateness, wall seconds).
 
     ``alertmanager``: the binary to run one with (``None``: alerts not run). Raises what
-    starting a part raises (``ConfigError``, ``BusError``, ``DrillChildError``, ``OSError``); everything started
-    is stopped first.
+    starting a part raises (``ConfigError``, ``BusError``, ``DrillChildError``,
+    ``OSError``); everything started is stopped first.
     """
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
