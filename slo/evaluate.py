@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import duckdb
 import numpy as np
@@ -21,9 +21,6 @@ from slo.budget import WindowCounts, budget_remaining, burn_rate, error_ratio, p
 from slo.spec.document import GROUP_DIMENSIONS
 from slo.spec.model import Slo, SloModel
 from slo.windows import AlertPair, format_duration
-
-if TYPE_CHECKING:
-    from slo.window_sums import WindowSums
 
 __all__ = ["PairState", "SloStatus", "count_matrix", "evaluate", "window_counts"]
 
@@ -223,11 +220,17 @@ def _has_rollups(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(row and row[0] == 3)
 
 
+class CountSource(Protocol):
+    """Window counts kept across cycles (:class:`slo.window_sums.WindowSums`)."""
+
+    def count_matrix(self, end_ms: int) -> tuple[list[RollupKey], np.ndarray]: ...
+
+
 def evaluate(
     con: duckdb.DuckDBPyConnection,
     model: SloModel,
     now_ms: int,
-    sums: WindowSums | None = None,
+    sums: CountSource | None = None,
 ) -> list[SloStatus]:
     """Every SLO of ``model`` (per group when it has ``group_by``) at ``now_ms``.
 

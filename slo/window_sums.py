@@ -272,7 +272,8 @@ class WindowSums:
                 FROM slo_minute WHERE ts_ms >= {start_ms} AND ts_ms < {end_ms}
                 GROUP BY ALL"""
         ).fetchnumpy()
-        self._tail[(start_ms - hour) // MINUTE_MS : (end_ms - hour) // MINUTE_MS] = 0
+        first, last = (start_ms - hour) // MINUTE_MS, (end_ms - hour) // MINUTE_MS
+        self._tail[first:last] = 0
         pos, known = self._positions(np.asarray(got["key_id"], dtype=np.int64))
         minute = np.asarray(got["m"], dtype=np.int64)[known]
         self._tail[minute, pos[known], 0] = np.asarray(got["t"], dtype=np.int64)[known]
