@@ -30,6 +30,7 @@ import httpx
 
 from alerts import alertmanager_config, render_yaml
 from pipeline.errors import ConfigError
+from pipeline.processes import stop_process
 
 __all__ = [
     "BINARIES",
@@ -130,12 +131,7 @@ class Alertmanager:
         tb: TracebackType | None,
     ) -> None:
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(timeout=10)
+            stop_process(self._process, timeout_s=10)
             self._process = None
 
 

@@ -91,7 +91,7 @@ class DrillChild:
         start_timeout_s: float = 60.0,
     ) -> None:
         self.name = name
-        self.started: Any = None  # the child's "started" detail
+        self.started: Any = None  # the child's "started" detail, while it runs
         self._start_timeout_s = start_timeout_s
         context = multiprocessing.get_context("spawn")
         self._commands, self._child_end = context.Pipe()
@@ -171,6 +171,7 @@ class DrillChild:
         tb: TracebackType | None,
     ) -> None:
         self._commands.close()  # the child's recv() sees EOF and stops
+        self.started = None
         if self._process.pid is None:  # never started
             return
         self._process.join(30)

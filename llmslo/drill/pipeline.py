@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 from multiprocessing.connection import Connection
-from types import TracebackType
 
 import duckdb
 
@@ -61,37 +60,21 @@ def _serve(commands: Connection, config: LlmsloConfig, log_level: int) -> None:
         pipeline.stop()
 
 
-class PipelineProcess:
+class PipelineProcess(DrillChild):
     """``with PipelineProcess(config) as pipeline: …; pipeline.finish()``: the drill
-    pipeline in a child process (:class:`~llmslo.drill.child.DrillChild`). Raises
+    pipeline in a child process (a :class:`~llmslo.drill.child.DrillChild`). Raises
     :class:`~llmslo.drill.child.DrillChildError` when the child fails to start within
     ``start_timeout_s`` or fails; leaving the block stops a child still running."""
 
     def __init__(self, config: LlmsloConfig, *, start_timeout_s: float = 60.0) -> None:
+        super().__init__("drill pipeline", _serve, (config,), start_timeout_s=start_timeout_s)
         self.config = config
-        self._child = DrillChild(
-            "drill pipeline", _serve, (config,), start_timeout_s=start_timeout_s
-        )
-
-    def __enter__(self) -> PipelineProcess:
-        self._child.__enter__()
-        return self
 
     def finish(self, timeout_s: float = 120.0) -> None:
         """Run the last SLO cycle, let its rows and alerts settle, stop the pipeline and wait
         for the process to end (its DuckDB file is then free to open)."""
-        self._child.call("finish", timeout_s=timeout_s)
-        self._child.join(timeout_s)  # stopping failed: the last rows may be missing
-
-    @property
-    def pid(self) -> int | None:
-        """The child's process id (``None`` before it started)."""
-        return self._child.pid
-
-    @property
-    def exitcode(self) -> int | None:
-        """The child's exit code, ``None`` while it runs (negative: killed by that signal)."""
-        return self._child.exitcode
+        self.call("finish", timeout_s=timeout_s)
+        self.join(timeout_s)  # stopping failed: the last rows may be missing
 
     @property
     def flag_policy(self) -> FlagPolicy:
@@ -101,11 +84,3 @@ class PipelineProcess:
     def stored(self) -> duckdb.DuckDBPyConnection:
         """A read-only connection to the pipeline's DuckDB file (after :meth:`finish`)."""
         return duckdb.connect(str(self.config.store.path), read_only=True)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._child.__exit__(exc_type, exc, tb)

@@ -21,7 +21,6 @@ import logging
 import os
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from types import TracebackType
 from typing import Any
 
 from llmslo.drill.child import DrillChild, child_setup, serve_commands
@@ -115,8 +114,9 @@ def _serve(commands: Connection, config: FleetConfig, log_level: int) -> None:
         fleet.close()
 
 
-class PodsProcess:
-    """``with PodsProcess(config) as fleet: …``: :class:`simulator.Fleet` in a child process.
+class PodsProcess(DrillChild):
+    """``with PodsProcess(config) as fleet: …``: :class:`simulator.Fleet` in a child process
+    (a :class:`~llmslo.drill.child.DrillChild`).
 
     :attr:`pods`, :attr:`dcgm`, :attr:`front_ends` and :attr:`gateway` say where its servers
     listen. Raises :class:`~llmslo.drill.child.DrillChildError` when the child fails to
@@ -125,70 +125,52 @@ class PodsProcess:
     """
 
     def __init__(self, config: FleetConfig, *, start_timeout_s: float = 60.0) -> None:
+        super().__init__("drill pods", _serve, (config,), start_timeout_s=start_timeout_s)
         self.config = config
-        self._child = DrillChild("drill pods", _serve, (config,), start_timeout_s=start_timeout_s)
-        self.layout: PodsLayout | None = None
 
-    def __enter__(self) -> PodsProcess:
-        self.layout = self._child.__enter__().started
-        return self
-
-    def _started(self) -> PodsLayout:
-        if self.layout is None:
+    def _running(self) -> PodsLayout:
+        if not isinstance(self.started, PodsLayout):
             raise RuntimeError("the drill's pods are not running")
-        return self.layout
+        return self.started
 
     @property
     def pods(self) -> tuple[Endpoint, ...]:
-        return self._started().pods
+        return self._running().pods
 
     @property
     def dcgm(self) -> tuple[Endpoint, ...]:
-        return self._started().dcgm
+        return self._running().dcgm
 
     @property
     def front_ends(self) -> dict[str, str]:
-        return self._started().front_ends
+        return self._running().front_ends
 
     @property
     def gateway(self) -> Endpoint | None:
-        return self._started().gateway
-
-    @property
-    def pid(self) -> int | None:
-        return self._child.pid
+        return self._running().gateway
 
     def set_fault(self, pod: str, fault: str, **params: Any) -> dict[str, Any]:
         """:meth:`simulator.Fleet.set_fault` in the child."""
-        result: dict[str, Any] = self._child.call("set_fault", pod, fault, params)
+        result: dict[str, Any] = self.call("set_fault", pod, fault, params)
         return result
 
     def clear_fault(self, pod: str, fault: str) -> bool:
         """:meth:`simulator.Fleet.clear_fault` in the child."""
-        return bool(self._child.call("clear_fault", pod, fault))
+        return bool(self.call("clear_fault", pod, fault))
 
     def set_front_end_fault(self, fault: str, **params: Any) -> None:
         """:meth:`simulator.Fleet.set_front_end_fault` in the child."""
-        self._child.call("set_front_end_fault", fault, params)
+        self.call("set_front_end_fault", fault, params)
 
     def clear_front_end_fault(self, fault: str) -> bool:
         """:meth:`simulator.Fleet.clear_front_end_fault` in the child."""
-        return bool(self._child.call("clear_front_end_fault", fault))
+        return bool(self.call("clear_front_end_fault", fault))
 
     def start_lag(self) -> None:
         """Start sampling the child's loop lateness (:class:`~llmslo.drill.lag.LoopLag`)."""
-        self._child.call("start_lag")
+        self.call("start_lag")
 
     def stop_lag(self) -> dict[str, float]:
         """Stop sampling; returns the lateness p50 / p99 / max in ms (empty without samples)."""
-        summary: dict[str, float] = self._child.call("stop_lag")
+        summary: dict[str, float] = self.call("stop_lag")
         return summary
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._child.__exit__(exc_type, exc, tb)
-        self.layout = None
