@@ -16,19 +16,26 @@ __all__ = ["alert_rows", "kv_crossings", "read_rows"]
 
 
 def read_rows(con: duckdb.DuckDBPyConnection) -> tuple[list[FindingRow], list[FlagRow]]:
-    """Every ``slo_findings`` and ``flag_transitions`` row, oldest first."""
+    """Every ``slo_findings`` and ``flag_transitions`` row, oldest first, each with the
+    wall time of the cycle that wrote it: the first heartbeat of its event time (a cycle
+    beats after its writes; ``None`` where no heartbeat was stored)."""
     cursor = con.cursor()
+    raised = (
+        "LEFT JOIN (SELECT event_ts_ms, min(ts_ms) AS raised_ts_ms FROM jobs_heartbeats "
+        "GROUP BY event_ts_ms) AS beat ON beat.event_ts_ms = row.ts_ms"
+    )
     findings = [
         FindingRow(*row)
         for row in cursor.execute(
-            "SELECT ts_ms, state, signal, scope, scope_id FROM slo_findings ORDER BY ts_ms"
+            "SELECT row.ts_ms, state, signal, scope, scope_id, raised_ts_ms "
+            f"FROM slo_findings AS row {raised} ORDER BY row.ts_ms, signal, scope_id"
         ).fetchall()
     ]
     flags = [
         FlagRow(*row)
         for row in cursor.execute(
-            "SELECT ts_ms, scope, scope_id, from_level, to_level FROM flag_transitions "
-            "ORDER BY ts_ms"
+            "SELECT row.ts_ms, scope, scope_id, from_level, to_level, raised_ts_ms "
+            f"FROM flag_transitions AS row {raised} ORDER BY row.ts_ms, scope_id"
         ).fetchall()
     ]
     return findings, flags

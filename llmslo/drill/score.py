@@ -5,10 +5,17 @@ rules are tested without a fleet. Times are Unix epoch ms in, seconds out. A fin
 ``ts_ms`` is the jobs' evaluation (event) time, i.e. the newest scraped sample, so time to
 detect includes scrape, publish, ingest and one job cycle.
 
-A sample is stamped when its scrape starts, and the exporter renders the body after that:
-a scrape stamped a little before the injection can already carry the fault (a NaN burst
-rendered ~0.1 s after its scrape's stamp was scored as a miss). So a finding or flag counts
-from :data:`SCRAPE_STAMP_GRACE_MS` before the injection, and its time to detect is then 0.
+**Whose doing a finding is** is decided by when it was raised, not by its event time: its
+``raised_ts_ms`` is the wall time of the cycle that wrote it (that cycle's heartbeat), and a
+cycle that ended before the injection cannot have seen the fault. The event time can
+precede the injection while the finding is the fault's: a request is stamped when it was
+received, so one already in flight when a NaN burst or a crash hit it is stored with a time
+before the injection (a 9-pod fleet raised ``numeric_anomaly`` on its NaN pod at an event
+time 0.6 s before the injection, in a cycle that ran 1.5 s after it, and the drill scored it
+as a false positive and the mode as missed), and a scrape is stamped when it starts while
+the exporter renders its body after. Such a finding detects at 0 s. A row with no heartbeat
+to date it (the cycle's heartbeat failed) falls back to its event time, counted from
+:data:`SCRAPE_STAMP_GRACE_MS` before the injection.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ __all__ = [
 
 
 #: How far a scrape's stamp may precede what its body shows: the collector's and the
-#: exporter's event-loop lateness (p99 0.1–0.2 s in the drills) plus the HTTP exchange.
+#: exporter's event-loop lateness (p99 0.1–0.2 s in the drills) plus the HTTP exchange. Only
+#: for rows without a raising cycle's wall time.
 SCRAPE_STAMP_GRACE_MS = 500
 
 
@@ -46,6 +54,7 @@ class FindingRow(NamedTuple):
     signal: str
     scope: str  # instance | pool
     scope_id: str
+    raised_ts_ms: int | None = None  # wall time of the cycle that wrote it, where known
 
 
 class FlagRow(NamedTuple):
@@ -56,6 +65,7 @@ class FlagRow(NamedTuple):
     scope_id: str
     from_level: int
     to_level: int
+    raised_ts_ms: int | None = None  # wall time of the cycle that wrote it, where known
 
 
 class AlertRow(NamedTuple):
@@ -112,7 +122,8 @@ def _seconds(ts_ms: int, since_ms: int) -> float:
 
 
 def _since_injection(ts_ms: int, injected_ms: int) -> float:
-    """Seconds from injection to a stored (data-clock) time; 0 inside the stamp grace."""
+    """Seconds from injection to a stored (data-clock) time; 0 for a row whose data was
+    stamped before the injection (see the module's docstring)."""
     return max(0.0, _seconds(ts_ms, injected_ms))
 
 
@@ -125,12 +136,12 @@ def score_mode(
 ) -> ModeResult:
     """Fill ``result`` from the stored rows between injection and ``end_ms``."""
     start, removed = result.injected_ts_ms, result.removed_ts_ms
-    counted_from = start - SCRAPE_STAMP_GRACE_MS
     mine = [
         f
         for f in sorted(findings)
         if _in_scope(mode, result.instance, f.scope, f.scope_id)
-        and counted_from <= f.ts_ms <= end_ms
+        and _after(f, start)
+        and f.ts_ms <= end_ms
     ]
     hits = [f for f in mine if f.state == "firing" and matches(mode.expected, f.signal)]
     result.other_signals = sorted(
@@ -145,7 +156,8 @@ def score_mode(
         if r.scope == "instance"
         and r.scope_id == result.instance
         and r.to_level > max(r.from_level, 0)
-        and counted_from <= r.ts_ms <= end_ms
+        and _after(r, start)
+        and r.ts_ms <= end_ms
     ]
     for r in rises:  # entering L3 straight from L0 puts L1 and L2 in force at that moment too
         for level in range(max(r.from_level, 0) + 1, r.to_level + 1):
@@ -210,23 +222,26 @@ def false_positives(
             continue
         if f.scope == "pool":
             explained = pool_faulted or (
-                pool_faulted_ms is not None and _after(f.ts_ms, pool_faulted_ms)
+                pool_faulted_ms is not None and _after(f, pool_faulted_ms)
             )
         else:
-            explained = f.scope_id in faulted and _after(f.ts_ms, faulted[f.scope_id][0])
+            explained = f.scope_id in faulted and _after(f, faulted[f.scope_id][0])
         if not explained:
             out.append(FalsePositive(fleet, "finding", f.signal, f.scope_id, f.ts_ms))
     for r in flags:
         if r.scope != "instance" or r.to_level <= max(r.from_level, 0):
             continue
-        if not (r.scope_id in faulted and _after(r.ts_ms, faulted[r.scope_id][0])):
+        if not (r.scope_id in faulted and _after(r, faulted[r.scope_id][0])):
             out.append(FalsePositive(fleet, "flag", f"L{r.to_level}", r.scope_id, r.ts_ms))
     return sorted(out, key=lambda p: (p.ts_ms, p.scope_id, p.name))
 
 
-def _after(ts_ms: int, injected_ms: int) -> bool:
-    """Whether a stored (data-clock) time can show a fault injected at ``injected_ms``."""
-    return ts_ms >= injected_ms - SCRAPE_STAMP_GRACE_MS
+def _after(row: FindingRow | FlagRow, injected_ms: int) -> bool:
+    """Whether a stored finding or flag can show a fault injected at ``injected_ms``: the
+    cycle that raised it ended after the injection (its event time may be earlier)."""
+    if row.raised_ts_ms is not None:
+        return row.raised_ts_ms >= injected_ms
+    return row.ts_ms >= injected_ms - SCRAPE_STAMP_GRACE_MS
 
 
 def score_alerts(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from collectors.tap.config import TapConfig
@@ -61,6 +63,65 @@ def test_a_scrape_stamped_just_before_injection_can_show_the_fault() -> None:
     too_early = just_before._replace(ts_ms=T0 - SCRAPE_STAMP_GRACE_MS - 1)
     assert not score_mode(_result("nan_burst"), MODES["nan_burst"], [too_early], [], END).detected
     assert len(false_positives("f", [too_early], [], {POD: (T0, MODES["nan_burst"])})) == 1
+
+
+def test_a_finding_raised_after_injection_is_the_faults_though_its_data_is_older() -> None:
+    # The NaN burst of a 9-pod fleet: requests in flight when the fault hit are stored with
+    # the time they were received; the cycle that raised numeric_anomaly ran 1.5 s after the
+    # injection at an event time 0.6 s before it. Scored by event time, that was a false
+    # positive and a missed mode.
+    in_flight = FindingRow(T0 - 600, "firing", "numeric_anomaly", "instance", POD, T0 + 1_500)
+    result = score_mode(_result("nan_burst"), MODES["nan_burst"], [in_flight], [], END)
+    assert result.detected and result.detect_s == 0.0
+    faulted = {POD: (T0, MODES["nan_burst"])}
+    assert false_positives("f", [in_flight], [], faulted) == []
+    flag = FlagRow(T0 - 600, "instance", POD, 0, 1, T0 + 1_500)
+    assert false_positives("f", [], [flag], faulted) == []
+
+
+def test_a_finding_raised_before_injection_is_a_false_positive_whatever_its_event_time() -> None:
+    # A cycle that ended before the fault cannot have seen it, even inside the stamp grace.
+    early = FindingRow(T0 - 100, "firing", "numeric_anomaly", "instance", POD, T0 - 50)
+    result = score_mode(_result("nan_burst"), MODES["nan_burst"], [early], [], END)
+    assert not result.detected
+    faulted = {POD: (T0, MODES["nan_burst"])}
+    assert [p.name for p in false_positives("f", [early], [], faulted)] == ["numeric_anomaly"]
+    flag = FlagRow(T0 - 100, "instance", POD, 0, 1, T0 - 50)
+    assert [p.name for p in false_positives("f", [], [flag], faulted)] == ["L1"]
+
+
+def test_stored_findings_and_flags_carry_the_wall_time_of_the_cycle_that_raised_them(
+    tmp_path: Path,
+) -> None:
+    from llmslo.drill.rows import read_rows
+    from pipeline.store import Store
+    from slo.sinks import create_output_tables
+
+    with Store(tmp_path / "drill.duckdb") as store:
+        con = store.con
+        create_output_tables(con)
+        con.execute(
+            "INSERT INTO jobs_heartbeats (ts_ms, event_ts_ms, jobs_id, interval_s, errors) "
+            "VALUES (?, ?, 'j', 2.0, 0), (?, ?, 'j', 2.0, 0)",
+            [T0 + 1_500, T0 - 600, T0 + 3_500, T0 - 600],  # two cycles saw no newer data
+        )
+        con.execute(
+            "INSERT INTO slo_findings (ts_ms, state, signal, scope, scope_id) VALUES "
+            "(?, 'firing', 'numeric_anomaly', 'instance', ?), "
+            "(?, 'firing', 'stall', 'instance', ?)",
+            [T0 - 600, POD, T0 + 9_000, POD],  # the second cycle's heartbeat was not stored
+        )
+        con.execute(
+            "INSERT INTO flag_transitions (ts_ms, scope, scope_id, from_level, to_level, reason) "
+            "VALUES (?, 'instance', ?, 0, 1, 'kv')",
+            [T0 - 600, POD],
+        )
+        findings, flags = read_rows(con)
+    assert [(f.signal, f.ts_ms, f.raised_ts_ms) for f in findings] == [
+        ("numeric_anomaly", T0 - 600, T0 + 1_500),  # the first cycle of that event time
+        ("stall", T0 + 9_000, None),
+    ]
+    assert [(r.to_level, r.raised_ts_ms) for r in flags] == [(1, T0 + 1_500)]
 
 
 def test_a_finding_still_firing_at_the_end_is_not_cleared() -> None:
