@@ -221,9 +221,7 @@ def false_positives(
         if f.state != "firing":
             continue
         if f.scope == "pool":
-            explained = pool_faulted or (
-                pool_faulted_ms is not None and _after(f, pool_faulted_ms)
-            )
+            explained = pool_faulted or (pool_faulted_ms is not None and _after(f, pool_faulted_ms))
         else:
             explained = f.scope_id in faulted and _after(f, faulted[f.scope_id][0])
         if not explained:
