@@ -17,8 +17,11 @@ and reused by later runs: building 30 days takes minutes. ``--rebuild`` builds i
 every 10 minutes with 5 % of requests, one cold and one warm load (a smoke run of the path);
 the full run is 30 days × 256 instances scraped every minute (``--interval``) with 5 % of
 requests sampled (what ``llmslo sim history`` writes). The data volume is printed, and per
-page the bytes its websocket received on a cold load (charts' data and tables). The last
-line is one JSON object.
+page the bytes its websocket received on a cold load (charts' data and tables) and the CPU
+seconds a load cost the dashboard's server (``llmslo dashboard`` and its Streamlit process)
+and the browser (Chromium and its helper processes), medians like the times: on a shared
+host a load's wall time follows the other processes' load, its CPU time much less. The
+last line is one JSON object.
 
 ``--baseline DIR`` measures another checkout's code (``git worktree add DIR main``) on the
 same file in turns with this one, so a before/after pair shares the machine's load.
@@ -41,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import duckdb
+import psutil
 
 from pipeline.units import HOUR_MS
 
@@ -160,28 +164,62 @@ def serve(path: Path, root: Path = ROOT) -> tuple[subprocess.Popen[str], str]:
     return process, line.split()[1].rstrip("/")
 
 
-def _load(browser: HeadlessChromium, url: str, timeout_s: float) -> tuple[float, int]:
-    """Seconds to the rendered page, and the bytes its websocket received by then."""
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its living descendants (a helper process
+    that exited in between is not counted)."""
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return total
+    for process in family:
+        try:
+            total += sum(process.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+@dataclass(frozen=True)
+class Load:
+    """One page load: seconds to the rendered page, bytes its websocket received by then,
+    and the CPU seconds it cost the server and the browser."""
+
+    seconds: float
+    received_bytes: int
+    server_cpu_s: float
+    browser_cpu_s: float
+
+
+def _load(browser: HeadlessChromium, url: str, timeout_s: float, server_pid: int) -> Load:
+    """Load ``url`` and wait until rendered (see :meth:`HeadlessChromium.open`)."""
     browser.received_bytes = 0
+    server, chromium = cpu_s(server_pid), cpu_s(browser.process.pid)
     seconds = browser.open(url, timeout_s)
     state = browser.state()
     if state["exceptions"] or state["errors"]:
         raise SystemExit(f"{url}: {state['exceptions'] or state['errors']}")
-    return seconds, browser.received_bytes
+    return Load(
+        seconds,
+        browser.received_bytes,
+        cpu_s(server_pid) - server,
+        cpu_s(browser.process.pid) - chromium,
+    )
 
 
 def measure(
     path: Path, cold_loads: int, warm_loads: int, roots: dict[str, Path]
 ) -> dict[str, float]:
     """Per checkout in ``roots`` (label → code) and page: the median cold load (a fresh
-    server each), the median warm load and the bytes a cold load received. The checkouts
-    take turns, so a comparison shares the machine's load."""
+    server each) and warm load, in seconds and in server and browser CPU seconds, and the
+    bytes a cold load received. The checkouts take turns, so a comparison shares the
+    machine's load."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise SystemExit("chromium is not installed (apt-get install chromium)")
-    cold = {(label, page): list[float]() for label in roots for page in PAGES}
-    warm = {(label, page): list[float]() for label in roots for page in PAGES}
-    received = {(label, page): list[int]() for label in roots for page in PAGES}
+    cold = {(label, page): list[Load]() for label in roots for page in PAGES}
+    warm = {(label, page): list[Load]() for label in roots for page in PAGES}
     with HeadlessChromium(chromium) as browser:
         browser.call("Network.enable")
         for run in range(cold_loads):
@@ -189,15 +227,14 @@ def measure(
             for label, root in list(roots.items())[:: 1 if run % 2 == 0 else -1]:
                 process, url = serve(path, root)
                 try:
-                    _load(browser, f"{url}/canary", 120)  # the app's first script run and imports
+                    # the app's first script run and imports
+                    _load(browser, f"{url}/canary", 120, process.pid)
                     for page in PAGES:
-                        seconds, size = _load(browser, f"{url}/{page}?range=30d", 120)
-                        cold[label, page].append(seconds)
-                        received[label, page].append(size)
+                        page_url = f"{url}/{page}?range=30d"
+                        cold[label, page].append(_load(browser, page_url, 120, process.pid))
                         if run == 0:
                             warm[label, page] += [
-                                _load(browser, f"{url}/{page}?range=30d", 60)[0]
-                                for _ in range(warm_loads)
+                                _load(browser, page_url, 60, process.pid) for _ in range(warm_loads)
                             ]
                 finally:
                     process.terminate()
@@ -205,15 +242,29 @@ def measure(
     figures: dict[str, float] = {}
     for (label, page), loads in cold.items():
         prefix = "" if label == "this" else f"{label}_"
-        figures[f"{prefix}{page}_cold_s"] = round(statistics.median(loads), 3)
-        figures[f"{prefix}{page}_warm_s"] = round(statistics.median(warm[label, page]), 3)
-        figures[f"{prefix}{page}_received_kb"] = round(max(received[label, page]) / 1000, 1)
+        for kind, runs in (("cold", loads), ("warm", warm[label, page])):
+            figures[f"{prefix}{page}_{kind}_s"] = _median(runs, "seconds")
+            figures[f"{prefix}{page}_{kind}_server_cpu_s"] = _median(runs, "server_cpu_s")
+            figures[f"{prefix}{page}_{kind}_browser_cpu_s"] = _median(runs, "browser_cpu_s")
+        figures[f"{prefix}{page}_received_kb"] = round(
+            max(load.received_bytes for load in loads) / 1000, 1
+        )
         print(
-            f"{label} {page}: cold loads {[round(v, 2) for v in loads]}, "
-            f"warm {[round(v, 2) for v in warm[label, page]]}, "
+            f"{label} {page}: cold loads {[round(v.seconds, 2) for v in loads]} "
+            f"(CPU s server/browser {[_cpu_pair(v) for v in loads]}), "
+            f"warm {[round(v.seconds, 2) for v in warm[label, page]]} "
+            f"({[_cpu_pair(v) for v in warm[label, page]]}), "
             f"received {figures[f'{prefix}{page}_received_kb']:,} kB"
         )
     return figures
+
+
+def _median(loads: list[Load], field: str) -> float:
+    return round(statistics.median(getattr(load, field) for load in loads), 3)
+
+
+def _cpu_pair(load: Load) -> str:
+    return f"{load.server_cpu_s:.2f}/{load.browser_cpu_s:.2f}"
 
 
 def main() -> None:
@@ -262,11 +313,16 @@ def main() -> None:
     for label in roots:
         prefix = "" if label == "this" else f"{label}_"
         for page in PAGES:
+            at = f"{prefix}{page}"
             print(
-                f"{label:8} {page:8} cold {figures[f'{prefix}{page}_cold_s']:.2f} s, "
-                f"warm {figures[f'{prefix}{page}_warm_s']:.2f} s "
-                f"(medians of {cold_loads} and {warm_loads} loads; target ≤ 2 s), "
-                f"{figures[f'{prefix}{page}_received_kb']:,} kB received cold"
+                f"{label:8} {page:8} cold {figures[f'{at}_cold_s']:.2f} s, "
+                f"warm {figures[f'{at}_warm_s']:.2f} s "
+                f"(medians of {cold_loads} and {warm_loads} loads; target ≤ 2 s); CPU s "
+                f"server/browser cold {figures[f'{at}_cold_server_cpu_s']:.2f}/"
+                f"{figures[f'{at}_cold_browser_cpu_s']:.2f}, warm "
+                f"{figures[f'{at}_warm_server_cpu_s']:.2f}/"
+                f"{figures[f'{at}_warm_browser_cpu_s']:.2f}; "
+                f"{figures[f'{at}_received_kb']:,} kB received cold"
             )
     result = {
         "bench": "dashboard",
