@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +35,12 @@ import pyarrow as pa
 
 from collectors.dialects import DIALECT_NAMES, Detection, DialectMap, detect_dialect
 from collectors.exposition import Exposition, Series
-from collectors.semantics import HistogramLayout, reject_impossible
+from collectors.semantics import (
+    HistogramLayout,
+    describe_sample,
+    redeclared,
+    reject_impossible,
+)
 from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, RecordSchema
 
 __all__ = [
@@ -340,15 +345,77 @@ class TargetCanonicalizer:
             if hit is None or hit[1] != family_type:
                 hit = add(series, family_type, family_names[family])
             append(hit[0])
-        templates = self._template_table()
-        idx = np.asarray(indices, dtype=np.int64)
-        values = np.asarray(exposition.values, dtype=np.float64) * self._scale[idx]
-        batch = CanonicalBatch(self.schema, pa.table({}))
-        ts = np.full(len(idx), ts_ms, dtype=np.int64)
+        ts = np.full(len(indices), ts_ms, dtype=np.int64)
         for i, sample_ts in exposition.timestamps_ms.items():
             ts[i] = sample_ts
+        return self._rows(
+            describe_sample(exposition),
+            np.asarray(indices, dtype=np.int64),
+            np.asarray(exposition.values, dtype=np.float64),
+            ts,
+            ts_ms,
+            process_start_s,
+            redeclared(exposition),
+        )
+
+    def template_of(self, series: Series) -> tuple[int, str] | None:
+        """(template index, family type) :meth:`canonicalize` gave ``series`` last, if any.
+
+        Valid while :meth:`templates_token` is the same object: a caller may keep it and
+        hand it back to :meth:`canonicalize_templates`.
+        """
+        return self._lookup.get(series)
+
+    def saw_families(self, names: frozenset[str]) -> bool:
+        """Whether :meth:`canonicalize`'s last scrape declared exactly the families ``names``
+        (a scrape with the same families leaves the detection as it is)."""
+        return names == self._names_seen
+
+    def templates_token(self) -> object:
+        """An object that stays the same while template indices keep their meaning (replaced
+        when the templates start afresh: a new dialect, a cache overflow)."""
+        return self._lookup
+
+    def canonicalize_templates(
+        self,
+        templates: np.ndarray,
+        values: np.ndarray,
+        ts_ms: int,
+        describe: Callable[[int], str],
+    ) -> CanonicalBatch:
+        """:meth:`canonicalize` of a scrape whose series are all known: ``templates[i]`` is
+        what :meth:`template_of` gave sample ``i``'s series (under the same
+        :meth:`templates_token`), ``values[i]`` its value, and the scrape's families are
+        those :meth:`canonicalize` last saw (so detection is unchanged). ``describe(i)``
+        is sample ``i``'s line for :attr:`CanonicalBatch.errors`
+        (:func:`collectors.semantics.describe_sample`; called only for a rejected sample).
+        The result equals :meth:`canonicalize`'s."""
+        return self._rows(
+            describe, templates, values, np.full(len(templates), ts_ms, dtype=np.int64), ts_ms
+        )
+
+    def _rows(
+        self,
+        describe: Callable[[int], str],
+        idx: np.ndarray,
+        raw_values: np.ndarray,
+        ts: np.ndarray,
+        ts_ms: int,
+        process_start_s: float | None = None,
+        type_redeclared: np.ndarray | None = None,
+    ) -> CanonicalBatch:
+        templates = self._template_table()
+        values = raw_values * self._scale[idx]
+        batch = CanonicalBatch(self.schema, pa.table({}))
         rejected = reject_impossible(
-            exposition, idx, values, self._layout, self._cumulative, batch.dropped, batch.errors
+            describe,
+            idx,
+            values,
+            self._layout,
+            self._cumulative,
+            batch.dropped,
+            batch.errors,
+            type_redeclared,
         )
         if rejected is not None:
             idx, values, ts = idx[~rejected], values[~rejected], ts[~rejected]
