@@ -95,6 +95,8 @@ class CanonicalBatch:
     dropped: dict[str, int] = field(default_factory=dict)
     resets: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: rows left out for want of a signal (only with ``mapped_only``)
+    unmapped: int = 0
 
 
 @dataclass
@@ -280,6 +282,8 @@ class TargetCanonicalizer:
             self._created = np.array([t.created for t in self._templates], dtype=bool)
             self._process_start = np.array([t.process_start for t in self._templates], dtype=bool)
             self._frozen = np.array([t.frozen_watch for t in self._templates], dtype=bool)
+            signal = names.index("signal")
+            self._mapped = np.array([r[signal] is not None for r in rows], dtype=bool)
             ts = self._templates
             self._layout = HistogramLayout(
                 [t.hist_group for t in ts],
@@ -382,6 +386,8 @@ class TargetCanonicalizer:
         values: np.ndarray,
         ts_ms: int,
         describe: Callable[[int], str],
+        *,
+        mapped_only: bool = False,
     ) -> CanonicalBatch:
         """:meth:`canonicalize` of a scrape whose series are all known: ``templates[i]`` is
         what :meth:`template_of` gave sample ``i``'s series (under the same
@@ -389,9 +395,15 @@ class TargetCanonicalizer:
         those :meth:`canonicalize` last saw (so detection is unchanged). ``describe(i)``
         is sample ``i``'s line for :attr:`CanonicalBatch.errors`
         (:func:`collectors.semantics.describe_sample`; called only for a rejected sample).
-        The result equals :meth:`canonicalize`'s."""
+        The result equals :meth:`canonicalize`'s; with ``mapped_only``, without the rows whose
+        signal is null (counted in :attr:`CanonicalBatch.unmapped`)."""
         return self._rows(
-            describe, templates, values, np.full(len(templates), ts_ms, dtype=np.int64), ts_ms
+            describe,
+            templates,
+            values,
+            np.full(len(templates), ts_ms, dtype=np.int64),
+            ts_ms,
+            mapped_only=mapped_only,
         )
 
     def _rows(
@@ -403,6 +415,8 @@ class TargetCanonicalizer:
         ts_ms: int,
         process_start_s: float | None = None,
         type_redeclared: np.ndarray | None = None,
+        *,
+        mapped_only: bool = False,
     ) -> CanonicalBatch:
         templates = self._template_table()
         values = raw_values * self._scale[idx]
@@ -435,6 +449,12 @@ class TargetCanonicalizer:
                     extra.append(self._derived(ts_ms, RESET_METRIC, "counter_reset", 1.0, reason))
             self._header_start_s = process_start_s
         extra += self._frozen_rows(idx, values, ts_ms)
+        if mapped_only:  # derived rows (resets, frozen gauges) always have a signal
+            mapped = self._mapped[idx]
+            batch.unmapped = len(idx) - int(np.count_nonzero(mapped))
+            keep = mapped if keep is None else keep & mapped
+            if keep.all():
+                keep = None
         if keep is not None:
             idx, values, ts = idx[keep], values[keep], ts[keep]
         batch.table = self._assemble(templates.take(pa.array(idx)), ts, values, extra)

@@ -483,11 +483,12 @@ class Receiver:
         slot_series = self._slot_series
         for ts_ms in sorted(by_ts.keys() | runs.keys()):
             run = runs.get(ts_ms)
-            batch = None
+            batch, rebuilt = None, True
             if run is not None and ts_ms not in by_ts:
                 batch = self._canonicalize_known(
                     target, slots[run[0] : run[1]], values[run[0] : run[1]], ts_ms
                 )
+                rebuilt = batch is None
             if batch is None:
                 samples = list(by_ts.get(ts_ms, ()))
                 if run is not None:
@@ -511,14 +512,22 @@ class Receiver:
                 self._cache_templates(target, exposition, labels)
             for reason, count in batch.dropped.items():
                 report.drop(reason, count)
-            mapped = pc.is_valid(batch.table.column("signal"))
-            kept = batch.table.filter(mapped)
-            report.drop("unmapped", batch.table.num_rows - kept.num_rows)
+            if rebuilt:
+                mapped = pc.is_valid(batch.table.column("signal"))
+                kept = batch.table.filter(mapped)
+                report.drop("unmapped", batch.table.num_rows - kept.num_rows)
+            else:  # canonicalised without its unmapped rows
+                kept = batch.table
+                report.drop("unmapped", batch.unmapped)
             if kept.num_rows:
                 schema = batch.schema
                 tables.append(kept)
         if schema is not None:
-            table = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+            table = (
+                tables[0]
+                if len(tables) == 1
+                else pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+            )
             self.sink(schema, table)
             report.rows[schema.name] = report.rows.get(schema.name, 0) + table.num_rows
 
@@ -544,7 +553,9 @@ class Receiver:
             labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
             return f"{series.name}{{{labels}}} {values[position].item()!r}"
 
-        return canonicalizer.canonicalize_templates(templates, values, ts_ms, describe)
+        return canonicalizer.canonicalize_templates(
+            templates, values, ts_ms, describe, mapped_only=True
+        )
 
     def _cache_templates(
         self,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Mapping
+from itertools import repeat
 
 import numpy as np
 import snappy
@@ -232,8 +233,7 @@ class RemoteWriteDecoder:
     ) -> PushedBatch:
         """:meth:`decode`'s columnar read with the ``known`` series left as columns."""
         keys = columns.label_keys()
-        get = known.get
-        slots = np.array([get(key, -1) for key in keys], dtype=np.int64)
+        slots = np.fromiter(map(known.get, keys, repeat(-1)), np.int64, len(keys))
         is_known = slots >= 0
         positions = np.flatnonzero(is_known)
         batch.known = KnownSeries(
