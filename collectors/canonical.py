@@ -77,6 +77,16 @@ _FP64_BLANK = 1.4e14
 _INT32_BLANK = (2147483632.0, 2147483647.0)
 
 
+_EMPTY: list[pa.Table] = []
+
+
+def _empty_table() -> pa.Table:
+    """One empty table (tables are immutable: a batch's placeholder until its rows are made)."""
+    if not _EMPTY:
+        _EMPTY.append(pa.table({}))
+    return _EMPTY[0]
+
+
 def is_dcgm_blank(values: np.ndarray) -> np.ndarray:
     """Mask of DCGM blank sentinels (not-available values) in ``values``."""
     return (values >= _FP64_BLANK) | ((values >= _INT32_BLANK[0]) & (values <= _INT32_BLANK[1]))
@@ -164,6 +174,7 @@ class TargetCanonicalizer:
         self._names_seen: frozenset[str] | None = None
         self._present: frozenset[str] = frozenset()
         self._header_start_s: float | None = None
+        self._constants: tuple[tuple[object, ...], dict[str, pa.Array]] | None = None
         self._reset_templates()
 
     # -- templates -------------------------------------------------------------------------
@@ -420,7 +431,7 @@ class TargetCanonicalizer:
     ) -> CanonicalBatch:
         templates = self._template_table()
         values = raw_values * self._scale[idx]
-        batch = CanonicalBatch(self.schema, pa.table({}))
+        batch = CanonicalBatch(self.schema, _empty_table())
         rejected = reject_impossible(
             describe,
             idx,
@@ -467,13 +478,7 @@ class TargetCanonicalizer:
         n = len(ts)
         columns: dict[str, object] = {name: taken.column(name) for name in taken.column_names}
         columns["ts_ms"] = pa.array(ts)
-        columns["instance"] = pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [self.instance])
-        columns["address"] = pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [self.address])
-        if schema is ENGINE_SAMPLES:
-            dialect = self.detection.dialect if self.detection else None
-            columns["dialect"] = pa.DictionaryArray.from_arrays(
-                pa.array(np.zeros(n, np.int32), mask=np.full(n, dialect is None)), [dialect or ""]
-            )
+        columns.update(self._constant_columns(n))
         columns["value"] = pa.array(values)
         table = pa.Table.from_arrays([columns[f.name] for f in schema.arrow], schema=schema.arrow)
         if extra:
@@ -486,6 +491,26 @@ class TargetCanonicalizer:
             )
             table = pa.concat_tables([table, rows]).unify_dictionaries().combine_chunks()
         return table
+
+    def _constant_columns(self, n: int) -> dict[str, pa.Array]:
+        """The columns every row of the target has the same (instance, address, dialect), of
+        ``n`` rows: slices of arrays kept from one scrape to the next."""
+        dialect = self.detection.dialect if self.detection else None
+        key = (self.schema.name, self.instance, self.address, dialect)
+        kept = self._constants
+        if kept is None or kept[0] != key or len(kept[1]["instance"]) < n:
+            size = max(n, 2 * len(kept[1]["instance"]) if kept and kept[0] == key else 1024)
+            zeros = np.zeros(size, np.int32)
+            arrays = {
+                "instance": pa.DictionaryArray.from_arrays(zeros, [self.instance]),
+                "address": pa.DictionaryArray.from_arrays(zeros, [self.address]),
+            }
+            if self.schema is ENGINE_SAMPLES:
+                arrays["dialect"] = pa.DictionaryArray.from_arrays(
+                    pa.array(zeros, mask=np.full(size, dialect is None)), [dialect or ""]
+                )
+            kept = self._constants = (key, arrays)
+        return {name: array.slice(0, n) for name, array in kept[1].items()}
 
     def _derived(
         self, ts_ms: int, metric: str, signal: str, value: float, labels: Mapping[str, str]
