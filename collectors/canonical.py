@@ -77,6 +77,8 @@ _FP64_BLANK = 1.4e14
 _INT32_BLANK = (2147483632.0, 2147483647.0)
 
 
+#: ``json.dumps(labels, sort_keys=True)``, without making an encoder for every new series.
+_LABELS_JSON = json.JSONEncoder(sort_keys=True)
 _EMPTY: list[pa.Table] = []
 
 
@@ -223,7 +225,7 @@ class TargetCanonicalizer:
         if family_type in _HISTOGRAM_TYPES and kind in ("bucket", "sum", "count"):
             key = (base, *sorted((k, v) for k, v in series.labels.items() if k != "le"))
             hist_group = self._hist_groups.setdefault(key, len(self._hist_groups))
-        labels_json = json.dumps(labels, sort_keys=True)
+        labels_json = _LABELS_JSON.encode(labels)
         if self.schema is GPU_SAMPLES:
             columns: tuple[object, ...] = (*lifted, series.name, signal, labels_json)
         else:
