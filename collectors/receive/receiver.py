@@ -302,6 +302,7 @@ class Receiver:
         sender's ``scrape_*``, not delta, a histogram bucket only once its histogram is known
         (so sorting it again would change nothing but its deduplication state)."""
         new: list[tuple[bytes, PushedSeries, int]] = []
+        taken: set[tuple[tuple[str, str], ...]] = set()  # one slot per label set
         slot_of_labels, tracked = self._slot_of_labels, self._last_ts
         for key, series in zip(batch.keys, batch.series, strict=True):
             name = series.name
@@ -313,6 +314,7 @@ class Receiver:
                 or series.delta
                 or len(series.samples) != 1
                 or series.labels in slot_of_labels
+                or series.labels in taken
                 or key in self._slot_of_key
                 or series.labels not in tracked
             ):
@@ -325,6 +327,7 @@ class Receiver:
             ):
                 continue
             new.append((key, series, target.index))
+            taken.add(series.labels)
         if not new:
             return
         if len(self._slot_series) + len(new) > self.max_tracked_series:
@@ -373,9 +376,10 @@ class Receiver:
                     )
                 )
             general.sort(key=lambda pair: pair[0])
-        whole = len(self._last_ts) + len(general) >= self.max_tracked_series or len(
-            np.unique(slots)
-        ) != len(slots)
+        repeated = len(np.unique(slots)) != len(slots)  # a series sent at several timestamps
+        whole = len(self._last_ts) + len(general) >= self.max_tracked_series or (
+            repeated and odd_count > 0 and bool(np.isin(slots[odd], slots[~odd]).any())
+        )
         if not whole and batch.series and self._slot_series:
             in_write = np.zeros(len(self._slot_series), bool)
             in_write[slots] = True
@@ -403,8 +407,7 @@ class Receiver:
         self._sync_out(general_series)
         self._remember(batch)
         # deduplication: a sample is stored if later than its series' last stored one
-        last = self._slot_last[f_slots]
-        duplicate, older = f_ts == last, f_ts < last
+        duplicate, older = self._deduplicate(f_slots, f_ts, f_positions, repeated)
         if duplicate.any():
             report.drop("duplicate", int(np.count_nonzero(duplicate)))
         if older.any():
@@ -417,7 +420,6 @@ class Receiver:
         stored = ~(duplicate | older)
         f_slots, f_ts, f_values = f_slots[stored], f_ts[stored], f_values[stored]
         f_positions, target_of = f_positions[stored], target_of[stored]
-        self._slot_last[f_slots] = f_ts
         # one run per (target, timestamp), in request order within it
         order = np.lexsort((f_positions, f_ts, target_of))
         f_slots, f_ts, f_values = f_slots[order], f_ts[order], f_values[order]
@@ -440,6 +442,34 @@ class Receiver:
                 report,
             )
         self._sink_health(health, report)
+
+    def _deduplicate(
+        self, slots: np.ndarray, ts: np.ndarray, positions: np.ndarray, repeated: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(duplicate, older) masks of known samples, their slots' state updated with those
+        stored. A series sent several times in the write is taken in request order: its
+        first samples in one pass, its second ones in the next, …"""
+        if not repeated:
+            last = self._slot_last[slots]
+            duplicate, older = ts == last, ts < last
+            stored = ~(duplicate | older)
+            self._slot_last[slots[stored]] = ts[stored]
+            return duplicate, older
+        order = np.lexsort((positions, slots))
+        by_slot = slots[order]
+        run_start = np.flatnonzero(np.concatenate([[True], by_slot[1:] != by_slot[:-1]]))
+        run_length = np.diff(np.concatenate([run_start, [len(slots)]]))
+        rank = np.empty(len(slots), np.int64)
+        rank[order] = np.arange(len(slots)) - np.repeat(run_start, run_length)
+        duplicate = np.zeros(len(slots), bool)
+        older = np.zeros(len(slots), bool)
+        for occurrence in range(int(rank.max()) + 1):
+            at = np.flatnonzero(rank == occurrence)
+            last = self._slot_last[slots[at]]
+            duplicate[at], older[at] = ts[at] == last, ts[at] < last
+            stored = at[ts[at] > last]
+            self._slot_last[slots[stored]] = ts[stored]
+        return duplicate, older
 
     def _ingest_whole(self, batch: PushedBatch, known: KnownSeries, report: IngestReport) -> None:
         """:meth:`_ingest_known` of a write sorted one series at a time."""

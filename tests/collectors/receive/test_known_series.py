@@ -56,16 +56,17 @@ def _writes(draw: st.DrawFn) -> list[_Written]:
         members = draw(
             st.lists(st.integers(0, _MEMBERS - 1), min_size=1, max_size=_MEMBERS, unique=True)
         )
-        if draw(st.integers(0, 9)) == 0:  # a series sent twice
+        if draw(st.integers(0, 4)) == 0:  # a series sent twice: again, later or earlier
             members.append(members[0])
         written = []
-        for member in members:
+        for i, member in enumerate(members):
             label_set, instance = divmod(member, len(_INSTANCES))
+            at = step if i < len(set(members)) else max(0, step + draw(st.integers(-1, 1)))
             odd = draw(st.integers(0, 9)) == 0
-            value = draw(st.sampled_from(_ODD_VALUES)) if odd else float(step + 1)
-            samples = [(step, value)]
+            value = draw(st.sampled_from(_ODD_VALUES)) if odd else float(at + 1)
+            samples = [(at, value)]
             if draw(st.integers(0, 99)) == 0:
-                samples.append((step + 1, value))
+                samples.append((at + 1, value))
             reverse = draw(st.integers(0, 49)) == 0
             written.append((label_set, _INSTANCES[instance], samples, reverse))
         writes.append(written)
