@@ -10,17 +10,30 @@ targets per request up to the same batch sizes; a histogram point counts as its 
 series, as in remote-write). The clock runs from the first post to the last sample
 acknowledged by Kafka. In the same run the real :class:`collectors.collector.Collector`
 scrapes the same volume, as exposition text from a child aiohttp server, into the same
-broker. Peak RSS is this process's (receiver or collector, each measured in a fresh child).
+broker. Peak RSS is this process's (receiver or collector, each measured in a fresh child);
+``…_samples_per_cpu_s`` divides the samples by the receiving process's CPU seconds over the
+same clock (serving thread, publisher, kafka-python's I/O thread).
+
+One sender keeps one request in flight. Prometheus sends a remote-write through several
+shards at once (``queue_config.max_shards``), each series always through the same shard, so
+remote-write is also run with ``--senders`` children, each posting the requests of one shard
+of the series (``…_4_senders_…``).
+
 Beside each, the same bodies are decoded and canonicalised in process (no HTTP, no Kafka:
-records handed to a list), the receiver's own share of the end-to-end time.
+records handed to a list), the receiver's own share of the end-to-end time; for remote-write
+also split into the bodies holding the first scrape (every series new:
+``…_first_scrape_us_per_sample``) and the others (known series:
+``…_known_samples_per_cpu_s``).
 
     python bench/receive.py                   # full (1 M samples per door and batch size)
     python bench/receive.py --quick           # < 60 s (20 k samples: one scrape, all cold)
-    python bench/receive.py --samples 200000  # 7 scrapes of 50 targets: mostly steady state
+    python bench/receive.py --samples 200000  # 7 scrapes of 50 targets: one sample in 7 new
 
 The last line is JSON: {"bench": "receive", "receive_2000_samples_per_s": …,
+"receive_2000_samples_per_cpu_s": …, "receive_2000_4_senders_samples_per_s": …,
 "receive_10000_samples_per_s": …, "otlp_2000_samples_per_s": …, "otlp_10000_samples_per_s": …,
-"…_in_process_samples_per_s": …, "collect_samples_per_s": …, "…_peak_rss_mib": …}
+"…_in_process_samples_per_s": …, "…_in_process_known_samples_per_cpu_s": …,
+"collect_samples_per_s": …, "…_peak_rss_mib": …}
 """
 
 from __future__ import annotations
@@ -267,21 +280,29 @@ def bench_in_process(door: str, per_request: int, samples: int, out: Any) -> Non
     remote_write = RemoteWriteDecoder(limits)
     tables: list[Any] = []
     receiver = Receiver(lambda schema, table: tables.append(table))
+    total = targets * rounds * len(target_series())
+    # the bodies holding a sample of the first scrape (every series new), then the others
+    cold = -(-targets * len(target_series()) // per_request) if door == "receive" else 0
+    cpu_at: list[float] = []
     t0, cpu0 = time.perf_counter(), time.process_time()
-    for body in bodies:
+    for i, body in enumerate(bodies):
+        if i == cold:
+            cpu_at.append(time.process_time())
         if door == "receive":
             receiver.ingest(remote_write.decode(body, receiver.known_series()))
         else:
             receiver.ingest(decode_otlp(body, PROTOBUF, False, limits))
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    total = targets * rounds * len(target_series())
-    out.put(
-        {
-            "samples_per_s": total / elapsed,
-            "samples_per_cpu_s": total / cpu,
-            "rows": sum(t.num_rows for t in tables),
-        }
-    )
+    got = {
+        "samples_per_s": total / elapsed,
+        "samples_per_cpu_s": total / cpu,
+        "rows": sum(t.num_rows for t in tables),
+    }
+    if cpu_at and 0 < cold < len(bodies):  # remote-write over several scrapes
+        known = total - cold * per_request  # every body but the last holds per_request
+        got["known_samples_per_cpu_s"] = known / (time.process_time() - cpu_at[0])
+        got["first_scrape_us_per_sample"] = (cpu_at[0] - cpu0) / (cold * per_request) * 1e6
+    out.put(got)
 
 
 def _serve(port: int, targets: int, ready: Any) -> None:
@@ -403,6 +424,9 @@ def main() -> None:
                 result[f"{door}_{per_request}_in_process_samples_per_cpu_s"] = round(
                     got["samples_per_cpu_s"]
                 )
+                for name in ("known_samples_per_cpu_s", "first_scrape_us_per_sample"):
+                    if name in got:
+                        result[f"{door}_{per_request}_in_process_{name}"] = round(got[name], 1)
         got = _in_child(bench_collect, broker.bootstrap_servers, samples)
         print(f"collect, same volume: {got}")
         result["collect_samples_per_s"] = round(got["samples_per_s"])
