@@ -33,6 +33,13 @@ OTLP (:mod:`collectors.receive.otlp`) has no ``up``: its resource attributes dec
 target labels (:attr:`PushedBatch.targets`), and a *delta* series' stored values are
 summed per series (the same key) into the cumulative counter a scrape would show; a resent
 delta point is a ``duplicate`` and is not added twice.
+
+Known remote-write series (one sample, tracked, seen once through the general path) get a
+*slot*, keyed by their serialised labels (:meth:`Receiver.known_series`): the decoder leaves
+them as columns (:attr:`PushedBatch.known`), and their deduplication, grouping per (target,
+timestamp) and canonicalisation run on arrays from the slot's state and cached template
+(:meth:`collectors.canonical.TargetCanonicalizer.canonicalize_templates`), with exactly the
+semantics above; anything else takes the general path (``docs/receivers.md``, Throughput).
 """
 
 from __future__ import annotations
