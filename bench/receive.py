@@ -10,17 +10,30 @@ targets per request up to the same batch sizes; a histogram point counts as its 
 series, as in remote-write). The clock runs from the first post to the last sample
 acknowledged by Kafka. In the same run the real :class:`collectors.collector.Collector`
 scrapes the same volume, as exposition text from a child aiohttp server, into the same
-broker. Peak RSS is this process's (receiver or collector, each measured in a fresh child).
+broker. Peak RSS is this process's (receiver or collector, each measured in a fresh child);
+``…_samples_per_cpu_s`` divides the samples by the receiving process's CPU seconds over the
+same clock (serving thread, publisher, kafka-python's I/O thread).
+
+One sender keeps one request in flight. Prometheus sends a remote-write through several
+shards at once (``queue_config.max_shards``), each series always through the same shard, so
+remote-write is also run with ``--senders`` children, each posting the requests of one shard
+of the series (``…_4_senders_…``).
+
 Beside each, the same bodies are decoded and canonicalised in process (no HTTP, no Kafka:
-records handed to a list), the receiver's own share of the end-to-end time.
+records handed to a list), the receiver's own share of the end-to-end time; for remote-write
+also split into the bodies holding the first scrape (every series new:
+``…_first_scrape_us_per_sample``) and the others (known series:
+``…_known_samples_per_cpu_s``).
 
     python bench/receive.py                   # full (1 M samples per door and batch size)
     python bench/receive.py --quick           # < 60 s (20 k samples: one scrape, all cold)
-    python bench/receive.py --samples 200000  # 7 scrapes of 50 targets: mostly steady state
+    python bench/receive.py --samples 200000  # 7 scrapes of 50 targets: one sample in 7 new
 
 The last line is JSON: {"bench": "receive", "receive_2000_samples_per_s": …,
+"receive_2000_samples_per_cpu_s": …, "receive_2000_4_senders_samples_per_s": …,
 "receive_10000_samples_per_s": …, "otlp_2000_samples_per_s": …, "otlp_10000_samples_per_s": …,
-"…_in_process_samples_per_s": …, "collect_samples_per_s": …, "…_peak_rss_mib": …}
+"…_in_process_samples_per_s": …, "…_in_process_known_samples_per_cpu_s": …,
+"collect_samples_per_s": …, "…_peak_rss_mib": …}
 """
 
 from __future__ import annotations
@@ -92,13 +105,19 @@ def exposition(round_: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_bodies(targets: int, rounds: int, per_request: int) -> list[bytes]:
-    """Snappy WriteRequests of ``per_request`` samples covering ``rounds`` scrapes."""
+def write_bodies(
+    targets: int, rounds: int, per_request: int, shard: int = 0, shards: int = 1
+) -> list[bytes]:
+    """Snappy WriteRequests of ``per_request`` samples covering ``rounds`` scrapes: of every
+    series when ``shards`` is 1, else of shard ``shard``'s (as Prometheus' queue manager
+    shards a remote-write: each series always in the same shard, so in order)."""
     series = target_series()
     bodies, request, count = [], WriteRequest(), 0
     for r in range(rounds):
         for t in range(targets):
-            for name, labels, le in series:
+            for i, (name, labels, le) in enumerate(series):
+                if (t * len(series) + i) % shards != shard:
+                    continue
                 ts = request.timeseries.add()
                 pairs = {
                     "__name__": name,
@@ -193,7 +212,9 @@ def _post_all(port: int, door: str, bodies: list[bytes], started: Any, done: Any
         done.set()
 
 
-def bench_receive(bootstrap: str, door: str, per_request: int, samples: int, out: Any) -> None:
+def bench_receive(
+    bootstrap: str, door: str, per_request: int, samples: int, senders: int, out: Any
+) -> None:
     targets = max(1, min(50, samples // len(target_series())))
     rounds = max(1, samples // (targets * len(target_series())))
     bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=f"b{door}{per_request}."))
@@ -204,31 +225,48 @@ def bench_receive(bootstrap: str, door: str, per_request: int, samples: int, out
     worker = threading.Thread(target=service.run, args=(stop,))
     worker.start()
     service.ready.wait(30)
-    build = write_bodies if door == "receive" else otlp_bodies
-    bodies = build(targets, rounds, per_request)
+    if door == "receive":
+        shards = [write_bodies(targets, rounds, per_request, k, senders) for k in range(senders)]
+    else:  # OTLP: one sender (whole targets per request)
+        shards = [otlp_bodies(targets, rounds, per_request)]
     total = targets * rounds * len(target_series())
-    started, done = multiprocessing.Event(), multiprocessing.Event()
-    sender = multiprocessing.Process(
-        target=_post_all, args=(service.port, door, bodies, started, done)
-    )
-    sender.start()
-    started.wait(60)
+    posters = []
+    for bodies in shards:
+        started, done = multiprocessing.Event(), multiprocessing.Event()
+        sender = multiprocessing.Process(
+            target=_post_all, args=(service.port, door, bodies, started, done)
+        )
+        sender.start()
+        posters.append((sender, started, done))
+    for _, started, _ in posters:
+        started.wait(60)
+    cpu0 = _cpu_s()
     t0 = time.perf_counter()
-    done.wait(600)
+    for _, _, done in posters:
+        done.wait(600)
     stop.set()
     worker.join(600)  # drains the buffer to Kafka
     elapsed = time.perf_counter() - t0
-    sender.join(30)
+    cpu = _cpu_s() - cpu0
+    for sender, _, _ in posters:
+        sender.join(30)
     bus.stop()
     out.put(
         {
             "samples": total,
-            "samples_per_request": round(total / len(bodies)),
+            "samples_per_request": round(total / sum(len(b) for b in shards)),
             "rows_published": service.published_rows,
             "samples_per_s": total / elapsed,
+            "samples_per_cpu_s": total / cpu,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
     )
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process so far (every thread: serving, publisher, Kafka I/O)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def bench_in_process(door: str, per_request: int, samples: int, out: Any) -> None:
@@ -242,15 +280,29 @@ def bench_in_process(door: str, per_request: int, samples: int, out: Any) -> Non
     remote_write = RemoteWriteDecoder(limits)
     tables: list[Any] = []
     receiver = Receiver(lambda schema, table: tables.append(table))
-    t0 = time.perf_counter()
-    for body in bodies:
+    total = targets * rounds * len(target_series())
+    # the bodies holding a sample of the first scrape (every series new), then the others
+    cold = -(-targets * len(target_series()) // per_request) if door == "receive" else 0
+    cpu_at: list[float] = []
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    for i, body in enumerate(bodies):
+        if i == cold:
+            cpu_at.append(time.process_time())
         if door == "receive":
-            receiver.ingest(remote_write.decode(body))
+            receiver.ingest(remote_write.decode(body, receiver.known_series()))
         else:
             receiver.ingest(decode_otlp(body, PROTOBUF, False, limits))
-    elapsed = time.perf_counter() - t0
-    total = targets * rounds * len(target_series())
-    out.put({"samples_per_s": total / elapsed, "rows": sum(t.num_rows for t in tables)})
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    got = {
+        "samples_per_s": total / elapsed,
+        "samples_per_cpu_s": total / cpu,
+        "rows": sum(t.num_rows for t in tables),
+    }
+    if cpu_at and 0 < cold < len(bodies):  # remote-write over several scrapes
+        known = total - cold * per_request  # every body but the last holds per_request
+        got["known_samples_per_cpu_s"] = known / (time.process_time() - cpu_at[0])
+        got["first_scrape_us_per_sample"] = (cpu_at[0] - cpu0) / (cold * per_request) * 1e6
+    out.put(got)
 
 
 def _serve(port: int, targets: int, ready: Any) -> None:
@@ -327,6 +379,13 @@ def main() -> None:
     parser.add_argument(
         "--samples", type=int, default=1_000_000, help="per door and batch size (default 1 M)"
     )
+    parser.add_argument(
+        "--senders",
+        type=int,
+        default=4,
+        help="remote-write also with this many concurrent senders, each a shard of the series "
+        "(Prometheus' queue_config.max_shards); 1: only the one-in-flight run (default 4)",
+    )
     args = parser.parse_args()
     # --quick: the receiver runs at ~10 k samples/s on a loaded 2-core machine; 20 k samples
     # per door and batch size keep the whole run (5 children, one broker) under a minute
@@ -335,16 +394,39 @@ def main() -> None:
     with EmbeddedBroker() as broker:
         for door in DOORS:
             for per_request in (2000, 10_000):
-                got = _in_child(bench_receive, broker.bootstrap_servers, door, per_request, samples)
+                got = _in_child(
+                    bench_receive, broker.bootstrap_servers, door, per_request, samples, 1
+                )
                 print(f"{door}, {per_request} samples/request: {got}")
                 result[f"{door}_{per_request}_samples_per_s"] = round(got["samples_per_s"])
+                result[f"{door}_{per_request}_samples_per_cpu_s"] = round(got["samples_per_cpu_s"])
                 result[f"{door}_{per_request}_peak_rss_mib"] = round(got["peak_rss_mib"], 1)
                 result[f"{door}_{per_request}_rows_published"] = got["rows_published"]
+                if door == "receive" and args.senders > 1:
+                    got = _in_child(
+                        bench_receive,
+                        broker.bootstrap_servers,
+                        door,
+                        per_request,
+                        samples,
+                        args.senders,
+                    )
+                    print(f"{door}, {per_request} samples/request, {args.senders} senders: {got}")
+                    key = f"{door}_{per_request}_{args.senders}_senders"
+                    result[f"{key}_samples_per_s"] = round(got["samples_per_s"])
+                    result[f"{key}_samples_per_cpu_s"] = round(got["samples_per_cpu_s"])
+                    result[f"{key}_rows_published"] = got["rows_published"]
                 got = _in_child(bench_in_process, door, per_request, samples)
                 print(f"{door}, {per_request} samples/request, in process: {got}")
                 result[f"{door}_{per_request}_in_process_samples_per_s"] = round(
                     got["samples_per_s"]
                 )
+                result[f"{door}_{per_request}_in_process_samples_per_cpu_s"] = round(
+                    got["samples_per_cpu_s"]
+                )
+                for name in ("known_samples_per_cpu_s", "first_scrape_us_per_sample"):
+                    if name in got:
+                        result[f"{door}_{per_request}_in_process_{name}"] = round(got[name], 1)
         got = _in_child(bench_collect, broker.bootstrap_servers, samples)
         print(f"collect, same volume: {got}")
         result["collect_samples_per_s"] = round(got["samples_per_s"])

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +35,12 @@ import pyarrow as pa
 
 from collectors.dialects import DIALECT_NAMES, Detection, DialectMap, detect_dialect
 from collectors.exposition import Exposition, Series
-from collectors.semantics import HistogramLayout, reject_impossible
+from collectors.semantics import (
+    HistogramLayout,
+    describe_sample,
+    redeclared,
+    reject_impossible,
+)
 from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, RecordSchema
 
 __all__ = [
@@ -72,6 +77,18 @@ _FP64_BLANK = 1.4e14
 _INT32_BLANK = (2147483632.0, 2147483647.0)
 
 
+#: ``json.dumps(labels, sort_keys=True)``, without making an encoder for every new series.
+_LABELS_JSON = json.JSONEncoder(sort_keys=True)
+_EMPTY: list[pa.Table] = []
+
+
+def _empty_table() -> pa.Table:
+    """One empty table (tables are immutable: a batch's placeholder until its rows are made)."""
+    if not _EMPTY:
+        _EMPTY.append(pa.table({}))
+    return _EMPTY[0]
+
+
 def is_dcgm_blank(values: np.ndarray) -> np.ndarray:
     """Mask of DCGM blank sentinels (not-available values) in ``values``."""
     return (values >= _FP64_BLANK) | ((values >= _INT32_BLANK[0]) & (values <= _INT32_BLANK[1]))
@@ -90,6 +107,8 @@ class CanonicalBatch:
     dropped: dict[str, int] = field(default_factory=dict)
     resets: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: rows left out for want of a signal (only with ``mapped_only``)
+    unmapped: int = 0
 
 
 @dataclass
@@ -157,6 +176,7 @@ class TargetCanonicalizer:
         self._names_seen: frozenset[str] | None = None
         self._present: frozenset[str] = frozenset()
         self._header_start_s: float | None = None
+        self._constants: tuple[tuple[object, ...], dict[str, pa.Array]] | None = None
         self._reset_templates()
 
     # -- templates -------------------------------------------------------------------------
@@ -205,7 +225,7 @@ class TargetCanonicalizer:
         if family_type in _HISTOGRAM_TYPES and kind in ("bucket", "sum", "count"):
             key = (base, *sorted((k, v) for k, v in series.labels.items() if k != "le"))
             hist_group = self._hist_groups.setdefault(key, len(self._hist_groups))
-        labels_json = json.dumps(labels, sort_keys=True)
+        labels_json = _LABELS_JSON.encode(labels)
         if self.schema is GPU_SAMPLES:
             columns: tuple[object, ...] = (*lifted, series.name, signal, labels_json)
         else:
@@ -275,6 +295,8 @@ class TargetCanonicalizer:
             self._created = np.array([t.created for t in self._templates], dtype=bool)
             self._process_start = np.array([t.process_start for t in self._templates], dtype=bool)
             self._frozen = np.array([t.frozen_watch for t in self._templates], dtype=bool)
+            signal = names.index("signal")
+            self._mapped = np.array([r[signal] is not None for r in rows], dtype=bool)
             ts = self._templates
             self._layout = HistogramLayout(
                 [t.hist_group for t in ts],
@@ -340,15 +362,87 @@ class TargetCanonicalizer:
             if hit is None or hit[1] != family_type:
                 hit = add(series, family_type, family_names[family])
             append(hit[0])
-        templates = self._template_table()
-        idx = np.asarray(indices, dtype=np.int64)
-        values = np.asarray(exposition.values, dtype=np.float64) * self._scale[idx]
-        batch = CanonicalBatch(self.schema, pa.table({}))
-        ts = np.full(len(idx), ts_ms, dtype=np.int64)
+        ts = np.full(len(indices), ts_ms, dtype=np.int64)
         for i, sample_ts in exposition.timestamps_ms.items():
             ts[i] = sample_ts
+        return self._rows(
+            describe_sample(exposition),
+            np.asarray(indices, dtype=np.int64),
+            np.asarray(exposition.values, dtype=np.float64),
+            ts,
+            ts_ms,
+            process_start_s,
+            redeclared(exposition),
+        )
+
+    def template_of(self, series: Series) -> tuple[int, str] | None:
+        """(template index, family type) :meth:`canonicalize` gave ``series`` last, if any.
+
+        Valid while :meth:`templates_token` is the same object: a caller may keep it and
+        hand it back to :meth:`canonicalize_templates`.
+        """
+        return self._lookup.get(series)
+
+    def saw_families(self, names: frozenset[str]) -> bool:
+        """Whether :meth:`canonicalize`'s last scrape declared exactly the families ``names``
+        (a scrape with the same families leaves the detection as it is)."""
+        return names == self._names_seen
+
+    def templates_token(self) -> object:
+        """An object that stays the same while template indices keep their meaning (replaced
+        when the templates start afresh: a new dialect, a cache overflow)."""
+        return self._lookup
+
+    def canonicalize_templates(
+        self,
+        templates: np.ndarray,
+        values: np.ndarray,
+        ts_ms: int,
+        describe: Callable[[int], str],
+        *,
+        mapped_only: bool = False,
+    ) -> CanonicalBatch:
+        """:meth:`canonicalize` of a scrape whose series are all known: ``templates[i]`` is
+        what :meth:`template_of` gave sample ``i``'s series (under the same
+        :meth:`templates_token`), ``values[i]`` its value, and the scrape's families are
+        those :meth:`canonicalize` last saw (so detection is unchanged). ``describe(i)``
+        is sample ``i``'s line for :attr:`CanonicalBatch.errors`
+        (:func:`collectors.semantics.describe_sample`; called only for a rejected sample).
+        The result equals :meth:`canonicalize`'s; with ``mapped_only``, without the rows whose
+        signal is null (counted in :attr:`CanonicalBatch.unmapped`)."""
+        return self._rows(
+            describe,
+            templates,
+            values,
+            np.full(len(templates), ts_ms, dtype=np.int64),
+            ts_ms,
+            mapped_only=mapped_only,
+        )
+
+    def _rows(
+        self,
+        describe: Callable[[int], str],
+        idx: np.ndarray,
+        raw_values: np.ndarray,
+        ts: np.ndarray,
+        ts_ms: int,
+        process_start_s: float | None = None,
+        type_redeclared: np.ndarray | None = None,
+        *,
+        mapped_only: bool = False,
+    ) -> CanonicalBatch:
+        templates = self._template_table()
+        values = raw_values * self._scale[idx]
+        batch = CanonicalBatch(self.schema, _empty_table())
         rejected = reject_impossible(
-            exposition, idx, values, self._layout, self._cumulative, batch.dropped, batch.errors
+            describe,
+            idx,
+            values,
+            self._layout,
+            self._cumulative,
+            batch.dropped,
+            batch.errors,
+            type_redeclared,
         )
         if rejected is not None:
             idx, values, ts = idx[~rejected], values[~rejected], ts[~rejected]
@@ -368,6 +462,12 @@ class TargetCanonicalizer:
                     extra.append(self._derived(ts_ms, RESET_METRIC, "counter_reset", 1.0, reason))
             self._header_start_s = process_start_s
         extra += self._frozen_rows(idx, values, ts_ms)
+        if mapped_only:  # derived rows (resets, frozen gauges) always have a signal
+            mapped = self._mapped[idx]
+            batch.unmapped = len(idx) - int(np.count_nonzero(mapped))
+            keep = mapped if keep is None else keep & mapped
+            if keep.all():
+                keep = None
         if keep is not None:
             idx, values, ts = idx[keep], values[keep], ts[keep]
         batch.table = self._assemble(templates.take(pa.array(idx)), ts, values, extra)
@@ -380,13 +480,7 @@ class TargetCanonicalizer:
         n = len(ts)
         columns: dict[str, object] = {name: taken.column(name) for name in taken.column_names}
         columns["ts_ms"] = pa.array(ts)
-        columns["instance"] = pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [self.instance])
-        columns["address"] = pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [self.address])
-        if schema is ENGINE_SAMPLES:
-            dialect = self.detection.dialect if self.detection else None
-            columns["dialect"] = pa.DictionaryArray.from_arrays(
-                pa.array(np.zeros(n, np.int32), mask=np.full(n, dialect is None)), [dialect or ""]
-            )
+        columns.update(self._constant_columns(n))
         columns["value"] = pa.array(values)
         table = pa.Table.from_arrays([columns[f.name] for f in schema.arrow], schema=schema.arrow)
         if extra:
@@ -399,6 +493,26 @@ class TargetCanonicalizer:
             )
             table = pa.concat_tables([table, rows]).unify_dictionaries().combine_chunks()
         return table
+
+    def _constant_columns(self, n: int) -> dict[str, pa.Array]:
+        """The columns every row of the target has the same (instance, address, dialect), of
+        ``n`` rows: slices of arrays kept from one scrape to the next."""
+        dialect = self.detection.dialect if self.detection else None
+        key = (self.schema.name, self.instance, self.address, dialect)
+        kept = self._constants
+        if kept is None or kept[0] != key or len(kept[1]["instance"]) < n:
+            size = max(n, 2 * len(kept[1]["instance"]) if kept and kept[0] == key else 1024)
+            zeros = np.zeros(size, np.int32)
+            arrays = {
+                "instance": pa.DictionaryArray.from_arrays(zeros, [self.instance]),
+                "address": pa.DictionaryArray.from_arrays(zeros, [self.address]),
+            }
+            if self.schema is ENGINE_SAMPLES:
+                arrays["dialect"] = pa.DictionaryArray.from_arrays(
+                    pa.array(zeros, mask=np.full(size, dialect is None)), [dialect or ""]
+                )
+            kept = self._constants = (key, arrays)
+        return {name: array.slice(0, n) for name, array in kept[1].items()}
 
     def _derived(
         self, ts_ms: int, metric: str, signal: str, value: float, labels: Mapping[str, str]

@@ -21,11 +21,20 @@ over arrays the canonicalizer already has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from collectors.exposition import Exposition
 
-__all__ = ["REASONS", "HistogramLayout", "bad_histogram_groups", "reject_impossible"]
+__all__ = [
+    "REASONS",
+    "HistogramLayout",
+    "bad_histogram_groups",
+    "describe_sample",
+    "redeclared",
+    "reject_impossible",
+]
 
 #: Every reason a sample can be rejected for, as counted in ``llmslo_collect_dropped_total``.
 REASONS = (
@@ -103,20 +112,42 @@ def bad_histogram_groups(
     return bad
 
 
+def describe_sample(exposition: Exposition) -> Callable[[int], str]:
+    """What :func:`reject_impossible` says of sample ``i`` of ``exposition``: its line."""
+
+    def describe(position: int) -> str:
+        series = exposition.series[position]
+        labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
+        return f"{series.name}{{{labels}}} {exposition.values[position]!r}"
+
+    return describe
+
+
+def redeclared(exposition: Exposition) -> np.ndarray | None:
+    """Mask of the samples of a family with a second ``# TYPE``, or None when none is."""
+    if not exposition.rejected_families:
+        return None
+    names = [f.name in exposition.rejected_families for f in exposition.families]
+    return np.array(names, dtype=bool)[np.asarray(exposition.family_index, dtype=np.int64)]
+
+
 def reject_impossible(
-    exposition: Exposition,
+    describe: Callable[[int], str],
     idx: np.ndarray,
     values: np.ndarray,
     layout: HistogramLayout,
     cumulative: np.ndarray,
     dropped: dict[str, int],
     errors: list[str],
+    type_redeclared: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """Mask of the samples to reject, or None when every sample is sound.
 
     ``idx``/``values`` are the scrape's template indices and (scaled) values;
-    ``cumulative`` marks counter/bucket/count templates. Adds each rejected sample to
-    ``dropped[reason]`` and describes the first few in ``errors`` (``"reason: series"``).
+    ``cumulative`` marks counter/bucket/count templates; ``type_redeclared`` the samples of a
+    redeclared family (:func:`redeclared`). Adds each rejected sample to
+    ``dropped[reason]`` and describes the first few in ``errors`` (``"reason: "`` and
+    ``describe(i)``, :func:`describe_sample`).
     """
     bad = np.zeros(len(idx), dtype=bool)
 
@@ -127,20 +158,13 @@ def reject_impossible(
         bad[new] = True
         dropped[reason] = dropped.get(reason, 0) + len(new)
         for position in new[: max(_MAX_ERRORS_KEPT - len(errors), 0)].tolist():
-            series = exposition.series[position]
-            labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
-            value = exposition.values[position]
-            errors.append(f"{reason}: {series.name}{{{labels}}} {value!r}"[:200])
+            errors.append(f"{reason}: {describe(position)}"[:200])
 
     reject(np.isinf(values), "non_finite_value")
     reject(cumulative[idx] & (values < 0), "negative_counter")
     reject(np.bincount(idx, minlength=len(cumulative))[idx] > 1, "duplicate_series")
-    if exposition.rejected_families:
-        names = [f.name in exposition.rejected_families for f in exposition.families]
-        reject(
-            np.array(names, dtype=bool)[np.asarray(exposition.family_index, dtype=np.int64)],
-            "type_redeclared",
-        )
+    if type_redeclared is not None:
+        reject(type_redeclared, "type_redeclared")
     groups = layout.group[idx]
     for reason, ids in bad_histogram_groups(layout, idx, values).items():
         reject(np.isin(groups, ids), reason)

@@ -12,6 +12,7 @@ canonicalizer (:mod:`collectors.canonical`) and the one publish buffer
 * :mod:`collectors.receive.otlp` — decoding OTLP metrics into the series a scrape shows;
 * :mod:`collectors.receive.naming` — OTel names and units → the dialect maps' names;
 * :mod:`collectors.receive.receiver` — targets, naming, staleness, ``up``, deduplication;
+  known remote-write series (slots) handled as columns;
 * :mod:`collectors.receive.server` — the HTTP door and its response codes.
 
 See ``docs/receivers.md`` for the Prometheus, Prometheus Operator, OTLP and limits reference.

@@ -33,6 +33,13 @@ OTLP (:mod:`collectors.receive.otlp`) has no ``up``: its resource attributes dec
 target labels (:attr:`PushedBatch.targets`), and a *delta* series' stored values are
 summed per series (the same key) into the cumulative counter a scrape would show; a resent
 delta point is a ``duplicate`` and is not added twice.
+
+Known remote-write series (one sample, tracked, seen once through the general path) get a
+*slot*, keyed by their serialised labels (:meth:`Receiver.known_series`): the decoder leaves
+them as columns (:attr:`PushedBatch.known`), and their deduplication, grouping per (target,
+timestamp) and canonicalisation run on arrays from the slot's state and cached template
+(:meth:`collectors.canonical.TargetCanonicalizer.canonicalize_templates`), with exactly the
+semantics above; anything else takes the general path (``docs/receivers.md``, Throughput).
 """
 
 from __future__ import annotations
@@ -40,17 +47,18 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.canonical import TargetCanonicalizer
+from collectors.canonical import CanonicalBatch, TargetCanonicalizer
 from collectors.config import instance_name
 from collectors.exposition import Exposition, Family, Series
 from collectors.health import HealthRow, health_table
-from collectors.receive.series import PushedBatch, PushedSeries, is_stale
+from collectors.receive.series import KnownSeries, PushedBatch, PushedSeries, is_stale
 from pipeline.schema import TARGET_HEALTH, RecordSchema
 
 __all__ = ["IngestReport", "Receiver"]
@@ -61,6 +69,11 @@ log = logging.getLogger(__name__)
 TARGET_LABELS = frozenset(("job", "instance", "pool", "dialect"))
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^:\[\]]+):\d{1,5}$")
 _MAX_FAMILIES_PER_TARGET = 10_000
+#: A slot's deduplication state when it has none (never stored, or ended by staleness).
+_NONE = np.iinfo(np.int64).min
+
+#: One target's samples of one timestamp, as sorted for :meth:`Receiver._publish`.
+_Samples = list[tuple[PushedSeries, float]]
 
 
 @dataclass
@@ -83,7 +96,10 @@ class _Target:
     types and the histograms seen, and starts afresh when either changes.
     """
 
-    def __init__(self, job: str, address: str, max_series: int) -> None:
+    def __init__(self, job: str, address: str, max_series: int, index: int = 0) -> None:
+        self.index = index  # in the receiver's list of targets
+        self.epoch = 0  # bumped whenever the slots' cached templates may no longer hold
+        self.templates_token: object = None  # the canonicalizer's, when templates were cached
         self.job = job
         self.max_series = max_series
         self.address = address
@@ -110,6 +126,7 @@ class _Target:
             address=self.address,
         )
         self.series: dict[tuple[tuple[str, str], ...], Series] = {}
+        self.epoch += 1
 
     def family(self, name: str, type_: str) -> int:
         index = self.family_of.get(name)
@@ -118,6 +135,7 @@ class _Target:
                 self.families.clear()
                 self.family_of.clear()
                 self.family_index.clear()
+                self.epoch += 1
             index = len(self.families)
             self.families.append(Family(name, type_, ""))
             self.family_of[name] = index
@@ -128,12 +146,14 @@ class _Target:
         if base not in self.histograms and len(self.histograms) < _MAX_FAMILIES_PER_TARGET:
             self.histograms.add(base)
             self.family_index.clear()  # its _sum and _count are histogram samples from now on
+            self.epoch += 1
 
     def series_for(self, labels: tuple[tuple[str, str], ...], name: str) -> Series:
         known = self.series.get(labels)
         if known is None:
             if len(self.series) >= self.max_series:
                 self.series.clear()
+                self.epoch += 1
             target_labels = self.labels
             kept = {
                 k: v
@@ -186,6 +206,8 @@ class Receiver:
         self._totals: dict[tuple[tuple[str, str], ...], float] = {}  # delta series
         self._family_types: dict[str, str] = {}
         self._types_version = 0  # bumped when a declared type changes
+        self._target_list: list[_Target] = []
+        self._forget_slots()
 
     def cached_series(self) -> int:
         """Series held in the targets' caches of canonical series (bounded per target)."""
@@ -195,6 +217,12 @@ class Receiver:
     def targets(self) -> dict[tuple[str, str], str]:
         """Instance name of every target seen, by (job, instance label)."""
         return {key: t.instance for key, t in self._targets.items()}
+
+    def known_series(self) -> Mapping[bytes, int]:
+        """The series with a slot, by their serialised remote-write labels: what
+        :meth:`collectors.receive.remote_write.RemoteWriteDecoder.decode` leaves as columns
+        (:attr:`PushedBatch.known`). Read-only; valid until the next :meth:`ingest`."""
+        return self._slot_of_key
 
     def ingest(self, batch: PushedBatch) -> IngestReport:
         """Canonicalise and hand over one write; returns what became of its samples."""
@@ -208,26 +236,396 @@ class Receiver:
             target = self._target(key)
             if target_labels != target.labels:
                 target.relabel(target_labels)
-        groups: dict[_Target, dict[int, list[tuple[PushedSeries, float]]]] = defaultdict(
-            lambda: defaultdict(list)
-        )
+        if batch.known is None:
+            self._ingest_series(batch.series, report)
+        else:
+            self._ingest_known(batch, batch.known, report)
+        return report
+
+    def _ingest_series(self, series_list: list[PushedSeries], report: IngestReport) -> None:
+        """Sort, canonicalise and hand over ``series_list`` one series at a time."""
+        groups: dict[_Target, dict[int, _Samples]] = defaultdict(lambda: defaultdict(list))
         health: list[HealthRow] = []
+        self._sync_in(series_list)
         sort_one, sort = self._sort_one, self._sort
-        for series in batch.series:
+        for series in series_list:
             if not sort_one(series, groups, report):
                 sort(series, groups, health, report)
+        self._sync_out(series_list)
         for target, by_ts in groups.items():
             self._publish(target, by_ts, report)
+        self._sink_health(health, report)
+
+    def _sink_health(self, health: list[HealthRow], report: IngestReport) -> None:
         if health:
             self.sink(TARGET_HEALTH, health_table(health))
             report.rows[TARGET_HEALTH.name] = len(health)
-        return report
 
     def _target(self, key: tuple[str, str]) -> _Target:
         target = self._targets.get(key)
         if target is None:
-            target = self._targets[key] = _Target(key[0], key[1], self.max_series_per_target)
+            index = len(self._target_list)
+            target = _Target(key[0], key[1], self.max_series_per_target, index)
+            self._targets[key] = target
+            self._target_list.append(target)
         return target
+
+    # -- slots: the series a remote-write sends on every scrape, handled as columns --------
+
+    def _forget_slots(self) -> None:
+        """Start the slots afresh (with the deduplication state, which holds them)."""
+        self._slot_of_key: dict[bytes, int] = {}
+        self._slot_of_labels: dict[tuple[tuple[str, str], ...], int] = {}
+        self._slot_series: list[PushedSeries] = []
+        self._slot_last = np.empty(0, np.int64)  # the last stored timestamp, or _NONE
+        self._slot_target = np.empty(0, np.int64)  # the target's index
+        self._slot_template = np.empty(0, np.int64)  # in the target's canonicalizer, or -1
+        self._slot_epoch = np.empty(0, np.int64)  # the target's epoch the template is of
+
+    def _sync_in(self, series_list: list[PushedSeries]) -> None:
+        """Before the general path sorts ``series_list``: their slots' deduplication state
+        into :attr:`_last_ts` (which holds every tracked series; a slot's value is newer)."""
+        if not self._slot_series:
+            return
+        slot_of, last, tracked = self._slot_of_labels, self._slot_last, self._last_ts
+        for series in series_list:
+            slot = slot_of.get(series.labels)
+            if slot is not None and last[slot] != _NONE:
+                tracked[series.labels] = int(last[slot])
+
+    def _sync_out(self, series_list: list[PushedSeries]) -> None:
+        """After the general path sorted ``series_list``: :attr:`_last_ts` into their slots."""
+        if not self._slot_series:
+            return
+        slot_of, last, tracked = self._slot_of_labels, self._slot_last, self._last_ts
+        for series in series_list:
+            slot = slot_of.get(series.labels)
+            if slot is not None:
+                last[slot] = tracked.get(series.labels, _NONE)
+
+    def _remember(self, batch: PushedBatch) -> None:
+        """Give a slot to the series of ``batch`` that remote-write sends on every scrape
+        and the general path has just sorted: one sample, tracked, neither ``up`` nor the
+        sender's ``scrape_*``, not delta, a histogram bucket only once its histogram is known
+        (so sorting it again would change nothing but its deduplication state)."""
+        new: list[tuple[bytes, PushedSeries, int]] = []
+        taken: set[tuple[tuple[str, str], ...]] = set()  # one slot per label set
+        slot_of_labels, tracked = self._slot_of_labels, self._last_ts
+        for key, series in zip(batch.keys, batch.series, strict=True):
+            name = series.name
+            if (
+                not key
+                or not name
+                or name == "up"
+                or name.startswith("scrape_")
+                or series.delta
+                or len(series.samples) != 1
+                or series.labels in slot_of_labels
+                or series.labels in taken
+                or key in self._slot_of_key
+                or series.labels not in tracked
+            ):
+                continue
+            target = self._targets[series.target]
+            if (
+                name.endswith("_bucket")
+                and name[:-7] not in target.histograms
+                and any(label == "le" for label, _ in series.labels)
+            ):
+                continue
+            new.append((key, series, target.index))
+            taken.add(series.labels)
+        if not new:
+            return
+        if len(self._slot_series) + len(new) > self.max_tracked_series:
+            self._forget_slots()
+        first = len(self._slot_series)
+        for offset, (key, series, _) in enumerate(new):
+            self._slot_of_key[key] = self._slot_of_labels[series.labels] = first + offset
+            self._slot_series.append(series)
+        self._slot_last = np.concatenate(
+            [self._slot_last, np.array([tracked[s.labels] for _, s, _ in new], np.int64)]
+        )
+        self._slot_target = np.concatenate(
+            [self._slot_target, np.array([t for _, _, t in new], np.int64)]
+        )
+        self._slot_template = np.concatenate([self._slot_template, np.full(len(new), -1)])
+        self._slot_epoch = np.concatenate([self._slot_epoch, np.full(len(new), -1)])
+
+    def _ingest_known(self, batch: PushedBatch, known: KnownSeries, report: IngestReport) -> None:
+        """:meth:`ingest` of a write whose known series are columns: their deduplication,
+        grouping and canonicalisation are done on arrays, the other series sorted one by one
+        as :meth:`_ingest_series` does, with the same result (stored rows, their order and
+        every count).
+
+        A known sample that is NaN (maybe a staleness marker) or whose series has no
+        deduplication state joins the others. The whole write is sorted one series at a time
+        when a series is sent twice, when the tracked series may overflow, or when two series
+        of it have the same labels sent differently."""
+        slots, positions = known.slots, known.positions
+        odd = np.isnan(known.value) | (self._slot_last[slots] == _NONE)
+        odd_count = int(np.count_nonzero(odd))
+        general = list(zip(batch.positions, batch.series, strict=True))
+        if odd_count:
+            slot_series = self._slot_series
+            for position, slot, ts_ms, value in zip(
+                positions[odd].tolist(),
+                slots[odd].tolist(),
+                known.timestamp_ms[odd].tolist(),
+                known.value[odd].tolist(),
+                strict=True,
+            ):
+                series = slot_series[slot]
+                general.append(
+                    (
+                        position,
+                        PushedSeries(series.name, series.labels, series.target, [(ts_ms, value)]),
+                    )
+                )
+            general.sort(key=lambda pair: pair[0])
+        repeated = len(np.unique(slots)) != len(slots)  # a series sent at several timestamps
+        whole = len(self._last_ts) + len(general) >= self.max_tracked_series or (
+            repeated and odd_count > 0 and bool(np.isin(slots[odd], slots[~odd]).any())
+        )
+        if not whole and batch.series and self._slot_series:
+            in_write = np.zeros(len(self._slot_series), bool)
+            in_write[slots] = True
+            slot_of = self._slot_of_labels
+            whole = any(
+                (slot := slot_of.get(series.labels)) is not None and in_write[slot]
+                for series in batch.series
+            )
+        if whole:
+            self._ingest_whole(batch, known, report)
+            return
+        fast = ~odd
+        f_slots, f_ts, f_values = slots[fast], known.timestamp_ms[fast], known.value[fast]
+        f_positions = positions[fast]
+        groups: dict[_Target, dict[int, _Samples]] = defaultdict(lambda: defaultdict(list))
+        health: list[HealthRow] = []
+        general_series = [series for _, series in general]
+        self._sync_in(general_series)
+        sort_one, sort = self._sort_one, self._sort
+        first_at: dict[_Target, int] = {}
+        for position, series in general:
+            if not sort_one(series, groups, report):
+                sort(series, groups, health, report)
+            first_at.setdefault(self._targets[series.target], position)
+        self._sync_out(general_series)
+        self._remember(batch)
+        # deduplication: a sample is stored if later than its series' last stored one
+        duplicate, older = self._deduplicate(f_slots, f_ts, f_positions, repeated)
+        if duplicate.any():
+            report.drop("duplicate", int(np.count_nonzero(duplicate)))
+        if older.any():
+            report.drop("out_of_order", int(np.count_nonzero(older)))
+        target_of = self._slot_target[f_slots]
+        ids, first = np.unique(target_of, return_index=True)
+        for index, position in zip(ids.tolist(), f_positions[first].tolist(), strict=True):
+            target = self._target_list[index]
+            first_at[target] = min(first_at.get(target, position), position)
+        stored = ~(duplicate | older)
+        f_slots, f_ts, f_values = f_slots[stored], f_ts[stored], f_values[stored]
+        f_positions, target_of = f_positions[stored], target_of[stored]
+        # one run per (target, timestamp), in request order within it
+        order = np.lexsort((f_positions, f_ts, target_of))
+        f_slots, f_ts, f_values = f_slots[order], f_ts[order], f_values[order]
+        f_positions, target_of = f_positions[order], target_of[order]
+        cuts = np.flatnonzero((np.diff(target_of) != 0) | (np.diff(f_ts) != 0)) + 1
+        starts = np.concatenate([[0], cuts]).tolist() if len(f_ts) else []
+        ends = np.concatenate([cuts, [len(f_ts)]]).tolist() if len(f_ts) else []
+        runs: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
+        for start, end in zip(starts, ends, strict=True):
+            runs[int(target_of[start])][int(f_ts[start])] = (start, end)
+        columns = (f_slots, f_values, f_positions)
+        position_of = {id(series): position for position, series in general}
+        for target in sorted(first_at, key=first_at.__getitem__):
+            self._publish_known(
+                target,
+                groups.get(target, {}),
+                runs.get(target.index, {}),
+                columns,
+                position_of,
+                report,
+            )
+        self._sink_health(health, report)
+
+    def _deduplicate(
+        self, slots: np.ndarray, ts: np.ndarray, positions: np.ndarray, repeated: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(duplicate, older) masks of known samples, their slots' state updated with those
+        stored. A series sent several times in the write is taken in request order: its
+        first samples in one pass, its second ones in the next, …"""
+        if not repeated:
+            last = self._slot_last[slots]
+            duplicate, older = ts == last, ts < last
+            stored = ~(duplicate | older)
+            self._slot_last[slots[stored]] = ts[stored]
+            return duplicate, older
+        order = np.lexsort((positions, slots))
+        by_slot = slots[order]
+        run_start = np.flatnonzero(np.concatenate([[True], by_slot[1:] != by_slot[:-1]]))
+        run_length = np.diff(np.concatenate([run_start, [len(slots)]]))
+        rank = np.empty(len(slots), np.int64)
+        rank[order] = np.arange(len(slots)) - np.repeat(run_start, run_length)
+        duplicate = np.zeros(len(slots), bool)
+        older = np.zeros(len(slots), bool)
+        for occurrence in range(int(rank.max()) + 1):
+            at = np.flatnonzero(rank == occurrence)
+            last = self._slot_last[slots[at]]
+            duplicate[at], older[at] = ts[at] == last, ts[at] < last
+            stored = at[ts[at] > last]
+            self._slot_last[slots[stored]] = ts[stored]
+        return duplicate, older
+
+    def _ingest_whole(self, batch: PushedBatch, known: KnownSeries, report: IngestReport) -> None:
+        """:meth:`_ingest_known` of a write sorted one series at a time."""
+        slot_series = self._slot_series
+        every = list(zip(batch.positions, batch.series, strict=True))
+        for position, slot, ts_ms, value in zip(
+            known.positions.tolist(),
+            known.slots.tolist(),
+            known.timestamp_ms.tolist(),
+            known.value.tolist(),
+            strict=True,
+        ):
+            series = slot_series[slot]
+            every.append(
+                (
+                    position,
+                    PushedSeries(series.name, series.labels, series.target, [(ts_ms, value)]),
+                )
+            )
+        every.sort(key=lambda pair: pair[0])
+        self._ingest_series([series for _, series in every], report)
+        self._remember(batch)
+
+    def _publish_known(
+        self,
+        target: _Target,
+        by_ts: dict[int, _Samples],
+        runs: dict[int, tuple[int, int]],
+        columns: tuple[np.ndarray, np.ndarray, np.ndarray],
+        position_of: dict[int, int],
+        report: IngestReport,
+    ) -> None:
+        """:meth:`_publish` of one target's samples of a write: those sorted one by one
+        (``by_ts``) and the known ones stored (``runs``: their slice of ``columns`` by
+        timestamp). A timestamp of known samples alone, whose templates are cached and
+        valid, is canonicalised from them; any other is rebuilt as a scrape, in request
+        order, and its known series' templates are cached."""
+        slots, values, positions = columns
+        tables: list[pa.Table] = []
+        schema: RecordSchema | None = None
+        slot_series = self._slot_series
+        for ts_ms in sorted(by_ts.keys() | runs.keys()):
+            run = runs.get(ts_ms)
+            batch, rebuilt = None, True
+            if run is not None and ts_ms not in by_ts:
+                batch = self._canonicalize_known(
+                    target, slots[run[0] : run[1]], values[run[0] : run[1]], ts_ms
+                )
+                rebuilt = batch is None
+            if batch is None:
+                samples = list(by_ts.get(ts_ms, ()))
+                if run is not None:
+                    placed = [(position_of[id(series)], series, value) for series, value in samples]
+                    placed += [
+                        (position, slot_series[slot], value)
+                        for position, slot, value in zip(
+                            positions[run[0] : run[1]].tolist(),
+                            slots[run[0] : run[1]].tolist(),
+                            values[run[0] : run[1]].tolist(),
+                            strict=True,
+                        )
+                    ]
+                    placed.sort(key=lambda entry: entry[0])
+                    samples = [(series, value) for _, series, value in placed]
+                labels: list[tuple[tuple[str, str], ...]] = []
+                exposition = self._exposition(target, samples, report, labels)
+                if not len(exposition):
+                    continue
+                batch = target.canonicalizer.canonicalize(exposition, ts_ms)
+                self._cache_templates(target, exposition, labels)
+            for reason, count in batch.dropped.items():
+                report.drop(reason, count)
+            if rebuilt:
+                mapped = pc.is_valid(batch.table.column("signal"))
+                kept = batch.table.filter(mapped)
+                report.drop("unmapped", batch.table.num_rows - kept.num_rows)
+            else:  # canonicalised without its unmapped rows
+                kept = batch.table
+                report.drop("unmapped", batch.unmapped)
+            if kept.num_rows:
+                schema = batch.schema
+                tables.append(kept)
+        if schema is not None:
+            table = (
+                tables[0]
+                if len(tables) == 1
+                else pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+            )
+            self.sink(schema, table)
+            report.rows[schema.name] = report.rows.get(schema.name, 0) + table.num_rows
+
+    def _canonicalize_known(
+        self, target: _Target, slots: np.ndarray, values: np.ndarray, ts_ms: int
+    ) -> CanonicalBatch | None:
+        """The canonical rows of known samples of one target and timestamp from their cached
+        templates, or ``None`` when a template may not hold (then the scrape is rebuilt)."""
+        canonicalizer = target.canonicalizer
+        if (
+            target.types_version != self._types_version
+            or canonicalizer.templates_token() is not target.templates_token
+            or not canonicalizer.saw_families(frozenset(f.name for f in target.families))
+        ):
+            return None
+        templates = self._slot_template[slots]
+        if (templates < 0).any() or (self._slot_epoch[slots] != target.epoch).any():
+            return None
+        slot_series, known = self._slot_series, target.series
+
+        def describe(position: int) -> str:
+            series = known[slot_series[int(slots[position])].labels]
+            labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
+            return f"{series.name}{{{labels}}} {values[position].item()!r}"
+
+        return canonicalizer.canonicalize_templates(
+            templates, values, ts_ms, describe, mapped_only=True
+        )
+
+    def _cache_templates(
+        self,
+        target: _Target,
+        exposition: Exposition,
+        labels: list[tuple[tuple[str, str], ...]],
+    ) -> None:
+        """Cache the templates the canonicalizer gave the slotted series of ``exposition``
+        (``labels[i]``: the pushed labels of its sample ``i``)."""
+        if not self._slot_series:
+            return
+        canonicalizer = target.canonicalizer
+        token = canonicalizer.templates_token()
+        if token is not target.templates_token:
+            target.epoch += 1  # every template cached before is void
+            target.templates_token = token
+        slot_of, families = self._slot_of_labels, exposition.families
+        for pushed, series, family in zip(
+            labels, exposition.series, exposition.family_index, strict=True
+        ):
+            slot = slot_of.get(pushed)
+            if slot is None:
+                continue
+            hit = canonicalizer.template_of(series)
+            # valid while the target's cache of series holds this series (else the next
+            # scrape makes a new one: a new template lookup)
+            valid = (
+                hit is not None
+                and hit[1] == families[family].type
+                and target.series.get(pushed) is series
+            )
+            self._slot_template[slot] = hit[0] if hit is not None and valid else -1
+            self._slot_epoch[slot] = target.epoch
 
     def _sort_one(
         self,
@@ -303,6 +701,7 @@ class Receiver:
                 )
                 self._last_ts.clear()
                 self._totals.clear()
+                self._forget_slots()  # their state is the deduplication state
             self._last_ts[key] = last
             if delta:
                 self._totals[key] = total
@@ -370,12 +769,19 @@ class Receiver:
             report.rows[schema.name] = report.rows.get(schema.name, 0) + table.num_rows
 
     def _exposition(
-        self, target: _Target, samples: list[tuple[PushedSeries, float]], report: IngestReport
+        self,
+        target: _Target,
+        samples: list[tuple[PushedSeries, float]],
+        report: IngestReport,
+        labels: list[tuple[tuple[str, str], ...]] | None = None,
     ) -> Exposition:
+        """``samples`` as one scrape of ``target``; ``labels`` (when given) gets the pushed
+        labels of each of its samples."""
         out = Exposition(families=target.families)
         if target.types_version != self._types_version:
             target.family_index.clear()
             target.types_version = self._types_version
+            target.epoch += 1
         known_series, known_family = target.series, target.family_index
         family_index, out_series, values = out.family_index, out.series, out.values
         unmapped = 0
@@ -392,6 +798,8 @@ class Receiver:
             family_index.append(index)
             out_series.append(s)
             values.append(value)
+            if labels is not None:
+                labels.append(series.labels)
         if unmapped:
             report.drop("unmapped", unmapped)
         return out

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Mapping
+from itertools import repeat
 
+import numpy as np
 import snappy
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 
-from collectors.receive._columns import read_columns
+from collectors.receive._columns import SeriesColumns, read_columns
 from collectors.receive._prompb import (
     METADATA_TYPES,
     KeyedWriteRequest,
@@ -37,6 +40,7 @@ from collectors.receive._prompb import (
 )
 from collectors.receive.config import ReceiveLimits
 from collectors.receive.series import (
+    KnownSeries,
     PushedBatch,
     PushedSeries,
     RefusedWrite,
@@ -103,8 +107,11 @@ _RawSeries = tuple[list[bytes], list[int], list[list[tuple[int, float]]]]
 def _columns_read(series: list[bytes], max_labels: int) -> _RawSeries | None:
     """Every series of a request read as columns (:func:`read_columns`), or ``None``."""
     columns = read_columns(series, max_labels)
-    if columns is None:
-        return None
+    return None if columns is None else _raw_columns(columns)
+
+
+def _raw_columns(columns: SeriesColumns) -> _RawSeries:
+    """:data:`_RawSeries` of a request read as columns."""
     samples = zip(columns.timestamp_ms.tolist(), columns.value.tolist(), strict=True)
     return columns.label_keys(), columns.labels.tolist(), [[sample] for sample in samples]
 
@@ -168,9 +175,14 @@ class RemoteWriteDecoder:
             raise _LabelsRefused(refusal, name[:100])
         return name, labels, target_of(labels)
 
-    def decode(self, body: bytes) -> PushedBatch:
+    def decode(self, body: bytes, known: Mapping[bytes, int] | None = None) -> PushedBatch:
         """The series of one snappy remote-write body (headers checked by
-        :func:`check_headers`); series past a label bound are refused and counted."""
+        :func:`check_headers`); series past a label bound are refused and counted.
+
+        ``known``: the receiver's known series (:meth:`Receiver.known_series`, serialised
+        labels → slot). When the request is read as columns, the series it names are left as
+        columns in :attr:`PushedBatch.known`, and the others parsed, with their places in
+        the request and serialised labels."""
         limits = self.limits
         announced = snappy_length(body)
         if announced > limits.max_decompressed_bytes:
@@ -199,8 +211,10 @@ class RemoteWriteDecoder:
             batch.family_types[metadata.metric_family_name] = METADATA_TYPES.get(
                 metadata.type, "untyped"
             )
-        read = _columns_read(list(request.timeseries), limits.max_labels_per_series)
-        read = read or _series_read(raw)
+        columns = read_columns(list(request.timeseries), limits.max_labels_per_series)
+        if known is not None and columns is not None:
+            return self._known_read(batch, columns, known)
+        read = _raw_columns(columns) if columns is not None else _series_read(raw)
         cached, parse, out = self._label_set, self._parse_label_set, batch.series
         max_labels = limits.max_labels_per_series
         for raw_labels, count, samples in zip(*read, strict=True):
@@ -212,4 +226,37 @@ class RemoteWriteDecoder:
                 batch.refuse(refused.reason, refused.name)
                 continue
             out.append(PushedSeries(name, labels, target, samples))
+        return batch
+
+    def _known_read(
+        self, batch: PushedBatch, columns: SeriesColumns, known: Mapping[bytes, int]
+    ) -> PushedBatch:
+        """:meth:`decode`'s columnar read with the ``known`` series left as columns."""
+        keys = columns.label_keys()
+        slots = np.fromiter(map(known.get, keys, repeat(-1)), np.int64, len(keys))
+        is_known = slots >= 0
+        positions = np.flatnonzero(is_known)
+        batch.known = KnownSeries(
+            slots[positions],
+            columns.timestamp_ms[positions],
+            columns.value[positions],
+            positions,
+        )
+        if len(positions) == len(keys):
+            return batch
+        cached, parse = self._label_set, self._parse_label_set
+        max_labels = self.limits.max_labels_per_series
+        counts, timestamps, values = columns.labels, columns.timestamp_ms, columns.value
+        for position in np.flatnonzero(~is_known).tolist():
+            raw_labels, count = keys[position], int(counts[position])
+            small = count <= max_labels and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
+            try:
+                name, labels, target = (cached if small else parse)(raw_labels)
+            except _LabelsRefused as refused:
+                batch.refuse(refused.reason, refused.name)
+                continue
+            sample = (int(timestamps[position]), float(values[position]))
+            batch.series.append(PushedSeries(name, labels, target, [sample]))
+            batch.positions.append(position)
+            batch.keys.append(raw_labels if small else b"")
         return batch

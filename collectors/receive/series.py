@@ -12,12 +12,15 @@ import math
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from collectors.receive.config import ReceiveLimits
 from pipeline.errors import DecodeError
 
 __all__ = [
     "STALE",
     "STALE_NAN_BITS",
+    "KnownSeries",
     "PushedBatch",
     "PushedSeries",
     "RefusedWrite",
@@ -70,6 +73,21 @@ class PushedSeries:
     delta: bool = False
 
 
+@dataclass(frozen=True)
+class KnownSeries:
+    """One-sample series of a write that the receiver already knows, left as columns.
+
+    ``slots[i]`` is the receiver's slot of the series (what
+    :meth:`collectors.receive.receiver.Receiver.known_series` maps its serialised labels to),
+    ``timestamp_ms[i]`` and ``value[i]`` its sample, ``positions[i]`` its place in the request.
+    """
+
+    slots: np.ndarray
+    timestamp_ms: np.ndarray
+    value: np.ndarray
+    positions: np.ndarray
+
+
 @dataclass
 class PushedBatch:
     """A decoded write: its series, family types it declared, and what was refused.
@@ -77,6 +95,10 @@ class PushedBatch:
     ``targets``: the target labels the sender declared per (job, instance) — OTLP's resource
     attributes; remote-write declares them with each target's ``up`` series instead.
     ``refused`` counts series (remote-write) or data points (OTLP) by reason.
+
+    ``known``: the series the receiver already knows, as columns, when the decoder was given
+    the receiver's known series; then ``positions[i]`` is the place of ``series[i]`` in the
+    request and ``keys[i]`` its serialised labels (``b""``: not to be remembered).
     """
 
     series: list[PushedSeries] = field(default_factory=list)
@@ -84,6 +106,9 @@ class PushedBatch:
     targets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     refused: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    known: KnownSeries | None = None
+    positions: list[int] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)
 
     def refuse(self, reason: str, detail: str, count: int = 1) -> None:
         """Count ``count`` series refused for ``reason``; keep the first few details."""
@@ -93,7 +118,8 @@ class PushedBatch:
 
     @property
     def samples(self) -> int:
-        return sum(len(s.samples) for s in self.series)
+        known = len(self.known.slots) if self.known is not None else 0
+        return known + sum(len(s.samples) for s in self.series)
 
 
 def target_of(labels: tuple[tuple[str, str], ...]) -> tuple[str, str]:

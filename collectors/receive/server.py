@@ -145,7 +145,7 @@ def receive_app(
                 request.headers.get("Content-Type", ""),
             )
             body = await read_body(request)
-            batch = remote_write.decode(body)
+            batch = remote_write.decode(body, receiver.known_series())
         except RefusedWrite as exc:
             log.info("remote-write from %s refused: %s: %s", request.remote, exc.reason, exc)
             return answer("remote_write", exc.status, exc.reason, f"{exc.reason}: {exc}")
