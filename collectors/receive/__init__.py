@@ -11,8 +11,9 @@ canonicalizer (:mod:`collectors.canonical`) and the one publish buffer
 * :mod:`collectors.receive.remote_write` — decoding and refusing remote-write bodies;
 * :mod:`collectors.receive.otlp` — decoding OTLP metrics into the series a scrape shows;
 * :mod:`collectors.receive.naming` — OTel names and units → the dialect maps' names;
-* :mod:`collectors.receive.receiver` — targets, naming, staleness, ``up``, deduplication;
-  known remote-write series (slots) handled as columns;
+* :mod:`collectors.receive.receiver` — staleness, ``up``, deduplication, canonicalising;
+  known remote-write series handled as columns (their slots: ``_slots``);
+* :mod:`collectors.receive.targets` — a pushed series' target: naming, families, series;
 * :mod:`collectors.receive.server` — the HTTP door and its response codes.
 
 See ``docs/receivers.md`` for the Prometheus, Prometheus Operator, OTLP and limits reference.

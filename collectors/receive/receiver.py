@@ -45,7 +45,6 @@ semantics above; anything else takes the general path (``docs/receivers.md``, Th
 from __future__ import annotations
 
 import logging
-import re
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -54,23 +53,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.canonical import CanonicalBatch, TargetCanonicalizer
-from collectors.config import instance_name
-from collectors.exposition import Exposition, Family, Series
+from collectors.canonical import CanonicalBatch
+from collectors.exposition import Exposition
 from collectors.health import HealthRow, health_table
+from collectors.receive._slots import NONE, Slots
 from collectors.receive.series import KnownSeries, PushedBatch, PushedSeries, is_stale
+from collectors.receive.targets import Target, family_of
 from pipeline.schema import TARGET_HEALTH, RecordSchema
 
 __all__ = ["IngestReport", "Receiver"]
 
 log = logging.getLogger(__name__)
-
-#: Labels naming the target rather than the series (stripped before canonicalising).
-TARGET_LABELS = frozenset(("job", "instance", "pool", "dialect"))
-_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^:\[\]]+):\d{1,5}$")
-_MAX_FAMILIES_PER_TARGET = 10_000
-#: A slot's deduplication state when it has none (never stored, or ended by staleness).
-_NONE = np.iinfo(np.int64).min
 
 #: One target's samples of one timestamp, as sorted for :meth:`Receiver._publish`.
 _Samples = list[tuple[PushedSeries, float]]
@@ -85,101 +78,6 @@ class IngestReport:
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + count
-
-
-class _Target:
-    """One sender's target: its naming, canonicalizer, families and series seen.
-
-    ``series`` (labels → the :class:`Series` its samples are canonicalised as) and
-    ``family_index`` (sample name → index in ``families``) are caches: ``series`` depends on
-    the target labels and starts afresh on :meth:`relabel`; ``family_index`` on the declared
-    types and the histograms seen, and starts afresh when either changes.
-    """
-
-    def __init__(self, job: str, address: str, max_series: int, index: int = 0) -> None:
-        self.index = index  # in the receiver's list of targets
-        self.epoch = 0  # bumped whenever the slots' cached templates may no longer hold
-        self.templates_token: object = None  # the canonicalizer's, when templates were cached
-        self.job = job
-        self.max_series = max_series
-        self.address = address
-        self.labels: dict[str, str] = {}
-        self.families: list[Family] = []
-        self.family_of: dict[str, int] = {}
-        self.histograms: set[str] = set()  # bases of the _bucket series (with le) seen
-        self.family_index: dict[str, int] = {}
-        self.types_version = 0  # the receiver's declared-types version family_index is valid for
-        self.relabel({})
-
-    def relabel(self, labels: dict[str, str]) -> None:
-        """Adopt the target labels (those of its ``up`` series): name, pool, dialect."""
-        self.labels = labels
-        self.pool = labels.get("pool") or None
-        named = {"pod": labels["pod"]} if labels.get("pod") else {}
-        if self.address and not _ADDRESS.match(self.address):
-            named["instance"] = self.address  # relabelled to a name by the sender
-        self.instance = instance_name(named, self.address)
-        self.canonicalizer = TargetCanonicalizer(
-            self.instance,
-            dialect=labels.get("dialect") or "auto",
-            pool=self.pool,
-            address=self.address,
-        )
-        self.series: dict[tuple[tuple[str, str], ...], Series] = {}
-        self.epoch += 1
-
-    def family(self, name: str, type_: str) -> int:
-        index = self.family_of.get(name)
-        if index is None or self.families[index].type != type_:
-            if len(self.families) >= _MAX_FAMILIES_PER_TARGET:
-                self.families.clear()
-                self.family_of.clear()
-                self.family_index.clear()
-                self.epoch += 1
-            index = len(self.families)
-            self.families.append(Family(name, type_, ""))
-            self.family_of[name] = index
-        return index
-
-    def saw_histogram(self, base: str) -> None:
-        """Note ``base`` as a histogram (a ``_bucket`` series with ``le`` was seen)."""
-        if base not in self.histograms and len(self.histograms) < _MAX_FAMILIES_PER_TARGET:
-            self.histograms.add(base)
-            self.family_index.clear()  # its _sum and _count are histogram samples from now on
-            self.epoch += 1
-
-    def series_for(self, labels: tuple[tuple[str, str], ...], name: str) -> Series:
-        known = self.series.get(labels)
-        if known is None:
-            if len(self.series) >= self.max_series:
-                self.series.clear()
-                self.epoch += 1
-            target_labels = self.labels
-            kept = {
-                k: v
-                for k, v in labels
-                if k != "__name__" and k not in TARGET_LABELS and k not in target_labels
-            }
-            known = self.series[labels] = Series(name, kept)
-        return known
-
-
-def _family_of(name: str, declared: dict[str, str], histograms: set[str]) -> tuple[str, str]:
-    """(family name, type) of a sample: what the sender declared (remote-write metadata),
-    else what its name says (``histograms``: bases whose ``_bucket`` series carry ``le``)."""
-    for suffix in ("_bucket", "_sum", "_count"):
-        if name.endswith(suffix):
-            base = name[: -len(suffix)]
-            type_ = declared.get(base)
-            if type_ in ("histogram", "gaugehistogram", "summary"):
-                return base, type_
-            if base in histograms:
-                return base, "histogram"
-    if name in declared:
-        return name, declared[name]
-    if name.endswith("_total") and declared.get(name[: -len("_total")]) in (None, "counter"):
-        return name, "counter"
-    return name, "gauge"
 
 
 class Receiver:
@@ -201,13 +99,13 @@ class Receiver:
         self.sink = sink
         self.max_tracked_series = max_tracked_series
         self.max_series_per_target = max_series_per_target
-        self._targets: dict[tuple[str, str], _Target] = {}
+        self._targets: dict[tuple[str, str], Target] = {}
         self._last_ts: dict[tuple[tuple[str, str], ...], int] = {}  # by the series' labels
         self._totals: dict[tuple[tuple[str, str], ...], float] = {}  # delta series
         self._family_types: dict[str, str] = {}
         self._types_version = 0  # bumped when a declared type changes
-        self._target_list: list[_Target] = []
-        self._forget_slots()
+        self._target_list: list[Target] = []
+        self._slots = Slots()
 
     def cached_series(self) -> int:
         """Series held in the targets' caches of canonical series (bounded per target)."""
@@ -222,7 +120,7 @@ class Receiver:
         """The series with a slot, by their serialised remote-write labels: what
         :meth:`collectors.receive.remote_write.RemoteWriteDecoder.decode` leaves as columns
         (:attr:`PushedBatch.known`). Read-only; valid until the next :meth:`ingest`."""
-        return self._slot_of_key
+        return self._slots.of_key
 
     def ingest(self, batch: PushedBatch) -> IngestReport:
         """Canonicalise and hand over one write; returns what became of its samples."""
@@ -244,14 +142,14 @@ class Receiver:
 
     def _ingest_series(self, series_list: list[PushedSeries], report: IngestReport) -> None:
         """Sort, canonicalise and hand over ``series_list`` one series at a time."""
-        groups: dict[_Target, dict[int, _Samples]] = defaultdict(lambda: defaultdict(list))
+        groups: dict[Target, dict[int, _Samples]] = defaultdict(lambda: defaultdict(list))
         health: list[HealthRow] = []
-        self._sync_in(series_list)
+        self._slots.sync_in(series_list, self._last_ts)
         sort_one, sort = self._sort_one, self._sort
         for series in series_list:
             if not sort_one(series, groups, report):
                 sort(series, groups, health, report)
-        self._sync_out(series_list)
+        self._slots.sync_out(series_list, self._last_ts)
         for target, by_ts in groups.items():
             self._publish(target, by_ts, report)
         self._sink_health(health, report)
@@ -261,47 +159,16 @@ class Receiver:
             self.sink(TARGET_HEALTH, health_table(health))
             report.rows[TARGET_HEALTH.name] = len(health)
 
-    def _target(self, key: tuple[str, str]) -> _Target:
+    def _target(self, key: tuple[str, str]) -> Target:
         target = self._targets.get(key)
         if target is None:
             index = len(self._target_list)
-            target = _Target(key[0], key[1], self.max_series_per_target, index)
+            target = Target(key[0], key[1], self.max_series_per_target, index)
             self._targets[key] = target
             self._target_list.append(target)
         return target
 
     # -- slots: the series a remote-write sends on every scrape, handled as columns --------
-
-    def _forget_slots(self) -> None:
-        """Start the slots afresh (with the deduplication state, which holds them)."""
-        self._slot_of_key: dict[bytes, int] = {}
-        self._slot_of_labels: dict[tuple[tuple[str, str], ...], int] = {}
-        self._slot_series: list[PushedSeries] = []
-        self._slot_last = np.empty(0, np.int64)  # the last stored timestamp, or _NONE
-        self._slot_target = np.empty(0, np.int64)  # the target's index
-        self._slot_template = np.empty(0, np.int64)  # in the target's canonicalizer, or -1
-        self._slot_epoch = np.empty(0, np.int64)  # the target's epoch the template is of
-
-    def _sync_in(self, series_list: list[PushedSeries]) -> None:
-        """Before the general path sorts ``series_list``: their slots' deduplication state
-        into :attr:`_last_ts` (which holds every tracked series; a slot's value is newer)."""
-        if not self._slot_series:
-            return
-        slot_of, last, tracked = self._slot_of_labels, self._slot_last, self._last_ts
-        for series in series_list:
-            slot = slot_of.get(series.labels)
-            if slot is not None and last[slot] != _NONE:
-                tracked[series.labels] = int(last[slot])
-
-    def _sync_out(self, series_list: list[PushedSeries]) -> None:
-        """After the general path sorted ``series_list``: :attr:`_last_ts` into their slots."""
-        if not self._slot_series:
-            return
-        slot_of, last, tracked = self._slot_of_labels, self._slot_last, self._last_ts
-        for series in series_list:
-            slot = slot_of.get(series.labels)
-            if slot is not None:
-                last[slot] = tracked.get(series.labels, _NONE)
 
     def _remember(self, batch: PushedBatch) -> None:
         """Give a slot to the series of ``batch`` that remote-write sends on every scrape
@@ -310,7 +177,7 @@ class Receiver:
         (so sorting it again would change nothing but its deduplication state)."""
         new: list[tuple[bytes, PushedSeries, int]] = []
         taken: set[tuple[tuple[str, str], ...]] = set()  # one slot per label set
-        slot_of_labels, tracked = self._slot_of_labels, self._last_ts
+        slot_of_labels, tracked = self._slots.of_labels, self._last_ts
         for key, series in zip(batch.keys, batch.series, strict=True):
             name = series.name
             if (
@@ -322,7 +189,7 @@ class Receiver:
                 or len(series.samples) != 1
                 or series.labels in slot_of_labels
                 or series.labels in taken
-                or key in self._slot_of_key
+                or key in self._slots.of_key
                 or series.labels not in tracked
             ):
                 continue
@@ -337,20 +204,9 @@ class Receiver:
             taken.add(series.labels)
         if not new:
             return
-        if len(self._slot_series) + len(new) > self.max_tracked_series:
-            self._forget_slots()
-        first = len(self._slot_series)
-        for offset, (key, series, _) in enumerate(new):
-            self._slot_of_key[key] = self._slot_of_labels[series.labels] = first + offset
-            self._slot_series.append(series)
-        self._slot_last = np.concatenate(
-            [self._slot_last, np.array([tracked[s.labels] for _, s, _ in new], np.int64)]
-        )
-        self._slot_target = np.concatenate(
-            [self._slot_target, np.array([t for _, _, t in new], np.int64)]
-        )
-        self._slot_template = np.concatenate([self._slot_template, np.full(len(new), -1)])
-        self._slot_epoch = np.concatenate([self._slot_epoch, np.full(len(new), -1)])
+        if len(self._slots) + len(new) > self.max_tracked_series:
+            self._slots = Slots()
+        self._slots.add(new, tracked)
 
     def _ingest_known(self, batch: PushedBatch, known: KnownSeries, report: IngestReport) -> None:
         """:meth:`ingest` of a write whose known series are columns: their deduplication,
@@ -363,11 +219,11 @@ class Receiver:
         when a series is sent twice, when the tracked series may overflow, or when two series
         of it have the same labels sent differently."""
         slots, positions = known.slots, known.positions
-        odd = np.isnan(known.value) | (self._slot_last[slots] == _NONE)
+        odd = np.isnan(known.value) | (self._slots.last[slots] == NONE)
         odd_count = int(np.count_nonzero(odd))
         general = list(zip(batch.positions, batch.series, strict=True))
         if odd_count:
-            slot_series = self._slot_series
+            slot_series = self._slots.series
             for position, slot, ts_ms, value in zip(
                 positions[odd].tolist(),
                 slots[odd].tolist(),
@@ -387,10 +243,10 @@ class Receiver:
         whole = len(self._last_ts) + len(general) >= self.max_tracked_series or (
             repeated and odd_count > 0 and bool(np.isin(slots[odd], slots[~odd]).any())
         )
-        if not whole and batch.series and self._slot_series:
-            in_write = np.zeros(len(self._slot_series), bool)
+        if not whole and batch.series and self._slots.series:
+            in_write = np.zeros(len(self._slots.series), bool)
             in_write[slots] = True
-            slot_of = self._slot_of_labels
+            slot_of = self._slots.of_labels
             whole = any(
                 (slot := slot_of.get(series.labels)) is not None and in_write[slot]
                 for series in batch.series
@@ -401,17 +257,17 @@ class Receiver:
         fast = ~odd
         f_slots, f_ts, f_values = slots[fast], known.timestamp_ms[fast], known.value[fast]
         f_positions = positions[fast]
-        groups: dict[_Target, dict[int, _Samples]] = defaultdict(lambda: defaultdict(list))
+        groups: dict[Target, dict[int, _Samples]] = defaultdict(lambda: defaultdict(list))
         health: list[HealthRow] = []
         general_series = [series for _, series in general]
-        self._sync_in(general_series)
+        self._slots.sync_in(general_series, self._last_ts)
         sort_one, sort = self._sort_one, self._sort
-        first_at: dict[_Target, int] = {}
+        first_at: dict[Target, int] = {}
         for position, series in general:
             if not sort_one(series, groups, report):
                 sort(series, groups, health, report)
             first_at.setdefault(self._targets[series.target], position)
-        self._sync_out(general_series)
+        self._slots.sync_out(general_series, self._last_ts)
         self._remember(batch)
         # deduplication: a sample is stored if later than its series' last stored one
         duplicate, older = self._deduplicate(f_slots, f_ts, f_positions, repeated)
@@ -419,7 +275,7 @@ class Receiver:
             report.drop("duplicate", int(np.count_nonzero(duplicate)))
         if older.any():
             report.drop("out_of_order", int(np.count_nonzero(older)))
-        target_of = self._slot_target[f_slots]
+        target_of = self._slots.target[f_slots]
         ids, first = np.unique(target_of, return_index=True)
         for index, position in zip(ids.tolist(), f_positions[first].tolist(), strict=True):
             target = self._target_list[index]
@@ -457,10 +313,10 @@ class Receiver:
         stored. A series sent several times in the write is taken in request order: its
         first samples in one pass, its second ones in the next, …"""
         if not repeated:
-            last = self._slot_last[slots]
+            last = self._slots.last[slots]
             duplicate, older = ts == last, ts < last
             stored = ~(duplicate | older)
-            self._slot_last[slots[stored]] = ts[stored]
+            self._slots.last[slots[stored]] = ts[stored]
             return duplicate, older
         order = np.lexsort((positions, slots))
         by_slot = slots[order]
@@ -472,15 +328,15 @@ class Receiver:
         older = np.zeros(len(slots), bool)
         for occurrence in range(int(rank.max()) + 1):
             at = np.flatnonzero(rank == occurrence)
-            last = self._slot_last[slots[at]]
+            last = self._slots.last[slots[at]]
             duplicate[at], older[at] = ts[at] == last, ts[at] < last
             stored = at[ts[at] > last]
-            self._slot_last[slots[stored]] = ts[stored]
+            self._slots.last[slots[stored]] = ts[stored]
         return duplicate, older
 
     def _ingest_whole(self, batch: PushedBatch, known: KnownSeries, report: IngestReport) -> None:
         """:meth:`_ingest_known` of a write sorted one series at a time."""
-        slot_series = self._slot_series
+        slot_series = self._slots.series
         every = list(zip(batch.positions, batch.series, strict=True))
         for position, slot, ts_ms, value in zip(
             known.positions.tolist(),
@@ -502,7 +358,7 @@ class Receiver:
 
     def _publish_known(
         self,
-        target: _Target,
+        target: Target,
         by_ts: dict[int, _Samples],
         runs: dict[int, tuple[int, int]],
         columns: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -517,7 +373,7 @@ class Receiver:
         slots, values, positions = columns
         tables: list[pa.Table] = []
         schema: RecordSchema | None = None
-        slot_series = self._slot_series
+        slot_series = self._slots.series
         for ts_ms in sorted(by_ts.keys() | runs.keys()):
             run = runs.get(ts_ms)
             batch, rebuilt = None, True
@@ -546,7 +402,7 @@ class Receiver:
                 if not len(exposition):
                     continue
                 batch = target.canonicalizer.canonicalize(exposition, ts_ms)
-                self._cache_templates(target, exposition, labels)
+                self._slots.cache_templates(target, exposition, labels)
             for reason, count in batch.dropped.items():
                 report.drop(reason, count)
             if rebuilt:
@@ -569,7 +425,7 @@ class Receiver:
             report.rows[schema.name] = report.rows.get(schema.name, 0) + table.num_rows
 
     def _canonicalize_known(
-        self, target: _Target, slots: np.ndarray, values: np.ndarray, ts_ms: int
+        self, target: Target, slots: np.ndarray, values: np.ndarray, ts_ms: int
     ) -> CanonicalBatch | None:
         """The canonical rows of known samples of one target and timestamp from their cached
         templates, or ``None`` when a template may not hold (then the scrape is rebuilt)."""
@@ -580,10 +436,10 @@ class Receiver:
             or not canonicalizer.saw_families(frozenset(f.name for f in target.families))
         ):
             return None
-        templates = self._slot_template[slots]
-        if (templates < 0).any() or (self._slot_epoch[slots] != target.epoch).any():
+        templates = self._slots.template[slots]
+        if (templates < 0).any() or (self._slots.epoch[slots] != target.epoch).any():
             return None
-        slot_series, known = self._slot_series, target.series
+        slot_series, known = self._slots.series, target.series
 
         def describe(position: int) -> str:
             series = known[slot_series[int(slots[position])].labels]
@@ -594,43 +450,10 @@ class Receiver:
             templates, values, ts_ms, describe, mapped_only=True
         )
 
-    def _cache_templates(
-        self,
-        target: _Target,
-        exposition: Exposition,
-        labels: list[tuple[tuple[str, str], ...]],
-    ) -> None:
-        """Cache the templates the canonicalizer gave the slotted series of ``exposition``
-        (``labels[i]``: the pushed labels of its sample ``i``)."""
-        if not self._slot_series:
-            return
-        canonicalizer = target.canonicalizer
-        token = canonicalizer.templates_token()
-        if token is not target.templates_token:
-            target.epoch += 1  # every template cached before is void
-            target.templates_token = token
-        slot_of, families = self._slot_of_labels, exposition.families
-        for pushed, series, family in zip(
-            labels, exposition.series, exposition.family_index, strict=True
-        ):
-            slot = slot_of.get(pushed)
-            if slot is None:
-                continue
-            hit = canonicalizer.template_of(series)
-            # valid while the target's cache of series holds this series (else the next
-            # scrape makes a new one: a new template lookup)
-            valid = (
-                hit is not None
-                and hit[1] == families[family].type
-                and target.series.get(pushed) is series
-            )
-            self._slot_template[slot] = hit[0] if hit is not None and valid else -1
-            self._slot_epoch[slot] = target.epoch
-
     def _sort_one(
         self,
         series: PushedSeries,
-        groups: dict[_Target, dict[int, list[tuple[PushedSeries, float]]]],
+        groups: dict[Target, dict[int, list[tuple[PushedSeries, float]]]],
         report: IngestReport,
     ) -> bool:
         """:meth:`_sort` of the series remote-write sends: one sample, a number, neither
@@ -663,7 +486,7 @@ class Receiver:
     def _sort(
         self,
         series: PushedSeries,
-        groups: dict[_Target, dict[int, list[tuple[PushedSeries, float]]]],
+        groups: dict[Target, dict[int, list[tuple[PushedSeries, float]]]],
         health: list[HealthRow],
         report: IngestReport,
     ) -> None:
@@ -701,7 +524,7 @@ class Receiver:
                 )
                 self._last_ts.clear()
                 self._totals.clear()
-                self._forget_slots()  # their state is the deduplication state
+                self._slots = Slots()  # their state is the deduplication state
             self._last_ts[key] = last
             if delta:
                 self._totals[key] = total
@@ -722,7 +545,7 @@ class Receiver:
                 health.append(self._health_row(target, ts_ms, value, by_ts[ts_ms]))
 
     def _health_row(
-        self, target: _Target, ts_ms: int, up: float, same_ts: list[tuple[PushedSeries, float]]
+        self, target: Target, ts_ms: int, up: float, same_ts: list[tuple[PushedSeries, float]]
     ) -> HealthRow:
         duration = next(
             (v for s, v in same_ts if s.name == "scrape_duration_seconds"),
@@ -744,7 +567,7 @@ class Receiver:
 
     def _publish(
         self,
-        target: _Target,
+        target: Target,
         by_ts: dict[int, list[tuple[PushedSeries, float]]],
         report: IngestReport,
     ) -> None:
@@ -770,7 +593,7 @@ class Receiver:
 
     def _exposition(
         self,
-        target: _Target,
+        target: Target,
         samples: list[tuple[PushedSeries, float]],
         report: IngestReport,
         labels: list[tuple[tuple[str, str], ...]] | None = None,
@@ -793,7 +616,7 @@ class Receiver:
             s = known_series.get(series.labels) or target.series_for(series.labels, name)
             index = known_family.get(name)
             if index is None:
-                family_name, type_ = _family_of(name, self._family_types, target.histograms)
+                family_name, type_ = family_of(name, self._family_types, target.histograms)
                 index = known_family[name] = target.family(family_name, type_)
             family_index.append(index)
             out_series.append(s)
