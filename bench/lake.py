@@ -77,6 +77,7 @@ from pipeline.iceberg.lake import IcebergLake  # noqa: E402
 from pipeline.iceberg.mirror import IcebergMirror  # noqa: E402
 from pipeline.iceberg.tables import lake_topics  # noqa: E402
 from pipeline.lake import create_lake_views, export_hours  # noqa: E402
+from pipeline.processes import freeze_startup_heap  # noqa: E402
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS  # noqa: E402
 from pipeline.store import Store  # noqa: E402
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS  # noqa: E402
@@ -564,6 +565,7 @@ def measure_cycle(
             mirror.fetch(now - INTERVAL_MS + k * INTERVAL_MS // commits)
             fetches.append(time.perf_counter() - mark)
 
+    freeze_startup_heap()  # as llmslo.roles does after the jobs' first cycle
     iceberg_times, local_times, hour_ice, hour_local = [], [], [], []
     baseline_times: list[float] = []
     steps: list[dict[str, float]] = []
