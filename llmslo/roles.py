@@ -215,9 +215,10 @@ JOBS_CHECKPOINT_THRESHOLD = "256MB"
 
 
 def _follow_lake(mirror: IcebergMirror, stop: threading.Event, interval_s: float) -> None:
-    """Wait ``interval_s`` (or until ``stop``), fetching the lake's new commits every
-    FOLLOW_EVERY_S meanwhile, so the next cycle's refresh reads only the last second's
-    commits from the object store. A fetch that fails is left to that refresh."""
+    """Wait ``interval_s`` (or until ``stop``), loading the lake's new commits into the
+    jobs' file every FOLLOW_EVERY_S meanwhile, so the next cycle's refresh reads and stores
+    only the last second's commits. A fetch that fails is left to the next one or that
+    refresh."""
     deadline = time.monotonic() + interval_s
     while not stop.wait(min(FOLLOW_EVERY_S, max(0.0, deadline - time.monotonic()))):
         if time.monotonic() >= deadline:
