@@ -155,6 +155,7 @@ class IcebergMirror:
             ahead.planned += report.planned
             ahead.reloaded += report.reloaded
             _merge_changes(self._unreported, report.changed_from_ms)
+        self._prune_if_due(since_ms)  # between cycles, when the process follows the lake
         report.seconds = time.perf_counter() - started
         return report
 
@@ -180,11 +181,15 @@ class IcebergMirror:
         report.planned[:0] = ahead.planned
         report.reloaded[:0] = ahead.reloaded
         self._unreported = {}
+        self._prune_if_due(since_ms)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _prune_if_due(self, since_ms: int) -> None:
+        """Delete the rows older than the window every PRUNE_EVERY_S."""
         if time.monotonic() - self._last_prune_s >= PRUNE_EVERY_S:
             self.store.prune(since_ms)
             self._last_prune_s = time.monotonic()
-        report.seconds = time.perf_counter() - started
-        return report
 
     def _store_fetched(self, report: MirrorReport) -> None:
         """Store every load read and not stored yet (one DuckDB transaction for every

@@ -197,6 +197,22 @@ def test_hours_older_than_the_window_are_never_read(s3_server: S3Server, tmp_pat
         assert oldest >= T0_MS
 
 
+def test_a_fetch_between_cycles_deletes_the_rows_that_left_the_window(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The hourly prune of rows older than the window runs in a fetch (between cycles) when
+    one is due, not only in a refresh (a cycle)."""
+    _, engine, _ = FLEET.rows()
+    _append(_lake(s3_server, tmp_path), "engine_samples", engine, 0, batches=1)
+    with Store(tmp_path / "jobs.duckdb") as store:
+        IcebergMirror(_lake(s3_server, tmp_path), store, window_ms=DAY_MS).refresh(FLEET.end_ms)
+        assert store.count("engine_samples") == len(engine)
+        # Two days on, a restarted process following the lake: its first fetch prunes.
+        later = IcebergMirror(_lake(s3_server, tmp_path), store, window_ms=DAY_MS)
+        later.fetch(FLEET.end_ms + 2 * DAY_MS)
+        assert store.count("engine_samples") == 0
+
+
 def test_a_table_of_an_older_release_gains_the_columns_appended_since(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
