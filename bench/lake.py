@@ -21,12 +21,13 @@ catalog, and on a local warehouse directory as a second row:
   ``slo_minute`` where the windows' edges read it): 30 days of raw minutes at 4,096
   instances would take hours to generate. A cycle (timed) is what the jobs do every
   ``slo.interval_s`` (15 s) for the SLOs: load the commits of the last 15 s from the lake
-  (mirror refresh: between cycles the jobs fetch the new commits every second, as
-  ``llmslo.roles`` does, so the refresh reads the last second's from the object store and
-  stores all of them), recompute the rollups' new minutes, evaluate every SLO and window
+  (mirror refresh: between cycles the jobs fetch and store the new commits every second,
+  as ``llmslo.roles`` does, so the refresh reads and stores the last second's and reports
+  them all to the rollups), recompute the rollups' new minutes, evaluate every SLO and window
   from the kept window sums (:class:`~slo.window_sums.WindowSums`), write the statuses;
   then, after the timed cycle (as ``llmslo.roles`` does between cycles), checkpoint the
-  jobs' file, so DuckDB's automatic checkpoint never lands in a cycle's commits (timed apart).
+  jobs' file, so DuckDB's automatic checkpoint never lands in a cycle's commits (timed
+  apart), the startup heap frozen as the role freezes it after its first cycle.
   ``--baseline`` also times, in the same cycles, a second mirror that fetches nothing ahead
   and the full evaluation (the path before both), and checks both evaluations agree. The same cycle runs over the local lake (hourly Parquet,
   :func:`pipeline.lake.create_lake_views`) with the same rollups. The signal detectors
