@@ -21,10 +21,13 @@ catalog, and on a local warehouse directory as a second row:
   ``slo_minute`` where the windows' edges read it): 30 days of raw minutes at 4,096
   instances would take hours to generate. A cycle (timed) is what the jobs do every
   ``slo.interval_s`` (15 s) for the SLOs: load the commits of the last 15 s from the lake
-  (mirror refresh: between cycles the jobs fetch the new commits every second, as
-  ``llmslo.roles`` does, so the refresh reads the last second's from the object store and
-  stores all of them), recompute the rollups' new minutes, evaluate every SLO and window
-  from the kept window sums (:class:`~slo.window_sums.WindowSums`), write the statuses.
+  (mirror refresh: between cycles the jobs fetch and store the new commits every second,
+  as ``llmslo.roles`` does, so the refresh reads and stores the last second's and reports
+  them all to the rollups), recompute the rollups' new minutes, evaluate every SLO and window
+  from the kept window sums (:class:`~slo.window_sums.WindowSums`), write the statuses;
+  then, after the timed cycle (as ``llmslo.roles`` does between cycles), checkpoint the
+  jobs' file, so DuckDB's automatic checkpoint never lands in a cycle's commits (timed
+  apart), the startup heap frozen as the role freezes it after its first cycle.
   ``--baseline`` also times, in the same cycles, a second mirror that fetches nothing ahead
   and the full evaluation (the path before both), and checks both evaluations agree. The same cycle runs over the local lake (hourly Parquet,
   :func:`pipeline.lake.create_lake_views`) with the same rollups. The signal detectors
@@ -66,7 +69,7 @@ import psutil  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
-from llmslo.roles import FOLLOW_EVERY_S  # noqa: E402
+from llmslo.roles import FOLLOW_EVERY_S, JOBS_CHECKPOINT_THRESHOLD  # noqa: E402
 from pipeline._offsets import LogIdentity, StoredOffset  # noqa: E402
 from pipeline.broker import free_port  # noqa: E402
 from pipeline.codec import conform  # noqa: E402
@@ -75,6 +78,7 @@ from pipeline.iceberg.lake import IcebergLake  # noqa: E402
 from pipeline.iceberg.mirror import IcebergMirror  # noqa: E402
 from pipeline.iceberg.tables import lake_topics  # noqa: E402
 from pipeline.lake import create_lake_views, export_hours  # noqa: E402
+from pipeline.processes import freeze_startup_heap  # noqa: E402
 from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS  # noqa: E402
 from pipeline.store import Store  # noqa: E402
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS  # noqa: E402
@@ -533,7 +537,8 @@ def measure_cycle(
     local_dir = tmp / "local-lake"
     local_con = duckdb.connect(str(tmp / "jobs-local.duckdb"))
     copy_rollups(jobs_path, local_con)
-    jobs = Store(jobs_path)
+    # As llmslo.roles opens it: the jobs checkpoint after each cycle, never inside one.
+    jobs = Store(jobs_path, checkpoint_threshold=JOBS_CHECKPOINT_THRESHOLD)
     mirror = IcebergMirror(lake, jobs, window_ms=2 * DAY_MS)
     # The jobs' rollups are told what each refresh loaded (llmslo.roles does the same); the
     # local lake's are not (its views have no such report): they recompute the settle window.
@@ -561,6 +566,7 @@ def measure_cycle(
             mirror.fetch(now - INTERVAL_MS + k * INTERVAL_MS // commits)
             fetches.append(time.perf_counter() - mark)
 
+    freeze_startup_heap()  # as llmslo.roles does after the jobs' first cycle
     iceberg_times, local_times, hour_ice, hour_local = [], [], [], []
     baseline_times: list[float] = []
     steps: list[dict[str, float]] = []
@@ -580,6 +586,8 @@ def measure_cycle(
         times["cycle_cpu_s"] = sum(times[f"{p}_cpu_s"] for p in parts)
         times["cycle_s3_cpu_s"] = times["refresh_s3_cpu_s"]
         iceberg_times.append(sum(times[f"{p}_s"] for p in parts))
+        with timed(times, "checkpoint"):  # between cycles, as llmslo.roles does
+            jobs.checkpoint()
         if base_mirror is not None:
             with timed(times, "refresh_full", s3_pid):
                 base_mirror.refresh(now)
@@ -612,7 +620,8 @@ def measure_cycle(
             f"{times['cycle_cpu_s']:.3f} s: refresh {times['refresh_cpu_s']:.3f} (and the S3 "
             f"server's {times['refresh_s3_cpu_s']:.3f}), "
             f"rollup {times['rollup_cpu_s']:.3f}, evaluate {times['evaluate_cpu_s']:.3f}, "
-            f"write {times['write_cpu_s']:.3f}); local lake {local_times[-1]:.3f} s (rollup "
+            f"write {times['write_cpu_s']:.3f}); checkpoint after it {times['checkpoint_s']:.3f} "
+            f"s (CPU {times['checkpoint_cpu_s']:.3f}); local lake {local_times[-1]:.3f} s (rollup "
             f"{local['rollup_s']:.3f}, evaluate {local['evaluate_s']:.3f}; CPU "
             f"{local['cycle_cpu_s']:.3f} s)",
             file=sys.stderr,
@@ -640,6 +649,8 @@ def measure_cycle(
         "cycle_cpu_s": statistics.median(t["cycle_cpu_s"] for t in steps),
         "cycle_s3_server_cpu_s": statistics.median(t["cycle_s3_cpu_s"] for t in steps),
         "request_rollup_s": statistics.median(t["request_rollup_s"] for t in steps),
+        "checkpoint_after_s": statistics.median(t["checkpoint_s"] for t in steps),
+        "checkpoint_after_cpu_s": statistics.median(t["checkpoint_cpu_s"] for t in steps),
         "fetch_ahead_s": statistics.median(fetches) if fetches else 0.0,
         "fetches_per_cycle": len(fetches) / cycles,
         **(

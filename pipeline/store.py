@@ -216,7 +216,10 @@ class Store:
     ``read_only=True`` opens it for readers (jobs, dashboards) while no writer holds it;
     ``must_exist=True`` opens an existing file for writing but never creates one (commands
     that read a store and keep caches in it); ``memory_limit`` (DuckDB syntax, e.g.
-    ``"256MB"``) bounds DuckDB's buffer pool.
+    ``"256MB"``) bounds DuckDB's buffer pool; ``checkpoint_threshold`` (the same syntax)
+    is the write-ahead log's size at which a commit also checkpoints (DuckDB's default
+    16 MiB): a writer that checkpoints itself (:meth:`checkpoint`) at a quiet moment raises
+    it, so no commit of its timed work carries a checkpoint.
 
     Raises :class:`StoreError` when the file cannot be opened, when a reader or a
     ``must_exist`` caller names a file that does not exist (nothing is created), or when a
@@ -230,6 +233,7 @@ class Store:
         read_only: bool = False,
         must_exist: bool = False,
         memory_limit: str | None = None,
+        checkpoint_threshold: str | None = None,
     ) -> None:
         self.path = Path(path)
         if (read_only or must_exist) and not self.path.is_file():
@@ -242,6 +246,8 @@ class Store:
         settings: dict[str, str | bool | int | float | list[str]] = {}
         if memory_limit:
             settings["memory_limit"] = memory_limit
+        if checkpoint_threshold:
+            settings["checkpoint_threshold"] = checkpoint_threshold
         try:
             self.con = duckdb.connect(str(self.path), read_only=read_only, config=settings)
         except duckdb.Error as exc:
@@ -304,6 +310,15 @@ class Store:
                 if isinstance(exc, Exception):
                     raise StoreError(f"cannot {what} in {self.path}: {exc}") from exc
                 raise
+
+    def checkpoint(self) -> None:
+        """Write the committed changes into the file and empty its write-ahead log (what a
+        commit does by itself past ``checkpoint_threshold``). Raises :class:`StoreError`."""
+        with self.lock:
+            try:
+                self.con.execute("CHECKPOINT")
+            except duckdb.Error as exc:
+                raise StoreError(f"cannot checkpoint {self.path}: {exc}") from exc
 
     def close(self) -> None:
         """Close the file (after every thread using ``con`` has stopped)."""

@@ -25,12 +25,11 @@ anything, and a restart reads nothing twice.
   event time among the rows a refresh loaded (``None``: reloaded whole, anything may have
   changed), so the rollups recompute only the minutes new rows fell in
   (:meth:`slo.rollups.counts.Rollup.update`).
-* **Fetching ahead.** :meth:`IcebergMirror.fetch` reads the files committed since (the
-  object store's part of a refresh) and keeps their rows in memory without storing them, so
-  a process can follow the lake between cycles; the next :meth:`IcebergMirror.refresh`
-  fetches only what came after and stores everything fetched in its one transaction.
-  Nothing fetched is recorded before it is stored: a process that dies holding fetched rows
-  reads them again.
+* **Fetching ahead.** :meth:`IcebergMirror.fetch` loads the files committed since, as a
+  refresh does (rows, files and snapshot in one transaction), and leaves its report to the
+  next :meth:`IcebergMirror.refresh`, so a process that follows the lake between cycles
+  stores almost every row outside them: a cycle's refresh loads only the last commits and
+  reports everything stored since the last cycle (``changed_from_ms``).
 * **Freshness.** The mirror is as fresh as its last :meth:`IcebergMirror.refresh`: the jobs'
   cycle interval plus an ingester's batch time (``ingest.batch_max_ms``), since each batch is
   its own Iceberg commit.
@@ -83,6 +82,15 @@ class MirrorReport:
     seconds: float = 0.0
 
 
+def _merge_changes(into: dict[str, int | None], changes: dict[str, int | None]) -> None:
+    """Add ``changes`` (table → earliest event time, ``None``: anything) to ``into``."""
+    for name, changed in changes.items():
+        if name not in into:
+            into[name] = changed
+        elif (known := into[name]) is not None:
+            into[name] = None if changed is None else min(known, changed)
+
+
 def _hour_of(data_file: Any) -> int:
     """The hour (epoch ms) a data file's partition holds; a file without one (a table
     partitioned otherwise) counts as the newest, so it is read, never skipped."""
@@ -126,56 +134,72 @@ class IcebergMirror:
             )
 
     def fetch(self, now_ms: int) -> MirrorReport:
-        """Read the data files committed since the last fetch or refresh (rows since
-        ``now_ms - window_ms``) and keep their rows for the next :meth:`refresh`, which
-        stores them; nothing is written to the store. Returns what was read (``rows``,
-        ``files``, ``planned``). Raises :class:`~pipeline.iceberg.lake.LakeError`."""
+        """Load the data files committed since the last fetch or refresh (rows since
+        ``now_ms - window_ms``) as :meth:`refresh` does, in one transaction, and leave their
+        report to the next :meth:`refresh` (``changed_from_ms``, ``files``, ``rows``,
+        ``planned``): a process that fetches between its cycles stores almost every row
+        outside them. Returns what this fetch loaded. Raises
+        :class:`~pipeline.iceberg.lake.LakeError` or :class:`~pipeline.errors.StoreError`;
+        what a failed fetch read is stored by the next fetch or refresh."""
         started = time.perf_counter()
         report = MirrorReport()
         since_ms = now_ms - self.window_ms
-        for name in sorted(ICEBERG_TABLES):
-            load = self._fetch_table(name, since_ms, report)
-            if load is not None and load.rows is not None:
-                report.files += len(load.paths)
-                report.rows += load.rows.num_rows
-        self._fetch_report.files += report.files
-        self._fetch_report.rows += report.rows
-        self._fetch_report.planned += report.planned
-        self._fetch_report.reloaded += report.reloaded
+        try:
+            for name in sorted(ICEBERG_TABLES):
+                self._fetch_table(name, since_ms, report)
+            self._store_fetched(report)
+        finally:  # a table forgotten (a reload) is reported even if the store failed
+            ahead = self._fetch_report
+            ahead.files += report.files
+            ahead.rows += report.rows
+            ahead.planned += report.planned
+            ahead.reloaded += report.reloaded
+            _merge_changes(self._unreported, report.changed_from_ms)
+        self._prune_if_due(since_ms)  # between cycles, when the process follows the lake
         report.seconds = time.perf_counter() - started
         return report
 
     def refresh(self, now_ms: int) -> MirrorReport:
-        """Load every data file committed since the last refresh (rows since
-        ``now_ms - window_ms``): the files fetched ahead (:meth:`fetch`) and those committed
-        after them, stored in one transaction. Raises
+        """Load every data file committed since the last fetch or refresh (rows since
+        ``now_ms - window_ms``), stored in one transaction, and report them with what the
+        fetches since the last refresh stored (:meth:`fetch`). Raises
         :class:`~pipeline.iceberg.lake.LakeError` (lake unreachable) or
         :class:`~pipeline.errors.StoreError` (local file); a failed refresh keeps what it
-        fetched for the next."""
+        read for the next, and the next reports what it stored."""
         started = time.perf_counter()
-        # A table a failed refresh forgot (a reload) is reported by the next as changed.
+        # What failed refreshes and the fetches since stored (or forgot: a reload) is
+        # reported by the next refresh that succeeds.
         report = MirrorReport(changed_from_ms=self._unreported)
         self._unreported = report.changed_from_ms
         since_ms = now_ms - self.window_ms
-        ahead, self._fetch_report = self._fetch_report, MirrorReport()
-        report.planned += ahead.planned
-        report.reloaded += ahead.reloaded
-        for name in ahead.reloaded:
-            report.changed_from_ms[name] = None
         for name in sorted(ICEBERG_TABLES):
             self._fetch_table(name, since_ms, report)
-        new = [load for loads in self._fetched.values() for load in loads]
-        if new:
-            self._store(new)  # one DuckDB transaction for every table's rows
-        self._fetched = {}
-        for load in new:
-            self._report(load, report)
+        self._store_fetched(report)
+        ahead, self._fetch_report = self._fetch_report, MirrorReport()
+        report.files += ahead.files
+        report.rows += ahead.rows
+        report.planned[:0] = ahead.planned
+        report.reloaded[:0] = ahead.reloaded
         self._unreported = {}
+        self._prune_if_due(since_ms)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _prune_if_due(self, since_ms: int) -> None:
+        """Delete the rows older than the window every PRUNE_EVERY_S."""
         if time.monotonic() - self._last_prune_s >= PRUNE_EVERY_S:
             self.store.prune(since_ms)
             self._last_prune_s = time.monotonic()
-        report.seconds = time.perf_counter() - started
-        return report
+
+    def _store_fetched(self, report: MirrorReport) -> None:
+        """Store every load read and not stored yet (one DuckDB transaction for every
+        table's rows) and add them to ``report``; kept for the next call if it fails."""
+        new = [load for loads in self._fetched.values() for load in loads]
+        if new:
+            self._store(new)
+        self._fetched = {}
+        for load in new:
+            self._report(load, report)
 
     def _fetch_table(self, name: str, since_ms: int, report: MirrorReport) -> _Load | None:
         """:meth:`_load_table`, kept with what was fetched before (dropped when the table

@@ -181,36 +181,55 @@ def engine_minutes_sql(slo: Slo, start_ms: int, end_ms: int) -> tuple[str, list[
     because bucket and count may be scraped a moment apart. An instance whose histogram has
     no bucket at the threshold (another dialect in the same pool) is left out, never counted
     as all bad; ``slo validate --db`` and the jobs' start-up report such thresholds.
+    ``start_ms`` is minute-aligned (a minute is computed whole).
     """
     sli = slo.sli
     assert isinstance(sli, LatencySpec)
     where, params = _selector_sql(slo.selector)
-    threshold = sli.threshold_s
+    threshold, tolerance = sli.threshold_s, sli.threshold_s * 1e-9
     series = "instance, pool, engine, labels_json, kind"
+    # A BETWEEN on le, unlike abs(le − T) ≤ ε, is pushed below the view's join: only the
+    # count and the threshold's bucket are joined (a fifth of the histogram's rows).
+    samples = f"""
+        SELECT instance, coalesce(pool, '') AS pool, coalesce(engine, '') AS engine,
+               coalesce(labels_json, '') AS labels_json, kind, ts_ms, value
+        FROM engine_samples
+        WHERE signal = ? AND ts_ms >= ? AND ts_ms < ?{where}
+          AND (kind = 'count' OR (kind = 'bucket' AND le BETWEEN
+               {threshold - tolerance!r} AND {threshold + tolerance!r}))"""
+    # The lookback is needed only for each series' last value before the range (what the
+    # range's first minute increased from): one arg_max per series, not a value per minute
+    # and a window over the lookback's minutes.
     sql = f"""
         WITH s AS (
-            SELECT instance, coalesce(pool, '') AS pool, coalesce(engine, '') AS engine,
-                   coalesce(labels_json, '') AS labels_json, kind,
-                   (ts_ms // {MINUTE_MS}) * {MINUTE_MS} AS minute, arg_max(value, ts_ms) AS v
-            FROM engine_samples
-            WHERE signal = ? AND ts_ms >= ? AND ts_ms < ?{where}
-              AND (kind = 'count'
-                   OR (kind = 'bucket' AND abs(le - {threshold!r}) <= {threshold * 1e-9!r}))
-            GROUP BY ALL),
+            SELECT {series}, (ts_ms // {MINUTE_MS}) * {MINUTE_MS} AS minute,
+                   arg_max(value, ts_ms) AS v
+            FROM ({samples}) GROUP BY ALL),
+        before AS (
+            SELECT {series}, arg_max(value, ts_ms) AS v FROM ({samples}) GROUP BY ALL),
         d AS (
-            SELECT *, lag(v) OVER (PARTITION BY {series} ORDER BY minute) AS pv FROM s),
+            SELECT s.*, CASE WHEN row_number() OVER w = 1 THEN before.v
+                             ELSE lag(s.v) OVER w END AS pv
+            FROM s LEFT JOIN before USING ({series})
+            WINDOW w AS (PARTITION BY {series} ORDER BY minute)),
         inc AS (
             SELECT instance, pool, kind, minute,
                    CASE WHEN pv IS NULL THEN 0 WHEN v < pv THEN v ELSE v - pv END AS inc
-            FROM d WHERE minute >= ?),
+            FROM d),
         per AS (
             SELECT minute, pool, instance,
                    round(coalesce(sum(inc) FILTER (WHERE kind = 'count'), 0)) AS total,
                    round(coalesce(sum(inc) FILTER (WHERE kind = 'bucket'), 0)) AS good
-            FROM inc WHERE instance IN (SELECT instance FROM s WHERE kind = 'bucket')
+            FROM inc
+            WHERE instance IN (SELECT instance FROM s WHERE kind = 'bucket'
+                               UNION ALL SELECT instance FROM before WHERE kind = 'bucket')
             GROUP BY ALL)
         SELECT ? AS slo_id, minute AS ts_ms, pool, instance, '' AS tenant, '' AS route,
                CAST(total AS BIGINT) AS total,
                CAST(least(total, greatest(0, total - good)) AS BIGINT) AS bad
         FROM per WHERE total > 0"""
-    return sql, [sli.metric, start_ms - ENGINE_LOOKBACK_MS, end_ms, *params, start_ms, slo.id]
+    return sql, [
+        *(sli.metric, start_ms, end_ms, *params),  # s: the range
+        *(sli.metric, start_ms - ENGINE_LOOKBACK_MS, start_ms, *params),  # before: the lookback
+        slo.id,
+    ]

@@ -197,6 +197,22 @@ def test_hours_older_than_the_window_are_never_read(s3_server: S3Server, tmp_pat
         assert oldest >= T0_MS
 
 
+def test_a_fetch_between_cycles_deletes_the_rows_that_left_the_window(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The hourly prune of rows older than the window runs in a fetch (between cycles) when
+    one is due, not only in a refresh (a cycle)."""
+    _, engine, _ = FLEET.rows()
+    _append(_lake(s3_server, tmp_path), "engine_samples", engine, 0, batches=1)
+    with Store(tmp_path / "jobs.duckdb") as store:
+        IcebergMirror(_lake(s3_server, tmp_path), store, window_ms=DAY_MS).refresh(FLEET.end_ms)
+        assert store.count("engine_samples") == len(engine)
+        # Two days on, a restarted process following the lake: its first fetch prunes.
+        later = IcebergMirror(_lake(s3_server, tmp_path), store, window_ms=DAY_MS)
+        later.fetch(FLEET.end_ms + 2 * DAY_MS)
+        assert store.count("engine_samples") == 0
+
+
 def test_a_table_of_an_older_release_gains_the_columns_appended_since(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
@@ -226,13 +242,14 @@ def test_a_table_of_an_older_release_gains_the_columns_appended_since(
     assert dialects == [(False, 10), (True, 10)]
 
 
-def test_rows_fetched_ahead_are_stored_by_the_next_refresh_as_one_refresh_would(
+def test_rows_fetched_ahead_are_stored_then_reported_by_the_next_refresh_as_one_refresh_would(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
-    """Fetches between commits (the jobs following the lake between cycles) read each new
-    commit once and store nothing; the refresh after them reads only the last commit and
-    stores what a mirror that fetched nothing ahead stores, reporting the earliest event
-    time of everything fetched; a rewrite seen by a fetch still reloads the table whole."""
+    """Fetches between commits (the jobs following the lake between cycles) load each new
+    commit once, stored at once; the refresh after them loads only the last commit, the
+    file then holds what a mirror that fetched nothing ahead holds, and the refresh reports
+    what that mirror's refresh reports (rows, files, the earliest event time of everything
+    stored since the last refresh); a rewrite seen by a fetch still reloads the table whole."""
     requests, engine, _ = FLEET.rows()
     writer = _lake(s3_server, tmp_path)
     third = len(engine) // 3
@@ -249,7 +266,7 @@ def test_rows_fetched_ahead_are_stored_by_the_next_refresh_as_one_refresh_would(
         fetched = mirror.fetch(FLEET.end_ms)
         assert (fetched.files, fetched.rows) == (1, len(late))
         assert mirror.fetch(FLEET.end_ms).files == 0  # fetched once
-        assert store.count("engine_samples") == third  # nothing stored yet
+        assert store.count("engine_samples") == third + len(late)  # stored by the fetch
         _append(writer, "requests", requests, 1, batches=1)
         assert mirror.fetch(FLEET.end_ms).rows == len(requests)
         _append(writer, "engine_samples", engine[2 * third :], 0, batches=1)

@@ -598,3 +598,93 @@ def test_an_update_never_told_what_was_written_keeps_the_settle_window(store: St
     insert(store, requests=[request(T0_MS + 29 * MINUTE_MS, outcome="deadline_exceeded")])
     rollup.update(T0_MS + 34 * MINUTE_MS)
     assert evaluate(store.con, m, T0_MS + 34 * MINUTE_MS)[0].period == WindowCounts(2, 1)
+
+
+def _engine_reference(
+    samples: list[dict[str, Any]], start_ms: int, end_ms: int
+) -> list[tuple[int, str, int, int]]:
+    """(minute, instance, total, bad) of the TTFT ≤ 2 s engine SLI over [start, end), as
+    ``engine_minutes_sql`` defines it: per series, a minute's increase from the latest
+    sample before it at or after ``start − lookback`` (0 without one; the new value after
+    a reset); instances without a 2 s bucket in that read are left out."""
+    from slo.rollups._sli_sql import ENGINE_LOOKBACK_MS
+
+    read = [
+        r
+        for r in samples
+        if start_ms - ENGINE_LOOKBACK_MS <= r["ts_ms"] < end_ms
+        and (r["kind"] == "count" or r["le"] == 2.0)
+    ]
+    with_bucket = {r["instance"] for r in read if r["kind"] == "bucket"}
+    sums: dict[tuple[int, str], list[float]] = {}
+    series = {(r["instance"], r["engine"], r["kind"]) for r in read}
+    for key in series:
+        points = sorted(
+            (r["ts_ms"], r["value"]) for r in read if key == (r["instance"], r["engine"], r["kind"])
+        )
+        minutes = sorted({ts // MINUTE_MS * MINUTE_MS for ts, _ in points if ts >= start_ms})
+        for minute in minutes:
+            v = [value for ts, value in points if minute <= ts < minute + MINUTE_MS][-1]
+            earlier = [value for ts, value in points if ts < minute]
+            inc = 0.0 if not earlier else (v if v < earlier[-1] else v - earlier[-1])
+            total_good = sums.setdefault((minute, key[0]), [0.0, 0.0])
+            total_good[0 if key[2] == "count" else 1] += inc
+    rows = []
+    for (minute, instance), (total_inc, good_inc) in sums.items():
+        total, good = round(total_inc), round(good_inc)
+        if instance in with_bucket and total > 0:
+            rows.append((minute, instance, total, min(total, max(0, total - good))))
+    return sorted(rows)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    scrapes=st.lists(
+        st.tuples(
+            st.integers(0, 59 * 60),  # second of the scrape
+            st.sampled_from(["10.0.0.1:8000", "10.0.0.2:8000"]),
+            st.sampled_from(["0", "1"]),  # engine core
+            st.integers(0, 40),  # requests since the last scrape
+            st.booleans(),  # a counter reset before it
+            st.booleans(),  # the 2 s bucket scraped (else only +Inf and count)
+        ),
+        max_size=40,
+    ),
+    start_minute=st.integers(0, 58),
+    minutes=st.integers(1, 30),
+)
+def test_engine_minutes_of_any_range_equal_the_increases_from_each_series_last_sample(
+    tmp_path: Path,
+    scrapes: list[tuple[int, str, str, int, bool, bool]],
+    start_minute: int,
+    minutes: int,
+) -> None:
+    """Gaps longer than the lookback, resets, two cores of one instance, an instance whose
+    threshold bucket is only in the lookback: the SQL's minutes over [start, end) equal the
+    definition computed sample by sample."""
+    from slo.rollups._sli_sql import engine_minutes_sql
+
+    samples: list[dict[str, Any]] = []
+    state: dict[tuple[str, str], list[float]] = {}
+    for second, instance, core, n, reset, with_bucket in sorted(scrapes):
+        count, good = state.get((instance, core), [0.0, 0.0])
+        if reset:
+            count, good = 0.0, 0.0
+        count, good = count + n, good + n * 3 // 4
+        state[(instance, core)] = [count, good]
+        bounds = [2.0] if with_bucket else []
+        samples += histogram(T0_MS + second * 1000, "ttft", bounds, {2.0: good}, count,
+                             instance=instance, engine=core, dialect="sglang")  # fmt: skip
+    (slo,) = model(ENGINE_TTFT).slos
+    start = T0_MS + start_minute * MINUTE_MS
+    end = start + minutes * MINUTE_MS
+    with Store(tmp_path / f"{uuid.uuid4().hex}.duckdb") as store:
+        if samples:
+            insert(store, engine=samples)
+        sql, params = engine_minutes_sql(slo, start, end)
+        got = store.con.execute(
+            f"SELECT ts_ms, instance, total, bad FROM ({sql}) ORDER BY ALL", params
+        ).fetchall()
+    assert got == _engine_reference(samples, start, end)
