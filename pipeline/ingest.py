@@ -178,6 +178,7 @@ class _Batch:
         # partition still on the log its records were read from.
         self.metadata: Any = None  # a kafka.future.Future
         self.metadata_requested_s = 0.0
+        self.seq = 0  # its place among the batches submitted to commit
 
     def __bool__(self) -> bool:
         return bool(self.offsets)
@@ -311,8 +312,11 @@ class Ingester:
             else None
         )
         self._in_flight: deque[_InFlight] = deque()
-        # Set by the first commit stage that fails: no later batch reaches DuckDB after it.
-        self._stage_failed = threading.Event()
+        # The first batch (by seq) whose commit stage failed: no later batch reaches the lake
+        # or DuckDB after it; an earlier one still commits (its append is already in the lake).
+        self._failed_seq: int | None = None
+        self._failed_lock = threading.Lock()
+        self._submitted = 0
         self._consumer: KafkaConsumer | None = None
         self._deadletter_producer: BusProducer | None = None
         self._failure: StoreError | None = None
@@ -518,6 +522,7 @@ class Ingester:
         batch, self._batch = self._batch, _Batch()
         if not batch:
             return
+        batch.seq, self._submitted = self._submitted, self._submitted + 1
         in_lake = (
             self._lake_committer.submit(self._stage, self._append_to_lake, batch)
             if self._lake_committer is not None
@@ -531,16 +536,22 @@ class Ingester:
         try:
             return stage(batch, *args)
         except BaseException:
-            self._stage_failed.set()
+            with self._failed_lock:
+                if self._failed_seq is None or batch.seq < self._failed_seq:
+                    self._failed_seq = batch.seq
             raise
 
-    def _refuse_after_a_failure(self) -> None:
-        if self._stage_failed.is_set():
+    def _refuse_after_a_failure(self, batch: _Batch) -> None:
+        """Refuse a stage of ``batch`` once an earlier batch's stage has failed (a later
+        batch's failure does not stop it: the lake may already hold ``batch``)."""
+        with self._failed_lock:
+            failed = self._failed_seq
+        if failed is not None and failed < batch.seq:
             raise StoreError("not committed: the commit of an earlier batch failed")
 
     def _append_to_lake(self, batch: _Batch) -> float:
         assert self.lake is not None
-        self._refuse_after_a_failure()
+        self._refuse_after_a_failure(batch)
         report = self.lake.append_batch(batch.tables, batch.offsets, should_stop=self._stop.is_set)
         self.metrics.lake_commit_seconds.observe(report.seconds)
         self.metrics.lake_conflicts.inc(report.conflicts)
@@ -551,7 +562,7 @@ class Ingester:
         started = time.perf_counter()
         if in_lake is not None:
             in_lake.result()  # the lake first: a failed append raises here
-        self._refuse_after_a_failure()
+        self._refuse_after_a_failure(batch)
         self.store.commit_batch(
             batch.tables,
             group_id=self.config.group_id,

@@ -47,8 +47,28 @@ class _WatchedLake(IcebergLake):
             self.begun += 1
             self.changed.notify_all()
             if self.begun == self.fail_at:
+                self.refused = True
                 raise LakeError("Iceberg lake refused the commit (test)")
         return super().append_batch(rows, offsets, **kwargs)
+
+    refused = False
+
+
+class _LateSecondCommit(Ingester):
+    """An ingester whose second DuckDB commit starts only once the lake has refused an
+    append (the third batch's, begun meanwhile): the order a loaded host can give."""
+
+    def __init__(self, *args: Any, lake: _WatchedLake, **kwargs: Any) -> None:
+        super().__init__(*args, lake=lake, **kwargs)
+        self.watched = lake
+        self.commits_begun = 0
+
+    def _commit(self, *args: Any) -> float:
+        self.commits_begun += 1
+        if self.commits_begun == 2:
+            with self.watched.changed:
+                self.watched.changed.wait_for(lambda: self.watched.refused, timeout=30)
+        return super()._commit(*args)
 
 
 def _lake(tmp_path: Path, bus: Bus, **kwargs: Any) -> _WatchedLake:
@@ -111,3 +131,20 @@ def test_after_a_refused_append_no_later_batch_is_committed_and_a_restart_comple
         _ingester(bus, store, lake).run(max_idle_s=2.0)
         assert _file_values(store) == [float(v) for v in range(TOTAL)]
     assert _lake_values(lake) == [float(v) for v in range(TOTAL)]
+
+
+def test_a_later_batch_refused_by_the_lake_does_not_stop_an_earlier_batch_in_it(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """Batch 2 is in the lake when batch 3's append is refused: batch 2 still reaches
+    DuckDB, the run stops on the lake's error, and the file holds what the lake holds."""
+    produce_numbered(bus, total=TOTAL, per_message=PER_MESSAGE)
+    failing = _lake(tmp_path, bus, fail_at=3)
+    config = IngestConfig(group_id=bus.prefix, batch_max_rows=BATCH_ROWS, batch_max_ms=60_000)
+    with Store(tmp_path / "ingest.duckdb") as store:
+        with pytest.raises(LakeError, match="refused"):
+            _LateSecondCommit(bus, store, config, lake=failing).run(max_idle_s=2.0)
+        assert failing.refused
+        in_lake = _lake_values(failing)
+        assert 0 < len(in_lake) < TOTAL  # batches 1 and 2, not 3
+        assert _file_values(store) == in_lake
