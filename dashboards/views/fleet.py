@@ -282,7 +282,7 @@ def _levels(ctx: PageContext) -> None:
     df["level"] = df["to_level"].map(lambda lvl: _LEVELS.get(int(lvl), f"L{lvl}"))
     df["since"] = pd.to_datetime(df["ts_ms"], unit="ms", utc=True)
     df["instance"] = df["scope_id"].map(ctx.instance_label)
-    df["reason"] = df["reason"].fillna("no transition")
+    df["reason"] = df["reason"].astype(object).fillna("no transition")
     counts = df.groupby("level").size()
     cols = st.columns(len(_LEVELS))
     for col, name in zip(cols, _LEVELS.values(), strict=True):
