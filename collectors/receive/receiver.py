@@ -223,21 +223,7 @@ class Receiver:
         odd_count = int(np.count_nonzero(odd))
         general = list(zip(batch.positions, batch.series, strict=True))
         if odd_count:
-            slot_series = self._slots.series
-            for position, slot, ts_ms, value in zip(
-                positions[odd].tolist(),
-                slots[odd].tolist(),
-                known.timestamp_ms[odd].tolist(),
-                known.value[odd].tolist(),
-                strict=True,
-            ):
-                series = slot_series[slot]
-                general.append(
-                    (
-                        position,
-                        PushedSeries(series.name, series.labels, series.target, [(ts_ms, value)]),
-                    )
-                )
+            general += self._as_series(known, odd)
             general.sort(key=lambda pair: pair[0])
         repeated = len(np.unique(slots)) != len(slots)  # a series sent at several timestamps
         whole = len(self._last_ts) + len(general) >= self.max_tracked_series or (
@@ -334,24 +320,25 @@ class Receiver:
             self._slots.last[slots[stored]] = ts[stored]
         return duplicate, older
 
+    def _as_series(self, known: KnownSeries, which: np.ndarray) -> list[tuple[int, PushedSeries]]:
+        """The known samples ``which`` selects, as (place in the request, one-sample series)
+        for the general path."""
+        slot_series = self._slots.series
+        return [
+            (position, PushedSeries(series.name, series.labels, series.target, [(ts_ms, value)]))
+            for position, series, ts_ms, value in zip(
+                known.positions[which].tolist(),
+                [slot_series[slot] for slot in known.slots[which].tolist()],
+                known.timestamp_ms[which].tolist(),
+                known.value[which].tolist(),
+                strict=True,
+            )
+        ]
+
     def _ingest_whole(self, batch: PushedBatch, known: KnownSeries, report: IngestReport) -> None:
         """:meth:`_ingest_known` of a write sorted one series at a time."""
-        slot_series = self._slots.series
         every = list(zip(batch.positions, batch.series, strict=True))
-        for position, slot, ts_ms, value in zip(
-            known.positions.tolist(),
-            known.slots.tolist(),
-            known.timestamp_ms.tolist(),
-            known.value.tolist(),
-            strict=True,
-        ):
-            series = slot_series[slot]
-            every.append(
-                (
-                    position,
-                    PushedSeries(series.name, series.labels, series.target, [(ts_ms, value)]),
-                )
-            )
+        every += self._as_series(known, np.ones(len(known.slots), bool))
         every.sort(key=lambda pair: pair[0])
         self._ingest_series([series for _, series in every], report)
         self._remember(batch)
