@@ -651,6 +651,9 @@ def _engine_reference(
             st.booleans(),  # the 2 s bucket scraped (else only +Inf and count)
         ),
         max_size=40,
+        # One sample per series and timestamp, as Prometheus and the collectors store: two
+        # values at one instant have no order, and either may be taken as the later.
+        unique_by=lambda scrape: scrape[:3],
     ),
     start_minute=st.integers(0, 58),
     minutes=st.integers(1, 30),
