@@ -18,9 +18,10 @@ demo: $(STAMP)          ## the whole pipeline on embedded defaults, then a summa
 # Four workers on two cores: most tests wait on brokers, child processes and sleeps (at
 # four the CPU was 78 % busy, on an idle machine). A file is one unit (module fixtures run once);
 # files holding slow tests are handed out first (tests/conftest.py; xdist would otherwise
-# hand out the files with the most tests first, however short).
+# hand out the files with the most tests first, however short). The 25 slowest tests are
+# listed at the end, so a CI log shows where the suite's time goes.
 test: $(STAMP)          ## the test suite (real broker, DuckDB files, binaries when installed)
-	$(BIN)/pytest -q -p no:cacheprovider -n 4 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -p no:cacheprovider -n 4 --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
