@@ -404,3 +404,28 @@ def test_past_the_strips_row_limit_the_page_says_how_many_groups_share_a_row(
     }
     assert "share one row" not in " ".join(str(c.value) for c in every.caption)
 
+
+def _bad_per_instance(app: AppTest) -> dict[str, int]:
+    """Bad requests per instance as the SLO page's "bad events" chart draws them."""
+    totals: dict[str, int] = {}
+    for row in _chart_rows(app):
+        if {"instance", "outcome", "requests"} <= row.keys():
+            totals[row["instance"]] = totals.get(row["instance"], 0) + int(row["requests"])
+    return totals
+
+
+def test_the_slo_pages_bad_events_draw_the_worst_instances_and_count_the_rest(
+    on_history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    every = _bad_per_instance(_page("slo", range="30d"))
+    assert len(every) == len(on_history.instances) == 4
+    monkeypatch.setattr("dashboards.views.slo.BAD_INSTANCES", 2)
+    app = _page("slo", range="30d")
+    drawn = _bad_per_instance(app)
+    assert drawn == {i: n for i, n in every.items() if i in drawn} and len(drawn) == 2
+    assert min(drawn.values()) >= max(n for i, n in every.items() if i not in drawn)
+    hidden = sum(n for i, n in every.items() if i not in drawn)
+    captions = " ".join(str(c.value) for c in app.caption)
+    assert (
+        f"The 2 instances with the most bad requests; 2 more instances had {hidden:,}" in captions
+    )
