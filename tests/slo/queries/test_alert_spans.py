@@ -350,10 +350,14 @@ def test_past_the_row_limit_the_groups_alerting_at_the_end_keep_their_rows_first
     """What is wrong now comes before what was wrong longest: 16 hours before the history's
     end, pod-2's TTFT group is in ticket and keeps a row, though pod-1's paged longer over
     the range (availability, in ticket then too and paging longest, keeps the other)."""
-    scope = {"start_ms": END_MS - 2 * DAY_MS, "end_ms": END_MS - 16 * HOUR_MS, "bucket_ms": HOUR_MS}
+    start_ms, end_ms = END_MS - 2 * DAY_MS, END_MS - 16 * HOUR_MS
     with duckdb.connect(str(db), read_only=True) as con:
-        every = queries.slo_alert_spans(con, **scope).to_pandas()
-        two = queries.slo_alert_spans(con, **scope, most_rows=2).to_pandas()
+        every, two = (
+            queries.slo_alert_spans(
+                con, start_ms=start_ms, end_ms=end_ms, bucket_ms=HOUR_MS, most_rows=most
+            ).to_pandas()
+            for most in (None, 2)
+        )
     paged = every[every["state"] == "page"].assign(h=lambda d: d["end_ms"] - d["start_ms"])
     paged_h = paged.groupby("group_json")["h"].sum() // HOUR_MS
     pod = '{"instance": "pod-%d"}'
