@@ -237,8 +237,7 @@ def measure(
                                 _load(browser, page_url, 60, process.pid) for _ in range(warm_loads)
                             ]
                 finally:
-                    process.terminate()
-                    process.wait(timeout=20)
+                    _stop(process)
     figures: dict[str, float] = {}
     for (label, page), loads in cold.items():
         prefix = "" if label == "this" else f"{label}_"
@@ -257,6 +256,17 @@ def measure(
             f"received {figures[f'{prefix}{page}_received_kb']:,} kB"
         )
     return figures
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    """Stop a dashboard server: SIGTERM, then SIGKILL if it has not exited in 20 s (on a
+    loaded host Streamlit's shutdown can take longer, and the file is only read)."""
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=20)
 
 
 def _median(loads: list[Load], field: str) -> float:

@@ -12,9 +12,10 @@ import pandas as pd
 __all__ = ["LEVEL_NAMES", "STRIP_ROWS", "alert_detail", "level_spans"]
 
 LEVEL_NAMES = ("L0", "L1", "L2", "L3")
-#: Most SLO groups an alert strip gives a row of their own: a browser draws a fleet's
-#: 256 groups × a month of spans (thousands of rectangles, a megabyte) in seconds.
-STRIP_ROWS = 40
+#: Most SLO groups an alert strip gives a row of their own (those alerting at the range's
+#: end first): a browser draws a fleet's 256 groups × a month of spans (thousands of
+#: rectangles, a megabyte) in seconds, and each row costs it about 30 rectangles.
+STRIP_ROWS = 12
 
 
 def alert_detail(burns: Sequence[Mapping[str, object]]) -> str:

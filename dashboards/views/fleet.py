@@ -1,7 +1,8 @@
 """Fleet: what is wrong, where and since when, in pictures first — the alert state of every
 SLO group over the range, request rate and p99 TTFT per pool, the degradation level of
-every instance — then the tables behind them: every SLO with budget and burn, instances by
-level, open findings, and what changed in the last hour."""
+every instance — then the tables behind them, one tab at a time (only the open tab is read
+and sent): every SLO with budget and burn, instances by level, open findings, and what
+changed in the last hour."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ from dashboards.views.common import (
 from pipeline.units import HOUR_MS
 from slo.queries import MAX_RANGE_MS
 
-__all__ = ["PAGE", "slo_rows"]
+__all__ = ["EVERY_GROUP_KEY", "PAGE", "TABLES_KEY", "TABLE_TABS", "slo_rows"]
+
+#: Session key of the alert strip's "every group" switch (off: :data:`STRIP_ROWS` rows).
+EVERY_GROUP_KEY = "fleet_every_group"
+#: The detail tables' tabs, the first open on a new load; session key of the open one.
+TABLE_TABS = ("SLOs", "Instances by level", "Active findings", "Changed in the last hour")
+TABLES_KEY = "fleet_tables"
 
 _LEVELS = {
     0: "L0 normal",
@@ -123,11 +130,12 @@ def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
             "no SLO has been evaluated: the SLO jobs (`llmslo run` or `llmslo jobs`) write `slo_status_current`."
         )
         return
-    spans = ctx.table("slo_alert_spans", **_strip_scope(ctx))
+    every = bool(st.session_state.get(EVERY_GROUP_KEY, False))
+    spans = ctx.table("slo_alert_spans", **_strip_scope(ctx, every=every))
     if spans is None:
         return
     if spans.num_rows:
-        _draw_alert_strip(ctx, spans.to_pandas())
+        _draw_alert_strip(ctx, spans.to_pandas(), every=every)
     else:
         no_data("no SLO group with events in its rollups (`slo_minute`, `slo_hour`).")
     # An empty label value (records without that label): the jobs' status and the rollup
@@ -142,9 +150,10 @@ def _alert_strip(ctx: PageContext, status: pd.DataFrame | None) -> None:
         st.text("\n".join(unlabelled))
 
 
-def _strip_scope(ctx: PageContext) -> dict[str, Any]:
+def _strip_scope(ctx: PageContext, *, every: bool) -> dict[str, Any]:
     """The span the data covers in the view's range, in whole minutes (its last
-    ``MAX_RANGE_MS`` at most), with the SLO, pool and instance filters and the strip's row limit."""
+    ``MAX_RANGE_MS`` at most), with the SLO, pool and instance filters and the strip's row
+    limit (none with ``every``)."""
     scope = ctx.filters.series_scope(rollup=True)
     bucket_ms = scope["bucket_ms"]
     earliest = -(-(scope["end_ms"] - MAX_RANGE_MS) // bucket_ms) * bucket_ms
@@ -155,20 +164,21 @@ def _strip_scope(ctx: PageContext) -> dict[str, Any]:
         "slo_id": f.slo,
         "pool": f.pool,
         "instance": f.instance,
-        "most_rows": STRIP_ROWS,
+        "most_rows": None if every else STRIP_ROWS,
     }
 
 
-def _draw_alert_strip(ctx: PageContext, rows: pd.DataFrame) -> None:
-    """The spans (folded past :data:`~dashboards.timelines.STRIP_ROWS` groups) as a strip:
-    tooltips written once per span, from its last bucket's burns."""
+def _draw_alert_strip(ctx: PageContext, rows: pd.DataFrame, *, every: bool) -> None:
+    """The spans (folded past :data:`~dashboards.timelines.STRIP_ROWS` groups unless
+    ``every``) as a strip: tooltips written once per span, from its last bucket's burns;
+    under it, how many groups share a row and the switch that draws each on its own."""
     own = rows["folded"] == 0
     df = pd.DataFrame(
         {
             "slo": [
                 f"{slo_id} · {_group_label(json.loads(group))}"
                 if not folded
-                else f"{slo_id} · {folded:,} other groups"
+                else f"{slo_id} · {folded:,} other group{'s' if folded > 1 else ''}"
                 for slo_id, group, folded in zip(
                     rows["slo_id"], rows["group_json"], rows["folded"], strict=True
                 )
@@ -183,17 +193,36 @@ def _draw_alert_strip(ctx: PageContext, rows: pd.DataFrame) -> None:
         }
     )
     st.altair_chart(alert_strip(df), width="stretch")
-    folded_note = (
-        ""
-        if own.all()
-        else f" The {STRIP_ROWS} groups longest in page, then ticket, have a row each; the "
-        "other groups of an SLO share one row showing their worst state."
-    )
     st.caption(
         "Each cell: the worst alert window pair over its burn-rate factor at the end of the "
         f"bucket ({fmt_span(ctx.filters.rollup_bucket_ms)}), recomputed from the SLO rollups "
         "(windows counted in whole buckets; the low-traffic guard is not applied)."
-        f"{folded_note} The table below has the jobs' own last evaluation."
+        f"{_folded_caption(rows)} The SLOs table below has the jobs' own last evaluation."
+    )
+    if every or not own.all():
+        st.toggle(
+            "Draw every SLO group on its own row",
+            key=EVERY_GROUP_KEY,
+            help=f"off: the {STRIP_ROWS} groups alerting at the range's end, then longest in "
+            "page, then ticket, each on a row, the others one row per SLO",
+        )
+
+
+def _folded_caption(rows: pd.DataFrame) -> str:
+    """What the strip's folded rows hide (empty when no row is folded): ``6 of 257 SLO
+    groups have a row each: …; 251 more share one row per SLO (ttft: 251) …``."""
+    folded = rows[rows["folded"] > 0].groupby("slo_id", sort=True)["folded"].first()
+    if folded.empty:
+        return ""
+    own = rows.loc[rows["folded"] == 0, ["slo_id", "group_json"]].drop_duplicates()
+    hidden = int(folded.sum())
+    per_slo = ", ".join(f"{slo_id}: {count:,}" for slo_id, count in folded.items())
+    return (
+        f" {len(own):,} of {len(own) + hidden:,} SLO groups have a row each: those alerting "
+        "at the range's end, then those longest in page, then in ticket. "
+        f"{hidden:,} more share one row per SLO ({per_slo}) showing their worst state: "
+        "switch on every group below, or pick an SLO, pool or instance in the sidebar, to "
+        "see each one."
     )
 
 
@@ -345,19 +374,30 @@ def _changes(ctx: PageContext) -> None:
     st.dataframe(df, hide_index=True, width="stretch")
 
 
+def _tables(ctx: PageContext, status: pd.DataFrame | None) -> None:
+    """The detail tables, one tab each: only the open tab's table is read and sent (a
+    switch of tab runs the page again), so a load draws one table, not four."""
+    tabs = st.tabs(TABLE_TABS, key=TABLES_KEY, on_change="rerun")
+    shown = dict(zip(TABLE_TABS, tabs, strict=True))
+    sections = {
+        "SLOs": lambda: _slo_table(status),
+        "Instances by level": lambda: _levels(ctx),
+        "Active findings": lambda: _findings(ctx),
+        "Changed in the last hour": lambda: _changes(ctx),
+    }
+    for label, draw in sections.items():
+        with shown[label]:
+            if shown[label].open is not False:
+                draw()
+
+
 def _body(ctx: PageContext) -> None:
     status = _slo_status(ctx)
     _summary(ctx, status)
     _alert_strip(ctx, status)
     _pool_charts(ctx)
     level_strip_section(ctx)
-    _slo_table(status)
-    _levels(ctx)
-    left, right = st.columns(2)
-    with left:
-        _findings(ctx)
-    with right:
-        _changes(ctx)
+    _tables(ctx, status)
 
 
 PAGE = page("Fleet", _body)

@@ -177,7 +177,9 @@ states AS MATERIALIZED (
 ),
 placed AS (
     SELECT s.gid, row_number() OVER (
-               ORDER BY count(*) FILTER (WHERE s.state = 'page') DESC,
+               ORDER BY arg_max(CASE s.state WHEN 'page' THEN 2 WHEN 'ticket' THEN 1 ELSE 0 END,
+                                s.ts) DESC,
+                        count(*) FILTER (WHERE s.state = 'page') DESC,
                         count(*) FILTER (WHERE s.state = 'ticket') DESC, g.slo_id, g.group_json
            ) AS place
     FROM states s JOIN grp g ON g.gid = s.gid GROUP BY s.gid, g.slo_id, g.group_json
@@ -257,15 +259,17 @@ def slo_alert_spans(
     (``pair`` id, ``severity``, ``factor``, ``long_burn``, ``short_burn``), worst first.
     Ordered by SLO, group and time; ``folded`` is 0.
 
-    With ``most_rows`` and more groups than that, the ``most_rows`` groups longest in
-    ``page``, then in ``ticket`` (ties by SLO and group), keep their spans, and the other
-    groups of each SLO come back folded into one row: at each bucket their worst state
-    (:data:`ALERT_STATES` order), merged into runs, ``group_json`` null, ``burns`` empty and
-    ``folded`` the number of groups folded; these rows follow the groups' own, by SLO and
-    time. (A strip of a fleet's 256 groups × a month drew thousands of rectangles; folding
-    here leaves the burns of the folded groups uncomputed.) Reads ``slo_hour`` when buckets are whole hours, else
-    ``slo_minute`` (buckets are whole minutes). Raises :class:`pipeline.errors.QueryError`
-    naming a bad parameter.
+    With ``most_rows`` and more groups than that, the ``most_rows`` groups first in this
+    order keep their spans: those in ``page`` at the last bucket, then those in ``ticket``
+    there (what is wrong now), then the longest in ``page``, then in ``ticket`` over the
+    range (ties by SLO and group). The other groups of each SLO come back folded into one
+    row: at each bucket their worst state (:data:`ALERT_STATES` order), merged into runs,
+    ``group_json`` null, ``burns`` empty and ``folded`` the number of groups folded; these
+    rows follow the groups' own, by SLO and time. (A strip of a fleet's 256 groups × a
+    month drew thousands of rectangles; folding here leaves the burns of the folded groups
+    uncomputed.) Reads ``slo_hour`` when buckets are whole hours, else ``slo_minute``
+    (buckets are whole minutes). Raises :class:`pipeline.errors.QueryError` naming a bad
+    parameter.
     """
     grid = check_grid(start_ms, end_ms, bucket_ms, unit_ms=MINUTE_MS)
     rows = _check_most_rows(most_rows)

@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboards import SOURCE_ENV
 from dashboards.views import PAGES
+from dashboards.views.fleet import EVERY_GROUP_KEY, TABLE_TABS, TABLES_KEY
 from pipeline.schema import REQUEST_RECORDS
 from pipeline.store import Store
 from tests.dashboards.conftest import DEMO_SPAN_MS, DEMO_START_MS, END_MS, HOUR_MS, History
@@ -92,7 +93,7 @@ def _requests(history: History, where: str = "true", *params: object) -> int:
 
 #: page → (least number of charts, texts that must appear) on the 2-day history.
 EXPECTED = {
-    "fleet": (4, ["chat-availability", "chat-ttft", "L1 no speculative decoding=1", "FIRING"]),
+    "fleet": (4, ["chat-availability", "chat-ttft", "FIRING"]),
     "slo": (4, ["objective=99.000 %", "budget left=", "Bad events behind it"]),
     "latency": (3, ["TTFT p99 (worst bucket)=", "samples="]),
     "engines": (5, ["KV cache usage", "stall", "signature"]),
@@ -310,8 +311,14 @@ def test_an_out_of_range_link_is_a_clear_message_and_the_default_range(
     assert "2026-09-20 14:01 → 2026-09-21 14:01 UTC" in " ".join(c.value for c in app.caption)
 
 
+def _open_tab(app: AppTest, label: str) -> AppTest:
+    """``app`` run again with its Fleet table tab ``label`` open (as a click on it does)."""
+    app.session_state[TABLES_KEY] = label
+    return app.run()
+
+
 def test_fleet_counts_instances_that_never_left_l0_as_l0(on_history: History) -> None:
-    app = _page("fleet", range="30d")
+    app = _open_tab(_page("fleet", range="30d"), "Instances by level")
     counts = {m.label: m.value for m in app.metric}
     assert counts["L0 normal"] == "3" and counts["L1 no speculative decoding"] == "1"
     levels = next(df.value for df in app.dataframe if "level" in df.value.columns)
@@ -352,3 +359,73 @@ def test_the_demos_slo_budget_is_drawn_per_minute_from_its_rollups(on_demo: Path
     assert len(budget) >= 3 and all(b % 60_000 == 0 for b in budget)
     captions = " ".join(str(c.value) for c in app.caption)
     assert "buckets of 5 s (1 min for SLO budgets, from per-minute rollups)" in captions
+
+
+def test_fleet_draws_one_table_a_load_and_each_other_is_one_tab_away(
+    on_history: History,
+) -> None:
+    tables = {
+        "SLOs": "SLOs",
+        "Instances by level": "Instances by degradation level",
+        "Active findings": "Active findings",
+        "Changed in the last hour": "What changed in the last hour",
+    }
+    app = _page("fleet", range="30d")
+    assert [tab.label for tab in app.tabs] == list(TABLE_TABS) == list(tables)
+    assert len(app.dataframe) == 1 and "budget left" in app.dataframe[0].value.columns
+    for label, heading in tables.items():
+        opened = _open_tab(app, label) if label != "SLOs" else app
+        assert not opened.exception, [e.value for e in opened.exception]
+        headings = {h.value for h in opened.subheader}
+        assert headings & set(tables.values()) == {heading}, label
+        assert len(opened.dataframe) <= 1, label
+    levels = _open_tab(app, "Instances by level").dataframe[0].value
+    assert len(levels) == len(on_history.instances)
+
+
+def test_past_the_strips_row_limit_the_page_says_how_many_groups_share_a_row(
+    on_history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("dashboards.views.fleet.STRIP_ROWS", 2)
+    app = _page("fleet", range="24h")
+    drawn = {r["slo"] for r in _chart_rows(app) if "state" in r}
+    own = {label for label in drawn if "other group" not in label}
+    assert len(own) == 2
+    assert drawn - own == {"chat-availability · 1 other group", "chat-ttft · 2 other groups"}
+    captions = " ".join(str(c.value) for c in app.caption)
+    assert "2 of 5 SLO groups have a row each" in captions
+    assert "3 more share one row per SLO (chat-availability: 1, chat-ttft: 2)" in captions
+    app.toggle(key=EVERY_GROUP_KEY).set_value(True)
+    every = app.run()
+    pods = {f"chat-ttft · instance={pod}" for pod in on_history.instances}
+    assert {r["slo"] for r in _chart_rows(every) if "state" in r} == {
+        "chat-availability · all",
+        *pods,
+    }
+    assert "share one row" not in " ".join(str(c.value) for c in every.caption)
+
+
+def _bad_per_instance(app: AppTest) -> dict[str, int]:
+    """Bad requests per instance as the SLO page's "bad events" chart draws them."""
+    totals: dict[str, int] = {}
+    for row in _chart_rows(app):
+        if {"instance", "outcome", "requests"} <= row.keys():
+            totals[row["instance"]] = totals.get(row["instance"], 0) + int(row["requests"])
+    return totals
+
+
+def test_the_slo_pages_bad_events_draw_the_worst_instances_and_count_the_rest(
+    on_history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    every = _bad_per_instance(_page("slo", range="30d"))
+    assert len(every) == len(on_history.instances) == 4
+    monkeypatch.setattr("dashboards.views.slo.BAD_INSTANCES", 2)
+    app = _page("slo", range="30d")
+    drawn = _bad_per_instance(app)
+    assert drawn == {i: n for i, n in every.items() if i in drawn} and len(drawn) == 2
+    assert min(drawn.values()) >= max(n for i, n in every.items() if i not in drawn)
+    hidden = sum(n for i, n in every.items() if i not in drawn)
+    captions = " ".join(str(c.value) for c in app.caption)
+    assert (
+        f"The 2 instances with the most bad requests; 2 more instances had {hidden:,}" in captions
+    )

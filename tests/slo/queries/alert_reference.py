@@ -113,7 +113,8 @@ def merge_runs(cells: pd.DataFrame) -> pd.DataFrame:
 def fold_groups(spans: pd.DataFrame, *, most: int) -> pd.DataFrame:
     """The rows an alert strip draws from ``spans`` (:func:`slo.queries.slo_alert_spans`
     columns without ``folded``): every group its own row when there are at most ``most``; else the ``most``
-    groups longest in ``page``, then in ``ticket`` (ties by SLO and group), and the other
+    groups in ``page`` at the end, then in ``ticket`` there, then the longest in ``page``,
+    then in ``ticket`` (ties by SLO and group), and the other
     groups of each SLO folded into one row whose spans are their worst state at each time
     (:data:`~slo.queries.alert_spans.ALERT_STATES` order; other states rank below).
 
@@ -128,8 +129,10 @@ def fold_groups(spans: pd.DataFrame, *, most: int) -> pd.DataFrame:
         ticket_ms=length.where(spans["state"] == "ticket", 0),
     )
     ranked = time_in.groupby(keys, as_index=False)[["page_ms", "ticket_ms"]].sum()
-    ranked = ranked.sort_values(
-        ["page_ms", "ticket_ms", *keys], ascending=[False, False, True, True]
+    last = spans.loc[spans.groupby(keys)["end_ms"].idxmax(), [*keys, "state"]]
+    now = last.assign(now=last["state"].map({"page": 2, "ticket": 1}).fillna(0))
+    ranked = ranked.merge(now[[*keys, "now"]], on=keys).sort_values(
+        ["now", "page_ms", "ticket_ms", *keys], ascending=[False, False, False, True, True]
     )
     own = ranked.head(most)[keys]
     mine = spans.merge(own, on=keys, how="left", indicator=True)["_merge"].eq("both").to_numpy()

@@ -342,3 +342,30 @@ def test_a_row_limit_below_one_is_refused(db: Path) -> None:
         queries.slo_alert_spans(
             con, start_ms=END_MS - DAY_MS, end_ms=END_MS, bucket_ms=HOUR_MS, most_rows=0
         )
+
+
+def test_past_the_row_limit_the_groups_alerting_at_the_end_keep_their_rows_first(
+    db: Path,
+) -> None:
+    """What is wrong now comes before what was wrong longest: 16 hours before the history's
+    end, pod-2's TTFT group is in ticket and keeps a row, though pod-1's paged longer over
+    the range (availability, in ticket then too and paging longest, keeps the other)."""
+    start_ms, end_ms = END_MS - 2 * DAY_MS, END_MS - 16 * HOUR_MS
+    with duckdb.connect(str(db), read_only=True) as con:
+        every, two = (
+            queries.slo_alert_spans(
+                con, start_ms=start_ms, end_ms=end_ms, bucket_ms=HOUR_MS, most_rows=most
+            ).to_pandas()
+            for most in (None, 2)
+        )
+    paged = every[every["state"] == "page"].assign(h=lambda d: d["end_ms"] - d["start_ms"])
+    paged_h = paged.groupby("group_json")["h"].sum() // HOUR_MS
+    pod = '{"instance": "pod-%d"}'
+    assert paged_h[pod % 1] > paged_h[pod % 2]
+    last = every.sort_values("end_ms").groupby("group_json")["state"].last()
+    assert last[pod % 2] == "ticket" and last[pod % 1] == "ok"
+    own = two[two["folded"] == 0]
+    assert set(zip(own["slo_id"], own["group_json"], strict=True)) == {
+        ("spans-availability", "{}"),
+        ("spans-ttft", pod % 2),
+    }
