@@ -25,13 +25,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from collectors.exposition import Exposition
+from collectors.exposition import Exposition, Series
 
 __all__ = [
     "REASONS",
     "HistogramLayout",
     "ScrapeShape",
     "bad_histogram_groups",
+    "describe_line",
     "describe_sample",
     "redeclared",
     "reject_impossible",
@@ -134,13 +135,17 @@ def bad_histogram_groups(
     return bad
 
 
+def describe_line(series: Series, value: float) -> str:
+    """A sample's exposition line, as :func:`reject_impossible`'s errors quote it."""
+    labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
+    return f"{series.name}{{{labels}}} {value!r}"
+
+
 def describe_sample(exposition: Exposition) -> Callable[[int], str]:
     """What :func:`reject_impossible` says of sample ``i`` of ``exposition``: its line."""
 
     def describe(position: int) -> str:
-        series = exposition.series[position]
-        labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
-        return f"{series.name}{{{labels}}} {exposition.values[position]!r}"
+        return describe_line(exposition.series[position], exposition.values[position])
 
     return describe
 

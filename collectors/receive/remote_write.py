@@ -243,9 +243,7 @@ class RemoteWriteDecoder:
         small = count <= self.limits.max_labels_per_series
         small = small and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
         try:
-            name, labels, target = (self._label_set if small else self._parse_label_set)(
-                raw_labels
-            )
+            name, labels, target = (self._label_set if small else self._parse_label_set)(raw_labels)
         except _LabelsRefused as refused:
             batch.refuse(refused.reason, refused.name)
             return None

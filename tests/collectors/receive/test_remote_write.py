@@ -292,7 +292,8 @@ _TAIL_SAMPLE = st.tuples(
             st.integers(0, 6),
             st.sampled_from(["", "x", "z" * 128, _LOOKS_LIKE_A_SAMPLE]),
             st.one_of(
-                *[_TAIL_SAMPLE.map(lambda sample: [sample])] * 30, st.lists(_TAIL_SAMPLE, max_size=2)
+                *[_TAIL_SAMPLE.map(lambda sample: [sample])] * 30,
+                st.lists(_TAIL_SAMPLE, max_size=2),
             ),
         ),
         min_size=1,
@@ -324,9 +325,10 @@ def test_known_series_read_from_their_end_read_what_the_series_by_series_parse_r
         slot: tuple(sorted((lb.name, lb.value) for lb in LabelSet.FromString(key).labels))
         for key, slot in known.items()
     }
+    positions = batch.positions if batch.known is not None else range(len(batch.series))
     got: list[tuple[int, tuple[tuple[str, str], ...], list[tuple[int, int]]]] = [
         (position, s.labels, [(ts, _bits(v)) for ts, v in s.samples])
-        for position, s in zip(batch.positions or range(len(batch.series)), batch.series)
+        for position, s in zip(positions, batch.series, strict=True)
     ]
     if batch.known is not None:
         columns = batch.known
