@@ -126,8 +126,9 @@ class _Template:
     is_count: bool = False
 
 
-#: Shapes kept per target: a scrape's, or each part of a scrape a remote-write shards.
-_MAX_SHAPES = 4
+#: Samples in the shapes kept per target, per template: a scrape's shape, or those of the
+#: parts a remote-write splits a scrape into (at other places from one scrape to the next).
+_SHAPE_SAMPLES_PER_TEMPLATE = 4
 
 
 @dataclass
@@ -202,7 +203,8 @@ class TargetCanonicalizer:
         self._hist_groups: dict[tuple[object, ...], int] = {}
         self._templates: list[_Template] = []
         self._arrow: pa.Table | None = None
-        self._shapes: dict[bytes, _Shape] = {}  # by the template indices' bytes
+        self._shapes: dict[bytes, _Shape] = {}  # by the template indices' bytes, oldest first
+        self._shape_samples = 0
         self._prev = np.empty(0)
         self._frozen_state: dict[tuple[object, object], tuple[bytes, int]] = {}
 
@@ -324,18 +326,20 @@ class TargetCanonicalizer:
             prev = np.full(len(self._templates), np.nan)
             prev[: min(len(self._prev), len(prev))] = self._prev[: len(prev)]
             self._prev = prev
-            self._shapes = {}
+            self._shapes, self._shape_samples = {}, 0
         return self._arrow
 
     def _shape(self, idx: np.ndarray) -> _Shape:
         """The :class:`_Shape` of ``idx`` (after :meth:`_template_table`)."""
         key = idx.tobytes()
-        shape = self._shapes.get(key)
+        shape = self._shapes.pop(key, None)
         if shape is None:
-            if len(self._shapes) >= _MAX_SHAPES:
-                self._shapes.clear()
-            checks = ScrapeShape(self._layout, idx, self._cumulative)
-            shape = self._shapes[key] = _Shape(checks, self._mapped[idx])
+            budget = _SHAPE_SAMPLES_PER_TEMPLATE * len(self._templates)
+            while self._shapes and self._shape_samples + len(idx) > budget:
+                self._shape_samples -= len(self._shapes.pop(next(iter(self._shapes))).mapped)
+            shape = _Shape(ScrapeShape(self._layout, idx, self._cumulative), self._mapped[idx])
+            self._shape_samples += len(idx)
+        self._shapes[key] = shape  # the most recently used last
         return shape
 
     # -- detection ---------------------------------------------------------------------------
