@@ -28,6 +28,7 @@ also split into the bodies holding the first scrape (every series new:
     python bench/receive.py                   # full (1 M samples per door and batch size)
     python bench/receive.py --quick           # < 60 s (20 k samples: one scrape, all cold)
     python bench/receive.py --samples 200000  # 7 scrapes of 50 targets: one sample in 7 new
+    python bench/receive.py --doors receive --no-collect  # remote-write alone
 
 The last line is JSON: {"bench": "receive", "receive_2000_samples_per_s": …,
 "receive_2000_samples_per_cpu_s": …, "receive_2000_4_senders_samples_per_s": …,
@@ -386,13 +387,23 @@ def main() -> None:
         help="remote-write also with this many concurrent senders, each a shard of the series "
         "(Prometheus' queue_config.max_shards); 1: only the one-in-flight run (default 4)",
     )
+    parser.add_argument(
+        "--doors",
+        nargs="+",
+        choices=sorted(DOORS),
+        default=sorted(DOORS),
+        help="the doors to run (default both)",
+    )
+    parser.add_argument(
+        "--no-collect", action="store_true", help="leave out the collector scraping the same volume"
+    )
     args = parser.parse_args()
     # --quick: the receiver runs at ~10 k samples/s on a loaded 2-core machine; 20 k samples
     # per door and batch size keep the whole run (5 children, one broker) under a minute
     samples = 20_000 if args.quick else args.samples
     result: dict[str, Any] = {"bench": "receive", "samples": samples}
     with EmbeddedBroker() as broker:
-        for door in DOORS:
+        for door in [d for d in DOORS if d in args.doors]:
             for per_request in (2000, 10_000):
                 got = _in_child(
                     bench_receive, broker.bootstrap_servers, door, per_request, samples, 1
@@ -427,11 +438,12 @@ def main() -> None:
                 for name in ("known_samples_per_cpu_s", "first_scrape_us_per_sample"):
                     if name in got:
                         result[f"{door}_{per_request}_in_process_{name}"] = round(got[name], 1)
-        got = _in_child(bench_collect, broker.bootstrap_servers, samples)
-        print(f"collect, same volume: {got}")
-        result["collect_samples_per_s"] = round(got["samples_per_s"])
-        result["collect_peak_rss_mib"] = round(got["peak_rss_mib"], 1)
-        result["collect_rows_published"] = got["rows_published"]
+        if not args.no_collect:
+            got = _in_child(bench_collect, broker.bootstrap_servers, samples)
+            print(f"collect, same volume: {got}")
+            result["collect_samples_per_s"] = round(got["samples_per_s"])
+            result["collect_peak_rss_mib"] = round(got["peak_rss_mib"], 1)
+            result["collect_rows_published"] = got["rows_published"]
     print(json.dumps(result))
 
 

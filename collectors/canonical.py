@@ -37,6 +37,7 @@ from collectors.dialects import DIALECT_NAMES, Detection, DialectMap, detect_dia
 from collectors.exposition import Exposition, Series
 from collectors.semantics import (
     HistogramLayout,
+    ScrapeShape,
     describe_sample,
     redeclared,
     reject_impossible,
@@ -125,6 +126,21 @@ class _Template:
     is_count: bool = False
 
 
+#: Samples in the shapes kept per target, per template: a scrape's shape, or those of the
+#: parts a remote-write splits a scrape into (at other places from one scrape to the next).
+_SHAPE_SAMPLES_PER_TEMPLATE = 4
+
+
+@dataclass
+class _Shape:
+    """What a scrape's template indices alone decide, kept for the next scrape of the same
+    series in the same order (valid while the template table is the same)."""
+
+    checks: ScrapeShape
+    mapped: np.ndarray  # which samples have a signal
+    taken: dict[bool, pa.Table] = field(default_factory=dict)  # by mapped_only: their rows
+
+
 def _kind_and_base(name: str, family_type: str, family_name: str) -> tuple[str, str]:
     if family_type in ("histogram", "gaugehistogram", "summary"):
         for suffix, kind in _HISTOGRAM_SUFFIXES:
@@ -187,6 +203,8 @@ class TargetCanonicalizer:
         self._hist_groups: dict[tuple[object, ...], int] = {}
         self._templates: list[_Template] = []
         self._arrow: pa.Table | None = None
+        self._shapes: dict[bytes, _Shape] = {}  # by the template indices' bytes, oldest first
+        self._shape_samples = 0
         self._prev = np.empty(0)
         self._frozen_state: dict[tuple[object, object], tuple[bytes, int]] = {}
 
@@ -308,7 +326,21 @@ class TargetCanonicalizer:
             prev = np.full(len(self._templates), np.nan)
             prev[: min(len(self._prev), len(prev))] = self._prev[: len(prev)]
             self._prev = prev
+            self._shapes, self._shape_samples = {}, 0
         return self._arrow
+
+    def _shape(self, idx: np.ndarray) -> _Shape:
+        """The :class:`_Shape` of ``idx`` (after :meth:`_template_table`)."""
+        key = idx.tobytes()
+        shape = self._shapes.pop(key, None)
+        if shape is None:
+            budget = _SHAPE_SAMPLES_PER_TEMPLATE * len(self._templates)
+            while self._shapes and self._shape_samples + len(idx) > budget:
+                self._shape_samples -= len(self._shapes.pop(next(iter(self._shapes))).mapped)
+            shape = _Shape(ScrapeShape(self._layout, idx, self._cumulative), self._mapped[idx])
+            self._shape_samples += len(idx)
+        self._shapes[key] = shape  # the most recently used last
+        return shape
 
     # -- detection ---------------------------------------------------------------------------
     def _detect(self, exposition: Exposition) -> None:
@@ -432,6 +464,7 @@ class TargetCanonicalizer:
         mapped_only: bool = False,
     ) -> CanonicalBatch:
         templates = self._template_table()
+        shape = self._shape(idx)
         values = raw_values * self._scale[idx]
         batch = CanonicalBatch(self.schema, _empty_table())
         rejected = reject_impossible(
@@ -443,6 +476,7 @@ class TargetCanonicalizer:
             batch.dropped,
             batch.errors,
             type_redeclared,
+            shape.checks,
         )
         if rejected is not None:
             idx, values, ts = idx[~rejected], values[~rejected], ts[~rejected]
@@ -463,14 +497,21 @@ class TargetCanonicalizer:
             self._header_start_s = process_start_s
         extra += self._frozen_rows(idx, values, ts_ms)
         if mapped_only:  # derived rows (resets, frozen gauges) always have a signal
-            mapped = self._mapped[idx]
+            mapped = shape.mapped if rejected is None else self._mapped[idx]
             batch.unmapped = len(idx) - int(np.count_nonzero(mapped))
             keep = mapped if keep is None else keep & mapped
             if keep.all():
                 keep = None
+        # the rows taken from the templates: the same as last time for the same samples kept
+        same = rejected is None and (keep is None or keep is shape.mapped)
+        taken = shape.taken.get(mapped_only) if same else None
         if keep is not None:
             idx, values, ts = idx[keep], values[keep], ts[keep]
-        batch.table = self._assemble(templates.take(pa.array(idx)), ts, values, extra)
+        if taken is None:
+            taken = templates.take(pa.array(idx))
+            if same:
+                shape.taken[mapped_only] = taken
+        batch.table = self._assemble(taken, ts, values, extra)
         return batch
 
     def _assemble(

@@ -25,12 +25,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from collectors.exposition import Exposition
+from collectors.exposition import Exposition, Series
 
 __all__ = [
     "REASONS",
     "HistogramLayout",
+    "ScrapeShape",
     "bad_histogram_groups",
+    "describe_line",
     "describe_sample",
     "redeclared",
     "reject_impossible",
@@ -75,50 +77,75 @@ class HistogramLayout:
         self.groups = int(self.group.max()) + 1 if len(self.group) else 0
 
 
+class ScrapeShape:
+    """What the checks of :func:`reject_impossible` need of a scrape's template indices
+    ``idx`` alone (its duplicates, histogram groups and buckets in ``le`` order): computed
+    once, it serves every scrape of the same series in the same order."""
+
+    def __init__(self, layout: HistogramLayout, idx: np.ndarray, cumulative: np.ndarray) -> None:
+        self.groups = groups_all = layout.group[idx]
+        self.cumulative = cumulative[idx]
+        self.duplicate = np.bincount(idx, minlength=len(cumulative))[idx] > 1
+        self.histogram_groups = layout.groups
+        present = np.flatnonzero(groups_all >= 0)
+        groups, templates = groups_all[present], idx[present]
+        self.invalid_le = np.unique(groups[layout.le_invalid[templates]])
+        buckets = layout.is_bucket[templates] & ~layout.le_invalid[templates]
+        b_group, b_le = groups[buckets], layout.le[templates[buckets]]
+        order = np.lexsort((b_le, b_group))
+        self.buckets = present[np.flatnonzero(buckets)[order]]  # positions in idx, le order
+        self.b_group = b_group[order]
+        self.same_group = self.b_group[1:] == self.b_group[:-1]
+        at_inf = b_le[order] == np.inf
+        self.inf_group, self.inf_at = self.b_group[at_inf], self.buckets[at_inf]
+        counts = layout.is_count[templates]
+        self.count_group, self.count_at = groups[counts], present[counts]
+
+
 def bad_histogram_groups(
-    layout: HistogramLayout, idx: np.ndarray, values: np.ndarray
+    layout: HistogramLayout,
+    idx: np.ndarray,
+    values: np.ndarray,
+    shape: ScrapeShape | None = None,
 ) -> dict[str, np.ndarray]:
     """Histogram groups of this scrape that break the rules, by reason.
 
-    ``idx`` are the template indices of the scrape's samples, ``values`` their values.
+    ``idx`` are the template indices of the scrape's samples, ``values`` their values;
+    ``shape`` their :class:`ScrapeShape`, when kept from an earlier scrape.
     Returns reason → array of group ids (empty dict when every histogram is sound).
     """
-    group = layout.group[idx]
-    present = np.flatnonzero(group >= 0)
-    if not len(present):
-        return {}
-    groups, templates, vals = group[present], idx[present], values[present]
+    shape = shape or ScrapeShape(layout, idx, np.zeros(len(layout.group), bool))
     bad: dict[str, np.ndarray] = {}
-    invalid = np.unique(groups[layout.le_invalid[templates]])
-    if len(invalid):
-        bad["invalid_le"] = invalid
-    buckets = layout.is_bucket[templates] & ~layout.le_invalid[templates]
-    b_group, b_le, b_val = groups[buckets], layout.le[templates[buckets]], vals[buckets]
-    order = np.lexsort((b_le, b_group))
-    b_group, b_le, b_val = b_group[order], b_le[order], b_val[order]
+    if len(shape.invalid_le):
+        bad["invalid_le"] = shape.invalid_le
+    if not len(shape.buckets) and not len(shape.count_at):
+        return bad
+    b_val = values[shape.buckets]
     with np.errstate(invalid="ignore"):  # inf - inf: those are rejected as non-finite
-        drops = (b_group[1:] == b_group[:-1]) & (np.diff(b_val) < 0)  # NaN never compares
+        drops = shape.same_group & (np.diff(b_val) < 0)  # NaN never compares
     if drops.any():
-        bad["histogram_buckets_decrease"] = np.unique(b_group[1:][drops])
-    inf_bucket = np.full(layout.groups, np.nan)
-    at_inf = b_le == np.inf
-    inf_bucket[b_group[at_inf]] = b_val[at_inf]
-    count = np.full(layout.groups, np.nan)
-    counts = layout.is_count[templates]
-    count[groups[counts]] = vals[counts]
+        bad["histogram_buckets_decrease"] = np.unique(shape.b_group[1:][drops])
+    inf_bucket = np.full(shape.histogram_groups, np.nan)
+    inf_bucket[shape.inf_group] = values[shape.inf_at]
+    count = np.full(shape.histogram_groups, np.nan)
+    count[shape.count_group] = values[shape.count_at]
     differs = np.flatnonzero((inf_bucket != count) & ~np.isnan(inf_bucket) & ~np.isnan(count))
     if len(differs):
         bad["histogram_inf_not_count"] = differs
     return bad
 
 
+def describe_line(series: Series, value: float) -> str:
+    """A sample's exposition line, as :func:`reject_impossible`'s errors quote it."""
+    labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
+    return f"{series.name}{{{labels}}} {value!r}"
+
+
 def describe_sample(exposition: Exposition) -> Callable[[int], str]:
     """What :func:`reject_impossible` says of sample ``i`` of ``exposition``: its line."""
 
     def describe(position: int) -> str:
-        series = exposition.series[position]
-        labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
-        return f"{series.name}{{{labels}}} {exposition.values[position]!r}"
+        return describe_line(exposition.series[position], exposition.values[position])
 
     return describe
 
@@ -140,12 +167,14 @@ def reject_impossible(
     dropped: dict[str, int],
     errors: list[str],
     type_redeclared: np.ndarray | None = None,
+    shape: ScrapeShape | None = None,
 ) -> np.ndarray | None:
     """Mask of the samples to reject, or None when every sample is sound.
 
     ``idx``/``values`` are the scrape's template indices and (scaled) values;
     ``cumulative`` marks counter/bucket/count templates; ``type_redeclared`` the samples of a
-    redeclared family (:func:`redeclared`). Adds each rejected sample to
+    redeclared family (:func:`redeclared`); ``shape`` the :class:`ScrapeShape` of ``idx``,
+    when kept from an earlier scrape (made here otherwise). Adds each rejected sample to
     ``dropped[reason]`` and describes the first few in ``errors`` (``"reason: "`` and
     ``describe(i)``, :func:`describe_sample`).
     """
@@ -160,12 +189,12 @@ def reject_impossible(
         for position in new[: max(_MAX_ERRORS_KEPT - len(errors), 0)].tolist():
             errors.append(f"{reason}: {describe(position)}"[:200])
 
+    shape = shape or ScrapeShape(layout, idx, cumulative)
     reject(np.isinf(values), "non_finite_value")
-    reject(cumulative[idx] & (values < 0), "negative_counter")
-    reject(np.bincount(idx, minlength=len(cumulative))[idx] > 1, "duplicate_series")
+    reject(shape.cumulative & (values < 0), "negative_counter")
+    reject(shape.duplicate, "duplicate_series")
     if type_redeclared is not None:
         reject(type_redeclared, "type_redeclared")
-    groups = layout.group[idx]
-    for reason, ids in bad_histogram_groups(layout, idx, values).items():
-        reject(np.isin(groups, ids), reason)
+    for reason, ids in bad_histogram_groups(layout, idx, values, shape).items():
+        reject(np.isin(shape.groups, ids), reason)
     return bad if bad.any() else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from collectors.exposition import Exposition
-from collectors.receive.series import PushedSeries
+from collectors.receive.series import KnownSeries, PushedSeries
 from collectors.receive.targets import Target
 
 __all__ = ["NONE", "Slots"]
@@ -105,3 +105,47 @@ class Slots:
             )
             self.template[slot] = hit[0] if hit is not None and valid else -1
             self.epoch[slot] = target.epoch
+
+    def deduplicate(
+        self, slots: np.ndarray, ts: np.ndarray, positions: np.ndarray, repeated: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(duplicate, older) masks of known samples (``slots``, ``ts``, ``positions`` in the
+        request), their slots' state updated with those stored. A series sent several times
+        in the write is taken in request order: its first samples in one pass, its second
+        ones in the next, …"""
+        if not repeated:
+            last = self.last[slots]
+            duplicate, older = ts == last, ts < last
+            stored = ~(duplicate | older)
+            self.last[slots[stored]] = ts[stored]
+            return duplicate, older
+        order = np.lexsort((positions, slots))
+        by_slot = slots[order]
+        run_start = np.flatnonzero(np.concatenate([[True], by_slot[1:] != by_slot[:-1]]))
+        run_length = np.diff(np.concatenate([run_start, [len(slots)]]))
+        rank = np.empty(len(slots), np.int64)
+        rank[order] = np.arange(len(slots)) - np.repeat(run_start, run_length)
+        duplicate = np.zeros(len(slots), bool)
+        older = np.zeros(len(slots), bool)
+        for occurrence in range(int(rank.max()) + 1):
+            at = np.flatnonzero(rank == occurrence)
+            last = self.last[slots[at]]
+            duplicate[at], older[at] = ts[at] == last, ts[at] < last
+            stored = at[ts[at] > last]
+            self.last[slots[stored]] = ts[stored]
+        return duplicate, older
+
+    def as_series(self, known: KnownSeries, which: np.ndarray) -> list[tuple[int, PushedSeries]]:
+        """The known samples ``which`` selects, as (place in the request, one-sample series)
+        for the general path."""
+        slot_series = self.series
+        return [
+            (position, PushedSeries(series.name, series.labels, series.target, [(ts_ms, value)]))
+            for position, series, ts_ms, value in zip(
+                known.positions[which].tolist(),
+                [slot_series[slot] for slot in known.slots[which].tolist()],
+                known.timestamp_ms[which].tolist(),
+                known.value[which].tolist(),
+                strict=True,
+            )
+        ]

@@ -59,6 +59,7 @@ from collectors.health import HealthRow, health_table
 from collectors.receive._slots import NONE, Slots
 from collectors.receive.series import KnownSeries, PushedBatch, PushedSeries, is_stale
 from collectors.receive.targets import Target, family_of
+from collectors.semantics import describe_line
 from pipeline.schema import TARGET_HEALTH, RecordSchema
 
 __all__ = ["IngestReport", "Receiver"]
@@ -223,7 +224,7 @@ class Receiver:
         odd_count = int(np.count_nonzero(odd))
         general = list(zip(batch.positions, batch.series, strict=True))
         if odd_count:
-            general += self._as_series(known, odd)
+            general += self._slots.as_series(known, odd)
             general.sort(key=lambda pair: pair[0])
         repeated = len(np.unique(slots)) != len(slots)  # a series sent at several timestamps
         whole = len(self._last_ts) + len(general) >= self.max_tracked_series or (
@@ -256,7 +257,7 @@ class Receiver:
         self._slots.sync_out(general_series, self._last_ts)
         self._remember(batch)
         # deduplication: a sample is stored if later than its series' last stored one
-        duplicate, older = self._deduplicate(f_slots, f_ts, f_positions, repeated)
+        duplicate, older = self._slots.deduplicate(f_slots, f_ts, f_positions, repeated)
         if duplicate.any():
             report.drop("duplicate", int(np.count_nonzero(duplicate)))
         if older.any():
@@ -292,53 +293,10 @@ class Receiver:
             )
         self._sink_health(health, report)
 
-    def _deduplicate(
-        self, slots: np.ndarray, ts: np.ndarray, positions: np.ndarray, repeated: bool
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(duplicate, older) masks of known samples, their slots' state updated with those
-        stored. A series sent several times in the write is taken in request order: its
-        first samples in one pass, its second ones in the next, …"""
-        if not repeated:
-            last = self._slots.last[slots]
-            duplicate, older = ts == last, ts < last
-            stored = ~(duplicate | older)
-            self._slots.last[slots[stored]] = ts[stored]
-            return duplicate, older
-        order = np.lexsort((positions, slots))
-        by_slot = slots[order]
-        run_start = np.flatnonzero(np.concatenate([[True], by_slot[1:] != by_slot[:-1]]))
-        run_length = np.diff(np.concatenate([run_start, [len(slots)]]))
-        rank = np.empty(len(slots), np.int64)
-        rank[order] = np.arange(len(slots)) - np.repeat(run_start, run_length)
-        duplicate = np.zeros(len(slots), bool)
-        older = np.zeros(len(slots), bool)
-        for occurrence in range(int(rank.max()) + 1):
-            at = np.flatnonzero(rank == occurrence)
-            last = self._slots.last[slots[at]]
-            duplicate[at], older[at] = ts[at] == last, ts[at] < last
-            stored = at[ts[at] > last]
-            self._slots.last[slots[stored]] = ts[stored]
-        return duplicate, older
-
-    def _as_series(self, known: KnownSeries, which: np.ndarray) -> list[tuple[int, PushedSeries]]:
-        """The known samples ``which`` selects, as (place in the request, one-sample series)
-        for the general path."""
-        slot_series = self._slots.series
-        return [
-            (position, PushedSeries(series.name, series.labels, series.target, [(ts_ms, value)]))
-            for position, series, ts_ms, value in zip(
-                known.positions[which].tolist(),
-                [slot_series[slot] for slot in known.slots[which].tolist()],
-                known.timestamp_ms[which].tolist(),
-                known.value[which].tolist(),
-                strict=True,
-            )
-        ]
-
     def _ingest_whole(self, batch: PushedBatch, known: KnownSeries, report: IngestReport) -> None:
         """:meth:`_ingest_known` of a write sorted one series at a time."""
         every = list(zip(batch.positions, batch.series, strict=True))
-        every += self._as_series(known, np.ones(len(known.slots), bool))
+        every += self._slots.as_series(known, np.ones(len(known.slots), bool))
         every.sort(key=lambda pair: pair[0])
         self._ingest_series([series for _, series in every], report)
         self._remember(batch)
@@ -430,8 +388,7 @@ class Receiver:
 
         def describe(position: int) -> str:
             series = known[slot_series[int(slots[position])].labels]
-            labels = ",".join(f'{k}="{v}"' for k, v in series.labels.items())
-            return f"{series.name}{{{labels}}} {values[position].item()!r}"
+            return describe_line(series, values[position].item())
 
         return canonicalizer.canonicalize_templates(
             templates, values, ts_ms, describe, mapped_only=True

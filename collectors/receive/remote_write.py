@@ -17,7 +17,10 @@ The request is parsed once with its series left serialised, and the series are r
 columns (:func:`collectors.receive._columns.read_columns`: numpy over the bytes, no Python
 object per label or sample) when every one is laid out as Prometheus writes it — labels,
 then one sample. Any other request is parsed series by series (:data:`KeyedWriteRequest`),
-with the same refusals; both reads give the same series.
+with the same refusals; both reads give the same series. A request whose series the receiver
+all knows (the steady state of a remote-write) is read from each series' end
+(:func:`collectors.receive._columns.read_tails`): its sample, and the bytes before it looked
+up among the known label sets, the labels not walked at all.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np
 import snappy
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 
-from collectors.receive._columns import SeriesColumns, read_columns
+from collectors.receive._columns import SeriesColumns, read_columns, read_tails
 from collectors.receive._prompb import (
     METADATA_TYPES,
     KeyedWriteRequest,
@@ -211,22 +214,40 @@ class RemoteWriteDecoder:
             batch.family_types[metadata.metric_family_name] = METADATA_TYPES.get(
                 metadata.type, "untyped"
             )
-        columns = read_columns(list(request.timeseries), limits.max_labels_per_series)
+        series = list(request.timeseries)
+        if known:
+            tails = read_tails(series)
+            if tails is not None:
+                keys, timestamp_ms, value = tails
+                slots = np.fromiter(map(known.get, keys, repeat(-1)), np.int64, len(keys))
+                if (slots >= 0).all():  # every candidate a known label set: read exactly
+                    positions = np.arange(len(keys))
+                    batch.known = KnownSeries(slots, timestamp_ms, value, positions)
+                    return batch
+        columns = read_columns(series, limits.max_labels_per_series)
         if known is not None and columns is not None:
             return self._known_read(batch, columns, known)
         read = _raw_columns(columns) if columns is not None else _series_read(raw)
-        cached, parse, out = self._label_set, self._parse_label_set, batch.series
-        max_labels = limits.max_labels_per_series
         for raw_labels, count, samples in zip(*read, strict=True):
-            # a label set is cached only when small enough to keep (see the module docstring)
-            small = count <= max_labels and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
-            try:
-                name, labels, target = (cached if small else parse)(raw_labels)
-            except _LabelsRefused as refused:
-                batch.refuse(refused.reason, refused.name)
-                continue
-            out.append(PushedSeries(name, labels, target, samples))
+            parsed = self._series(batch, raw_labels, count, samples)
+            if parsed is not None:
+                batch.series.append(parsed)
         return batch
+
+    def _series(
+        self, batch: PushedBatch, raw_labels: bytes, count: int, samples: list[tuple[int, float]]
+    ) -> PushedSeries | None:
+        """The series of ``raw_labels`` (serialised label fields, ``count`` of them) with
+        ``samples``, or ``None`` when its labels are refused (counted in ``batch``)."""
+        # a label set is cached only when small enough to keep (see the module docstring)
+        small = count <= self.limits.max_labels_per_series
+        small = small and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
+        try:
+            name, labels, target = (self._label_set if small else self._parse_label_set)(raw_labels)
+        except _LabelsRefused as refused:
+            batch.refuse(refused.reason, refused.name)
+            return None
+        return PushedSeries(name, labels, target, samples)
 
     def _known_read(
         self, batch: PushedBatch, columns: SeriesColumns, known: Mapping[bytes, int]
@@ -244,19 +265,16 @@ class RemoteWriteDecoder:
         )
         if len(positions) == len(keys):
             return batch
-        cached, parse = self._label_set, self._parse_label_set
         max_labels = self.limits.max_labels_per_series
         counts, timestamps, values = columns.labels, columns.timestamp_ms, columns.value
         for position in np.flatnonzero(~is_known).tolist():
             raw_labels, count = keys[position], int(counts[position])
-            small = count <= max_labels and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
-            try:
-                name, labels, target = (cached if small else parse)(raw_labels)
-            except _LabelsRefused as refused:
-                batch.refuse(refused.reason, refused.name)
-                continue
             sample = (int(timestamps[position]), float(values[position]))
-            batch.series.append(PushedSeries(name, labels, target, [sample]))
+            parsed = self._series(batch, raw_labels, count, [sample])
+            if parsed is None:
+                continue
+            batch.series.append(parsed)
             batch.positions.append(position)
+            small = count <= max_labels and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
             batch.keys.append(raw_labels if small else b"")
         return batch

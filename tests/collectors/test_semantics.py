@@ -192,3 +192,46 @@ def test_every_sample_is_kept_or_counted_with_a_reason_and_nothing_raises(
         assert not any(math.isinf(v) for v in batch.table["value"].to_pylist())
         rejected = sum(batch.dropped.get(reason, 0) for reason in REASONS)
         assert len(batch.errors) == min(rejected, 20)
+
+
+_SCRAPE_VALUES = st.sampled_from(["1", "2", "3", "0", "-1", "+Inf", "NaN"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.lists(_SCRAPE_VALUES, min_size=6, max_size=6)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_repeated_scrapes_of_the_same_series_are_judged_on_their_own_values(
+    scrapes: list[tuple[bool, list[str]]],
+) -> None:
+    """The canonicalizer keeps what a scrape's series alone decide (its duplicates, histogram
+    groups, template rows) for the next scrape of the same series in the same order: the rows,
+    drops and errors are those of the same scrapes each computed afresh."""
+    kept, afresh = TargetCanonicalizer("10.0.0.7:8000"), TargetCanonicalizer("10.0.0.7:8000")
+    for step, (reverse, (b1, b2, inf, count, counter, gauge)) in enumerate(scrapes):
+        lines = _histogram({"0.1": b1, "1.0": b2, "+Inf": inf}, count).splitlines()[1:]
+        lines += [
+            f"vllm:prompt_tokens_total{{{M}}} {counter}",
+            f"vllm:kv_cache_usage_perc{{{M}}} {gauge}",
+        ]
+        text = "\n".join(
+            [
+                f"# TYPE {_HIST} histogram",
+                "# TYPE vllm:prompt_tokens_total counter",
+                "# TYPE vllm:kv_cache_usage_perc gauge",
+                *(reversed(lines) if reverse else lines),
+            ]
+        )
+        afresh._shapes.clear()  # nothing kept from the scrapes before
+        got = kept.canonicalize(ExpositionParser().parse(text + "\n"), 1000 + step)
+        expected = afresh.canonicalize(ExpositionParser().parse(text + "\n"), 1000 + step)
+        assert (got.dropped, got.errors, got.resets) == (
+            expected.dropped,
+            expected.errors,
+            expected.resets,
+        )
+        assert repr(got.table.to_pylist()) == repr(expected.table.to_pylist())  # NaN as 'nan'
