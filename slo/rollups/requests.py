@@ -30,14 +30,17 @@ once, in the first). Earlier attempts are looked for :data:`RETRY_LOOKBACK_MS` b
 recomputed range (retries happen before the first token, within the client's deadline).
 
 Like :mod:`slo.rollups.counts`, minutes are always *recomputed* from raw rows (delete, insert, in
-one transaction), never incremented: each update recomputes from ``watermark − settle``
-(late records), so re-running any range gives the same rows.
+one transaction), never incremented, so re-running any range gives the same rows. Each
+update recomputes from ``watermark − settle`` (late records), or, told what was written
+since (:meth:`RequestRollup.note_written`, the Iceberg mirror's report), from the earliest
+minute the new records fell in.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import duckdb
@@ -79,6 +82,8 @@ RETRY_LOOKBACK_MS = 10 * MINUTE_MS
 _LN_GAMMA = math.log(BIN_GAMMA)
 #: Request-record column of each latency metric (ITL: every gap, chunk-weighted).
 LATENCY_COLUMNS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "gap_s"}
+#: Nothing written since: a change time later than any record.
+_NO_CHANGE = 2**62
 
 
 def _bin_sql(value: str) -> str:
@@ -186,8 +191,9 @@ def read_coverage(con: duckdb.DuckDBPyConnection) -> RequestCoverage | None:
 class RequestRollup:
     """Keeps the request rollups current over one DuckDB connection (the writer's).
 
-    ``settle_ms``: how far behind the watermark each update recomputes (late records), and
-    the raw tail reads take; ``horizon_ms``: how far back a first build or a rebuild reads.
+    ``settle_ms``: how far behind the watermark each update recomputes when it is not told
+    what was written (late records), and the raw tail reads take; ``horizon_ms``: how far
+    back a first build or a rebuild reads.
     """
 
     def __init__(
@@ -200,11 +206,33 @@ class RequestRollup:
         self.con = con
         self.settle_ms = settle_ms
         self.horizon_ms = horizon_ms
+        #: The earliest record time written since the last update (``None``: unknown, so
+        #: the settle window; :data:`_NO_CHANGE`: nothing).
+        self._changed_from: int | None = None
+        self._told = False  # whether a writer tells its writes (note_written) at all
         create_request_rollup_tables(con)
 
+    def note_written(self, changed_from_ms: Mapping[str, int | None]) -> None:
+        """Tell the rollup what was written to the raw tables since the last call: table →
+        earliest event time (ms) of its new rows (``requests`` absent: no new records;
+        ``None``: anything may have changed), as :meth:`slo.rollups.counts.Rollup.note_written`
+        is told. An update then recomputes only from the minute the new records fell in
+        (late ones included) instead of ``watermark − settle``."""
+        self._told = True
+        new = changed_from_ms.get("requests", _NO_CHANGE)
+        known = self._changed_from
+        self._changed_from = None if known is None or new is None else min(known, new)
+
     def update(self, now_ms: int) -> int:
-        """Recompute from ``watermark − settle`` (or, first, from the horizon) to the minute of
-        ``now_ms``; returns the minute rows written."""
+        """Recompute to the minute of ``now_ms``: from the minute of the earliest record
+        written since the last update when told (:meth:`note_written`; the last minute
+        computed at least), else from ``watermark − settle`` (first, from the horizon);
+        returns the minute rows written."""
+        written = self._update(now_ms, self._changed_from)
+        self._changed_from = _NO_CHANGE if self._told else None  # once written, not before
+        return written
+
+    def _update(self, now_ms: int, changed: int | None) -> int:
         row = self.con.execute(
             "SELECT version, watermark_ts_ms FROM request_rollup_state"
         ).fetchone()
@@ -218,7 +246,10 @@ class RequestRollup:
             start = max(floor_to(now_ms - self.horizon_ms, HOUR_MS), floor_to(oldest, MINUTE_MS))
             return self.recompute_by_day(min(start, end - MINUTE_MS), end)
         watermark = int(row[1])
-        start = floor_to(watermark - self.settle_ms, MINUTE_MS)
+        if changed is None:
+            start = floor_to(watermark - self.settle_ms, MINUTE_MS)
+        else:  # the last minute computed (it was open then) and every minute written since
+            start = floor_to(min(watermark - MINUTE_MS, changed), MINUTE_MS)
         return self.recompute_by_day(min(start, end - MINUTE_MS), max(end, watermark))
 
     def recompute(self, start_ms: int, end_ms: int, *, final: bool = False) -> int:
