@@ -25,9 +25,7 @@ TS_MS = 1_790_000_000_000
 
 #: Few events (empty windows, the min-events guard), many, and counts near 2⁵³ and past it
 #: (those fall back to the row-wise rendering).
-_count = st.one_of(
-    st.integers(0, 3), st.integers(0, 10**6), st.integers(2**53 - 2, 2**53 + 2)
-)
+_count = st.one_of(st.integers(0, 3), st.integers(0, 10**6), st.integers(2**53 - 2, 2**53 + 2))
 
 
 @st.composite
@@ -39,7 +37,9 @@ def statuses(draw: st.DrawFn) -> list[SloStatus]:
             for w in slo.catalog.windows_ms:
                 total = draw(_count)
                 windows[w] = WindowCounts(total, draw(st.integers(0, total)))
-            group = {d: draw(st.sampled_from(["", "pool-ä", f"10.0.0.{g}:8000"])) for d in slo.group_by}
+            group = {
+                d: draw(st.sampled_from(["", "pool-ä", f"10.0.0.{g}:8000"])) for d in slo.group_by
+            }
             out.append(SloStatus(slo, group, TS_MS + g, windows))
     return draw(st.permutations(out))  # SLOs interleaved: the rows keep the given order
 
@@ -72,7 +72,10 @@ def test_a_burning_slo_alerts_and_a_quiet_one_is_guarded(tmp_path: Path) -> None
     slo = MODEL.slos[0]
     burning = {w: WindowCounts(1_000, 500) for w in slo.catalog.windows_ms}
     quiet = {w: WindowCounts(10, 5) for w in slo.catalog.windows_ms}
-    found = [SloStatus(slo, {"pool": "a"}, TS_MS, burning), SloStatus(slo, {"pool": "b"}, TS_MS, quiet)]
+    found = [
+        SloStatus(slo, {"pool": "a"}, TS_MS, burning),
+        SloStatus(slo, {"pool": "b"}, TS_MS, quiet),
+    ]
     with Store(tmp_path / "s.duckdb") as store:
         rows = _written(store.con, found)
     assert rows == _row_wise(found)
