@@ -477,3 +477,39 @@ def test_the_jobs_tell_the_request_rollup_what_was_written(store: Store) -> None
     assert result is not None and not result.errors
     hour = "SELECT sum(attempts) FROM request_hour"
     assert store.con.execute(hour).fetchone() == (len(initial) + len(later),)
+
+
+def test_latency_hours_are_summed_once_wholly_settled(store: Store) -> None:
+    """The latency hours (the big ones) hold whole settled hours only: reads take the
+    unsettled tail raw, so the open hour's bins are summed once, when it settles, not every
+    update; the answers are the same before and after. (Before, every update re-summed the
+    open hour: the first assertion fails there.)"""
+    rows = [request(END_MS + i * 45_000, instance=f"pod-{i % 2}", ttft_s=0.1 + i / 100)
+            for i in range(100)]  # fmt: skip
+    insert(store, rows)
+    rollup = RequestRollup(store.con, settle_ms=10 * MINUTE_MS)
+    rollup.update(END_MS + 65 * MINUTE_MS)  # settled to END + 56 min: the first hour open
+    latency = "SELECT count(*) FROM {}"
+    for table in ("request_latency_hour", "request_latency_pool_hour"):
+        assert store.con.execute(latency.format(table)).fetchone() == (0,)
+    rolled = sum(1 for r in rows if r["received_ts_ms"] < END_MS + 66 * MINUTE_MS)
+    assert store.con.execute("SELECT sum(attempts) FROM request_hour").fetchone() == (rolled,)
+    args: dict[str, Any] = {
+        "start_ms": END_MS,
+        "end_ms": END_MS + 2 * HOUR_MS,
+        "bucket_ms": HOUR_MS,
+    }
+    before = [
+        queries.latency_percentiles(store.con, metric="ttft", by=by, **args)
+        for by in ("pool", "instance")
+    ]
+    rollup.update(END_MS + 71 * MINUTE_MS)  # settled to END + 62 min: the first hour whole
+    in_hour = sum(1 for r in rows if r["received_ts_ms"] < END_MS + HOUR_MS)
+    for table in ("request_latency_hour", "request_latency_pool_hour"):
+        samples = f"SELECT ts_ms, sum(samples) FROM {table} WHERE metric = 'ttft' GROUP BY ALL"
+        assert store.con.execute(samples).fetchall() == [(END_MS, in_hour)]
+    after = [
+        queries.latency_percentiles(store.con, metric="ttft", by=by, **args)
+        for by in ("pool", "instance")
+    ]
+    assert [_rows(t) for t in after] == [_rows(t) for t in before]
