@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from itertools import chain
 from operator import attrgetter
+from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +32,7 @@ __all__ = ["status_table"]
 #: Counts up to this convert to float exactly, so a ratio of two is rounded once, as in Python.
 _EXACT_INT = 2**53
 
-Column = str | pa.Array  # a constant, or one value per status
+Column: TypeAlias = "str | pa.Array"  # a constant, or one value per status
 
 
 def status_table(statuses: Sequence[SloStatus]) -> pa.Table:

@@ -228,8 +228,7 @@ REQUEST_LATENCY_POOL_HOUR = TableDoc(
         "reads ~10⁵ rows instead of ~10⁷."
     ),
     facts=(
-        "key: none (`ts_ms`, `pool`, `metric`, `bin` unique); written with it (settled "
-        "hours only)",
+        "key: none (`ts_ms`, `pool`, `metric`, `bin` unique); written with it (settled hours only)",
         "retention: forever",
     ),
     columns=tuple(c for c in _request_latency("hour") if c[0] != "instance"),
