@@ -101,25 +101,39 @@ def outcome_minutes_sql(
     """SQL of ``request_minute`` rows for attempts received in ``[start_ms, end_ms)`` (any ms,
     need not be whole minutes), from raw ``requests`` of ``source`` (the taps',
     user traffic, by default); the columns of the table."""
+    # Only retried requests (an attempt > 1 in the read: the tap numbers a request's
+    # attempts) need ranking; every other record is its own request's first attempt. Ranking
+    # every record of the lookback cost ~2.7 s of CPU at 2,048 requests/s.
     sql = f"""
+        WITH attempts AS (
+            SELECT received_ts_ms, pool::VARCHAR AS pool, instance::VARCHAR AS instance,
+                   address::VARCHAR AS address, outcome, request_id, original_request_id,
+                   attempt, coalesce(original_request_id, request_id) AS client
+            FROM requests
+            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {source_filter(source)}),
+        retried AS (
+            SELECT DISTINCT original_request_id AS client FROM attempts WHERE attempt > 1),
+        ranked AS (
+            SELECT received_ts_ms, pool, instance, address, outcome, true AS first_here,
+                   true AS first_in_pool
+            FROM attempts ANTI JOIN retried USING (client)
+            WHERE received_ts_ms >= ?
+            UNION ALL
+            SELECT * FROM (
+                SELECT received_ts_ms, pool, instance, address, outcome,
+                       row_number() OVER (PARTITION BY client, instance, outcome
+                                          ORDER BY received_ts_ms, request_id) = 1,
+                       row_number() OVER (PARTITION BY client, pool, outcome
+                                          ORDER BY received_ts_ms, request_id) = 1
+                FROM attempts SEMI JOIN retried USING (client))
+            WHERE received_ts_ms >= ?)
         SELECT received_ts_ms // {MINUTE_MS} * {MINUTE_MS} AS ts_ms, pool, instance, address,
                outcome::VARCHAR AS outcome, count(*) AS attempts,
                count(*) FILTER (WHERE first_here) AS requests,
                count(*) FILTER (WHERE first_in_pool) AS pool_requests
-        FROM (
-            SELECT received_ts_ms, pool::VARCHAR AS pool, instance::VARCHAR AS instance,
-                   address::VARCHAR AS address, outcome,
-                   row_number() OVER (PARTITION BY coalesce(original_request_id, request_id),
-                                      instance, outcome
-                                      ORDER BY received_ts_ms, request_id) = 1 AS first_here,
-                   row_number() OVER (PARTITION BY coalesce(original_request_id, request_id),
-                                      pool, outcome
-                                      ORDER BY received_ts_ms, request_id) = 1 AS first_in_pool
-            FROM requests
-            WHERE received_ts_ms >= ? AND received_ts_ms < ? AND {source_filter(source)}
-        ) WHERE received_ts_ms >= ?
+        FROM ranked
         GROUP BY ALL"""
-    return sql, [start_ms - RETRY_LOOKBACK_MS, end_ms, start_ms]
+    return sql, [start_ms - RETRY_LOOKBACK_MS, end_ms, start_ms, start_ms]
 
 
 def latency_minutes_sql(

@@ -27,8 +27,10 @@ from slo.jobs import JobsConfig, SloJobs
 from slo.queries.reads import LatencyMetric
 from slo.rollups.requests import (
     RELATIVE_ERROR,
+    RETRY_LOOKBACK_MS,
     RequestRollup,
     create_request_rollup_tables,
+    outcome_minutes_sql,
     read_coverage,
     rollup_history,
 )
@@ -513,3 +515,59 @@ def test_latency_hours_are_summed_once_wholly_settled(store: Store) -> None:
         for by in ("pool", "instance")
     ]
     assert [_rows(t) for t in after] == [_rows(t) for t in before]
+
+
+def _ranked_outcomes(con: duckdb.DuckDBPyConnection, start: int, end: int) -> list[Any]:
+    """``request_minute`` rows by the definition: every attempt of the read (the range and
+    the retry lookback before it) ranked within its request, instance (pool) and outcome."""
+    return sorted(
+        con.execute(
+            f"""SELECT received_ts_ms // {MINUTE_MS} * {MINUTE_MS}, pool, instance, outcome,
+                       count(*), count(*) FILTER (WHERE h), count(*) FILTER (WHERE p)
+                FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(original_request_id,
+                        request_id), instance, outcome ORDER BY received_ts_ms, request_id) = 1 AS h,
+                      row_number() OVER (PARTITION BY coalesce(original_request_id, request_id),
+                        pool, outcome ORDER BY received_ts_ms, request_id) = 1 AS p
+                      FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?)
+                WHERE received_ts_ms >= ? GROUP BY ALL""",
+            [start - RETRY_LOOKBACK_MS, end, start],
+        ).fetchall()
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests=st.lists(
+        st.lists(  # one client request: its attempts' (delay s, instance, pool, outcome)
+            st.tuples(st.integers(0, 400), st.integers(0, 2), st.integers(0, 1), st.booleans()),
+            min_size=1,
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    first_s=st.lists(st.integers(0, 1500), min_size=1, max_size=40),
+    start_min=st.integers(0, 20),
+)
+def test_outcome_minutes_rank_only_retried_requests_with_the_same_counts(
+    requests: list[list[tuple[int, int, int, bool]]], first_s: list[int], start_min: int
+) -> None:
+    """Only retried requests are ranked (the others are their own first attempt): the
+    counts equal ranking every attempt of the read, for any retries across minutes,
+    instances, pools, outcomes and the range's start."""
+    rows = []
+    for n, attempts in enumerate(requests):
+        at = END_MS + first_s[n % len(first_s)] * 1000
+        for k, (delay, inst, pool, ok) in enumerate(attempts):
+            at += delay * 1000
+            rows.append(request(at, request_id=f"c{n}-{k}", original_request_id=f"c{n}",
+                                attempt=k + 1, instance=f"pod-{inst}", pool=f"pool-{pool}",
+                                outcome="ok" if ok else "rejected"))  # fmt: skip
+    con = _memory_requests(rows)
+    start, end = END_MS + start_min * MINUTE_MS, END_MS + 40 * MINUTE_MS
+    sql, params = outcome_minutes_sql(start, end)
+    got = con.execute(
+        f"SELECT ts_ms, pool, instance, outcome, attempts, requests, pool_requests FROM ({sql})",
+        params,
+    ).fetchall()
+    assert sorted(got) == _ranked_outcomes(con, start, end)
