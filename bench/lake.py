@@ -32,7 +32,7 @@ catalog, and on a local warehouse directory as a second row:
   digests, for the dashboards), which ``SloJobs.run_once`` also runs every cycle: one
   :class:`~slo.rollups.requests.RequestRollup` kept across cycles, told each refresh's
   rows as the SLO rollups are (``SloJobs.note_written``); the cycle with it is the **jobs
-  cycle** figure. ``--baseline`` also times, in the same cycles, a second mirror that fetches nothing ahead
+  cycle** figure (without the signal detectors and flags, below). ``--baseline`` also times, in the same cycles, a second mirror that fetches nothing ahead
   and the full evaluation (the path before both), and checks both evaluations agree. The same cycle runs over the local lake (hourly Parquet,
   :func:`pipeline.lake.create_lake_views`) with the same rollups (there, not told what was
   written, each update recomputes the settle window). The signal detectors
