@@ -28,9 +28,14 @@ catalog, and on a local warehouse directory as a second row:
   then, after the timed cycle (as ``llmslo.roles`` does between cycles), checkpoint the
   jobs' file, so DuckDB's automatic checkpoint never lands in a cycle's commits (timed
   apart), the startup heap frozen as the role freezes it after its first cycle.
-  ``--baseline`` also times, in the same cycles, a second mirror that fetches nothing ahead
+  Beside the cycle, timed apart, the request rollup (``request_minute`` and the latency
+  digests, for the dashboards), which ``SloJobs.run_once`` also runs every cycle: one
+  :class:`~slo.rollups.requests.RequestRollup` kept across cycles, told each refresh's
+  rows as the SLO rollups are (``SloJobs.note_written``); the cycle with it is the **jobs
+  cycle** figure (without the signal detectors and flags, below). ``--baseline`` also times, in the same cycles, a second mirror that fetches nothing ahead
   and the full evaluation (the path before both), and checks both evaluations agree. The same cycle runs over the local lake (hourly Parquet,
-  :func:`pipeline.lake.create_lake_views`) with the same rollups. The signal detectors
+  :func:`pipeline.lake.create_lake_views`) with the same rollups (there, not told what was
+  written, each update recomputes the settle window). The signal detectors
   and flags (the rest of ``SloJobs.run_once``) are not in it.
 * **1-hour raw query**: per-instance requests and p99 TTFT over the last hour, from the
   Iceberg table (pyiceberg scan pruned by hour, into DuckDB) and from the local lake.
@@ -418,17 +423,20 @@ def slo_cycle(
     model: SloModel,
     rollup: Rollup,
     now_ms: int,
+    request_rollup: RequestRollup,
     sums: WindowSums | None = None,
     baseline: bool = False,
 ) -> dict[str, float]:
-    """The SLO part of a jobs cycle: the rollups' new minutes, every window, the statuses.
-    With ``sums`` the evaluation reads the kept window sums (as the jobs do); ``baseline``
-    also times the full evaluation (the jobs' before them) and checks both agree."""
+    """The SLO part of a jobs cycle: the rollups' new minutes, every window, the statuses,
+    and, timed apart, the request rollup (the dashboards' latency digests, not the SLOs',
+    also in every cycle of ``SloJobs.run_once``). With ``sums`` the evaluation reads the
+    kept window sums (as the jobs do); ``baseline`` also times the full evaluation (the
+    jobs' before them) and checks both agree."""
     times: dict[str, float] = {}
     with timed(times, "rollup"):
         rollup.update(now_ms)
     with timed(times, "request_rollup"):
-        RequestRollup(con).update(now_ms)  # the dashboards' latency digests, not the SLOs'
+        request_rollup.update(now_ms)
     if sums is not None:
         sums.note_changes(rollup.take_changes())
     with timed(times, "evaluate"):
@@ -529,7 +537,8 @@ def measure_cycle(
     create_output_tables(jobs.con)
     mirror = IcebergMirror(lake, jobs, window_ms=2 * DAY_MS)
     mirror.refresh(NOW_MS)
-    slo_cycle(jobs.con, model, Rollup(jobs.con, model), NOW_MS - INTERVAL_MS)  # the first build
+    first = Rollup(jobs.con, model), RequestRollup(jobs.con)
+    slo_cycle(jobs.con, model, first[0], NOW_MS - INTERVAL_MS, first[1])  # the first build
     synthesize_history(jobs.con, tail_start, 31)
     keys = jobs.con.execute("SELECT count(*) FROM slo_keys").fetchone()
     hours = jobs.con.execute("SELECT count(*) FROM slo_hour").fetchone()
@@ -543,8 +552,11 @@ def measure_cycle(
     # The jobs' rollups are told what each refresh loaded (llmslo.roles does the same); the
     # local lake's are not (its views have no such report): they recompute the settle window.
     rollup, local_rollup = Rollup(jobs.con, model), Rollup(local_con, model)
-    rollup.note_written({})  # from here on told every refresh's rows
-    rollup.update(NOW_MS - INTERVAL_MS)  # a process's first update: its settle window
+    # One request rollup each, kept across cycles as SloJobs keeps it (told, as the rollup).
+    request_rollup, local_request_rollup = RequestRollup(jobs.con), RequestRollup(local_con)
+    for told in (rollup, request_rollup):
+        told.note_written({})  # from here on told every refresh's rows
+        told.update(NOW_MS - INTERVAL_MS)  # a process's first update: its settle window
     # The jobs' kept window sums, filled by a first evaluation (a process's first cycle).
     sums, local_sums = WindowSums(jobs.con, model), WindowSums(local_con, model)
     rollup.take_changes()
@@ -581,11 +593,15 @@ def measure_cycle(
         with timed(times, "refresh", s3_pid):
             report = mirror.refresh(now)
             rollup.note_written(report.changed_from_ms)
-        times.update(slo_cycle(jobs.con, model, rollup, now, sums, baseline))
+            request_rollup.note_written(report.changed_from_ms)  # as SloJobs.note_written
+        times.update(slo_cycle(jobs.con, model, rollup, now, request_rollup, sums, baseline))
         parts = ("refresh", "rollup", "evaluate", "write")
         times["cycle_cpu_s"] = sum(times[f"{p}_cpu_s"] for p in parts)
         times["cycle_s3_cpu_s"] = times["refresh_s3_cpu_s"]
         iceberg_times.append(sum(times[f"{p}_s"] for p in parts))
+        # The whole jobs cycle's rollups and writes: the SLO cycle and the request rollup.
+        times["jobs_cycle_s"] = iceberg_times[-1] + times["request_rollup_s"]
+        times["jobs_cycle_cpu_s"] = times["cycle_cpu_s"] + times["request_rollup_cpu_s"]
         with timed(times, "checkpoint"):  # between cycles, as llmslo.roles does
             jobs.checkpoint()
         if base_mirror is not None:
@@ -601,7 +617,7 @@ def measure_cycle(
         refresh = times["refresh_s"]
         steps.append(times)
         create_lake_views(local_con, local_dir)
-        local = slo_cycle(local_con, model, local_rollup, now, local_sums)
+        local = slo_cycle(local_con, model, local_rollup, now, local_request_rollup, local_sums)
         local["cycle_cpu_s"] = sum(local[f"{p}_cpu_s"] for p in ("rollup", "evaluate", "write"))
         local_times.append(local["rollup_s"] + local["evaluate_s"] + local["write_s"])
         local_steps.append(local)
@@ -616,7 +632,9 @@ def measure_cycle(
                 else ""
             )
             + f", write {times['write_s']:.3f}; {times['statuses']:.0f} "
-            f"statuses; request rollup {times['request_rollup_s']:.3f} s beside it; CPU "
+            f"statuses; request rollup {times['request_rollup_s']:.3f} s (CPU "
+            f"{times['request_rollup_cpu_s']:.3f}) beside it, jobs cycle with it "
+            f"{times['jobs_cycle_s']:.3f} s (CPU {times['jobs_cycle_cpu_s']:.3f}); CPU "
             f"{times['cycle_cpu_s']:.3f} s: refresh {times['refresh_cpu_s']:.3f} (and the S3 "
             f"server's {times['refresh_s3_cpu_s']:.3f}), "
             f"rollup {times['rollup_cpu_s']:.3f}, evaluate {times['evaluate_cpu_s']:.3f}, "
@@ -648,7 +666,18 @@ def measure_cycle(
         },
         "cycle_cpu_s": statistics.median(t["cycle_cpu_s"] for t in steps),
         "cycle_s3_server_cpu_s": statistics.median(t["cycle_s3_cpu_s"] for t in steps),
-        "request_rollup_s": statistics.median(t["request_rollup_s"] for t in steps),
+        **{
+            key: statistics.median(t[key] for t in steps)
+            for key in (
+                "request_rollup_s",
+                "request_rollup_cpu_s",
+                "jobs_cycle_s",
+                "jobs_cycle_cpu_s",
+            )
+        },
+        "request_rollup_local_lake_cpu_s": statistics.median(
+            t["request_rollup_cpu_s"] for t in local_steps
+        ),
         "checkpoint_after_s": statistics.median(t["checkpoint_s"] for t in steps),
         "checkpoint_after_cpu_s": statistics.median(t["checkpoint_cpu_s"] for t in steps),
         "fetch_ahead_s": statistics.median(fetches) if fetches else 0.0,
@@ -748,7 +777,10 @@ def main(argv: list[str] | None = None) -> int:
         f"over Iceberg (mirror refresh {cycle['cycle_refresh_s']:.3f} s; CPU "
         f"{cycle['cycle_cpu_s']:.3f} s and the S3 server's {cycle['cycle_s3_server_cpu_s']:.3f}"
         f" s), {cycle['cycle_local_lake_s']:.3f} s over the local "
-        f"lake (CPU {cycle['cycle_local_lake_cpu_s']:.3f} s); 1-hour raw query "
+        f"lake (CPU {cycle['cycle_local_lake_cpu_s']:.3f} s); with the request rollup (CPU "
+        f"{cycle['request_rollup_cpu_s']:.3f} s) the jobs cycle {cycle['jobs_cycle_s']:.3f} s "
+        f"(CPU {cycle['jobs_cycle_cpu_s']:.3f} s; over the local lake the request rollup's CPU "
+        f"{cycle['request_rollup_local_lake_cpu_s']:.3f} s); 1-hour raw query "
         f"{cycle['hour_query_s']:.3f} s vs {cycle['hour_query_local_lake_s']:.3f} s",
         file=sys.stderr,
     )

@@ -287,7 +287,7 @@ def _run_jobs_over_iceberg(
                         report.files,
                         report.seconds,
                     )
-                    jobs.rollup.note_written(report.changed_from_ms)
+                    jobs.note_written(report.changed_from_ms)
                     jobs.run_once()
                     _checkpoint(store)  # between cycles, not in the next one's commits
                     cycles += 1

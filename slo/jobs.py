@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -201,6 +201,14 @@ class SloJobs:
         self.active: dict[tuple[str, str, str], Finding] = {}
         self._stop = threading.Event()
         self._last_prune_ms = 0
+
+    def note_written(self, changed_from_ms: Mapping[str, int | None]) -> None:
+        """Tell both rollups what was written to the raw tables since the last call (table
+        → earliest event time of its new rows; ``None``: anything), e.g. the Iceberg
+        mirror's :attr:`~pipeline.iceberg.mirror.MirrorReport.changed_from_ms`: each cycle
+        then recomputes only the minutes new rows fell in, not the settle window."""
+        self.rollup.note_written(changed_from_ms)
+        self.request_rollup.note_written(changed_from_ms)
 
     def _timed(self, job: str, result: CycleResult, fn: Callable[[], T]) -> T | None:
         started = time.perf_counter()

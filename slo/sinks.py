@@ -27,6 +27,7 @@ import pyarrow as pa
 from pipeline.publisher import JsonRows, Publisher
 from pipeline.schema import FLAG_TRANSITIONS, JOBS_HEARTBEATS
 from pipeline.store import insert_arrow
+from slo._status_rows import status_table
 from slo.evaluate import SloStatus
 from slo.flags import FlagState, FlagTransition, transition_rows, transitions_table
 from slo.signals.detectors import Finding
@@ -212,26 +213,14 @@ def write_findings(
 
 
 def write_status(con: duckdb.DuckDBPyConnection, statuses: Iterable[SloStatus]) -> None:
-    """Replace ``slo_status_current`` with this cycle's statuses."""
-    rows = [
-        [
-            s.slo.id,
-            json.dumps(dict(s.group), sort_keys=True),
-            s.ts_ms,
-            json.dumps(s.as_dict(), sort_keys=True),
-        ]
-        for s in statuses
-    ]
-    # One Arrow insert: executemany costs ~0.1 ms a row (0.5 s for 4,096 instances).
-    names = ("slo_id", "group_json", "ts_ms", "status_json")
-    table = pa.table(
-        {name: pa.array([row[i] for row in rows], pa.int64() if i == 2 else pa.string())
-         for i, name in enumerate(names)}
-    )  # fmt: skip
+    """Replace ``slo_status_current`` with this cycle's statuses (one Arrow insert of rows
+    rendered per SLO, :mod:`slo._status_rows`: row-wise JSON and executemany cost ~0.1 ms a
+    row, 0.5 s at 4,096 instances)."""
+    table = status_table(list(statuses))
     con.execute("BEGIN")
     try:
         con.execute("DELETE FROM slo_status_current")
-        if rows:
+        if table.num_rows:
             insert_arrow(con, "slo_status_current", table)
         con.execute("COMMIT")
     except duckdb.Error:

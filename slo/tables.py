@@ -213,8 +213,12 @@ REQUEST_LATENCY_MINUTE = TableDoc(
 )
 REQUEST_LATENCY_HOUR = TableDoc(
     name="request_latency_hour",
-    doc="`request_latency_minute` summed per hour.",
-    facts=("key: as `request_latency_minute`; written with it", "retention: forever"),
+    doc="`request_latency_minute` summed per hour, once the hour is wholly settled.",
+    facts=(
+        "key: as `request_latency_minute`; written with it for settled hours only (reads "
+        "take the unsettled tail raw)",
+        "retention: forever",
+    ),
     columns=_request_latency("hour"),
 )
 REQUEST_LATENCY_POOL_HOUR = TableDoc(
@@ -224,7 +228,7 @@ REQUEST_LATENCY_POOL_HOUR = TableDoc(
         "reads ~10⁵ rows instead of ~10⁷."
     ),
     facts=(
-        "key: none (`ts_ms`, `pool`, `metric`, `bin` unique); written with it",
+        "key: none (`ts_ms`, `pool`, `metric`, `bin` unique); written with it (settled hours only)",
         "retention: forever",
     ),
     columns=tuple(c for c in _request_latency("hour") if c[0] != "instance"),

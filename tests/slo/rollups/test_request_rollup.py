@@ -27,8 +27,10 @@ from slo.jobs import JobsConfig, SloJobs
 from slo.queries.reads import LatencyMetric
 from slo.rollups.requests import (
     RELATIVE_ERROR,
+    RETRY_LOOKBACK_MS,
     RequestRollup,
     create_request_rollup_tables,
+    outcome_minutes_sql,
     read_coverage,
     rollup_history,
 )
@@ -417,3 +419,155 @@ def test_rollups_of_another_version_are_rebuilt_not_mixed(store: Store) -> None:
     store.con.execute("UPDATE request_rollup_state SET version = version - 1")
     rollup.update(END_MS + 6 * MINUTE_MS)
     assert store.con.execute("SELECT sum(attempts) FROM request_hour").fetchone() == (5,)
+
+
+def _told_history() -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """(rows at first, rows written later, the retry's first attempt): a request every 45 s
+    over 80 minutes (an hour boundary inside), then failures 35 minutes late (far past the
+    settle window), the retry of a request whose failed first attempt was rolled up before,
+    and a fresh record."""
+    first = request(END_MS + 20 * MINUTE_MS + 30_000, request_id="c9", original_request_id="c9",
+                    instance="pod-0", outcome="rejected", http_status=503)  # fmt: skip
+    before = [request(END_MS + i * 45_000, instance=f"pod-{i % 2}") for i in range(80)]
+    late = [request(END_MS + 25 * MINUTE_MS + i * 1000, instance="pod-0", outcome="rejected",
+                    http_status=503, ttft_s=None, tpot_s=None) for i in range(5)]  # fmt: skip
+    retry = request(first["received_ts_ms"] + 2 * MINUTE_MS, request_id="c9-2",
+                    original_request_id="c9", attempt=2, instance="pod-1")  # fmt: skip
+    fresh = request(END_MS + 60 * MINUTE_MS + 10_000, instance="pod-1")
+    return [*before, first], [*late, retry, fresh], first
+
+
+def test_an_update_told_what_was_written_equals_a_rebuild_from_raw_rows(
+    store: Store, tmp_path: Path
+) -> None:
+    """Told the earliest time of the records written since (as the Iceberg mirror reports
+    it), an update recomputes exactly the minutes they change, late ones and a retried
+    request's included: the tables equal a build from every raw row at once. (Before, each
+    update recomputed the settle window only, and missed the failures 35 minutes late.)"""
+    initial, later, _ = _told_history()
+    insert(store, initial)
+    rollup = RequestRollup(store.con, settle_ms=10 * MINUTE_MS)
+    rollup.note_written({"requests": END_MS})
+    rollup.update(END_MS + 59 * MINUTE_MS)
+    rollup.note_written({})  # nothing new: the open minute is recomputed, nothing else
+    rollup.update(END_MS + 60 * MINUTE_MS)
+    insert(store, later)
+    rollup.note_written({"requests": min(r["received_ts_ms"] for r in later)})
+    rollup.update(END_MS + 61 * MINUTE_MS)
+    told = _tables(store.con)
+    with Store(tmp_path / "rebuilt.duckdb") as rebuilt:
+        insert(rebuilt, [*initial, *later])
+        RequestRollup(rebuilt.con, settle_ms=10 * MINUTE_MS).update(END_MS + 61 * MINUTE_MS)
+        assert told == _tables(rebuilt.con)
+    late = "SELECT sum(attempts) FROM request_minute WHERE outcome = 'rejected'"
+    assert store.con.execute(late).fetchone() == (6,)
+
+
+def test_the_jobs_tell_the_request_rollup_what_was_written(store: Store) -> None:
+    """``SloJobs.note_written`` (the jobs over the Iceberg lake call it with the mirror's
+    report) reaches the request rollup: records 35 minutes late are rolled up."""
+    initial, later, _ = _told_history()
+    insert(store, initial)
+    model = build_model(parse_spec({"version": "llmslo/v1", "service": "s", "slos": [
+        {"name": "avail", "objective": 0.99, "sli": {"kind": "availability"}}]}))  # fmt: skip
+    jobs = SloJobs(store.con, model, JobsConfig())
+    jobs.note_written({"requests": END_MS})
+    jobs.run_once(END_MS + 60 * MINUTE_MS)
+    insert(store, later)
+    jobs.note_written({"requests": min(r["received_ts_ms"] for r in later)})
+    result = jobs.run_once(END_MS + 61 * MINUTE_MS)
+    assert result is not None and not result.errors
+    hour = "SELECT sum(attempts) FROM request_hour"
+    assert store.con.execute(hour).fetchone() == (len(initial) + len(later),)
+
+
+def test_latency_hours_are_summed_once_wholly_settled(store: Store) -> None:
+    """The latency hours (the big ones) hold whole settled hours only: reads take the
+    unsettled tail raw, so the open hour's bins are summed once, when it settles, not every
+    update; the answers are the same before and after. (Before, every update re-summed the
+    open hour: the first assertion fails there.)"""
+    rows = [request(END_MS + i * 45_000, instance=f"pod-{i % 2}", ttft_s=0.1 + i / 100)
+            for i in range(100)]  # fmt: skip
+    insert(store, rows)
+    rollup = RequestRollup(store.con, settle_ms=10 * MINUTE_MS)
+    rollup.update(END_MS + 65 * MINUTE_MS)  # settled to END + 56 min: the first hour open
+    latency = "SELECT count(*) FROM {}"
+    for table in ("request_latency_hour", "request_latency_pool_hour"):
+        assert store.con.execute(latency.format(table)).fetchone() == (0,)
+    rolled = sum(1 for r in rows if r["received_ts_ms"] < END_MS + 66 * MINUTE_MS)
+    assert store.con.execute("SELECT sum(attempts) FROM request_hour").fetchone() == (rolled,)
+    args: dict[str, Any] = {
+        "start_ms": END_MS,
+        "end_ms": END_MS + 2 * HOUR_MS,
+        "bucket_ms": HOUR_MS,
+    }
+    before = [
+        queries.latency_percentiles(store.con, metric="ttft", by=by, **args)
+        for by in ("pool", "instance")
+    ]
+    rollup.update(END_MS + 71 * MINUTE_MS)  # settled to END + 62 min: the first hour whole
+    in_hour = sum(1 for r in rows if r["received_ts_ms"] < END_MS + HOUR_MS)
+    for table in ("request_latency_hour", "request_latency_pool_hour"):
+        samples = f"SELECT ts_ms, sum(samples) FROM {table} WHERE metric = 'ttft' GROUP BY ALL"
+        assert store.con.execute(samples).fetchall() == [(END_MS, in_hour)]
+    after = [
+        queries.latency_percentiles(store.con, metric="ttft", by=by, **args)
+        for by in ("pool", "instance")
+    ]
+    assert [_rows(t) for t in after] == [_rows(t) for t in before]
+
+
+def _ranked_outcomes(con: duckdb.DuckDBPyConnection, start: int, end: int) -> list[Any]:
+    """``request_minute`` rows by the definition: every attempt of the read (the range and
+    the retry lookback before it) ranked within its request, instance (pool) and outcome."""
+    return sorted(
+        con.execute(
+            f"""SELECT received_ts_ms // {MINUTE_MS} * {MINUTE_MS}, pool, instance, outcome,
+                       count(*), count(*) FILTER (WHERE h), count(*) FILTER (WHERE p)
+                FROM (SELECT *, row_number() OVER (PARTITION BY coalesce(original_request_id,
+                        request_id), instance, outcome ORDER BY received_ts_ms, request_id) = 1 AS h,
+                      row_number() OVER (PARTITION BY coalesce(original_request_id, request_id),
+                        pool, outcome ORDER BY received_ts_ms, request_id) = 1 AS p
+                      FROM requests WHERE received_ts_ms >= ? AND received_ts_ms < ?)
+                WHERE received_ts_ms >= ? GROUP BY ALL""",
+            [start - RETRY_LOOKBACK_MS, end, start],
+        ).fetchall()
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests=st.lists(
+        st.lists(  # one client request: its attempts' (delay s, instance, pool, outcome)
+            st.tuples(st.integers(0, 400), st.integers(0, 2), st.integers(0, 1), st.booleans()),
+            min_size=1,
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    first_s=st.lists(st.integers(0, 1500), min_size=1, max_size=40),
+    start_min=st.integers(0, 20),
+)
+def test_outcome_minutes_rank_only_retried_requests_with_the_same_counts(
+    requests: list[list[tuple[int, int, int, bool]]], first_s: list[int], start_min: int
+) -> None:
+    """Only retried requests are ranked (the others are their own first attempt): the
+    counts equal ranking every attempt of the read, for any retries across minutes,
+    instances, pools, outcomes and the range's start."""
+    rows = []
+    for n, attempts in enumerate(requests):
+        at = END_MS + first_s[n % len(first_s)] * 1000
+        for k, (delay, inst, pool, ok) in enumerate(attempts):
+            at += delay * 1000
+            rows.append(request(at, request_id=f"c{n}-{k}", original_request_id=f"c{n}",
+                                attempt=k + 1, instance=f"pod-{inst}", pool=f"pool-{pool}",
+                                outcome="ok" if ok else "rejected"))  # fmt: skip
+    con = _memory_requests(rows)
+    start, end = END_MS + start_min * MINUTE_MS, END_MS + 40 * MINUTE_MS
+    sql, params = outcome_minutes_sql(start, end)
+    got = con.execute(
+        f"SELECT ts_ms, pool, instance, outcome, attempts, requests, pool_requests FROM ({sql})",
+        params,
+    ).fetchall()
+    assert sorted(got) == _ranked_outcomes(con, start, end)
