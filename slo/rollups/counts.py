@@ -181,9 +181,35 @@ class Rollup:
                 self._delete(slo.id, 0, end)
             else:
                 start = self._start(slo, int(known[1]))
-            stats.minutes_rows += self.recompute(slo, start, end, fp)
+            if self._idle(slo, start, end):
+                self._advance(slo.id, fp, start, end)
+            else:
+                stats.minutes_rows += self.recompute(slo, start, end, fp)
             self._changed_from[slo.id] = _NO_CHANGE if self._told else None
         return stats
+
+    def _idle(self, slo: Slo, start_ms: int, end_ms: int) -> bool:
+        """Whether recomputing [start, end) of a request SLO would change nothing: none of
+        its records (the events' minute is their first attempt's, so in the range) and none
+        of its minutes there. Its hours and days are its minutes' sums, so they stand too;
+        the prober's SLOs are idle most cycles, and a recompute costs its statements."""
+        if source_table(slo) != "requests":
+            return False
+        row = self.con.execute(
+            f"""SELECT NOT EXISTS (SELECT 1 FROM requests WHERE received_ts_ms >= ?
+                                     AND received_ts_ms < ? AND {records_of(slo)})
+                   AND NOT EXISTS (SELECT 1 FROM slo_minute WHERE slo_id = ?
+                                     AND ts_ms >= ? AND ts_ms < ?)""",
+            [start_ms, end_ms, slo.id, start_ms, end_ms],
+        ).fetchone()
+        return bool(row and row[0])
+
+    def _advance(self, slo_id: str, fp: str, start_ms: int, end_ms: int) -> None:
+        """Record [start, end) as computed (the watermark a recompute would leave)."""
+        self.con.execute(
+            "INSERT OR REPLACE INTO slo_rollup_state VALUES (?, ?, ?)",
+            [slo_id, fp, max(end_ms - MINUTE_MS, start_ms)],
+        )
 
     def _start(self, slo: Slo, watermark_ms: int) -> int:
         """Where an update of ``slo`` starts: see :meth:`update`."""
@@ -245,10 +271,7 @@ class Rollup:
             self._rebuild_hours(
                 slo.id, floor_to(start_ms, HOUR_MS), floor_to(end_ms - 1, HOUR_MS) + HOUR_MS
             )
-            con.execute(
-                "INSERT OR REPLACE INTO slo_rollup_state VALUES (?, ?, ?)",
-                [slo.id, fp or fingerprint(slo), max(end_ms - MINUTE_MS, start_ms)],
-            )
+            self._advance(slo.id, fp or fingerprint(slo), start_ms, end_ms)
             con.execute("COMMIT")
         except duckdb.Error:
             con.execute("ROLLBACK")
