@@ -108,6 +108,14 @@ class RollupChange:
 _NO_CHANGE = 2**62
 
 
+def _ranges_sql(ranges: list[tuple[str, int, int]]) -> tuple[str, list[object]]:
+    """A condition keeping the rows of each (slo_id, start, end) (ms), and its parameters:
+    the outer [min start, max end) lets DuckDB skip the row groups outside it."""
+    each = " OR ".join(["(slo_id = ? AND ts_ms >= ? AND ts_ms < ?)"] * len(ranges))
+    bounds = [min(a for _, a, _ in ranges), max(b for _, _, b in ranges)]
+    return f"ts_ms >= ? AND ts_ms < ? AND ({each})", [*bounds, *(v for r in ranges for v in r)]
+
+
 def source_table(slo: Slo) -> str:
     """The raw table an SLO's minutes are computed from."""
     return "engine_samples" if slo.sli.source == "engine" else "requests"
@@ -138,6 +146,7 @@ class Rollup:
         self._changed_from: dict[str, int | None] = {}
         self._told = False  # whether a writer tells its writes (note_written) at all
         self._first_attempts: dict[tuple[int, str], int] = {}  # per change time, kind
+        self._any_records: dict[tuple[str, int, int], bool] = {}  # per kind, range (_idle)
         self._changes: list[RollupChange] = []
         create_rollup_tables(con)
 
@@ -166,12 +175,14 @@ class Rollup:
         watermark − settle when the writes since its last update are unknown (none told, or
         its first update by this object)."""
         self._first_attempts = {}
+        self._any_records = {}
         stats = RollupStats()
         end = floor_to(now_ms, MINUTE_MS) + MINUTE_MS
         rows = self.con.execute(
             "SELECT slo_id, fingerprint, watermark_ts_ms FROM slo_rollup_state"
         ).fetchall()
         state = {slo_id: (fp, watermark) for slo_id, fp, watermark in rows}
+        pending: list[tuple[Slo, int, str]] = []  # (SLO, start, fingerprint) to recompute
         for slo in self.model.slos:
             fp = fingerprint(slo)
             known = state.get(slo.id)
@@ -181,9 +192,47 @@ class Rollup:
                 self._delete(slo.id, 0, end)
             else:
                 start = self._start(slo, int(known[1]))
-            stats.minutes_rows += self.recompute(slo, start, end, fp)
+            if self._idle(slo, start, end):
+                self._advance(slo.id, fp, start, end)
+            else:
+                pending.append((slo, start, fp))
+        if pending:
+            stats.minutes_rows += self._recompute_all(pending, end)
+        for slo in self.model.slos:
             self._changed_from[slo.id] = _NO_CHANGE if self._told else None
         return stats
+
+    def _idle(self, slo: Slo, start_ms: int, end_ms: int) -> bool:
+        """Whether recomputing [start, end) of a request SLO would change nothing: none of
+        its records (the events' minute is their first attempt's, so in the range) and none
+        of its minutes there. Its hours and days are its minutes' sums, so they stand too;
+        the prober's SLOs are idle most cycles, and a recompute costs its statements. The
+        records are looked for once per kind and range (the SLOs of a kind share a range)."""
+        if source_table(slo) != "requests":
+            return False
+        key = (records_of(slo), start_ms, end_ms)
+        if key not in self._any_records:
+            row = self.con.execute(
+                f"""SELECT EXISTS (SELECT 1 FROM requests WHERE received_ts_ms >= ?
+                                   AND received_ts_ms < ? AND {key[0]})""",
+                [start_ms, end_ms],
+            ).fetchone()
+            self._any_records[key] = bool(row and row[0])
+        if self._any_records[key]:
+            return False
+        row = self.con.execute(
+            "SELECT NOT EXISTS (SELECT 1 FROM slo_minute WHERE slo_id = ? "
+            "AND ts_ms >= ? AND ts_ms < ?)",
+            [slo.id, start_ms, end_ms],
+        ).fetchone()
+        return bool(row and row[0])
+
+    def _advance(self, slo_id: str, fp: str, start_ms: int, end_ms: int) -> None:
+        """Record [start, end) as computed (the watermark a recompute would leave)."""
+        self.con.execute(
+            "INSERT OR REPLACE INTO slo_rollup_state VALUES (?, ?, ?)",
+            [slo_id, fp, max(end_ms - MINUTE_MS, start_ms)],
+        )
 
     def _start(self, slo: Slo, watermark_ms: int) -> int:
         """Where an update of ``slo`` starts: see :meth:`update`."""
@@ -216,72 +265,82 @@ class Rollup:
 
     def recompute(self, slo: Slo, start_ms: int, end_ms: int, fp: str | None = None) -> int:
         """Replace the SLO's minutes in [start, end) from raw rows, then its hours; returns rows."""
-        build = engine_minutes_sql if slo.sli.source == "engine" else tap_minutes_sql
-        sql, params = build(slo, start_ms, end_ms)
+        return self._recompute_all([(slo, start_ms, fp or fingerprint(slo))], end_ms)
+
+    def _recompute_all(self, pending: list[tuple[Slo, int, str]], end_ms: int) -> int:
+        """Replace each (SLO, start, fingerprint)'s minutes in [start, end), then their hours
+        and days, in one transaction (one commit, one re-sum of hours and of days for all)."""
         con = self.con
-        self._changes.append(RollupChange("slo_minute", start_ms, end_ms))  # even if rolled back
         con.execute("BEGIN")
         try:
-            con.execute(
-                "DELETE FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
-                [slo.id, start_ms, end_ms],
+            inserted = sum(self._write_minutes(slo, start, end_ms) for slo, start, _ in pending)
+            self._rebuild_hours_of(
+                [
+                    (slo.id, floor_to(start, HOUR_MS), floor_to(end_ms - 1, HOUR_MS) + HOUR_MS)
+                    for slo, start, _ in pending
+                ]
             )
-            con.execute(
-                "CREATE OR REPLACE TEMP TABLE _slo_new AS "
-                f"SELECT *, {_KEY_ID} AS key_id FROM ({sql})",
-                params,
-            )
-            con.execute(
-                "INSERT INTO slo_keys "
-                "SELECT DISTINCT key_id, slo_id, pool, instance, tenant, route "
-                "FROM _slo_new ANTI JOIN slo_keys USING (key_id)"
-            )
-            # The range was emptied above: the rows inserted are the range's rows.
-            inserted = con.execute(
-                "INSERT INTO slo_minute "
-                "SELECT slo_id, key_id, ts_ms, total, bad FROM _slo_new ORDER BY ts_ms"
-            ).fetchone()
-            con.execute("DROP TABLE _slo_new")
-            self._rebuild_hours(
-                slo.id, floor_to(start_ms, HOUR_MS), floor_to(end_ms - 1, HOUR_MS) + HOUR_MS
-            )
-            con.execute(
-                "INSERT OR REPLACE INTO slo_rollup_state VALUES (?, ?, ?)",
-                [slo.id, fp or fingerprint(slo), max(end_ms - MINUTE_MS, start_ms)],
-            )
+            for slo, start, fp in pending:
+                self._advance(slo.id, fp, start, end_ms)
             con.execute("COMMIT")
         except duckdb.Error:
             con.execute("ROLLBACK")
             raise
+        return inserted
+
+    def _write_minutes(self, slo: Slo, start_ms: int, end_ms: int) -> int:
+        """Replace the SLO's minutes in [start, end) (in the caller's transaction)."""
+        build = engine_minutes_sql if slo.sli.source == "engine" else tap_minutes_sql
+        sql, params = build(slo, start_ms, end_ms)
+        con = self.con
+        self._changes.append(RollupChange("slo_minute", start_ms, end_ms))  # even if rolled back
+        con.execute(
+            "DELETE FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
+            [slo.id, start_ms, end_ms],
+        )
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _slo_new AS SELECT *, {_KEY_ID} AS key_id FROM ({sql})",
+            params,
+        )
+        con.execute(
+            "INSERT INTO slo_keys "
+            "SELECT DISTINCT key_id, slo_id, pool, instance, tenant, route "
+            "FROM _slo_new ANTI JOIN slo_keys USING (key_id)"
+        )
+        # The range was emptied above: the rows inserted are the range's rows.
+        inserted = con.execute(
+            "INSERT INTO slo_minute "
+            "SELECT slo_id, key_id, ts_ms, total, bad FROM _slo_new ORDER BY ts_ms"
+        ).fetchone()
+        con.execute("DROP TABLE _slo_new")
         return int(inserted[0]) if inserted else 0
 
     def rebuild_hours(self, slo_id: str, start_ms: int, end_ms: int) -> None:
         """Recompute ``slo_hour`` for [start, end) (hour-aligned) from ``slo_minute``, then
         ``slo_day`` for the days those hours are in."""
-        self._rebuild_hours(slo_id, start_ms, end_ms)
+        self._rebuild_hours_of([(slo_id, start_ms, end_ms)])
 
-    def _rebuild_hours(self, slo_id: str, start_ms: int, end_ms: int) -> None:
-        days = floor_to(start_ms, DAY_MS), ceil_to(end_ms, DAY_MS)
-        self._changes.append(RollupChange("slo_hour", start_ms, end_ms))
-        self._changes.append(RollupChange("slo_day", *days))
-        self.con.execute(
-            "DELETE FROM slo_hour WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?",
-            [slo_id, start_ms, end_ms],
-        )
+    def _rebuild_hours_of(self, ranges: list[tuple[str, int, int]]) -> None:
+        """:meth:`rebuild_hours` of several (SLO, start, end): one statement per table."""
+        days = [(slo_id, floor_to(a, DAY_MS), ceil_to(b, DAY_MS)) for slo_id, a, b in ranges]
+        for (_, a, b), (_, day_a, day_b) in zip(ranges, days, strict=True):
+            self._changes.append(RollupChange("slo_hour", a, b))
+            self._changes.append(RollupChange("slo_day", day_a, day_b))
+        hours_in, hour_params = _ranges_sql(ranges)
+        days_in, day_params = _ranges_sql(days)
+        self.con.execute(f"DELETE FROM slo_hour WHERE {hours_in}", hour_params)
         self.con.execute(
             f"""INSERT INTO slo_hour
                 SELECT slo_id, key_id, (ts_ms // {HOUR_MS}) * {HOUR_MS} AS hour,
                        sum(total), sum(bad)
-                FROM slo_minute WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?
+                FROM slo_minute WHERE {hours_in}
                 GROUP BY ALL ORDER BY hour""",
-            [slo_id, start_ms, end_ms],
+            hour_params,
         )
+        self.con.execute(f"DELETE FROM slo_day WHERE {days_in}", day_params)
         self.con.execute(
-            "DELETE FROM slo_day WHERE slo_id = ? AND ts_ms >= ? AND ts_ms < ?", [slo_id, *days]
-        )
-        self.con.execute(
-            f"INSERT INTO slo_day {_DAYS_SQL} AND slo_id = ? GROUP BY ALL ORDER BY day",
-            [*days, slo_id],
+            f"INSERT INTO slo_day {_DAYS_SQL} AND {days_in} GROUP BY ALL ORDER BY day",
+            [*day_params[:2], *day_params],
         )
 
     def _delete(self, slo_id: str, start_ms: int, end_ms: int) -> None:

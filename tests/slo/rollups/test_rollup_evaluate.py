@@ -691,3 +691,48 @@ def test_engine_minutes_of_any_range_equal_the_increases_from_each_series_last_s
             f"SELECT ts_ms, instance, total, bad FROM ({sql}) ORDER BY ALL", params
         ).fetchall()
     assert got == _engine_reference(samples, start, end)
+
+
+_OUTCOMES: list[dict[str, Any]] = [
+    {"outcome": "ok"},
+    {"outcome": "ok", "ttft_s": 3.5},
+    {"outcome": "error_before_first_token", "ttft_s": None, "http_status": 500},
+]
+_BATCH = st.tuples(
+    st.lists(st.tuples(st.integers(0, 40 * MINUTE_MS), st.sampled_from(_OUTCOMES)), max_size=4),
+    st.lists(st.tuples(st.integers(0, 40 * MINUTE_MS), st.sampled_from(_OUTCOMES)), max_size=3),
+)
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(batches=st.lists(_BATCH, min_size=1, max_size=5))
+def test_updates_passing_over_slos_without_records_in_their_range_equal_a_rebuild(
+    tmp_path: Path, batches: list[tuple[list[tuple[int, dict[str, Any]]], ...]]
+) -> None:
+    """Batches of users' and probes' records, late ones too, some batches without a probe
+    (or without anything): a told update that finds an SLO's range without records and
+    without minutes leaves its rows and moves its watermark; the rows equal a rebuild's."""
+    m = model(AVAIL, TTFT, PROBE_AVAIL, PROBE_TTFT)
+    written: list[dict[str, Any]] = []
+    now = T0_MS + 40 * MINUTE_MS
+    with Store(tmp_path / f"{uuid.uuid4().hex}.duckdb") as store:
+        rollup = Rollup(store.con, m, horizon_ms=DAY_MS)
+        rollup.note_written({})
+        for taps, probes in batches:
+            now += 5 * MINUTE_MS
+            rows = [request(T0_MS + o, **kind) for o, kind in taps]
+            rows += [_probe(T0_MS + o, **kind) for o, kind in probes]
+            if rows:
+                insert(store, requests=rows)
+            written += rows
+            told = {"requests": min(r["received_ts_ms"] for r in rows)} if rows else {}
+            rollup.note_written(told)
+            rollup.update(now)
+        incremental = _rollup_rows(store)
+    with Store(tmp_path / f"{uuid.uuid4().hex}.duckdb") as rebuilt:
+        if written:
+            insert(rebuilt, requests=written)
+        Rollup(rebuilt.con, m, horizon_ms=DAY_MS).update(now)
+        assert incremental == _rollup_rows(rebuilt)
