@@ -140,7 +140,8 @@ _TAIL_VARINT = np.array(
 def read_tails(series: list[bytes]) -> tuple[list[bytes], np.ndarray, np.ndarray] | None:
     """Each series' serialised labels, timestamp and value, read back from its end, or
     ``None`` unless every series ends with one sample field holding a timestamp of at most
-    8 varint bytes (what Prometheus writes: the value, when not zero, then the timestamp).
+    7 varint bytes, below 2⁴⁹ ms (what Prometheus writes: the value, when not zero, then the
+    timestamp; a longer one takes the columnar read).
 
     The label bytes are only *candidates*: they are everything before that last field, and
     are not walked. A candidate that is a label set :func:`read_columns` has read is a
