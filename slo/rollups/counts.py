@@ -35,6 +35,7 @@ from slo.rollups._sli_sql import (
     records_of,
     tap_minutes_sql,
 )
+from slo.rollups._written import NO_CHANGE, earliest
 from slo.spec.model import Slo, SloModel
 from slo.tables import ROLLUP_TABLES
 
@@ -104,10 +105,6 @@ class RollupChange:
     end_ms: int
 
 
-#: Nothing written since: a change time later than any event.
-_NO_CHANGE = 2**62
-
-
 def _ranges_sql(ranges: list[tuple[str, int, int]]) -> tuple[str, list[object]]:
     """A condition keeping the rows of each (slo_id, start, end) (ms), and its parameters:
     the outer [min start, max end) lets DuckDB skip the row groups outside it."""
@@ -166,8 +163,8 @@ class Rollup:
         self._told = True
         for slo in self.model.slos:
             known = self._changed_from.get(slo.id)
-            new = changed_from_ms.get(source_table(slo), _NO_CHANGE)
-            self._changed_from[slo.id] = None if known is None or new is None else min(known, new)
+            new = changed_from_ms.get(source_table(slo), NO_CHANGE)
+            self._changed_from[slo.id] = earliest(known, new)
 
     def update(self, now_ms: int) -> RollupStats:
         """Recompute each SLO's minutes up to the minute of ``now_ms``: from its watermark
@@ -199,7 +196,7 @@ class Rollup:
         if pending:
             stats.minutes_rows += self._recompute_all(pending, end)
         for slo in self.model.slos:
-            self._changed_from[slo.id] = _NO_CHANGE if self._told else None
+            self._changed_from[slo.id] = NO_CHANGE if self._told else None
         return stats
 
     def _idle(self, slo: Slo, start_ms: int, end_ms: int) -> bool:
@@ -240,7 +237,7 @@ class Rollup:
         if changed is None:
             return floor_to(watermark_ms - self.settle_ms, MINUTE_MS)
         start = min(watermark_ms, changed)
-        if source_table(slo) == "requests" and changed < _NO_CHANGE:
+        if source_table(slo) == "requests" and changed < NO_CHANGE:
             start = min(start, self._first_attempt_from(changed, records_of(slo)))
         return floor_to(start, MINUTE_MS)
 
@@ -260,7 +257,7 @@ class Rollup:
                 [changed_ms - RETRY_LOOKBACK_MS, changed_ms],
             ).fetchone()
             found = row[0] if row else None
-            self._first_attempts[key] = _NO_CHANGE if found is None else int(found)
+            self._first_attempts[key] = NO_CHANGE if found is None else int(found)
         return self._first_attempts[key]
 
     def recompute(self, slo: Slo, start_ms: int, end_ms: int, fp: str | None = None) -> int:

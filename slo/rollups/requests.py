@@ -47,6 +47,7 @@ import duckdb
 
 from pipeline.units import DAY_MS, HOUR_MS, MINUTE_MS, ceil_to, floor_to
 from slo.request_sources import RequestSource, source_filter
+from slo.rollups._written import NO_CHANGE, earliest
 from slo.tables import REQUEST_ROLLUP_TABLES
 
 __all__ = [
@@ -82,8 +83,6 @@ RETRY_LOOKBACK_MS = 10 * MINUTE_MS
 _LN_GAMMA = math.log(BIN_GAMMA)
 #: Request-record column of each latency metric (ITL: every gap, chunk-weighted).
 LATENCY_COLUMNS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "itl": "gap_s"}
-#: Nothing written since: a change time later than any record.
-_NO_CHANGE = 2**62
 
 
 def _bin_sql(value: str) -> str:
@@ -221,7 +220,7 @@ class RequestRollup:
         self.settle_ms = settle_ms
         self.horizon_ms = horizon_ms
         #: The earliest record time written since the last update (``None``: unknown, so
-        #: the settle window; :data:`_NO_CHANGE`: nothing).
+        #: the settle window; :data:`NO_CHANGE`: nothing).
         self._changed_from: int | None = None
         self._told = False  # whether a writer tells its writes (note_written) at all
         create_request_rollup_tables(con)
@@ -233,9 +232,8 @@ class RequestRollup:
         is told. An update then recomputes only from the minute the new records fell in
         (late ones included) instead of ``watermark − settle``."""
         self._told = True
-        new = changed_from_ms.get("requests", _NO_CHANGE)
-        known = self._changed_from
-        self._changed_from = None if known is None or new is None else min(known, new)
+        new = changed_from_ms.get("requests", NO_CHANGE)
+        self._changed_from = earliest(self._changed_from, new)
 
     def update(self, now_ms: int) -> int:
         """Recompute to the minute of ``now_ms``: from the minute of the earliest record
@@ -243,7 +241,7 @@ class RequestRollup:
         computed at least), else from ``watermark − settle`` (first, from the horizon);
         returns the minute rows written."""
         written = self._update(now_ms, self._changed_from)
-        self._changed_from = _NO_CHANGE if self._told else None  # once written, not before
+        self._changed_from = NO_CHANGE if self._told else None  # once written, not before
         return written
 
     def _update(self, now_ms: int, changed: int | None) -> int:
