@@ -239,15 +239,21 @@ class RemoteWriteDecoder:
     ) -> PushedSeries | None:
         """The series of ``raw_labels`` (serialised label fields, ``count`` of them) with
         ``samples``, or ``None`` when its labels are refused (counted in ``batch``)."""
-        # a label set is cached only when small enough to keep (see the module docstring)
-        small = count <= self.limits.max_labels_per_series
-        small = small and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
+        small = self._cacheable(raw_labels, count)
         try:
             name, labels, target = (self._label_set if small else self._parse_label_set)(raw_labels)
         except _LabelsRefused as refused:
             batch.refuse(refused.reason, refused.name)
             return None
         return PushedSeries(name, labels, target, samples)
+
+    def _cacheable(self, raw_labels: bytes, count: int) -> bool:
+        """Whether a label set is small enough to keep (parsed once, and a known series'
+        key): see the module docstring."""
+        return (
+            count <= self.limits.max_labels_per_series
+            and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
+        )
 
     def _known_read(
         self, batch: PushedBatch, columns: SeriesColumns, known: Mapping[bytes, int]
@@ -265,7 +271,6 @@ class RemoteWriteDecoder:
         )
         if len(positions) == len(keys):
             return batch
-        max_labels = self.limits.max_labels_per_series
         counts, timestamps, values = columns.labels, columns.timestamp_ms, columns.value
         for position in np.flatnonzero(~is_known).tolist():
             raw_labels, count = keys[position], int(counts[position])
@@ -275,6 +280,5 @@ class RemoteWriteDecoder:
                 continue
             batch.series.append(parsed)
             batch.positions.append(position)
-            small = count <= max_labels and len(raw_labels) <= MAX_CACHED_LABEL_SET_BYTES
-            batch.keys.append(raw_labels if small else b"")
+            batch.keys.append(raw_labels if self._cacheable(raw_labels, count) else b"")
         return batch
