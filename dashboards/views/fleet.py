@@ -7,6 +7,7 @@ changed in the last hour."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -29,8 +30,7 @@ __all__ = ["EVERY_GROUP_KEY", "PAGE", "TABLES_KEY", "TABLE_TABS", "slo_rows"]
 
 #: Session key of the alert strip's "every group" switch (off: :data:`STRIP_ROWS` rows).
 EVERY_GROUP_KEY = "fleet_every_group"
-#: The detail tables' tabs, the first open on a new load; session key of the open one.
-TABLE_TABS = ("SLOs", "Instances by level", "Active findings", "Changed in the last hour")
+#: Session key of the detail tables' open tab (the tabs are :data:`TABLE_TABS`, below).
 TABLES_KEY = "fleet_tables"
 
 _LEVELS = {
@@ -374,21 +374,25 @@ def _changes(ctx: PageContext) -> None:
     st.dataframe(df, hide_index=True, width="stretch")
 
 
+#: The detail tables, one tab each, in order (the first is open on a new load): the tab's
+#: label and what draws its table from the page's context and the SLO status.
+_TABLES: tuple[tuple[str, Callable[[PageContext, pd.DataFrame | None], None]], ...] = (
+    ("SLOs", lambda ctx, status: _slo_table(status)),
+    ("Instances by level", lambda ctx, status: _levels(ctx)),
+    ("Active findings", lambda ctx, status: _findings(ctx)),
+    ("Changed in the last hour", lambda ctx, status: _changes(ctx)),
+)
+TABLE_TABS = tuple(label for label, _ in _TABLES)
+
+
 def _tables(ctx: PageContext, status: pd.DataFrame | None) -> None:
     """The detail tables, one tab each: only the open tab's table is read and sent (a
     switch of tab runs the page again), so a load draws one table, not four."""
     tabs = st.tabs(TABLE_TABS, key=TABLES_KEY, on_change="rerun")
-    shown = dict(zip(TABLE_TABS, tabs, strict=True))
-    sections = {
-        "SLOs": lambda: _slo_table(status),
-        "Instances by level": lambda: _levels(ctx),
-        "Active findings": lambda: _findings(ctx),
-        "Changed in the last hour": lambda: _changes(ctx),
-    }
-    for label, draw in sections.items():
-        with shown[label]:
-            if shown[label].open is not False:
-                draw()
+    for tab, (_, draw) in zip(tabs, _TABLES, strict=True):
+        with tab:
+            if tab.open is not False:
+                draw(ctx, status)
 
 
 def _body(ctx: PageContext) -> None:
