@@ -25,8 +25,16 @@ last line is one JSON object.
 
 ``--baseline DIR`` measures another checkout's code (``git worktree add DIR main``) on the
 same file in turns with this one, so a before/after pair shares the machine's load.
+
+``--profile DIR`` times nothing: per checkout it records a cold, a warm and a warm load with
+the browser's cache cleared of one page (``--page``, Fleet by default) with DevTools (a
+JavaScript CPU profile and a trace of every Chromium process, written under DIR) and prints
+where the browser's time went, the loads side by side: CPU seconds per Chromium process
+kind, self time per thread and category (scripting, compile, style & layout, paint, GC), the
+page's scripts and functions by self time, and the main thread's work 250 ms by 250 ms
+beside the websocket frames that arrived (see ``tests/dashboards/profiles.py``).
 Usage: ``python bench/dashboard.py [--quick] [--rebuild] [--days D] [--pods N] [--interval S]
-[--baseline DIR]``.
+[--baseline DIR] [--profile DIR [--page PAGE]]``.
 """
 
 from __future__ import annotations
@@ -40,8 +48,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import psutil
@@ -57,6 +67,7 @@ from slo.jobs import SloJobs  # noqa: E402
 from slo.rollups.requests import REQUEST_ROLLUP_VERSION, rollup_history  # noqa: E402
 from slo.spec import parse_spec  # noqa: E402
 from slo.spec.model import build_model  # noqa: E402
+from tests.dashboards import profiles  # noqa: E402
 from tests.dashboards.browser import HeadlessChromium  # noqa: E402
 
 END_MS = 1_790_000_000_000 // HOUR_MS * HOUR_MS
@@ -258,6 +269,110 @@ def measure(
     return figures
 
 
+def cpu_by_type(pid: int) -> dict[str, float]:
+    """CPU seconds per kind of Chromium process (``browser`` the one started, the others by
+    their ``--type=``: renderer, gpu-process, utility, zygote…)."""
+    seconds: dict[str, float] = defaultdict(float)
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return seconds
+    for process in family:
+        try:
+            kind = next(
+                (a.split("=", 1)[1] for a in process.cmdline() if a.startswith("--type=")),
+                "browser",
+            )
+            seconds[kind] += sum(process.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            continue
+    return seconds
+
+
+def profile(path: Path, roots: dict[str, Path], page: str, directory: Path) -> None:
+    """Per checkout: a cold load of ``page`` (a fresh server, so a new origin: the browser
+    fetches and compiles the frontend's scripts again), a warm one (after one unrecorded) and
+    a warm one after the browser's cache was cleared, recorded by DevTools (:meth:`HeadlessChromium.record`); writes the raw
+    profiles and traces under ``directory`` (``LABEL-PAGE-KIND.cpuprofile``, open in
+    Chromium's DevTools; ``….trace.json``, open in Perfetto) and prints where the browser's
+    time went, the loads side by side."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("chromium is not installed (apt-get install chromium)")
+    directory.mkdir(parents=True, exist_ok=True)
+    with HeadlessChromium(chromium) as browser:
+        browser.call("Network.enable")
+        for label, root in roots.items():
+            process, url = serve(path, root)
+            try:
+                _load(browser, f"{url}/canary", 120, process.pid)
+                page_url = f"{url}/{page}?range=30d"
+                recorded = {}
+                for kind in ("cold", "warm", "cleared"):
+                    if kind == "warm":
+                        _load(browser, page_url, 60, process.pid)
+                    if kind == "cleared":
+                        browser.call("Network.clearBrowserCache")
+                    server, before = cpu_s(process.pid), cpu_by_type(browser.process.pid)
+                    seconds, cpu_profile, trace = browser.record(page_url, 120)
+                    after = cpu_by_type(browser.process.pid)
+                    by_type = {k: v - before.get(k, 0.0) for k, v in after.items()}
+                    name = f"{label}-{page}-{kind}"
+                    (directory / f"{name}.cpuprofile").write_text(json.dumps(cpu_profile))
+                    (directory / f"{name}.trace.json").write_text(
+                        json.dumps({"traceEvents": trace})
+                    )
+                    recorded[kind] = (
+                        seconds,
+                        cpu_s(process.pid) - server,
+                        by_type,
+                        cpu_profile,
+                        trace,
+                    )
+            finally:
+                _stop(process)
+            _print_profiles(f"{label} {page}", recorded)
+
+
+def _print_profiles(title: str, recorded: dict[str, tuple[Any, ...]]) -> None:
+    """Cold beside warm: wall, CPU per process kind, per thread and category, JavaScript
+    per script and function, and the main thread's timeline."""
+    print(f"== profile: {title} ({' | '.join(recorded)}), load average {os.getloadavg()[0]:.1f}")
+    for kind, (seconds, server, by_type, _, _) in recorded.items():
+        kinds = ", ".join(f"{k} {v:.2f}" for k, v in sorted(by_type.items(), key=lambda kv: -kv[1]))
+        print(f"{kind}: {seconds:.2f} s wall; CPU s server {server:.2f}, browser {kinds}")
+    threads = {kind: profiles.trace_self_ms(r[4]) for kind, r in recorded.items()}
+    busiest = sorted(
+        {t for per in threads.values() for t in per},
+        key=lambda t: -max(per.get(t, {}).get("busy", 0.0) for per in threads.values()),
+    )[:6]
+    print("trace, ms of self time per thread and category (busy = inside top-level tasks):")
+    for thread in busiest:
+        for kind, per in threads.items():
+            row = per.get(thread, {})
+            print(f"  {kind:4} {thread:40} " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()))
+    for by, top in (("file", 8), ("function", 15)):
+        print(f"JavaScript self ms per {by} (the page's renderer):")
+        tables = {kind: profiles.js_self_ms(r[3], by) for kind, r in recorded.items()}
+        width = max(len(k) for rows in tables.values() for k, _ in rows[:top])
+        for i in range(top):
+            cells = [
+                f"{rows[i][0]:{width}} {rows[i][1]:7,.0f}" if i < len(rows) else ""
+                for rows in tables.values()
+            ]
+            print("  " + " | ".join(cells))
+    for kind, r in recorded.items():
+        print(f"main thread, {kind}, per 250 ms from the navigation (frames, kB, ms per category):")
+        for row in profiles.timeline(r[4]):
+            print(
+                "  "
+                + ", ".join(
+                    f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:,.0f}" for k, v in row.items()
+                )
+            )
+
+
 def _stop(process: subprocess.Popen[str]) -> None:
     """Stop a dashboard server: SIGTERM, then SIGKILL if it has not exited in 20 s (on a
     loaded host Streamlit's shutdown can take longer, and the file is only read)."""
@@ -300,6 +415,15 @@ def main() -> None:
         help="another checkout (e.g. `git worktree add /tmp/main main`) measured in turns "
         "with this one on the same file; its figures are prefixed baseline_",
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="instead of timing: record a DevTools profile and trace of a cold and a warm "
+        "load of --page per checkout, write them under DIR and print where the browser's "
+        "time went",
+    )
+    parser.add_argument("--page", choices=PAGES, default="fleet", help="the page --profile records")
     args = parser.parse_args()
     volume = Volume(
         days=args.days or (1 if args.quick else 30),
@@ -319,6 +443,9 @@ def main() -> None:
             flush=True,
         )
         roots = {"this": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+        if args.profile:
+            profile(path, roots, args.page, args.profile)
+            return
         figures = measure(path, cold_loads, warm_loads, roots)
     for label in roots:
         prefix = "" if label == "this" else f"{label}_"
