@@ -59,6 +59,38 @@ _STATE_JS = """(() => {
 })()"""
 
 
+#: What :meth:`HeadlessChromium.record` traces: DevTools' Performance panel's categories
+#: (tasks, scripting, style, layout, paint, GC), without its JavaScript sampling (the
+#: ``Profiler`` domain samples the page's scripts instead).
+TRACE_CATEGORIES = (
+    "devtools.timeline",
+    "disabled-by-default-devtools.timeline",
+    "disabled-by-default-devtools.timeline.frame",
+    "toplevel",
+    "blink.user_timing",
+    "v8.execute",
+    "v8",
+    "loading",
+    "latencyInfo",
+)
+
+
+def _frame_event(frame: dict[str, Any]) -> dict[str, Any]:
+    """A websocket frame the page received as an instant trace event (``Network``'s
+    timestamps are the trace clock's, in seconds): when Streamlit's deltas arrived."""
+    payload = frame["response"]["payloadData"]
+    size = len(payload) * 3 // 4 if frame["response"].get("opcode") == 2 else len(payload)
+    return {
+        "name": "llmslo.frame",
+        "ph": "i",
+        "s": "g",
+        "pid": 0,
+        "tid": 0,
+        "ts": frame["timestamp"] * 1e6,
+        "args": {"bytes": size},
+    }
+
+
 class RenderState(dict[str, Any]):
     """The page state read by :data:`_STATE_JS` (title, script, charts, drawn, exceptions,
     text, url)."""
@@ -94,6 +126,9 @@ class HeadlessChromium:
         self._ids = itertools.count(1)
         #: Bytes of the websocket frames the page received (see :meth:`call`).
         self.received_bytes = 0
+        #: DevTools events kept while :meth:`call` waits (method → their params, in order):
+        #: only the methods named here are kept (see :meth:`record`).
+        self.events: dict[str, list[dict[str, Any]]] = {}
         self._stack = contextlib.ExitStack()
         self._ws = self._stack.enter_context(self._attach())
 
@@ -117,21 +152,70 @@ class HeadlessChromium:
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         """One DevTools command; its ``result`` (events in between are skipped, but the
         websocket frames the page received are counted in :attr:`received_bytes` once
-        ``Network.enable`` was called)."""
+        ``Network.enable`` was called, and the events named in :attr:`events` are kept)."""
         ident = next(self._ids)
         self._ws.send(json.dumps({"id": ident, "method": method, "params": params}))
         while True:
             message = json.loads(self._ws.recv(timeout=60))
-            if message.get("method") == "Network.webSocketFrameReceived":
-                frame = message["params"]["response"]
-                # Binary frames (Streamlit's protobuf) arrive base64-encoded.
-                size = len(frame["payloadData"])
-                self.received_bytes += size * 3 // 4 if frame.get("opcode") == 2 else size
+            self._event(message)
             if message.get("id") == ident:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")
                 result: dict[str, Any] = message.get("result", {})
                 return result
+
+    def _event(self, message: dict[str, Any]) -> None:
+        event = message.get("method")
+        if event == "Network.webSocketFrameReceived":
+            frame = message["params"]["response"]
+            # Binary frames (Streamlit's protobuf) arrive base64-encoded.
+            size = len(frame["payloadData"])
+            self.received_bytes += size * 3 // 4 if frame.get("opcode") == 2 else size
+        if event in self.events:
+            self.events[event].append(message["params"])
+
+    def _wait_event(self, method: str, timeout_s: float) -> dict[str, Any]:
+        """The params of the next ``method`` event (kept events are kept meanwhile)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = json.loads(self._ws.recv(timeout=max(deadline - time.monotonic(), 0.01)))
+            self._event(message)
+            if message.get("method") == method:
+                params: dict[str, Any] = message.get("params", {})
+                return params
+        raise TimeoutError(f"no {method} within {timeout_s:.0f} s")
+
+    def record(
+        self, url: str, timeout_s: float = 30.0, interval_us: int = 200
+    ) -> tuple[float, dict[str, Any], list[dict[str, Any]]]:
+        """:meth:`open` ``url`` while DevTools records: a JavaScript CPU profile of the page
+        (``Profiler``, sampled every ``interval_us``) and a trace of every Chromium process
+        (``Tracing``, the categories DevTools' Performance panel records, without its
+        sampling, with the page's websocket frames as ``llmslo.frame`` instant events).
+        Returns the seconds :meth:`open` took, the profile (``.cpuprofile`` JSON) and the
+        trace events (a ``.json`` trace's ``traceEvents``)."""
+        self.call("Network.enable")  # the websocket frames
+        self.call("Profiler.enable")
+        self.call("Profiler.setSamplingInterval", interval=interval_us)
+        self.events = {"Tracing.dataCollected": [], "Network.webSocketFrameReceived": []}
+        self.call(
+            "Tracing.start",
+            traceConfig={"includedCategories": list(TRACE_CATEGORIES)},
+            transferMode="ReportEvents",
+        )
+        self.call("Profiler.start")
+        try:
+            seconds = self.open(url, timeout_s)
+        finally:
+            cpu_profile: dict[str, Any] = self.call("Profiler.stop")["profile"]
+            self.call("Tracing.end")
+            self._wait_event("Tracing.tracingComplete", 60)
+            self.call("Profiler.disable")
+            kept, self.events = self.events, {}
+        trace = [e for chunk in kept["Tracing.dataCollected"] for e in chunk["value"]]
+        frames = kept["Network.webSocketFrameReceived"]
+        trace += [_frame_event(f) for f in frames]
+        return seconds, cpu_profile, trace
 
     def state(self) -> RenderState:
         """What the page shows now."""

@@ -20,6 +20,7 @@ import pytest
 from dashboards.filters import deep_link
 from dashboards.views import PAGES
 from tests.conftest import require_tool
+from tests.dashboards import profiles
 from tests.dashboards.browser import HeadlessChromium, blank
 from tests.dashboards.conftest import END_MS, HOUR_MS, History
 from tests.loopback import RecordingServer
@@ -107,6 +108,25 @@ def test_every_page_renders_in_chromium_without_an_exception(
     assert state["drawn"] >= LEAST_CHARTS[path], state
     assert "No data yet" not in state["text"] and "Page not found" not in state["text"]
     assert not blank(png)
+
+
+def test_a_recorded_load_says_where_the_browsers_time_went(
+    chromium: HeadlessChromium, dashboard: str
+) -> None:
+    seconds, cpu_profile, trace = chromium.record(deep_link(dashboard, "fleet", range="30d"), 90)
+    threads = profiles.trace_self_ms(trace)
+    main = threads["Renderer/CrRendererMain"]
+    scripts = dict(profiles.js_self_ms(cpu_profile, by="file"))
+    slices = profiles.timeline(trace)
+    assert seconds > 0 and chromium.state()["drawn"] >= 4
+    assert main["busy"] > 0 and main["scripting"] > 0 and main["style & layout"] > 0
+    assert any(name.endswith(".js") for name in scripts), scripts  # the frontend's own scripts
+    assert sum(row["frames"] for row in slices) > 0  # Streamlit's deltas, on the timeline
+    assert sum(row.get("scripting", 0.0) for row in slices) > 0
+    # Recording ends with the load: the next load is an ordinary one.
+    assert chromium.events == {}
+    chromium.open(deep_link(dashboard, "latency", range="30d"), timeout_s=90)
+    assert chromium.state()["title"] == "Latency"
 
 
 #: Top edges (px, in the page) of the first drawn chart and of the first table.
