@@ -6,9 +6,9 @@ never waits for Kafka and never raises. A background thread takes the oldest bat
 the Arrow batches of the same schema queued right behind it, up to
 :data:`MAX_DELIVERY_ROWS` rows — sends it one message per instance key and waits for every
 acknowledgement (each batch is split by key on its own and a key's parts joined, so a batch
-of one key, as a scrape's, is never copied to be split); parts that fail are re-sent with a fresh producer after an
-exponential back-off (``backoff_s`` doubling up to ``backoff_max_s``) until they are
-acknowledged, so a broker outage only delays data. A key's rows keep their order: they
+of one key, as a scrape's, is never copied to be split); parts that fail are re-sent with a
+fresh producer after an exponential back-off (``backoff_s`` doubling up to
+``backoff_max_s``) until they are acknowledged, so a broker outage only delays data. A key's rows keep their order: they
 travel in one message per delivery, and deliveries follow one another.
 
 When the buffer would exceed ``max_rows``, the *oldest* batches are dropped (the newest
