@@ -12,7 +12,10 @@ acknowledged by Kafka. In the same run the real :class:`collectors.collector.Col
 scrapes the same volume, as exposition text from a child aiohttp server, into the same
 broker. Peak RSS is this process's (receiver or collector, each measured in a fresh child);
 ``…_samples_per_cpu_s`` divides the samples by the receiving process's CPU seconds over the
-same clock (serving thread, publisher, kafka-python's I/O thread).
+same clock (serving thread, publisher, kafka-python's I/O thread); for remote-write,
+``…_known_samples_per_cpu_s`` the same over the bodies after those holding the first scrape
+(every series known: the steady state of a remote-write), from the moment each sender's
+first-scrape bodies were answered.
 
 One sender keeps one request in flight. Prometheus sends a remote-write through several
 shards at once (``queue_config.max_shards``), each series always through the same shard, so
@@ -31,7 +34,8 @@ also split into the bodies holding the first scrape (every series new:
     python bench/receive.py --doors receive --no-collect  # remote-write alone
 
 The last line is JSON: {"bench": "receive", "receive_2000_samples_per_s": …,
-"receive_2000_samples_per_cpu_s": …, "receive_2000_4_senders_samples_per_s": …,
+"receive_2000_samples_per_cpu_s": …, "receive_2000_known_samples_per_cpu_s": …,
+"receive_2000_4_senders_samples_per_s": …,
 "receive_10000_samples_per_s": …, "otlp_2000_samples_per_s": …, "otlp_10000_samples_per_s": …,
 "…_in_process_samples_per_s": …, "…_in_process_known_samples_per_cpu_s": …,
 "collect_samples_per_s": …, "…_peak_rss_mib": …}
@@ -193,13 +197,18 @@ DOORS = {
 }
 
 
-def _post_all(port: int, door: str, bodies: list[bytes], started: Any, done: Any) -> None:
+def _post_all(
+    port: int, door: str, bodies: list[bytes], cold: int, started: Any, warm: Any, done: Any
+) -> None:
+    """Post ``bodies`` one at a time; ``warm`` is set once the first ``cold`` are answered."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     path, extra, ok = DOORS[door]
     headers = {"Content-Type": "application/x-protobuf"} | extra
     started.set()
     try:
-        for body in bodies:
+        for sent, body in enumerate(bodies):
+            if sent == cold:
+                warm.set()
             while True:
                 conn.request("POST", path, body=body, headers=headers)
                 response = conn.getresponse()
@@ -210,6 +219,7 @@ def _post_all(port: int, door: str, bodies: list[bytes], started: Any, done: Any
                     break
                 time.sleep(0.05)
     finally:
+        warm.set()
         done.set()
 
 
@@ -231,37 +241,50 @@ def bench_receive(
     else:  # OTLP: one sender (whole targets per request)
         shards = [otlp_bodies(targets, rounds, per_request)]
     total = targets * rounds * len(target_series())
+    # per sender, the bodies holding a sample of the first scrape (every series new)
+    first_scrape = targets * len(target_series())
+    colds = [
+        -(-len(range(k, first_scrape, len(shards))) // per_request) if door == "receive" else 0
+        for k in range(len(shards))
+    ]
     posters = []
-    for bodies in shards:
-        started, done = multiprocessing.Event(), multiprocessing.Event()
+    for bodies, cold in zip(shards, colds, strict=True):
+        started, warm, done = (multiprocessing.Event() for _ in range(3))
         sender = multiprocessing.Process(
-            target=_post_all, args=(service.port, door, bodies, started, done)
+            target=_post_all, args=(service.port, door, bodies, cold, started, warm, done)
         )
         sender.start()
-        posters.append((sender, started, done))
-    for _, started, _ in posters:
+        posters.append((sender, started, warm, done))
+    for _, started, _, _ in posters:
         started.wait(60)
     cpu0 = _cpu_s()
     t0 = time.perf_counter()
-    for _, _, done in posters:
+    for _, _, warm, _ in posters:
+        warm.wait(600)
+    cpu_warm = _cpu_s()
+    for _, _, _, done in posters:
         done.wait(600)
     stop.set()
     worker.join(600)  # drains the buffer to Kafka
     elapsed = time.perf_counter() - t0
     cpu = _cpu_s() - cpu0
-    for sender, _, _ in posters:
+    for sender, _, _, _ in posters:
         sender.join(30)
     bus.stop()
-    out.put(
-        {
-            "samples": total,
-            "samples_per_request": round(total / sum(len(b) for b in shards)),
-            "rows_published": service.published_rows,
-            "samples_per_s": total / elapsed,
-            "samples_per_cpu_s": total / cpu,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        }
-    )
+    got = {
+        "samples": total,
+        "samples_per_request": round(total / sum(len(b) for b in shards)),
+        "rows_published": service.published_rows,
+        "samples_per_s": total / elapsed,
+        "samples_per_cpu_s": total / cpu,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    if door == "receive" and all(0 < c < len(b) for c, b in zip(colds, shards, strict=True)):
+        # the bodies after the first scrape's (known series), every one but each shard's last
+        # holding per_request samples; the cold rows still being published count here
+        known = total - sum(colds) * per_request
+        got["known_samples_per_cpu_s"] = known / (cpu0 + cpu - cpu_warm)
+    out.put(got)
 
 
 def _cpu_s() -> float:
@@ -413,6 +436,10 @@ def main() -> None:
                 result[f"{door}_{per_request}_samples_per_cpu_s"] = round(got["samples_per_cpu_s"])
                 result[f"{door}_{per_request}_peak_rss_mib"] = round(got["peak_rss_mib"], 1)
                 result[f"{door}_{per_request}_rows_published"] = got["rows_published"]
+                if "known_samples_per_cpu_s" in got:
+                    result[f"{door}_{per_request}_known_samples_per_cpu_s"] = round(
+                        got["known_samples_per_cpu_s"]
+                    )
                 if door == "receive" and args.senders > 1:
                     got = _in_child(
                         bench_receive,
@@ -427,6 +454,10 @@ def main() -> None:
                     result[f"{key}_samples_per_s"] = round(got["samples_per_s"])
                     result[f"{key}_samples_per_cpu_s"] = round(got["samples_per_cpu_s"])
                     result[f"{key}_rows_published"] = got["rows_published"]
+                    if "known_samples_per_cpu_s" in got:
+                        result[f"{key}_known_samples_per_cpu_s"] = round(
+                            got["known_samples_per_cpu_s"]
+                        )
                 got = _in_child(bench_in_process, door, per_request, samples)
                 print(f"{door}, {per_request} samples/request, in process: {got}")
                 result[f"{door}_{per_request}_in_process_samples_per_s"] = round(

@@ -4,10 +4,11 @@ Producers of rows (the collector's scrape loop, the tap's sink thread, the SLO j
 transitions, the history generator) :meth:`Publisher.put` one Arrow table and go on: ``put``
 never waits for Kafka and never raises. A background thread takes the oldest batch — with
 the Arrow batches of the same schema queued right behind it, up to
-:data:`MAX_DELIVERY_ROWS` rows, as one table — sends it one message per instance key and
-waits for every acknowledgement; parts that fail are re-sent with a fresh producer after an
-exponential back-off (``backoff_s`` doubling up to ``backoff_max_s``) until they are
-acknowledged, so a broker outage only delays data. A key's rows keep their order: they
+:data:`MAX_DELIVERY_ROWS` rows — sends it one message per instance key and waits for every
+acknowledgement (each batch is split by key on its own and a key's parts joined, so a batch
+of one key, as a scrape's, is never copied to be split); parts that fail are re-sent with a
+fresh producer after an exponential back-off (``backoff_s`` doubling up to
+``backoff_max_s``) until they are acknowledged, so a broker outage only delays data. A key's rows keep their order: they
 travel in one message per delivery, and deliveries follow one another.
 
 When the buffer would exceed ``max_rows``, the *oldest* batches are dropped (the newest
@@ -27,7 +28,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from kafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -185,6 +186,27 @@ def _split(schema: RecordSchema, batch: Batch) -> list[tuple[bytes, Batch]]:
     if isinstance(batch, JsonRows):
         return list(batch.by_key(schema.key_field))
     return list(split_by_key(schema, batch))
+
+
+def _by_key(schema: RecordSchema, batches: list[PendingBatch]) -> list[tuple[bytes, Batch]]:
+    """The rows of ``batches`` (queued one after the other) as one part per key, each key's
+    rows in the order they were put. Each batch is split on its own (a batch of one key, as
+    a scrape's or a pushed target's, is not split at all) and only a key's own parts are
+    joined: the rows are copied at most once, never gathered from a merge of every key."""
+    parts: dict[bytes, list[Batch]] = {}
+    for batch in batches:
+        for key, rows in _split(schema, batch.table):
+            parts.setdefault(key, []).append(rows)
+    return [(key, _joined(rows)) for key, rows in parts.items()]
+
+
+def _joined(parts: list[Batch]) -> Batch:
+    """A key's parts as one: Arrow tables of one Arrow schema joined into one chunk per
+    column (JSON rows never travel with others: :meth:`PublishBuffer.take_following`)."""
+    if len(parts) == 1:
+        return parts[0]
+    tables = cast("list[pa.Table]", parts)
+    return pa.concat_tables(tables).unify_dictionaries().combine_chunks()
 
 
 def _encode(schema: RecordSchema, rows: Batch) -> tuple[bytes, list[tuple[str, bytes]]]:
@@ -369,27 +391,17 @@ class KafkaPublisher:
                     return
                 continue
             self.in_flight_rows = batch.table.num_rows
-            batch = self._with_following(batch)
-            self.in_flight_rows = batch.table.num_rows
-            self._deliver(batch)
+            room = MAX_DELIVERY_ROWS - batch.table.num_rows
+            following = self.buffer.take_following(batch, room) if room > 0 else []
+            self.in_flight_rows += sum(b.table.num_rows for b in following)
+            self._deliver(batch.schema, _by_key(batch.schema, [batch, *following]))
             if not self._abandon.is_set():
                 self.in_flight_rows = 0
 
-    def _with_following(self, batch: PendingBatch) -> PendingBatch:
-        """``batch`` merged with those queued behind it that can travel with it."""
-        room = MAX_DELIVERY_ROWS - batch.table.num_rows
-        following = self.buffer.take_following(batch, room) if room > 0 else []
-        if not following:
-            return batch
-        tables = [batch.table, *(b.table for b in following)]
-        merged = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
-        return PendingBatch(batch.schema, merged, batch.enqueued_s)
-
-    def _deliver(self, batch: PendingBatch) -> None:
-        pieces = _split(batch.schema, batch.table)
+    def _deliver(self, schema: RecordSchema, pieces: list[tuple[bytes, Batch]]) -> None:
         backoff_s = self.backoff_s
         while pieces and not self._abandon.is_set():
-            pieces = self._send(batch.schema, pieces)
+            pieces = self._send(schema, pieces)
             if pieces:
                 # A producer that failed may be wedged for good (e.g. its idempotent producer
                 # id is unknown to a restarted broker): start over with a fresh one.

@@ -81,13 +81,21 @@ class IngestReport:
         self.dropped[reason] = self.dropped.get(reason, 0) + count
 
 
+def _load_list_conversion() -> None:
+    """Make pyarrow load now what it loads on its first conversion of a Python list (it asks
+    pandas, when installed, whether the list is a pandas object: importing pandas costs
+    0.2–0.3 CPU seconds), so the first write does not pay it."""
+    pa.array([], pa.string())
+
+
 class Receiver:
     """Turns :class:`PushedBatch` writes into records handed to ``sink(schema, table)``.
 
     Single-threaded (one event loop calls :meth:`ingest`); see the module docstring.
     ``max_tracked_series`` bounds the deduplication state (past it, it starts afresh);
     ``max_series_per_target`` the series a target's cache of canonical series holds (past it,
-    the cache starts afresh, as the canonicalizer's own).
+    the cache starts afresh, as the canonicalizer's own). Constructing one loads what its
+    first write would otherwise load lazily (see :func:`_load_list_conversion`).
     """
 
     def __init__(
@@ -107,6 +115,7 @@ class Receiver:
         self._types_version = 0  # bumped when a declared type changes
         self._target_list: list[Target] = []
         self._slots = Slots()
+        _load_list_conversion()
 
     def cached_series(self) -> int:
         """Series held in the targets' caches of canonical series (bounded per target)."""

@@ -139,3 +139,38 @@ def test_batches_queued_together_travel_in_one_message_per_key_in_order(bus: Bus
         f"pod-{pod}".encode(): [[ts + i for ts in (1_000, 2_000, 3_000) for i in (pod, pod + 3)]]
         for pod in range(3)
     }
+
+
+def test_a_keys_message_carries_its_own_rows_and_names_alone(bus: Bus) -> None:
+    # batches of one key each, the key column dictionary-encoded (as a scrape's or a pushed
+    # target's rows): each key's message holds its rows, and no other key's name
+    buffer = PublishBuffer(1_000, PublishMetrics("unit"))
+    for ts in (1_000, 2_000):
+        for pod in range(3):
+            table = _flags(1, ts + 10 * pod).set_column(
+                2, "scope_id", pa.array([f"pod-{pod}"]).dictionary_encode()
+            )
+            buffer.put(FLAG_TRANSITIONS, table)
+    publisher = KafkaPublisher(bus.producer, buffer).start()
+    try:
+        assert publisher.flush(60)
+    finally:
+        publisher.stop()
+        publisher.close()
+    consumer = bus.consumer(None)
+    consumer.subscribe([bus.prefix + FLAG_TRANSITIONS.topic])
+    names: dict[bytes, list[str]] = {}
+    ts_ms: dict[bytes, list[int]] = {}
+    deadline = time.monotonic() + 60
+    while sum(map(len, ts_ms.values())) < 6 and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            for record in records:
+                table = decode_message(record.value, record.headers).table
+                column = table.column("scope_id").combine_chunks()
+                names[record.key] = column.dictionary.to_pylist()
+                ts_ms.setdefault(record.key, []).extend(table.column("ts_ms").to_pylist())
+    consumer.close()
+    assert names == {f"pod-{pod}".encode(): [f"pod-{pod}"] for pod in range(3)}
+    assert ts_ms == {
+        f"pod-{pod}".encode(): [1_000 + 10 * pod, 2_000 + 10 * pod] for pod in range(3)
+    }

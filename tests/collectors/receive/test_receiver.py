@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 from hypothesis import given, settings
@@ -164,3 +167,35 @@ def test_the_one_sample_path_stores_and_drops_what_the_general_path_does(
         assert (report.rows, report.dropped) == (expected.rows, expected.dropped)
         assert _published(fast) == _published(general)
     assert receiver.targets == reference.targets
+
+
+_FIRST_WRITE = """
+import sys
+from collectors.receive.receiver import Receiver
+from collectors.receive.series import PushedBatch, PushedSeries, target_of
+
+receiver = Receiver(lambda schema, table: None)
+batch = PushedBatch()
+for name, value in (("up", 1.0), ("vllm:num_requests_running", 3.0)):
+    labels = tuple(sorted({"__name__": name, "job": "vllm", "instance": "10.0.0.7:8000"}.items()))
+    batch.series.append(PushedSeries(name, labels, target_of(labels), [(1_764_000_000_000, value)]))
+before = set(sys.modules)
+report = receiver.ingest(batch)
+assert report.rows == {"target_health": 1, "engine_sample": 1}, report
+print(sorted(set(sys.modules) - before))
+"""
+
+
+def test_a_receivers_first_write_loads_no_module() -> None:
+    # in a fresh interpreter: what a first write needs is loaded with the receiver, not
+    # inside the write (pyarrow's first conversion of a list would import pandas)
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_WRITE],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": ""},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
