@@ -42,12 +42,13 @@ from pipeline._offsets import LogIdentity, StoredOffset
 from pipeline.config import StoreConfig
 from pipeline.errors import ConfigError, StoreError
 from pipeline.iceberg.config import IcebergConfig, catalog_properties
+from pipeline.iceberg.files import write_data_files
 from pipeline.iceberg.tables import (
     ICEBERG_TABLES,
     PARTITION_WIDTH_MS,
     lake_arrow_schema,
     lake_topics,
-    to_lake,
+    to_lake_batch,
 )
 
 __all__ = ["CommitReport", "IcebergLake", "LakeError", "open_iceberg_lake"]
@@ -319,12 +320,7 @@ class IcebergLake:
             if table is not None:
                 by_table.setdefault(table, {})[(topic, partition)] = stored
         for table, table_offsets in sorted(by_table.items()):
-            parts = list(rows.get(table, ()))
-            data = (
-                to_lake(table, parts)
-                if any(p.num_rows for p in parts)
-                else (lake_arrow_schema(table).empty_table())
-            )
+            data = to_lake_batch(table, list(rows.get(table, ())))
             self._commit(table, data, table_offsets, report, should_stop)
             report.tables += 1
             report.rows += data.num_rows
@@ -346,20 +342,26 @@ class IcebergLake:
         deadline = time.monotonic() + self.config.retry_for_s
         delay = 0.1
         ambiguous = False  # a failure that may hide a success: look for our commit first
+        files: list[Any] | None = None  # written once; a retried commit appends them again
         while True:
             try:
                 if ambiguous:
                     table.refresh()
                     if any(s.summary.get(COMMIT_ID) == commit_id for s in table.snapshots()):
                         return
+                if files is None:
+                    files = write_data_files(table, data)
                 merged = self._offsets_of(table)
                 for key, stored in offsets.items():
                     if key not in merged or merged[key].next_offset < stored.next_offset:
                         merged[key] = stored
-                table.append(
-                    data,
-                    snapshot_properties={self._offsets_key: _encode(merged), COMMIT_ID: commit_id},
-                )
+                summary = {self._offsets_key: _encode(merged), COMMIT_ID: commit_id}
+                with (
+                    table.transaction() as change,
+                    change.update_snapshot(snapshot_properties=summary).fast_append() as append,
+                ):
+                    for data_file in files:
+                        append.append_data_file(data_file)
                 return
             except CommitFailedException:
                 # Another ingester committed first: nothing of ours is in the table.
