@@ -158,6 +158,35 @@ def test_a_batch_across_an_hour_is_a_file_per_hour_read_back_as_the_lake_types(
     assert _data_keys(s3_server) == _live_keys(lake)
 
 
+def test_a_column_of_distinct_values_stops_its_parquet_dictionary_at_128_kib(
+    tmp_path: Path,
+) -> None:
+    """100,000 distinct random sample values (800 kB of doubles): the data file's dictionary
+    for them stops near 128 KiB (the writer looks at its size after each 20,000 values,
+    ``write.parquet.page-row-limit``), the rest is plain-encoded; Iceberg's default would
+    hold them all in a dictionary larger than the values."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    config = IcebergConfig(
+        catalog_uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=str(tmp_path / "warehouse")
+    )
+    lake = _lake(config)
+    samples = numbered_samples(0, 100_000, "pod-0")
+    values = np.random.default_rng(1).random(100_000)
+    samples = samples.set_column(samples.schema.get_field_index("value"), "value", [values])
+    lake.append_batch(
+        {"engine_samples": [conform(ENGINE_SAMPLES, samples)]}, {(TOPIC, 0): StoredOffset(1, LOG)}
+    )
+    (task,) = lake.table("engine_samples").scan().plan_files()
+    metadata = pq.read_metadata(task.file.file_path.removeprefix("file://"))
+    columns = [metadata.row_group(0).column(i) for i in range(metadata.num_columns)]
+    (value,) = [c for c in columns if c.path_in_schema == "value"]
+    dictionary_bytes = value.data_page_offset - value.dictionary_page_offset
+    assert 0 < dictionary_bytes < 256 * 1024  # ~128 KiB, overshot by < 20,000 values
+    assert sorted(_values(lake)) == sorted(values.tolist())
+
+
 def test_a_wrong_secret_is_refused_naming_bucket_and_key_and_writes_nothing(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
