@@ -171,7 +171,7 @@ def write_data_files(table: Any, data: pa.Table) -> list[Any]:
     )
     locations = load_location_provider(table.location(), table.properties)
     write_uuid = uuid.uuid4()
-    files = []
+    files: list[Any] = []
     for key, rows in _partitions(table, data):
         for batches in bin_pack_arrow_table(rows, target_bytes or 1):
             name = f"00000-{len(files)}-{write_uuid}.parquet"

@@ -69,13 +69,15 @@ def to_lake(table: str, parts: list[pa.Table]) -> pa.Table:
 def to_lake_batch(table: str, parts: list[pa.Table]) -> pa.Table:
     """Decoded parts of ``table`` as one table for :func:`~pipeline.iceberg.files.write_data_files`:
     the lake's types, except that dictionary columns stay dictionaries, one per column for
-    the whole batch (one Parquet dictionary page, not a fallback to plain encoding), in one
-    chunk. Decoding them to strings here, as :func:`to_lake` does, costs more than the
-    Parquet encoding of the rest."""
+    the whole batch (Parquet's writer goes over to plain encoding when a column's
+    dictionary changes from one chunk to the next), in one chunk. Decoding them to
+    strings here, as :func:`to_lake` does, cost more than the Parquet encoding of the
+    rest."""
     kept = [part for part in parts if part.num_rows]
     if not kept:
         return lake_arrow_schema(table).empty_table()
-    data = pa.concat_tables(kept).unify_dictionaries().combine_chunks()
+    data = pa.concat_tables(kept, promote_options="permissive")
+    data = data.unify_dictionaries().combine_chunks()
     target = pa.schema(
         f if pa.types.is_dictionary(f.type) else f.with_type(_lake_type(f.type))
         for f in data.schema
