@@ -79,14 +79,9 @@ def _partitions(table: Any, data: pa.Table) -> list[tuple[Any, pa.Table]]:
     from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
 
     spec, schema = table.spec(), table.schema()
-    if len(spec.fields) != 1 or data.num_rows == 0:
-        return [
-            (part.partition_key, part.arrow_table_partition)
-            for part in _determine_partitions(spec, schema, data)
-        ]
-    (field,) = spec.fields
-    column = data.column(schema.find_column_name(field.source_id))
-    if column.null_count:
+    field = spec.fields[0] if len(spec.fields) == 1 else None
+    column = data.column(schema.find_column_name(field.source_id)) if field else None
+    if field is None or column is None or column.null_count or data.num_rows == 0:
         return [
             (part.partition_key, part.arrow_table_partition)
             for part in _determine_partitions(spec, schema, data)
