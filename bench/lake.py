@@ -10,8 +10,12 @@ catalog, and on a local warehouse directory as a second row:
   :class:`~pipeline.ingest.Ingester` does: the next batch's append overlaps this one's DuckDB
   commit (and, for comparison, one after the other). Samples/s of one ingester, and of 2 ingester
   processes appending to the same table at once (their commits conflict and retry);
-  Iceberg commit latency p50/p99; bytes per sample in the lake's Parquet files. Kafka is
-  left out: ``bench/ingest.py`` measures the path from the broker (with the same commit).
+  Iceberg commit latency p50/p99; bytes per sample in the lake's Parquet files; CPU seconds
+  per million samples of the one ingester's process (every thread: lake append, Parquet
+  encoding, DuckDB commit) and of the S3 server beside it (on the same cores), with the
+  1-minute load average before and after. "End to end" here is batch decoded → Iceberg
+  commit (Parquet on S3, offsets in the snapshot) → DuckDB commit. Kafka is left out:
+  ``bench/ingest.py`` measures the path from the broker (with the same commit).
 * **SLO cycle**: ``--instances`` engine instances in 8 pools × ``config/slo.example.yaml``
   over 30 days. Raw rows (requests at ``--rps`` per instance, an SGLang TTFT histogram and
   KV gauges every 15 s) are generated for the last ``--tail-min`` minutes only and go
@@ -166,12 +170,19 @@ def scrape_batch(first: int) -> pa.Table:
 
 
 def append_run(
-    config: IcebergConfig, db: Path, batches: int, partition: int, *, overlap: bool = True
+    config: IcebergConfig,
+    db: Path,
+    batches: int,
+    partition: int,
+    *,
+    overlap: bool = True,
+    server_pids: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """One ingester's commit path over ``batches`` batches: lake, then DuckDB. With
     ``overlap`` as :class:`~pipeline.ingest.Ingester` commits: batch N+1's lake append (on
     a thread of its own) overlaps batch N's DuckDB commit; without it one after the other
-    (the ingester before the overlap)."""
+    (the ingester before the overlap). Its wall and CPU seconds (every thread of this
+    process, and of ``server_pids``: the S3 server's)."""
     lake = IcebergLake(config, group_id="bench", topics=lake_topics(PREFIX))
     topic = PREFIX + ENGINE_SAMPLES.topic
     data = [scrape_batch(i * SCRAPES_PER_BATCH) for i in range(batches + 1)]
@@ -180,8 +191,8 @@ def append_run(
         store.commit_batch(  # warm-up: the pods' series are known, as a running ingester's are
             {"engine_samples": [data[0]]}, group_id="bench", offsets={}, now_ts_ms=0
         )
-        started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=1) as lake_thread:
+        times: dict[str, float] = {}
+        with timed(times, "append", *server_pids), ThreadPoolExecutor(1) as lake_thread:
             pending: dict[str, Any] | None = None  # the DuckDB commit of the batch before
             for n, batch in enumerate(data[1:]):
                 offsets = {(topic, partition): StoredOffset(n + 1, LOG)}
@@ -200,8 +211,14 @@ def append_run(
                 rows += batch.num_rows
             if pending is not None:
                 store.commit_batch(**pending)
-        elapsed = time.perf_counter() - started
-    return {"rows": rows, "seconds": elapsed, "latencies": latencies, "conflicts": conflicts}
+    return {
+        "rows": rows,
+        "seconds": times["append_s"],
+        "cpu_s": times["append_cpu_s"],
+        "s3_cpu_s": times["append_s3_cpu_s"],
+        "latencies": latencies,
+        "conflicts": conflicts,
+    }
 
 
 def _append_child(config: IcebergConfig, db: Path, batches: int, partition: int, out: Any) -> None:
@@ -215,10 +232,18 @@ def bytes_per_sample(config: IcebergConfig) -> float:
     return sum(f.file_size_in_bytes for f in files) / max(1, sum(f.record_count for f in files))
 
 
-def measure_append(where: str, tmp: Path, batches: int) -> dict[str, Any]:
+def measure_append(
+    where: str, tmp: Path, batches: int, server_pids: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """One ingester (its lake appends overlapping its DuckDB commits, then one after the
-    other for comparison), then two processes at once, on a fresh table each."""
-    one = append_run(lake_config(where, tmp, "one"), tmp / "one.duckdb", batches, 0)
+    other for comparison), then two processes at once, on a fresh table each. CPU seconds
+    per million samples: the ingester process's (all its threads: lake, Parquet, DuckDB)
+    and the S3 server's (``server_pids``) while the one ingester ran."""
+    load_before = os.getloadavg()[0]
+    one = append_run(
+        lake_config(where, tmp, "one"), tmp / "one.duckdb", batches, 0, server_pids=server_pids
+    )
+    load_after = os.getloadavg()[0]
     serial = append_run(
         lake_config(where, tmp, "serial"), tmp / "serial.duckdb", batches, 0, overlap=False
     )
@@ -237,8 +262,13 @@ def measure_append(where: str, tmp: Path, batches: int) -> dict[str, Any]:
     for child in children:
         child.join()
     lat = sorted(one["latencies"])
+    millions = one["rows"] / 1e6
     return {
         "samples_per_s": one["rows"] / one["seconds"],
+        "cpu_s_per_m_samples": one["cpu_s"] / millions,
+        "s3_server_cpu_s_per_m_samples": one["s3_cpu_s"] / millions,
+        "load_1m_before": load_before,
+        "load_1m_after": load_after,
         "serial_samples_per_s": serial["rows"] / serial["seconds"],
         "two_samples_per_s": sum(r["rows"] for r in results) / max(r["seconds"] for r in results),
         "two_conflicts": sum(r["conflicts"] for r in results),
@@ -755,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     with moto_s3() as (endpoint, s3_pid), tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if not args.cycle_only:
-            measure_appends(endpoint, tmp, batches, args.local_warehouse, result)
+            measure_appends(endpoint, tmp, batches, args.local_warehouse, result, (s3_pid,))
         if args.append_only:
             print(json.dumps(result))
             return 0
@@ -799,13 +829,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure_appends(
-    endpoint: str, tmp: Path, batches: int, local_warehouse: bool, result: dict[str, Any]
+    endpoint: str,
+    tmp: Path,
+    batches: int,
+    local_warehouse: bool,
+    result: dict[str, Any],
+    server_pids: tuple[int, ...] = (),
 ) -> None:
     """The append figures on moto's S3 (and on a local warehouse with ``local_warehouse``)."""
     (tmp / "s3").mkdir()
-    s3 = measure_append(endpoint, tmp / "s3", batches)
+    s3 = measure_append(endpoint, tmp / "s3", batches, server_pids)
     print(
         f"append, S3 (moto) + SQLite: one ingester {s3['samples_per_s']:,.0f} samples/s "
+        f"(CPU {s3['cpu_s_per_m_samples']:.2f} s per million samples, the S3 server's "
+        f"{s3['s3_server_cpu_s_per_m_samples']:.2f} s; load {s3['load_1m_before']:.1f}"
+        f"-{s3['load_1m_after']:.1f}) "
         f"({s3['serial_samples_per_s']:,.0f} with lake and DuckDB one after the other), "
         f"two together {s3['two_samples_per_s']:,.0f} ({s3['two_conflicts']} conflicts); "
         f"commit p50 {s3['commit_p50_s']:.3f} s p99 {s3['commit_p99_s']:.3f} s; "

@@ -6,7 +6,8 @@ local path, through a SQL catalog (SQLite for one host, PostgreSQL for a fleet).
 * :mod:`pipeline.iceberg.tables`: llmslo's record schemas as Iceberg-typed Arrow schemas,
   partitioned by hour;
 * :mod:`pipeline.iceberg.lake`: :class:`~pipeline.iceberg.lake.IcebergLake`, which appends
-  each committed batch with the Kafka offsets it covers in the same Iceberg commit;
+  each committed batch with the Kafka offsets it covers in the same Iceberg commit, its
+  data files written by :mod:`pipeline.iceberg.files` (pyarrow, dictionaries kept);
 * :mod:`pipeline.iceberg.maintenance`: :class:`~pipeline.iceberg.maintenance.LakeMaintainer`,
   the housekeeping pass (retention, compaction, snapshot expiry), and
   :mod:`pipeline.iceberg.cleanup`, which deletes the files no snapshot references any more;

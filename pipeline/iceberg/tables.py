@@ -1,7 +1,9 @@
 """llmslo's record schemas as Iceberg tables: types Iceberg has, partitioned by hour.
 
 Iceberg has no dictionary encoding and no 8- or 16-bit integers: dictionary columns become
-strings (Parquet dictionary-encodes them again on disk) and small integers ``int``. Column
+strings (Parquet dictionary-encodes them again on disk) and small integers ``int``. What an
+ingester appends keeps its dictionaries (:func:`to_lake_batch`): the data file writer
+(:mod:`pipeline.iceberg.files`) writes them as Parquet strings without decoding them. Column
 docs travel as Iceberg field docs, so Trino's or Spark's ``DESCRIBE`` shows them.
 
 Partitioning is ``truncate(3600000)`` of the event-time column (epoch ms): one partition
@@ -20,7 +22,14 @@ import pyarrow as pa
 from pipeline.schema import iter_schemas
 from pipeline.units import HOUR_MS
 
-__all__ = ["ICEBERG_TABLES", "PARTITION_WIDTH_MS", "lake_arrow_schema", "lake_topics", "to_lake"]
+__all__ = [
+    "ICEBERG_TABLES",
+    "PARTITION_WIDTH_MS",
+    "lake_arrow_schema",
+    "lake_topics",
+    "to_lake",
+    "to_lake_batch",
+]
 
 #: Tables in the Iceberg lake and their event-time (partition) column.
 ICEBERG_TABLES = {
@@ -55,6 +64,25 @@ def to_lake(table: str, parts: list[pa.Table]) -> pa.Table:
     """Decoded parts of ``table`` (its schema's Arrow types) as one table of the lake's."""
     target = lake_arrow_schema(table)
     return pa.concat_tables([part.cast(target) for part in parts if part.num_rows])
+
+
+def to_lake_batch(table: str, parts: list[pa.Table]) -> pa.Table:
+    """Decoded parts of ``table`` as one table for :func:`~pipeline.iceberg.files.write_data_files`:
+    the lake's types, except that dictionary columns stay dictionaries, one per column for
+    the whole batch (Parquet's writer goes over to plain encoding when a column's
+    dictionary changes from one chunk to the next), in one chunk. Decoding them to
+    strings here, as :func:`to_lake` does, cost more than the Parquet encoding of the
+    rest."""
+    kept = [part for part in parts if part.num_rows]
+    if not kept:
+        return lake_arrow_schema(table).empty_table()
+    data = pa.concat_tables(kept, promote_options="permissive")
+    data = data.unify_dictionaries().combine_chunks()
+    target = pa.schema(
+        f if pa.types.is_dictionary(f.type) else f.with_type(_lake_type(f.type))
+        for f in data.schema
+    )
+    return data.cast(target)
 
 
 def lake_topics(prefix: str) -> dict[str, str]:

@@ -94,6 +94,99 @@ def test_concurrent_writers_conflict_retry_and_store_every_row_once(
     assert writers[0].read_offsets() == {(TOPIC, i): StoredOffset(6, LOG) for i in range(3)}
 
 
+def _data_keys(s3: S3Server) -> set[str]:
+    return {key for key in s3.objects() if "/data/" in key and key.endswith(".parquet")}
+
+
+def _live_keys(lake: IcebergLake) -> set[str]:
+    table = lake.table("engine_samples")
+    table.refresh()
+    prefix = f"s3://{BUCKET}/"
+    return {task.file.file_path.removeprefix(prefix) for task in table.scan().plan_files()}
+
+
+def test_a_commit_that_lost_the_race_appends_the_files_it_wrote_and_leaves_none_behind(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The loser of a commit race retries on the refreshed table with the data files it
+    already wrote: every data file in the bucket is in the table, each row once."""
+    config = _config(
+        s3_server,
+        f"sqlite:///{tmp_path / 'catalog.db'}",
+        s3_server.credentials_file(tmp_path / "c"),
+    )
+    slow, fast = _lake(config), _lake(config)
+    fast.append_batch(_batch(0, 10), {(TOPIC, 1): StoredOffset(1, LOG)})  # slow's view is old
+    report = slow.append_batch(_batch(10, 10), {(TOPIC, 0): StoredOffset(1, LOG)})
+    assert report.conflicts == 1
+    assert _data_keys(s3_server) == _live_keys(fast)
+    assert len(_live_keys(fast)) == 2
+    assert _values(fast) == [float(v) for v in range(20)]
+    assert fast.read_offsets() == {(TOPIC, i): StoredOffset(1, LOG) for i in range(2)}
+
+
+def test_a_batch_across_an_hour_is_a_file_per_hour_read_back_as_the_lake_types(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The batch keeps its dictionaries on the way in (two parts, two dictionaries each);
+    readers see strings and ``int`` columns, and each hour's rows in that hour's file."""
+    config = _config(
+        s3_server,
+        f"sqlite:///{tmp_path / 'catalog.db'}",
+        s3_server.credentials_file(tmp_path / "c"),
+    )
+    lake = _lake(config)
+    hour_ms = 1_790_002_800_000
+    parts = [
+        conform(ENGINE_SAMPLES, numbered_samples(hour_ms - 30, 20, "pod-0")),
+        conform(ENGINE_SAMPLES, numbered_samples(hour_ms - 10, 40, "pod-1")),
+    ]
+    lake.append_batch({"engine_samples": parts}, {(TOPIC, 0): StoredOffset(2, LOG)})
+    table = lake.table("engine_samples")
+    files = sorted((t.file for t in table.scan().plan_files()), key=lambda f: f.partition[0])
+    assert [(f.partition[0], f.record_count) for f in files] == [
+        (hour_ms - 3_600_000, 30),
+        (hour_ms, 30),
+    ]
+    rows = table.scan(row_filter=f"ts_ms >= {hour_ms}").to_arrow().sort_by("ts_ms")
+    assert rows["ts_ms"].to_pylist() == list(range(hour_ms, hour_ms + 30))
+    assert set(rows["instance"].to_pylist()) == {"pod-1"}
+    assert pa.types.is_string(rows.schema.field("instance").type) or pa.types.is_large_string(
+        rows.schema.field("instance").type
+    )
+    assert {f.name: f.type for f in rows.schema}["metric"] in (pa.string(), pa.large_string())
+    assert _data_keys(s3_server) == _live_keys(lake)
+
+
+def test_a_column_of_distinct_values_stops_its_parquet_dictionary_at_128_kib(
+    tmp_path: Path,
+) -> None:
+    """100,000 distinct random sample values (800 kB of doubles): the data file's dictionary
+    for them stops near 128 KiB (the writer looks at its size after each 20,000 values,
+    ``write.parquet.page-row-limit``), the rest is plain-encoded; Iceberg's default would
+    hold them all in a dictionary larger than the values."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    config = IcebergConfig(
+        catalog_uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=str(tmp_path / "warehouse")
+    )
+    lake = _lake(config)
+    samples = numbered_samples(0, 100_000, "pod-0")
+    values = np.random.default_rng(1).random(100_000)
+    samples = samples.set_column(samples.schema.get_field_index("value"), "value", [values])
+    lake.append_batch(
+        {"engine_samples": [conform(ENGINE_SAMPLES, samples)]}, {(TOPIC, 0): StoredOffset(1, LOG)}
+    )
+    (task,) = lake.table("engine_samples").scan().plan_files()
+    metadata = pq.read_metadata(task.file.file_path.removeprefix("file://"))
+    columns = [metadata.row_group(0).column(i) for i in range(metadata.num_columns)]
+    (value,) = [c for c in columns if c.path_in_schema == "value"]
+    dictionary_bytes = value.data_page_offset - value.dictionary_page_offset
+    assert 0 < dictionary_bytes < 256 * 1024  # ~128 KiB, overshot by < 20,000 values
+    assert sorted(_values(lake)) == sorted(values.tolist())
+
+
 def test_a_wrong_secret_is_refused_naming_bucket_and_key_and_writes_nothing(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
