@@ -40,7 +40,8 @@ catalog, and on a local warehouse directory as a second row:
   and the full evaluation (the path before both), and checks both evaluations agree. The same cycle runs over the local lake (hourly Parquet,
   :func:`pipeline.lake.create_lake_views`) with the same rollups (there, not told what was
   written, each update recomputes the settle window). The signal detectors
-  and flags (the rest of ``SloJobs.run_once``) are not in it.
+  and flags (the rest of ``SloJobs.run_once``) are not in it: ``bench/signals.py`` times
+  them over the same fleet's shape.
 * **1-hour raw query**: per-instance requests and p99 TTFT over the last hour, from the
   Iceberg table (pyiceberg scan pruned by hour, into DuckDB) and from the local lake.
 

@@ -11,11 +11,10 @@ judged nor part of the baseline.
 
 from __future__ import annotations
 
-import numpy as np
 from pydantic import Field
-from scipy.stats import mannwhitneyu
 
 from slo.signals._serving import PoolThresholds, pool_baselines
+from slo.signals._shift import ShiftTest, shifted
 from slo.signals.findings import Finding
 from slo.signals.snapshot import Snapshot
 
@@ -47,61 +46,6 @@ class LatencyThresholds(PoolThresholds):
     )
 
 
-#: Prompt-length bins of the pool's TTFT curve: its prompt-length deciles.
-_PROMPT_BINS = 10
-
-
-def _by_prompt_length(
-    mine: np.ndarray, mine_prompts: np.ndarray, pool: np.ndarray, pool_prompts: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Both sides' TTFT as multiples of what the pool takes for a prompt of the same length,
-    so an instance routed longer prompts than its peers (prefix-aware routing, a tenant's
-    documents) is not called slow for doing more prefill work.
-
-    The pool's curve is a line through its per-decile medians (prompt tokens, TTFT):
-    prefill grows with the prompt, and the medians keep one slow peer from bending it; a
-    line also carries the curve past the longest prompt the pool saw. ``None`` where a
-    side's prompt lengths are unknown (an engine that reports no usage) or the pool's
-    prompts are all of one length: the caller compares the raw values.
-    """
-    if (mine_prompts < 0).any() or (pool_prompts < 0).any() or np.ptp(pool_prompts) == 0:
-        return None
-    edges = np.quantile(pool_prompts, np.linspace(0, 1, _PROMPT_BINS + 1)[1:-1])
-    bins = np.searchsorted(edges, pool_prompts)
-    points = [
-        (np.median(pool_prompts[bins == b]), np.median(pool[bins == b])) for b in np.unique(bins)
-    ]
-    xs, ys = np.array(points).T
-    slope, intercept = np.polyfit(xs, ys, 1) if len(xs) > 1 else (0.0, float(ys[0]))
-    if slope < 0:  # prompt length does not explain this pool's TTFT: one level for all
-        slope, intercept = 0.0, float(np.median(pool))
-    floor = 0.1 * float(np.median(pool))  # a queue-free short prompt still takes time
-    if floor <= 0:
-        return None
-
-    def expected(prompts: np.ndarray) -> np.ndarray:
-        return np.maximum(intercept + slope * prompts, floor)
-
-    return mine / expected(mine_prompts), pool / expected(pool_prompts)
-
-
-def _scaled(
-    instance: str, samples: dict[str, np.ndarray], lengths: dict[str, np.ndarray | None]
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """``instance``'s and the rest's values at equal prompt length, or ``None`` where some
-    instance's lengths are missing or do not pair with its values."""
-    known = {i: p for i, p in lengths.items() if p is not None and len(p) == len(samples[i])}
-    if not known or len(known) != len(samples):
-        return None
-    others = [i for i in samples if i != instance]
-    return _by_prompt_length(
-        samples[instance],
-        known[instance],
-        np.concatenate([samples[i] for i in others]),
-        np.concatenate([known[i] for i in others]),
-    )
-
-
 def _shifted(
     snap: Snapshot,
     cfg: LatencyThresholds,
@@ -112,51 +56,35 @@ def _shifted(
     min_shift_s: float = 0.0,
 ) -> list[Finding]:
     """Serving instances (:func:`slo.signals._serving.pool_baselines`) whose ``metric`` sits above
-    the rest of their pool's serving instances; none in a pool with fewer than
-    ``pool_min_serving`` serving instances holding samples. With ``prompts`` (the latency
-    key of each sample's prompt length) the values are compared at equal prompt length
-    (:func:`_by_prompt_length`) where every instance's lengths are known. ``min_shift_s``:
-    the instance's raw median must also exceed the rest's by that much."""
+    the rest of their pool's serving instances (:func:`slo.signals._shift.shifted`); none in a
+    pool with fewer than ``pool_min_serving`` serving instances holding samples. With
+    ``prompts`` (the latency key of each sample's prompt length) the values are compared at
+    equal prompt length where every instance's lengths are known. ``min_shift_s``: the
+    instance's raw median must also exceed the rest's by that much."""
+    test = ShiftTest(cfg.slow_min_samples, cfg.slow_p_value, cfg.slow_median_ratio, min_shift_s)
     findings = []
     for baseline in pool_baselines(snap, cfg).values():
         serving = [i for i in baseline.serving if i in snap.latency]
         samples = {i: snap.latency[i][metric] for i in serving}
-        lengths = {i: snap.latency[i].get(prompts) for i in serving} if prompts else {}
         if len(samples) < cfg.pool_min_serving:
             continue
-        for instance, mine in samples.items():
-            rest = [v for other, v in samples.items() if other != instance]
-            if len(mine) < cfg.slow_min_samples or not rest:
-                continue
-            pool = np.concatenate(rest)
-            if len(pool) < cfg.slow_min_samples:
-                continue
-            raw_medians = float(np.median(mine)), float(np.median(pool))
-            if raw_medians[0] - raw_medians[1] < min_shift_s:
-                continue
-            scaled = _scaled(instance, samples, lengths)
-            basis = "mann_whitney" if scaled is None else "mann_whitney_by_prompt_length"
-            if scaled is not None:
-                mine, pool = scaled
-            mine_median, pool_median = float(np.median(mine)), float(np.median(pool))
-            if pool_median <= 0 or mine_median / pool_median < cfg.slow_median_ratio:
-                continue
-            test = mannwhitneyu(mine, pool, alternative="greater")
-            if test.pvalue >= cfg.slow_p_value:
-                continue
+        lengths = {i: snap.latency[i].get(prompts) for i in serving} if prompts else None
+        for shift in shifted(samples, lengths, test):
             evidence = {
                 "metric": metric,
-                "median_s": raw_medians[0],
-                "pool_median_s": raw_medians[1],
+                "median_s": shift.median_s,
+                "pool_median_s": shift.pool_median_s,
                 # at equal prompt length where basis says so, else of the raw values
-                "median_ratio": mine_median / pool_median,
-                "prob_superiority": float(test.statistic) / (len(mine) * len(pool)),
-                "p_value": float(test.pvalue),
-                "n": len(mine),
-                "pool_n": len(pool),
+                "median_ratio": shift.median_ratio,
+                "prob_superiority": shift.prob_superiority,
+                "p_value": shift.p_value,
+                "n": shift.n,
+                "pool_n": shift.pool_n,
                 "left_out": dict(baseline.left_out),
             }
-            findings.append(Finding.on_instance(snap, signal, instance, "ticket", basis, evidence))
+            findings.append(
+                Finding.on_instance(snap, signal, shift.instance, "ticket", shift.basis, evidence)
+            )
     return findings
 
 

@@ -13,11 +13,14 @@ paired with the deployment it scales (:mod:`slo.signals._autoscalers`), never su
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from slo.request_sources import source_filter
 from slo.signals._autoscalers import Autoscalers, AutoscalerSeries, load_autoscalers
@@ -163,36 +166,76 @@ class Snapshot:
         return self.engine.get(instance, {}).get(signal)
 
 
+def _arrow(con: duckdb.DuckDBPyConnection, sql: str, params: list[object]) -> pa.Table:
+    """A query's answer as an Arrow table, through ``execute``: the jobs' connection may still
+    hold an unfinished result (a ``fetchone``), which ``execute`` closes and ``con.sql``
+    refuses. The extra copy DuckDB warns of there is of the answer only (thousands of rows)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Arrow output on a DB-API result", UserWarning)
+        table: pa.Table = con.execute(sql, params).to_arrow_table()
+    return table
+
+
+def _flat(table: pa.Table, column: str, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """A list column of a query's answer as one flat array of its values and each row's
+    offsets into it (a null list is an empty one), without a Python object per value."""
+    lists = table.column(column).combine_chunks()
+    offsets = lists.offsets.to_numpy()
+    flat = lists.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    return flat, offsets - offsets[0]
+
+
+def _by_time(ts: np.ndarray, offsets: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Flat lists (:func:`_flat`) put in time order within each list (an aggregate that
+    orders its lists costs more than one sort of them all here); ties keep their order."""
+    row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    if not ((np.diff(ts) < 0) & (row[1:] == row[:-1])).any():
+        return (ts, *columns)
+    order = np.lexsort((ts, row))
+    return (ts[order], *(c[order] for c in columns))
+
+
 def _engine(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
-    rows = con.execute(
+    """Per instance and signal, one value per scrape (ranks summed, or maxed), as lists:
+    the pool of the instance's first signal's first scrape, the dialect of its last."""
+    table = _arrow(
+        con,
         f"""
-        SELECT instance, any_value(coalesce(pool, model, '')), any_value(dialect),
-               CASE WHEN signal = 'requests_finished'
-                    THEN 'requests_finished:'
-                         || coalesce(json_extract_string(labels_json, '$.finished_reason'), '')
-                    ELSE signal END AS sig,
-               ts_ms,
-               CASE WHEN signal IN ({", ".join(repr(s) for s in _MAXED)})
-                    THEN max(value) ELSE sum(value) END
-        FROM engine_samples
-        WHERE ts_ms >= ? AND ts_ms <= ? AND kind IN ('gauge', 'counter')
-          AND signal IN ({", ".join(repr(s) for s in (*_SUMMED, *_MAXED, "requests_finished"))})
-        GROUP BY instance, sig, ts_ms, signal ORDER BY instance, sig, ts_ms
+        WITH scrapes AS (
+            SELECT instance, any_value(coalesce(pool, model, '')) AS pool,
+                   any_value(dialect) AS dialect,
+                   CASE WHEN signal = 'requests_finished'
+                        THEN 'requests_finished:'
+                             || coalesce(json_extract_string(labels_json, '$.finished_reason'), '')
+                        ELSE signal END AS sig,
+                   ts_ms,
+                   CASE WHEN signal IN ({", ".join(repr(s) for s in _MAXED)})
+                        THEN max(value) ELSE sum(value) END AS value
+            FROM engine_samples
+            WHERE ts_ms >= ? AND ts_ms <= ? AND kind IN ('gauge', 'counter')
+              AND signal IN ({", ".join(repr(s) for s in (*_SUMMED, *_MAXED, "requests_finished"))})
+            GROUP BY instance, sig, ts_ms, signal
+        )
+        SELECT instance, sig, arg_min(pool, ts_ms) AS pool,
+               arg_max(dialect, ts_ms) FILTER (WHERE dialect <> '' AND dialect <> 'tap')
+                   AS dialect,
+               list(ts_ms) AS ts, list(value) AS "values"
+        FROM scrapes GROUP BY instance, sig ORDER BY instance, sig
         """,
         [start_ms, snap.now_ms],
-    ).fetchall()
-    grouped: dict[tuple[str, str], tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
-    for instance, pool, dialect, sig, ts, value in rows:
+    )
+    ts, offsets = _flat(table, "ts", np.int64)
+    values, _ = _flat(table, "values", np.float64)
+    ts, values = _by_time(ts, offsets, values)
+    keys = zip(
+        *(table.column(c).to_pylist() for c in ("instance", "sig", "pool", "dialect")), strict=True
+    )
+    for row, (instance, sig, pool, dialect) in enumerate(keys):
         snap.pools.setdefault(instance, pool or "")
-        if dialect and dialect != "tap":
+        if dialect:
             snap.dialects[instance] = dialect
-        ts_list, values = grouped[(instance, sig)]
-        ts_list.append(ts)
-        values.append(value)
-    for (instance, sig), (ts_list, values) in grouped.items():
-        snap.engine.setdefault(instance, {})[sig] = Series(
-            np.array(ts_list, np.int64), np.array(values)
-        )
+        a, b = offsets[row], offsets[row + 1]
+        snap.engine.setdefault(instance, {})[sig] = Series(ts[a:b], values[a:b])
 
 
 def _buckets(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
@@ -364,56 +407,78 @@ def _ranks(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> Non
 
 
 def _latency(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
-    rows = con.execute(
+    table = _arrow(
+        con,
         f"""
-        SELECT instance, list(ttft_s) FILTER (WHERE ttft_s IS NOT NULL),
-               list(coalesce(prompt_tokens, -1)) FILTER (WHERE ttft_s IS NOT NULL),
-               list(tpot_s) FILTER (WHERE tpot_s IS NOT NULL),
+        SELECT instance, list(ttft_s) FILTER (WHERE ttft_s IS NOT NULL) AS ttft_s,
+               list(coalesce(prompt_tokens, -1)) FILTER (WHERE ttft_s IS NOT NULL)
+                   AS ttft_prompt_tokens,  -- -1: not reported
+               list(tpot_s) FILTER (WHERE tpot_s IS NOT NULL) AS tpot_s,
                list(itl_jitter_s) FILTER (
                    WHERE itl_jitter_s IS NOT NULL AND NOT coalesce(itl_uncertain, false))
+                   AS itl_jitter_s
         FROM requests
         WHERE received_ts_ms >= ? AND received_ts_ms <= ? AND outcome = 'ok'
           AND {source_filter()}
         GROUP BY instance
         """,
         [start_ms, snap.now_ms],
-    ).fetchall()
-    for instance, ttft, prompts, tpot, jitter in rows:
+    )
+    names = ("ttft_s", "ttft_prompt_tokens", "tpot_s", "itl_jitter_s")
+    columns = {name: _flat(table, name, np.float64) for name in names}
+    for row, instance in enumerate(table.column("instance").to_pylist()):
         snap.latency[instance] = {
-            "ttft_s": np.array(ttft or [], dtype=float),
-            "ttft_prompt_tokens": np.array(prompts or [], dtype=float),  # -1: not reported
-            "tpot_s": np.array(tpot or [], dtype=float),
-            "itl_jitter_s": np.array(jitter or [], dtype=float),
+            name: flat[offsets[row] : offsets[row + 1]] for name, (flat, offsets) in columns.items()
         }
 
 
 def _health(con: duckdb.DuckDBPyConnection, snap: Snapshot, start_ms: int) -> None:
-    rows = con.execute(
+    table = _arrow(
+        con,
         """
-        SELECT instance, any_value(pool), list(ts_ms ORDER BY ts_ms), list(up ORDER BY ts_ms),
-               list(error_kind ORDER BY ts_ms), list(process_start_s ORDER BY ts_ms),
-               list(coalesce(counter_resets, 0) ORDER BY ts_ms), list(ready ORDER BY ts_ms),
-               list(ready_source ORDER BY ts_ms), list(ready_status ORDER BY ts_ms),
-               list(models ORDER BY ts_ms)
+        SELECT instance, pool, ts_ms, up, error_kind, process_start_s,
+               coalesce(counter_resets, 0) AS counter_resets, ready, ready_source,
+               ready_status, models
         FROM target_health
         WHERE ts_ms >= ? AND ts_ms <= ?
-        GROUP BY instance
+        ORDER BY instance, ts_ms
         """,
         [start_ms, snap.now_ms],
-    ).fetchall()
-    for instance, pool, ts, up, kind, start, resets, ready, source, status, models in rows:
+    )
+    if not table.num_rows:
+        return
+    instances = pc.dictionary_encode(table.column("instance")).combine_chunks()
+    codes = instances.indices.to_numpy()
+    starts = np.flatnonzero(np.diff(codes, prepend=-1) != 0)
+    ends = np.append(starts[1:], len(codes))
+    # a pool: the first one the instance's scrapes name (any_value), none if none does
+    named = np.flatnonzero(table.column("pool").is_valid().to_numpy(zero_copy_only=False))
+    first_named = np.searchsorted(named, starts)
+    pools = table.column("pool").to_pylist()
+    ts = table.column("ts_ms").to_numpy().astype(np.int64)
+    up = table.column("up").to_numpy(zero_copy_only=False).astype(bool)
+    resets = table.column("counter_resets").to_numpy().astype(np.int64)
+    listed = {
+        name: table.column(name).to_pylist()
+        for name in ("error_kind", "process_start_s", "ready", "ready_source", "ready_status")
+    }
+    models = table.column("models").to_pylist()
+    names = instances.dictionary.to_pylist()
+    for a, b, f in zip(starts.tolist(), ends.tolist(), first_named.tolist(), strict=True):
+        instance = names[codes[a]]
+        pool = pools[named[f]] if f < len(named) and named[f] < b else None
         if pool:
             snap.pools.setdefault(instance, pool)
         snap.health[instance] = TargetHealthSeries(
-            np.array(ts, np.int64),
-            np.array(up, bool),
-            list(kind),
-            list(start),
-            np.array(resets, np.int64),
-            list(ready),
-            list(source),
-            list(status),
-            list(models),
+            ts[a:b],
+            up[a:b],
+            listed["error_kind"][a:b],
+            listed["process_start_s"][a:b],
+            resets[a:b],
+            listed["ready"][a:b],
+            listed["ready_source"][a:b],
+            listed["ready_status"][a:b],
+            models[a:b],
         )
 
 
