@@ -33,6 +33,23 @@ def running_receiver(bus: Bus, config: ReceiveConfig | None = None) -> Iterator[
         worker.join(60)
 
 
+def varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of ``value`` (a negative int64 as its two's complement)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        if not value:
+            return bytes(out + bytes((byte,)))
+        out.append(byte | 0x80)
+
+
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field ``number`` holding ``payload``, written by hand
+    (for bodies the generated classes would not write: label orders, field layouts)."""
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
 def write_request(series: list[tuple[Labels, list[tuple[int, float]]]]) -> bytes:
     """A serialised (uncompressed) ``WriteRequest`` of ``series``."""
     request = WriteRequest()

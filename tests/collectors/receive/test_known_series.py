@@ -19,7 +19,7 @@ from collectors.receive.receiver import Receiver
 from collectors.receive.remote_write import RemoteWriteDecoder
 from collectors.receive.series import STALE_NAN_BITS
 from pipeline.schema import RecordSchema
-from tests.collectors.receive.running import write_request
+from tests.collectors.receive.running import length_delimited, varint, write_request
 
 T0 = 1_764_000_000_000
 RUNNING = "vllm:num_requests_running"
@@ -77,32 +77,21 @@ def _labels(label_set: int, instance: str) -> dict[str, str]:
     return _LABEL_SETS[label_set] | {"job": "vllm", "instance": instance}
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def _body(written: _Written) -> bytes:
     """A remote-write body of ``written``; a series' labels in reverse order when asked (the
     same label set sent as other bytes)."""
     request = b""
     for label_set, instance, samples, reverse in written:
         pairs = sorted(_labels(label_set, instance).items(), reverse=reverse)
-        encoded = b"".join(_field(1, Label(name=k, value=v).SerializeToString()) for k, v in pairs)
+        encoded = b"".join(
+            length_delimited(1, Label(name=k, value=v).SerializeToString()) for k, v in pairs
+        )
         for step, value in samples:
             ts = T0 + 5000 * step
             bits = struct.unpack("<Q", struct.pack("<d", value))[0]
-            sample = (b"\x09" + bits.to_bytes(8, "little") if bits else b"") + b"\x10" + _varint(ts)
-            encoded += _field(2, sample)
-        request += _field(1, encoded)
+            sample = (b"\x09" + bits.to_bytes(8, "little") if bits else b"") + b"\x10" + varint(ts)
+            encoded += length_delimited(2, sample)
+        request += length_delimited(1, encoded)
     return snappy.compress(request)
 
 

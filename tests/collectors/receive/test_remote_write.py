@@ -20,7 +20,7 @@ from collectors.receive.remote_write import (
     _series_read,
 )
 from collectors.receive.series import RefusedWrite
-from tests.collectors.receive.running import write_request
+from tests.collectors.receive.running import length_delimited, varint, write_request
 
 T0 = 1_764_000_000_000
 
@@ -94,24 +94,9 @@ def test_an_unreadable_label_refuses_the_write_though_the_request_parses(label: 
 STALE_BITS = 0x7FF0000000000002
 
 
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # a negative int64 is its two's complement
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        if not value:
-            return bytes(out + bytes((byte,)))
-        out.append(byte | 0x80)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def _sample(ts_ms: int, value_bits: int, layout: str) -> bytes:
     value = b"\x09" + value_bits.to_bytes(8, "little")
-    ts = b"\x10" + _varint(ts_ms)
+    ts = b"\x10" + varint(ts_ms)
     return {
         # what a proto3 encoder writes: a field at its default value is left out
         "canonical": (value if value_bits else b"") + (ts if ts_ms else b""),
@@ -119,11 +104,8 @@ def _sample(ts_ms: int, value_bits: int, layout: str) -> bytes:
         "value twice": b"\x09" + (1).to_bytes(8, "little") + value + ts,
         "unknown field": value + ts + b"\x18\x01",
         # one byte more than needed (a varint has at most 10)
-        "padded varint": value
-        + b"\x10"
-        + _varint(ts_ms)[:-1]
-        + bytes((_varint(ts_ms)[-1] | 0x80, 0))
-        if len(_varint(ts_ms)) < 10
+        "padded varint": value + b"\x10" + varint(ts_ms)[:-1] + bytes((varint(ts_ms)[-1] | 0x80, 0))
+        if len(varint(ts_ms)) < 10
         else value + ts,
     }[layout]
 
@@ -166,11 +148,12 @@ def test_every_sample_is_read_into_its_own_series_whatever_the_encoding(
     for pod, empty_label, exemplar, samples in written:
         labels = series(pod) | ({"": ""} if empty_label else {})
         encoded = b"".join(
-            _field(1, Label(name=k, value=v).SerializeToString()) for k, v in sorted(labels.items())
+            length_delimited(1, Label(name=k, value=v).SerializeToString())
+            for k, v in sorted(labels.items())
         )
-        encoded += b"".join(_field(2, _sample(*sample)) for sample in samples)
-        encoded += _field(3, b"\x0a\x00\x11" + bytes(8)) if exemplar else b""
-        request += _field(1, encoded)
+        encoded += b"".join(length_delimited(2, _sample(*sample)) for sample in samples)
+        encoded += length_delimited(3, b"\x0a\x00\x11" + bytes(8)) if exemplar else b""
+        request += length_delimited(1, encoded)
         expected.append((tuple(sorted(labels.items())), [(ts, bits) for ts, bits, _ in samples]))
     batch = RemoteWriteDecoder(ReceiveLimits()).decode(snappy.compress(request))
     got = [
@@ -235,11 +218,12 @@ def test_the_columnar_read_reads_what_the_series_by_series_parse_reads(
     for pod, note, exemplar, samples in written:
         labels = series(pod) | ({"note": note} if note else {})
         encoded = b"".join(
-            _field(1, Label(name=k, value=v).SerializeToString()) for k, v in sorted(labels.items())
+            length_delimited(1, Label(name=k, value=v).SerializeToString())
+            for k, v in sorted(labels.items())
         )
-        encoded += b"".join(_field(2, _sample(*sample)) for sample in samples)
-        encoded += _field(3, b"\x0a\x00\x11" + bytes(8)) if exemplar else b""
-        request += _field(1, encoded)
+        encoded += b"".join(length_delimited(2, _sample(*sample)) for sample in samples)
+        encoded += length_delimited(3, b"\x0a\x00\x11" + bytes(8)) if exemplar else b""
+        request += length_delimited(1, encoded)
     as_columns = _columns_read(list(SeriesWriteRequest.FromString(request).timeseries), 64)
     prometheus_like = all(
         len(samples) == 1 and samples[0][2] == "canonical" and samples[0][0] >= 0 and not exemplar
@@ -314,11 +298,14 @@ def test_known_series_read_from_their_end_read_what_the_series_by_series_parse_r
     for pod, note, samples in written:
         labels = series(pod) | ({"note": note} if note else {})
         key = b"".join(
-            _field(1, Label(name=k, value=v).SerializeToString()) for k, v in sorted(labels.items())
+            length_delimited(1, Label(name=k, value=v).SerializeToString())
+            for k, v in sorted(labels.items())
         )
         if pod in known_pods:
             known.setdefault(key, len(known))
-        request += _field(1, key + b"".join(_field(2, _sample(*sample)) for sample in samples))
+        request += length_delimited(
+            1, key + b"".join(length_delimited(2, _sample(*sample)) for sample in samples)
+        )
     expected = RemoteWriteDecoder(ReceiveLimits()).decode(snappy.compress(request))
     batch = RemoteWriteDecoder(ReceiveLimits()).decode(snappy.compress(request), known)
     labels_of = {
