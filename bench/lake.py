@@ -291,6 +291,50 @@ def _dict(indices: np.ndarray, values: list[str]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(indices.astype(np.int32)), values)
 
 
+def tap_records(
+    t0: int,
+    instances: int,
+    inst: np.ndarray,
+    bad: np.ndarray,
+    received_ts: np.ndarray,
+    ttft: np.ndarray,
+    tpot: np.ndarray,
+    jitter: np.ndarray,
+    prompts: np.ndarray | None = None,
+) -> pa.Table:
+    """Tap request records from drawn columns: instance index, failed (502 before the first
+    token), receive time, TTFT, TPOT, ITL jitter and, if given, prompt tokens (else not
+    reported); 200 tokens each, ids from ``t0``."""
+    n = len(inst)
+    ids = pc.binary_join_element_wise(
+        "r", pa.array(np.arange(n) + t0 * 10_000).cast(pa.string()), ""
+    )
+    pools = [f"pool-{p}" for p in range(POOLS)]
+    columns = {
+        "request_id": ids,
+        "original_request_id": ids,
+        "attempt": pa.array(np.ones(n, np.int16)),
+        "instance": _dict(inst, _names(instances)),
+        "pool": _dict(inst % POOLS, pools),
+        "route": _dict(np.zeros(n), ["/v1/chat/completions"]),
+        "streamed": pa.array(np.ones(n, bool)),
+        "received_ts_ms": pa.array(received_ts.astype(np.int64)),
+        "http_status": pa.array(np.where(bad, 502, 200).astype(np.int16)),
+        "outcome": _dict(bad.astype(np.int32), ["ok", "error_before_first_token"]),
+        "ttft_s": pa.array(ttft, mask=bad),
+        "tpot_s": pa.array(tpot, mask=bad),
+        "e2e_s": pa.array(ttft + tpot * 200, mask=bad),
+        "completion_tokens": pa.array(np.full(n, 200, np.int32)),
+        "token_chunks": pa.array(np.full(n, 200, np.int32)),
+        "itl_count": pa.array(np.full(n, 199, np.int32)),
+        "itl_p99_s": pa.array(tpot * 1.5, mask=bad),
+        "itl_jitter_s": pa.array(jitter, mask=bad),
+    }
+    if prompts is not None:
+        columns["prompt_tokens"] = pa.array(prompts.astype(np.int32))
+    return conform(REQUEST_RECORDS, pa.table(columns))
+
+
 def fleet_requests(
     t0: int, t1: int, instances: int, rps: float, rng: np.random.Generator
 ) -> pa.Table:
@@ -300,35 +344,8 @@ def fleet_requests(
     bad = rng.random(n) < 0.003
     ttft = rng.lognormal(np.log(0.4), 0.6, n)
     tpot = rng.lognormal(np.log(0.03), 0.4, n)
-    ids = pc.binary_join_element_wise(
-        "r", pa.array(np.arange(n) + t0 * 10_000).cast(pa.string()), ""
-    )
-    pools = [f"pool-{p}" for p in range(POOLS)]
-    return conform(
-        REQUEST_RECORDS,
-        pa.table(
-            {
-                "request_id": ids,
-                "original_request_id": ids,
-                "attempt": pa.array(np.ones(n, np.int16)),
-                "instance": _dict(inst, _names(instances)),
-                "pool": _dict(inst % POOLS, pools),
-                "route": _dict(np.zeros(n), ["/v1/chat/completions"]),
-                "streamed": pa.array(np.ones(n, bool)),
-                "received_ts_ms": pa.array(np.sort(rng.integers(t0, t1, n)).astype(np.int64)),
-                "http_status": pa.array(np.where(bad, 502, 200).astype(np.int16)),
-                "outcome": _dict(bad.astype(np.int32), ["ok", "error_before_first_token"]),
-                "ttft_s": pa.array(ttft, mask=bad),
-                "tpot_s": pa.array(tpot, mask=bad),
-                "e2e_s": pa.array(ttft + tpot * 200, mask=bad),
-                "completion_tokens": pa.array(np.full(n, 200, np.int32)),
-                "token_chunks": pa.array(np.full(n, 200, np.int32)),
-                "itl_count": pa.array(np.full(n, 199, np.int32)),
-                "itl_p99_s": pa.array(tpot * 1.5, mask=bad),
-                "itl_jitter_s": pa.array(tpot * 0.5, mask=bad),
-            }
-        ),
-    )
+    received = np.sort(rng.integers(t0, t1, n))
+    return tap_records(t0, instances, inst, bad, received, ttft, tpot, tpot * 0.5)
 
 
 def fleet_engine(t0: int, t1: int, instances: int) -> pa.Table:

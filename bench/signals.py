@@ -45,9 +45,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from bench.lake import _dict, _names  # noqa: E402
+from bench.lake import _dict, _names, tap_records  # noqa: E402
 from pipeline.codec import conform  # noqa: E402
-from pipeline.schema import ENGINE_SAMPLES, REQUEST_RECORDS, TARGET_HEALTH  # noqa: E402
+from pipeline.schema import ENGINE_SAMPLES, TARGET_HEALTH  # noqa: E402
 from pipeline.store import Store  # noqa: E402
 from slo.jobs import JobsConfig, SloJobs  # noqa: E402
 from slo.signals._serving import pool_baselines  # noqa: E402
@@ -76,34 +76,8 @@ def fleet_requests(
     ttft = rng.lognormal(np.log(0.4), 0.4, n) * (0.5 + prompts / 2000) * np.where(slow, 3, 1)
     tpot = rng.lognormal(np.log(0.03), 0.3, n) * np.where(slow, 2, 1)
     jitter = rng.lognormal(np.log(0.004), 0.5, n)
-    ids = pa.array([f"r{t0}-{k}" for k in range(n)])
-    pools = [f"pool-{p}" for p in range(POOLS)]
-    return conform(
-        REQUEST_RECORDS,
-        pa.table(
-            {
-                "request_id": ids,
-                "original_request_id": ids,
-                "attempt": pa.array(np.ones(n, np.int16)),
-                "instance": _dict(inst, _names(instances)),
-                "pool": _dict(inst % POOLS, pools),
-                "route": _dict(np.zeros(n), ["/v1/chat/completions"]),
-                "streamed": pa.array(np.ones(n, bool)),
-                "received_ts_ms": pa.array(np.sort(rng.integers(t0, t1, n)).astype(np.int64)),
-                "http_status": pa.array(np.where(bad, 502, 200).astype(np.int16)),
-                "outcome": _dict(bad.astype(np.int32), ["ok", "error_before_first_token"]),
-                "prompt_tokens": pa.array(prompts.astype(np.int32)),
-                "ttft_s": pa.array(ttft, mask=bad),
-                "tpot_s": pa.array(tpot, mask=bad),
-                "e2e_s": pa.array(ttft + tpot * 200, mask=bad),
-                "completion_tokens": pa.array(np.full(n, 200, np.int32)),
-                "token_chunks": pa.array(np.full(n, 200, np.int32)),
-                "itl_count": pa.array(np.full(n, 199, np.int32)),
-                "itl_p99_s": pa.array(tpot * 1.5, mask=bad),
-                "itl_jitter_s": pa.array(jitter, mask=bad),
-            }
-        ),
-    )
+    received = np.sort(rng.integers(t0, t1, n))
+    return tap_records(t0, instances, inst, bad, received, ttft, tpot, jitter, prompts)
 
 
 #: (signal, kind) of each instance's scrape.
