@@ -186,18 +186,7 @@ def serve(path: Path, root: Path = ROOT, port: int = 0) -> tuple[subprocess.Pope
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process and its living descendants (a helper process
     that exited in between is not counted)."""
-    total = 0.0
-    try:
-        root = psutil.Process(pid)
-        family = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return total
-    for process in family:
-        try:
-            total += sum(process.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            continue
-    return total
+    return sum(cpu_by_type(pid).values())
 
 
 @dataclass(frozen=True)
