@@ -129,6 +129,7 @@ def read_columns(series: list[bytes], max_labels: int) -> SeriesColumns | None:
 
 #: Bytes before the joined series, so a gather back from a series' end stays in the buffer.
 _BACK = 2 + 1 + 8 + 1 + 8
+_BACK_BYTES = bytes(_BACK)
 #: Per pattern of the continuation bits of the last 8 bytes (bit ``j``: byte ``j`` of them),
 #: the length of the varint ending the last byte: 1 + the continuation bytes right before it.
 _TAIL_VARINT = np.array(
@@ -151,7 +152,7 @@ def read_tails(series: list[bytes]) -> tuple[list[bytes], np.ndarray, np.ndarray
     """
     count = len(series)
     lengths = np.fromiter(map(len, series), np.int64, count)
-    joined = bytes(_BACK) + b"".join(series)
+    joined = b"".join([_BACK_BYTES, *series])
     buf = np.frombuffer(joined, np.uint8)
     stop = np.cumsum(lengths) + _BACK
     start = stop - lengths

@@ -37,6 +37,7 @@ class Slots:
         self.target = np.empty(0, np.int64)  # the target's index
         self.template = np.empty(0, np.int64)  # in the target's canonicalizer, or -1
         self.epoch = np.empty(0, np.int64)  # the target's epoch the template is of
+        self._mark = np.empty(0, np.int64)  # scratch of :meth:`repeated`
 
     def __len__(self) -> int:
         return len(self.series)
@@ -54,6 +55,16 @@ class Slots:
         self.target = np.concatenate([self.target, np.array([t for _, _, t in new], np.int64)])
         self.template = np.concatenate([self.template, np.full(len(new), -1)])
         self.epoch = np.concatenate([self.epoch, np.full(len(new), -1)])
+
+    def repeated(self, slots: np.ndarray) -> bool:
+        """Whether a slot occurs more than once in ``slots`` (a series sent at several
+        timestamps in one write): each slot is marked with its position, and a slot that
+        occurs twice keeps only one of them (no sort, as ``np.unique`` would)."""
+        if len(self._mark) < len(self.series):
+            self._mark = np.empty(len(self.series), np.int64)
+        position = np.arange(len(slots))
+        self._mark[slots] = position
+        return bool((self._mark[slots] != position).any())
 
     def sync_in(self, series_list: list[PushedSeries], tracked: dict[_Labels, int]) -> None:
         """Before the general path sorts ``series_list``: their slots' deduplication state

@@ -69,6 +69,13 @@ class ReceiveConfig(BaseModel):
         description="rows held for Kafka; a write that does not fit is answered 503 (retried)",
     )
     publish_timeout_s: float = Field(10.0, gt=0, description="delivery timeout of one batch")
+    publish_gather_s: float = Field(
+        0.05,
+        ge=0,
+        le=5,
+        description="a delivery to Kafka waits up to this long for more writes to travel "
+        "with it: fewer, larger messages, less CPU per sample (0: send at once)",
+    )
     retry_after_s: int = Field(5, ge=1, description="Retry-After of a 503 (the bus is full)")
 
     @model_validator(mode="after")

@@ -235,7 +235,7 @@ class Receiver:
         if odd_count:
             general += self._slots.as_series(known, odd)
             general.sort(key=lambda pair: pair[0])
-        repeated = len(np.unique(slots)) != len(slots)  # a series sent at several timestamps
+        repeated = self._slots.repeated(slots)  # a series sent at several timestamps
         whole = len(self._last_ts) + len(general) >= self.max_tracked_series or (
             repeated and odd_count > 0 and bool(np.isin(slots[odd], slots[~odd]).any())
         )

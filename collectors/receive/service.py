@@ -22,10 +22,14 @@ from collectors.receive.server import ReceiveMetrics, receive_app
 from pipeline.bus import BusProducer
 from pipeline.publisher import KafkaPublisher, PublishBuffer, PublishMetrics
 
-__all__ = ["YOUNG_GC_THRESHOLD", "ReceiveService", "raise_young_gc_threshold"]
+__all__ = ["DELIVERY_ROWS", "YOUNG_GC_THRESHOLD", "ReceiveService", "raise_young_gc_threshold"]
 
 log = logging.getLogger(__name__)
 
+#: Rows one delivery to Kafka holds at most (the publisher's default is 20,000): with
+#: ``publish_gather_s`` a delivery spans several writes, and a target's rows of those writes
+#: travel as one message (at 100,000 rows, a few MB of Arrow at most).
+DELIVERY_ROWS = 100_000
 #: Allocations between two young-generation collections while receiving (CPython's is 700).
 YOUNG_GC_THRESHOLD = 100_000
 
@@ -71,7 +75,11 @@ class ReceiveService:
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set (blocking; call from a thread or the main thread)."""
         publisher = KafkaPublisher(
-            self._producer_factory, self.buffer, publish_timeout_s=self.config.publish_timeout_s
+            self._producer_factory,
+            self.buffer,
+            publish_timeout_s=self.config.publish_timeout_s,
+            max_delivery_rows=DELIVERY_ROWS,
+            gather_s=self.config.publish_gather_s,
         ).start()
         try:
             asyncio.run(self._serve(stop))

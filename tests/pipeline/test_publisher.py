@@ -123,22 +123,63 @@ def test_batches_queued_together_travel_in_one_message_per_key_in_order(bus: Bus
         publisher.stop()
         publisher.close()
     assert publisher.published_rows == 18
+    # one message per key, the batches' rows in the order they were put
+    assert _messages(bus, 3) == _one_message_per_pod((1_000, 2_000, 3_000))
+
+
+def _messages(bus: Bus, count: int) -> dict[bytes, list[list[int]]]:
+    """The flag-transition messages on the bus (``count`` of them, or what came in 60 s):
+    by key, each message's ``ts_ms``, every row checked to be of its message's key."""
     consumer = bus.consumer(None)
     consumer.subscribe([bus.prefix + FLAG_TRANSITIONS.topic])
     messages: dict[bytes, list[list[int]]] = {}
     deadline = time.monotonic() + 60
-    while sum(map(len, messages.values())) < 3 and time.monotonic() < deadline:
+    while sum(map(len, messages.values())) < count and time.monotonic() < deadline:
         for records in consumer.poll(timeout_ms=500).values():
             for record in records:
                 rows = decode_message(record.value, record.headers).table.to_pylist()
                 assert {r["scope_id"] for r in rows} == {record.key.decode()}
                 messages.setdefault(record.key, []).append([int(r["ts_ms"]) for r in rows])
     consumer.close()
-    # one message per key, the batches' rows in the order they were put
-    assert messages == {
-        f"pod-{pod}".encode(): [[ts + i for ts in (1_000, 2_000, 3_000) for i in (pod, pod + 3)]]
+    return messages
+
+
+def _one_message_per_pod(batches: tuple[int, ...]) -> dict[bytes, list[list[int]]]:
+    """:func:`_messages` of ``_flags(6, ts)`` batches, ``ts`` in ``batches``, sent together."""
+    return {
+        f"pod-{pod}".encode(): [[ts + i for ts in batches for i in (pod, pod + 3)]]
         for pod in range(3)
     }
+
+
+def test_a_gathering_publisher_sends_the_batches_put_within_its_window_together(
+    bus: Bus,
+) -> None:
+    # the receiver's publisher: a delivery waits up to gather_s for more rows to go with it
+    buffer = PublishBuffer(1_000, PublishMetrics("unit"))
+    publisher = KafkaPublisher(bus.producer, buffer, gather_s=5.0).start()
+    try:
+        for ts in (1_000, 2_000, 3_000):  # put one after another, the publisher already waiting
+            buffer.put(FLAG_TRANSITIONS, _flags(6, ts))
+            time.sleep(0.2)
+        assert publisher.flush(60)
+    finally:
+        publisher.stop()
+        publisher.close()
+    assert _messages(bus, 3) == _one_message_per_pod((1_000, 2_000, 3_000))
+
+
+def test_a_gathering_publisher_sends_at_once_when_its_delivery_is_full(bus: Bus) -> None:
+    buffer = PublishBuffer(1_000, PublishMetrics("unit"))
+    publisher = KafkaPublisher(bus.producer, buffer, gather_s=600.0, max_delivery_rows=12).start()
+    try:
+        for ts in (1_000, 2_000):
+            buffer.put(FLAG_TRANSITIONS, _flags(6, ts))
+        assert publisher.flush(60)  # 12 rows: sent without waiting out the 600 s
+    finally:
+        publisher.stop()
+        publisher.close()
+    assert _messages(bus, 3) == _one_message_per_pod((1_000, 2_000))
 
 
 def test_a_keys_message_carries_its_own_rows_and_names_alone(bus: Bus) -> None:
