@@ -42,6 +42,7 @@ from collectors.semantics import (
     redeclared,
     reject_impossible,
 )
+from pipeline.codec import join_tables
 from pipeline.schema import ENGINE_SAMPLES, GPU_SAMPLES, RecordSchema
 
 __all__ = [
@@ -532,7 +533,7 @@ class TargetCanonicalizer:
                 ],
                 schema=schema.arrow,
             )
-            table = pa.concat_tables([table, rows]).unify_dictionaries().combine_chunks()
+            table = join_tables([table, rows])
         return table
 
     def _constant_columns(self, n: int) -> dict[str, pa.Array]:

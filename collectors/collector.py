@@ -32,6 +32,7 @@ from collectors.exposition import Exposition, ExpositionParser
 from collectors.health import HealthRow, health_table, probe_readiness, process_start_of, status_of
 from collectors.metrics import CollectorMetrics
 from collectors.semantics import REASONS
+from pipeline.codec import join_tables
 from pipeline.errors import DecodeError
 from pipeline.schema import TARGET_HEALTH, RecordSchema
 
@@ -310,7 +311,7 @@ class Collector:
             if batch is not None and batch.table.num_rows:
                 by_schema.setdefault(batch.schema.name, (batch.schema, []))[1].append(batch.table)
         for schema, tables in by_schema.values():
-            table = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+            table = join_tables(tables)
             report.rows[schema.topic] = table.num_rows
             self.sink(schema, table)
         rows = [t.row for t in targets if t.row is not None]

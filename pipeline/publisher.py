@@ -44,6 +44,7 @@ from pipeline.codec import (
     encode_json_object,
     headers_for,
     join_json_objects,
+    join_tables,
 )
 from pipeline.errors import BusError
 from pipeline.schema import RecordSchema
@@ -209,7 +210,7 @@ def _joined(parts: list[Batch]) -> Batch:
     if len(parts) == 1:
         return parts[0]
     tables = cast("list[pa.Table]", parts)
-    return pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+    return join_tables(tables)
 
 
 def _encode(schema: RecordSchema, rows: Batch) -> tuple[bytes, list[tuple[str, bytes]]]:

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline._offsets import LogIdentity, StoredOffset
+from pipeline.codec import join_tables
 from pipeline.errors import StoreError
 from pipeline.schema import RecordSchema, iter_schemas
 from pipeline.series import SeriesIndex
@@ -368,7 +369,7 @@ class Store:
                     self._append(table_name, pa.concat_tables(parts))
                     continue
                 # One split over the whole batch: per-message numpy calls cost more than the work.
-                batch = pa.concat_tables(parts).unify_dictionaries().combine_chunks()
+                batch = join_tables(parts)
                 split = index.split(batch, [part.num_rows for part in parts])
                 series = split.new_series
                 self._append(f"{table_name}_series", series)

@@ -60,6 +60,7 @@ from collectors.receive._slots import NONE, Slots
 from collectors.receive.series import KnownSeries, PushedBatch, PushedSeries, is_stale
 from collectors.receive.targets import Target, family_of
 from collectors.semantics import describe_line
+from pipeline.codec import join_tables
 from pipeline.schema import TARGET_HEALTH, RecordSchema
 
 __all__ = ["IngestReport", "Receiver"]
@@ -370,11 +371,7 @@ class Receiver:
                 schema = batch.schema
                 tables.append(kept)
         if schema is not None:
-            table = (
-                tables[0]
-                if len(tables) == 1
-                else pa.concat_tables(tables).unify_dictionaries().combine_chunks()
-            )
+            table = tables[0] if len(tables) == 1 else join_tables(tables)
             self.sink(schema, table)
             report.rows[schema.name] = report.rows.get(schema.name, 0) + table.num_rows
 
@@ -540,7 +537,7 @@ class Receiver:
                 schema = batch.schema
                 tables.append(kept)
         if schema is not None:
-            table = pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+            table = join_tables(tables)
             self.sink(schema, table)
             report.rows[schema.name] = report.rows.get(schema.name, 0) + table.num_rows
 
