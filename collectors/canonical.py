@@ -139,7 +139,13 @@ class _Shape:
 
     checks: ScrapeShape
     mapped: np.ndarray  # which samples have a signal
-    taken: dict[bool, pa.Table] = field(default_factory=dict)  # by mapped_only: their rows
+    # by mapped_only: their rows taken from the templates, by column
+    taken: dict[bool, dict[str, pa.Array]] = field(default_factory=dict)
+
+
+def _columns(table: pa.Table) -> dict[str, pa.Array]:
+    """``table``'s columns by name, each one array (kept: read back for every scrape)."""
+    return {name: table.column(name).combine_chunks() for name in table.column_names}
 
 
 def _kind_and_base(name: str, family_type: str, family_name: str) -> tuple[str, str]:
@@ -509,18 +515,22 @@ class TargetCanonicalizer:
         if keep is not None:
             idx, values, ts = idx[keep], values[keep], ts[keep]
         if taken is None:
-            taken = templates.take(pa.array(idx))
+            taken = _columns(templates.take(pa.array(idx)))
             if same:
                 shape.taken[mapped_only] = taken
         batch.table = self._assemble(taken, ts, values, extra)
         return batch
 
     def _assemble(
-        self, taken: pa.Table, ts: np.ndarray, values: np.ndarray, extra: list[dict[str, object]]
+        self,
+        taken: dict[str, pa.Array],
+        ts: np.ndarray,
+        values: np.ndarray,
+        extra: list[dict[str, object]],
     ) -> pa.Table:
         schema = self.schema
         n = len(ts)
-        columns: dict[str, object] = {name: taken.column(name) for name in taken.column_names}
+        columns: dict[str, object] = dict(taken)
         columns["ts_ms"] = pa.array(ts)
         columns.update(self._constant_columns(n))
         columns["value"] = pa.array(values)
