@@ -84,6 +84,10 @@ _LABELS_JSON = json.JSONEncoder(sort_keys=True)
 _EMPTY: list[pa.Table] = []
 
 
+#: Lengths of the constant columns' slices a canonicalizer keeps (a scrape's groups repeat).
+_CONSTANT_SIZES_KEPT = 64
+
+
 def _empty_table() -> pa.Table:
     """One empty table (tables are immutable: a batch's placeholder until its rows are made)."""
     if not _EMPTY:
@@ -199,7 +203,10 @@ class TargetCanonicalizer:
         self._names_seen: frozenset[str] | None = None
         self._present: frozenset[str] = frozenset()
         self._header_start_s: float | None = None
-        self._constants: tuple[tuple[object, ...], dict[str, pa.Array]] | None = None
+        # (key, the arrays, their slices by length)
+        self._constants: (
+            tuple[tuple[object, ...], dict[str, pa.Array], dict[int, dict[str, pa.Array]]] | None
+        ) = None
         self._reset_templates()
 
     # -- templates -------------------------------------------------------------------------
@@ -563,8 +570,13 @@ class TargetCanonicalizer:
                 arrays["dialect"] = pa.DictionaryArray.from_arrays(
                     pa.array(zeros, mask=np.full(size, dialect is None)), [dialect or ""]
                 )
-            kept = self._constants = (key, arrays)
-        return {name: array.slice(0, n) for name, array in kept[1].items()}
+            kept = self._constants = (key, arrays, {})
+        sliced = kept[2].get(n)  # groups of a scrape's shape have the same sizes every time
+        if sliced is None:
+            if len(kept[2]) >= _CONSTANT_SIZES_KEPT:
+                kept[2].clear()
+            sliced = kept[2][n] = {name: array.slice(0, n) for name, array in kept[1].items()}
+        return sliced
 
     def _derived(
         self, ts_ms: int, metric: str, signal: str, value: float, labels: Mapping[str, str]

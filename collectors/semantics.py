@@ -100,6 +100,13 @@ class ScrapeShape:
         self.inf_group, self.inf_at = self.b_group[at_inf], self.buckets[at_inf]
         counts = layout.is_count[templates]
         self.count_group, self.count_at = groups[counts], present[counts]
+        # the groups with both a +Inf bucket and a _count: the positions of each (the last
+        # one, if sent twice), whose values must agree
+        inf_of, count_of = np.full((2, layout.groups), -1)
+        inf_of[self.inf_group] = self.inf_at
+        count_of[self.count_group] = self.count_at
+        self.paired = np.flatnonzero((inf_of >= 0) & (count_of >= 0))
+        self.paired_inf, self.paired_count = inf_of[self.paired], count_of[self.paired]
 
 
 def bad_histogram_groups(
@@ -121,17 +128,14 @@ def bad_histogram_groups(
     if not len(shape.buckets) and not len(shape.count_at):
         return bad
     b_val = values[shape.buckets]
-    with np.errstate(invalid="ignore"):  # inf - inf: those are rejected as non-finite
-        drops = shape.same_group & (np.diff(b_val) < 0)  # NaN never compares
+    drops = shape.same_group & (b_val[1:] < b_val[:-1])  # NaN never compares
     if drops.any():
         bad["histogram_buckets_decrease"] = np.unique(shape.b_group[1:][drops])
-    inf_bucket = np.full(shape.histogram_groups, np.nan)
-    inf_bucket[shape.inf_group] = values[shape.inf_at]
-    count = np.full(shape.histogram_groups, np.nan)
-    count[shape.count_group] = values[shape.count_at]
-    differs = np.flatnonzero((inf_bucket != count) & ~np.isnan(inf_bucket) & ~np.isnan(count))
-    if len(differs):
-        bad["histogram_inf_not_count"] = differs
+    inf_bucket, count = values[shape.paired_inf], values[shape.paired_count]
+    # NaN (no value) is not a disagreement: x == x is false only for NaN
+    differs = (inf_bucket != count) & (inf_bucket == inf_bucket) & (count == count)
+    if differs.any():
+        bad["histogram_inf_not_count"] = shape.paired[differs]
     return bad
 
 
@@ -181,6 +185,8 @@ def reject_impossible(
     bad = np.zeros(len(idx), dtype=bool)
 
     def reject(mask: np.ndarray, reason: str) -> None:
+        if not mask.any():
+            return
         new = np.flatnonzero(mask & ~bad)
         if not len(new):
             return

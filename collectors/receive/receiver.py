@@ -384,7 +384,7 @@ class Receiver:
         if (
             target.types_version != self._types_version
             or canonicalizer.templates_token() is not target.templates_token
-            or not canonicalizer.saw_families(frozenset(f.name for f in target.families))
+            or not canonicalizer.saw_families(target.family_names)
         ):
             return None
         templates = self._slots.template[slots]

@@ -37,6 +37,7 @@ class Target:
         self.address = address
         self.labels: dict[str, str] = {}
         self.families: list[Family] = []
+        self.family_names: frozenset[str] = frozenset()  # of ``families``
         self.family_of: dict[str, int] = {}
         self.histograms: set[str] = set()  # bases of the _bucket series (with le) seen
         self.family_index: dict[str, int] = {}
@@ -70,6 +71,7 @@ class Target:
                 self.epoch += 1
             index = len(self.families)
             self.families.append(Family(name, type_, ""))
+            self.family_names = frozenset(f.name for f in self.families)
             self.family_of[name] = index
         return index
 
