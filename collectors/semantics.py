@@ -86,7 +86,6 @@ class ScrapeShape:
         self.groups = groups_all = layout.group[idx]
         self.cumulative = cumulative[idx]
         self.duplicate = np.bincount(idx, minlength=len(cumulative))[idx] > 1
-        self.histogram_groups = layout.groups
         present = np.flatnonzero(groups_all >= 0)
         groups, templates = groups_all[present], idx[present]
         self.invalid_le = np.unique(groups[layout.le_invalid[templates]])
