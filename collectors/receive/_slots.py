@@ -124,7 +124,7 @@ class Slots:
         request), their slots' state updated with those stored. A series sent several times
         in the write is taken in request order: its first samples in one pass, its second
         ones in the next, …"""
-        if not repeated:
+        if not repeated or not len(slots):  # none of them, when each known sample was odd
             last = self.last[slots]
             duplicate, older = ts == last, ts < last
             stored = ~(duplicate | older)

@@ -116,6 +116,15 @@ def _published(tables: list[tuple[RecordSchema, pa.Table]]) -> list[tuple[str, s
     2_000_000,
     500_000,
 )
+@example(  # a write whose only known samples are one series twice, NaN both times
+    [
+        [(i, "10.0.0.7:8000", [(0, 1.0)], True) for i in (0, 1)]
+        + [(8, "10.0.0.8:8000", [(0, 1.0)], False)],
+        [(8, "10.0.0.8:8000", [(3, math.nan)], False)] * 2,
+    ],
+    6,
+    3,
+)
 def test_known_series_are_stored_and_dropped_as_the_series_by_series_path_does(
     writes: list[_Written], max_tracked: int, max_series_per_target: int
 ) -> None:
