@@ -245,6 +245,7 @@ class PublishBuffer:
         self._queue: deque[PendingBatch] = deque()
         self._rows = 0
         self._cond = threading.Condition()
+        self._awaited = 1  # rows the waiting publisher needs queued to go on (put wakes it then)
 
     @property
     def rows(self) -> int:
@@ -265,7 +266,8 @@ class PublishBuffer:
                 old = self._queue.popleft()
                 self._rows -= old.table.num_rows
                 dropped += old.table.num_rows
-            self._cond.notify_all()
+            if self._rows >= self._awaited:
+                self._cond.notify_all()
         if dropped:
             log.warning(
                 "%s publish buffer full (%d rows): dropped the oldest %d rows",
@@ -300,11 +302,15 @@ class PublishBuffer:
         """Wait until ``rows`` rows are queued, or ``timeout_s`` has passed."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._rows < rows:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._cond.wait(left)
+            self._awaited = rows  # the puts before that many rows do not wake the publisher
+            try:
+                while self._rows < rows:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._cond.wait(left)
+            finally:
+                self._awaited = 1
 
     def take_following(self, first: PendingBatch, max_rows: int) -> list[PendingBatch]:
         """The Arrow batches queued first that ``first`` (just taken) can travel with: of its
