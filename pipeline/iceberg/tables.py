@@ -76,8 +76,8 @@ def to_lake_batch(table: str, parts: list[pa.Table]) -> pa.Table:
     kept = [part for part in parts if part.num_rows]
     if not kept:
         return lake_arrow_schema(table).empty_table()
-    data = pa.concat_tables(kept, promote_options="permissive")
-    data = data.unify_dictionaries().combine_chunks()
+    # one chunk; Arrow's concatenation unifies differing dictionaries (codec.join_tables)
+    data = pa.concat_tables(kept, promote_options="permissive").combine_chunks()
     target = pa.schema(
         f if pa.types.is_dictionary(f.type) else f.with_type(_lake_type(f.type))
         for f in data.schema
