@@ -84,6 +84,10 @@ _LABELS_JSON = json.JSONEncoder(sort_keys=True)
 _EMPTY: list[pa.Table] = []
 
 
+#: Each sample schema's column names in order, by schema name (``pa.Schema.names`` builds
+#: the list anew on every call).
+_COLUMN_NAMES: dict[str, tuple[str, ...]] = {}
+
 #: Lengths of the constant columns' slices a canonicalizer keeps (a scrape's groups repeat).
 _CONSTANT_SIZES_KEPT = 64
 
@@ -143,13 +147,36 @@ class _Shape:
 
     checks: ScrapeShape
     mapped: np.ndarray  # which samples have a signal
+    resets: list[tuple[str, np.ndarray]]  # the positions each reset check reads
+    frozen: np.ndarray  # the positions of watched (frozen) gauges
+    unmapped: int  # samples without a signal
+    scale: np.ndarray | None  # the samples' scales (None: all 1)
     # by mapped_only: their rows taken from the templates, by column
     taken: dict[bool, dict[str, pa.Array]] = field(default_factory=dict)
 
 
-def _columns(table: pa.Table) -> dict[str, pa.Array]:
-    """``table``'s columns by name, each one array (kept: read back for every scrape)."""
-    return {name: table.column(name).combine_chunks() for name in table.column_names}
+def _taker(column: pa.Array) -> Callable[[np.ndarray], pa.Array]:
+    """A function taking rows of the template column ``column`` by template indices.
+
+    A dictionary column's indices are taken in numpy and wrapped around the same dictionary
+    (no bounds check: the indices are the column's own): for the few hundred rows of a
+    scrape's part, a third of what Arrow's ``take`` of the table costs, and the parts of one
+    target keep one dictionary, which their joins rely on (:func:`pipeline.codec.join_tables`).
+    """
+    if not pa.types.is_dictionary(column.type):
+        return column.take
+    indices, dictionary = column.indices, column.dictionary
+    missing = None
+    if indices.null_count:
+        missing = indices.is_null().to_numpy(zero_copy_only=False)
+        indices = indices.fill_null(0)
+    numbers = indices.to_numpy()
+
+    def take(idx: np.ndarray) -> pa.Array:
+        mask = None if missing is None else missing[idx]
+        return pa.DictionaryArray.from_arrays(numbers[idx], dictionary, mask=mask, safe=False)
+
+    return take
 
 
 def _kind_and_base(name: str, family_type: str, family_name: str) -> tuple[str, str]:
@@ -322,6 +349,7 @@ class TargetCanonicalizer:
                 type_ = schema.arrow.field(name).type
                 arrays.append(pa.array([r[i] for r in rows], type=type_))
             self._arrow = pa.Table.from_arrays(arrays, names=list(names))
+            self._takers = {name: _taker(array) for name, array in zip(names, arrays, strict=True)}
             self._scale = np.array([t.scale for t in self._templates])
             self._cumulative = np.array([t.cumulative for t in self._templates], dtype=bool)
             self._created = np.array([t.created for t in self._templates], dtype=bool)
@@ -348,10 +376,18 @@ class TargetCanonicalizer:
         key = idx.tobytes()
         shape = self._shapes.pop(key, None)
         if shape is None:
+            mapped, scale = self._mapped[idx], self._scale[idx]
             budget = _SHAPE_SAMPLES_PER_TEMPLATE * len(self._templates)
             while self._shapes and self._shape_samples + len(idx) > budget:
                 self._shape_samples -= len(self._shapes.pop(next(iter(self._shapes))).mapped)
-            shape = _Shape(ScrapeShape(self._layout, idx, self._cumulative), self._mapped[idx])
+            shape = _Shape(
+                ScrapeShape(self._layout, idx, self._cumulative),
+                mapped,
+                self._reset_checks(idx),
+                np.flatnonzero(self._frozen[idx]),
+                len(idx) - int(np.count_nonzero(mapped)),
+                None if (scale == 1.0).all() else scale,
+            )
             self._shape_samples += len(idx)
         self._shapes[key] = shape  # the most recently used last
         return shape
@@ -477,9 +513,9 @@ class TargetCanonicalizer:
         *,
         mapped_only: bool = False,
     ) -> CanonicalBatch:
-        templates = self._template_table()
+        self._template_table()
         shape = self._shape(idx)
-        values = raw_values * self._scale[idx]
+        values = raw_values if shape.scale is None else raw_values * shape.scale
         batch = CanonicalBatch(self.schema, _empty_table())
         rejected = reject_impossible(
             describe,
@@ -501,7 +537,8 @@ class TargetCanonicalizer:
             if blank.any():
                 batch.dropped["blank_sentinel"] = int(blank.sum())
                 keep = ~blank
-        extra = self._detect_resets(idx, values, ts_ms, batch)
+        checks = shape.resets if rejected is None else self._reset_checks(idx)
+        extra = self._detect_resets(idx, values, ts_ms, batch, checks)
         if process_start_s is not None:
             if self._header_start_s is not None and process_start_s != self._header_start_s:
                 batch.resets["process_start"] = batch.resets.get("process_start", 0) + 1
@@ -509,20 +546,27 @@ class TargetCanonicalizer:
                     reason = {"reason": "process_start"}
                     extra.append(self._derived(ts_ms, RESET_METRIC, "counter_reset", 1.0, reason))
             self._header_start_s = process_start_s
-        extra += self._frozen_rows(idx, values, ts_ms)
+        watched = shape.frozen if rejected is None else np.flatnonzero(self._frozen[idx])
+        if len(watched):
+            extra += self._frozen_rows(idx, values, ts_ms, watched)
         if mapped_only:  # derived rows (resets, frozen gauges) always have a signal
             mapped = shape.mapped if rejected is None else self._mapped[idx]
-            batch.unmapped = len(idx) - int(np.count_nonzero(mapped))
-            keep = mapped if keep is None else keep & mapped
-            if keep.all():
-                keep = None
+            batch.unmapped = (
+                shape.unmapped if rejected is None else len(idx) - int(np.count_nonzero(mapped))
+            )
+            if keep is not None:
+                keep &= mapped
+                if keep.all():
+                    keep = None
+            elif batch.unmapped:
+                keep = mapped
         # the rows taken from the templates: the same as last time for the same samples kept
         same = rejected is None and (keep is None or keep is shape.mapped)
         taken = shape.taken.get(mapped_only) if same else None
         if keep is not None:
             idx, values, ts = idx[keep], values[keep], ts[keep]
         if taken is None:
-            taken = _columns(templates.take(pa.array(idx)))
+            taken = {name: take(idx) for name, take in self._takers.items()}
             if same:
                 shape.taken[mapped_only] = taken
         batch.table = self._assemble(taken, ts, values, extra)
@@ -536,12 +580,16 @@ class TargetCanonicalizer:
         extra: list[dict[str, object]],
     ) -> pa.Table:
         schema = self.schema
-        n = len(ts)
-        columns: dict[str, object] = dict(taken)
-        columns["ts_ms"] = pa.array(ts)
-        columns.update(self._constant_columns(n))
-        columns["value"] = pa.array(values)
-        table = pa.Table.from_arrays([columns[f.name] for f in schema.arrow], schema=schema.arrow)
+        columns: dict[str, pa.Array] = {
+            **taken,
+            **self._constant_columns(len(ts)),
+            "ts_ms": pa.array(ts),
+            "value": pa.array(values),
+        }
+        names = _COLUMN_NAMES.get(schema.name) or _COLUMN_NAMES.setdefault(
+            schema.name, tuple(schema.arrow.names)
+        )
+        table = pa.Table.from_arrays([columns[name] for name in names], schema=schema.arrow)
         if extra:
             rows = pa.Table.from_pylist(
                 [
@@ -597,23 +645,33 @@ class TargetCanonicalizer:
             )
         return row
 
-    def _detect_resets(
-        self, idx: np.ndarray, values: np.ndarray, ts_ms: int, batch: CanonicalBatch
-    ) -> list[dict[str, object]]:
-        prev = self._prev[idx]
-        seen = ~np.isnan(prev)
-        checks = {
-            "value_drop": self._cumulative[idx] & seen & (values < prev),
-            "created": self._created[idx] & seen & (values != prev),
-            "process_start": self._process_start[idx] & seen & (values != prev),
-        }
+    def _reset_checks(self, idx: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """The reset checks that apply to the samples of template indices ``idx``: each
+        reason with the positions it reads (the reasons reading none left out)."""
         engine = self.detection.engine if self.detection else None
-        if engine is not None and engine.object_series:
-            del checks["value_drop"], checks["created"]  # objects recreated, not a restart
-        known = ~np.isnan(values)  # NaN is "no value": the last real value stays the reference
-        self._prev[idx[known]] = values[known]
+        flags = [("process_start", self._process_start)]
+        if engine is None or not engine.object_series:  # objects recreated, not a restart
+            flags = [("value_drop", self._cumulative), ("created", self._created), *flags]
+        checks = [(reason, np.flatnonzero(flag[idx])) for reason, flag in flags]
+        return [(reason, at) for reason, at in checks if len(at)]
+
+    def _detect_resets(
+        self,
+        idx: np.ndarray,
+        values: np.ndarray,
+        ts_ms: int,
+        batch: CanonicalBatch,
+        checks: list[tuple[str, np.ndarray]],
+    ) -> list[dict[str, object]]:
+        """Count the resets ``checks`` (:meth:`_reset_checks` of ``idx``) find against the
+        last values, then make ``values`` the last ones (NaN, "no value", leaves the last
+        real value the reference)."""
+        prev = self._prev
         rows = []
-        for reason, mask in checks.items():
+        for reason, at in checks:
+            now, before = values[at], prev[idx[at]]
+            # NaN never compares: a first value is no drop, and no change either
+            mask = now < before if reason == "value_drop" else (before == before) & (now != before)
             count = int(np.count_nonzero(mask))
             if count:
                 batch.resets[reason] = count
@@ -622,17 +680,21 @@ class TargetCanonicalizer:
                         ts_ms, RESET_METRIC, "counter_reset", float(count), {"reason": reason}
                     )
                 )
+        missing = np.isnan(values)
+        if missing.any():
+            known = ~missing
+            prev[idx[known]] = values[known]
+        else:
+            prev[idx] = values
         if rows and self.schema is not ENGINE_SAMPLES:
             return []  # GPU_SAMPLES has no counter_reset signal; the collector still counts them
         return rows
 
     def _frozen_rows(
-        self, idx: np.ndarray, values: np.ndarray, ts_ms: int
+        self, idx: np.ndarray, values: np.ndarray, ts_ms: int, watched: np.ndarray
     ) -> list[dict[str, object]]:
-        """One ``gauges_unchanged_s`` row per engine (DP rank) whose gauges are watched."""
-        watched = np.flatnonzero(self._frozen[idx])
-        if not len(watched):
-            return []
+        """One ``gauges_unchanged_s`` row per engine (DP rank) whose gauges are watched
+        (``watched``: their positions in ``idx``)."""
         by_engine: dict[tuple[object, object], list[int]] = {}
         for position in watched.tolist():
             columns = self._templates[int(idx[position])].columns

@@ -85,7 +85,9 @@ class ScrapeShape:
     def __init__(self, layout: HistogramLayout, idx: np.ndarray, cumulative: np.ndarray) -> None:
         self.groups = groups_all = layout.group[idx]
         self.cumulative = cumulative[idx]
+        self.cumulative_at = np.flatnonzero(self.cumulative)
         self.duplicate = np.bincount(idx, minlength=len(cumulative))[idx] > 1
+        self.any_duplicate = bool(self.duplicate.any())
         present = np.flatnonzero(groups_all >= 0)
         groups, templates = groups_all[present], idx[present]
         self.invalid_le = np.unique(groups[layout.le_invalid[templates]])
@@ -131,10 +133,12 @@ def bad_histogram_groups(
     if drops.any():
         bad["histogram_buckets_decrease"] = np.unique(shape.b_group[1:][drops])
     inf_bucket, count = values[shape.paired_inf], values[shape.paired_count]
-    # NaN (no value) is not a disagreement: x == x is false only for NaN
-    differs = (inf_bucket != count) & (inf_bucket == inf_bucket) & (count == count)
+    differs = inf_bucket != count
     if differs.any():
-        bad["histogram_inf_not_count"] = shape.paired[differs]
+        # NaN (no value) is not a disagreement: x == x is false only for NaN
+        differs &= (inf_bucket == inf_bucket) & (count == count)
+        if differs.any():
+            bad["histogram_inf_not_count"] = shape.paired[differs]
     return bad
 
 
@@ -181,6 +185,16 @@ def reject_impossible(
     ``dropped[reason]`` and describes the first few in ``errors`` (``"reason: "`` and
     ``describe(i)``, :func:`describe_sample`).
     """
+    shape = shape or ScrapeShape(layout, idx, cumulative)
+    histograms = bad_histogram_groups(layout, idx, values, shape)
+    if (
+        not histograms
+        and type_redeclared is None
+        and not shape.any_duplicate
+        and not np.isinf(values).any()
+        and not (values[shape.cumulative_at] < 0).any()
+    ):
+        return None  # every sample sound: what a scrape almost always is
     bad = np.zeros(len(idx), dtype=bool)
 
     def reject(mask: np.ndarray, reason: str) -> None:
@@ -194,12 +208,11 @@ def reject_impossible(
         for position in new[: max(_MAX_ERRORS_KEPT - len(errors), 0)].tolist():
             errors.append(f"{reason}: {describe(position)}"[:200])
 
-    shape = shape or ScrapeShape(layout, idx, cumulative)
     reject(np.isinf(values), "non_finite_value")
     reject(shape.cumulative & (values < 0), "negative_counter")
     reject(shape.duplicate, "duplicate_series")
     if type_redeclared is not None:
         reject(type_redeclared, "type_redeclared")
-    for reason, ids in bad_histogram_groups(layout, idx, values, shape).items():
+    for reason, ids in histograms.items():
         reject(np.isin(shape.groups, ids), reason)
     return bad if bad.any() else None
