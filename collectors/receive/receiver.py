@@ -285,12 +285,25 @@ class Receiver:
         f_slots, f_ts, f_values = f_slots[order], f_ts[order], f_values[order]
         f_positions, target_of = f_positions[order], target_of[order]
         cuts = np.flatnonzero((np.diff(target_of) != 0) | (np.diff(f_ts) != 0)) + 1
-        starts = np.concatenate([[0], cuts]).tolist() if len(f_ts) else []
-        ends = np.concatenate([cuts, [len(f_ts)]]).tolist() if len(f_ts) else []
-        runs: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
-        for start, end in zip(starts, ends, strict=True):
-            runs[int(target_of[start])][int(f_ts[start])] = (start, end)
-        columns = (f_slots, f_values, f_positions)
+        runs: dict[int, dict[int, tuple[int, int, bool]]] = defaultdict(dict)
+        templates = self._slots.template[f_slots]
+        if len(f_ts):
+            starts = np.concatenate([[0], cuts])
+            # whether a run's cached templates may not hold, as the write starts
+            epochs = np.array([self._target_list[index].epoch for index in ids.tolist()])
+            void = (templates < 0) | (
+                self._slots.epoch[f_slots] != epochs[np.searchsorted(ids, target_of)]
+            )
+            for target_index, ts_ms, start, end, run_void in zip(
+                target_of[starts].tolist(),
+                f_ts[starts].tolist(),
+                starts.tolist(),
+                [*cuts.tolist(), len(f_ts)],
+                np.logical_or.reduceat(void, starts).tolist(),
+                strict=True,
+            ):
+                runs[target_index][ts_ms] = (start, end, run_void)
+        columns = (f_slots, f_values, f_positions, templates)
         position_of = {id(series): position for position, series in general}
         for target in sorted(first_at, key=first_at.__getitem__):
             self._publish_known(
@@ -315,29 +328,38 @@ class Receiver:
         self,
         target: Target,
         by_ts: dict[int, _Samples],
-        runs: dict[int, tuple[int, int]],
-        columns: tuple[np.ndarray, np.ndarray, np.ndarray],
+        runs: dict[int, tuple[int, int, bool]],
+        columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         position_of: dict[int, int],
         report: IngestReport,
     ) -> None:
         """:meth:`_publish` of one target's samples of a write: those sorted one by one
-        (``by_ts``) and the known ones stored (``runs``: their slice of ``columns`` by
-        timestamp). A timestamp of known samples alone, whose templates are cached and
-        valid, is canonicalised from them; any other is rebuilt as a scrape, in request
-        order, and its known series' templates are cached."""
-        slots, values, positions = columns
+        (``by_ts``) and the known ones stored (``runs``: their slice of ``columns``, and
+        whether their cached templates were void as the write started, by timestamp). A
+        timestamp of known samples alone, whose templates are cached and valid, is
+        canonicalised from them; any other is rebuilt as a scrape, in request order, and its
+        known series' templates are cached (so for the target's later timestamps, the
+        templates are read again)."""
+        slots, values, positions, templates = columns
         tables: list[pa.Table] = []
         schema: RecordSchema | None = None
         slot_series = self._slots.series
+        cached = True  # the templates as the write started are the target's
         for ts_ms in sorted(by_ts.keys() | runs.keys()):
             run = runs.get(ts_ms)
             batch, rebuilt = None, True
-            if run is not None and ts_ms not in by_ts:
+            if run is not None and ts_ms not in by_ts and not (cached and run[2]):
+                run_slots = slots[run[0] : run[1]]
                 batch = self._canonicalize_known(
-                    target, slots[run[0] : run[1]], values[run[0] : run[1]], ts_ms
+                    target,
+                    run_slots,
+                    templates[run[0] : run[1]] if cached else self._templates_of(target, run_slots),
+                    values[run[0] : run[1]],
+                    ts_ms,
                 )
                 rebuilt = batch is None
             if batch is None:
+                cached = False
                 samples = list(by_ts.get(ts_ms, ()))
                 if run is not None:
                     placed = [(position_of[id(series)], series, value) for series, value in samples]
@@ -375,20 +397,31 @@ class Receiver:
             self.sink(schema, table)
             report.rows[schema.name] = report.rows.get(schema.name, 0) + table.num_rows
 
+    def _templates_of(self, target: Target, slots: np.ndarray) -> np.ndarray | None:
+        """The cached templates of ``target``'s ``slots``, or ``None`` if one is void."""
+        templates = self._slots.template[slots]
+        if (templates < 0).any() or (self._slots.epoch[slots] != target.epoch).any():
+            return None
+        return templates
+
     def _canonicalize_known(
-        self, target: Target, slots: np.ndarray, values: np.ndarray, ts_ms: int
+        self,
+        target: Target,
+        slots: np.ndarray,
+        templates: np.ndarray | None,
+        values: np.ndarray,
+        ts_ms: int,
     ) -> CanonicalBatch | None:
         """The canonical rows of known samples of one target and timestamp from their cached
-        templates, or ``None`` when a template may not hold (then the scrape is rebuilt)."""
+        ``templates`` (``None``: one is void), or ``None`` when a template may not hold
+        (then the scrape is rebuilt)."""
         canonicalizer = target.canonicalizer
         if (
-            target.types_version != self._types_version
+            templates is None
+            or target.types_version != self._types_version
             or canonicalizer.templates_token() is not target.templates_token
             or not canonicalizer.saw_families(target.family_names)
         ):
-            return None
-        templates = self._slots.template[slots]
-        if (templates < 0).any() or (self._slots.epoch[slots] != target.epoch).any():
             return None
         slot_series, known = self._slots.series, target.series
 
