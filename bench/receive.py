@@ -17,6 +17,14 @@ same clock (serving thread, publisher, kafka-python's I/O thread); for remote-wr
 (every series known: the steady state of a remote-write), from the moment each sender's
 first-scrape bodies were answered.
 
+The issue's target is samples per second *on one core*: remote-write is also run with the
+receiving process confined to one CPU (``sched_setaffinity``: its serving thread, publisher
+and Kafka I/O thread share it) and the senders and broker to the others, as a receiver runs
+on a pinned CPU (Kubernetes' static CPU manager, ``taskset``); ``…_one_core_samples_per_s``
+is then samples per second of wall clock on that core (``--no-one-core`` leaves it out).
+Unconfined, the threads run on both CPUs, and each core's cache holds less of the other's
+work: more CPU seconds for the same samples.
+
 One sender keeps one request in flight. Prometheus sends a remote-write through several
 shards at once (``queue_config.max_shards``), each series always through the same shard, so
 remote-write is also run with ``--senders`` children, each posting the requests of one shard
@@ -35,7 +43,7 @@ also split into the bodies holding the first scrape (every series new:
 
 The last line is JSON: {"bench": "receive", "receive_2000_samples_per_s": …,
 "receive_2000_samples_per_cpu_s": …, "receive_2000_known_samples_per_cpu_s": …,
-"receive_2000_4_senders_samples_per_s": …,
+"receive_2000_4_senders_samples_per_s": …, "receive_2000_one_core_known_samples_per_s": …,
 "receive_10000_samples_per_s": …, "otlp_2000_samples_per_s": …, "otlp_10000_samples_per_s": …,
 "…_in_process_samples_per_s": …, "…_in_process_known_samples_per_cpu_s": …,
 "collect_samples_per_s": …, "…_peak_rss_mib": …}
@@ -45,9 +53,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import multiprocessing
+import os
 import resource
 import sys
 import threading
@@ -223,9 +233,27 @@ def _post_all(
         done.set()
 
 
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Confine every thread of process ``pid`` to ``cpus`` (its later threads inherit it)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # a thread that has just ended
+            os.sched_setaffinity(int(task), cpus)
+
+
 def bench_receive(
-    bootstrap: str, door: str, per_request: int, samples: int, senders: int, out: Any
+    bootstrap: str,
+    door: str,
+    per_request: int,
+    samples: int,
+    senders: int,
+    core: int | None,
+    out: Any,
 ) -> None:
+    """``core``: confine this process (the receiver: serving thread, publisher, Kafka I/O) to
+    that CPU, and the senders to the others."""
+    others = os.sched_getaffinity(0) - {core}
+    if core is not None:
+        _pin(os.getpid(), {core})
     targets = max(1, min(50, samples // len(target_series())))
     rounds = max(1, samples // (targets * len(target_series())))
     bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=f"b{door}{per_request}."))
@@ -254,6 +282,8 @@ def bench_receive(
             target=_post_all, args=(service.port, door, bodies, cold, started, warm, done)
         )
         sender.start()
+        if core is not None and sender.pid is not None:
+            _pin(sender.pid, others)
         posters.append((sender, started, warm, done))
     for _, started, _, _ in posters:
         started.wait(60)
@@ -261,12 +291,13 @@ def bench_receive(
     t0 = time.perf_counter()
     for _, _, warm, _ in posters:
         warm.wait(600)
-    cpu_warm = _cpu_s()
+    cpu_warm, t_warm = _cpu_s(), time.perf_counter()
     for _, _, _, done in posters:
         done.wait(600)
     stop.set()
     worker.join(600)  # drains the buffer to Kafka
-    elapsed = time.perf_counter() - t0
+    t_end = time.perf_counter()
+    elapsed = t_end - t0
     cpu = _cpu_s() - cpu0
     for sender, _, _, _ in posters:
         sender.join(30)
@@ -284,6 +315,7 @@ def bench_receive(
         # holding per_request samples; the cold rows still being published count here
         known = total - sum(colds) * per_request
         got["known_samples_per_cpu_s"] = known / (cpu0 + cpu - cpu_warm)
+        got["known_samples_per_s"] = known / (t_end - t_warm)
     out.put(got)
 
 
@@ -420,7 +452,18 @@ def main() -> None:
     parser.add_argument(
         "--no-collect", action="store_true", help="leave out the collector scraping the same volume"
     )
+    parser.add_argument(
+        "--one-core",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="remote-write also with the receiver confined to one CPU, its senders and the "
+        "broker to the others (default on, where there are two CPUs or more)",
+    )
     args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.one_core and len(cpus) < 2:
+        print("--one-core left out: it needs two CPUs (one for the receiver, one for the rest)")
+        args.one_core = False
     # --quick: the receiver runs at ~10 k samples/s on a loaded 2-core machine; 20 k samples
     # per door and batch size keep the whole run (5 children, one broker) under a minute
     samples = 20_000 if args.quick else args.samples
@@ -429,7 +472,7 @@ def main() -> None:
         for door in [d for d in DOORS if d in args.doors]:
             for per_request in (2000, 10_000):
                 got = _in_child(
-                    bench_receive, broker.bootstrap_servers, door, per_request, samples, 1
+                    bench_receive, broker.bootstrap_servers, door, per_request, samples, 1, None
                 )
                 print(f"{door}, {per_request} samples/request: {got}")
                 result[f"{door}_{per_request}_samples_per_s"] = round(got["samples_per_s"])
@@ -448,6 +491,7 @@ def main() -> None:
                         per_request,
                         samples,
                         args.senders,
+                        None,
                     )
                     print(f"{door}, {per_request} samples/request, {args.senders} senders: {got}")
                     key = f"{door}_{per_request}_{args.senders}_senders"
@@ -458,6 +502,22 @@ def main() -> None:
                         result[f"{key}_known_samples_per_cpu_s"] = round(
                             got["known_samples_per_cpu_s"]
                         )
+                if door == "receive" and args.one_core:
+                    core, rest = cpus[0], set(cpus[1:])
+                    for pid in broker.pids:  # the broker on the senders' side
+                        _pin(pid, rest)
+                    got = _in_child(
+                        bench_receive, broker.bootstrap_servers, door, per_request, samples, 1, core
+                    )
+                    for pid in broker.pids:
+                        _pin(pid, set(cpus))
+                    print(f"{door}, {per_request} samples/request, on one CPU: {got}")
+                    key = f"{door}_{per_request}_one_core"
+                    for name in ("samples_per_s", "samples_per_cpu_s", "rows_published"):
+                        result[f"{key}_{name}"] = round(got[name])
+                    for name in ("known_samples_per_s", "known_samples_per_cpu_s"):
+                        if name in got:
+                            result[f"{key}_{name}"] = round(got[name])
                 got = _in_child(bench_in_process, door, per_request, samples)
                 print(f"{door}, {per_request} samples/request, in process: {got}")
                 result[f"{door}_{per_request}_in_process_samples_per_s"] = round(
