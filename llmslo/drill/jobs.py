@@ -361,7 +361,7 @@ def _outcome(
 
 def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor, say: Say) -> None:
     """SIGTERM the running workers (each tears its fleet down), kill the ones still alive
-    after ``STOP_GRACE_S``, then shut the pool down.
+    after ``STOP_GRACE_S``, then shut the pool down (killing the workers it starts meanwhile).
 
     Not the other way round: on a pool already shut down (``wait=False``), CPython's manager
     thread fails with a ``TypeError`` when it replaces a worker that ended after its one task.
@@ -380,4 +380,16 @@ def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor, say: Say) -> Non
                 worker.kill()
         for worker in workers:
             worker.join(max(0.1, min(1.0, deadline + 5 - time.monotonic())))
-    pool.shutdown(wait=True, cancel_futures=True)  # joins a replacement spawned meanwhile
+    # The pool still replaces a worker that ended after its one task, and a replacement may
+    # wait for ever on the call queue's lock, which a worker ended above was holding (an idle
+    # worker holds it while it waits for a call): the shutdown would join it for ever. So the
+    # shutdown runs aside, and any worker alive meanwhile is killed until it has returned.
+    shut = threading.Thread(target=pool.shutdown, kwargs={"wait": True, "cancel_futures": True})
+    shut.start()
+    shut.join(0.5)
+    while shut.is_alive():
+        for worker in multiprocessing.active_children():
+            if worker.pid is not None:
+                _kill_children(worker.pid)
+            worker.kill()
+        shut.join(0.5)
